@@ -1,0 +1,448 @@
+#!/usr/bin/python3
+"""Compare Tandem's CPU training/inference throughput against PyTorch.
+
+What it measures
+----------------
+In one invocation, for --rounds rounds (default 2), it runs as child
+processes, alternating between them:
+
+  1. the Tandem benchmark binary (--tandem-bench, default
+     build/bench/tandem_train_bench under the repository root):
+         TANDEM_BENCH --batch B1,B2,B3 --seconds S --json
+     which prints JSON lines
+         {"impl": "tandem", "mode": "train"|"infer", "batch": B,
+          "samples_per_s": ..., "steps": ..., "seconds": ...}
+     and sgemm rates at the model's shapes
+         {"impl": "openblas", "mode": "sgemm", "shape": "...", "gflops": ...}
+  2. bench/torch_reference.py with --threads 2 and --threads 1 (each a
+     separate process, with OMP_WAIT_POLICY=passive so PyTorch's OpenMP
+     workers do not spin and starve OpenBLAS), run by --python
+     (default /usr/bin/python3, Debian's python3-torch).
+
+The order within a round is tandem, torch, torch; the two torch thread
+settings swap places every other round.  Each configuration keeps the best
+of its rounds.  PyTorch is credited with its faster thread setting per
+(mode, batch); both are shown.
+
+It then prints, per (mode, batch): Tandem samples/s, PyTorch best samples/s
+(and its thread setting), the ratio, the goal, PASS/MISS, and the
+sgemm-bound floor:
+
+  step FLOPs per sample: train 319,600, infer 158,800
+  floor samples/s = best sgemm GFLOP/s reported * 1e9 / FLOPs per sample
+
+with Tandem's fraction of that floor.  Goals (Tandem / best PyTorch):
+train >= 2.5x at batch 100, >= 1.25x at 1000, >= 1.2x at 10000;
+infer >= 1.1x at 10000.
+
+It reports, it does not gate: the exit status is 0 even if a goal is
+missed, but non-zero (1) if a child fails, times out, or does not report
+every expected measurement.  --json-out FILE writes the machine, command
+lines, every raw measurement and the table as JSON.
+
+How to run (from the repository root, after building the benchmark):
+
+  /usr/bin/python3 bench/compare_cpu.py --batch 100,1000,10000 --seconds 3 \
+      --rounds 2 --json-out /tmp/compare_cpu.json
+
+Only the Python standard library is used here; torch is imported only by
+the torch_reference.py children.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+DEFAULT_TANDEM_BENCH = os.path.join(REPO_ROOT, "build", "bench",
+                                    "tandem_train_bench")
+DEFAULT_TORCH_SCRIPT = os.path.join(HERE, "torch_reference.py")
+
+# FLOPs per sample of one step (multiply-add = 2 FLOPs):
+#   forward  2*(784*100 + 100*10)                      = 158,800
+#   backward dW_hid 2*784*100 + dW_sm 2*100*10 + dH 2*100*10 = 160,800
+FLOPS_PER_SAMPLE = {"train": 319600, "infer": 158800}
+
+# (mode, batch) -> required Tandem / best-PyTorch ratio.
+GOALS = {
+    ("train", 100): 2.5,
+    ("train", 1000): 1.25,
+    ("train", 10000): 1.2,
+    ("infer", 10000): 1.1,
+}
+
+MODES = ("train", "infer")
+
+
+class ChildError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------
+# Machine description
+# --------------------------------------------------------------------------
+
+def _command_output(cmd):
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def machine_info():
+    model = ""
+    for line in _command_output(["lscpu"]).splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+            break
+    if not model:
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        model = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+    nproc = _command_output(["nproc"]).strip()
+    try:
+        load = " ".join("%.2f" % x for x in os.getloadavg())
+    except OSError:
+        load = ""
+    return {
+        "cpu_model": model or "unknown",
+        "nproc": int(nproc) if nproc.isdigit() else os.cpu_count(),
+        "kernel": platform.release(),
+        "loadavg_at_start": load,
+    }
+
+
+# --------------------------------------------------------------------------
+# Children
+# --------------------------------------------------------------------------
+
+def run_child(name, cmd, env_overrides, timeout, runs):
+    """Run one child, append its run info to `runs`, return its records.
+
+    Raises ChildError if it cannot be started, times out, prints a
+    malformed JSON line or exits with a non-zero status.
+    """
+    env = dict(os.environ)
+    env.update(env_overrides)
+    shown = " ".join("%s=%s" % kv for kv in sorted(env_overrides.items()))
+    shown = (shown + " " if shown else "") + shlex.join(cmd)
+    print("  running %s: %s" % (name, shown), file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE,
+                              stderr=None, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ChildError("%s timed out after %d s: %s" % (name, timeout, shown))
+    except OSError as e:
+        raise ChildError("%s could not be started: %s (%s)" % (name, e, shown))
+    wall = time.perf_counter() - start
+
+    records, other = [], []
+    for line in proc.stdout.splitlines():
+        text = line.strip()
+        if not text.startswith("{"):
+            if text:
+                other.append(line)
+                print("  [%s] %s" % (name, line), file=sys.stderr)
+            continue
+        try:
+            records.append(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ChildError("%s printed a malformed JSON line (%s): %r"
+                             % (name, e, line))
+    runs.append({"name": name, "command": shown, "rc": proc.returncode,
+                 "wall_s": wall, "records": records, "other_stdout": other})
+    if proc.returncode != 0:
+        raise ChildError("%s exited with status %d: %s"
+                         % (name, proc.returncode, shown))
+    return records
+
+
+def check_records(name, records, impl, batches):
+    """Every (mode, batch) must be reported exactly with a positive rate."""
+    seen = set()
+    for r in records:
+        if r.get("impl") != impl or r.get("mode") not in MODES:
+            continue
+        rate = r.get("samples_per_s")
+        if not isinstance(rate, (int, float)) or not rate > 0:
+            raise ChildError("%s reported a bad samples_per_s: %r" % (name, r))
+        seen.add((r["mode"], r.get("batch")))
+    missing = [(m, b) for m in MODES for b in batches if (m, b) not in seen]
+    if missing:
+        raise ChildError("%s did not report %s"
+                         % (name, ", ".join("%s@%d" % mb for mb in missing)))
+
+
+# --------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------
+
+def best_rates(records):
+    """(impl, mode, batch, threads) -> best samples/s over all rounds."""
+    best = {}
+    for r in records:
+        if r.get("mode") not in MODES:
+            continue
+        key = (r["impl"], r["mode"], r["batch"], r.get("threads"))
+        best[key] = max(best.get(key, 0.0), float(r["samples_per_s"]))
+    return best
+
+
+def best_sgemm(records):
+    """shape -> best GFLOP/s over all rounds."""
+    best = {}
+    for r in records:
+        if r.get("impl") == "openblas" and r.get("mode") == "sgemm":
+            g = r.get("gflops")
+            if isinstance(g, (int, float)) and g > 0:
+                shape = str(r.get("shape", "?"))
+                best[shape] = max(best.get(shape, 0.0), float(g))
+    return best
+
+
+def build_table(batches, torch_threads, best, sgemm):
+    top_shape = max(sgemm, key=sgemm.get) if sgemm else None
+    top_gflops = sgemm[top_shape] if top_shape else None
+    rows = []
+    for mode in MODES:
+        for b in batches:
+            tandem = best.get(("tandem", mode, b, None))
+            if tandem is None:  # the binary may report a thread count
+                cands = [v for (i, m, bb, _t), v in best.items()
+                         if i == "tandem" and m == mode and bb == b]
+                tandem = max(cands) if cands else None
+            per_thread = {t: best.get(("pytorch", mode, b, t))
+                          for t in torch_threads}
+            avail = {t: v for t, v in per_thread.items() if v}
+            pt_threads = max(avail, key=avail.get) if avail else None
+            pt_best = avail[pt_threads] if avail else None
+            ratio = tandem / pt_best if tandem and pt_best else None
+            goal = GOALS.get((mode, b))
+            if goal is None:
+                result = "-"
+            elif ratio is None:
+                result = "n/a"
+            else:
+                result = "PASS" if ratio >= goal else "MISS"
+            floor = (top_gflops * 1e9 / FLOPS_PER_SAMPLE[mode]
+                     if top_gflops else None)
+            rows.append({
+                "mode": mode,
+                "batch": b,
+                "tandem_samples_per_s": tandem,
+                "pytorch_best_samples_per_s": pt_best,
+                "pytorch_best_threads": pt_threads,
+                "pytorch_samples_per_s_by_threads":
+                    {str(t): v for t, v in per_thread.items()},
+                "ratio": ratio,
+                "goal": goal,
+                "result": result,
+                "flops_per_sample": FLOPS_PER_SAMPLE[mode],
+                "sgemm_floor_samples_per_s": floor,
+                "tandem_fraction_of_floor":
+                    tandem / floor if tandem and floor else None,
+            })
+    return rows, top_shape, top_gflops
+
+
+def _num(v, fmt="%.0f"):
+    return fmt % v if v is not None else "n/a"
+
+
+def print_table(rows, torch_threads, top_shape, top_gflops, sgemm):
+    pt_cols = ["pt t=%d/s" % t for t in torch_threads]
+    head = (["mode", "batch", "tandem/s", "pytorch best/s", "thr"] + pt_cols
+            + ["ratio", "goal", "result", "floor/s", "of floor"])
+    lines = [head]
+    for r in rows:
+        by = r["pytorch_samples_per_s_by_threads"]
+        lines.append(
+            [r["mode"], str(r["batch"]), _num(r["tandem_samples_per_s"]),
+             _num(r["pytorch_best_samples_per_s"]),
+             str(r["pytorch_best_threads"] or "-")]
+            + [_num(by.get(str(t))) for t in torch_threads]
+            + [_num(r["ratio"], "%.2fx"),
+               ">=%.2fx" % r["goal"] if r["goal"] else "-",
+               r["result"],
+               _num(r["sgemm_floor_samples_per_s"]),
+               _num(r["tandem_fraction_of_floor"] and
+                    100 * r["tandem_fraction_of_floor"], "%.1f%%")])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    for i, row in enumerate(lines):
+        print("  ".join(c.rjust(w) if j > 0 else c.ljust(w)
+                        for j, (c, w) in enumerate(zip(row, widths))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print()
+    if sgemm:
+        print("sgemm (OpenBLAS, best of rounds):")
+        for shape in sorted(sgemm):
+            print("  %-24s %8.2f GFLOP/s" % (shape, sgemm[shape]))
+        print("floor = %.2f GFLOP/s (%s) * 1e9 / FLOPs per sample "
+              "(train %d, infer %d)"
+              % (top_gflops, top_shape, FLOPS_PER_SAMPLE["train"],
+                 FLOPS_PER_SAMPLE["infer"]))
+    else:
+        print("sgemm: the Tandem benchmark reported no sgemm rates; "
+              "no floor computed")
+
+
+# --------------------------------------------------------------------------
+
+def parse_batches(text):
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected e.g. 100,1000,10000")
+    if not batches or min(batches) <= 0:
+        raise argparse.ArgumentTypeError("batch sizes must be positive")
+    return batches
+
+
+def parse_threads(text):
+    try:
+        threads = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected e.g. 2,1")
+    if not threads or min(threads) <= 0:
+        raise argparse.ArgumentTypeError("thread counts must be positive")
+    return threads
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        description="Compare Tandem's CPU MLP throughput against PyTorch.")
+    p.add_argument("--tandem-bench", default=DEFAULT_TANDEM_BENCH,
+                   help="Tandem benchmark binary (default: %(default)s)")
+    p.add_argument("--batch", type=parse_batches, default=[100, 1000, 10000],
+                   help="comma-separated batch sizes (default 100,1000,10000)")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="timed seconds per (mode, batch) in each child "
+                        "(default 3)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternating rounds; best of rounds is kept "
+                        "(default 2)")
+    p.add_argument("--torch-threads", type=parse_threads, default=[2, 1],
+                   help="torch.set_num_threads settings to try (default 2,1)")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="interpreter for torch_reference.py "
+                        "(default %(default)s)")
+    p.add_argument("--torch-script", default=DEFAULT_TORCH_SCRIPT,
+                   help=argparse.SUPPRESS)
+    p.add_argument("--child-timeout", type=float, default=None,
+                   help="seconds before a child is considered hung "
+                        "(default: generous, from --seconds and --batch)")
+    p.add_argument("--json-out", metavar="FILE",
+                   help="write all measurements and the table as JSON")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.seconds <= 0:
+        p.error("--seconds must be positive")
+    if not (os.path.isfile(args.tandem_bench)
+            and os.access(args.tandem_bench, os.X_OK)):
+        p.error("Tandem benchmark %r is not an executable file (build it, "
+                "or pass --tandem-bench)" % args.tandem_bench)
+    timeout = args.child_timeout or (
+        120 + 4 * len(MODES) * len(args.batch) * (args.seconds + 2))
+
+    command = shlex.join([sys.executable] + sys.argv) if argv is None \
+        else shlex.join([sys.executable, sys.argv[0]] + list(argv))
+    machine = machine_info()
+    print("Tandem vs PyTorch, CPU MLP 784-100-10 throughput")
+    print("machine: %s, nproc %s, kernel %s, load %s"
+          % (machine["cpu_model"], machine["nproc"], machine["kernel"],
+             machine["loadavg_at_start"]))
+    print("command: %s" % command)
+    print(flush=True)
+
+    batch_arg = ",".join(str(b) for b in args.batch)
+    seconds_arg = "%g" % args.seconds
+    tandem_cmd = [args.tandem_bench, "--batch", batch_arg,
+                  "--seconds", seconds_arg, "--json"]
+
+    def torch_cmd(threads):
+        return [args.python, args.torch_script, "--batch", batch_arg,
+                "--seconds", seconds_arg, "--threads", str(threads),
+                "--mode", "both", "--json"]
+
+    runs, records, error = [], [], None
+    try:
+        for rnd in range(args.rounds):
+            threads_order = list(args.torch_threads)
+            if rnd % 2:
+                threads_order.reverse()
+            plan = [("tandem", tandem_cmd, {}, "tandem")]
+            plan += [("pytorch t=%d" % t, torch_cmd(t),
+                      {"OMP_WAIT_POLICY": "passive"}, "pytorch")
+                     for t in threads_order]
+            print("round %d/%d" % (rnd + 1, args.rounds), file=sys.stderr)
+            for name, cmd, env, impl in plan:
+                recs = run_child(name, cmd, env, timeout, runs)
+                runs[-1]["round"] = rnd + 1
+                check_records(name, recs, impl, args.batch)
+                for r in recs:
+                    r.setdefault("round", rnd + 1)
+                records.extend(recs)
+    except ChildError as e:
+        error = str(e)
+        print("error: %s" % error, file=sys.stderr)
+
+    if error is None:
+        best = best_rates(records)
+        sgemm = best_sgemm(records)
+        rows, top_shape, top_gflops = build_table(
+            args.batch, args.torch_threads, best, sgemm)
+        print("best of %d round(s); PyTorch with OMP_WAIT_POLICY=passive, "
+              "credited with its faster thread setting" % args.rounds)
+        print()
+        print_table(rows, args.torch_threads, top_shape, top_gflops, sgemm)
+        missed = [r for r in rows if r["result"] == "MISS"]
+        print()
+        print("goals: %d met, %d missed"
+              % (sum(r["result"] == "PASS" for r in rows), len(missed)))
+    else:
+        rows, sgemm, top_shape, top_gflops = [], {}, None, None
+
+    if args.json_out:
+        doc = {
+            "machine": machine,
+            "command": command,
+            "args": {"tandem_bench": args.tandem_bench, "batch": args.batch,
+                     "seconds": args.seconds, "rounds": args.rounds,
+                     "torch_threads": args.torch_threads,
+                     "python": args.python},
+            "flops_per_sample": FLOPS_PER_SAMPLE,
+            "goals": [{"mode": m, "batch": b, "ratio": g}
+                      for (m, b), g in sorted(GOALS.items())],
+            "runs": runs,
+            "measurements": records,
+            "sgemm_best_gflops": sgemm,
+            "sgemm_floor_from": {"shape": top_shape, "gflops": top_gflops},
+            "table": rows,
+            "error": error,
+        }
+        with open(args.json_out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        print("wrote %s" % args.json_out, file=sys.stderr)
+
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

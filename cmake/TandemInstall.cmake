@@ -1,0 +1,43 @@
+# The installable library: one shared libtandem holding the engine and kernel layers whole, its
+# public headers, a CMake package (find_package(Tandem) -> Tandem::tandem) and a pkg-config file.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# libtandem.so is built from the layer libraries' object files, so it holds them whole.
+add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>)
+add_library(Tandem::tandem ALIAS tandem)
+target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB Threads::Threads
+                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>)
+target_include_directories(tandem INTERFACE
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/engine/include>
+  $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/engine/include>
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+target_compile_features(tandem INTERFACE cxx_std_17)
+set_target_properties(tandem PROPERTIES
+  VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+  EXPORT_NAME tandem)
+
+install(TARGETS tandem EXPORT TandemTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/tandem
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+install(FILES ${PROJECT_BINARY_DIR}/engine/include/tandem/version.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tandem)
+
+set(TANDEM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Tandem)
+install(EXPORT TandemTargets NAMESPACE Tandem:: DESTINATION ${TANDEM_CMAKE_DIR})
+configure_package_config_file(cmake/TandemConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/TandemConfig.cmake INSTALL_DESTINATION ${TANDEM_CMAKE_DIR})
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/TandemConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/TandemConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/TandemConfigVersion.cmake
+  DESTINATION ${TANDEM_CMAKE_DIR})
+
+# pkg-config: paths relative to the .pc file, so an install under any --prefix works.
+file(RELATIVE_PATH TANDEM_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
+configure_file(cmake/tandem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+install(TARGETS tandem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,0 +1,60 @@
+// The settings of a model and of a training run. Plain values with TensorFlow's seed defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// Layer widths from input to output: 784-100-10 is the seed's model (one ReLU hidden layer and a
+// softmax output). Every layer but the last is dense + bias + ReLU; the last is dense + bias.
+struct ModelConfig {
+  std::vector<int64_t> layers{784, 100, 10};
+
+  int64_t inputs() const { return layers.front(); }
+  int64_t classes() const { return layers.back(); }
+  // Throws InputError unless there are at least two layers, all widths are positive and the
+  // output has at most 256 classes (labels are stored as bytes).
+  void validate() const;
+  // "784-100-10"
+  std::string describe() const;
+  // Parses "784-100-10" (or "784,100,10"); throws InputError naming the text otherwise.
+  static ModelConfig parse(const std::string& text);
+};
+
+enum class OptimizerKind { Adam, Sgd };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::Adam;
+  float learning_rate = 0.01f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+};
+
+enum class BackendKind { Cpu, Cuda, Auto };
+
+struct TrainConfig {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  BackendKind backend = BackendKind::Auto;
+  int64_t batch = 1000;
+  int epochs = 15;
+  uint64_t seed = 1;
+  int threads = 0;       // 0: every core this process may use
+  bool shuffle = true;   // false: batches in store order, for reproducible comparisons
+  std::string init_path;        // start from these parameters (a checkpoint file)
+  std::string resume_path;      // continue a checkpointed run: parameters, optimizer state, step
+  std::string checkpoint_path;  // written atomically after every epoch and at the end
+  std::string metrics_path;     // JSON lines: one per step, one per epoch
+
+  void validate() const;
+};
+
+const char* to_string(BackendKind kind);
+const char* to_string(OptimizerKind kind);
+BackendKind parse_backend(const std::string& text);
+OptimizerKind parse_optimizer(const std::string& text);
+
+}  // namespace tandem

@@ -1,0 +1,70 @@
+// Data sets as the engine sees them: rows of pixels with one class label each.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// How pixels are stored. UInt8 pixels are scaled to [0,1] (x * (1/255), as TensorFlow's MNIST
+// reader does) when a backend reads them, so data stays a quarter of the bytes until it is used.
+enum class PixelType : uint8_t { UInt8, Float32 };
+
+// A non-owning view of `rows` consecutive rows. Cheap to copy; the owner must outlive it.
+struct DatasetView {
+  PixelType pixel_type = PixelType::UInt8;
+  const void* pixels = nullptr;     // rows x features, row-major
+  const uint8_t* labels = nullptr;  // rows class indices in [0, num_classes)
+  int64_t rows = 0;
+  int64_t features = 0;
+  int num_classes = 0;
+
+  size_t pixel_bytes() const { return pixel_type == PixelType::UInt8 ? 1 : 4; }
+  // Rows [begin, end) of this view; throws InputError when the range is outside it.
+  DatasetView slice(int64_t begin, int64_t end) const;
+};
+
+// An owning data set: the bytes of its pixels and labels.
+class Dataset {
+ public:
+  Dataset() = default;
+  Dataset(PixelType type, int64_t rows, int64_t features, int num_classes);
+
+  DatasetView view() const;
+  uint8_t* pixel_data() { return pixels_.data(); }
+  uint8_t* label_data() { return labels_.data(); }
+  const uint8_t* pixel_data() const { return pixels_.data(); }
+  const uint8_t* label_data() const { return labels_.data(); }
+  int64_t rows() const { return rows_; }
+  int64_t features() const { return features_; }
+  int num_classes() const { return num_classes_; }
+  PixelType pixel_type() const { return type_; }
+
+ private:
+  PixelType type_ = PixelType::UInt8;
+  int64_t rows_ = 0;
+  int64_t features_ = 0;
+  int num_classes_ = 0;
+  std::vector<uint8_t> pixels_;
+  std::vector<uint8_t> labels_;
+};
+
+// The three splits of an MNIST-format data set, split as TensorFlow's reader does: the last
+// `validation_rows` training images are the validation split, the t10k files are the test split.
+struct DataSplits {
+  Dataset train;
+  Dataset validation;
+  Dataset test;
+  std::string source;  // the directory the files came from
+};
+
+// Where Debian's dataset-fashion-mnist package puts its IDX files.
+std::string default_data_dir();
+
+// Reads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+// t10k-labels-idx1-ubyte (each raw or with a .gz suffix) from `dir`. Throws InputError naming the
+// file and the problem when a file is missing, malformed, or the counts disagree.
+DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows = 5000);
+
+}  // namespace tandem

@@ -1,0 +1,74 @@
+// A model's parameters (and, for a checkpoint, its optimizer state), their initialisation and
+// their safetensors files.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tandem/config.h"
+#include "tandem/dataset.h"
+
+namespace tandem {
+
+// A named float32 tensor.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// The parameter tensors of a model, in a fixed order: for each layer its weight [in, out] and
+// bias [out]. The seed's names: hid_w, hid_b for the (first) hidden layer, hid2_w ... for more,
+// sm_w, sm_b for the softmax layer.
+class Model {
+ public:
+  explicit Model(ModelConfig config);  // zero parameters of the right shapes
+
+  // TensorFlow's initialisers: weights ~ truncated normal with stddev 1/sqrt(fan_in) (redrawn
+  // beyond two stddev), biases zero. The same seed gives the same parameters on every machine.
+  static Model initialized(ModelConfig config, uint64_t seed);
+
+  const ModelConfig& config() const { return config_; }
+  std::vector<NamedTensor>& parameters() { return parameters_; }
+  const std::vector<NamedTensor>& parameters() const { return parameters_; }
+  const NamedTensor& parameter(const std::string& name) const;
+  int64_t parameter_count() const;
+
+  static std::string weight_name(size_t layer, size_t num_layers);
+  static std::string bias_name(size_t layer, size_t num_layers);
+
+ private:
+  ModelConfig config_;
+  std::vector<NamedTensor> parameters_;
+};
+
+// Adam's moments, one tensor per parameter, in the model's order (empty for SGD).
+struct OptimizerState {
+  std::vector<NamedTensor> m;
+  std::vector<NamedTensor> v;
+};
+
+// Everything needed to continue a run where it stopped.
+struct Checkpoint {
+  Model model{ModelConfig{}};
+  OptimizerConfig optimizer;
+  OptimizerState state;
+  int64_t step = 0;      // optimizer steps taken (TensorFlow's global_step)
+  int64_t epoch = 0;     // epochs completed
+  uint64_t seed = 0;
+  int64_t batch = 0;
+  std::map<std::string, std::string> extra;  // further provenance, kept as given
+};
+
+// Writes a safetensors file atomically (temporary file, fsync, rename): the parameters under
+// their names, Adam's moments as NAME.adam_m / NAME.adam_v, everything else in __metadata__.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+
+// Reads and validates a whole checkpoint. Throws InputError naming the file and the problem for a
+// truncated or corrupt file, or when it does not hold a complete model. When `expected` is given,
+// the model's layers must match it.
+Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected = nullptr);
+
+}  // namespace tandem

@@ -1,0 +1,92 @@
+// Single-process training and evaluation: the embeddable entry point of the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/config.h"
+#include "tandem/dataset.h"
+#include "tandem/model.h"
+
+namespace tandem {
+
+struct EvalResult {
+  double loss_sum = 0.0;   // the seed's summed clipped cross-entropy
+  double loss_mean = 0.0;  // per sample
+  double accuracy = 0.0;
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+struct StepReport {
+  int64_t step = 0;        // global step after this update
+  int epoch = 0;           // 0-based epoch this step belongs to
+  double loss_sum = 0.0;   // summed over the batch
+  int64_t samples = 0;
+  double samples_per_s = 0.0;  // this step's own rate
+};
+
+struct EpochReport {
+  int epoch = 0;  // 1-based count of epochs completed
+  int64_t step = 0;
+  double train_loss_mean = 0.0;
+  double samples_per_s = 0.0;
+  double seconds = 0.0;
+  EvalResult validation;
+};
+
+struct TrainSummary {
+  std::string backend;
+  int threads = 0;
+  int epochs = 0;
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0.0;  // training time, excluding evaluation
+  double samples_per_s = 0.0;
+  EvalResult validation;
+  EvalResult test;
+};
+
+class Backend;  // internal
+
+class Trainer {
+ public:
+  // Builds the backend and the model: from `init_path` or `resume_path` when given, otherwise
+  // initialised from the seed. Throws InputError for a bad configuration or checkpoint.
+  explicit Trainer(TrainConfig config);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  std::function<void(const StepReport&)> on_step;
+  std::function<void(const EpochReport&)> on_epoch;
+
+  // Trains up to config.epochs epochs in total (a resumed run counts the epochs it already did),
+  // evaluating the validation split after every epoch and the test split (if not empty) at the end.
+  TrainSummary fit(const DatasetView& train, const DatasetView& validation,
+                   const DatasetView& test);
+
+  EvalResult evaluate(const DatasetView& data);
+  // Current parameters and optimizer state, as a checkpoint would hold them.
+  Checkpoint checkpoint() const;
+  Model model() const;
+  const TrainConfig& config() const { return config_; }
+  std::string backend_name() const;
+  int threads() const;
+
+ private:
+  TrainConfig config_;
+  std::unique_ptr<Backend> backend_;
+  int64_t epoch_ = 0;
+};
+
+// Evaluates a model on the CPU with `threads` threads (0: all cores).
+EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads = 0);
+
+// Predicted class of every row.
+std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads = 0);
+
+}  // namespace tandem

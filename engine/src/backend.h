@@ -1,0 +1,58 @@
+// The interface every compute backend implements (the CPU backend here, the CUDA one beside it).
+// A backend owns device-side copies of the parameters, gradients and optimizer state; the trainer
+// (and later the parameter-server roles) move them in and out through this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tandem/config.h"
+#include "tandem/dataset.h"
+#include "tandem/model.h"
+
+namespace tandem {
+
+struct BatchStats {
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual int threads() const = 0;
+
+  virtual void set_parameters(const Model& model) = 0;
+  virtual void get_parameters(Model& model) const = 0;
+  // Adam's moments and the step count (bias corrections depend on it).
+  virtual void set_optimizer_state(const OptimizerState& state, int64_t step) = 0;
+  virtual void get_optimizer_state(OptimizerState& state) const = 0;
+  virtual int64_t step() const = 0;
+
+  // Forward and backward over `count` rows of `data` (the rows listed in `rows`, or the first
+  // `count` rows when `rows` is null), keeping the summed gradients for apply_gradients().
+  virtual BatchStats compute_gradients(const DatasetView& data, const int32_t* rows,
+                                       int64_t count) = 0;
+  // One optimizer step with the gradients of the last compute_gradients().
+  virtual void apply_gradients() = 0;
+
+  // Summed loss and correct predictions over every row of `data`; no gradients.
+  virtual BatchStats evaluate(const DatasetView& data) = 0;
+  // Arg-max class of every row of `data` into out[data.rows].
+  virtual void predict(const DatasetView& data, uint8_t* out) = 0;
+};
+
+// The CPU backend: OpenBLAS sgemm for the dense layers, `threads` threads (0: all cores).
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,
+                                          int threads);
+
+// Picks the backend: `Auto` is CUDA when a device is present, the CPU otherwise. Throws
+// InputError when CUDA is asked for and cannot be had, saying why.
+std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
+                                      const OptimizerConfig& opt, int threads);
+
+}  // namespace tandem

@@ -1,0 +1,160 @@
+// Checkpoints as safetensors files: parameters under their own names, Adam's moments beside them
+// as NAME.adam_m and NAME.adam_v, and the run's state in __metadata__ (strings, as the format
+// requires). Loading checks the whole file before anything is returned.
+#include <cstring>
+
+#include "safetensors.h"
+#include "tandem/error.h"
+#include "tandem/model.h"
+
+namespace tandem {
+
+namespace {
+
+constexpr const char* kFormat = "tandem-checkpoint";
+constexpr const char* kFormatVersion = "1";
+
+SafeTensor to_safetensor(const NamedTensor& t, const std::string& name) {
+  SafeTensor out;
+  out.name = name;
+  out.dtype = "F32";
+  out.shape = t.shape;
+  out.data.resize(t.values.size() * sizeof(float));
+  if (!t.values.empty()) std::memcpy(out.data.data(), t.values.data(), out.data.size());
+  return out;
+}
+
+// Copies tensor `name` of `file` into `into` (whose shape says what is expected).
+void read_tensor(const SafeTensorsFile& file, const std::string& path, const std::string& name,
+                 NamedTensor& into) {
+  const SafeTensor* t = file.find(name);
+  if (t == nullptr) throw InputError(path + ": checkpoint has no tensor '" + name + "'");
+  if (t->dtype != "F32")
+    throw InputError(path + ": tensor '" + name + "' has dtype " + t->dtype + ", expected F32");
+  if (t->shape != into.shape) {
+    auto text = [](const std::vector<int64_t>& s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    throw InputError(path + ": tensor '" + name + "' has shape " + text(t->shape) +
+                     ", the model needs " + text(into.shape));
+  }
+  std::memcpy(into.values.data(), t->data.data(), t->data.size());
+}
+
+const std::string& metadata(const SafeTensorsFile& file, const std::string& path,
+                            const std::string& key) {
+  auto it = file.metadata.find(key);
+  if (it == file.metadata.end())
+    throw InputError(path + ": checkpoint metadata has no '" + key + "'");
+  return it->second;
+}
+
+template <typename T>
+T parse_number(const std::string& path, const std::string& key, const std::string& text) {
+  try {
+    size_t used = 0;
+    const T value = std::is_floating_point<T>::value ? static_cast<T>(std::stod(text, &used))
+                                                     : static_cast<T>(std::stoll(text, &used));
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text + "' is not a number");
+}
+
+std::string float_text(float x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.9g", static_cast<double>(x));
+  return buffer;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  SafeTensorsFile file;
+  const bool adam = checkpoint.optimizer.kind == OptimizerKind::Adam;
+  const auto& params = checkpoint.model.parameters();
+  if (adam && (checkpoint.state.m.size() != params.size() || checkpoint.state.v.size() != params.size()))
+    throw InputError(path + ": Adam state has " + std::to_string(checkpoint.state.m.size()) +
+                     " tensors, the model " + std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    file.tensors.push_back(to_safetensor(params[i], params[i].name));
+    if (!adam) continue;
+    file.tensors.push_back(to_safetensor(checkpoint.state.m[i], params[i].name + ".adam_m"));
+    file.tensors.push_back(to_safetensor(checkpoint.state.v[i], params[i].name + ".adam_v"));
+  }
+  file.metadata = checkpoint.extra;
+  const OptimizerConfig& opt = checkpoint.optimizer;
+  file.metadata["format"] = kFormat;
+  file.metadata["format_version"] = kFormatVersion;
+  file.metadata["layers"] = checkpoint.model.config().describe();
+  file.metadata["optimizer"] = to_string(opt.kind);
+  file.metadata["learning_rate"] = float_text(opt.learning_rate);
+  file.metadata["beta1"] = float_text(opt.beta1);
+  file.metadata["beta2"] = float_text(opt.beta2);
+  file.metadata["epsilon"] = float_text(opt.epsilon);
+  file.metadata["step"] = std::to_string(checkpoint.step);
+  file.metadata["epoch"] = std::to_string(checkpoint.epoch);
+  file.metadata["seed"] = std::to_string(checkpoint.seed);
+  file.metadata["batch"] = std::to_string(checkpoint.batch);
+  write_safetensors_atomic(path, file);
+}
+
+Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected) {
+  const SafeTensorsFile file = read_safetensors(path);
+  if (metadata(file, path, "format") != kFormat)
+    throw InputError(path + ": not a Tandem checkpoint (metadata format is '" +
+                     metadata(file, path, "format") + "', expected '" + kFormat + "')");
+  if (metadata(file, path, "format_version") != kFormatVersion)
+    throw InputError(path + ": checkpoint format version " + metadata(file, path, "format_version") +
+                     ", this tandem reads version " + kFormatVersion);
+  ModelConfig config;
+  try {
+    config = ModelConfig::parse(metadata(file, path, "layers"));
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+  if (expected && expected->layers != config.layers)
+    throw InputError(path + ": checkpoint holds model " + config.describe() + ", expected " +
+                     expected->describe());
+
+  Checkpoint checkpoint;
+  checkpoint.model = Model(config);
+  OptimizerConfig& opt = checkpoint.optimizer;
+  opt.kind = parse_optimizer(metadata(file, path, "optimizer"));
+  opt.learning_rate = parse_number<float>(path, "learning_rate", metadata(file, path, "learning_rate"));
+  opt.beta1 = parse_number<float>(path, "beta1", metadata(file, path, "beta1"));
+  opt.beta2 = parse_number<float>(path, "beta2", metadata(file, path, "beta2"));
+  opt.epsilon = parse_number<float>(path, "epsilon", metadata(file, path, "epsilon"));
+  checkpoint.step = parse_number<int64_t>(path, "step", metadata(file, path, "step"));
+  checkpoint.epoch = parse_number<int64_t>(path, "epoch", metadata(file, path, "epoch"));
+  checkpoint.seed = static_cast<uint64_t>(
+      parse_number<long long>(path, "seed", metadata(file, path, "seed")));
+  checkpoint.batch = parse_number<int64_t>(path, "batch", metadata(file, path, "batch"));
+  if (checkpoint.step < 0 || checkpoint.epoch < 0)
+    throw InputError(path + ": negative step or epoch in checkpoint metadata");
+
+  const bool adam = opt.kind == OptimizerKind::Adam;
+  size_t expected_tensors = 0;
+  for (auto& p : checkpoint.model.parameters()) {
+    read_tensor(file, path, p.name, p);
+    ++expected_tensors;
+    if (!adam) continue;
+    NamedTensor m{p.name, p.shape, std::vector<float>(p.values.size())};
+    NamedTensor v = m;
+    read_tensor(file, path, p.name + ".adam_m", m);
+    read_tensor(file, path, p.name + ".adam_v", v);
+    checkpoint.state.m.push_back(std::move(m));
+    checkpoint.state.v.push_back(std::move(v));
+    expected_tensors += 2;
+  }
+  if (file.tensors.size() != expected_tensors)
+    throw InputError(path + ": checkpoint holds " + std::to_string(file.tensors.size()) +
+                     " tensors, model " + config.describe() + " with " + to_string(opt.kind) +
+                     " needs " + std::to_string(expected_tensors));
+  for (const auto& [key, value] : file.metadata) checkpoint.extra[key] = value;
+  return checkpoint;
+}
+
+}  // namespace tandem

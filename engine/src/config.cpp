@@ -1,0 +1,90 @@
+#include "tandem/config.h"
+
+#include <sstream>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+void ModelConfig::validate() const {
+  if (layers.size() < 2)
+    throw InputError("model layers: need at least an input and an output width, got '" +
+                     describe() + "'");
+  for (int64_t width : layers)
+    if (width <= 0 || width > (int64_t{1} << 24))
+      throw InputError("model layers '" + describe() + "': width " + std::to_string(width) +
+                       " is outside [1, 16777216]");
+  if (classes() > 256)
+    throw InputError("model layers '" + describe() + "': " + std::to_string(classes()) +
+                     " output classes, at most 256 are supported (labels are bytes)");
+}
+
+std::string ModelConfig::describe() const {
+  std::string text;
+  for (size_t i = 0; i < layers.size(); ++i) text += (i ? "-" : "") + std::to_string(layers[i]);
+  return text;
+}
+
+ModelConfig ModelConfig::parse(const std::string& text) {
+  ModelConfig config;
+  config.layers.clear();
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, text.find(',') != std::string::npos ? ',' : '-')) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || item.empty())
+      throw InputError("model layers '" + text + "': '" + item +
+                       "' is not a whole number (expected widths like 784-100-10)");
+    config.layers.push_back(value);
+  }
+  config.validate();
+  return config;
+}
+
+void TrainConfig::validate() const {
+  model.validate();
+  if (batch < 1) throw InputError("batch size must be at least 1, got " + std::to_string(batch));
+  if (epochs < 0) throw InputError("epochs must be >= 0, got " + std::to_string(epochs));
+  if (threads < 0) throw InputError("threads must be >= 0, got " + std::to_string(threads));
+  if (!(optimizer.learning_rate > 0.0f))
+    throw InputError("learning rate must be positive, got " + std::to_string(optimizer.learning_rate));
+  if (!(optimizer.beta1 >= 0.0f && optimizer.beta1 < 1.0f) ||
+      !(optimizer.beta2 >= 0.0f && optimizer.beta2 < 1.0f))
+    throw InputError("Adam betas must be in [0, 1)");
+  if (!(optimizer.epsilon >= 0.0f)) throw InputError("Adam epsilon must be >= 0");
+  if (!init_path.empty() && !resume_path.empty())
+    throw InputError("give either an initial model (" + init_path + ") or a checkpoint to resume (" +
+                     resume_path + "), not both");
+}
+
+const char* to_string(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::Cpu: return "cpu";
+    case BackendKind::Cuda: return "cuda";
+    case BackendKind::Auto: return "auto";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerKind kind) { return kind == OptimizerKind::Adam ? "adam" : "sgd"; }
+
+BackendKind parse_backend(const std::string& text) {
+  if (text == "cpu") return BackendKind::Cpu;
+  if (text == "cuda") return BackendKind::Cuda;
+  if (text == "auto") return BackendKind::Auto;
+  throw InputError("backend '" + text + "': expected cpu, cuda or auto");
+}
+
+OptimizerKind parse_optimizer(const std::string& text) {
+  if (text == "adam") return OptimizerKind::Adam;
+  if (text == "sgd") return OptimizerKind::Sgd;
+  throw InputError("optimizer '" + text + "': expected adam or sgd");
+}
+
+}  // namespace tandem

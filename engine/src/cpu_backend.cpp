@@ -1,0 +1,242 @@
+#include "cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "../../kernels/cpu/adam_cpu.h"
+#include "../../kernels/cpu/convert_cpu.h"
+#include "../../kernels/cpu/dense_cpu.h"
+#include "../../kernels/cpu/softmax_xent_cpu.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+int resolve_threads(int threads) { return threads > 0 ? threads : ThreadPool::available_cores(); }
+
+void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
+                     float* arena, const char* what) {
+  if (tensors.size() != layout.entries.size())
+    throw InputError(std::string(what) + ": expected " + std::to_string(layout.entries.size()) +
+                     " tensors, got " + std::to_string(tensors.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& entry = layout.entries[i];
+    if (tensors[i].shape != entry.shape ||
+        static_cast<int64_t>(tensors[i].values.size()) != entry.size)
+      throw InputError(std::string(what) + ": tensor '" + tensors[i].name +
+                       "' does not have the shape of '" + entry.name + "'");
+    std::copy(tensors[i].values.begin(), tensors[i].values.end(), arena + entry.offset);
+  }
+}
+
+void copy_tensors_out(const ParameterLayout& layout, const float* arena,
+                      std::vector<NamedTensor>& out, const std::string& suffix) {
+  out.clear();
+  for (const auto& entry : layout.entries)
+    out.push_back({entry.name + suffix, entry.shape,
+                   std::vector<float>(arena + entry.offset, arena + entry.offset + entry.size)});
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const ModelConfig& model, const OptimizerConfig& opt, int threads,
+                       int64_t block_rows)
+    : config_(model),
+      optimizer_(opt),
+      layout_(ParameterLayout::for_model(model)),
+      block_rows_(block_rows),
+      pool_(resolve_threads(threads)),
+      params_(static_cast<size_t>(layout_.total)),
+      adam_m_(static_cast<size_t>(layout_.total)),
+      adam_v_(static_cast<size_t>(layout_.total)) {
+  if (block_rows_ < 1) throw InputError("CPU block rows must be >= 1");
+  // Parallelism comes from splitting the batch across our own threads; OpenBLAS threads on top
+  // would oversubscribe the cores (and each sgemm here is sized for one core's caches).
+  openblas_set_num_threads(1);
+  workspaces_.resize(static_cast<size_t>(pool_.size()));
+  for (auto& ws : workspaces_) {
+    for (int64_t width : config_.layers) {
+      ws.activations.emplace_back(static_cast<size_t>(block_rows_ * width));
+      ws.deltas.emplace_back(static_cast<size_t>(block_rows_ * width));
+    }
+    ws.labels = AlignedBuffer<uint8_t>(static_cast<size_t>(block_rows_));
+    ws.gradients = AlignedBuffer<float>(static_cast<size_t>(layout_.total));
+    gradient_parts_.push_back(ws.gradients.data());
+  }
+}
+
+void CpuBackend::set_parameters(const Model& model) {
+  if (model.config().layers != config_.layers)
+    throw InputError("model " + model.config().describe() + " does not match the backend's " +
+                     config_.describe());
+  copy_tensors_in(model.parameters(), layout_, params_.data(), "parameters");
+}
+
+void CpuBackend::get_parameters(Model& model) const {
+  if (model.config().layers != config_.layers) model = Model(config_);
+  copy_tensors_out(layout_, params_.data(), model.parameters(), "");
+}
+
+void CpuBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
+  if (step < 0) throw InputError("optimizer step must be >= 0, got " + std::to_string(step));
+  if (optimizer_.kind == OptimizerKind::Adam) {
+    copy_tensors_in(state.m, layout_, adam_m_.data(), "Adam first moments");
+    copy_tensors_in(state.v, layout_, adam_v_.data(), "Adam second moments");
+  }
+  step_ = step;
+}
+
+void CpuBackend::get_optimizer_state(OptimizerState& state) const {
+  state = OptimizerState{};
+  if (optimizer_.kind != OptimizerKind::Adam) return;
+  copy_tensors_out(layout_, adam_m_.data(), state.m, "");
+  copy_tensors_out(layout_, adam_v_.data(), state.v, "");
+}
+
+void CpuBackend::get_gradients(std::vector<NamedTensor>& out) const {
+  copy_tensors_out(layout_, workspaces_[0].gradients.data(), out, "");
+  for (size_t t = 1; t < workspaces_.size(); ++t)
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float* part = workspaces_[t].gradients.data() + layout_.entries[i].offset;
+      for (size_t k = 0; k < out[i].values.size(); ++k) out[i].values[k] += part[k];
+    }
+}
+
+void CpuBackend::check_data(const DatasetView& data) const {
+  if (data.features != config_.inputs())
+    throw InputError("data has " + std::to_string(data.features) + " features per row, model " +
+                     config_.describe() + " expects " + std::to_string(config_.inputs()));
+  if (data.num_classes > config_.classes())
+    throw InputError("data has " + std::to_string(data.num_classes) + " classes, model " +
+                     config_.describe() + " has " + std::to_string(config_.classes()) + " outputs");
+}
+
+void CpuBackend::forward_block(Workspace& ws, int64_t n) {
+  const size_t num_layers = config_.layers.size() - 1;
+  for (size_t l = 0; l < num_layers; ++l)
+    kernels::dense_forward_cpu(ws.activations[l].data(), params_.data() + layout_.weight(l).offset,
+                               params_.data() + layout_.bias(l).offset,
+                               ws.activations[l + 1].data(), n, config_.layers[l],
+                               config_.layers[l + 1], l + 1 < num_layers);
+}
+
+void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t* rows,
+                          int64_t begin, int64_t end, bool backward, uint8_t* predictions) {
+  const size_t num_layers = config_.layers.size() - 1;
+  const int64_t classes = config_.classes();
+  kernels::SoftmaxXentStats stats;
+  for (int64_t start = begin; start < end; start += block_rows_) {
+    const int64_t n = std::min(block_rows_, end - start);
+    const int32_t* block_rows = rows ? rows + start : nullptr;
+    // Without a row list the block is rows [start, start + n) of the data.
+    const int64_t base = rows ? 0 : start;
+    if (data.pixel_type == PixelType::UInt8)
+      kernels::gather_rows_u8_cpu(static_cast<const uint8_t*>(data.pixels) + base * data.features,
+                                  data.features, block_rows, n, ws.activations[0].data());
+    else
+      kernels::gather_rows_f32_cpu(static_cast<const float*>(data.pixels) + base * data.features,
+                                   data.features, block_rows, n, ws.activations[0].data());
+    kernels::gather_labels_cpu(data.labels + base, block_rows, n, ws.labels.data());
+    forward_block(ws, n);
+    const float* logits = ws.activations[num_layers].data();
+    kernels::softmax_xent_cpu(logits, ws.labels.data(),
+                              backward ? ws.deltas[num_layers].data() : nullptr, n, classes, stats);
+    if (predictions) kernels::argmax_rows_cpu(logits, predictions + start, n, classes);
+    if (!backward) continue;
+    for (size_t l = num_layers; l-- > 0;) {
+      float* grads = ws.gradients.data();
+      kernels::dense_backward_params_cpu(ws.activations[l].data(), ws.deltas[l + 1].data(),
+                                         grads + layout_.weight(l).offset,
+                                         grads + layout_.bias(l).offset, n, config_.layers[l],
+                                         config_.layers[l + 1], /*accumulate=*/true);
+      if (l > 0)
+        kernels::dense_backward_input_relu_cpu(
+            ws.deltas[l + 1].data(), params_.data() + layout_.weight(l).offset,
+            ws.activations[l].data(), ws.deltas[l].data(), n, config_.layers[l],
+            config_.layers[l + 1]);
+    }
+  }
+  ws.stats.loss_sum += stats.loss_sum;
+  ws.stats.correct += stats.correct;
+  ws.stats.samples += end - begin;
+}
+
+BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
+                                         int64_t count) {
+  check_data(data);
+  if (count < 0 || (rows == nullptr && count > data.rows))
+    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
+                     std::to_string(data.rows));
+  const int parts = pool_.size();
+  pool_.run([&](int t) {
+    Workspace& ws = workspaces_[static_cast<size_t>(t)];
+    ws.stats = BatchStats{};
+    std::fill(ws.gradients.data(), ws.gradients.data() + layout_.total, 0.0f);
+    run_rows(ws, data, rows, split_begin(count, parts, t), split_begin(count, parts, t + 1),
+             /*backward=*/true, nullptr);
+  });
+  BatchStats total;
+  for (const auto& ws : workspaces_) {
+    total.loss_sum += ws.stats.loss_sum;
+    total.correct += ws.stats.correct;
+    total.samples += ws.stats.samples;
+  }
+  return total;
+}
+
+void CpuBackend::apply_gradients() {
+  ++step_;
+  const kernels::AdamHyper hyper{optimizer_.learning_rate, optimizer_.beta1, optimizer_.beta2,
+                                 optimizer_.epsilon};
+  const float lr_t = kernels::adam_step_size(hyper, step_);
+  const int parts = pool_.size();
+  const int64_t chunks = layout_.total / ParameterLayout::kAlignFloats;
+  pool_.run([&](int t) {
+    const int64_t begin = split_begin(chunks, parts, t) * ParameterLayout::kAlignFloats;
+    const int64_t end = split_begin(chunks, parts, t + 1) * ParameterLayout::kAlignFloats;
+    if (optimizer_.kind == OptimizerKind::Adam)
+      kernels::adam_update_cpu(params_.data(), adam_m_.data(), adam_v_.data(),
+                               gradient_parts_.data(), parts, begin, end, lr_t, hyper);
+    else
+      kernels::sgd_update_cpu(params_.data(), gradient_parts_.data(), parts, begin, end,
+                              optimizer_.learning_rate);
+  });
+}
+
+BatchStats CpuBackend::evaluate(const DatasetView& data) {
+  check_data(data);
+  const int parts = pool_.size();
+  pool_.run([&](int t) {
+    Workspace& ws = workspaces_[static_cast<size_t>(t)];
+    ws.stats = BatchStats{};
+    run_rows(ws, data, nullptr, split_begin(data.rows, parts, t),
+             split_begin(data.rows, parts, t + 1), /*backward=*/false, nullptr);
+  });
+  BatchStats total;
+  for (const auto& ws : workspaces_) {
+    total.loss_sum += ws.stats.loss_sum;
+    total.correct += ws.stats.correct;
+    total.samples += ws.stats.samples;
+  }
+  return total;
+}
+
+void CpuBackend::predict(const DatasetView& data, uint8_t* out) {
+  check_data(data);
+  const int parts = pool_.size();
+  pool_.run([&](int t) {
+    Workspace& ws = workspaces_[static_cast<size_t>(t)];
+    ws.stats = BatchStats{};
+    run_rows(ws, data, nullptr, split_begin(data.rows, parts, t),
+             split_begin(data.rows, parts, t + 1), /*backward=*/false, out);
+  });
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,
+                                          int threads) {
+  return std::make_unique<CpuBackend>(model, opt, threads);
+}
+
+}  // namespace tandem

@@ -1,0 +1,44 @@
+// Reading and writing IDX files, the format of the MNIST family of data sets.
+//
+// On disk: two zero bytes, a type code, the number of dimensions; each dimension as a big-endian
+// uint32; then the elements, big-endian and row-major. Files may be gzip-compressed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+enum class IdxType : uint8_t {
+  UInt8 = 0x08,
+  Int8 = 0x09,
+  Int16 = 0x0B,
+  Int32 = 0x0C,
+  Float32 = 0x0D,
+  Float64 = 0x0E
+};
+
+// An IDX array in memory. `data` holds element_count() elements in HOST byte order.
+struct IdxArray {
+  IdxType type = IdxType::UInt8;
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> data;
+
+  size_t element_size() const;
+  int64_t element_count() const;  // product of dims (1 for no dims)
+};
+
+// Reads a raw or gzip-compressed IDX file (gzip is recognised by its 1f 8b magic). Throws
+// InputError for a missing or malformed file and IoError when the system fails to read it.
+IdxArray read_idx(const std::string& path);
+
+// Writes `a` big-endian, gzip-compressed when `gzip` is set. Throws InputError when `a` is not a
+// valid IDX array (dims, data size) and IoError when the file cannot be written.
+void write_idx(const std::string& path, const IdxArray& a, bool gzip);
+
+// "uint8", "int8", "int16", "int32", "float32", "float64"; "unknown" for other codes.
+const char* idx_type_name(IdxType type);
+
+}  // namespace tandem

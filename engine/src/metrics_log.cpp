@@ -1,0 +1,50 @@
+#include "metrics_log.h"
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr)
+    throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::write_line(const std::string& line) {
+  if (file_ == nullptr) return;
+  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
+      std::fflush(file_) != 0)
+    throw IoError("writing metrics file " + path_ + ": " + std::strerror(errno));
+}
+
+void MetricsLog::step(const StepReport& r) {
+  if (file_ == nullptr) return;
+  nlohmann::json j{{"type", "step"},          {"step", r.step},
+                   {"epoch", r.epoch},        {"loss", r.loss_sum},
+                   {"samples", r.samples},    {"samples_per_s", r.samples_per_s}};
+  write_line(j.dump());
+}
+
+void MetricsLog::epoch(const EpochReport& r) {
+  if (file_ == nullptr) return;
+  nlohmann::json j{{"type", "epoch"},
+                   {"epoch", r.epoch},
+                   {"step", r.step},
+                   {"train_loss_mean", r.train_loss_mean},
+                   {"samples_per_s", r.samples_per_s},
+                   {"seconds", r.seconds},
+                   {"validation_loss", r.validation.loss_sum},
+                   {"validation_loss_mean", r.validation.loss_mean},
+                   {"validation_accuracy", r.validation.accuracy}};
+  write_line(j.dump());
+}
+
+}  // namespace tandem

@@ -1,0 +1,29 @@
+// The --metrics file: one JSON object per line, flushed as it goes so a crashed or running job
+// can be followed with `tail -f`.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "tandem/trainer.h"
+
+namespace tandem {
+
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  explicit MetricsLog(const std::string& path);  // truncates; throws IoError naming the path
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  void step(const StepReport& report);
+  void epoch(const EpochReport& report);
+
+ private:
+  void write_line(const std::string& line);
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,104 @@
+#include "thread_pool.h"
+
+#include <sched.h>
+
+#include <chrono>
+
+#include "tandem/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax() { _mm_pause(); }
+#else
+static inline void cpu_relax() {}
+#endif
+
+namespace tandem {
+
+namespace {
+// How long a member spins for the next job before it sleeps. Long enough to span the gap between
+// two training steps, short enough not to steal a core from anyone once training pauses.
+constexpr auto kSpinTime = std::chrono::microseconds(2000);
+}  // namespace
+
+int ThreadPool::available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+ThreadPool::ThreadPool(int threads)
+    : size_(threads), oversubscribed_(threads > available_cores()) {
+  if (threads < 1) throw InputError("thread count must be at least 1, got " + std::to_string(threads));
+  threads_.reserve(static_cast<size_t>(threads - 1));
+  for (int member = 1; member < threads; ++member)
+    threads_.emplace_back([this, member] { member_loop(member); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.store(true, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::pause() const {
+  if (oversubscribed_) std::this_thread::yield();
+  else cpu_relax();
+}
+
+void ThreadPool::call_member(int member) {
+  try {
+    trampoline_(job_, member);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void ThreadPool::run_erased(void* fn, Trampoline trampoline) {
+  if (size_ == 1) {
+    trampoline(fn, 0);
+    return;
+  }
+  {
+    // The job is published under the mutex so a member that goes to sleep cannot miss it.
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = fn;
+    trampoline_ = trampoline;
+    error_ = nullptr;
+    pending_.store(size_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  call_member(0);
+  while (pending_.load(std::memory_order_acquire) != 0) pause();
+  if (error_) std::rethrow_exception(error_);
+}
+
+void ThreadPool::member_loop(int member) {
+  uint64_t seen = 0;
+  for (;;) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+    uint64_t now = generation_.load(std::memory_order_acquire);
+    for (int i = 0; now == seen; ++i) {
+      pause();
+      if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      }
+      now = generation_.load(std::memory_order_acquire);
+    }
+    seen = now;
+    if (stopping_.load(std::memory_order_acquire)) return;
+    call_member(member);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,155 @@
+#include "tandem/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "backend.h"
+#include "metrics_log.h"
+#include "random.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+EvalResult to_eval(const BatchStats& stats) {
+  EvalResult r;
+  r.loss_sum = stats.loss_sum;
+  r.samples = stats.samples;
+  r.correct = stats.correct;
+  if (stats.samples > 0) {
+    r.loss_mean = stats.loss_sum / static_cast<double>(stats.samples);
+    r.accuracy = static_cast<double>(stats.correct) / static_cast<double>(stats.samples);
+  }
+  return r;
+}
+
+// Epoch e's shuffle draws from its own stream, so a run resumed at epoch e shuffles as the
+// uninterrupted run did without any saved generator state.
+constexpr uint64_t kShuffleStreamBase = 1u << 20;
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+  config_.validate();
+  backend_ = make_backend(config_.backend, config_.model, config_.optimizer, config_.threads);
+  if (!config_.resume_path.empty()) {
+    const Checkpoint ckpt = load_checkpoint(config_.resume_path, &config_.model);
+    if (ckpt.optimizer.kind != config_.optimizer.kind)
+      throw InputError(config_.resume_path + ": checkpoint was trained with " +
+                       to_string(ckpt.optimizer.kind) + ", this run asks for " +
+                       to_string(config_.optimizer.kind));
+    backend_->set_parameters(ckpt.model);
+    backend_->set_optimizer_state(ckpt.state, ckpt.step);
+    epoch_ = ckpt.epoch;
+  } else if (!config_.init_path.empty()) {
+    backend_->set_parameters(load_checkpoint(config_.init_path, &config_.model).model);
+  } else {
+    backend_->set_parameters(Model::initialized(config_.model, config_.seed));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::backend_name() const { return backend_->name(); }
+int Trainer::threads() const { return backend_->threads(); }
+
+EvalResult Trainer::evaluate(const DatasetView& data) { return to_eval(backend_->evaluate(data)); }
+
+Model Trainer::model() const {
+  Model model(config_.model);
+  backend_->get_parameters(model);
+  return model;
+}
+
+Checkpoint Trainer::checkpoint() const {
+  Checkpoint ckpt;
+  ckpt.model = model();
+  ckpt.optimizer = config_.optimizer;
+  backend_->get_optimizer_state(ckpt.state);
+  ckpt.step = backend_->step();
+  ckpt.epoch = epoch_;
+  ckpt.seed = config_.seed;
+  ckpt.batch = config_.batch;
+  ckpt.extra["shuffle"] = config_.shuffle ? "on" : "off";
+  return ckpt;
+}
+
+TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validation,
+                          const DatasetView& test) {
+  if (train.rows == 0) throw InputError("the training split is empty");
+  if (train.rows > INT32_MAX) throw InputError("more than 2^31 training rows are not supported");
+  std::unique_ptr<MetricsLog> metrics;
+  if (!config_.metrics_path.empty()) metrics = std::make_unique<MetricsLog>(config_.metrics_path);
+
+  TrainSummary summary;
+  summary.backend = backend_->name();
+  summary.threads = backend_->threads();
+  std::vector<int32_t> order;
+  double train_seconds = 0.0;
+  while (epoch_ < config_.epochs) {
+    const auto epoch_start = Clock::now();
+    if (config_.shuffle)
+      order = seeded_permutation(train.rows, config_.seed, kShuffleStreamBase + static_cast<uint64_t>(epoch_));
+    double loss_sum = 0.0;
+    for (int64_t begin = 0; begin < train.rows; begin += config_.batch) {
+      const auto step_start = Clock::now();
+      const int64_t n = std::min(config_.batch, train.rows - begin);
+      const BatchStats stats =
+          config_.shuffle ? backend_->compute_gradients(train, order.data() + begin, n)
+                          : backend_->compute_gradients(train.slice(begin, begin + n), nullptr, n);
+      backend_->apply_gradients();
+      loss_sum += stats.loss_sum;
+      StepReport report{backend_->step(), static_cast<int>(epoch_), stats.loss_sum, n,
+                        static_cast<double>(n) / std::max(seconds_since(step_start), 1e-9)};
+      if (metrics) metrics->step(report);
+      if (on_step) on_step(report);
+    }
+    const double epoch_seconds = seconds_since(epoch_start);
+    train_seconds += epoch_seconds;
+    summary.samples += train.rows;
+    ++epoch_;
+    ++summary.epochs;
+
+    EpochReport report;
+    report.epoch = static_cast<int>(epoch_);
+    report.step = backend_->step();
+    report.train_loss_mean = loss_sum / static_cast<double>(train.rows);
+    report.seconds = epoch_seconds;
+    report.samples_per_s = static_cast<double>(train.rows) / std::max(epoch_seconds, 1e-9);
+    if (validation.rows > 0) report.validation = evaluate(validation);
+    if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, checkpoint());
+    if (metrics) metrics->epoch(report);
+    if (on_epoch) on_epoch(report);
+  }
+  if (!config_.checkpoint_path.empty() && summary.epochs == 0)
+    save_checkpoint(config_.checkpoint_path, checkpoint());
+  summary.steps = backend_->step();
+  summary.seconds = train_seconds;
+  summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
+  if (validation.rows > 0) summary.validation = evaluate(validation);
+  if (test.rows > 0) summary.test = evaluate(test);
+  return summary;
+}
+
+EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads) {
+  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
+  backend->set_parameters(model);
+  return to_eval(backend->evaluate(data));
+}
+
+std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads) {
+  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
+  backend->set_parameters(model);
+  std::vector<uint8_t> out(static_cast<size_t>(data.rows));
+  backend->predict(data, out.data());
+  return out;
+}
+
+}  // namespace tandem

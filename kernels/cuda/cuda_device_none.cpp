@@ -1,0 +1,9 @@
+// The CPU-only build (-DTANDEM_CUDA=OFF): no CUDA runtime is linked, so there are no devices.
+#include "cuda_device.h"
+
+namespace tandem::kernels {
+
+int cuda_device_count() { return 0; }
+std::string cuda_device_description(int) { return "built without CUDA"; }
+
+}  // namespace tandem::kernels

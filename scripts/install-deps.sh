@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what Tandem needs from Debian 12, and nothing when it is all there (idempotent).
+# The CUDA toolkit is not a Debian package: when /usr/local/cuda exists the build compiles the
+# CUDA code with it, otherwise it builds the CPU backend only.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libbenchmark-dev
+  dataset-fashion-mnist
+  python3 python3-venv python3-numpy python3-torch   # tests and benchmarks only
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: run as root (or install sudo): missing ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

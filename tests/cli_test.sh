@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The tandem command end to end: training, evaluation, checkpoints and resume on the installed
+# Fashion-MNIST, and every bad input refused with a message that names it, a non-zero exit and
+# no partial output.   usage: cli_test.sh TANDEM
+set -uo pipefail
+tandem=$1
+real=/usr/share/datasets/fashion-mnist
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0 passes=0
+
+check() {  # check NAME CONDITION...
+  local name=$1; shift
+  if "$@"; then passes=$((passes + 1)); echo "ok: $name"
+  else failures=$((failures + 1)); echo "FAIL: $name"; fi
+}
+# expect_error NAME EXPECTED_TEXT COMMAND...: non-zero exit, stderr contains the text.
+expect_error() {
+  local name=$1 text=$2; shift 2
+  local err rc
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -ne 0 ] && grep -qF -- "$text" <<<"$err"; then passes=$((passes + 1)); echo "ok: $name"
+  else failures=$((failures + 1)); echo "FAIL: $name (exit $rc): $err"; fi
+}
+json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
+
+[ -d "$real" ] || { echo "Fashion-MNIST is not installed at $real (apt-get install dataset-fashion-mnist)"; exit 1; }
+
+# Training, checkpoint, metrics, evaluation.
+out=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json \
+      --checkpoint "$dir/model.safetensors" --metrics "$dir/metrics.jsonl" 2>"$dir/train.err")
+check "train exits 0" test $? -eq 0
+acc=$(grep -o '"test":{[^}]*}' <<<"$out" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
+check "two epochs reach test accuracy > 0.8 (got $acc)" awk -v a="$acc" 'BEGIN{exit !(a > 0.8)}'
+check "summary counts samples" test "$(json_field "$out" samples)" = 110000
+check "checkpoint written" test -s "$dir/model.safetensors"
+check "metrics: 110 step lines" test "$(grep -c '"type":"step"' "$dir/metrics.jsonl")" -eq 110
+check "metrics: 2 epoch lines" test "$(grep -c '"type":"epoch"' "$dir/metrics.jsonl")" -eq 2
+check "no temporary files left" test "$(ls "$dir" | grep -c tmp)" -eq 0
+ev=$("$tandem" eval --model "$dir/model.safetensors" --data "$real" --split test --json)
+check "eval agrees with train's test accuracy" test "$(json_field "$ev" accuracy)" = "$acc"
+check "eval counts 10000 test samples" test "$(json_field "$ev" samples)" = 10000
+
+# Same seed and threads: identical results; resume continues where the checkpoint stopped.
+again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json 2>/dev/null)
+check "same seed, same test loss" test "$(json_field "$again" loss)" = "$(json_field "$out" loss)"
+"$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --checkpoint "$dir/one.safetensors" >/dev/null 2>&1
+resumed=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --resume "$dir/one.safetensors" 2>/dev/null)
+check "resumed run does the one missing epoch" test "$(json_field "$resumed" epochs)" = 1
+check "resumed run ends bit-identical" test "$(json_field "$resumed" loss)" = "$(json_field "$out" loss)"
+
+# Bad data: each refused, naming the file; no checkpoint or metrics left behind.
+mkdir "$dir/bad"
+for f in train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do ln -s "$real/$f" "$dir/bad/$f"; done
+zcat "$real/train-images-idx3-ubyte.gz" | head -c 1000000 > "$dir/bad/train-images-idx3-ubyte"
+expect_error "truncated images file" "$dir/bad/train-images-idx3-ubyte" \
+  "$tandem" train --data "$dir/bad" --checkpoint "$dir/bad.safetensors" --metrics "$dir/bad.jsonl"
+check "no checkpoint after a failed run" test ! -e "$dir/bad.safetensors"
+check "no metrics after a failed run" test ! -e "$dir/bad.jsonl"
+{ printf '\x00\x00\x08\x03\x00\x00\xea\x60\x00\x00\x00\x1c\x00\x00\x00\x1c'; zcat "$real/train-images-idx3-ubyte.gz" | tail -c +17; printf 'extra'; } > "$dir/bad/train-images-idx3-ubyte"
+expect_error "trailing bytes" "trailing" "$tandem" train --data "$dir/bad"
+printf 'PK\x03\x04 not an idx file at all' > "$dir/bad/train-images-idx3-ubyte"
+expect_error "wrong magic" "magic" "$tandem" train --data "$dir/bad"
+rm "$dir/bad/train-images-idx3-ubyte"
+zcat "$real/t10k-images-idx3-ubyte.gz" > "$dir/bad/train-images-idx3-ubyte"
+expect_error "label/image count mismatch" "60000" "$tandem" train --data "$dir/bad"
+expect_error "missing directory" "$dir/nowhere" "$tandem" train --data "$dir/nowhere"
+
+# Bad options and checkpoints.
+expect_error "batch 0" "batch" "$tandem" train --data "$real" --batch 0
+expect_error "unknown backend" "backend" "$tandem" train --data "$real" --backend tpu
+expect_error "bad hidden widths" "layers" "$tandem" train --data "$real" --hidden 100,x
+expect_error "resume into another shape" "784-100-10" \
+  "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
+head -c 5000 "$dir/model.safetensors" > "$dir/cut.safetensors"
+expect_error "truncated checkpoint" "$dir/cut.safetensors" "$tandem" eval --model "$dir/cut.safetensors" --data "$real"
+printf 'garbage' > "$dir/garbage.safetensors"
+expect_error "garbage checkpoint" "$dir/garbage.safetensors" "$tandem" eval --model "$dir/garbage.safetensors" --data "$real"
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect_error "cuda without a device" "cuda" "$tandem" train --data "$real" --backend cuda
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

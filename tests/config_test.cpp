@@ -1,0 +1,42 @@
+#include "tandem/config.h"
+#include "tandem/error.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+TEST(ModelConfig, ParsesAndDescribes) {
+  EXPECT_EQ(ModelConfig::parse("784-100-10").layers, (std::vector<int64_t>{784, 100, 10}));
+  EXPECT_EQ(ModelConfig::parse("784,256,128,10").describe(), "784-256-128-10");
+}
+
+TEST(ModelConfig, RejectsBadText) {
+  for (const char* bad : {"", "784", "784-x-10", "784--10", "784-0-10", "784-100-300", "7.5-3-2"}) {
+    try {
+      ModelConfig::parse(bad);
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("layers"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(TrainConfig, ValidatesValues) {
+  TrainConfig c;
+  c.validate();
+  c.batch = 0;
+  EXPECT_THROW(c.validate(), InputError);
+  c = TrainConfig{};
+  c.optimizer.learning_rate = -1;
+  EXPECT_THROW(c.validate(), InputError);
+  c = TrainConfig{};
+  c.init_path = "a";
+  c.resume_path = "b";
+  EXPECT_THROW(c.validate(), InputError);
+  EXPECT_THROW(parse_backend("gpu"), InputError);
+  EXPECT_EQ(parse_backend("cuda"), BackendKind::Cuda);
+  EXPECT_THROW(parse_optimizer("rmsprop"), InputError);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,103 @@
+// The CPU backend's own contracts: bit-identical results for the same thread count, agreement
+// across thread counts and block sizes, uint8 data equal to its float form, shuffled row lists.
+#include "cpu_backend.h"
+#include "tandem/error.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig small_model() { return ModelConfig::parse("64-20-10"); }
+
+std::vector<float> train_steps(int threads, int64_t block, const Dataset& data, int steps) {
+  CpuBackend backend(small_model(), OptimizerConfig{}, threads, block);
+  backend.set_parameters(Model::initialized(small_model(), 3));
+  for (int s = 0; s < steps; ++s) {
+    const int64_t begin = (s * 50) % (data.rows() - 50);
+    backend.compute_gradients(data.view().slice(begin, begin + 50), nullptr, 50);
+    backend.apply_gradients();
+  }
+  Model out(small_model());
+  backend.get_parameters(out);
+  std::vector<float> flat;
+  for (const auto& t : out.parameters()) flat.insert(flat.end(), t.values.begin(), t.values.end());
+  return flat;
+}
+
+TEST(CpuBackend, SameThreadCountGivesIdenticalBits) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 400, 64, 10, 5);
+  for (int threads : {1, 2, 3}) EXPECT_EQ(train_steps(threads, 16, data, 12), train_steps(threads, 16, data, 12));
+}
+
+TEST(CpuBackend, ThreadCountsAndBlockSizesAgree) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 400, 64, 10, 6);
+  const auto one = train_steps(1, 128, data, 12);
+  // Different partial sums only: float32 rounding, amplified a little by Adam over 12 steps.
+  EXPECT_TRUE(test::all_close(train_steps(2, 7, data, 12), one, 1e-5, 1e-3));
+  EXPECT_TRUE(test::all_close(train_steps(3, 1, data, 12), one, 1e-5, 1e-3));
+}
+
+TEST(CpuBackend, Uint8DataEqualsItsScaledFloatForm) {
+  const Dataset bytes = test::random_dataset(PixelType::UInt8, 97, 64, 10, 8);
+  Dataset floats(PixelType::Float32, 97, 64, 10);
+  auto* px = reinterpret_cast<float*>(floats.pixel_data());
+  for (int64_t i = 0; i < 97 * 64; ++i) px[i] = float(bytes.pixel_data()[i]) * (1.0f / 255.0f);
+  std::copy(bytes.label_data(), bytes.label_data() + 97, floats.label_data());
+  CpuBackend backend(small_model(), OptimizerConfig{}, 2);
+  backend.set_parameters(Model::initialized(small_model(), 1));
+  const BatchStats a = backend.evaluate(bytes.view());
+  const BatchStats b = backend.evaluate(floats.view());
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  EXPECT_EQ(a.correct, b.correct);
+  EXPECT_EQ(a.samples, 97);
+}
+
+TEST(CpuBackend, RowListSelectsTheSameRowsAsACopy) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 50, 64, 10, 9);
+  const std::vector<int32_t> rows = {49, 3, 3, 17, 0, 28, 41};
+  Dataset picked(PixelType::UInt8, 7, 64, 10);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy(data.pixel_data() + rows[i] * 64, data.pixel_data() + rows[i] * 64 + 64,
+              picked.pixel_data() + i * 64);
+    picked.label_data()[i] = data.label_data()[rows[i]];
+  }
+  CpuBackend a(small_model(), OptimizerConfig{}, 1), b(small_model(), OptimizerConfig{}, 1);
+  const Model init = Model::initialized(small_model(), 4);
+  a.set_parameters(init);
+  b.set_parameters(init);
+  const BatchStats sa = a.compute_gradients(data.view(), rows.data(), 7);
+  const BatchStats sb = b.compute_gradients(picked.view(), nullptr, 7);
+  EXPECT_EQ(sa.loss_sum, sb.loss_sum);
+  std::vector<NamedTensor> ga, gb;
+  a.get_gradients(ga);
+  b.get_gradients(gb);
+  for (size_t t = 0; t < ga.size(); ++t) EXPECT_EQ(ga[t].values, gb[t].values) << ga[t].name;
+}
+
+TEST(CpuBackend, PredictAgreesWithEvaluateAccuracy) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 333, 64, 10, 10);
+  CpuBackend backend(small_model(), OptimizerConfig{}, 2, 16);
+  backend.set_parameters(Model::initialized(small_model(), 2));
+  std::vector<uint8_t> predicted(333, 255);
+  backend.predict(data.view(), predicted.data());
+  int64_t correct = 0;
+  for (int64_t r = 0; r < 333; ++r) {
+    ASSERT_LT(predicted[r], 10) << "row " << r << " not written";
+    correct += predicted[r] == data.label_data()[r];
+  }
+  EXPECT_EQ(correct, backend.evaluate(data.view()).correct);
+}
+
+TEST(CpuBackend, RefusesDataOfTheWrongWidth) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 10, 63, 10, 11);
+  CpuBackend backend(small_model(), OptimizerConfig{}, 1);
+  try {
+    backend.evaluate(data.view());
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("63 features"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem

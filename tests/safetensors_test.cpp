@@ -1,0 +1,441 @@
+#include "safetensors.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tandem/error.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using ordered_json = nlohmann::ordered_json;
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[size_t(i)] = char(uint8_t(v >> (8 * i)));
+  return s;
+}
+
+// A whole file from header text and data bytes; `pad` adds the spaces writers normally add.
+std::string file_bytes(std::string header, const std::string& data, bool pad = true) {
+  if (pad) header.append((8 - header.size() % 8) % 8, ' ');
+  return le64(header.size()) + header + data;
+}
+
+// Two F32 tensors, a = {1, 2} at bytes [0, 8) and b = {3, 4} at [8, 16), plus metadata.
+SafeTensorsFile two_tensors() {
+  SafeTensorsFile f;
+  f.metadata["format"] = "pt";
+  f.tensors.push_back({"a", "F32", {2}, bytes_of(std::vector<float>{1, 2})});
+  f.tensors.push_back({"b", "F32", {2}, bytes_of(std::vector<float>{3, 4})});
+  return f;
+}
+
+class SafeTensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "tandem_safetensors_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // File names in the test directory, sorted.
+  std::vector<std::string> listing() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  // Writes two_tensors() to a fresh file, then lets the test edit its parsed header and its data
+  // bytes and writes the result back (re-padded), returning the path.
+  std::string corrupt(const std::function<void(ordered_json&)>& edit_header,
+                      const std::function<void(std::string&)>& edit_data = nullptr) {
+    const std::string p = path("corrupt" + std::to_string(counter_++) + ".safetensors");
+    write_safetensors_atomic(p, two_tensors());
+    const std::string bytes = read_bytes(p);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(bytes[size_t(i)]);
+    ordered_json header = ordered_json::parse(bytes.substr(8, n));
+    std::string data = bytes.substr(8 + n);
+    if (edit_header) edit_header(header);
+    if (edit_data) edit_data(data);
+    write_bytes(p, file_bytes(header.dump(), data));
+    return p;
+  }
+
+  // Writes a good file and replaces its bytes with `bytes`, returning the path.
+  std::string overwrite_with(const std::string& bytes) {
+    const std::string p = corrupt(nullptr);
+    write_bytes(p, bytes);
+    return p;
+  }
+
+  std::string dir_;
+  int counter_ = 0;
+};
+
+// Reading `p` must fail with an InputError naming the file and the problem.
+void expect_read_fails(const std::string& p, const std::string& phrase) {
+  try {
+    read_safetensors(p);
+    ADD_FAILURE() << "read_safetensors accepted a bad file; expected \"" << phrase << "\"";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected \"" << phrase << "\" in: " << msg;
+  }
+}
+
+TEST(SafeTensorsDtype, Sizes) {
+  EXPECT_EQ(safetensors_dtype_size("F64"), 8u);
+  EXPECT_EQ(safetensors_dtype_size("I64"), 8u);
+  EXPECT_EQ(safetensors_dtype_size("F32"), 4u);
+  EXPECT_EQ(safetensors_dtype_size("I32"), 4u);
+  EXPECT_EQ(safetensors_dtype_size("BF16"), 2u);
+  EXPECT_EQ(safetensors_dtype_size("F16"), 2u);
+  EXPECT_EQ(safetensors_dtype_size("I16"), 2u);
+  EXPECT_EQ(safetensors_dtype_size("U16"), 2u);
+  EXPECT_EQ(safetensors_dtype_size("U8"), 1u);
+  EXPECT_EQ(safetensors_dtype_size("I8"), 1u);
+  EXPECT_EQ(safetensors_dtype_size("BOOL"), 1u);
+  EXPECT_THROW(safetensors_dtype_size("f32"), InputError);
+  EXPECT_THROW(safetensors_dtype_size(""), InputError);
+}
+
+TEST_F(SafeTensorsTest, RoundTripsEveryDtypeScalarsEmptyTensorsAndMetadata) {
+  SafeTensorsFile f;
+  f.metadata = {{"format", "pt"}, {"note", "ünïcode ok"}, {"empty", ""}};
+  f.tensors.push_back(
+      {"weights.f32", "F32", {2, 3}, bytes_of(std::vector<float>{1, -2, 3.5f, 4, 5, 6})});
+  f.tensors.push_back({"f64", "F64", {2}, bytes_of(std::vector<double>{1e300, -0.25})});
+  f.tensors.push_back({"i64", "I64", {1}, bytes_of(std::vector<int64_t>{-(int64_t(1) << 40)})});
+  f.tensors.push_back({"scalar", "I32", {}, bytes_of(std::vector<int32_t>{-7})});
+  f.tensors.push_back({"u8", "U8", {3}, {0, 128, 255}});
+  f.tensors.push_back({"i8", "I8", {1, 1, 1}, {0x80}});
+  f.tensors.push_back({"i16", "I16", {2}, bytes_of(std::vector<int16_t>{-1, 300})});
+  f.tensors.push_back({"u16", "U16", {1}, bytes_of(std::vector<uint16_t>{65535})});
+  f.tensors.push_back({"bf16", "BF16", {2}, {0x80, 0x3f, 0x00, 0xc0}});
+  f.tensors.push_back({"f16", "F16", {1}, {0x00, 0x3c}});
+  f.tensors.push_back({"bool", "BOOL", {4}, {1, 0, 0, 1}});
+  f.tensors.push_back({"empty", "F32", {0, 5}, {}});
+  const std::string p = path("model.safetensors");
+  write_safetensors_atomic(p, f);
+
+  const SafeTensorsFile back = read_safetensors(p);
+  EXPECT_EQ(back.metadata, f.metadata);
+  ASSERT_EQ(back.tensors.size(), f.tensors.size());
+  for (size_t i = 0; i < f.tensors.size(); ++i) {
+    SCOPED_TRACE(f.tensors[i].name);
+    EXPECT_EQ(back.tensors[i].name, f.tensors[i].name);  // file order is write order
+    EXPECT_EQ(back.tensors[i].dtype, f.tensors[i].dtype);
+    EXPECT_EQ(back.tensors[i].shape, f.tensors[i].shape);
+    EXPECT_EQ(back.tensors[i].data, f.tensors[i].data);
+  }
+  ASSERT_NE(back.find("scalar"), nullptr);
+  EXPECT_TRUE(back.find("scalar")->shape.empty());
+  EXPECT_EQ(back.find("missing"), nullptr);
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+}
+
+TEST_F(SafeTensorsTest, RoundTripsAnEmptyFile) {
+  const std::string p = path("empty.safetensors");
+  write_safetensors_atomic(p, SafeTensorsFile{});
+  const SafeTensorsFile back = read_safetensors(p);
+  EXPECT_TRUE(back.metadata.empty());
+  EXPECT_TRUE(back.tensors.empty());
+}
+
+TEST_F(SafeTensorsTest, HeaderIsPaddedToEightBytes) {
+  SafeTensorsFile f;
+  f.tensors.push_back({"odd_name_x", "U8", {3}, {1, 2, 3}});  // chosen so the JSON needs padding
+  const std::string p = path("aligned.safetensors");
+  write_safetensors_atomic(p, f);
+  const std::string bytes = read_bytes(p);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(bytes[size_t(i)]);
+  EXPECT_EQ((8 + n) % 8, 0u);
+  EXPECT_EQ(bytes.size(), 8 + n + 3);
+  const std::string header = bytes.substr(8, n);
+  const std::string json_text = header.substr(0, header.find_last_not_of(' ') + 1);
+  EXPECT_LT(json_text.size(), header.size()) << "this case was meant to need padding";
+  EXPECT_EQ(json_text, R"({"odd_name_x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})");
+  EXPECT_EQ(bytes.substr(8 + n), std::string("\x01\x02\x03"));
+}
+
+TEST_F(SafeTensorsTest, ReadsAHandBuiltFile) {
+  // Unpadded header, keys out of data order, metadata last: all legal.
+  const std::string header =
+      R"({"z":{"dtype":"I32","shape":[2],"data_offsets":[0,8]},)"
+      R"("a":{"data_offsets":[8,10],"shape":[],"dtype":"I16","extra":"ignored"},)"
+      R"("__metadata__":{"k":"v"}})";
+  const std::string data =
+      std::string("\x01\x00\x00\x00\xff\xff\xff\xff", 8) + std::string("\x34\x12", 2);
+  const std::string p = path("hand.safetensors");
+  write_bytes(p, file_bytes(header, data, /*pad=*/false));
+
+  const SafeTensorsFile f = read_safetensors(p);
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+  ASSERT_EQ(f.tensors.size(), 2u);
+  EXPECT_EQ(f.tensors[0].name, "z");  // in data order, not key order
+  EXPECT_EQ(f.tensors[0].dtype, "I32");
+  EXPECT_EQ(f.tensors[0].shape, std::vector<int64_t>{2});
+  std::vector<int32_t> z(2);
+  std::memcpy(z.data(), f.tensors[0].data.data(), 8);
+  EXPECT_EQ(z, (std::vector<int32_t>{1, -1}));
+  EXPECT_EQ(f.tensors[1].name, "a");
+  EXPECT_TRUE(f.tensors[1].shape.empty());
+  int16_t a = 0;
+  std::memcpy(&a, f.tensors[1].data.data(), 2);
+  EXPECT_EQ(a, 0x1234);
+}
+
+TEST_F(SafeTensorsTest, MissingFileIsAnIoError) {
+  const std::string p = path("nope.safetensors");
+  try {
+    read_safetensors(p);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SafeTensorsTest, RejectsFilesShorterThanTheLengthField) {
+  expect_read_fails(overwrite_with(""), "shorter than 8 bytes");
+  expect_read_fails(overwrite_with(std::string(7, '\0')), "shorter than 8 bytes");
+}
+
+TEST_F(SafeTensorsTest, RejectsBadHeaderLengths) {
+  const std::string good = read_bytes(corrupt(nullptr));
+  expect_read_fails(overwrite_with(le64(good.size() - 7) + good.substr(8)), "larger than the file");
+  expect_read_fails(overwrite_with(le64(200'000'000) + good.substr(8)), "absurd");
+  expect_read_fails(overwrite_with(le64(~uint64_t(0)) + good.substr(8)), "absurd");
+}
+
+TEST_F(SafeTensorsTest, RejectsHeadersThatAreNotJsonObjects) {
+  expect_read_fails(overwrite_with(file_bytes("{\"a\": ", "")), "not valid JSON");
+  expect_read_fails(overwrite_with(file_bytes("", "")), "not valid JSON");
+  expect_read_fails(overwrite_with(file_bytes("{\"\xff\": 1}", "")),
+                    "not valid JSON");  // bad UTF-8
+  expect_read_fails(overwrite_with(file_bytes("[1, 2]", "")), "not a JSON object");
+  expect_read_fails(overwrite_with(file_bytes("\"text\"", "")), "not a JSON object");
+}
+
+TEST_F(SafeTensorsTest, RejectsEntriesWithMissingFields) {
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    SCOPED_TRACE(key);
+    const std::string p = corrupt([&](ordered_json& h) { h["b"].erase(key); });
+    expect_read_fails(p, std::string("tensor 'b': missing \"") + key + "\"");
+  }
+}
+
+TEST_F(SafeTensorsTest, RejectsEntriesWithWrongJsonTypes) {
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"] = 3; }),
+                    "tensor 'b': entry is not a JSON object");
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["dtype"] = 4; }),
+                    "\"dtype\" is not a string");
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["shape"] = "2"; }),
+                    "\"shape\" is not an array");
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["shape"] = {2.0}; }), "not a dimension");
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["shape"] = {"2"}; }), "not a dimension");
+  for (const ordered_json& bad : {ordered_json{8}, ordered_json{8, 16, 24}, ordered_json{8.0, 16.0},
+                                  ordered_json{-8, 16}, ordered_json("8,16")}) {
+    SCOPED_TRACE(bad.dump());
+    expect_read_fails(corrupt([&](ordered_json& h) { h["b"]["data_offsets"] = bad; }),
+                      "\"data_offsets\" is not an array of two non-negative integers");
+  }
+}
+
+TEST_F(SafeTensorsTest, RejectsUnknownDtypes) {
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["dtype"] = "F8"; }),
+                    "tensor 'b': unknown dtype \"F8\"");
+}
+
+TEST_F(SafeTensorsTest, RejectsNegativeAndOverflowingDimensions) {
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["shape"] = {-2}; }),
+                    "negative dimension -2");
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["b"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40};
+                    }),
+                    "is too large");
+}
+
+TEST_F(SafeTensorsTest, RejectsBadDataOffsets) {
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["b"]["data_offsets"] = {16, 8};
+                    }),
+                    "tensor 'b': data_offsets [16, 8] has begin > end");
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["b"]["data_offsets"] = {12, 20};
+                    }),
+                    "tensor 'b': data_offsets end 20 is out of range");
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["b"]["data_offsets"] = {4, 12};
+                    }),
+                    "tensor 'b': data_offsets overlap tensor 'a'");
+  // Same range twice: both tensors would alias the same bytes.
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["b"]["data_offsets"] = {0, 8};
+                    }),
+                    "overlap tensor");
+  expect_read_fails(corrupt(
+                        [](ordered_json& h) {
+                          h["b"]["data_offsets"] = {12, 20};
+                        },
+                        [](std::string& d) { d.append(4, '\0'); }),
+                    "tensor 'b': gap in the data section");
+  // Trailing bytes that belong to no tensor.
+  expect_read_fails(corrupt(nullptr, [](std::string& d) { d.append(8, '\0'); }),
+                    "do not cover the data section exactly: the last, tensor 'b', ends at byte 16 "
+                    "but the data section is 24 bytes");
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h.erase("a");
+                      h.erase("b");
+                    }),
+                    "do not cover the data section exactly: there are no tensors but the data "
+                    "section is 16 bytes");
+}
+
+TEST_F(SafeTensorsTest, RejectsTruncatedData) {
+  const std::string good = read_bytes(corrupt(nullptr));
+  expect_read_fails(overwrite_with(good.substr(0, good.size() - 4)),
+                    "tensor 'b': data_offsets end 16 is out of range");
+  expect_read_fails(overwrite_with(good.substr(0, good.size() - 16)), "out of range");
+}
+
+TEST_F(SafeTensorsTest, RejectsRangesThatDoNotMatchTheShape) {
+  const std::string p = corrupt([](ordered_json& h) { h["b"]["shape"] = {3}; });
+  expect_read_fails(p, "tensor 'b'");
+  expect_read_fails(p, "span 8 bytes but shape [3] of F32 needs 12 bytes");
+  expect_read_fails(corrupt([](ordered_json& h) { h["b"]["dtype"] = "F64"; }), "needs 16 bytes");
+}
+
+TEST_F(SafeTensorsTest, RejectsNonStringMetadata) {
+  expect_read_fails(corrupt([](ordered_json& h) { h["__metadata__"]["epoch"] = 3; }),
+                    "metadata value for key 'epoch' is not a string");
+  expect_read_fails(corrupt([](ordered_json& h) {
+                      h["__metadata__"] = {1, 2};
+                    }),
+                    "\"__metadata__\" is not a JSON object");
+}
+
+TEST_F(SafeTensorsTest, WriterRefusesInvalidTensorsAndCreatesNothing) {
+  const std::string p = path("out.safetensors");
+  auto expect_refused = [&](const SafeTensorsFile& f, const std::string& phrase) {
+    try {
+      write_safetensors_atomic(p, f);
+      ADD_FAILURE() << "writer accepted a bad file; expected \"" << phrase << "\"";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(listing().empty());
+  };
+  SafeTensorsFile f = two_tensors();
+  f.tensors[1].data.pop_back();
+  expect_refused(f, "tensor 'b': data is 7 bytes but shape [2] of F32 needs 8 bytes");
+  f = two_tensors();
+  f.tensors[1].name = "a";
+  expect_refused(f, "duplicate tensor name 'a'");
+  f = two_tensors();
+  f.tensors[0].name = "__metadata__";
+  expect_refused(f, "\"__metadata__\" is reserved");
+  f = two_tensors();
+  f.tensors[0].dtype = "F8";
+  expect_refused(f, "unknown dtype \"F8\"");
+  f = two_tensors();
+  f.tensors[0].shape = {-1, -2};
+  expect_refused(f, "negative dimension -1");
+  f = two_tensors();
+  f.metadata["bad"] = "\xff";
+  expect_refused(f, "not valid UTF-8");
+}
+
+TEST_F(SafeTensorsTest, WritingOverAnExistingFileReplacesIt) {
+  const std::string p = path("model.safetensors");
+  write_safetensors_atomic(p, two_tensors());
+  SafeTensorsFile next;
+  next.tensors.push_back({"only", "U8", {1}, {42}});
+  write_safetensors_atomic(p, next);
+  const SafeTensorsFile back = read_safetensors(p);
+  ASSERT_EQ(back.tensors.size(), 1u);
+  EXPECT_EQ(back.tensors[0].name, "only");
+  EXPECT_TRUE(back.metadata.empty());
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+}
+
+TEST_F(SafeTensorsTest, InvalidWriteLeavesTheOldFileUntouched) {
+  const std::string p = path("model.safetensors");
+  write_safetensors_atomic(p, two_tensors());
+  const std::string before = read_bytes(p);
+  SafeTensorsFile bad = two_tensors();
+  bad.tensors[0].shape = {3};  // 8 bytes of data for 12 bytes of shape
+  EXPECT_THROW(write_safetensors_atomic(p, bad), InputError);
+  EXPECT_EQ(read_bytes(p), before);
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+}
+
+TEST_F(SafeTensorsTest, WriteIntoAMissingDirectoryIsAnIoError) {
+  const std::string p = path("no_such_dir/model.safetensors");
+  try {
+    write_safetensors_atomic(p, two_tensors());
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path("no_such_dir")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(listing().empty());
+}
+
+TEST_F(SafeTensorsTest, FailedRenameRemovesTheTemporaryFile) {
+  // A non-empty directory where the file should go: the temporary file is written in full,
+  // then rename() fails, which exercises the clean-up after the temporary file exists.
+  const std::string p = path("model.safetensors");
+  ASSERT_EQ(::mkdir(p.c_str(), 0755), 0) << std::strerror(errno);
+  write_bytes(p + "/keep", "old");
+  EXPECT_THROW(write_safetensors_atomic(p, two_tensors()), IoError);
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(read_bytes(p + "/keep"), "old");
+}
+
+}  // namespace
+}  // namespace tandem

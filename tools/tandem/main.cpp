@@ -1,0 +1,28 @@
+// The tandem command: one binary, one subcommand per job. Each subcommand lives in its own file;
+// this one only wires them to the command line and turns engine errors into messages.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "commands.h"
+#include "tandem/error.h"
+#include "tandem/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tandem: train models with parameter servers, on CPUs and GPUs"};
+  app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
+  app.require_subcommand(1);
+  tandem::cli::add_train_command(app);
+  tandem::cli::add_eval_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,124 @@
+// tandem train: single-process training on a data set directory of MNIST-format IDX files.
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "json_output.h"
+#include "progress_line.h"
+#include "tandem/tandem.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct TrainOptions {
+  std::string data = default_data_dir();
+  std::string backend = "auto";
+  std::string hidden = "100";
+  std::string optimizer = "adam";
+  std::string shuffle = "on";
+  int64_t validation_rows = 5000;
+  bool json = false;
+  TrainConfig config;
+};
+
+ModelConfig model_for(const std::string& hidden, int64_t features, int classes) {
+  // --hidden "100" or "256,128": the widths between the data's inputs and its classes.
+  return ModelConfig::parse(std::to_string(features) + "," + hidden + "," + std::to_string(classes));
+}
+
+std::string human(double x) {
+  char text[32];
+  if (x >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", x / 1e6);
+  else if (x >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", x / 1e3);
+  else std::snprintf(text, sizeof(text), "%.0f", x);
+  return text;
+}
+
+void run_train(TrainOptions& o) {
+  TrainConfig& config = o.config;
+  config.backend = parse_backend(o.backend);
+  config.optimizer.kind = parse_optimizer(o.optimizer);
+  config.shuffle = o.shuffle == "on";
+  const DataSplits data = load_mnist_splits(o.data, o.validation_rows);
+  config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
+
+  Trainer trainer(config);
+  ProgressLine progress;
+  const int64_t steps_per_epoch = (data.train.rows() + config.batch - 1) / config.batch;
+  trainer.on_step = [&](const StepReport& r) {
+    const int64_t in_epoch = (r.step - 1) % steps_per_epoch + 1;
+    progress.update("epoch " + std::to_string(r.epoch + 1) + "/" + std::to_string(config.epochs) +
+                    "  step " + std::to_string(in_epoch) + "/" + std::to_string(steps_per_epoch) +
+                    "  loss/sample " + std::to_string(r.loss_sum / static_cast<double>(r.samples)) +
+                    "  " + human(r.samples_per_s) + " samples/s");
+  };
+  trainer.on_epoch = [&](const EpochReport& r) {
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "epoch %d/%d  train loss/sample %.4f  validation loss %.1f  accuracy %.4f  "
+                  "%s samples/s",
+                  r.epoch, config.epochs, r.train_loss_mean, r.validation.loss_sum,
+                  r.validation.accuracy, human(r.samples_per_s).c_str());
+    progress.print_line(line);
+  };
+  const TrainSummary s =
+      trainer.fit(data.train.view(), data.validation.view(), data.test.view());
+  progress.finish();
+  if (o.json) {
+    nlohmann::json j{{"backend", s.backend},     {"threads", s.threads},
+                     {"model", config.model.describe()},
+                     {"batch", config.batch},    {"epochs", s.epochs},
+                     {"steps", s.steps},         {"samples", s.samples},
+                     {"seconds", s.seconds},     {"samples_per_s", s.samples_per_s},
+                     {"validation", to_json(s.validation)}, {"test", to_json(s.test)}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("trained %s on %s (%s, %d threads): %d epochs, %lld steps, %.1f s, %s samples/s\n",
+                config.model.describe().c_str(), data.source.c_str(), s.backend.c_str(), s.threads,
+                s.epochs, static_cast<long long>(s.steps), s.seconds, human(s.samples_per_s).c_str());
+    std::printf("validation: loss %.1f (%.4f/sample), accuracy %.4f\n", s.validation.loss_sum,
+                s.validation.loss_mean, s.validation.accuracy);
+    std::printf("test:       loss %.1f (%.4f/sample), accuracy %.4f\n", s.test.loss_sum,
+                s.test.loss_mean, s.test.accuracy);
+  }
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a model in this process");
+  cmd->add_option("--data", o->data, "Directory of MNIST-format IDX files (raw or .gz)")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  cmd->add_option("--hidden", o->hidden, "Hidden layer widths, e.g. 100 or 256,128")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", o->optimizer, "adam or sgd")
+      ->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
+  cmd->add_option("--lr", o->config.optimizer.learning_rate, "Learning rate")->capture_default_str();
+  cmd->add_option("--batch", o->config.batch, "Batch size")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--epochs", o->config.epochs, "Epochs in total (a resumed run counts its own)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--seed", o->config.seed, "Seed for initialisation and shuffling")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->config.threads, "Threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--shuffle", o->shuffle, "on, or off for store order")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  cmd->add_option("--validation-rows", o->validation_rows,
+                  "Last training rows held out for validation")->capture_default_str();
+  cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--resume", o->config.resume_path, "Continue the run saved in this checkpoint")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", o->config.checkpoint_path,
+                  "Write a checkpoint (safetensors) here after every epoch");
+  cmd->add_option("--metrics", o->config.metrics_path, "Write JSON lines per step and epoch here");
+  cmd->add_flag("--json", o->json, "Print a one-line JSON summary");
+  cmd->callback([o] { run_train(*o); });
+}
+
+}  // namespace tandem::cli
