@@ -27,11 +27,12 @@ json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
 [ -d "$real" ] || { echo "Fashion-MNIST is not installed at $real (apt-get install dataset-fashion-mnist)"; exit 1; }
 
 # Training, checkpoint, metrics, evaluation.
-out=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json \
+out=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last \
       --checkpoint "$dir/model.safetensors" --metrics "$dir/metrics.jsonl" 2>"$dir/train.err")
 check "train exits 0" test $? -eq 0
 acc=$(grep -o '"test":{[^}]*}' <<<"$out" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
 check "two epochs reach test accuracy > 0.8 (got $acc)" awk -v a="$acc" 'BEGIN{exit !(a > 0.8)}'
+check "kept the last epoch" test "$(json_field "$out" kept_epoch)" = 2
 check "summary counts samples" test "$(json_field "$out" samples)" = 110000
 check "checkpoint written" test -s "$dir/model.safetensors"
 check "metrics: 110 step lines" test "$(grep -c '"type":"step"' "$dir/metrics.jsonl")" -eq 110
@@ -42,10 +43,10 @@ check "eval agrees with train's test accuracy" test "$(json_field "$ev" accuracy
 check "eval counts 10000 test samples" test "$(json_field "$ev" samples)" = 10000
 
 # Same seed and threads: identical results; resume continues where the checkpoint stopped.
-again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json 2>/dev/null)
+again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last 2>/dev/null)
 check "same seed, same test loss" test "$(json_field "$again" loss)" = "$(json_field "$out" loss)"
-"$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --checkpoint "$dir/one.safetensors" >/dev/null 2>&1
-resumed=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --resume "$dir/one.safetensors" 2>/dev/null)
+"$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --keep last --checkpoint "$dir/one.safetensors" >/dev/null 2>&1
+resumed=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last --resume "$dir/one.safetensors" 2>/dev/null)
 check "resumed run does the one missing epoch" test "$(json_field "$resumed" epochs)" = 1
 check "resumed run ends bit-identical" test "$(json_field "$resumed" loss)" = "$(json_field "$out" loss)"
 

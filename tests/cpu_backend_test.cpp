@@ -86,6 +86,12 @@ TEST(CpuBackend, PredictAgreesWithEvaluateAccuracy) {
     correct += predicted[r] == data.label_data()[r];
   }
   EXPECT_EQ(correct, backend.evaluate(data.view()).correct);
+  DatasetView unlabelled = data.view();
+  unlabelled.labels = nullptr;
+  std::vector<uint8_t> again(333, 255);
+  backend.predict(unlabelled, again.data());
+  EXPECT_EQ(again, predicted);
+  EXPECT_THROW(backend.evaluate(unlabelled), InputError);
 }
 
 TEST(CpuBackend, RefusesDataOfTheWrongWidth) {

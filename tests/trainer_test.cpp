@@ -1,5 +1,6 @@
 // Training end to end through the public API: learning separable data, bit-identical resume,
 // starting from given parameters, and the metrics file.
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -62,6 +63,7 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
   for (bool shuffle : {true, false}) {
     TrainConfig whole = small_config(4);
     whole.shuffle = shuffle;
+    whole.keep_best = false;  // resume continues the last state; see KeepsTheBestEpoch
     Trainer uninterrupted(whole);
     const TrainSummary full = uninterrupted.fit(train.view(), validation.view(), {});
 
@@ -76,7 +78,8 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
     Trainer part2(second);
     const TrainSummary rest = part2.fit(train.view(), validation.view(), {});
     EXPECT_EQ(rest.epochs, 2) << "a resumed run does only the epochs still missing";
-    EXPECT_EQ(rest.steps, full.steps);
+    EXPECT_EQ(rest.steps, full.steps / 2);
+    EXPECT_EQ(part2.checkpoint().step, uninterrupted.checkpoint().step);
     EXPECT_EQ(flat(part2.model()), flat(uninterrupted.model())) << "shuffle " << shuffle;
     const Checkpoint a = part2.checkpoint(), b = uninterrupted.checkpoint();
     for (size_t i = 0; i < a.state.m.size(); ++i) {
@@ -85,6 +88,30 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
     }
     EXPECT_EQ(rest.validation.loss_sum, full.validation.loss_sum);
   }
+}
+
+TEST(Trainer, KeepsTheBestEpoch) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
+  // Random labels: the validation loss rises as the model memorises the training rows, so the
+  // best epoch is an early one, not the last.
+  TrainConfig c = small_config(8);
+  c.optimizer.learning_rate = 0.05f;
+  c.checkpoint_path = dir.file("best.safetensors");
+  std::vector<double> losses;
+  Trainer trainer(c);
+  trainer.on_epoch = [&](const EpochReport& r) { losses.push_back(r.validation.loss_sum); };
+  const TrainSummary s = trainer.fit(train.view(), validation.view(), {});
+  const auto best = std::min_element(losses.begin(), losses.end());
+  const int64_t best_epoch = best - losses.begin() + 1;
+  ASSERT_LT(best_epoch, 8) << "the test needs a best epoch before the last";
+  EXPECT_EQ(s.kept_epoch, best_epoch);
+  EXPECT_EQ(s.validation.loss_sum, *best);
+  const Checkpoint saved = load_checkpoint(c.checkpoint_path);
+  EXPECT_EQ(saved.epoch, best_epoch);
+  EXPECT_EQ(flat(saved.model), flat(trainer.model()));
+  EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
 }
 
 TEST(Trainer, StartsFromGivenParameters) {

@@ -104,7 +104,9 @@ void CpuBackend::get_gradients(std::vector<NamedTensor>& out) const {
     }
 }
 
-void CpuBackend::check_data(const DatasetView& data) const {
+void CpuBackend::check_data(const DatasetView& data, bool need_labels) const {
+  if (need_labels && data.labels == nullptr && data.rows > 0)
+    throw InputError("data without labels: training and evaluation need them");
   if (data.features != config_.inputs())
     throw InputError("data has " + std::to_string(data.features) + " features per row, model " +
                      config_.describe() + " expects " + std::to_string(config_.inputs()));
@@ -138,11 +140,14 @@ void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t*
     else
       kernels::gather_rows_f32_cpu(static_cast<const float*>(data.pixels) + base * data.features,
                                    data.features, block_rows, n, ws.activations[0].data());
-    kernels::gather_labels_cpu(data.labels + base, block_rows, n, ws.labels.data());
     forward_block(ws, n);
     const float* logits = ws.activations[num_layers].data();
-    kernels::softmax_xent_cpu(logits, ws.labels.data(),
-                              backward ? ws.deltas[num_layers].data() : nullptr, n, classes, stats);
+    if (data.labels != nullptr) {  // prediction needs no labels; loss and gradients do
+      kernels::gather_labels_cpu(data.labels + base, block_rows, n, ws.labels.data());
+      kernels::softmax_xent_cpu(logits, ws.labels.data(),
+                                backward ? ws.deltas[num_layers].data() : nullptr, n, classes,
+                                stats);
+    }
     if (predictions) kernels::argmax_rows_cpu(logits, predictions + start, n, classes);
     if (!backward) continue;
     for (size_t l = num_layers; l-- > 0;) {
@@ -165,7 +170,7 @@ void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t*
 
 BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
                                          int64_t count) {
-  check_data(data);
+  check_data(data, true);
   if (count < 0 || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
@@ -206,7 +211,7 @@ void CpuBackend::apply_gradients() {
 }
 
 BatchStats CpuBackend::evaluate(const DatasetView& data) {
-  check_data(data);
+  check_data(data, true);
   const int parts = pool_.size();
   pool_.run([&](int t) {
     Workspace& ws = workspaces_[static_cast<size_t>(t)];
@@ -224,7 +229,7 @@ BatchStats CpuBackend::evaluate(const DatasetView& data) {
 }
 
 void CpuBackend::predict(const DatasetView& data, uint8_t* out) {
-  check_data(data);
+  check_data(data, false);
   const int parts = pool_.size();
   pool_.run([&](int t) {
     Workspace& ws = workspaces_[static_cast<size_t>(t)];

@@ -51,7 +51,7 @@ class CpuBackend final : public Backend {
     BatchStats stats;
   };
 
-  void check_data(const DatasetView& data) const;
+  void check_data(const DatasetView& data, bool need_labels) const;
   // Forward pass of rows [begin, end) of (data, rows) through the block loop; `backward` also
   // accumulates gradients, `predictions` (if set) receives arg-max classes.
   void run_rows(Workspace& ws, const DatasetView& data, const int32_t* rows, int64_t begin,

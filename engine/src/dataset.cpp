@@ -70,7 +70,7 @@ DatasetView DatasetView::slice(int64_t begin, int64_t end) const {
                      " rows; expected 0 <= begin <= end <= rows");
   DatasetView v = *this;
   v.pixels = static_cast<const uint8_t*>(pixels) + begin * features * int64_t(pixel_bytes());
-  v.labels = labels + begin;
+  v.labels = labels ? labels + begin : nullptr;
   v.rows = end - begin;
   return v;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "backend.h"
 #include "metrics_log.h"
@@ -93,6 +94,10 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
   summary.threads = backend_->threads();
   std::vector<int32_t> order;
   double train_seconds = 0.0;
+  const int64_t first_step = backend_->step();
+  std::unique_ptr<Checkpoint> best;  // the state with the lowest validation loss so far
+  double best_loss = 0.0;
+  const bool keep_best = config_.keep_best && validation.rows > 0;
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
     if (config_.shuffle)
@@ -124,13 +129,26 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
     report.seconds = epoch_seconds;
     report.samples_per_s = static_cast<double>(train.rows) / std::max(epoch_seconds, 1e-9);
     if (validation.rows > 0) report.validation = evaluate(validation);
+    if (keep_best && (!best || report.validation.loss_sum < best_loss)) {
+      best_loss = report.validation.loss_sum;
+      best = std::make_unique<Checkpoint>(checkpoint());
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.17g", best_loss);
+      best->extra["validation_loss"] = text;
+    }
     if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, checkpoint());
     if (metrics) metrics->epoch(report);
     if (on_epoch) on_epoch(report);
   }
-  if (!config_.checkpoint_path.empty() && summary.epochs == 0)
-    save_checkpoint(config_.checkpoint_path, checkpoint());
-  summary.steps = backend_->step();
+  summary.steps = backend_->step() - first_step;
+  if (best && best->epoch != epoch_) {
+    backend_->set_parameters(best->model);
+    backend_->set_optimizer_state(best->state, best->step);
+    epoch_ = best->epoch;
+  }
+  summary.kept_epoch = epoch_;
+  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || best))
+    save_checkpoint(config_.checkpoint_path, best ? *best : checkpoint());
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build into a fresh prefix, then builds and runs an outside program against it,
 # once through find_package(Tandem) and once through pkg-config.
-# usage: run_consumer_test.sh BUILD_DIR CONSUMER_SOURCE_DIR CMAKE
+# usage: run_consumer_test.sh BUILD_DIR CONSUMER_SOURCE_DIR CMAKE [CXXFLAGS]
 set -euo pipefail
-build=$1 source=$2 cmake=$3
+build=$1 source=$2 cmake=$3 flags=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$cmake" --install "$build" --prefix "$work/prefix" >/dev/null
@@ -11,14 +11,15 @@ test -f "$work/prefix/include/tandem/tandem.h"
 test ! -e "$work/prefix/include/tandem/cpu_backend.h"   # internals stay internal
 
 echo "== find_package(Tandem)"
-"$cmake" -S "$source" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+"$cmake" -S "$source" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_FLAGS="$flags" >/dev/null
 "$cmake" --build "$work/cmake-build" >/dev/null
 (cd "$work" && "$work/cmake-build/consumer" "$work/a.safetensors")
 
 echo "== pkg-config"
 pc_dir=$(dirname "$(find "$work/prefix" -name tandem.pc | head -1)")
-flags=$(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs tandem)
+pc_flags=$(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs tandem)
 libdir=$(PKG_CONFIG_PATH="$pc_dir" pkg-config --variable=libdir tandem)
-g++ -std=c++17 "$source/consumer.cpp" $flags -o "$work/consumer-pc"
+g++ -std=c++17 $flags "$source/consumer.cpp" $pc_flags -o "$work/consumer-pc"
 LD_LIBRARY_PATH="$libdir" "$work/consumer-pc" "$work/b.safetensors"
 echo "outside consumer: ok"

@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string hidden = "100";
   std::string optimizer = "adam";
   std::string shuffle = "on";
+  std::string keep = "best";
   int64_t validation_rows = 5000;
   bool json = false;
   TrainConfig config;
@@ -40,6 +41,7 @@ void run_train(TrainOptions& o) {
   config.backend = parse_backend(o.backend);
   config.optimizer.kind = parse_optimizer(o.optimizer);
   config.shuffle = o.shuffle == "on";
+  config.keep_best = o.keep == "best";
   const DataSplits data = load_mnist_splits(o.data, o.validation_rows);
   config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
 
@@ -69,6 +71,7 @@ void run_train(TrainOptions& o) {
     nlohmann::json j{{"backend", s.backend},     {"threads", s.threads},
                      {"model", config.model.describe()},
                      {"batch", config.batch},    {"epochs", s.epochs},
+                     {"kept_epoch", s.kept_epoch},
                      {"steps", s.steps},         {"samples", s.samples},
                      {"seconds", s.seconds},     {"samples_per_s", s.samples_per_s},
                      {"validation", to_json(s.validation)}, {"test", to_json(s.test)}};
@@ -77,6 +80,8 @@ void run_train(TrainOptions& o) {
     std::printf("trained %s on %s (%s, %d threads): %d epochs, %lld steps, %.1f s, %s samples/s\n",
                 config.model.describe().c_str(), data.source.c_str(), s.backend.c_str(), s.threads,
                 s.epochs, static_cast<long long>(s.steps), s.seconds, human(s.samples_per_s).c_str());
+    std::printf("kept the parameters of epoch %lld (%s)\n", static_cast<long long>(s.kept_epoch),
+                config.keep_best ? "lowest validation loss" : "the last");
     std::printf("validation: loss %.1f (%.4f/sample), accuracy %.4f\n", s.validation.loss_sum,
                 s.validation.loss_mean, s.validation.accuracy);
     std::printf("test:       loss %.1f (%.4f/sample), accuracy %.4f\n", s.test.loss_sum,
@@ -108,6 +113,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--shuffle", o->shuffle, "on, or off for store order")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  cmd->add_option("--keep", o->keep,
+                  "Parameters to keep at the end: best (lowest validation loss) or last epoch's")
+      ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
   cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();
   cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")

@@ -44,6 +44,10 @@ struct TrainConfig {
   uint64_t seed = 1;
   int threads = 0;       // 0: every core this process may use
   bool shuffle = true;   // false: batches in store order, for reproducible comparisons
+  // Keep the parameters of the epoch with the lowest validation loss (restored, with their
+  // optimizer state, when training ends), rather than the last epoch's. At the seed's learning
+  // rate the validation loss jumps by +-10% from epoch to epoch; the last epoch is a lottery.
+  bool keep_best = true;
   std::string init_path;        // start from these parameters (a checkpoint file)
   std::string resume_path;      // continue a checkpointed run: parameters, optimizer state, step
   std::string checkpoint_path;  // written atomically after every epoch and at the end

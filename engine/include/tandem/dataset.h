@@ -15,7 +15,7 @@ enum class PixelType : uint8_t { UInt8, Float32 };
 struct DatasetView {
   PixelType pixel_type = PixelType::UInt8;
   const void* pixels = nullptr;     // rows x features, row-major
-  const uint8_t* labels = nullptr;  // rows class indices in [0, num_classes)
+  const uint8_t* labels = nullptr;  // rows class indices in [0, num_classes); null: unlabelled
   int64_t rows = 0;
   int64_t features = 0;
   int num_classes = 0;

@@ -41,8 +41,9 @@ struct EpochReport {
 struct TrainSummary {
   std::string backend;
   int threads = 0;
-  int epochs = 0;
-  int64_t steps = 0;
+  int epochs = 0;          // epochs trained by this call
+  int64_t kept_epoch = 0;  // the epoch whose parameters the model holds now (see keep_best)
+  int64_t steps = 0;       // optimizer steps taken by this call
   int64_t samples = 0;
   double seconds = 0.0;  // training time, excluding evaluation
   double samples_per_s = 0.0;
@@ -65,7 +66,10 @@ class Trainer {
   std::function<void(const EpochReport&)> on_epoch;
 
   // Trains up to config.epochs epochs in total (a resumed run counts the epochs it already did),
-  // evaluating the validation split after every epoch and the test split (if not empty) at the end.
+  // evaluating the validation split after every epoch and the test split (if not empty) at the
+  // end, on the kept parameters (config.keep_best). The checkpoint is written after every epoch
+  // and, at the end, holds the kept state (so resuming it continues from the kept epoch). The
+  // best is chosen among the epochs of this call.
   TrainSummary fit(const DatasetView& train, const DatasetView& validation,
                    const DatasetView& test);
 
