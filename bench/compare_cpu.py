@@ -58,6 +58,8 @@ import subprocess
 import sys
 import time
 
+from bench_args import positive_int_list
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 DEFAULT_TANDEM_BENCH = os.path.join(REPO_ROOT, "build", "bench",
@@ -303,24 +305,8 @@ def print_table(rows, torch_threads, top_shape, top_gflops, sgemm):
 
 # --------------------------------------------------------------------------
 
-def parse_batches(text):
-    try:
-        batches = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected e.g. 100,1000,10000")
-    if not batches or min(batches) <= 0:
-        raise argparse.ArgumentTypeError("batch sizes must be positive")
-    return batches
 
 
-def parse_threads(text):
-    try:
-        threads = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected e.g. 2,1")
-    if not threads or min(threads) <= 0:
-        raise argparse.ArgumentTypeError("thread counts must be positive")
-    return threads
 
 
 def main(argv=None):
@@ -328,7 +314,7 @@ def main(argv=None):
         description="Compare Tandem's CPU MLP throughput against PyTorch.")
     p.add_argument("--tandem-bench", default=DEFAULT_TANDEM_BENCH,
                    help="Tandem benchmark binary (default: %(default)s)")
-    p.add_argument("--batch", type=parse_batches, default=[100, 1000, 10000],
+    p.add_argument("--batch", type=positive_int_list, default=[100, 1000, 10000],
                    help="comma-separated batch sizes (default 100,1000,10000)")
     p.add_argument("--seconds", type=float, default=3.0,
                    help="timed seconds per (mode, batch) in each child "
@@ -336,7 +322,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2,
                    help="alternating rounds; best of rounds is kept "
                         "(default 2)")
-    p.add_argument("--torch-threads", type=parse_threads, default=[2, 1],
+    p.add_argument("--torch-threads", type=positive_int_list, default=[2, 1],
                    help="torch.set_num_threads settings to try (default 2,1)")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="interpreter for torch_reference.py "

@@ -59,6 +59,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench_args import positive_int_list
+
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 VALIDATION_SIZE = 5000  # TF read_data_sets convention: first 5,000 held out
 
@@ -241,20 +243,12 @@ def run_accuracy(args, threads):
 
 # --------------------------------------------------------------------------
 
-def parse_batches(text):
-    try:
-        batches = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected e.g. 100,1000,10000")
-    if not batches or min(batches) <= 0:
-        raise argparse.ArgumentTypeError("batch sizes must be positive")
-    return batches
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(
         description="PyTorch CPU reference for Tandem's MLP benchmark.")
-    p.add_argument("--batch", type=parse_batches, default=[100, 1000, 10000],
+    p.add_argument("--batch", type=positive_int_list, default=[100, 1000, 10000],
                    help="comma-separated batch sizes (default 100,1000,10000)")
     p.add_argument("--seconds", type=float, default=3.0,
                    help="minimum timed seconds per (mode, batch) (default 3)")

@@ -174,14 +174,20 @@ BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t*
   if (count < 0 || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
+  return run_partitioned(data, rows, count, /*backward=*/true, nullptr);
+}
+
+BatchStats CpuBackend::run_partitioned(const DatasetView& data, const int32_t* rows, int64_t count,
+                                       bool backward, uint8_t* predictions) {
   const int parts = pool_.size();
   pool_.run([&](int t) {
     Workspace& ws = workspaces_[static_cast<size_t>(t)];
     ws.stats = BatchStats{};
-    std::fill(ws.gradients.data(), ws.gradients.data() + layout_.total, 0.0f);
+    if (backward) std::fill(ws.gradients.data(), ws.gradients.data() + layout_.total, 0.0f);
     run_rows(ws, data, rows, split_begin(count, parts, t), split_begin(count, parts, t + 1),
-             /*backward=*/true, nullptr);
+             backward, predictions);
   });
+  // Summed in member order, so the same thread count gives the same bits.
   BatchStats total;
   for (const auto& ws : workspaces_) {
     total.loss_sum += ws.stats.loss_sum;
@@ -212,31 +218,12 @@ void CpuBackend::apply_gradients() {
 
 BatchStats CpuBackend::evaluate(const DatasetView& data) {
   check_data(data, true);
-  const int parts = pool_.size();
-  pool_.run([&](int t) {
-    Workspace& ws = workspaces_[static_cast<size_t>(t)];
-    ws.stats = BatchStats{};
-    run_rows(ws, data, nullptr, split_begin(data.rows, parts, t),
-             split_begin(data.rows, parts, t + 1), /*backward=*/false, nullptr);
-  });
-  BatchStats total;
-  for (const auto& ws : workspaces_) {
-    total.loss_sum += ws.stats.loss_sum;
-    total.correct += ws.stats.correct;
-    total.samples += ws.stats.samples;
-  }
-  return total;
+  return run_partitioned(data, nullptr, data.rows, /*backward=*/false, nullptr);
 }
 
 void CpuBackend::predict(const DatasetView& data, uint8_t* out) {
   check_data(data, false);
-  const int parts = pool_.size();
-  pool_.run([&](int t) {
-    Workspace& ws = workspaces_[static_cast<size_t>(t)];
-    ws.stats = BatchStats{};
-    run_rows(ws, data, nullptr, split_begin(data.rows, parts, t),
-             split_begin(data.rows, parts, t + 1), /*backward=*/false, out);
-  });
+  run_partitioned(data, nullptr, data.rows, /*backward=*/false, out);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,

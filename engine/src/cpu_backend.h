@@ -57,6 +57,9 @@ class CpuBackend final : public Backend {
   void run_rows(Workspace& ws, const DatasetView& data, const int32_t* rows, int64_t begin,
                 int64_t end, bool backward, uint8_t* predictions);
   void forward_block(Workspace& ws, int64_t n);
+  // Splits `count` rows across the threads, runs run_rows on each share and sums the stats.
+  BatchStats run_partitioned(const DatasetView& data, const int32_t* rows, int64_t count,
+                             bool backward, uint8_t* predictions);
 
   ModelConfig config_;
   OptimizerConfig optimizer_;
