@@ -86,13 +86,44 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
                           const DatasetView& test) {
   if (train.rows == 0) throw InputError("the training split is empty");
   if (train.rows > INT32_MAX) throw InputError("more than 2^31 training rows are not supported");
+  std::vector<int32_t> order;
+  // In memory, a shuffled batch is a list of row indices: the backend gathers the rows itself.
+  return train_epochs(train.rows, [&](int64_t epoch, const StepDone& done) {
+    if (config_.shuffle)
+      order = seeded_permutation(train.rows, config_.seed, kShuffleStreamBase + static_cast<uint64_t>(epoch));
+    for (int64_t begin = 0; begin < train.rows; begin += config_.batch) {
+      const int64_t n = std::min(config_.batch, train.rows - begin);
+      const BatchStats stats =
+          config_.shuffle ? backend_->compute_gradients(train, order.data() + begin, n)
+                          : backend_->compute_gradients(train.slice(begin, begin + n), nullptr, n);
+      backend_->apply_gradients();
+      done(stats.loss_sum, n);
+    }
+  }, validation, test);
+}
+
+TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
+                          const DatasetView& test) {
+  if (train.rows_per_epoch() == 0) throw InputError("the training stream yields no rows");
+  return train_epochs(train.rows_per_epoch(), [&](int64_t epoch, const StepDone& done) {
+    train.start_epoch(epoch);
+    DatasetView batch;
+    while (train.next(batch)) {
+      const BatchStats stats = backend_->compute_gradients(batch, nullptr, batch.rows);
+      backend_->apply_gradients();
+      done(stats.loss_sum, batch.rows);
+    }
+  }, validation, test);
+}
+
+TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
+                                   const DatasetView& validation, const DatasetView& test) {
   std::unique_ptr<MetricsLog> metrics;
   if (!config_.metrics_path.empty()) metrics = std::make_unique<MetricsLog>(config_.metrics_path);
 
   TrainSummary summary;
   summary.backend = backend_->name();
   summary.threads = backend_->threads();
-  std::vector<int32_t> order;
   double train_seconds = 0.0;
   const int64_t first_step = backend_->step();
   std::unique_ptr<Checkpoint> best;  // the state with the lowest validation loss so far
@@ -100,34 +131,30 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
   const bool keep_best = config_.keep_best && validation.rows > 0;
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
-    if (config_.shuffle)
-      order = seeded_permutation(train.rows, config_.seed, kShuffleStreamBase + static_cast<uint64_t>(epoch_));
+    auto step_start = epoch_start;
     double loss_sum = 0.0;
-    for (int64_t begin = 0; begin < train.rows; begin += config_.batch) {
-      const auto step_start = Clock::now();
-      const int64_t n = std::min(config_.batch, train.rows - begin);
-      const BatchStats stats =
-          config_.shuffle ? backend_->compute_gradients(train, order.data() + begin, n)
-                          : backend_->compute_gradients(train.slice(begin, begin + n), nullptr, n);
-      backend_->apply_gradients();
-      loss_sum += stats.loss_sum;
-      StepReport report{backend_->step(), static_cast<int>(epoch_), stats.loss_sum, n,
-                        static_cast<double>(n) / std::max(seconds_since(step_start), 1e-9)};
+    run_epoch(epoch_, [&](double step_loss, int64_t n) {
+      loss_sum += step_loss;
+      const auto now = Clock::now();
+      const double seconds = std::chrono::duration<double>(now - step_start).count();
+      step_start = now;
+      StepReport report{backend_->step(), static_cast<int>(epoch_), step_loss, n,
+                        static_cast<double>(n) / std::max(seconds, 1e-9)};
       if (metrics) metrics->step(report);
       if (on_step) on_step(report);
-    }
+    });
     const double epoch_seconds = seconds_since(epoch_start);
     train_seconds += epoch_seconds;
-    summary.samples += train.rows;
+    summary.samples += rows_per_epoch;
     ++epoch_;
     ++summary.epochs;
 
     EpochReport report;
     report.epoch = static_cast<int>(epoch_);
     report.step = backend_->step();
-    report.train_loss_mean = loss_sum / static_cast<double>(train.rows);
+    report.train_loss_mean = loss_sum / static_cast<double>(rows_per_epoch);
     report.seconds = epoch_seconds;
-    report.samples_per_s = static_cast<double>(train.rows) / std::max(epoch_seconds, 1e-9);
+    report.samples_per_s = static_cast<double>(rows_per_epoch) / std::max(epoch_seconds, 1e-9);
     if (validation.rows > 0) report.validation = evaluate(validation);
     if (keep_best && (!best || report.validation.loss_sum < best_loss)) {
       best_loss = report.validation.loss_sum;

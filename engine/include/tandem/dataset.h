@@ -50,6 +50,20 @@ class Dataset {
   std::vector<uint8_t> labels_;
 };
 
+// A source of training batches, epoch after epoch: the chunk manager streaming a persisted store
+// implements it (open_store_stream in trainer.h).
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  // Rows this stream yields in one epoch (all of its batches together).
+  virtual int64_t rows_per_epoch() const = 0;
+  // Starts epoch `epoch` (0-based): its order follows from the seed and the epoch number.
+  virtual void start_epoch(int64_t epoch) = 0;
+  // The epoch's next batch, valid until the next call to next() or start_epoch(); false once the
+  // epoch is exhausted. Rethrows a reader's error (InputError naming the store and chunk).
+  virtual bool next(DatasetView& batch) = 0;
+};
+
 // The three splits of an MNIST-format data set, split as TensorFlow's reader does: the last
 // `validation_rows` training images are the validation split, the t10k files are the test split.
 struct DataSplits {

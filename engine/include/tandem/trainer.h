@@ -72,6 +72,8 @@ class Trainer {
   // best is chosen among the epochs of this call.
   TrainSummary fit(const DatasetView& train, const DatasetView& validation,
                    const DatasetView& test);
+  // The same, with training batches from a stream (a persisted store through the chunk manager).
+  TrainSummary fit(BatchStream& train, const DatasetView& validation, const DatasetView& test);
 
   EvalResult evaluate(const DatasetView& data);
   // Current parameters and optimizer state, as a checkpoint would hold them.
@@ -82,6 +84,13 @@ class Trainer {
   int threads() const;
 
  private:
+  // Called after each optimizer step with the batch's summed loss and its rows.
+  using StepDone = std::function<void(double, int64_t)>;
+  // Runs one epoch's steps, calling StepDone after each.
+  using EpochRunner = std::function<void(int64_t epoch, const StepDone&)>;
+  TrainSummary train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
+                            const DatasetView& validation, const DatasetView& test);
+
   TrainConfig config_;
   std::unique_ptr<Backend> backend_;
   int64_t epoch_ = 0;
