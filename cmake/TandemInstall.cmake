@@ -6,7 +6,8 @@ include(CMakePackageConfigHelpers)
 # libtandem.so is built from the layer libraries' object files, so it holds them whole.
 add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>)
 add_library(Tandem::tandem ALIAS tandem)
-target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB Threads::Threads
+target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
+                      Threads::Threads nlohmann_json::nlohmann_json
                       $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>)
 target_include_directories(tandem INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/engine/include>

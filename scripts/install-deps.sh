@@ -5,10 +5,10 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
+  libopenblas-dev zlib1g-dev libzstd-dev libblosc-dev libpng-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
-  python3 python3-venv python3-numpy python3-torch   # tests and benchmarks only
+  python3 python3-venv python3-numpy python3-torch python3-dask python3-zarr  # tests, benchmarks
 )
 missing=()
 for p in "${packages[@]}"; do

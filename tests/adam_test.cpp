@@ -1,5 +1,5 @@
 // Adam in TensorFlow's form against values computed by hand (float64, three steps), and SGD.
-#include "../kernels/cpu/adam_cpu.h"
+#include "cpu/adam_cpu.h"
 #include "test_support.h"
 
 namespace tandem {

@@ -1,10 +1,10 @@
 // The CPU kernels against straightforward float64 loops, on random inputs at awkward sizes.
 #include <cmath>
 
-#include "../kernels/cpu/adam_cpu.h"
-#include "../kernels/cpu/convert_cpu.h"
-#include "../kernels/cpu/dense_cpu.h"
-#include "../kernels/cpu/softmax_xent_cpu.h"
+#include "cpu/adam_cpu.h"
+#include "cpu/convert_cpu.h"
+#include "cpu/dense_cpu.h"
+#include "cpu/softmax_xent_cpu.h"
 #include "test_support.h"
 
 namespace tandem {

@@ -1,4 +1,4 @@
-#include "../../kernels/cuda/cuda_device.h"
+#include "cuda/cuda_device.h"
 #include "backend.h"
 #include "tandem/error.h"
 

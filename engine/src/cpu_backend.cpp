@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "../../kernels/cpu/adam_cpu.h"
-#include "../../kernels/cpu/convert_cpu.h"
-#include "../../kernels/cpu/dense_cpu.h"
-#include "../../kernels/cpu/softmax_xent_cpu.h"
+#include "cpu/adam_cpu.h"
+#include "cpu/convert_cpu.h"
+#include "cpu/dense_cpu.h"
+#include "cpu/softmax_xent_cpu.h"
 #include "tandem/error.h"
 
 namespace tandem {

@@ -21,7 +21,12 @@ struct EvalOptions {
 
 void run_eval(const EvalOptions& o) {
   const Checkpoint ckpt = load_checkpoint(o.model);
-  const DataSplits data = load_mnist_splits(o.data, o.validation_rows);
+  const bool store = is_dataset_store(o.data);
+  if (store && o.split == "train")
+    throw InputError(o.data + ": evaluating a store's training split is not supported; use "
+                     "--split validation or test");
+  const DataSplits data = store ? load_store_eval_splits(o.data)
+                                : load_mnist_splits(o.data, o.validation_rows);
   const Dataset& split = o.split == "train" ? data.train
                          : o.split == "validation" ? data.validation : data.test;
   const EvalResult r = evaluate_model(ckpt.model, split.view(), o.threads);
@@ -44,7 +49,7 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "Evaluate a saved model on a data split");
   cmd->add_option("--model", o->model, "Checkpoint file (safetensors)")->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--data", o->data, "Directory of MNIST-format IDX files")->capture_default_str();
+  cmd->add_option("--data", o->data, "Directory of MNIST-format IDX files, or a dataset store")->capture_default_str();
   cmd->add_option("--split", o->split, "train, validation or test")
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
   cmd->add_option("--validation-rows", o->validation_rows, "Validation rows")->capture_default_str();

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "store_commands.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
 
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tandem::cli::add_train_command(app);
   tandem::cli::add_eval_command(app);
+  tandem::cli::add_prepare_command(app);
+  tandem::cli::add_inspect_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -42,12 +42,27 @@ void run_train(TrainOptions& o) {
   config.optimizer.kind = parse_optimizer(o.optimizer);
   config.shuffle = o.shuffle == "on";
   config.keep_best = o.keep == "best";
-  const DataSplits data = load_mnist_splits(o.data, o.validation_rows);
-  config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
+  // --data is either a directory of IDX files (read into memory) or a dataset store (the training
+  // split streamed through the chunk manager, validation and test read into memory).
+  DataSplits data;
+  std::unique_ptr<BatchStream> stream;
+  if (is_dataset_store(o.data)) {
+    data = load_store_eval_splits(o.data);
+    StreamOptions so;
+    so.batch_rows = config.batch;
+    so.shuffle = config.shuffle;
+    so.seed = config.seed;
+    stream = open_store_stream(o.data, so);
+    config.model = model_for(o.hidden, stream->features(), stream->num_classes());
+  } else {
+    data = load_mnist_splits(o.data, o.validation_rows);
+    config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
+  }
+  const int64_t train_rows = stream ? stream->rows_per_epoch() : data.train.rows();
 
   Trainer trainer(config);
   ProgressLine progress;
-  const int64_t steps_per_epoch = (data.train.rows() + config.batch - 1) / config.batch;
+  const int64_t steps_per_epoch = (train_rows + config.batch - 1) / config.batch;
   trainer.on_step = [&](const StepReport& r) {
     const int64_t in_epoch = (r.step - 1) % steps_per_epoch + 1;
     progress.update("epoch " + std::to_string(r.epoch + 1) + "/" + std::to_string(config.epochs) +
@@ -65,7 +80,8 @@ void run_train(TrainOptions& o) {
     progress.print_line(line);
   };
   const TrainSummary s =
-      trainer.fit(data.train.view(), data.validation.view(), data.test.view());
+      stream ? trainer.fit(*stream, data.validation.view(), data.test.view())
+             : trainer.fit(data.train.view(), data.validation.view(), data.test.view());
   progress.finish();
   if (o.json) {
     nlohmann::json j{{"backend", s.backend},     {"threads", s.threads},
@@ -94,7 +110,8 @@ void run_train(TrainOptions& o) {
 void add_train_command(CLI::App& app) {
   auto o = std::make_shared<TrainOptions>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model in this process");
-  cmd->add_option("--data", o->data, "Directory of MNIST-format IDX files (raw or .gz)")
+  cmd->add_option("--data", o->data,
+                  "Directory of MNIST-format IDX files (raw or .gz), or a dataset store (tandem prepare)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();

@@ -1,7 +1,9 @@
 // Data sets as the engine sees them: rows of pixels with one class label each.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,8 @@ class BatchStream {
   virtual ~BatchStream() = default;
   // Rows this stream yields in one epoch (all of its batches together).
   virtual int64_t rows_per_epoch() const = 0;
+  virtual int64_t features() const = 0;
+  virtual int num_classes() const = 0;
   // Starts epoch `epoch` (0-based): its order follows from the seed and the epoch number.
   virtual void start_epoch(int64_t epoch) = 0;
   // The epoch's next batch, valid until the next call to next() or start_epoch(); false once the
@@ -80,5 +84,26 @@ std::string default_data_dir();
 // t10k-labels-idx1-ubyte (each raw or with a .gz suffix) from `dir`. Throws InputError naming the
 // file and the problem when a file is missing, malformed, or the counts disagree.
 DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows = 5000);
+
+// Persisted dataset stores (Zarr groups written by `tandem prepare`, or by Dask): `images` and
+// `labels` for training, and the same under `validation/` and `test/`.
+struct StreamOptions {
+  int64_t batch_rows = 1000;
+  bool shuffle = true;  // chunk order and rows within each chunk, per epoch, from the seed
+  uint64_t seed = 1;
+  int shard_index = 0;  // this worker takes batches b with b % shard_count == shard_index
+  int shard_count = 1;
+  int readers = 2;                           // reader/decompressor threads
+  size_t memory_budget = size_t{256} << 20;  // chunks in flight, bytes
+};
+
+// True when `path` is a Zarr group (a dataset store) rather than a directory of IDX files.
+bool is_dataset_store(const std::string& path);
+
+// The validation and test splits of a store, read into memory (train is left empty: stream it).
+DataSplits load_store_eval_splits(const std::string& path);
+
+// The training split of a store as a stream of batches through the chunk manager.
+std::unique_ptr<BatchStream> open_store_stream(const std::string& path, const StreamOptions& options);
 
 }  // namespace tandem

@@ -1,0 +1,69 @@
+// Statistics of Zarr arrays computed chunk by chunk, without holding the array in memory: per-
+// column mean and variance of an image array (what the seed's Dask graph computes for its mean and
+// variance images), overall minimum/maximum/mean, and a histogram of an integer (label) array.
+// Also the chunk geometry that readers of [rows, features] arrays share.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "zarr/zarr_array.h"
+
+namespace tandem {
+
+// An array [rows, d1, d2, ...] seen as a matrix [rows, features], features = d1 * d2 * ...
+// (1 for a 1-D array).
+int64_t matrix_features(const zarr::ArrayMeta& meta);
+
+// Where the valid (non-padding) part of one chunk lies in that matrix. Each chunk row holds
+// `chunk_row_elements` elements in the decompressed chunk; of those, `runs` are contiguous both in
+// the chunk and in the matrix row.
+struct ChunkLayout {
+  struct Run {
+    int64_t chunk_offset;  // element offset within a chunk row
+    int64_t feature;       // first matrix column
+    int64_t length;        // elements
+  };
+  int64_t row_begin = 0;  // first matrix row of the chunk
+  int64_t rows = 0;       // valid rows (fewer than chunks[0] at the edge)
+  int64_t chunk_row_elements = 1;
+  std::vector<Run> runs;
+  int64_t columns() const;  // sum of run lengths: valid columns of the chunk
+};
+ChunkLayout chunk_layout(const zarr::ArrayMeta& meta, const std::vector<int64_t>& chunk_index);
+// Chunk `linear` of the grid in C order, as a chunk index.
+std::vector<int64_t> chunk_index_of(const std::vector<int64_t>& grid, int64_t linear);
+int64_t chunk_count(const std::vector<int64_t>& grid);
+
+struct ColumnStats {
+  int64_t rows = 0;
+  int64_t features = 0;
+  std::vector<double> mean;      // per column
+  std::vector<double> variance;  // per column, population variance (ddof=0, as NumPy's var)
+  double min = 0.0;              // over all elements; NaN for an empty array
+  double max = 0.0;
+  double overall_mean = 0.0;  // mean of all elements
+};
+
+// Per-column mean and variance of a uint8 or float32 array [rows, ...] in float64. Each chunk is
+// reduced on its own (uint8: exact integer sums; float32: corrected two-pass) and the partial
+// results are merged with Chan et al.'s pairwise formula in an order fixed by the array's shape,
+// so the result does not depend on `threads` (0: every core this process may use). InputError
+// for another dtype or a corrupt chunk (naming the store and key).
+ColumnStats column_stats(const zarr::Array& array, int threads = 0);
+
+struct IntegerHistogram {
+  int64_t count = 0;
+  int64_t min = 0;  // 0 when count == 0
+  int64_t max = 0;
+  std::map<int64_t, int64_t> counts;  // value -> occurrences
+};
+
+// Histogram of the values of an integer array (any shape); InputError for a float dtype.
+IntegerHistogram integer_histogram(const zarr::Array& array, int threads = 0);
+
+// Row `row` of the array as a matrix, converted to double (InputError when out of range).
+std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row);
+
+}  // namespace tandem

@@ -1,0 +1,314 @@
+#include "chunk_manager.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "random.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+// Shuffle streams: band order and each band's rows draw from their own streams, so any epoch's
+// order follows from (seed, epoch) alone.
+constexpr uint64_t kBandOrderStream = 1ull << 40;
+constexpr uint64_t kRowOrderStream = 1ull << 41;
+
+template <typename T>
+void labels_to_bytes(const T* in, size_t n, uint8_t* out, int num_classes, const std::string& what,
+                     int64_t first_row) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto value = in[i];
+    if (!(value >= 0 && static_cast<int64_t>(value) < num_classes))
+      throw InputError(what + ": label of row " + std::to_string(first_row + int64_t(i)) + " is " +
+                       std::to_string(static_cast<double>(value)) + ", expected 0.." +
+                       std::to_string(num_classes - 1));
+    out[i] = static_cast<uint8_t>(value);
+  }
+}
+
+// Reads a 1-D integer labels array whole, as bytes, checking every value is a class index.
+std::vector<uint8_t> read_labels(const zarr::Array& array, int num_classes) {
+  const zarr::ArrayMeta& meta = array.meta();
+  const std::string what = "zarr store '" + array.path() + "'";
+  if (meta.shape.size() != 1) throw InputError(what + ": labels must be 1-D");
+  const int64_t rows = meta.shape[0], chunk = meta.chunks[0];
+  std::vector<uint8_t> out(static_cast<size_t>(rows));
+  std::vector<uint8_t> buffer(meta.chunk_bytes());
+  for (int64_t c = 0; c * chunk < rows; ++c) {
+    array.read_chunk({c}, buffer.data());
+    const size_t n = static_cast<size_t>(std::min(chunk, rows - c * chunk));
+    uint8_t* dst = out.data() + c * chunk;
+    const int64_t first = c * chunk;
+    switch (meta.dtype) {
+      case zarr::DType::UInt8: labels_to_bytes(buffer.data(), n, dst, num_classes, what, first); break;
+      case zarr::DType::Int8: labels_to_bytes(reinterpret_cast<const int8_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::UInt16: labels_to_bytes(reinterpret_cast<const uint16_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::Int16: labels_to_bytes(reinterpret_cast<const int16_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::UInt32: labels_to_bytes(reinterpret_cast<const uint32_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::Int32: labels_to_bytes(reinterpret_cast<const int32_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::UInt64: labels_to_bytes(reinterpret_cast<const uint64_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      case zarr::DType::Int64: labels_to_bytes(reinterpret_cast<const int64_t*>(buffer.data()), n, dst, num_classes, what, first); break;
+      default: throw InputError(what + ": labels have dtype " + zarr::dtype_name(meta.dtype) + ", expected integers");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
+                           const ChunkManagerOptions& options)
+    : split_(split), options_(options), num_classes_(num_classes) {
+  const zarr::ArrayMeta& meta = split_.images.meta();
+  const std::string what = "zarr store '" + split_.images.path() + "'";
+  if (meta.dtype == zarr::DType::UInt8) pixel_type_ = PixelType::UInt8;
+  else if (meta.dtype == zarr::DType::Float32) pixel_type_ = PixelType::Float32;
+  else throw InputError(what + ": images have dtype " + zarr::dtype_name(meta.dtype) + ", expected uint8 or float32");
+  pixel_bytes_ = zarr::dtype_size(meta.dtype);
+  if (meta.shape.size() < 2) throw InputError(what + ": images must have at least 2 dimensions");
+  for (size_t d = 2; d < meta.shape.size(); ++d)
+    if (meta.chunks[d] < meta.shape[d])
+      throw InputError(what + ": images chunked along dimension " + std::to_string(d) +
+                       "; only rows and columns may be chunked");
+  features_ = split_.features;
+  band_rows_ = meta.chunks[0];
+  band_count_ = static_cast<size_t>((split_.rows + band_rows_ - 1) / band_rows_);
+  if (options_.batch_rows < 1) throw InputError("batch rows must be >= 1");
+  if (options_.shard_count < 1 || options_.shard_index < 0 || options_.shard_index >= options_.shard_count)
+    throw InputError("shard " + std::to_string(options_.shard_index) + " of " +
+                     std::to_string(options_.shard_count) + " does not exist");
+  if (options_.readers < 1 || options_.ring_slots < 2)
+    throw InputError("the chunk manager needs at least 1 reader and 2 ring slots");
+  labels_ = read_labels(split_.labels, num_classes_);
+  if (static_cast<int64_t>(labels_.size()) != split_.rows)
+    throw InputError(what + ": " + std::to_string(split_.rows) + " images but " +
+                     std::to_string(labels_.size()) + " labels");
+  const int64_t batches = (split_.rows + options_.batch_rows - 1) / options_.batch_rows;
+  for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count)
+    rows_per_epoch_ += std::min(options_.batch_rows, split_.rows - b * options_.batch_rows);
+  ring_.resize(static_cast<size_t>(options_.ring_slots));
+  for (auto& slot : ring_) {
+    slot.pixels = kernels::pinned_alloc(static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_);
+    slot.labels.resize(static_cast<size_t>(options_.batch_rows));
+  }
+}
+
+ChunkManager::~ChunkManager() {
+  stop_threads();
+  for (auto& slot : ring_) kernels::pinned_free(slot.pixels);
+}
+
+bool ChunkManager::page_locked() const { return !ring_.empty() && ring_[0].pixels.page_locked; }
+
+void ChunkManager::cancel() { stop_threads(); }
+
+void ChunkManager::stop_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void ChunkManager::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = error;
+    stopping_ = true;
+  }
+  changed_.notify_all();
+}
+
+void ChunkManager::start_epoch(int64_t epoch) {
+  stop_threads();
+  const int64_t rows = split_.rows;
+  // The epoch's row stream: bands in (shuffled) order, each band's rows (shuffled).
+  band_order_.resize(band_count_);
+  if (options_.shuffle) {
+    const auto order = seeded_permutation(static_cast<int64_t>(band_count_), options_.seed,
+                                          kBandOrderStream + static_cast<uint64_t>(epoch));
+    for (size_t p = 0; p < band_count_; ++p) band_order_[p] = order[p];
+  } else {
+    for (size_t p = 0; p < band_count_; ++p) band_order_[p] = static_cast<int64_t>(p);
+  }
+  row_orders_.assign(band_count_, {});
+  band_start_.assign(band_count_ + 1, 0);
+  for (size_t p = 0; p < band_count_; ++p) {
+    const int64_t band = band_order_[p];
+    const int64_t band_rows = std::min(band_rows_, rows - band * band_rows_);
+    band_start_[p + 1] = band_start_[p] + band_rows;
+    if (options_.shuffle)
+      row_orders_[p] = seeded_permutation(band_rows, options_.seed,
+                                          kRowOrderStream + static_cast<uint64_t>(epoch) * 1000003u +
+                                              static_cast<uint64_t>(band));
+  }
+  // This shard's batches, and the stream positions (bands) they touch.
+  my_batches_.clear();
+  needed_positions_.clear();
+  const int64_t batches = (rows + options_.batch_rows - 1) / options_.batch_rows;
+  for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count) {
+    const BatchPlan plan{b * options_.batch_rows, std::min(rows, (b + 1) * options_.batch_rows)};
+    my_batches_.push_back(plan);
+    size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(), plan.begin) -
+                                   band_start_.begin()) - 1;
+    for (; p < band_count_ && band_start_[p] < plan.end; ++p)
+      if (needed_positions_.empty() || needed_positions_.back() < p) needed_positions_.push_back(p);
+  }
+
+  const size_t band_bytes = std::max<size_t>(split_.images.meta().chunk_bytes(), 1);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopping_ = false;
+  error_ = nullptr;
+  next_to_read_ = 0;
+  free_band_buffers_ = std::max<size_t>(2, options_.memory_budget / band_bytes);
+  ready_bands_.clear();
+  filled_slots_.clear();
+  free_slots_.clear();
+  for (size_t s = 0; s < ring_.size(); ++s) free_slots_.push_back(s);
+  held_slot_ = -1;
+  assembler_done_ = false;
+  for (int r = 0; r < options_.readers; ++r) threads_.emplace_back([this] { reader_loop(); });
+  threads_.emplace_back([this] { assembler_loop(); });
+}
+
+void ChunkManager::read_band(int64_t band, Band& out) const {
+  const zarr::ArrayMeta& meta = split_.images.meta();
+  const size_t chunk_bytes = meta.chunk_bytes();
+  out.rows = std::min(band_rows_, split_.rows - band * band_rows_);
+  out.pixels.resize(static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
+  std::vector<int64_t> index(meta.shape.size(), 0);
+  index[0] = band;
+  if (meta.shape.size() > 2 || meta.chunks[1] >= meta.shape[1]) {
+    split_.images.read_chunk(index, out.pixels.data());  // the chunk is the whole band
+    return;
+  }
+  // Columns are chunked too: assemble the band from its column chunks.
+  std::vector<uint8_t> chunk(chunk_bytes);
+  const int64_t chunk_cols = meta.chunks[1];
+  for (int64_t c = 0; c * chunk_cols < features_; ++c) {
+    index[1] = c;
+    split_.images.read_chunk(index, chunk.data());
+    const int64_t cols = std::min(chunk_cols, features_ - c * chunk_cols);
+    for (int64_t r = 0; r < out.rows; ++r)
+      std::memcpy(out.pixels.data() + (r * features_ + c * chunk_cols) * pixel_bytes_,
+                  chunk.data() + r * chunk_cols * pixel_bytes_, static_cast<size_t>(cols) * pixel_bytes_);
+  }
+}
+
+void ChunkManager::reader_loop() {
+  try {
+    for (;;) {
+      size_t index;
+      Band band;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] {
+          return stopping_ || next_to_read_ >= needed_positions_.size() || free_band_buffers_ > 0;
+        });
+        if (stopping_ || next_to_read_ >= needed_positions_.size()) return;
+        index = next_to_read_++;
+        --free_band_buffers_;
+        if (!spare_bands_.empty()) {
+          band = std::move(spare_bands_.back());
+          spare_bands_.pop_back();
+        }
+      }
+      read_band(band_order_[needed_positions_[index]], band);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_bands_.emplace(index, std::move(band));
+      }
+      changed_.notify_all();
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+void ChunkManager::assembler_loop() {
+  try {
+    size_t cursor = 0;  // index into needed_positions_ of `band`
+    bool have_band = false;
+    Band band;
+    const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
+    for (const BatchPlan& plan : my_batches_) {
+      size_t slot_index;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || !free_slots_.empty(); });
+        if (stopping_) return;
+        slot_index = free_slots_.back();
+        free_slots_.pop_back();
+      }
+      Slot& slot = ring_[slot_index];
+      auto* pixels = static_cast<uint8_t*>(slot.pixels.data);
+      for (int64_t r = plan.begin; r < plan.end; ++r) {
+        // Move to the band holding stream row r, returning the previous band's buffer first so a
+        // reader can fill it while we wait.
+        while (!have_band || band_start_[needed_positions_[cursor] + 1] <= r) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (have_band) {
+            spare_bands_.push_back(std::move(band));
+            ++free_band_buffers_;
+            ++cursor;
+            have_band = false;
+            changed_.notify_all();
+          }
+          changed_.wait(lock, [&] { return stopping_ || ready_bands_.count(cursor) > 0; });
+          if (stopping_) return;
+          auto it = ready_bands_.find(cursor);
+          band = std::move(it->second);
+          ready_bands_.erase(it);
+          have_band = true;
+        }
+        const size_t position = needed_positions_[cursor];
+        const int64_t offset = r - band_start_[position];
+        const int64_t source = row_orders_[position].empty() ? offset : row_orders_[position][offset];
+        std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + source * row_bytes, row_bytes);
+        slot.labels[static_cast<size_t>(r - plan.begin)] =
+            labels_[static_cast<size_t>(band_order_[position] * band_rows_ + source)];
+      }
+      slot.rows = plan.end - plan.begin;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        filled_slots_.push_back(slot_index);
+      }
+      changed_.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      assembler_done_ = true;
+    }
+    changed_.notify_all();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+bool ChunkManager::next(DatasetView& batch) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (held_slot_ >= 0) {
+    free_slots_.push_back(static_cast<size_t>(held_slot_));
+    held_slot_ = -1;
+    changed_.notify_all();
+  }
+  changed_.wait(lock, [&] { return error_ || !filled_slots_.empty() || assembler_done_ || stopping_; });
+  if (error_) std::rethrow_exception(error_);
+  if (filled_slots_.empty()) return false;
+  held_slot_ = static_cast<long long>(filled_slots_.front());
+  filled_slots_.pop_front();
+  const Slot& slot = ring_[static_cast<size_t>(held_slot_)];
+  batch.pixel_type = pixel_type_;
+  batch.pixels = slot.pixels.data;
+  batch.labels = slot.labels.data();
+  batch.rows = slot.rows;
+  batch.features = features_;
+  batch.num_classes = num_classes_;
+  return true;
+}
+
+}  // namespace tandem

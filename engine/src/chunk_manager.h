@@ -1,0 +1,117 @@
+// The chunk manager: streams a persisted split (a Zarr images array and its labels) as batches.
+//
+//   reader threads: read + decompress row bands (one chunk row of the images array) in the
+//                   epoch's band order, into a bounded pool of band buffers
+//   assembler:      takes bands in order, applies the within-band row shuffle, and copies rows
+//                   into the next free slot of a ring of pinned host buffers (batches of any size,
+//                   spanning bands as needed)
+//   consumer:       next() hands out the oldest filled slot; the previous one returns to the ring
+//
+// Per-epoch shuffling (band order and rows within a band, from the seed and the epoch number),
+// sharding of the batch sequence across workers (batch b goes to worker b % shard_count), a memory
+// budget for band buffers, clean cancellation (the destructor, or start_epoch mid-epoch), and an
+// error in any reader or the assembler rethrown by next() with the store and chunk in its text.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda/pinned_memory.h"
+#include "dataset_store.h"
+#include "tandem/dataset.h"
+
+namespace tandem {
+
+struct ChunkManagerOptions {
+  int64_t batch_rows = 1000;
+  bool shuffle = true;
+  uint64_t seed = 1;
+  int shard_index = 0;  // this worker's share of the batch sequence:
+  int shard_count = 1;  // batches b with b % shard_count == shard_index
+  int readers = 2;      // threads reading and decompressing bands
+  int ring_slots = 3;   // pinned batch buffers: triple buffering
+  size_t memory_budget = size_t{256} << 20;  // band buffers in flight, bytes (at least two bands)
+};
+
+class ChunkManager final : public BatchStream {
+ public:
+  ChunkManager(const DatasetStore::Split& split, int num_classes, const ChunkManagerOptions& options);
+  ~ChunkManager() override;
+  ChunkManager(const ChunkManager&) = delete;
+  ChunkManager& operator=(const ChunkManager&) = delete;
+
+  int64_t rows_per_epoch() const override { return rows_per_epoch_; }
+  int64_t features() const override { return features_; }
+  int num_classes() const override { return num_classes_; }
+  void start_epoch(int64_t epoch) override;
+  bool next(DatasetView& batch) override;
+  // Stops the threads of the current epoch; next() then returns false.
+  void cancel();
+
+  int64_t bands() const { return static_cast<int64_t>(band_count_); }
+  bool page_locked() const;  // the ring is in cudaHostAlloc memory
+
+ private:
+  struct Band {  // one row band read from the store
+    std::vector<uint8_t> pixels;  // band_rows_ x features, store dtype
+    int64_t rows = 0;
+  };
+  struct Slot {
+    kernels::PinnedAllocation pixels;
+    std::vector<uint8_t> labels;
+    int64_t rows = 0;
+  };
+  struct BatchPlan {  // rows [begin, end) of the epoch's row stream
+    int64_t begin, end;
+  };
+
+  void stop_threads();
+  void reader_loop();
+  void assembler_loop();
+  void read_band(int64_t band, Band& out) const;
+  void fail(std::exception_ptr error);
+
+  DatasetStore::Split split_;
+  ChunkManagerOptions options_;
+  int num_classes_;
+  PixelType pixel_type_;
+  size_t pixel_bytes_;
+  int64_t features_;
+  int64_t band_rows_;
+  size_t band_count_;
+  int64_t rows_per_epoch_ = 0;
+  std::vector<uint8_t> labels_;  // the whole split's labels, read once (they are small)
+
+  // The current epoch's plan.
+  std::vector<int64_t> band_order_;               // bands in stream order
+  std::vector<std::vector<int32_t>> row_orders_;  // per stream position: row permutation (shuffle)
+  std::vector<int64_t> band_start_;               // per stream position: first row in the stream
+  std::vector<BatchPlan> my_batches_;             // this shard's batches, in order
+  std::vector<size_t> needed_positions_;          // stream positions whose rows this shard uses
+
+  // Shared state, guarded by mutex_.
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  size_t next_to_read_ = 0;             // index into needed_positions_
+  size_t free_band_buffers_ = 0;
+  std::map<size_t, Band> ready_bands_;  // by index into needed_positions_
+  std::vector<Band> spare_bands_;
+  std::deque<size_t> filled_slots_;     // slot indices, oldest first
+  std::vector<size_t> free_slots_;
+  bool assembler_done_ = false;
+  long long held_slot_ = -1;            // the slot the consumer is using
+
+  std::vector<Slot> ring_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,475 @@
+#include "dataset_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <type_traits>
+
+#include "array_stats.h"
+#include "tandem/error.h"
+#include "thread_pool.h"
+
+namespace tandem {
+namespace fs = std::filesystem;
+namespace {
+
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+std::string strip_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  return fs::symlink_status(path, ec).type() != fs::file_type::not_found && !ec;
+}
+
+// Renames `from` to `to`, refusing to replace anything at `to` (renameat2 RENAME_NOREPLACE where
+// the filesystem supports it; a plain rename otherwise, which still refuses a non-empty directory).
+void rename_no_replace(const std::string& from, const std::string& to) {
+  int rc = ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+    if (path_exists(to)) {
+      errno = EEXIST;
+    } else {
+      rc = std::rename(from.c_str(), to.c_str());
+    }
+  }
+  if (rc != 0) {
+    const int err = errno;
+    throw IoError("cannot rename " + from + " to " + to + ": " + std::strerror(err));
+  }
+}
+
+// fsyncs a directory, making the renames inside it durable.
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw IoError("cannot fsync directory " + dir + ": " + std::strerror(err));
+  }
+  ::close(fd);
+}
+
+// Chunk files are fsynced as they are written but not the directories that name them; this
+// makes every directory of the store durable before the store is published by a rename.
+void sync_tree(const std::string& root) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code dec;
+    if (it->is_directory(dec)) sync_directory(it->path().string());
+  }
+  if (ec) throw IoError("cannot list " + root + ": " + ec.message());
+  sync_directory(root);
+}
+
+std::string parent_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool is_integer_dtype(zarr::DType t) {
+  return t != zarr::DType::Float32 && t != zarr::DType::Float64;
+}
+
+nlohmann::json image_shape_for(const nlohmann::json& provenance, int64_t features) {
+  if (provenance.contains("image_shape")) {
+    const nlohmann::json& s = provenance["image_shape"];
+    int64_t product = 1;
+    bool ok = s.is_array() && !s.empty();
+    if (ok)
+      for (const auto& d : s) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 1) ok = false;
+        else product *= d.get<int64_t>();
+      }
+    if (!ok || product != features)
+      throw InputError("provenance image_shape " + s.dump() + " does not describe " +
+                       std::to_string(features) + " features; expected positive sides whose "
+                       "product is the feature count");
+    return s;
+  }
+  const auto side = static_cast<int64_t>(std::llround(std::sqrt(double(features))));
+  if (side * side == features) return {side, side};
+  return {1, features};
+}
+
+// One split to write: `rows` output rows, row r taken from source row r % source.rows().
+struct SplitPlan {
+  const Dataset* source;
+  std::string dir;  // "" (root), "validation", "test"
+  int64_t rows;
+  zarr::Array images;
+  zarr::Array labels;
+};
+
+struct ChunkTask {
+  size_t split;
+  int64_t chunk;
+};
+
+// Fills one chunk of images and labels (chunk_rows rows, the tail past `rows` zeroed).
+void fill_chunk(const SplitPlan& plan, int64_t chunk, int64_t chunk_rows, PixelType out_type,
+                std::vector<uint8_t>& images, std::vector<uint8_t>& labels) {
+  const Dataset& src = *plan.source;
+  const int64_t features = src.features();
+  const size_t out_pixel = out_type == PixelType::UInt8 ? 1 : 4;
+  const int64_t begin = chunk * chunk_rows;
+  const int64_t end = std::min(plan.rows, begin + chunk_rows);
+  int64_t r = begin;
+  while (r < end) {
+    const int64_t src_row = r % src.rows();
+    const int64_t n = std::min(end - r, src.rows() - src_row);  // contiguous in the source
+    const int64_t local = r - begin;
+    std::memcpy(labels.data() + local, src.label_data() + src_row, size_t(n));
+    const size_t count = size_t(n * features);
+    uint8_t* dst = images.data() + size_t(local * features) * out_pixel;
+    if (src.pixel_type() == out_type) {
+      std::memcpy(dst, src.pixel_data() + size_t(src_row * features) * out_pixel, count * out_pixel);
+    } else {  // uint8 -> float32, scaled as TensorFlow's reader does
+      const uint8_t* s = src.pixel_data() + size_t(src_row * features);
+      float* d = reinterpret_cast<float*>(dst);
+      for (size_t i = 0; i < count; ++i) d[i] = float(s[i]) * (1.0f / 255.0f);
+    }
+    r += n;
+  }
+  const int64_t filled = end - begin;
+  if (filled < chunk_rows) {
+    std::memset(labels.data() + filled, 0, size_t(chunk_rows - filled));
+    std::memset(images.data() + size_t(filled * features) * out_pixel, 0,
+                size_t((chunk_rows - filled) * features) * out_pixel);
+  }
+}
+
+void write_store_contents(const DataSplits& splits, const std::string& dir,
+                          const StoreWriteOptions& o, const nlohmann::json& attributes) {
+  const zarr::Format format = o.format;
+  const int64_t features = splits.train.features();
+  zarr::Group::create(dir, format, attributes);
+
+  std::vector<SplitPlan> plans;
+  plans.push_back({&splits.train, "", splits.train.rows() * o.copies, {}, {}});
+  plans.push_back({&splits.validation, "validation", splits.validation.rows(), {}, {}});
+  plans.push_back({&splits.test, "test", splits.test.rows(), {}, {}});
+  for (SplitPlan& p : plans) {
+    const std::string group = p.dir.empty() ? dir : join(dir, p.dir);
+    if (!p.dir.empty()) zarr::Group::create(group, format);
+    // Chunks no longer than the split: a 5000-row split is not padded to 10000 rows.
+    const int64_t chunk_rows = std::max<int64_t>(1, std::min(o.chunk_rows, p.rows));
+    zarr::ArrayMeta m;
+    m.format = format;
+    m.compressor = o.compressor;
+    m.fill_value = 0.0;
+    m.separator = format == zarr::Format::V2 ? '.' : '/';
+    m.v3_default_key_encoding = true;
+    m.dtype = o.pixel_type == PixelType::UInt8 ? zarr::DType::UInt8 : zarr::DType::Float32;
+    m.shape = {p.rows, features};
+    m.chunks = {chunk_rows, features};
+    p.images = zarr::Array::create(join(group, "images"), m);
+    m.dtype = zarr::DType::UInt8;
+    m.shape = {p.rows};
+    m.chunks = {chunk_rows};
+    p.labels = zarr::Array::create(join(group, "labels"), m);
+  }
+
+  std::vector<ChunkTask> tasks;
+  int64_t total_rows = 0;
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const int64_t chunks = plans[s].images.meta().grid()[0];
+    for (int64_t c = 0; c < chunks; ++c) tasks.push_back({s, c});
+    total_rows += plans[s].rows;
+  }
+  const int threads = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(std::max(2, ThreadPool::available_cores()), int64_t(tasks.size()))));
+  ThreadPool pool(threads);
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> rows_done{0};
+  std::atomic<bool> failed{false};
+  if (o.progress) o.progress(0, total_rows);
+  pool.run([&](int member) {
+    try {
+      std::vector<uint8_t> images, labels;
+      for (size_t t; !failed.load(std::memory_order_relaxed) && (t = next.fetch_add(1)) < tasks.size();) {
+        const SplitPlan& p = plans[tasks[t].split];
+        const zarr::ArrayMeta& im = p.images.meta();
+        const int64_t chunk_rows = im.chunks[0];
+        images.resize(im.chunk_bytes());
+        labels.resize(p.labels.meta().chunk_bytes());
+        fill_chunk(p, tasks[t].chunk, chunk_rows, o.pixel_type, images, labels);
+        p.images.write_chunk({tasks[t].chunk, 0}, images.data());
+        p.labels.write_chunk({tasks[t].chunk}, labels.data());
+        const int64_t rows =
+            std::min(chunk_rows, p.rows - tasks[t].chunk * chunk_rows);
+        const int64_t done = rows_done.fetch_add(rows) + rows;
+        // The callback runs on the calling thread only (member 0), never concurrently.
+        if (member == 0 && o.progress) o.progress(done, total_rows);
+      }
+    } catch (...) {
+      failed.store(true);
+      throw;
+    }
+  });
+  if (o.progress) o.progress(total_rows, total_rows);
+}
+
+void check_inputs(const DataSplits& splits, const std::string& out, const StoreWriteOptions& o) {
+  if (out.empty()) throw InputError("dataset store path is empty");
+  if (o.chunk_rows < 1)
+    throw InputError("chunk rows is " + std::to_string(o.chunk_rows) + ", expected >= 1");
+  if (o.copies < 1) throw InputError("copies is " + std::to_string(o.copies) + ", expected >= 1");
+  if (splits.train.rows() < 1 || splits.train.features() < 1)
+    throw InputError("the training split of " + splits.source + " has " +
+                     std::to_string(splits.train.rows()) + " rows of " +
+                     std::to_string(splits.train.features()) +
+                     " features; expected at least one row and one feature");
+  const int classes = splits.train.num_classes();
+  if (classes < 1 || classes > 256)
+    throw InputError("the data set has " + std::to_string(classes) +
+                     " classes, expected 1 to 256 (labels are stored as bytes)");
+  const std::pair<const char*, const Dataset*> named[] = {
+      {"train", &splits.train}, {"validation", &splits.validation}, {"test", &splits.test}};
+  for (const auto& [name, d] : named) {
+    if (d->rows() == 0) continue;
+    if (d->features() != splits.train.features())
+      throw InputError(std::string("the ") + name + " split has " + std::to_string(d->features()) +
+                       " features, expected " + std::to_string(splits.train.features()) +
+                       " as the training split");
+    if (d->pixel_type() == PixelType::Float32 && o.pixel_type == PixelType::UInt8)
+      throw InputError(std::string("the ") + name +
+                       " split has float32 pixels; they cannot be stored as uint8 without loss "
+                       "(choose float32)");
+    for (int64_t i = 0; i < d->rows(); ++i)
+      if (d->label_data()[i] >= classes)
+        throw InputError(std::string("the ") + name + " split's label at index " +
+                         std::to_string(i) + " is " + std::to_string(d->label_data()[i]) +
+                         ", expected a class below " + std::to_string(classes));
+  }
+}
+
+template <typename T>
+void convert_labels(const T* src, int64_t n, uint8_t* dst, int64_t first_index, int num_classes,
+                    const std::string& what, const std::string& array_path) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = src[i];
+    bool bad;
+    if constexpr (std::is_signed_v<T>) bad = v < 0 || int64_t(v) >= num_classes;
+    else bad = uint64_t(v) >= uint64_t(num_classes);
+    if (bad) {
+      throw InputError(what + ": label at index " + std::to_string(first_index + i) + " is " +
+                       std::to_string(v) + ", expected a class in [0, " +
+                       std::to_string(num_classes) + ") (" + array_path + ")");
+    }
+    dst[i] = static_cast<uint8_t>(v);
+  }
+}
+
+DatasetStore::Split open_split(const std::string& store, const std::string& dir,
+                               const std::string& name) {
+  DatasetStore::Split s;
+  s.images = zarr::Array::open(join(dir, "images"));
+  s.labels = zarr::Array::open(join(dir, "labels"));
+  const zarr::ArrayMeta& im = s.images.meta();
+  const zarr::ArrayMeta& lm = s.labels.meta();
+  if (im.shape.size() != 2 && im.shape.size() != 3)
+    throw InputError(store + ": " + name + " images have shape " + shape_text(im.shape) +
+                     ", expected [rows, features] or [rows, height, width]");
+  if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
+    throw InputError(store + ": " + name + " images are " + zarr::dtype_name(im.dtype) +
+                     ", expected uint8 or float32");
+  if (lm.shape.size() != 1 || !is_integer_dtype(lm.dtype))
+    throw InputError(store + ": " + name + " labels are " + zarr::dtype_name(lm.dtype) +
+                     " with shape " + shape_text(lm.shape) +
+                     ", expected a 1-D array of integers");
+  if (im.shape[0] != lm.shape[0])
+    throw InputError(store + ": " + name + " has " + std::to_string(im.shape[0]) +
+                     " images but " + std::to_string(lm.shape[0]) + " labels");
+  s.rows = im.shape[0];
+  s.features = matrix_features(im);
+  return s;
+}
+
+}  // namespace
+
+void write_dataset_store(const DataSplits& splits, const std::string& out_path,
+                         const StoreWriteOptions& options, const nlohmann::json& provenance) {
+  const std::string out = strip_trailing_slashes(out_path);
+  check_inputs(splits, out, options);
+  if (!provenance.is_null() && !provenance.is_object())
+    throw InputError("dataset store provenance must be a JSON object, got " + provenance.dump());
+  const bool replace = path_exists(out);
+  if (replace) {
+    if (!options.overwrite)
+      throw InputError(out + " already exists; pass --overwrite to replace it");
+    std::error_code ec;
+    const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
+    if (!empty_dir && !zarr::Group::exists(out))
+      throw InputError(out + " exists and is not a Zarr group; refusing to replace it even with "
+                       "--overwrite (remove it yourself if it should go)");
+  }
+
+  nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();
+  attributes["tandem_dataset"] = 1;
+  attributes["image_shape"] = image_shape_for(attributes, splits.train.features());
+  attributes["num_classes"] = splits.train.num_classes();
+  attributes["copies"] = options.copies;
+  attributes["pixel_dtype"] = options.pixel_type == PixelType::UInt8 ? "uint8" : "float32";
+  attributes["split"] = "TensorFlow MNIST reader: last " +
+                        std::to_string(splits.validation.rows()) +
+                        " training images are validation, t10k is test";
+  attributes["rows"] = {{"train", splits.train.rows() * options.copies},
+                        {"validation", splits.validation.rows()},
+                        {"test", splits.test.rows()}};
+
+  const std::string pid = std::to_string(::getpid());
+  const std::string partial = out + ".partial-" + pid;
+  remove_tree(partial);  // left by an earlier process with our pid
+  try {
+    write_store_contents(splits, partial, options, attributes);
+    sync_tree(partial);
+    if (replace) {
+      // The old store is renamed aside, the new one into place, and only then the old removed.
+      const std::string old = out + ".old-" + pid;
+      remove_tree(old);
+      rename_no_replace(out, old);
+      try {
+        rename_no_replace(partial, out);
+      } catch (...) {
+        std::rename(old.c_str(), out.c_str());
+        throw;
+      }
+      remove_tree(old);
+    } else {
+      rename_no_replace(partial, out);
+    }
+    sync_directory(parent_of(out));
+  } catch (...) {
+    remove_tree(partial);
+    throw;
+  }
+}
+
+bool DatasetStore::looks_like_store(const std::string& path) { return zarr::Group::exists(path); }
+
+DatasetStore DatasetStore::open(const std::string& path_in) {
+  const std::string path = strip_trailing_slashes(path_in);
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw InputError(path + ": no dataset store here (" +
+                     (path_exists(path) ? "not a directory" : "no such directory") + ")");
+  DatasetStore store;
+  store.path = path;
+  auto [format, attributes] = zarr::Group::open(path);
+  (void)format;
+  store.attributes = attributes;
+  store.train = open_split(path, path, "the training split");
+  const std::pair<const char*, Split*> optional_splits[] = {{"validation", &store.validation},
+                                                            {"test", &store.test}};
+  for (const auto& [name, split] : optional_splits) {
+    const std::string dir = join(path, name);
+    if (!zarr::Group::exists(dir)) continue;
+    *split = open_split(path, dir, std::string("the ") + name + " split");
+    if (split->rows > 0 && split->features != store.train.features)
+      throw InputError(path + ": the " + name + " split has " + std::to_string(split->features) +
+                       " features, expected " + std::to_string(store.train.features) +
+                       " as the training split");
+  }
+  if (attributes.is_object() && attributes.contains("num_classes")) {
+    const nlohmann::json& n = attributes["num_classes"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 256)
+      throw InputError(path + ": attribute num_classes is " + n.dump() +
+                       ", expected an integer from 1 to 256");
+    store.num_classes = n.get<int>();
+  }
+  return store;
+}
+
+Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what) {
+  if (split.rows == 0) return Dataset(PixelType::UInt8, 0, split.features, num_classes);
+  const zarr::ArrayMeta& im = split.images.meta();
+  const zarr::ArrayMeta& lm = split.labels.meta();
+  const PixelType type = im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
+  if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
+    throw InputError(what + ": images are " + zarr::dtype_name(im.dtype) +
+                     ", expected uint8 or float32 (" + split.images.path() + ")");
+  Dataset d(type, split.rows, split.features, num_classes);
+  const size_t esize = zarr::dtype_size(im.dtype);
+  const std::vector<int64_t> igrid = im.grid(), lgrid = lm.grid();
+  const int64_t image_chunks = chunk_count(igrid), label_chunks = chunk_count(lgrid);
+  const int64_t jobs = image_chunks + label_chunks;
+  const int threads = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(ThreadPool::available_cores(), jobs)));
+  ThreadPool pool(threads);
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  pool.run([&](int) {
+    try {
+      std::vector<uint8_t> buffer;
+      for (int64_t j; !failed.load(std::memory_order_relaxed) && (j = next.fetch_add(1)) < jobs;) {
+        if (j < image_chunks) {
+          buffer.resize(im.chunk_bytes());
+          const std::vector<int64_t> index = chunk_index_of(igrid, j);
+          split.images.read_chunk(index, buffer.data());
+          const ChunkLayout layout = chunk_layout(im, index);
+          for (int64_t r = 0; r < layout.rows; ++r) {
+            const uint8_t* src = buffer.data() + size_t(r * layout.chunk_row_elements) * esize;
+            uint8_t* dst = d.pixel_data() + size_t((layout.row_begin + r) * split.features) * esize;
+            for (const auto& run : layout.runs)
+              std::memcpy(dst + size_t(run.feature) * esize, src + size_t(run.chunk_offset) * esize,
+                          size_t(run.length) * esize);
+          }
+        } else {
+          buffer.resize(lm.chunk_bytes());
+          const std::vector<int64_t> index = chunk_index_of(lgrid, j - image_chunks);
+          split.labels.read_chunk(index, buffer.data());
+          const ChunkLayout layout = chunk_layout(lm, index);
+          const int64_t first = layout.row_begin;
+          uint8_t* dst = d.label_data() + first;
+          const std::string& p = split.labels.path();
+          const void* b = buffer.data();
+          switch (lm.dtype) {
+            case zarr::DType::UInt8: convert_labels(static_cast<const uint8_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::Int8: convert_labels(static_cast<const int8_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::UInt16: convert_labels(static_cast<const uint16_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::Int16: convert_labels(static_cast<const int16_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::UInt32: convert_labels(static_cast<const uint32_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::Int32: convert_labels(static_cast<const int32_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::UInt64: convert_labels(static_cast<const uint64_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            case zarr::DType::Int64: convert_labels(static_cast<const int64_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
+            default:
+              throw InputError(what + ": labels are " + zarr::dtype_name(lm.dtype) +
+                               ", expected integers (" + p + ")");
+          }
+        }
+      }
+    } catch (...) {
+      failed.store(true);
+      throw;
+    }
+  });
+  return d;
+}
+
+}  // namespace tandem

@@ -1,0 +1,57 @@
+// Data sets persisted as Zarr groups: `images` [rows, features] and `labels` [rows] for the
+// training split, and the same pair under `validation/` and `test/`; provenance in the root
+// group's attributes. `tandem prepare` writes them, `tandem inspect` and training read them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tandem/dataset.h"
+#include "zarr/zarr_array.h"
+
+namespace tandem {
+
+struct StoreWriteOptions {
+  zarr::Format format = zarr::Format::V3;
+  PixelType pixel_type = PixelType::UInt8;  // float32 mirrors the seed (pixels scaled to [0,1])
+  int64_t chunk_rows = 10000;
+  zarr::Compressor compressor;  // default: none
+  int copies = 1;               // the training split is repeated this many times, as the seed does
+  bool overwrite = false;
+  // Called now and then with (rows written, rows in total) over all splits.
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+// Writes `splits` as a dataset store at `out`. It is written under a temporary name beside `out`
+// and renamed into place when complete, so an interrupted run leaves no store that looks
+// complete. Memory stays bounded by a few chunks however many copies are asked for. Refuses an
+// existing `out` unless options.overwrite. `provenance` goes into the root attributes.
+void write_dataset_store(const DataSplits& splits, const std::string& out,
+                         const StoreWriteOptions& options, const nlohmann::json& provenance);
+
+// An opened dataset store: the arrays of each split.
+struct DatasetStore {
+  struct Split {
+    zarr::Array images;  // [rows, features] (or [rows, h, w], flattened by readers)
+    zarr::Array labels;  // [rows], any integer dtype with values < num_classes
+    int64_t rows = 0;
+    int64_t features = 0;
+  };
+  std::string path;
+  nlohmann::json attributes;
+  Split train;
+  Split validation;  // rows == 0 when the store has none
+  Split test;        // rows == 0 when the store has none
+  int num_classes = 10;
+
+  // Opens and checks a store (InputError naming the path and the problem).
+  static DatasetStore open(const std::string& path);
+  static bool looks_like_store(const std::string& path);  // a Zarr group is at path
+};
+
+// Reads a whole split into memory (for validation/test evaluation and small stores).
+Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what);
+
+}  // namespace tandem

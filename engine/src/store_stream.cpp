@@ -1,0 +1,32 @@
+// The public entry points to dataset stores: detection, evaluation splits, the training stream.
+#include "chunk_manager.h"
+#include "dataset_store.h"
+
+namespace tandem {
+
+bool is_dataset_store(const std::string& path) { return DatasetStore::looks_like_store(path); }
+
+DataSplits load_store_eval_splits(const std::string& path) {
+  const DatasetStore store = DatasetStore::open(path);
+  DataSplits splits;
+  splits.source = path;
+  if (store.validation.rows > 0)
+    splits.validation = read_split(store.validation, store.num_classes, path + " (validation)");
+  if (store.test.rows > 0) splits.test = read_split(store.test, store.num_classes, path + " (test)");
+  return splits;
+}
+
+std::unique_ptr<BatchStream> open_store_stream(const std::string& path, const StreamOptions& o) {
+  const DatasetStore store = DatasetStore::open(path);
+  ChunkManagerOptions options;
+  options.batch_rows = o.batch_rows;
+  options.shuffle = o.shuffle;
+  options.seed = o.seed;
+  options.shard_index = o.shard_index;
+  options.shard_count = o.shard_count;
+  options.readers = o.readers;
+  options.memory_budget = o.memory_budget;
+  return std::make_unique<ChunkManager>(store.train, store.num_classes, options);
+}
+
+}  // namespace tandem

@@ -1,0 +1,480 @@
+// Zarr arrays and groups on the local filesystem: finding and reading metadata, chunk keys, chunk
+// files, and atomic writes. Metadata parsing lives in zarr_metadata.cpp, codecs in
+// zarr_codecs.cpp.
+#include "zarr/zarr_array.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <utility>
+
+#include "tandem/error.h"
+#include "zarr/zarr_metadata.h"
+
+namespace tandem::zarr {
+namespace {
+
+// Chunk bytes go between memory and disk unswapped, and Tandem's Zarr data is little-endian.
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "Zarr I/O needs a little-endian host");
+#else
+#error "cannot tell this compiler's byte order; Zarr I/O needs a little-endian host"
+#endif
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// Owns a file descriptor so that every throw closes it.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now and returns close()'s result: some filesystems report failed writes only here.
+  int close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// Unlinks the temporary file on every failure path, so a failed write leaves nothing behind.
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  ~TempFileGuard() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  void dismiss() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+[[noreturn]] void io_error(const std::string& action, const std::string& path, int err) {
+  throw IoError("cannot " + action + " '" + path + "': " + std::strerror(err));
+}
+
+[[noreturn]] void store_error(const std::string& store, const std::string& problem) {
+  throw InputError("zarr store '" + store + "': " + problem);
+}
+
+// "dir/" and "dir" name the same store; messages and keys use the form without the slash.
+std::string normalize(const std::string& path) {
+  if (path.empty()) throw InputError("zarr store '': empty path; expected a directory");
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Reads exactly n bytes; a short file is the caller's kind of corruption (`what`).
+void read_exact(int fd, void* buf, size_t n, const std::string& path, const std::string& what) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) io_error("read", path, errno);
+    if (got == 0) throw InputError(what + ": file ended early (was it changed while being read?)");
+    p += got;
+    n -= size_t(got);
+  }
+}
+
+void write_all(int fd, const void* buf, size_t n, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) io_error("write", path, errno);
+    p += put;
+    n -= size_t(put);
+  }
+}
+
+// Makes a rename durable; without this a crash can bring back the old directory entry.
+void fsync_directory(const std::string& dir, const std::string& path) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
+    throw IoError("cannot fsync directory '" + dir + "' after writing '" + path +
+                  "' (the new file may not survive a crash): " + std::strerror(errno));
+  }
+}
+
+// `mkdir -p`. Concurrent writers may race to create the same directory: EEXIST is success.
+void make_directories(const std::string& path) {
+  // Each prefix ending before a '/' (a leading '/' is skipped), then the whole path.
+  for (size_t pos = 0; pos != std::string::npos;) {
+    pos = path.find('/', pos + 1);
+    const std::string prefix = path.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) == 0) continue;
+    const int err = errno;
+    struct stat st {};
+    if (err != EEXIST) io_error("create directory", prefix, err);
+    if (::stat(prefix.c_str(), &st) != 0) io_error("stat", prefix, errno);
+    if (!S_ISDIR(st.st_mode)) {
+      throw InputError("cannot create directory '" + prefix + "': a file of that name exists");
+    }
+  }
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return true;
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  io_error("stat", path, errno);
+}
+
+// The data is always fsynced before the rename, so a crash cannot publish an empty or torn file.
+// The directory is fsynced after it (the rename itself survives a crash) for metadata only.
+enum class Durability { Data, DataAndDirectory };
+
+// Writes through "<path>.tmp-<pid>-<tid>" and a rename, so readers see the old file or the new
+// one, never part of one, and two threads or processes never share a temporary file.
+void write_file_atomic(const std::string& path, const void* data, size_t size,
+                       Durability durability) {
+  const std::string tmp =
+      path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(::gettid());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) io_error("create", tmp, errno);
+  TempFileGuard guard(tmp);
+  write_all(fd.get(), data, size, tmp);
+  if (::fsync(fd.get()) != 0) io_error("fsync", tmp, errno);
+  if (fd.close() != 0) io_error("close", tmp, errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) io_error("rename '" + tmp + "' over", path, errno);
+  guard.dismiss();
+  if (durability == Durability::DataAndDirectory) fsync_directory(parent_directory(path), path);
+}
+
+// A metadata document as zarr-python formats it (indented), written atomically and durably.
+template <typename Json>
+void write_metadata(const std::string& store, const std::string& name, const Json& doc) {
+  std::string text;
+  try {
+    text = doc.dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    detail::metadata_error(store, name, std::string("attributes cannot be written as JSON (") +
+                                            e.what() + ")");
+  }
+  write_file_atomic(store + "/" + name, text.data(), text.size(), Durability::DataAndDirectory);
+}
+
+// The text of the store's metadata file `name`, or nullopt when there is none.
+std::optional<std::string> read_metadata_file(const std::string& store, const std::string& name) {
+  const std::string path = store + "/" + name;
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
+    io_error("open", path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat", path, errno);
+  if (!S_ISREG(st.st_mode)) detail::metadata_error(store, name, "not a regular file");
+  if (uint64_t(st.st_size) > detail::kMaxMetadataBytes) {
+    detail::metadata_error(store, name, "file is " + std::to_string(st.st_size) +
+                                            " bytes; expected at most " +
+                                            std::to_string(detail::kMaxMetadataBytes));
+  }
+  std::string text(size_t(st.st_size), '\0');
+  read_exact(fd.get(), text.data(), text.size(), path,
+             "zarr store '" + store + "', metadata '" + name + "'");
+  return text;
+}
+
+// Parses a metadata file with `parse`; a JSON library exception escaping the field checks would
+// be a bug there, but still becomes an InputError naming the file rather than a stray exception.
+template <typename Parse>
+auto parse_guarded(const std::string& store, const std::string& name, Parse parse) {
+  try {
+    return parse();
+  } catch (const nlohmann::json::exception& e) {
+    detail::metadata_error(store, name, std::string("unexpected JSON structure (") + e.what() + ")");
+  }
+}
+
+json read_attributes_v2(const std::string& store) {
+  const auto text = read_metadata_file(store, ".zattrs");
+  if (!text) return json::object();
+  return detail::parse_metadata_text(store, ".zattrs", *text);  // checks it is an object
+}
+
+// Fills a chunk with the fill value converted to the element type, copying the first element
+// forward in doubling blocks (chunks are large and `out` may be unaligned for T).
+template <typename T>
+void fill_typed(uint8_t* out, size_t elements, double value) {
+  if (elements == 0) return;
+  const T v = static_cast<T>(value);
+  std::memcpy(out, &v, sizeof v);
+  const size_t total = elements * sizeof v;
+  for (size_t filled = sizeof v; filled < total;) {
+    const size_t n = std::min(filled, total - filled);
+    std::memcpy(out + filled, out, n);
+    filled += n;
+  }
+}
+
+void fill_chunk(const ArrayMeta& meta, uint8_t* out) {
+  const size_t n = meta.chunk_elements();
+  switch (meta.dtype) {
+    case DType::UInt8: return fill_typed<uint8_t>(out, n, meta.fill_value);
+    case DType::Int8: return fill_typed<int8_t>(out, n, meta.fill_value);
+    case DType::UInt16: return fill_typed<uint16_t>(out, n, meta.fill_value);
+    case DType::Int16: return fill_typed<int16_t>(out, n, meta.fill_value);
+    case DType::UInt32: return fill_typed<uint32_t>(out, n, meta.fill_value);
+    case DType::Int32: return fill_typed<int32_t>(out, n, meta.fill_value);
+    case DType::UInt64: return fill_typed<uint64_t>(out, n, meta.fill_value);
+    case DType::Int64: return fill_typed<int64_t>(out, n, meta.fill_value);
+    case DType::Float32: return fill_typed<float>(out, n, meta.fill_value);
+    case DType::Float64: return fill_typed<double>(out, n, meta.fill_value);
+  }
+}
+
+std::string index_text(const std::vector<int64_t>& index) {
+  std::string s = "[";
+  for (size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
+  return s + "]";
+}
+
+// Refuses to create a node over an existing one (any of `names`): mixing an old array's chunks
+// into new data would be silent corruption.
+void refuse_existing(const std::string& store, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (file_exists(store + "/" + name)) {
+      store_error(store, std::string("already holds a Zarr node ('") + name +
+                             "'); expected a new or empty directory");
+    }
+  }
+}
+
+}  // namespace
+
+Array Array::open(const std::string& path) {
+  Array a;
+  a.path_ = normalize(path);
+  const std::string& store = a.path_;
+  if (const auto v3 = read_metadata_file(store, "zarr.json")) {
+    a.meta_ = parse_guarded(store, "zarr.json", [&] {
+      return detail::parse_v3_array(store, detail::parse_metadata_text(store, "zarr.json", *v3));
+    });
+  } else if (const auto v2 = read_metadata_file(store, ".zarray")) {
+    a.meta_ = parse_guarded(store, ".zarray", [&] {
+      return detail::parse_v2_array(store, detail::parse_metadata_text(store, ".zarray", *v2));
+    });
+    a.meta_.attributes = read_attributes_v2(store);
+  } else if (file_exists(store + "/.zgroup")) {
+    store_error(store, "is a Zarr group, not an array");
+  } else {
+    store_error(store, "no Zarr array here (neither zarr.json nor .zarray); expected an array "
+                       "written by zarr-python, dask or Tandem");
+  }
+  return a;
+}
+
+Array Array::create(const std::string& path, const ArrayMeta& meta) {
+  Array a;
+  a.path_ = normalize(path);
+  a.meta_ = meta;
+  const std::string& store = a.path_;
+  detail::check_array_meta(store, meta.format == Format::V3 ? "zarr.json" : ".zarray", meta);
+  make_directories(store);
+  refuse_existing(store, {"zarr.json", ".zarray", ".zgroup"});
+  if (meta.format == Format::V3) {
+    write_metadata(store, "zarr.json", detail::v3_array_json(meta));
+  } else {
+    // Attributes first: once .zarray appears the array is complete. Always written, so no stale
+    // .zattrs from an earlier attempt survives.
+    write_metadata(store, ".zattrs", meta.attributes);
+    write_metadata(store, ".zarray", detail::v2_array_json(meta));
+  }
+  return a;
+}
+
+std::string Array::chunk_key(const std::vector<int64_t>& index) const {
+  const std::vector<int64_t> grid = meta_.grid();
+  bool inside = index.size() == grid.size();
+  for (size_t i = 0; inside && i < index.size(); ++i) inside = index[i] >= 0 && index[i] < grid[i];
+  if (!inside) {
+    store_error(path_, "chunk index " + index_text(index) + " is outside the chunk grid " +
+                           index_text(grid) + "; expected " + std::to_string(grid.size()) +
+                           " indices each below the grid's");
+  }
+  const std::string sep(1, meta_.separator);
+  // v3 default encoding: "c" then each index after a separator ("c" alone for 0-d arrays).
+  if (meta_.format == Format::V3 && meta_.v3_default_key_encoding) {
+    std::string key = "c";
+    for (const int64_t i : index) key += sep + std::to_string(i);
+    return key;
+  }
+  // v2 (and the v3 "v2" encoding): indices joined by the separator, "0" for 0-d arrays.
+  if (index.empty()) return "0";
+  std::string key;
+  for (size_t i = 0; i < index.size(); ++i) key += (i ? sep : "") + std::to_string(index[i]);
+  return key;
+}
+
+bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
+  const std::string key = chunk_key(index);
+  const std::string file = path_ + "/" + key;
+  const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
+  const size_t size = meta_.chunk_bytes();
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    // zarr-python and dask leave out chunks that hold only the fill value.
+    if (errno == ENOENT) {
+      fill_chunk(meta_, out);
+      return false;
+    }
+    io_error("open", file, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat", file, errno);
+  if (!S_ISREG(st.st_mode)) throw InputError(what + ": not a regular file");
+  const uint64_t stored = uint64_t(st.st_size);
+  // The file size is checked before anything is allocated for it: a huge file is corrupt.
+  const size_t limit = detail::max_stored_size(meta_.compressor, size);
+  if (stored > limit) {
+    throw InputError(what + ": chunk file is " + std::to_string(stored) + " bytes; expected at most " +
+                     std::to_string(limit) + " for a " + std::to_string(size) + "-byte chunk (" +
+                     meta_.compressor.describe() + ")");
+  }
+  if (meta_.compressor.kind == Compressor::Kind::None) {
+    if (stored != size) {
+      throw InputError(what + ": uncompressed chunk is " + std::to_string(stored) +
+                       " bytes; expected " + std::to_string(size) + " bytes (the chunk size)");
+    }
+    read_exact(fd.get(), out, size, file, what);
+    return true;
+  }
+  std::vector<uint8_t> data(stored);
+  read_exact(fd.get(), data.data(), data.size(), file, what);
+  decompress(meta_.compressor, data.data(), data.size(), out, size, what);
+  return true;
+}
+
+void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const {
+  const std::string key = chunk_key(index);
+  const std::string file = path_ + "/" + key;
+  if (key.find('/') != std::string::npos) make_directories(parent_directory(file));
+  const size_t size = meta_.chunk_bytes();
+  // The chunk's data is fsynced but not its directory: one directory fsync per chunk would cost
+  // as much again, and a store's publisher syncs every directory once before publishing it
+  // (dataset_store.cpp, sync_tree), after which no chunk can be lost or torn by a crash.
+  if (meta_.compressor.kind == Compressor::Kind::None) {
+    write_file_atomic(file, data, size, Durability::Data);
+    return;
+  }
+  const std::vector<uint8_t> stored = compress(meta_.compressor, data, size, dtype_size(meta_.dtype));
+  write_file_atomic(file, stored.data(), stored.size(), Durability::Data);
+}
+
+void Array::set_attributes(const nlohmann::json& attributes) {
+  if (!attributes.is_object()) {
+    store_error(path_, "attributes must be a JSON object; got " + attributes.dump());
+  }
+  if (meta_.format == Format::V2) {
+    write_metadata(path_, ".zattrs", attributes);
+  } else {
+    // Rewrites zarr.json keeping every other field (and their order) as it is on disk.
+    const auto text = read_metadata_file(path_, "zarr.json");
+    if (!text) store_error(path_, "zarr.json has disappeared; expected the array's metadata");
+    detail::parse_metadata_text(path_, "zarr.json", *text);  // depth and syntax checks
+    ordered_json doc = ordered_json::parse(*text);
+    doc["attributes"] = attributes;
+    write_metadata(path_, "zarr.json", doc);
+  }
+  meta_.attributes = attributes;
+}
+
+void Group::create(const std::string& path, Format format, const nlohmann::json& attributes) {
+  const std::string store = normalize(path);
+  if (!attributes.is_object()) {
+    store_error(store, "group attributes must be a JSON object; got " + attributes.dump());
+  }
+  make_directories(store);
+  // Re-creating a group rewrites its attributes; an array there is refused.
+  refuse_existing(store, {".zarray"});
+  if (const auto text = read_metadata_file(store, "zarr.json")) {
+    const json doc = detail::parse_metadata_text(store, "zarr.json", *text);
+    if (doc.value("node_type", json()) != "group") {
+      store_error(store, "already holds a Zarr array (zarr.json); expected a group or nothing");
+    }
+  }
+  if (format == Format::V3) {
+    ordered_json doc;
+    doc["zarr_format"] = 3;
+    doc["node_type"] = "group";
+    doc["attributes"] = attributes;
+    write_metadata(store, "zarr.json", doc);
+  } else {
+    write_metadata(store, ".zattrs", attributes);
+    write_metadata(store, ".zgroup", ordered_json{{"zarr_format", 2}});
+  }
+}
+
+std::pair<Format, nlohmann::json> Group::open(const std::string& path) {
+  const std::string store = normalize(path);
+  if (const auto text = read_metadata_file(store, "zarr.json")) {
+    return parse_guarded(store, "zarr.json", [&] {
+      const json doc = detail::parse_metadata_text(store, "zarr.json", *text);
+      const json format = doc.value("zarr_format", json());
+      if (format != 3) {
+        detail::metadata_error(store, "zarr.json", "\"zarr_format\" is " + format.dump() +
+                                                       "; expected 3");
+      }
+      const json node_type = doc.value("node_type", json());
+      if (node_type != "group") {
+        detail::metadata_error(store, "zarr.json", "node_type is " + node_type.dump() +
+                                                       "; expected \"group\"");
+      }
+      const json attributes = doc.value("attributes", json::object());
+      if (!attributes.is_object()) {
+        detail::metadata_error(store, "zarr.json", "\"attributes\" is not a JSON object");
+      }
+      return std::make_pair(Format::V3, attributes);
+    });
+  }
+  if (const auto text = read_metadata_file(store, ".zgroup")) {
+    const json doc = detail::parse_metadata_text(store, ".zgroup", *text);
+    if (doc.value("zarr_format", json()) != 2) {
+      detail::metadata_error(store, ".zgroup", "\"zarr_format\" is not 2; expected 2");
+    }
+    return {Format::V2, read_attributes_v2(store)};
+  }
+  if (file_exists(store + "/.zarray")) store_error(store, "is a Zarr array, not a group");
+  store_error(store, "no Zarr group here (neither zarr.json nor .zgroup)");
+}
+
+bool Group::exists(const std::string& path) {
+  const std::string store = normalize(path);
+  if (file_exists(store + "/.zgroup")) return true;
+  try {
+    const auto text = read_metadata_file(store, "zarr.json");
+    if (!text) return false;
+    const json doc = detail::parse_metadata_text(store, "zarr.json", *text);
+    return doc.value("node_type", json()) == "group";
+  } catch (const InputError&) {
+    return false;  // unreadable metadata is not a group; Group::open says what is wrong
+  }
+}
+
+}  // namespace tandem::zarr

@@ -1,0 +1,101 @@
+// Zarr arrays and groups on a local filesystem, formats v2 and v3: the persisted chunk store.
+// Compatible with what dask.array.to_zarr and zarr-python write (C order, little-endian), so data
+// can be prepared in Dask and trained on in Tandem, and the other way round.
+//
+// Scope: C-order arrays of fixed-size little-endian numbers; compressors none, zstd and blosc
+// (v2 `compressor`, v3 `codecs` = [bytes, zstd|blosc]); v2 chunk keys "i.j" or "i/j", v3 keys
+// "c/i/j" (default chunk_key_encoding) or "i.j"/"i/j" (v2 encoding); missing chunks read as
+// fill_value. Everything else (F order, big-endian, filters, sharding, transposes) is refused
+// with an InputError naming the store, and the key where one is involved.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace tandem::zarr {
+
+enum class Format { V2 = 2, V3 = 3 };
+
+enum class DType { UInt8, Int8, UInt16, Int16, UInt32, Int32, UInt64, Int64, Float32, Float64 };
+size_t dtype_size(DType type);
+const char* dtype_name(DType type);  // "uint8", "float32", ... (v3 names)
+DType parse_dtype_name(const std::string& name);  // v3 name; InputError otherwise
+
+struct Compressor {
+  enum class Kind { None, Zstd, Blosc };
+  Kind kind = Kind::None;
+  int level = 3;                   // zstd level, or blosc clevel
+  std::string blosc_cname = "lz4";  // blosc: lz4, lz4hc, zstd, blosclz, zlib
+  int blosc_shuffle = 1;           // blosc: 0 none, 1 byte, 2 bit
+  int blosc_blocksize = 0;         // blosc: 0 = automatic
+
+  // "none", "zstd", "zstd:5", "blosc-lz4", "blosc-zstd:5", ... (what `tandem prepare --compressor`
+  // takes); InputError naming the text otherwise.
+  static Compressor parse(const std::string& text);
+  std::string describe() const;
+};
+
+struct ArrayMeta {
+  Format format = Format::V3;
+  DType dtype = DType::UInt8;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> chunks;
+  Compressor compressor;
+  double fill_value = 0.0;           // numbers only (NaN allowed for floats)
+  char separator = '/';              // v2: '.' (zarr's default) or '/'; v3: '/' (c/i/j) or as v2 encoding
+  bool v3_default_key_encoding = true;  // v3: "c/i/j" (default) or the "v2" encoding
+  nlohmann::json attributes = nlohmann::json::object();
+
+  size_t chunk_elements() const;  // product of chunks
+  size_t chunk_bytes() const;     // chunk_elements() * dtype size
+  std::vector<int64_t> grid() const;  // chunks per dimension, ceil(shape / chunks)
+};
+
+class Array {
+ public:
+  // Reads the metadata at `path` (v2 .zarray + .zattrs, or v3 zarr.json) and checks it is
+  // self-consistent and supported. InputError naming the path otherwise.
+  static Array open(const std::string& path);
+  // Creates the directory and writes the metadata (refuses an existing array at `path`).
+  static Array create(const std::string& path, const ArrayMeta& meta);
+
+  const ArrayMeta& meta() const { return meta_; }
+  const std::string& path() const { return path_; }
+
+  // The chunk's key relative to the array ("0.3", "0/3", "c/0/3").
+  std::string chunk_key(const std::vector<int64_t>& index) const;
+  // Decompresses chunk `index` into `out` (chunk_bytes(), C order, the full chunk even at the
+  // edge). A missing chunk is filled with fill_value and false returned. InputError naming the
+  // store and key for a corrupt chunk or one of the wrong decompressed size. Thread-safe.
+  bool read_chunk(const std::vector<int64_t>& index, uint8_t* out) const;
+  // Compresses and writes a full chunk (chunk_bytes(); edge chunks padded by the caller) through a
+  // temporary file and rename. Safe for different chunks from different threads.
+  void write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const;
+  // Updates the attributes (v2 .zattrs, v3 zarr.json).
+  void set_attributes(const nlohmann::json& attributes);
+
+ private:
+  std::string path_;
+  ArrayMeta meta_;
+};
+
+// A group: a directory with .zgroup (+ .zattrs) in v2, or zarr.json with node_type "group" in v3.
+struct Group {
+  static void create(const std::string& path, Format format,
+                     const nlohmann::json& attributes = nlohmann::json::object());
+  // The group's format and attributes; InputError if `path` is not a group.
+  static std::pair<Format, nlohmann::json> open(const std::string& path);
+  static bool exists(const std::string& path);  // a v2 or v3 group is at path
+};
+
+// Raw codec entry points (also used by benchmarks): decompress `in` into exactly `out_size`
+// bytes, throwing InputError with `what` in the message when the data is corrupt or not exactly
+// that size.
+std::vector<uint8_t> compress(const Compressor& c, const uint8_t* data, size_t size,
+                              size_t type_size);
+void decompress(const Compressor& c, const uint8_t* in, size_t in_size, uint8_t* out,
+                size_t out_size, const std::string& what);
+
+}  // namespace tandem::zarr

@@ -1,0 +1,282 @@
+// Chunk compression for Zarr stores: none, zstd (libzstd) and blosc (c-blosc 1.x). Decompression
+// treats every stored byte as hostile: the sizes a header declares are checked against the size
+// the array's metadata says a chunk has before anything is decompressed, and the output buffer is
+// never larger than that size.
+#include <blosc.h>
+#include <zstd.h>
+
+#include <charconv>
+#include <cstring>
+#include <memory>
+
+#include "tandem/error.h"
+#include "zarr/zarr_array.h"
+#include "zarr/zarr_metadata.h"
+
+namespace tandem::zarr {
+namespace {
+
+constexpr int kDefaultZstdLevel = 3;   // zstd's own default
+constexpr int kDefaultBloscLevel = 5;  // numcodecs' and zarr-python's default clevel
+
+[[noreturn]] void corrupt(const std::string& what, const std::string& problem) {
+  throw InputError(what + ": " + problem);
+}
+
+// A strict integer: optional '-', digits, nothing else (std::stoi would accept "5x").
+bool parse_int(const std::string& text, int& value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+const char* shuffle_suffix(int shuffle) {
+  switch (shuffle) {
+    case BLOSC_NOSHUFFLE: return "-noshuffle";
+    case BLOSC_BITSHUFFLE: return "-bitshuffle";
+    default: return "";  // byte shuffle is the default and needs no suffix
+  }
+}
+
+// "lz4", "lz4-noshuffle", "zstd-bitshuffle", ... into cname and shuffle.
+bool parse_blosc_name(const std::string& text, Compressor& c) {
+  const size_t dash = text.find('-');
+  c.blosc_cname = text.substr(0, dash);
+  c.blosc_shuffle = BLOSC_SHUFFLE;
+  if (dash == std::string::npos) return !c.blosc_cname.empty();
+  const std::string shuffle = text.substr(dash + 1);
+  if (shuffle == "shuffle") return true;
+  if (shuffle == "noshuffle") c.blosc_shuffle = BLOSC_NOSHUFFLE;
+  else if (shuffle == "bitshuffle") c.blosc_shuffle = BLOSC_BITSHUFFLE;
+  else return false;
+  return true;
+}
+
+// The blosc compressors this build of libblosc has. Not blosc_list_compressors(): it fills a
+// static buffer on first use, a data race when chunks are checked on several threads.
+std::string available_blosc_compressors() {
+  std::string list;
+  for (const char* name : {"blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd"}) {
+    if (blosc_compname_to_compcode(name) >= 0) list += (list.empty() ? "" : ", ") + std::string(name);
+  }
+  return list;
+}
+
+// One decompression context per thread: creating one per chunk costs more than small chunks'
+// decompression, and a context must not be shared between threads.
+ZSTD_DCtx* thread_dctx() {
+  struct Free {
+    void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+  };
+  thread_local std::unique_ptr<ZSTD_DCtx, Free> dctx(ZSTD_createDCtx());
+  if (!dctx) throw Error("zstd: cannot create a decompression context (out of memory)");
+  return dctx.get();
+}
+
+std::vector<uint8_t> compress_zstd(const Compressor& c, const uint8_t* data, size_t size) {
+  std::vector<uint8_t> out(ZSTD_compressBound(size));
+  const size_t n = ZSTD_compress(out.data(), out.size(), data, size, c.level);
+  if (ZSTD_isError(n)) throw Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  out.resize(n);
+  return out;
+}
+
+std::vector<uint8_t> compress_blosc(const Compressor& c, const uint8_t* data, size_t size,
+                                    size_t type_size) {
+  if (size > BLOSC_MAX_BUFFERSIZE) {
+    throw InputError("blosc compression: " + std::to_string(size) + " bytes is more than blosc's " +
+                     std::to_string(BLOSC_MAX_BUFFERSIZE) + "-byte limit; expected smaller chunks");
+  }
+  if (type_size == 0 || type_size > BLOSC_MAX_TYPESIZE) {
+    throw Error("blosc compression: type size " + std::to_string(type_size) +
+                " is out of range; expected 1 to " + std::to_string(BLOSC_MAX_TYPESIZE));
+  }
+  // With room for the header blosc always succeeds: it stores incompressible data verbatim.
+  std::vector<uint8_t> out(size + BLOSC_MAX_OVERHEAD);
+  // The _ctx form keeps no global state, so chunks can be compressed on several threads; one
+  // internal thread because the callers parallelise over chunks.
+  const int n = blosc_compress_ctx(c.level, c.blosc_shuffle, type_size, size, data, out.data(),
+                                   out.size(), c.blosc_cname.c_str(), size_t(c.blosc_blocksize), 1);
+  if (n <= 0) {
+    throw Error("blosc compression with '" + c.blosc_cname + "' failed (code " +
+                std::to_string(n) + ")");
+  }
+  out.resize(size_t(n));
+  return out;
+}
+
+void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size,
+                     const std::string& what) {
+  const std::string expected = "; expected " + std::to_string(out_size) + " bytes (the chunk size)";
+  const unsigned long long declared = ZSTD_getFrameContentSize(in, in_size);
+  if (declared == ZSTD_CONTENTSIZE_ERROR) {
+    corrupt(what, "not a zstd frame (bad magic number or truncated frame header); expected zstd "
+                  "data of " + std::to_string(out_size) + " bytes");
+  }
+  // Frames written by zstd's one-shot API (numcodecs, zarr-python) declare their size; reject a
+  // wrong one before decompressing. Streamed frames may not: the bounded output buffer and the
+  // final size check below cover those.
+  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != out_size) {
+    corrupt(what, "zstd frame declares " + std::to_string(declared) + " bytes" + expected);
+  }
+  // Decompresses straight into `out`: one-shot decompression allocates no window, so no frame
+  // header can make it allocate; content checksums, when present, are verified here.
+  const size_t got = ZSTD_decompressDCtx(thread_dctx(), out, out_size, in, in_size);
+  if (ZSTD_isError(got)) {
+    corrupt(what, std::string("zstd data is corrupt or too large (") + ZSTD_getErrorName(got) +
+                      ")" + expected);
+  }
+  if (got != out_size) {
+    corrupt(what, "zstd data decompresses to " + std::to_string(got) + " bytes" + expected);
+  }
+}
+
+void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size,
+                      const std::string& what) {
+  const std::string expected = "; expected " + std::to_string(out_size) + " bytes (the chunk size)";
+  if (in_size < BLOSC_MIN_HEADER_LENGTH) {
+    corrupt(what, "blosc data is " + std::to_string(in_size) + " bytes, shorter than the " +
+                      std::to_string(BLOSC_MIN_HEADER_LENGTH) + "-byte blosc header; expected a "
+                      "blosc buffer of " + std::to_string(out_size) + " bytes");
+  }
+  // The header's sizes first (it reads only the 16 header bytes, present as checked above): the
+  // compressed size must be the whole chunk file and the decompressed size the chunk's size.
+  size_t nbytes = 0, cbytes = 0, blocksize = 0;
+  blosc_cbuffer_sizes(in, &nbytes, &cbytes, &blocksize);
+  if (cbytes != in_size) {
+    corrupt(what, "blosc header gives " + std::to_string(cbytes) +
+                      " compressed bytes but the data is " + std::to_string(in_size) +
+                      " bytes (corrupt, truncated or an unsupported blosc format version); "
+                      "expected the two to agree");
+  }
+  if (nbytes != out_size) {
+    corrupt(what, "blosc header gives " + std::to_string(nbytes) + " decompressed bytes" + expected);
+  }
+  // blosc's own check that the block offsets inside the buffer are consistent: the library
+  // promises decompression is safe to attempt only after it passes.
+  size_t validated = 0;
+  if (blosc_cbuffer_validate(in, in_size, &validated) != 0 || validated != out_size) {
+    corrupt(what, "blosc header is inconsistent (blosc_cbuffer_validate failed)" + expected);
+  }
+  const int got = blosc_decompress_ctx(in, out, out_size, 1);
+  if (got < 0 || size_t(got) != out_size) {
+    corrupt(what, "blosc data is corrupt (decompression returned " + std::to_string(got) + ")" +
+                      expected);
+  }
+}
+
+}  // namespace
+
+Compressor Compressor::parse(const std::string& text) {
+  const auto fail = [&](const std::string& problem) -> InputError {
+    return InputError("compressor '" + text + "': " + problem +
+                      "; expected none, zstd[:LEVEL] or blosc-CNAME[-SHUFFLE][:LEVEL] with CNAME "
+                      "lz4, lz4hc, blosclz, zstd or zlib and SHUFFLE shuffle, noshuffle or "
+                      "bitshuffle");
+  };
+  const size_t colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  Compressor c;
+  if (name == "none") {
+    if (colon != std::string::npos) throw fail("'none' takes no level");
+    return c;
+  }
+  if (name == "zstd") {
+    c.kind = Kind::Zstd;
+    c.level = kDefaultZstdLevel;
+  } else if (name.rfind("blosc-", 0) == 0) {
+    c.kind = Kind::Blosc;
+    c.level = kDefaultBloscLevel;
+    if (!parse_blosc_name(name.substr(6), c)) throw fail("unknown blosc compressor or shuffle");
+  } else {
+    throw fail("unknown compressor");
+  }
+  if (colon != std::string::npos && !parse_int(text.substr(colon + 1), c.level)) {
+    throw fail("the level is not an integer");
+  }
+  const std::string problem = detail::compressor_problem(c);
+  if (!problem.empty()) throw fail(problem);
+  return c;
+}
+
+std::string Compressor::describe() const {
+  switch (kind) {
+    case Kind::None: return "none";
+    case Kind::Zstd: return "zstd:" + std::to_string(level);
+    case Kind::Blosc:
+      return "blosc-" + blosc_cname + shuffle_suffix(blosc_shuffle) + ":" + std::to_string(level);
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+std::string compressor_problem(const Compressor& c) {
+  switch (c.kind) {
+    case Compressor::Kind::None: return "";
+    case Compressor::Kind::Zstd:
+      if (c.level < ZSTD_minCLevel() || c.level > ZSTD_maxCLevel()) {
+        return "zstd level " + std::to_string(c.level) + " is out of range " +
+               std::to_string(ZSTD_minCLevel()) + " to " + std::to_string(ZSTD_maxCLevel());
+      }
+      return "";
+    case Compressor::Kind::Blosc:
+      // compname_to_compcode also says whether this build of the library has the compressor.
+      if (blosc_compname_to_compcode(c.blosc_cname.c_str()) < 0) {
+        return "blosc compressor '" + c.blosc_cname + "' is not available; expected one this " +
+               "libblosc has: " + available_blosc_compressors();
+      }
+      if (c.level < 0 || c.level > 9) {
+        return "blosc clevel " + std::to_string(c.level) + " is out of range 0 to 9";
+      }
+      if (c.blosc_shuffle < BLOSC_NOSHUFFLE || c.blosc_shuffle > BLOSC_BITSHUFFLE) {
+        return "blosc shuffle " + std::to_string(c.blosc_shuffle) + " is not 0, 1 or 2";
+      }
+      if (c.blosc_blocksize < 0) {
+        return "blosc blocksize " + std::to_string(c.blosc_blocksize) + " is negative";
+      }
+      return "";
+  }
+  return "unknown compressor kind";
+}
+
+size_t max_stored_size(const Compressor& c, size_t chunk_bytes) {
+  switch (c.kind) {
+    case Compressor::Kind::None: return chunk_bytes;
+    case Compressor::Kind::Zstd: return ZSTD_compressBound(chunk_bytes);
+    case Compressor::Kind::Blosc: return chunk_bytes + BLOSC_MAX_OVERHEAD;
+  }
+  return chunk_bytes;
+}
+
+}  // namespace detail
+
+std::vector<uint8_t> compress(const Compressor& c, const uint8_t* data, size_t size,
+                              size_t type_size) {
+  const std::string problem = detail::compressor_problem(c);
+  if (!problem.empty()) throw InputError("compressor '" + c.describe() + "': " + problem);
+  switch (c.kind) {
+    case Compressor::Kind::None: return std::vector<uint8_t>(data, data + size);
+    case Compressor::Kind::Zstd: return compress_zstd(c, data, size);
+    case Compressor::Kind::Blosc: return compress_blosc(c, data, size, type_size);
+  }
+  throw Error("unknown compressor kind");
+}
+
+void decompress(const Compressor& c, const uint8_t* in, size_t in_size, uint8_t* out,
+                size_t out_size, const std::string& what) {
+  switch (c.kind) {
+    case Compressor::Kind::None:
+      if (in_size != out_size) {
+        corrupt(what, "uncompressed chunk is " + std::to_string(in_size) + " bytes; expected " +
+                          std::to_string(out_size) + " bytes (the chunk size)");
+      }
+      if (out_size > 0) std::memcpy(out, in, out_size);
+      return;
+    case Compressor::Kind::Zstd: return decompress_zstd(in, in_size, out, out_size, what);
+    case Compressor::Kind::Blosc: return decompress_blosc(in, in_size, out, out_size, what);
+  }
+  throw Error(what + ": unknown compressor kind");
+}
+
+}  // namespace tandem::zarr

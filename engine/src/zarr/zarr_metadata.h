@@ -1,0 +1,52 @@
+// Internal to the Zarr module: metadata documents (v2 .zarray, v3 zarr.json) to and from
+// ArrayMeta, and the checks every array passes whether it is opened or created. Kept apart from
+// zarr_array.cpp so the file I/O there stays short; not part of the engine's interface.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "zarr/zarr_array.h"
+
+namespace tandem::zarr::detail {
+
+// Metadata files larger than this are corruption, not metadata (attributes included).
+constexpr size_t kMaxMetadataBytes = 16u << 20;
+// Deeper JSON is not metadata any writer produces; refusing it keeps parsing and dumping shallow.
+constexpr int kMaxJsonDepth = 64;
+// NumPy's historical dimension limit; more dimensions than this is a corrupt shape.
+constexpr size_t kMaxDimensions = 32;
+// One chunk must fit blosc's buffer limit (INT_MAX - 16), whatever its compressor, so any array
+// can be recompressed with any compressor and no chunk asks for an absurd allocation.
+constexpr size_t kMaxChunkBytes = 2147483647u - 16u;
+
+// Throws InputError("zarr store '<store>', metadata '<file>': <problem>").
+[[noreturn]] void metadata_error(const std::string& store, const std::string& file,
+                                 const std::string& problem);
+
+// Parses metadata text: bad JSON, too deep or not an object is an InputError naming the file.
+nlohmann::json parse_metadata_text(const std::string& store, const std::string& file,
+                                   const std::string& text);
+
+// The array described by a v2 .zarray document (attributes come from .zattrs separately) or a v3
+// zarr.json document (node_type "array"), checked with check_array_meta.
+ArrayMeta parse_v2_array(const std::string& store, const nlohmann::json& zarray);
+ArrayMeta parse_v3_array(const std::string& store, const nlohmann::json& zarr_json);
+
+// Shape, chunks, dtype, fill value, compressor and key encoding are supported and consistent,
+// and no size overflows; InputError naming the store and `file` otherwise.
+void check_array_meta(const std::string& store, const std::string& file, const ArrayMeta& meta);
+
+// The metadata documents written for `meta` (v2: .zarray without attributes; v3: zarr.json).
+nlohmann::ordered_json v2_array_json(const ArrayMeta& meta);
+nlohmann::ordered_json v3_array_json(const ArrayMeta& meta);
+
+// Describes a Compressor's problem (unsupported name, level out of range), or "" if it is fine.
+std::string compressor_problem(const Compressor& c);
+
+// The largest stored chunk `c` can produce from `chunk_bytes` bytes: a larger chunk file is
+// corrupt, and refusing it before reading keeps memory bounded by the chunk size.
+size_t max_stored_size(const Compressor& c, size_t chunk_bytes);
+
+}  // namespace tandem::zarr::detail

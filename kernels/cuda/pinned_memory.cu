@@ -1,0 +1,46 @@
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "cuda_device.h"
+#include "pinned_memory.h"
+#include <stdexcept>
+
+namespace tandem::kernels {
+
+namespace {
+constexpr size_t kPage = 4096;
+
+void* page_aligned(size_t bytes) {
+  void* p = std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+PinnedAllocation pinned_alloc(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (cuda_device_count() == 0) return {page_aligned(bytes), false};
+  void* p = nullptr;
+  const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string("cudaHostAlloc(") + std::to_string(bytes) + " bytes) failed: " +
+                cudaGetErrorString(status) + " (" __FILE__ ")");
+  return {p, true};
+}
+
+void pinned_free(const PinnedAllocation& allocation) noexcept {
+  if (allocation.data == nullptr) return;
+  if (!allocation.page_locked) {
+    std::free(allocation.data);
+    return;
+  }
+  const cudaError_t status = cudaFreeHost(allocation.data);
+  if (status != cudaSuccess)  // destructors log instead of throwing
+    std::fprintf(stderr, "tandem: cudaFreeHost failed: %s\n", cudaGetErrorString(status));
+}
+
+}  // namespace tandem::kernels

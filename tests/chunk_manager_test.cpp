@@ -1,0 +1,237 @@
+// The chunk manager against the rows it must produce: order, shuffling, sharding, memory budget,
+// column-chunked stores, errors, cancellation, and training from a stream equal to training from
+// memory.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "chunk_manager.h"
+#include "tandem/tandem.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+// Writes `data`'s pixels as images [rows, features] chunked (chunk_rows, chunk_cols) and its
+// labels as int64 [rows] chunked (label_chunk), like a Dask-written store would be.
+DatasetStore::Split write_split(const std::string& dir, const Dataset& data, int64_t chunk_rows,
+                                int64_t chunk_cols, int64_t label_chunk, zarr::Format format) {
+  const int64_t rows = data.rows(), features = data.features();
+  const size_t px = data.pixel_type() == PixelType::UInt8 ? 1 : 4;
+  zarr::ArrayMeta images;
+  images.format = format;
+  images.dtype = px == 1 ? zarr::DType::UInt8 : zarr::DType::Float32;
+  images.shape = {rows, features};
+  images.chunks = {chunk_rows, chunk_cols};
+  images.compressor = zarr::Compressor::parse("zstd");
+  const zarr::Array image_array = zarr::Array::create(dir + "/images", images);
+  std::vector<uint8_t> chunk(images.chunk_bytes());
+  for (int64_t r = 0; r * chunk_rows < rows; ++r)
+    for (int64_t c = 0; c * chunk_cols < features; ++c) {
+      std::fill(chunk.begin(), chunk.end(), 0);
+      for (int64_t i = 0; i < chunk_rows && r * chunk_rows + i < rows; ++i)
+        for (int64_t j = 0; j < chunk_cols && c * chunk_cols + j < features; ++j)
+          std::memcpy(&chunk[(i * chunk_cols + j) * px],
+                      data.pixel_data() + ((r * chunk_rows + i) * features + c * chunk_cols + j) * px, px);
+      image_array.write_chunk({r, c}, chunk.data());
+    }
+  zarr::ArrayMeta labels;
+  labels.format = format;
+  labels.dtype = zarr::DType::Int64;
+  labels.shape = {rows};
+  labels.chunks = {label_chunk};
+  const zarr::Array label_array = zarr::Array::create(dir + "/labels", labels);
+  std::vector<int64_t> label_chunk_data(static_cast<size_t>(label_chunk));
+  for (int64_t k = 0; k * label_chunk < rows; ++k) {
+    for (int64_t i = 0; i < label_chunk; ++i)
+      label_chunk_data[i] = k * label_chunk + i < rows ? data.label_data()[k * label_chunk + i] : 0;
+    label_array.write_chunk({k}, reinterpret_cast<const uint8_t*>(label_chunk_data.data()));
+  }
+  DatasetStore::Split split{zarr::Array::open(dir + "/images"), zarr::Array::open(dir + "/labels"), rows, features};
+  return split;
+}
+
+// A row's identity: its pixels and label as one string, to compare row multisets.
+using RowKey = std::string;
+RowKey row_key(const DatasetView& v, int64_t r) {
+  const size_t bytes = static_cast<size_t>(v.features) * v.pixel_bytes();
+  RowKey key(static_cast<const char*>(v.pixels) + r * bytes, bytes);
+  key.push_back(static_cast<char>(v.labels[r]));
+  return key;
+}
+
+std::vector<RowKey> epoch_rows(ChunkManager& cm, int64_t epoch, std::vector<int64_t>* batch_sizes = nullptr) {
+  std::vector<RowKey> rows;
+  cm.start_epoch(epoch);
+  DatasetView batch;
+  while (cm.next(batch)) {
+    if (batch_sizes) batch_sizes->push_back(batch.rows);
+    for (int64_t r = 0; r < batch.rows; ++r) rows.push_back(row_key(batch, r));
+  }
+  return rows;
+}
+
+struct Fixture {
+  test::TempDir dir;
+  Dataset data = test::random_dataset(PixelType::UInt8, 413, 24, 10, 3);
+  std::vector<RowKey> all_rows() const {
+    std::vector<RowKey> rows;
+    for (int64_t r = 0; r < data.rows(); ++r) rows.push_back(row_key(data.view(), r));
+    return rows;
+  }
+};
+
+TEST(ChunkManager, InOrderBatchesSpanChunks) {
+  for (zarr::Format format : {zarr::Format::V2, zarr::Format::V3}) {
+    Fixture f;
+    const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 64, format);
+    ChunkManagerOptions o;
+    o.batch_rows = 37;
+    o.shuffle = false;
+    ChunkManager cm(split, 10, o);
+    EXPECT_EQ(cm.rows_per_epoch(), 413);
+    std::vector<int64_t> sizes;
+    EXPECT_EQ(epoch_rows(cm, 0, &sizes), f.all_rows());
+    EXPECT_EQ(sizes.size(), 12u);  // 11 x 37 + 6
+    EXPECT_EQ(sizes.back(), 413 - 11 * 37);
+  }
+}
+
+TEST(ChunkManager, ColumnChunkedStoresAreAssembled) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 64, 7, 100, zarr::Format::V2);
+  ChunkManagerOptions o;
+  o.batch_rows = 100;
+  o.shuffle = false;
+  ChunkManager cm(split, 10, o);
+  EXPECT_EQ(epoch_rows(cm, 0), f.all_rows());
+}
+
+TEST(ChunkManager, ShuffleIsAPermutationPerEpochAndRepeatable) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
+  ChunkManagerOptions o;
+  o.batch_rows = 64;
+  o.seed = 9;
+  ChunkManager a(split, 10, o), b(split, 10, o);
+  const auto e0 = epoch_rows(a, 0), e1 = epoch_rows(a, 1);
+  EXPECT_EQ(epoch_rows(b, 0), e0) << "same seed and epoch, same order";
+  EXPECT_NE(e0, e1) << "another epoch, another order";
+  EXPECT_NE(e0, f.all_rows());
+  auto sorted = [](std::vector<RowKey> v) { std::sort(v.begin(), v.end()); return v; };
+  EXPECT_EQ(sorted(e0), sorted(f.all_rows()));
+  EXPECT_EQ(sorted(e1), sorted(f.all_rows()));
+}
+
+TEST(ChunkManager, ShardsSplitTheBatchSequence) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
+  std::vector<RowKey> together;
+  int64_t rows = 0;
+  for (int shard = 0; shard < 3; ++shard) {
+    ChunkManagerOptions o;
+    o.batch_rows = 30;
+    o.shard_index = shard;
+    o.shard_count = 3;
+    o.shuffle = false;
+    ChunkManager cm(split, 10, o);
+    rows += cm.rows_per_epoch();
+    std::vector<int64_t> sizes;
+    const auto mine = epoch_rows(cm, 0, &sizes);
+    EXPECT_EQ(static_cast<int64_t>(mine.size()), cm.rows_per_epoch());
+    // Batch b of the whole sequence belongs to shard b % 3.
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t b = shard + 3 * static_cast<int64_t>(k);
+      const auto all = f.all_rows();
+      for (int64_t r = 0; r < sizes[k]; ++r)
+        EXPECT_EQ(mine[k * 30 + r], all[b * 30 + r]) << "shard " << shard << " batch " << b;
+    }
+    together.insert(together.end(), mine.begin(), mine.end());
+  }
+  EXPECT_EQ(rows, 413);
+  std::sort(together.begin(), together.end());
+  auto all = f.all_rows();
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(together, all);
+}
+
+TEST(ChunkManager, TinyMemoryBudgetAndOneReaderStillStream) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 20, 24, 413, zarr::Format::V3);
+  ChunkManagerOptions o;
+  o.batch_rows = 7;
+  o.shuffle = false;
+  o.memory_budget = 1;
+  o.readers = 1;
+  o.ring_slots = 2;
+  ChunkManager cm(split, 10, o);
+  EXPECT_EQ(epoch_rows(cm, 0), f.all_rows());
+}
+
+TEST(ChunkManager, CorruptChunkSurfacesInTheConsumer) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
+  const std::string key = f.dir.file("s") + "/images/c/3/0";
+  ASSERT_TRUE(std::filesystem::exists(key));
+  { std::ofstream(key, std::ios::binary | std::ios::trunc) << "not zstd at all"; }
+  ChunkManagerOptions o;
+  o.batch_rows = 64;
+  o.shuffle = false;
+  ChunkManager cm(split, 10, o);
+  try {
+    epoch_rows(cm, 0);
+    FAIL() << "expected an error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("c/3/0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChunkManager, CancelsMidEpochAndRestarts) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 10, 24, 413, zarr::Format::V3);
+  ChunkManagerOptions o;
+  o.batch_rows = 5;
+  o.shuffle = false;
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    ChunkManager cm(split, 10, o);
+    cm.start_epoch(0);
+    DatasetView batch;
+    ASSERT_TRUE(cm.next(batch));
+    if (repeat % 2) {
+      cm.start_epoch(0);  // restart mid-epoch: a whole fresh epoch follows
+      std::vector<RowKey> rows;
+      while (cm.next(batch))
+        for (int64_t r = 0; r < batch.rows; ++r) rows.push_back(row_key(batch, r));
+      EXPECT_EQ(rows, f.all_rows());
+    }
+  }  // destroyed mid-epoch on even repeats: must not hang
+}
+
+TEST(ChunkManager, TrainingFromTheStreamEqualsTrainingFromMemory) {
+  Fixture f;
+  Dataset data = test::separable_dataset(400, 40, 4, 5);
+  const auto split = write_split(f.dir.file("s"), data, 64, 40, 400, zarr::Format::V3);
+  TrainConfig c;
+  c.model = ModelConfig::parse("40-16-4");
+  c.backend = BackendKind::Cpu;
+  c.batch = 32;
+  c.epochs = 2;
+  c.threads = 2;
+  c.shuffle = false;
+  Trainer from_memory(c), from_stream(c);
+  const TrainSummary a = from_memory.fit(data.view(), data.view(), {});
+  ChunkManagerOptions o;
+  o.batch_rows = 32;
+  o.shuffle = false;
+  ChunkManager stream(split, 4, o);
+  const TrainSummary b = from_stream.fit(stream, data.view(), {});
+  EXPECT_EQ(a.validation.loss_sum, b.validation.loss_sum);
+  EXPECT_EQ(a.samples, b.samples);
+  const Model ma = from_memory.model(), mb = from_stream.model();
+  for (size_t i = 0; i < ma.parameters().size(); ++i)
+    EXPECT_EQ(ma.parameters()[i].values, mb.parameters()[i].values);
+}
+
+}  // namespace
+}  // namespace tandem

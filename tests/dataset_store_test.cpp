@@ -1,0 +1,573 @@
+// Dataset stores (tandem prepare's Zarr groups): written and read back byte for byte in both Zarr
+// formats, every compressor and both pixel types; refusal, overwrite and failure semantics;
+// column statistics against a float64 two-pass reference; corrupt chunks; PNG output.
+#include <gtest/gtest.h>
+#include <png.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "array_stats.h"
+#include "dataset_store.h"
+#include "png_writer.h"
+#include "tandem/error.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+DataSplits small_splits(PixelType type = PixelType::UInt8) {
+  DataSplits s;
+  s.train = test::random_dataset(type, 137, 12, 10, 11);
+  s.validation = test::random_dataset(type, 23, 12, 10, 12);
+  s.test = test::random_dataset(type, 31, 12, 10, 13);
+  s.source = "synthetic";
+  return s;
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The bytes row `r` of the stored split should hold: source row r % rows, converted as written.
+void expect_split_equals(const Dataset& got, const Dataset& source, int copies, PixelType stored) {
+  ASSERT_EQ(got.rows(), source.rows() * copies);
+  ASSERT_EQ(got.features(), source.features());
+  ASSERT_EQ(got.pixel_type(), stored);
+  const int64_t f = source.features();
+  for (int64_t r = 0; r < got.rows(); ++r) {
+    const int64_t s = r % source.rows();
+    ASSERT_EQ(got.label_data()[r], source.label_data()[s]) << "row " << r;
+    if (stored == source.pixel_type()) {
+      const size_t bytes = size_t(f) * (stored == PixelType::UInt8 ? 1 : 4);
+      ASSERT_EQ(std::memcmp(got.pixel_data() + size_t(r) * bytes,
+                            source.pixel_data() + size_t(s) * bytes, bytes),
+                0)
+          << "row " << r;
+    } else {  // uint8 source stored as float32
+      const auto* px = reinterpret_cast<const float*>(got.pixel_data());
+      for (int64_t j = 0; j < f; ++j) {
+        const float want = float(source.pixel_data()[s * f + j]) * (1.0f / 255.0f);
+        ASSERT_EQ(std::memcmp(&px[r * f + j], &want, 4), 0) << "row " << r << " feature " << j;
+      }
+    }
+  }
+}
+
+struct RoundTripCase {
+  zarr::Format format;
+  const char* compressor;
+  PixelType type;
+};
+
+class StoreRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(StoreRoundTrip, EveryByteReadsBack) {
+  const RoundTripCase c = GetParam();
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  const std::string out = dir.file("store.zarr");
+  StoreWriteOptions o;
+  o.format = c.format;
+  o.pixel_type = c.type;
+  o.chunk_rows = 50;
+  o.copies = 3;
+  o.compressor = zarr::Compressor::parse(c.compressor);
+  int64_t last_done = -1, last_total = -1, calls = 0;
+  o.progress = [&](int64_t done, int64_t total) {
+    EXPECT_GE(done, last_done);
+    last_done = done;
+    last_total = total;
+    ++calls;
+  };
+  write_dataset_store(splits, out, o, {{"source", "synthetic"}, {"image_shape", {3, 4}}});
+  EXPECT_EQ(last_done, 137 * 3 + 23 + 31);
+  EXPECT_EQ(last_total, 137 * 3 + 23 + 31);
+  EXPECT_GE(calls, 2);
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});  // nothing partial
+
+  const DatasetStore store = DatasetStore::open(out);
+  EXPECT_EQ(store.train.rows, 411);
+  EXPECT_EQ(store.validation.rows, 23);
+  EXPECT_EQ(store.test.rows, 31);
+  EXPECT_EQ(store.train.features, 12);
+  EXPECT_EQ(store.num_classes, 10);
+  EXPECT_EQ(store.attributes["tandem_dataset"], 1);
+  EXPECT_EQ(store.attributes["copies"], 3);
+  EXPECT_EQ(store.attributes["source"], "synthetic");
+  EXPECT_EQ(store.attributes["image_shape"], nlohmann::json({3, 4}));
+  EXPECT_EQ(store.attributes["pixel_dtype"], c.type == PixelType::UInt8 ? "uint8" : "float32");
+  EXPECT_EQ(store.train.images.meta().chunks, (std::vector<int64_t>{50, 12}));
+  EXPECT_EQ(store.validation.images.meta().chunks, (std::vector<int64_t>{23, 12}));
+  EXPECT_EQ(store.train.images.meta().compressor.describe(), o.compressor.describe());
+  EXPECT_EQ(int(store.train.images.meta().format), int(c.format));
+
+  expect_split_equals(read_split(store.train, store.num_classes, "train"), splits.train, 3, c.type);
+  expect_split_equals(read_split(store.validation, store.num_classes, "validation"),
+                      splits.validation, 1, c.type);
+  expect_split_equals(read_split(store.test, store.num_classes, "test"), splits.test, 1, c.type);
+}
+
+std::vector<RoundTripCase> round_trip_cases() {
+  std::vector<RoundTripCase> cases;
+  for (zarr::Format f : {zarr::Format::V2, zarr::Format::V3})
+    for (const char* comp : {"none", "zstd", "zstd:7", "blosc-lz4", "blosc-zstd", "blosc-zstd:5"})
+      for (PixelType t : {PixelType::UInt8, PixelType::Float32}) cases.push_back({f, comp, t});
+  return cases;
+}
+
+std::string case_name(const ::testing::TestParamInfo<RoundTripCase>& info) {
+  std::string name = std::string("v") + (info.param.format == zarr::Format::V2 ? "2" : "3") + "_" +
+                     info.param.compressor + "_" +
+                     (info.param.type == PixelType::UInt8 ? "uint8" : "float32");
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, StoreRoundTrip, ::testing::ValuesIn(round_trip_cases()),
+                         case_name);
+
+TEST(DatasetStore, Float32SourceIsStoredAsIs) {
+  TempDir dir;
+  const DataSplits splits = small_splits(PixelType::Float32);
+  StoreWriteOptions o;
+  o.pixel_type = PixelType::Float32;
+  o.chunk_rows = 40;
+  write_dataset_store(splits, dir.file("s"), o, nlohmann::json::object());
+  const DatasetStore store = DatasetStore::open(dir.file("s"));
+  expect_split_equals(read_split(store.train, 10, "train"), splits.train, 1, PixelType::Float32);
+  // A float32 source cannot be narrowed to uint8.
+  o.pixel_type = PixelType::UInt8;
+  EXPECT_THROW(write_dataset_store(splits, dir.file("t"), o, nullptr), InputError);
+  EXPECT_FALSE(fs::exists(dir.file("t")));
+}
+
+TEST(DatasetStore, SquareFeaturesGiveASquareImageShape) {
+  TempDir dir;
+  DataSplits s;
+  s.train = test::random_dataset(PixelType::UInt8, 10, 16, 10, 3);
+  s.validation = Dataset(PixelType::UInt8, 0, 16, 10);
+  s.test = Dataset(PixelType::UInt8, 0, 16, 10);
+  write_dataset_store(s, dir.file("s"), {}, nullptr);
+  const DatasetStore store = DatasetStore::open(dir.file("s"));
+  EXPECT_EQ(store.attributes["image_shape"], nlohmann::json({4, 4}));
+  EXPECT_EQ(store.validation.rows, 0);
+  EXPECT_EQ(read_split(store.test, 10, "test").rows(), 0);
+  // An image shape that does not describe the features is refused.
+  EXPECT_THROW(write_dataset_store(s, dir.file("t"), {}, {{"image_shape", {3, 4}}}), InputError);
+}
+
+TEST(DatasetStore, RefusesAnExistingOut) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  const std::string out = dir.file("store.zarr");
+  write_dataset_store(splits, out, {}, nullptr);
+  try {
+    write_dataset_store(splits, out, {}, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(out), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+  }
+  // A file or a directory that is not a store is refused even with overwrite.
+  std::ofstream(dir.file("file")) << "x";
+  StoreWriteOptions o;
+  o.overwrite = true;
+  EXPECT_THROW(write_dataset_store(splits, dir.file("file"), o, nullptr), InputError);
+  fs::create_directory(dir.file("notes"));
+  std::ofstream(dir.file("notes/a.txt")) << "keep me";
+  EXPECT_THROW(write_dataset_store(splits, dir.file("notes"), o, nullptr), InputError);
+  EXPECT_TRUE(fs::exists(dir.file("notes/a.txt")));
+}
+
+TEST(DatasetStore, OverwriteReplacesTheStore) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  const std::string out = dir.file("store.zarr");
+  StoreWriteOptions o;
+  o.format = zarr::Format::V2;
+  write_dataset_store(splits, out, o, nullptr);
+  o.overwrite = true;
+  o.copies = 2;
+  o.format = zarr::Format::V3;  // a v2 store replaced by a v3 one: no v2 file may survive
+  write_dataset_store(splits, out, o, nullptr);
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
+  EXPECT_FALSE(fs::exists(out + "/.zgroup"));
+  const DatasetStore store = DatasetStore::open(out);
+  EXPECT_EQ(store.train.rows, 274);
+  expect_split_equals(read_split(store.train, 10, "train"), splits.train, 2, PixelType::UInt8);
+}
+
+TEST(DatasetStore, FailureMidWriteLeavesNothingAtOut) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  const std::string out = dir.file("store.zarr");
+  StoreWriteOptions o;
+  o.chunk_rows = 20;
+  o.progress = [](int64_t done, int64_t) {
+    if (done > 0) throw IoError("injected failure");
+  };
+  EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), IoError);
+  EXPECT_TRUE(entries(dir.path()).empty()) << entries(dir.path())[0];
+
+  // With overwrite, the old store survives a failed replacement untouched.
+  StoreWriteOptions first;
+  write_dataset_store(splits, out, first, nullptr);
+  o.overwrite = true;
+  o.copies = 5;
+  EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), IoError);
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
+  const DatasetStore store = DatasetStore::open(out);
+  EXPECT_EQ(store.train.rows, 137);
+  expect_split_equals(read_split(store.train, 10, "train"), splits.train, 1, PixelType::UInt8);
+}
+
+TEST(DatasetStore, RefusesBadOptions) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  StoreWriteOptions o;
+  o.chunk_rows = 0;
+  EXPECT_THROW(write_dataset_store(splits, dir.file("a"), o, nullptr), InputError);
+  o.chunk_rows = 10;
+  o.copies = 0;
+  EXPECT_THROW(write_dataset_store(splits, dir.file("a"), o, nullptr), InputError);
+  EXPECT_TRUE(entries(dir.path()).empty());
+}
+
+// A store written by hand the way Dask or zarr-python might: other chunkings and dtypes.
+void write_array(const zarr::Array& a, const std::vector<uint8_t>& data, size_t esize) {
+  const zarr::ArrayMeta& m = a.meta();
+  const std::vector<int64_t> grid = m.grid();
+  std::vector<uint8_t> chunk(m.chunk_bytes());
+  const int64_t features = matrix_features(m);
+  for (int64_t c = 0; c < chunk_count(grid); ++c) {
+    const std::vector<int64_t> index = chunk_index_of(grid, c);
+    const ChunkLayout layout = chunk_layout(m, index);
+    std::fill(chunk.begin(), chunk.end(), 0xAB);  // padding is never read
+    for (int64_t r = 0; r < layout.rows; ++r)
+      for (const auto& run : layout.runs)
+        std::memcpy(chunk.data() + size_t(r * layout.chunk_row_elements + run.chunk_offset) * esize,
+                    data.data() + size_t((layout.row_begin + r) * features + run.feature) * esize,
+                    size_t(run.length) * esize);
+    a.write_chunk(index, chunk.data());
+  }
+}
+
+zarr::ArrayMeta meta_of(zarr::Format f, zarr::DType t, std::vector<int64_t> shape,
+                        std::vector<int64_t> chunks, const char* compressor = "none") {
+  zarr::ArrayMeta m;
+  m.format = f;
+  m.dtype = t;
+  m.shape = std::move(shape);
+  m.chunks = std::move(chunks);
+  m.compressor = zarr::Compressor::parse(compressor);
+  m.separator = f == zarr::Format::V2 ? '.' : '/';
+  return m;
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(gen());
+  return v;
+}
+
+TEST(DatasetStore, ReadsColumnChunkingAnd3DImagesAndWideLabels) {
+  for (zarr::Format f : {zarr::Format::V2, zarr::Format::V3}) {
+    TempDir dir;
+    const std::string root = dir.file("hand.zarr");
+    zarr::Group::create(root, f, {{"num_classes", 7}});
+    const int64_t rows = 101;
+    // images [101, 5, 6] chunked (40, 2, 4): edges along every dimension.
+    const std::vector<uint8_t> pixels = random_bytes(size_t(rows * 30), 5);
+    write_array(zarr::Array::create(root + "/images", meta_of(f, zarr::DType::UInt8, {rows, 5, 6},
+                                                              {40, 2, 4}, "zstd")),
+                pixels, 1);
+    std::vector<int32_t> labels(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) labels[size_t(i)] = int32_t((i * 3) % 7);
+    std::vector<uint8_t> label_bytes(labels.size() * 4);
+    std::memcpy(label_bytes.data(), labels.data(), label_bytes.size());
+    write_array(zarr::Array::create(root + "/labels", meta_of(f, zarr::DType::Int32, {rows}, {30})),
+                label_bytes, 4);
+    // validation: float32 [20, 30] chunked along columns only.
+    zarr::Group::create(root + "/validation", f);
+    std::vector<float> vpix(20 * 30);
+    for (size_t i = 0; i < vpix.size(); ++i) vpix[i] = float(i) * 0.25f;
+    std::vector<uint8_t> vbytes(vpix.size() * 4);
+    std::memcpy(vbytes.data(), vpix.data(), vbytes.size());
+    write_array(zarr::Array::create(root + "/validation/images",
+                                    meta_of(f, zarr::DType::Float32, {20, 30}, {20, 7})),
+                vbytes, 4);
+    write_array(zarr::Array::create(root + "/validation/labels",
+                                    meta_of(f, zarr::DType::UInt8, {20}, {8})),
+                std::vector<uint8_t>(20, 6), 1);
+
+    const DatasetStore store = DatasetStore::open(root);
+    EXPECT_EQ(store.num_classes, 7);
+    EXPECT_EQ(store.train.features, 30);
+    EXPECT_EQ(store.test.rows, 0);
+    const Dataset train = read_split(store.train, store.num_classes, "train");
+    ASSERT_EQ(train.rows(), rows);
+    EXPECT_EQ(std::memcmp(train.pixel_data(), pixels.data(), pixels.size()), 0);
+    for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(train.label_data()[i], labels[size_t(i)]);
+    const Dataset val = read_split(store.validation, store.num_classes, "validation");
+    ASSERT_EQ(val.pixel_type(), PixelType::Float32);
+    EXPECT_EQ(std::memcmp(val.pixel_data(), vpix.data(), vbytes.size()), 0);
+
+    // Statistics and rows of the 3-D array agree with the flattened reference.
+    const ColumnStats st = column_stats(store.train.images, 3);
+    for (int64_t j = 0; j < 30; ++j) {
+      double sum = 0;
+      for (int64_t r = 0; r < rows; ++r) sum += pixels[size_t(r * 30 + j)];
+      EXPECT_NEAR(st.mean[size_t(j)], sum / double(rows), 1e-12);
+    }
+    const std::vector<double> row = read_matrix_row(store.train.images, 77);
+    for (int64_t j = 0; j < 30; ++j) EXPECT_EQ(row[size_t(j)], pixels[size_t(77 * 30 + j)]);
+    const IntegerHistogram h = integer_histogram(store.train.labels, 2);
+    EXPECT_EQ(h.count, rows);
+    EXPECT_EQ(h.min, 0);
+    EXPECT_EQ(h.max, 6);
+    EXPECT_EQ(h.counts.at(0), 15);  // i*3 % 7 == 0 for i = 0, 7, ..., 98
+  }
+}
+
+TEST(DatasetStore, LabelOutOfRangeNamesStoreIndexAndValue) {
+  TempDir dir;
+  const std::string root = dir.file("bad.zarr");
+  zarr::Group::create(root, zarr::Format::V3);
+  write_array(zarr::Array::create(root + "/images",
+                                  meta_of(zarr::Format::V3, zarr::DType::UInt8, {10, 4}, {4, 4})),
+              random_bytes(40, 1), 1);
+  std::vector<int16_t> labels = {0, 1, 2, 3, 4, 5, 6, -3, 8, 9};
+  std::vector<uint8_t> bytes(20);
+  std::memcpy(bytes.data(), labels.data(), 20);
+  write_array(zarr::Array::create(root + "/labels",
+                                  meta_of(zarr::Format::V3, zarr::DType::Int16, {10}, {4})),
+              bytes, 2);
+  const DatasetStore store = DatasetStore::open(root);
+  try {
+    read_split(store.train, 10, root + " train");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(root), std::string::npos) << m;
+    EXPECT_NE(m.find("index 7"), std::string::npos) << m;
+    EXPECT_NE(m.find("-3"), std::string::npos) << m;
+  }
+}
+
+TEST(DatasetStore, OpenChecksShapesAndCounts) {
+  TempDir dir;
+  const std::string root = dir.file("s.zarr");
+  zarr::Group::create(root, zarr::Format::V2);
+  zarr::Array::create(root + "/images", meta_of(zarr::Format::V2, zarr::DType::UInt8, {10, 4}, {5, 4}));
+  zarr::Array::create(root + "/labels", meta_of(zarr::Format::V2, zarr::DType::UInt8, {9}, {5}));
+  try {
+    DatasetStore::open(root);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(root), std::string::npos) << m;
+    EXPECT_NE(m.find("10 images"), std::string::npos) << m;
+    EXPECT_NE(m.find("9 labels"), std::string::npos) << m;
+  }
+  EXPECT_THROW(DatasetStore::open(dir.file("missing")), InputError);
+  // Float labels are refused.
+  const std::string root2 = dir.file("t.zarr");
+  zarr::Group::create(root2, zarr::Format::V3);
+  zarr::Array::create(root2 + "/images", meta_of(zarr::Format::V3, zarr::DType::UInt8, {10, 4}, {5, 4}));
+  zarr::Array::create(root2 + "/labels", meta_of(zarr::Format::V3, zarr::DType::Float32, {10}, {5}));
+  EXPECT_THROW(DatasetStore::open(root2), InputError);
+  EXPECT_FALSE(DatasetStore::looks_like_store(dir.file("missing")));
+  EXPECT_TRUE(DatasetStore::looks_like_store(root2));
+}
+
+TEST(DatasetStore, CorruptChunkNamesStoreAndKey) {
+  for (const char* comp : {"zstd", "none", "blosc-lz4"}) {
+    TempDir dir;
+    const std::string out = dir.file("store.zarr");
+    StoreWriteOptions o;
+    o.chunk_rows = 50;
+    o.compressor = zarr::Compressor::parse(comp);
+    write_dataset_store(small_splits(), out, o, nullptr);
+    const std::string chunk = out + "/images/c/1/0";
+    ASSERT_TRUE(fs::exists(chunk)) << chunk;
+    std::ofstream(chunk, std::ios::binary | std::ios::trunc) << "this is not a chunk";
+    const DatasetStore store = DatasetStore::open(out);
+    try {
+      read_split(store.train, 10, "train");
+      FAIL() << "expected InputError for " << comp;
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(out), std::string::npos) << m;
+      EXPECT_NE(m.find("c/1/0"), std::string::npos) << m;
+    }
+    EXPECT_THROW(column_stats(store.train.images), InputError);
+  }
+}
+
+// Reference: float64 two-pass mean and population variance per column.
+void reference_stats(const std::vector<double>& x, int64_t rows, int64_t cols,
+                     std::vector<double>& mean, std::vector<double>& var) {
+  mean.assign(size_t(cols), 0.0);
+  var.assign(size_t(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) mean[size_t(j)] += x[size_t(r * cols + j)];
+  for (auto& m : mean) m /= double(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double d = x[size_t(r * cols + j)] - mean[size_t(j)];
+      var[size_t(j)] += d * d;
+    }
+  for (auto& v : var) v /= double(rows);
+}
+
+TEST(ArrayStats, MatchesTwoPassFloat64WithEdgeChunks) {
+  TempDir dir;
+  const int64_t rows = 1003, cols = 37;
+  for (zarr::DType t : {zarr::DType::UInt8, zarr::DType::Float32}) {
+    const std::string path = dir.file(std::string("a_") + zarr::dtype_name(t));
+    const zarr::Array a = zarr::Array::create(
+        path, meta_of(zarr::Format::V3, t, {rows, cols}, {97, 10}, "blosc-lz4"));
+    std::vector<double> x(size_t(rows * cols));
+    std::vector<uint8_t> bytes(x.size() * zarr::dtype_size(t));
+    std::mt19937 gen(42);
+    std::normal_distribution<float> normal(1000.0f, 3.0f);  // large mean, small spread
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (t == zarr::DType::UInt8) {
+        bytes[i] = static_cast<uint8_t>(gen());
+        x[i] = bytes[i];
+      } else {
+        const float v = (i % cols == 5) ? 7.0f : normal(gen);  // one constant column
+        std::memcpy(&bytes[i * 4], &v, 4);
+        x[i] = v;
+      }
+    }
+    write_array(a, bytes, zarr::dtype_size(t));
+    std::vector<double> mean, var;
+    reference_stats(x, rows, cols, mean, var);
+    const ColumnStats s1 = column_stats(a, 1);
+    const ColumnStats s4 = column_stats(a, 4);
+    ASSERT_EQ(s1.features, cols);
+    EXPECT_EQ(s1.rows, rows);
+    EXPECT_TRUE(test::all_close(s1.mean, mean, 0.0, 1e-12));
+    EXPECT_TRUE(test::all_close(s1.variance, var, 1e-12, 1e-9));
+    // The merge order is fixed by the shape: threads do not change a bit.
+    EXPECT_EQ(std::memcmp(s1.mean.data(), s4.mean.data(), size_t(cols) * 8), 0);
+    EXPECT_EQ(std::memcmp(s1.variance.data(), s4.variance.data(), size_t(cols) * 8), 0);
+    EXPECT_EQ(*std::min_element(x.begin(), x.end()), s4.min);
+    EXPECT_EQ(*std::max_element(x.begin(), x.end()), s4.max);
+    double all = 0;
+    for (double v : x) all += v;
+    EXPECT_NEAR(s4.overall_mean, all / double(x.size()), 1e-9 * std::fabs(all / double(x.size())));
+    if (t == zarr::DType::Float32) {
+      EXPECT_EQ(s4.variance[5], 0.0);
+    }
+  }
+}
+
+TEST(ArrayStats, RefusesOtherDtypesAndShapes) {
+  TempDir dir;
+  const zarr::Array a = zarr::Array::create(
+      dir.file("f64"), meta_of(zarr::Format::V2, zarr::DType::Float64, {4, 4}, {2, 2}));
+  EXPECT_THROW(column_stats(a), InputError);
+  const zarr::Array b = zarr::Array::create(
+      dir.file("labels"), meta_of(zarr::Format::V2, zarr::DType::UInt8, {4}, {2}));
+  EXPECT_THROW(column_stats(b), InputError);
+  EXPECT_THROW(integer_histogram(a), InputError);
+  EXPECT_THROW(read_matrix_row(b, 4), InputError);
+  // Missing chunks read as the fill value.
+  const IntegerHistogram h = integer_histogram(b);
+  EXPECT_EQ(h.count, 4);
+  EXPECT_EQ(h.counts.at(0), 4);
+}
+
+uint32_t big_endian(const unsigned char* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+
+TEST(PngWriter, WritesAValidScaledGrayscalePng) {
+  TempDir dir;
+  std::vector<double> image(28 * 28);
+  for (size_t i = 0; i < image.size(); ++i) image[i] = -3.0 + double(i) * 0.01;
+  const std::string path = dir.file("mean.png");
+  write_gray_png(path, image.data(), 28, 28);
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_GE(bytes.size(), 33u);
+  const unsigned char signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  EXPECT_EQ(std::memcmp(bytes.data(), signature, 8), 0);
+  EXPECT_EQ(std::memcmp(bytes.data() + 12, "IHDR", 4), 0);
+  EXPECT_EQ(big_endian(bytes.data() + 16), 280u);  // width
+  EXPECT_EQ(big_endian(bytes.data() + 20), 280u);  // height
+  EXPECT_EQ(bytes[24], 8);                         // bit depth
+  EXPECT_EQ(bytes[25], 0);                         // grayscale
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"mean.png"});
+
+  // Decoded: the minimum is black, the maximum white, each value a 10x10 block.
+  png_image decoded{};
+  decoded.version = PNG_IMAGE_VERSION;
+  ASSERT_TRUE(png_image_begin_read_from_file(&decoded, path.c_str()));
+  decoded.format = PNG_FORMAT_GRAY;
+  std::vector<uint8_t> px(PNG_IMAGE_SIZE(decoded));
+  ASSERT_TRUE(png_image_finish_read(&decoded, nullptr, px.data(), 0, nullptr));
+  EXPECT_EQ(px[0], 0);
+  EXPECT_EQ(px[9 * 280 + 9], 0);
+  EXPECT_EQ(px.back(), 255);
+  EXPECT_EQ(px[279 * 280 + 270], 255);
+  // Value i is round(0.01 i / 7.83 * 255): 8 for i = 26 (columns 260-269), 9 for i = 27.
+  EXPECT_EQ(px[269], 8);
+  EXPECT_EQ(px[270], 9);
+  EXPECT_EQ(px[9 * 280 + 279], 9);
+
+  // Float input with a given range and scale 1; a constant image is black.
+  std::vector<float> flat(6, 2.0f);
+  PngOptions o;
+  o.scale = 1;
+  write_gray_png(dir.file("flat.png"), flat.data(), 2, 3, o);
+  o.has_range = true;
+  o.lo = 0.0;
+  o.hi = 4.0;
+  write_gray_png(dir.file("ranged.png"), flat.data(), 2, 3, o);
+  png_image r{};
+  r.version = PNG_IMAGE_VERSION;
+  ASSERT_TRUE(png_image_begin_read_from_file(&r, dir.file("ranged.png").c_str()));
+  r.format = PNG_FORMAT_GRAY;
+  std::vector<uint8_t> rp(PNG_IMAGE_SIZE(r));
+  ASSERT_TRUE(png_image_finish_read(&r, nullptr, rp.data(), 0, nullptr));
+  EXPECT_EQ(r.width, 3u);
+  EXPECT_EQ(r.height, 2u);
+  EXPECT_EQ(rp[0], 128);
+}
+
+TEST(PngWriter, ErrorsNameTheFile) {
+  TempDir dir;
+  std::vector<double> image(4, 1.0);
+  const std::string path = dir.file("no/such/dir/x.png");
+  try {
+    write_gray_png(path, image.data(), 2, 2);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  PngOptions o;
+  o.scale = 0;
+  EXPECT_THROW(write_gray_png(dir.file("x.png"), image.data(), 2, 2, o), InputError);
+  EXPECT_THROW(write_gray_png(dir.file("x.png"), image.data(), 0, 2), InputError);
+  EXPECT_TRUE(entries(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Zarr interoperability between Tandem and zarr-python / dask (run by zarr_interop_test.sh).
+
+  zarr_interop.py versions
+      prints the zarr, dask and numpy versions this Python sees, as JSON
+  zarr_interop.py write DIR [--zarr-format N]
+      writes the known arrays into a group at DIR with dask.array.to_zarr and zarr's defaults
+      (compressor, fill value, key separator), and a 0-d array with zarr itself
+  zarr_interop.py check DIR TANDEM_DUMP [--format N]
+      reads every known array at DIR with zarr-python and checks it bit-exactly against the
+      known values, and against Tandem's reading of the same store (the JSON lines of
+      `zarr_tool dump DIR`): shape, dtype and the FNV-1a 64 hash of the logical bytes
+
+The known arrays mirror tests/zarr_tool.cpp: values are functions of the flat C-order index, the
+shapes leave partial edge chunks, and f32_sparse has NaN in every chunk whose index sum is odd.
+"""
+import argparse
+import json
+import math
+import sys
+
+import numpy as np
+
+# name: (dtype, shape, chunks)
+KNOWN = {
+    "u8": (np.uint8, (137, 129), (40, 32)),
+    "i64": (np.int64, (1001,), (250,)),
+    "f32": (np.float32, (5, 7, 9), (2, 3, 4)),
+    "f32_sparse": (np.float32, (10, 6), (4, 3)),
+    "scalar": (np.int64, (), ()),
+}
+WRITTEN_BY_DASK = ("u8", "i64", "f32", "f32_sparse")
+
+
+def expected(name):
+    """The logical contents of a known array (the same formulas as zarr_tool.cpp)."""
+    dtype, shape, chunks = KNOWN[name]
+    n = int(np.prod(shape, dtype=np.int64))
+    i = np.arange(n, dtype=np.int64)
+    if name == "u8":
+        values = (i * 7 + 3) % 256
+    elif name == "i64":
+        values = (i * 2654435761) % 1000003 - 500000
+    elif name == "f32":
+        values = i.astype(np.float64) * 0.25 - 100.0
+    elif name == "f32_sparse":
+        values = (i.astype(np.float64) * 0.5).reshape(shape)
+        rows, cols = np.indices(shape)
+        values[(rows // chunks[0] + cols // chunks[1]) % 2 == 1] = np.nan
+    else:
+        values = np.full(n, 42)
+    return np.asarray(values).astype(dtype).reshape(shape)
+
+
+def fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def zarr_major():
+    import zarr
+
+    return int(zarr.__version__.split(".")[0])
+
+
+def import_dask_array():
+    import dask.array as da
+
+    return da
+
+
+def versions():
+    import zarr
+
+    info = {"python": sys.version.split()[0], "zarr": zarr.__version__, "numpy": np.__version__}
+    try:
+        import_dask_array()
+        import dask
+
+        info["dask"] = dask.__version__
+    except Exception as e:  # noqa: BLE001 - report, do not fail: `check` needs no dask
+        info["dask"] = f"unavailable: {e}"
+    print(json.dumps(info))
+
+
+def write(store, zarr_format):
+    """The known arrays with dask's and zarr's defaults: only shape, chunks (from the dask
+    chunks) and, for f32_sparse, a NaN fill value are chosen."""
+    import zarr
+
+    da = import_dask_array()
+    v3 = zarr_major() >= 3
+    fmt = {} if zarr_format is None else {"zarr_format": zarr_format}
+    if v3:
+        zarr.open_group(store, mode="w", **fmt)
+    else:
+        if zarr_format not in (None, 2):
+            sys.exit(f"zarr {zarr.__version__} writes Zarr v2 only")
+        zarr.open_group(store, mode="w")
+    for name in WRITTEN_BY_DASK:
+        dtype, shape, chunks = KNOWN[name]
+        x = da.from_array(expected(name), chunks=chunks)
+        extra = {"fill_value": np.nan} if name == "f32_sparse" else {}
+        da.to_zarr(x, f"{store}/{name}", **fmt, **extra)
+    # dask has no 0-d chunks to store; zarr writes the 0-d array itself.
+    if v3:
+        z = zarr.create_array(f"{store}/scalar", shape=(), dtype="int64", **fmt)
+    else:
+        z = zarr.open_array(f"{store}/scalar", mode="w", shape=(), dtype="int64")
+    z[...] = 42
+
+
+def open_format(z):
+    """The Zarr format of an opened array, in zarr 2 and 3."""
+    if hasattr(z, "metadata") and hasattr(z.metadata, "zarr_format"):
+        return int(z.metadata.zarr_format)
+    return 2
+
+
+def describe(z):
+    """What compressor zarr-python sees (for the log: which defaults were written)."""
+    if zarr_major() >= 3:
+        return str(z.compressors if z.metadata.zarr_format == 2 else z.metadata.codecs)
+    return repr(z.compressor)
+
+
+def check(store, dump_path, expect_format):
+    import zarr
+
+    with open(dump_path, encoding="utf-8") as f:
+        tandem = {line["name"]: line for line in map(json.loads, filter(str.strip, f))}
+    problems = []
+    if sorted(tandem) != sorted(KNOWN):
+        problems.append(f"Tandem found arrays {sorted(tandem)}; expected {sorted(KNOWN)}")
+    for name in KNOWN:
+        where = f"{store}/{name}"
+        z = zarr.open_array(where, mode="r")
+        got = np.asarray(z[...])
+        want = expected(name)
+        # Bit-exact: bytes, so NaN payloads count and NaN == NaN.
+        if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+            problems.append(f"{where}: zarr {zarr.__version__} reads {got.dtype}{got.shape}, "
+                            f"not the known {want.dtype}{want.shape} values bit-exactly")
+            continue
+        if expect_format is not None and open_format(z) != expect_format:
+            problems.append(f"{where}: zarr sees format {open_format(z)}; expected {expect_format}")
+        t = tandem.get(name)
+        if t is None:
+            continue
+        digest = fnv1a64(got.astype(got.dtype.newbyteorder("<")).tobytes(order="C"))
+        total = float(np.nansum(got.astype(np.float64)))
+        mismatches = []
+        if tuple(t["shape"]) != got.shape:
+            mismatches.append(f"shape {t['shape']} vs {list(got.shape)}")
+        if np.dtype(t["dtype"]) != got.dtype:
+            mismatches.append(f"dtype {t['dtype']} vs {got.dtype}")
+        if t["fnv1a64"] != digest:
+            mismatches.append(f"hash {t['fnv1a64']} vs {digest}")
+        if not math.isclose(t["sum"], total, rel_tol=1e-12, abs_tol=1e-9):
+            mismatches.append(f"sum {t['sum']} vs {total}")
+        if expect_format is not None and t["format"] != expect_format:
+            mismatches.append(f"format {t['format']} vs expected {expect_format}")
+        if mismatches:
+            problems.append(f"{where}: Tandem and zarr {zarr.__version__} disagree: " +
+                            "; ".join(mismatches))
+        else:
+            print(f"  {name}: format {t['format']}, {t['compressor']} (zarr sees {describe(z)}), "
+                  f"{t['missing_chunks']} missing chunks read as fill: identical")
+    for p in problems:
+        print(f"MISMATCH {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("versions")
+    w = sub.add_parser("write")
+    w.add_argument("store")
+    w.add_argument("--zarr-format", type=int, choices=(2, 3))
+    c = sub.add_parser("check")
+    c.add_argument("store")
+    c.add_argument("tandem_dump")
+    c.add_argument("--format", type=int, choices=(2, 3))
+    args = parser.parse_args()
+    if args.command == "versions":
+        versions()
+        return 0
+    if args.command == "write":
+        write(args.store, args.zarr_format)
+        return 0
+    return check(args.store, args.tandem_dump, args.format)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

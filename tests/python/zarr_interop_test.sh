@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Zarr stores written by dask/zarr-python are read by Tandem bit-exactly, and stores written by
+# Tandem are read by zarr-python bit-exactly, for two Pythons:
+#   Debian's /usr/bin/python3 (python3-dask 2022.12, python3-zarr 2.13: Zarr v2 only, blosc
+#     default compressor), and
+#   VENV_PYTHON (current dask and zarr 3 from PyPI: Zarr v3 by default with zstd, and v2).
+# usage: zarr_interop_test.sh VENV_PYTHON ZARR_TOOL
+# Exits non-zero if any store is read differently, naming each mismatch.
+set -euo pipefail
+if [ $# -ne 2 ]; then
+  echo "usage: $0 VENV_PYTHON ZARR_TOOL" >&2
+  exit 2
+fi
+venv_python=$1 tool=$2
+debian_python=/usr/bin/python3
+here=$(cd "$(dirname "$0")" && pwd)
+script=$here/zarr_interop.py
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# The Pythons must be the ones this test is about, or its conclusions would be about others.
+zarr_major() { "$1" -c 'import zarr; print(zarr.__version__.split(".")[0])'; }
+if [ "$(zarr_major "$debian_python")" != 2 ]; then
+  echo "FAIL: $debian_python should see zarr 2.x (python3-zarr)" >&2
+  exit 1
+fi
+if [ "$(zarr_major "$venv_python")" != 3 ]; then
+  echo "FAIL: $venv_python should see zarr 3.x (pip install 'zarr>=3' dask)" >&2
+  exit 1
+fi
+"$debian_python" "$script" versions
+"$venv_python" "$script" versions 2>/dev/null
+
+failures=0
+n=0
+run() {  # run LABEL COMMAND...: one case; its output is shown, a failure counted
+  local label=$1
+  shift
+  echo "== $label"
+  if "$@"; then
+    echo "ok: $label"
+  else
+    echo "FAIL: $label"
+    failures=$((failures + 1))
+  fi
+}
+
+# Python writes with dask.array.to_zarr (defaults), Tandem dumps, Python compares.
+python_to_tandem() {  # PYTHON EXPECTED_FORMAT [--zarr-format N]
+  local python=$1 format=$2
+  shift 2
+  n=$((n + 1))
+  local store=$dir/py$n
+  "$python" "$script" write "$store" "$@" &&
+    "$tool" dump "$store" >"$store.jsonl" &&
+    "$python" "$script" check "$store" "$store.jsonl" --format "$format"
+}
+
+# Tandem writes, Tandem dumps, Python reads with zarr and compares.
+tandem_to_python() {  # PYTHON FORMAT COMPRESSOR
+  local python=$1 format=$2 compressor=$3
+  n=$((n + 1))
+  local store=$dir/tandem$n
+  "$tool" write "$store" "$format" "$compressor" &&
+    "$tool" dump "$store" >"$store.jsonl" &&
+    "$python" "$script" check "$store" "$store.jsonl" --format "$format"
+}
+
+compressors="none zstd zstd:0 blosc-lz4 blosc-zstd:3 blosc-lz4-bitshuffle blosc-blosclz-noshuffle"
+
+# (a) Debian's dask 2022.12 + zarr 2.13: Zarr v2.
+run "dask 2022.12/zarr 2 writes v2 (defaults), Tandem reads" python_to_tandem "$debian_python" 2
+for c in $compressors; do
+  run "Tandem writes v2 $c, zarr 2 reads" tandem_to_python "$debian_python" 2 "$c"
+done
+
+# (b) current dask + zarr 3: Zarr v3 by default, and v2.
+run "dask/zarr 3 writes v3 (defaults), Tandem reads" python_to_tandem "$venv_python" 3
+run "dask/zarr 3 writes v2 (zarr_format=2), Tandem reads" \
+  python_to_tandem "$venv_python" 2 --zarr-format 2
+for format in 3 2; do
+  for c in $compressors; do
+    run "Tandem writes v$format $c, zarr 3 reads" tandem_to_python "$venv_python" "$format" "$c"
+  done
+done
+
+if [ "$failures" -ne 0 ]; then
+  echo "zarr interop: $failures case(s) FAILED" >&2
+  exit 1
+fi
+echo "zarr interop: all cases passed"

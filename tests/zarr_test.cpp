@@ -1,0 +1,949 @@
+// Zarr v2/v3 arrays and groups: round trips over formats, compressors, dtypes and shapes (with
+// edge chunks), chunk keys, fill values for missing chunks, every kind of bad chunk and bad
+// metadata (an InputError naming the store and the key or file), and a bounded fuzz test that
+// feeds random and mutated chunks and metadata to the readers.
+#include "zarr/zarr_array.h"
+
+#include <blosc.h>
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <thread>
+#include <tuple>
+
+#include "tandem/error.h"
+#include "test_support.h"
+
+namespace tandem::zarr {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::TempDir;
+
+// ---- helpers ----
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::string as_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+ArrayMeta make_meta(Format format, DType dtype, std::vector<int64_t> shape,
+                    std::vector<int64_t> chunks, const std::string& compressor = "none",
+                    double fill_value = 0.0) {
+  ArrayMeta m;
+  m.format = format;
+  m.dtype = dtype;
+  m.shape = std::move(shape);
+  m.chunks = std::move(chunks);
+  m.compressor = Compressor::parse(compressor);
+  m.fill_value = fill_value;
+  m.separator = format == Format::V2 ? '.' : '/';
+  m.v3_default_key_encoding = format == Format::V3;
+  return m;
+}
+
+// Calls fn for every chunk index of the grid, in C order (one empty index for a 0-d array).
+void for_each_chunk(const ArrayMeta& m, const std::function<void(const std::vector<int64_t>&)>& fn) {
+  const std::vector<int64_t> grid = m.grid();
+  for (const int64_t g : grid) {
+    if (g == 0) return;
+  }
+  std::vector<int64_t> index(grid.size(), 0);
+  while (true) {
+    fn(index);
+    int d = int(grid.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++index[size_t(d)] < grid[size_t(d)]) break;
+      index[size_t(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Calls fn(array_offset, chunk_offset, count), in elements, for each run along the last
+// dimension where chunk `index` overlaps the array: edge chunks are only partly inside it.
+void for_each_run(const ArrayMeta& m, const std::vector<int64_t>& index,
+                  const std::function<void(size_t, size_t, size_t)>& fn) {
+  const size_t nd = m.shape.size();
+  if (nd == 0) return fn(0, 0, 1);
+  std::vector<int64_t> start(nd), extent(nd), pos(nd, 0);
+  for (size_t d = 0; d < nd; ++d) {
+    start[d] = index[d] * m.chunks[d];
+    extent[d] = std::min(m.chunks[d], m.shape[d] - start[d]);
+  }
+  while (true) {
+    size_t a = 0, c = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      a = a * size_t(m.shape[d]) + size_t(start[d] + pos[d]);
+      c = c * size_t(m.chunks[d]) + size_t(pos[d]);
+    }
+    fn(a, c, size_t(extent[nd - 1]));
+    int d = int(nd) - 2;
+    for (; d >= 0; --d) {
+      if (++pos[size_t(d)] < extent[size_t(d)]) break;
+      pos[size_t(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+size_t element_count(const ArrayMeta& m) {
+  size_t n = 1;
+  for (const int64_t s : m.shape) n *= size_t(s);
+  return n;
+}
+
+// Writes a whole C-order array chunk by chunk; edge chunks are padded with 0xAB bytes, which
+// readers must never return.
+void write_logical(const Array& a, const std::vector<uint8_t>& data) {
+  const ArrayMeta& m = a.meta();
+  const size_t es = dtype_size(m.dtype);
+  std::vector<uint8_t> chunk(m.chunk_bytes());
+  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
+    std::fill(chunk.begin(), chunk.end(), 0xAB);
+    for_each_run(m, index, [&](size_t ao, size_t co, size_t n) {
+      std::memcpy(chunk.data() + co * es, data.data() + ao * es, n * es);
+    });
+    a.write_chunk(index, chunk.data());
+  });
+}
+
+std::vector<uint8_t> read_logical(const Array& a) {
+  const ArrayMeta& m = a.meta();
+  const size_t es = dtype_size(m.dtype);
+  std::vector<uint8_t> data(element_count(m) * es);
+  std::vector<uint8_t> chunk(m.chunk_bytes());
+  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
+    a.read_chunk(index, chunk.data());
+    for_each_run(m, index, [&](size_t ao, size_t co, size_t n) {
+      std::memcpy(data.data() + ao * es, chunk.data() + co * es, n * es);
+    });
+  });
+  return data;
+}
+
+template <typename T>
+void put(uint8_t* p, double v) {
+  const T t = static_cast<T>(v);
+  std::memcpy(p, &t, sizeof t);
+}
+
+void put_element(DType type, uint8_t* p, double v) {
+  switch (type) {
+    case DType::UInt8: return put<uint8_t>(p, v);
+    case DType::Int8: return put<int8_t>(p, v);
+    case DType::UInt16: return put<uint16_t>(p, v);
+    case DType::Int16: return put<int16_t>(p, v);
+    case DType::UInt32: return put<uint32_t>(p, v);
+    case DType::Int32: return put<int32_t>(p, v);
+    case DType::UInt64: return put<uint64_t>(p, v);
+    case DType::Int64: return put<int64_t>(p, v);
+    case DType::Float32: return put<float>(p, v);
+    case DType::Float64: return put<double>(p, v);
+  }
+}
+
+// Values with runs (so compressors have something to compress) and random ones mixed in; signed
+// types get negatives, floats fractions.
+std::vector<uint8_t> make_values(DType type, size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  const size_t es = dtype_size(type);
+  const bool is_signed = type == DType::Int8 || type == DType::Int16 || type == DType::Int32 ||
+                         type == DType::Int64 || type == DType::Float32 || type == DType::Float64;
+  const bool is_float = type == DType::Float32 || type == DType::Float64;
+  std::vector<uint8_t> out(n * es);
+  for (size_t i = 0; i < n; ++i) {
+    double v = gen() % 4 == 0 ? double(gen() % 120) : double(i / 3 % 11);
+    if (is_signed && gen() % 3 == 0) v = -v;
+    if (is_float) v += 0.125 * double(gen() % 8);
+    put_element(type, out.data() + i * es, v);
+  }
+  return out;
+}
+
+// Runs f, expecting an InputError whose message holds every one of `parts`; returns the message.
+std::string expect_input_error(const std::function<void()>& f,
+                               const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) {
+      EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
+    }
+    return msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected InputError, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected InputError, nothing was thrown";
+  return "";
+}
+
+// ---- round trips ----
+
+struct Case {
+  Format format;
+  std::string compressor;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> chunks;
+};
+
+class RoundTrip : public ::testing::TestWithParam<std::tuple<Format, std::string, DType, int>> {};
+
+Case case_of(const RoundTrip::ParamType& p) {
+  static const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      // Few chunks each: every chunk write is fsynced, and that is most of these tests' time.
+      {{10}, {4}},             // 1-D, last chunk half full
+      {{7, 10}, {4, 6}},       // 2-D, edge chunks in both dimensions
+      {{5, 3, 9}, {3, 2, 5}},  // 3-D, edge chunks in all three
+      {{6, 8}, {6, 8}},        // one chunk, exactly full
+  };
+  const auto& [format, compressor, dtype, shape] = p;
+  return {format, compressor, dtype, shapes[size_t(shape)].first, shapes[size_t(shape)].second};
+}
+
+TEST_P(RoundTrip, WriteReopenRead) {
+  const Case c = case_of(GetParam());
+  TempDir dir;
+  const std::string path = dir.file("a");
+  const ArrayMeta meta = make_meta(c.format, c.dtype, c.shape, c.chunks, c.compressor);
+  const Array created = Array::create(path, meta);
+  const std::vector<uint8_t> data = make_values(c.dtype, element_count(meta), 42);
+  write_logical(created, data);
+
+  const Array opened = Array::open(path);
+  const ArrayMeta& m = opened.meta();
+  EXPECT_EQ(m.format, c.format);
+  EXPECT_EQ(m.dtype, c.dtype);
+  EXPECT_EQ(m.shape, c.shape);
+  EXPECT_EQ(m.chunks, c.chunks);
+  EXPECT_EQ(m.compressor.describe(), meta.compressor.describe());
+  EXPECT_EQ(m.separator, meta.separator);
+  EXPECT_TRUE(read_logical(opened) == data) << "data differs after the round trip";
+  // Every chunk was stored (none read as fill) and reads back as exactly what was written.
+  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
+    std::vector<uint8_t> chunk(m.chunk_bytes());
+    EXPECT_TRUE(opened.read_chunk(index, chunk.data())) << opened.chunk_key(index);
+  });
+}
+
+std::string round_trip_name(const ::testing::TestParamInfo<RoundTrip::ParamType>& info) {
+  const auto& [format, compressor, dtype, shape] = info.param;
+  std::string name = std::string(format == Format::V2 ? "v2_" : "v3_") + compressor + "_" +
+                     dtype_name(dtype) + "_shape" + std::to_string(shape);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FormatsCompressorsDtypes, RoundTrip,
+    ::testing::Combine(::testing::Values(Format::V2, Format::V3),
+                       ::testing::Values("none", "zstd", "zstd:0", "blosc-lz4",
+                                         "blosc-zstd:5"),
+                       ::testing::Values(DType::UInt8, DType::Int64, DType::Float32),
+                       ::testing::Values(0, 1, 2, 3)),
+    round_trip_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    OtherDtypesAndShuffles, RoundTrip,
+    ::testing::Combine(::testing::Values(Format::V2, Format::V3),
+                       ::testing::Values("blosc-lz4-bitshuffle:3", "blosc-blosclz-noshuffle"),
+                       ::testing::Values(DType::Int8, DType::UInt16, DType::Int16, DType::UInt32,
+                                         DType::Int32, DType::UInt64, DType::Float64),
+                       ::testing::Values(1)),
+    round_trip_name);
+
+TEST(Zarr, ZeroDimensionalArrays) {
+  for (const Format format : {Format::V2, Format::V3}) {
+    TempDir dir;
+    const Array a = Array::create(dir.file("s"), make_meta(format, DType::Int64, {}, {}, "zstd"));
+    EXPECT_EQ(a.chunk_key({}), format == Format::V2 ? "0" : "c");
+    EXPECT_EQ(a.meta().chunk_elements(), 1u);
+    const std::vector<uint8_t> data = make_values(DType::Int64, 1, 7);
+    a.write_chunk({}, data.data());
+    EXPECT_TRUE(fs::is_regular_file(dir.file(format == Format::V2 ? "s/0" : "s/c")));
+    EXPECT_TRUE(read_logical(Array::open(dir.file("s"))) == data);
+  }
+}
+
+TEST(Zarr, EmptyArrayHasNoChunks) {
+  TempDir dir;
+  const Array a = Array::create(dir.file("e"), make_meta(Format::V3, DType::UInt8, {0, 5}, {4, 4}));
+  EXPECT_EQ(a.meta().grid(), (std::vector<int64_t>{0, 2}));
+  expect_input_error([&] { a.chunk_key({0, 0}); }, {dir.file("e"), "outside the chunk grid"});
+}
+
+TEST(Zarr, ThreadsWriteAndReadDifferentChunks) {
+  TempDir dir;
+  const Array a = Array::create(dir.file("t"),
+                                make_meta(Format::V3, DType::Float32, {64, 30}, {4, 30}, "blosc-lz4"));
+  const std::vector<uint8_t> data = make_values(DType::Float32, 64 * 30, 3);
+  const size_t chunk = a.meta().chunk_bytes();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = t; i < 16; i += 4) a.write_chunk({i, 0}, data.data() + size_t(i) * chunk);
+    });
+  }
+  for (auto& th : threads) th.join();
+  threads.clear();
+  std::vector<uint8_t> back(data.size());
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = t; i < 16; i += 4) a.read_chunk({i, 0}, back.data() + size_t(i) * chunk);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_TRUE(back == data);
+  // No temporary files are left behind.
+  for (const auto& entry : fs::recursive_directory_iterator(dir.file("t"))) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+// ---- chunk keys ----
+
+TEST(Zarr, ChunkKeyFormats) {
+  struct KeyCase {
+    Format format;
+    bool v3_default;
+    char separator;
+    std::vector<int64_t> shape, chunks, index;
+    std::string key;
+  };
+  const std::vector<KeyCase> cases = {
+      {Format::V2, false, '.', {10, 10}, {5, 4}, {1, 2}, "1.2"},
+      {Format::V2, false, '/', {10, 10}, {5, 4}, {1, 2}, "1/2"},
+      {Format::V2, false, '.', {10}, {4}, {2}, "2"},
+      {Format::V2, false, '.', {4, 4, 4}, {2, 2, 1}, {1, 0, 3}, "1.0.3"},
+      {Format::V3, true, '/', {10, 10}, {5, 4}, {1, 2}, "c/1/2"},
+      {Format::V3, true, '.', {10, 10}, {5, 4}, {1, 2}, "c.1.2"},
+      {Format::V3, true, '/', {10}, {4}, {2}, "c/2"},
+      {Format::V3, false, '.', {10, 10}, {5, 4}, {1, 2}, "1.2"},
+      {Format::V3, false, '/', {10, 10}, {5, 4}, {1, 2}, "1/2"},
+      {Format::V3, false, '.', {}, {}, {}, "0"},
+  };
+  for (const KeyCase& k : cases) {
+    TempDir dir;
+    ArrayMeta m = make_meta(k.format, DType::UInt8, k.shape, k.chunks, "zstd");
+    m.separator = k.separator;
+    m.v3_default_key_encoding = k.v3_default;
+    const Array a = Array::create(dir.file("k"), m);
+    EXPECT_EQ(a.chunk_key(k.index), k.key);
+    std::vector<uint8_t> chunk(m.chunk_bytes(), 5);
+    a.write_chunk(k.index, chunk.data());
+    EXPECT_TRUE(fs::is_regular_file(dir.file("k/" + k.key))) << k.key;
+    // The encoding survives the metadata round trip.
+    const Array b = Array::open(dir.file("k"));
+    EXPECT_EQ(b.chunk_key(k.index), k.key);
+    EXPECT_TRUE(b.read_chunk(k.index, chunk.data()));
+  }
+}
+
+TEST(Zarr, ChunkIndexOutsideGridIsRefused) {
+  TempDir dir;
+  const Array a = Array::create(dir.file("a"), make_meta(Format::V2, DType::UInt8, {10, 10}, {4, 4}));
+  std::vector<uint8_t> chunk(16);
+  for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{3, 0}, {0, -1}, {0}, {0, 0, 0}}) {
+    expect_input_error([&] { a.read_chunk(bad, chunk.data()); }, {dir.file("a"), "chunk index"});
+    expect_input_error([&] { a.write_chunk(bad, chunk.data()); }, {dir.file("a"), "chunk grid"});
+  }
+}
+
+// ---- fill values ----
+
+TEST(Zarr, MissingChunksReadAsFillValue) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const Format format : {Format::V2, Format::V3}) {
+    {
+      TempDir dir;
+      const Array a = Array::create(dir.file("u8"),
+                                    make_meta(format, DType::UInt8, {5, 5}, {2, 3}, "zstd", 7));
+      const Array b = Array::open(dir.file("u8"));
+      std::vector<uint8_t> chunk(b.meta().chunk_bytes());
+      EXPECT_FALSE(b.read_chunk({2, 1}, chunk.data()));
+      EXPECT_EQ(chunk, std::vector<uint8_t>(6, 7));
+    }
+    {
+      TempDir dir;
+      Array::create(dir.file("i64"), make_meta(format, DType::Int64, {5}, {3}, "blosc-lz4", -3));
+      const Array b = Array::open(dir.file("i64"));
+      std::vector<int64_t> chunk(3);
+      EXPECT_FALSE(b.read_chunk({1}, reinterpret_cast<uint8_t*>(chunk.data())));
+      EXPECT_EQ(chunk, std::vector<int64_t>(3, -3));
+    }
+    {
+      TempDir dir;
+      Array::create(dir.file("f32"), make_meta(format, DType::Float32, {4, 4}, {2, 2}, "none", nan));
+      const std::string text = read_bytes(dir.file(format == Format::V2 ? "f32/.zarray" : "f32/zarr.json"));
+      EXPECT_NE(text.find("\"NaN\""), std::string::npos) << text;
+      const Array b = Array::open(dir.file("f32"));
+      EXPECT_TRUE(std::isnan(b.meta().fill_value));
+      std::vector<float> chunk(4, 1.0f);
+      EXPECT_FALSE(b.read_chunk({1, 1}, reinterpret_cast<uint8_t*>(chunk.data())));
+      for (const float v : chunk) EXPECT_TRUE(std::isnan(v));
+    }
+    {
+      TempDir dir;
+      Array::create(dir.file("f64"), make_meta(format, DType::Float64, {3}, {2}, "zstd",
+                                               -std::numeric_limits<double>::infinity()));
+      const Array b = Array::open(dir.file("f64"));
+      std::vector<double> chunk(2);
+      EXPECT_FALSE(b.read_chunk({0}, reinterpret_cast<uint8_t*>(chunk.data())));
+      EXPECT_EQ(chunk, std::vector<double>(2, -std::numeric_limits<double>::infinity()));
+    }
+  }
+}
+
+// Metadata as zarr-python writes it, edited by `edit` and written to dir/a; returns the path.
+std::string write_v2(const TempDir& dir, const std::function<void(json&)>& edit) {
+  json doc = {{"zarr_format", 2},  {"shape", {7, 10}},  {"chunks", {3, 4}},
+              {"dtype", "<f4"},    {"fill_value", 0.0}, {"order", "C"},
+              {"filters", nullptr},
+              {"compressor",
+               {{"id", "blosc"}, {"cname", "lz4"}, {"clevel", 5}, {"shuffle", 1}, {"blocksize", 0}}}};
+  edit(doc);
+  fs::create_directories(dir.file("a"));
+  write_bytes(dir.file("a/.zarray"), doc.dump(4));
+  return dir.file("a");
+}
+
+std::string write_v3(const TempDir& dir, const std::function<void(json&)>& edit) {
+  json doc = json::parse(R"({
+    "shape": [7, 10], "data_type": "float32",
+    "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [3, 4]}},
+    "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+    "fill_value": 0.0,
+    "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+               {"name": "zstd", "configuration": {"level": 0, "checksum": false}}],
+    "attributes": {}, "zarr_format": 3, "node_type": "array", "storage_transformers": []})");
+  edit(doc);
+  fs::create_directories(dir.file("a"));
+  write_bytes(dir.file("a/zarr.json"), doc.dump(2));
+  return dir.file("a");
+}
+
+TEST(Zarr, FillValueForms) {
+  struct FillCase {
+    bool v3;
+    std::string dtype;
+    json fill;
+    double expected;  // NaN compares by isnan
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<FillCase> cases = {
+      {false, "<f4", "NaN", nan},         {false, "<f8", "Infinity", inf},
+      {false, "<f4", "-Infinity", -inf},  {false, "<f4", nullptr, 0.0},
+      {false, "<i8", -5, -5.0},           {false, "|u1", 255, 255.0},
+      {false, "<u8", nullptr, 0.0},       {true, "float32", "0x7fc00000", nan},
+      {true, "float32", "0x3f800000", 1.0}, {true, "float64", "0x4000000000000000", 2.0},
+      {true, "int64", -9007199254740992, -9007199254740992.0}, {true, "float32", 0.5, 0.5},
+  };
+  for (const FillCase& c : cases) {
+    TempDir dir;
+    const std::string path =
+        c.v3 ? write_v3(dir, [&](json& d) { d["data_type"] = c.dtype; d["fill_value"] = c.fill; })
+             : write_v2(dir, [&](json& d) { d["dtype"] = c.dtype; d["fill_value"] = c.fill; });
+    const double got = Array::open(path).meta().fill_value;
+    if (std::isnan(c.expected)) {
+      EXPECT_TRUE(std::isnan(got)) << c.fill;
+    } else {
+      EXPECT_EQ(got, c.expected) << c.fill;
+    }
+  }
+}
+
+// ---- metadata compatibility: files as dask/zarr-python write them ----
+
+TEST(Zarr, ReadsDaskStyleV2WithoutDimensionSeparator) {
+  TempDir dir;
+  const std::string path = write_v2(dir, [](json&) {});
+  const Array a = Array::open(path);
+  EXPECT_EQ(a.meta().separator, '.');
+  EXPECT_EQ(a.meta().compressor.describe(), "blosc-lz4:5");
+  // numcodecs' AUTOSHUFFLE (-1): bit shuffle for 1-byte types, byte shuffle otherwise.
+  for (const auto& [dtype, described] : std::vector<std::pair<std::string, std::string>>{
+           {"|u1", "blosc-lz4-bitshuffle:5"}, {"<f4", "blosc-lz4:5"}}) {
+    TempDir other;
+    const std::string auto_path = write_v2(other, [&, d = dtype](json& doc) {
+      doc["dtype"] = d;
+      doc["compressor"]["shuffle"] = -1;
+    });
+    EXPECT_EQ(Array::open(auto_path).meta().compressor.describe(), described);
+  }
+  EXPECT_EQ(a.chunk_key({2, 1}), "2.1");
+  const std::vector<uint8_t> data = make_values(DType::Float32, 70, 1);
+  write_logical(a, data);
+  EXPECT_TRUE(read_logical(Array::open(path)) == data);
+}
+
+TEST(Zarr, ReadsZarrPythonStyleV3) {
+  TempDir dir;
+  // zarr-python 3 leaves out the bytes codec's configuration for 1-byte types.
+  const std::string path = write_v3(dir, [](json& d) {
+    d["data_type"] = "uint8";
+    d["fill_value"] = 0;
+    d["codecs"][0] = {{"name", "bytes"}};
+    d["dimension_names"] = {"row", nullptr};
+    d["an_extension"] = {{"must_understand", false}, {"x", 1}};
+  });
+  const Array a = Array::open(path);
+  EXPECT_EQ(a.meta().compressor.describe(), "zstd:0");
+  const std::vector<uint8_t> data = make_values(DType::UInt8, 70, 2);
+  write_logical(a, data);
+  EXPECT_TRUE(read_logical(Array::open(path)) == data);
+}
+
+TEST(Zarr, ReadsZstdFramesWithChecksumsAndDetectsCorruption) {
+  TempDir dir;
+  const std::string path = write_v3(dir, [](json& d) {
+    d["codecs"][1]["configuration"]["checksum"] = true;
+  });
+  const Array a = Array::open(path);
+  std::vector<uint8_t> chunk = make_values(DType::Float32, 12, 3);
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  std::vector<uint8_t> frame(ZSTD_compressBound(chunk.size()));
+  frame.resize(ZSTD_compress2(cctx, frame.data(), frame.size(), chunk.data(), chunk.size()));
+  ZSTD_freeCCtx(cctx);
+  fs::create_directories(path + "/c/0");
+  write_bytes(path + "/c/0/0", as_string(frame));
+  std::vector<uint8_t> back(chunk.size());
+  EXPECT_TRUE(a.read_chunk({0, 0}, back.data()));
+  EXPECT_EQ(back, chunk);
+  frame[frame.size() - 1] ^= 0x55;  // the checksum is the frame's last 4 bytes
+  write_bytes(path + "/c/0/0", as_string(frame));
+  expect_input_error([&] { a.read_chunk({0, 0}, back.data()); }, {path, "chunk 'c/0/0'", "zstd"});
+}
+
+// ---- bad chunks ----
+
+class BadChunk : public ::testing::TestWithParam<std::tuple<Format, std::string>> {};
+
+TEST_P(BadChunk, IsAnInputErrorNamingStoreAndKey) {
+  const auto& [format, compressor] = GetParam();
+  TempDir dir;
+  const ArrayMeta meta = make_meta(format, DType::Int64, {40, 8}, {20, 8}, compressor);
+  const Array a = Array::create(dir.file("a"), meta);
+  const std::vector<uint8_t> data = make_values(DType::Int64, 320, 9);
+  write_logical(a, data);
+  const std::string key = a.chunk_key({1, 0});
+  const std::string file = dir.file("a/" + key);
+  const std::string good = read_bytes(file);
+  std::vector<uint8_t> out(meta.chunk_bytes());
+  const auto expect_bad = [&](const std::string& bytes, const std::string& why) {
+    SCOPED_TRACE(why);
+    write_bytes(file, bytes);
+    expect_input_error([&] { a.read_chunk({1, 0}, out.data()); },
+                       {"zarr store '" + dir.file("a") + "'", "chunk '" + key + "'", "expected"});
+  };
+  expect_bad("", "empty file");
+  expect_bad(good.substr(0, good.size() / 2), "truncated");
+  expect_bad(good.substr(0, good.size() - 1), "one byte short");
+  expect_bad(good + "x", "one byte extra");
+  std::mt19937 gen(5);
+  std::string garbage(good.size(), '\0');
+  for (char& c : garbage) c = char(gen());
+  // Uncompressed chunks have no structure: random bytes of the right size are valid data.
+  if (meta.compressor.kind != Compressor::Kind::None) expect_bad(garbage, "random bytes");
+  expect_bad(std::string(meta.chunk_bytes() * 2 + 1000, 'z'), "file larger than any chunk");
+  // A valid stream of the wrong size: the first half of the chunk, compressed alone.
+  const std::vector<uint8_t> half =
+      compress(meta.compressor, data.data(), meta.chunk_bytes() / 2, 8);
+  expect_bad(as_string(half), "decompresses to the wrong size");
+  if (meta.compressor.kind != Compressor::Kind::None) {
+    std::string bad_header = good;
+    for (size_t i = 0; i < 8 && i < bad_header.size(); ++i) bad_header[i] = char(~bad_header[i]);
+    expect_bad(bad_header, "corrupt header");
+  }
+  // The good chunk still reads back (the file was restored).
+  write_bytes(file, good);
+  EXPECT_TRUE(a.read_chunk({1, 0}, out.data()));
+}
+
+std::string bad_chunk_name(const ::testing::TestParamInfo<BadChunk::ParamType>& info) {
+  std::string name = std::string(std::get<0>(info.param) == Format::V2 ? "v2_" : "v3_") +
+                     std::get<1>(info.param);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Compressors, BadChunk,
+                         ::testing::Combine(::testing::Values(Format::V2, Format::V3),
+                                            ::testing::Values("none", "zstd", "blosc-lz4",
+                                                              "blosc-zstd")),
+                         bad_chunk_name);
+
+TEST(Zarr, BloscHeaderClaimingAnotherSizeIsRefused) {
+  const std::vector<uint8_t> data = make_values(DType::Float32, 256, 4);
+  const Compressor c = Compressor::parse("blosc-lz4");
+  std::vector<uint8_t> stored = compress(c, data.data(), data.size(), 4);
+  std::vector<uint8_t> out(data.size());
+  // Bytes 4..7 of the blosc header hold the decompressed size.
+  std::vector<uint8_t> bigger = stored;
+  bigger[5] ^= 0x10;
+  expect_input_error([&] { decompress(c, bigger.data(), bigger.size(), out.data(), out.size(), "W"); },
+                     {"W: ", "decompressed bytes", "expected 1024 bytes"});
+  // The right data but a caller expecting a different size.
+  std::vector<uint8_t> small(512);
+  expect_input_error([&] { decompress(c, stored.data(), stored.size(), small.data(), 512, "W"); },
+                     {"W: ", "expected 512 bytes"});
+  decompress(c, stored.data(), stored.size(), out.data(), out.size(), "W");
+  EXPECT_EQ(out, data);
+}
+
+// ---- bad metadata ----
+
+TEST(Zarr, BadV2MetadataIsAnInputErrorNamingTheFile) {
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
+      {"dimensions", [](json& d) { d["chunks"] = {3}; }},
+      {"chunk length > 0", [](json& d) { d["chunks"] = {3, 0}; }},
+      {"non-negative", [](json& d) { d["shape"] = {-7, 10}; }},
+      {"dtype \"<c8\" is not supported", [](json& d) { d["dtype"] = "<c8"; }},
+      {"dtype \"|b1\"", [](json& d) { d["dtype"] = "|b1"; }},
+      {"big-endian", [](json& d) { d["dtype"] = ">i8"; }},
+      {"order \"F\"", [](json& d) { d["order"] = "F"; }},
+      {"filters", [](json& d) { d["filters"] = {{{"id", "delta"}, {"dtype", "<f4"}}}; }},
+      {"compressor \"gzip\"", [](json& d) { d["compressor"] = {{"id", "gzip"}, {"level", 1}}; }},
+      {"blosc compressor 'nope'", [](json& d) { d["compressor"]["cname"] = "nope"; }},
+      {"clevel", [](json& d) { d["compressor"]["clevel"] = 42; }},
+      {"missing \"id\"", [](json& d) { d["compressor"].erase("id"); }},
+      {"\"zarr_format\"", [](json& d) { d["zarr_format"] = 3; }},
+      {"missing \"shape\"", [](json& d) { d.erase("shape"); }},
+      {"missing \"fill_value\"", [](json& d) { d.erase("fill_value"); }},
+      {"fill_value \"zero\"", [](json& d) { d["fill_value"] = "zero"; }},
+      {"fill_value 1.5 is not an int64 value", [](json& d) { d["dtype"] = "<i8"; d["fill_value"] = 1.5; }},
+      {"fill_value 256 is not a uint8 value", [](json& d) { d["dtype"] = "|u1"; d["fill_value"] = 256; }},
+      {"not exactly representable",
+       [](json& d) { d["dtype"] = "<u8"; d["fill_value"] = 18446744073709551615ull; }},
+      {"dimension_separator", [](json& d) { d["dimension_separator"] = "-"; }},
+      {"too large", [](json& d) { d["shape"] = {int64_t(1) << 40, int64_t(1) << 40}; }},
+      {"bytes per chunk", [](json& d) { d["chunks"] = {int64_t(1) << 20, int64_t(1) << 20}; }},
+      {"expected at most 32", [](json& d) { d["shape"] = std::vector<int>(40, 1); }},
+      {"expected an integer", [](json& d) { d["compressor"]["clevel"] = "5"; }},
+  };
+  for (const auto& [expected, edit] : cases) {
+    SCOPED_TRACE(expected);
+    TempDir dir;
+    const std::string path = write_v2(dir, edit);
+    expect_input_error([&] { Array::open(path); },
+                       {"zarr store '" + path + "'", "metadata '.zarray'", expected});
+  }
+}
+
+TEST(Zarr, BadV3MetadataIsAnInputErrorNamingTheFile) {
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
+      {"dimensions", [](json& d) { d["chunk_grid"]["configuration"]["chunk_shape"] = {3}; }},
+      {"chunk length > 0", [](json& d) { d["chunk_grid"]["configuration"]["chunk_shape"] = {0, 4}; }},
+      {"data_type \"complex64\"", [](json& d) { d["data_type"] = "complex64"; }},
+      {"expected a string", [](json& d) { d["data_type"] = {{"name", "float32"}}; }},
+      {"codec \"transpose\"",
+       [](json& d) { d["codecs"].insert(d["codecs"].begin(), json::object({{"name", "transpose"}})); }},
+      {"codec \"sharding_indexed\"",
+       [](json& d) { d["codecs"] = json::array({json::object({{"name", "sharding_indexed"}})}); }},
+      {"codec \"crc32c\"", [](json& d) { d["codecs"].push_back(json::object({{"name", "crc32c"}})); }},
+      {"codec \"gzip\"", [](json& d) { d["codecs"][1] = json::object({{"name", "gzip"}}); }},
+      {"codec \"zstd\" at position 0", [](json& d) { d["codecs"].erase(0); }},
+      {"\"codecs\" is []", [](json& d) { d["codecs"] = json::array(); }},
+      {"big-endian", [](json& d) { d["codecs"][0]["configuration"]["endian"] = "big"; }},
+      {"no \"endian\"", [](json& d) { d["codecs"][0].erase("configuration"); }},
+      {"chunk_grid \"rectangular\"", [](json& d) { d["chunk_grid"]["name"] = "rectangular"; }},
+      {"chunk_key_encoding \"foo\"", [](json& d) { d["chunk_key_encoding"]["name"] = "foo"; }},
+      {"separator \"-\"",
+       [](json& d) { d["chunk_key_encoding"]["configuration"]["separator"] = "-"; }},
+      {"unknown field \"foo\"", [](json& d) { d["foo"] = 1; }},
+      {"unknown field \"ext\"", [](json& d) { d["ext"] = {{"must_understand", true}}; }},
+      {"storage_transformers", [](json& d) { d["storage_transformers"] = json::array({json::object({{"name", "x"}})}); }},
+      {"node_type is \"group\"", [](json& d) { d["node_type"] = "group"; }},
+      {"\"dimension_names\"", [](json& d) { d["dimension_names"] = {"x"}; }},
+      {"fill_value \"0x7fc0\"", [](json& d) { d["fill_value"] = "0x7fc0"; }},
+      {"fill_value null", [](json& d) { d["fill_value"] = nullptr; }},
+      {"\"zarr_format\"", [](json& d) { d["zarr_format"] = 2; }},
+      {"zstd level", [](json& d) { d["codecs"][1]["configuration"]["level"] = 100; }},
+      {"blosc shuffle \"yes\"",
+       [](json& d) {
+         d["codecs"][1] = {{"name", "blosc"},
+                           {"configuration", {{"cname", "lz4"}, {"clevel", 5}, {"shuffle", "yes"}}}};
+       }},
+      {"\"attributes\"", [](json& d) { d["attributes"] = {1, 2}; }},
+  };
+  for (const auto& [expected, edit] : cases) {
+    SCOPED_TRACE(expected);
+    TempDir dir;
+    const std::string path = write_v3(dir, edit);
+    expect_input_error([&] { Array::open(path); },
+                       {"zarr store '" + path + "'", "metadata 'zarr.json'", expected});
+  }
+}
+
+TEST(Zarr, UnparseableMetadataIsAnInputError) {
+  const std::vector<std::pair<std::string, std::string>> texts = {
+      {"{\"zarr_format\": 2, ", "not valid JSON"},
+      {"", "not valid JSON"},
+      {"[2]", "not a JSON object"},
+      {"\"\xff\xfe\"", "not valid JSON"},
+      {std::string(100, '[') + std::string(100, ']'), "nested more than 64"},
+  };
+  for (const char* name : {".zarray", "zarr.json"}) {
+    for (const auto& [text, expected] : texts) {
+      TempDir dir;
+      fs::create_directories(dir.file("a"));
+      write_bytes(dir.file("a/") + name, text);
+      expect_input_error([&] { Array::open(dir.file("a")); },
+                         {dir.file("a"), std::string("metadata '") + name + "'", expected});
+    }
+  }
+}
+
+TEST(Zarr, OpeningWhatIsNotAnArrayIsAnInputError) {
+  TempDir dir;
+  expect_input_error([&] { Array::open(dir.file("nothing")); }, {dir.file("nothing"), "no Zarr array"});
+  Group::create(dir.file("g2"), Format::V2);
+  expect_input_error([&] { Array::open(dir.file("g2")); }, {dir.file("g2"), "group"});
+  Group::create(dir.file("g3"), Format::V3);
+  expect_input_error([&] { Array::open(dir.file("g3")); }, {dir.file("g3"), "node_type"});
+  fs::create_directories(dir.file("d/.zarray"));
+  expect_input_error([&] { Array::open(dir.file("d")); }, {dir.file("d"), "not a regular file"});
+}
+
+TEST(Zarr, CreateValidatesAndRefusesExistingArrays) {
+  TempDir dir;
+  const std::string path = dir.file("a");
+  Array::create(path, make_meta(Format::V3, DType::UInt8, {4}, {2}));
+  expect_input_error([&] { Array::create(path, make_meta(Format::V3, DType::UInt8, {4}, {2})); },
+                     {path, "already holds"});
+  expect_input_error([&] { Array::create(dir.file("z"), make_meta(Format::V2, DType::UInt8, {4}, {0})); },
+                     {dir.file("z"), ".zarray", "chunk length > 0"});
+  expect_input_error(
+      [&] { Array::create(dir.file("f"), make_meta(Format::V3, DType::UInt8, {4}, {2}, "none", -1)); },
+      {dir.file("f"), "zarr.json", "fill_value"});
+  ArrayMeta bad_attributes = make_meta(Format::V3, DType::UInt8, {4}, {2});
+  bad_attributes.attributes = json::array();
+  expect_input_error([&] { Array::create(dir.file("b"), bad_attributes); }, {"attributes"});
+}
+
+// ---- attributes and groups ----
+
+TEST(Zarr, AttributesRoundTrip) {
+  for (const Format format : {Format::V2, Format::V3}) {
+    TempDir dir;
+    ArrayMeta meta = make_meta(format, DType::UInt8, {4}, {2});
+    meta.attributes = {{"source", "test"}};
+    Array a = Array::create(dir.file("a"), meta);
+    EXPECT_EQ(Array::open(dir.file("a")).meta().attributes, meta.attributes);
+    a.set_attributes({{"n", 3}, {"list", {1, 2}}});
+    EXPECT_EQ(Array::open(dir.file("a")).meta().attributes, json({{"n", 3}, {"list", {1, 2}}}));
+    expect_input_error([&] { a.set_attributes(json::array()); }, {dir.file("a"), "JSON object"});
+  }
+  // v3: rewriting attributes keeps fields Tandem does not model.
+  TempDir dir;
+  const std::string path = write_v3(dir, [](json& d) { d["dimension_names"] = {"r", "c"}; });
+  Array a = Array::open(path);
+  a.set_attributes({{"k", "v"}});
+  const json doc = json::parse(read_bytes(path + "/zarr.json"));
+  EXPECT_EQ(doc["dimension_names"], json({"r", "c"}));
+  EXPECT_EQ(doc["attributes"], json({{"k", "v"}}));
+}
+
+TEST(Zarr, Groups) {
+  for (const Format format : {Format::V2, Format::V3}) {
+    TempDir dir;
+    const std::string path = dir.file("g");
+    EXPECT_FALSE(Group::exists(path));
+    Group::create(path, format, {{"name", "fashion"}});
+    EXPECT_TRUE(Group::exists(path));
+    EXPECT_TRUE(fs::is_regular_file(path + (format == Format::V2 ? "/.zgroup" : "/zarr.json")));
+    auto [f, attributes] = Group::open(path);
+    EXPECT_EQ(f, format);
+    EXPECT_EQ(attributes, json({{"name", "fashion"}}));
+    // Re-creating rewrites the attributes.
+    Group::create(path, format);
+    EXPECT_EQ(Group::open(path).second, json::object());
+    // Arrays inside a group, and a group is not an array nor the reverse.
+    Array::create(path + "/images", make_meta(format, DType::UInt8, {4, 4}, {2, 4}));
+    EXPECT_FALSE(Group::exists(path + "/images"));
+    expect_input_error([&] { Group::open(path + "/images"); }, {path + "/images"});
+    expect_input_error([&] { Group::create(path + "/images", format); }, {path + "/images", "array"});
+    expect_input_error([&] { Group::open(dir.file("none")); }, {dir.file("none"), "no Zarr group"});
+  }
+  TempDir dir;
+  fs::create_directories(dir.file("bad"));
+  write_bytes(dir.file("bad/zarr.json"), "{nope");
+  EXPECT_FALSE(Group::exists(dir.file("bad")));
+  expect_input_error([&] { Group::open(dir.file("bad")); }, {dir.file("bad"), "zarr.json"});
+}
+
+// ---- compressor names ----
+
+TEST(Zarr, CompressorParseAndDescribe) {
+  const std::vector<std::pair<std::string, std::string>> good = {
+      {"none", "none"},
+      {"zstd", "zstd:3"},
+      {"zstd:9", "zstd:9"},
+      {"zstd:-5", "zstd:-5"},
+      {"blosc-lz4", "blosc-lz4:5"},
+      {"blosc-zstd:3", "blosc-zstd:3"},
+      {"blosc-lz4-bitshuffle:1", "blosc-lz4-bitshuffle:1"},
+      {"blosc-blosclz-noshuffle", "blosc-blosclz-noshuffle:5"},
+      {"blosc-zlib-shuffle:9", "blosc-zlib:9"},
+  };
+  for (const auto& [text, described] : good) {
+    const Compressor c = Compressor::parse(text);
+    EXPECT_EQ(c.describe(), described);
+    EXPECT_EQ(Compressor::parse(c.describe()).describe(), described);
+  }
+  for (const std::string bad : {"", "gzip", "zstd:", "zstd:x", "zstd:3x", "zstd:99", "none:1",
+                                "blosc", "blosc-", "blosc-foo", "blosc-lz4:10", "blosc-lz4-swap"}) {
+    expect_input_error([&] { Compressor::parse(bad); }, {"compressor '" + bad + "'", "expected"});
+  }
+  EXPECT_EQ(parse_dtype_name("float32"), DType::Float32);
+  expect_input_error([] { parse_dtype_name("float16"); }, {"float16"});
+}
+
+// ---- fuzz ----
+
+// Random bytes and mutated valid chunks for each codec, and mutated metadata for Array::open: the
+// only acceptable outcomes are success or a tandem::Error, within a bounded time and memory.
+TEST(Zarr, FuzzDecompressAndOpen) {
+  // A fixed seed keeps failures reproducible; ZARR_FUZZ_SEED explores other inputs.
+  const char* env = std::getenv("ZARR_FUZZ_SEED");
+  const uint32_t seed = env ? uint32_t(std::strtoul(env, nullptr, 10)) : 20240611u;
+  std::printf("zarr fuzz seed %u (set ZARR_FUZZ_SEED to change it)\n", seed);
+  std::mt19937 gen(seed);
+  const auto start = std::chrono::steady_clock::now();
+  const auto rnd = [&](size_t n) { return n == 0 ? size_t(0) : size_t(gen() % n); };
+  size_t errors = 0, successes = 0;
+  const auto attempt = [&](const std::function<void()>& f) {
+    try {
+      f();
+      ++successes;
+    } catch (const Error&) {
+      ++errors;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a tandem::Error: " << e.what();
+    }
+  };
+  const auto mutate = [&](std::string s) {
+    const int edits = 1 + int(rnd(4));
+    for (int e = 0; e < edits; ++e) {
+      switch (rnd(5)) {
+        case 0: if (!s.empty()) s[rnd(s.size())] = char(gen()); break;
+        case 1: if (!s.empty()) s.erase(rnd(s.size()), 1 + rnd(8)); break;
+        case 2: s.insert(rnd(s.size() + 1), std::string(1 + rnd(4), char(gen()))); break;
+        case 3: s.resize(rnd(s.size() + 1)); break;
+        default: if (!s.empty()) s[rnd(s.size())] ^= char(1 << rnd(8)); break;
+      }
+    }
+    return s;
+  };
+
+  // Chunks: 1500 tries over the three codecs.
+  const std::vector<Compressor> codecs = {Compressor::parse("zstd"), Compressor::parse("blosc-lz4"),
+                                          Compressor::parse("blosc-zstd-bitshuffle")};
+  const std::vector<uint8_t> plain = make_values(DType::Float32, 512, 11);
+  std::vector<std::string> valid;
+  for (const Compressor& c : codecs) valid.push_back(as_string(compress(c, plain.data(), plain.size(), 4)));
+  std::vector<uint8_t> out(plain.size());
+  for (int i = 0; i < 1500; ++i) {
+    const size_t which = rnd(codecs.size());
+    std::string input;
+    if (i % 3 == 0) {
+      input.resize(rnd(600));
+      for (char& c : input) c = char(gen());
+    } else {
+      input = mutate(valid[which]);
+    }
+    const size_t out_size = i % 5 == 0 ? rnd(out.size() + 1) : out.size();
+    attempt([&] {
+      decompress(codecs[which], reinterpret_cast<const uint8_t*>(input.data()), input.size(),
+                 out.data(), out_size, "fuzz");
+    });
+  }
+
+  // Metadata: 1500 tries, text-level mutations and field-level replacements with odd values. The
+  // store holds real v2 and v3 chunks, so chunks are also decoded under mutated metadata.
+  TempDir dir;
+  const std::string path = dir.file("a");
+  const std::vector<uint8_t> values = make_values(DType::Float32, 70, 12);
+  write_logical(Array::create(path, make_meta(Format::V3, DType::Float32, {7, 10}, {3, 4}, "zstd")),
+                values);
+  const std::string v3_text = read_bytes(path + "/zarr.json");
+  fs::remove(path + "/zarr.json");
+  write_logical(
+      Array::create(path, make_meta(Format::V2, DType::Float32, {7, 10}, {3, 4}, "blosc-lz4")),
+      values);
+  const std::string v2_text = read_bytes(path + "/.zarray");
+  const std::vector<json> odd = {nullptr, true, 0, -1, 1, 3, 255, 1.5, 1e300, -1e300,
+                                 int64_t(1) << 62, 18446744073709551615ull, "", "NaN", "x",
+                                 "<f4", ">f4", "float32", json::array(), json::object(),
+                                 {1, 2}, {0}, {-1, 4}, {1 << 30, 1 << 30}, {{"name", "bytes"}}};
+  std::vector<uint8_t> chunk;
+  for (int i = 0; i < 1500; ++i) {
+    const bool v3 = i % 2 == 0;
+    const std::string name = v3 ? "zarr.json" : ".zarray";
+    std::string text = v3 ? v3_text : v2_text;
+    if (i % 3 == 0) {
+      text = mutate(text);
+    } else {
+      // Replace a random (possibly nested) field with an odd value.
+      json doc = json::parse(text);
+      json* node = &doc;
+      while ((node->is_object() || node->is_array()) && !node->empty() && rnd(3) != 0) {
+        auto it = node->begin();
+        std::advance(it, rnd(node->size()));
+        node = &*it;
+      }
+      *node = odd[rnd(odd.size())];
+      text = doc.dump();
+    }
+    write_bytes(path + "/" + name, text);
+    fs::remove(path + "/" + std::string(v3 ? ".zarray" : "zarr.json"));
+    attempt([&] {
+      const Array a = Array::open(path);
+      EXPECT_LE(a.meta().chunk_bytes(), size_t(2147483647));
+      // A chunk read under the mutated metadata: missing, or the wrong size, or fine.
+      if (a.meta().chunk_bytes() <= (1u << 20) && !a.meta().grid().empty() &&
+          a.meta().grid()[0] > 0) {
+        chunk.resize(a.meta().chunk_bytes());
+        std::vector<int64_t> index(a.meta().shape.size(), 0);
+        a.read_chunk(index, chunk.data());
+      }
+    });
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("zarr fuzz: %zu errors, %zu successes in %.2f s\n", errors, successes, seconds);
+  EXPECT_GT(errors, 1000u);
+  EXPECT_LT(seconds, 30.0) << "fuzzing is far slower than expected (a hang?)";
+}
+
+}  // namespace
+}  // namespace tandem::zarr

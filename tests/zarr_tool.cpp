@@ -1,0 +1,270 @@
+// Helper for the Zarr interoperability test (tests/python/zarr_interop_test.sh):
+//   zarr_tool write DIR FORMAT COMPRESSOR   a group at DIR with the known arrays below, FORMAT 2
+//                                           or 3, COMPRESSOR as Compressor::parse takes it
+//   zarr_tool dump DIR                      one JSON line per array under DIR: its name, format,
+//                                           dtype, shape, chunks, FNV-1a 64 hash of the logical
+//                                           C-order little-endian bytes, sum (NaN skipped), and
+//                                           how many chunks were missing (read as fill_value)
+// tests/python/zarr_interop.py writes the same arrays with dask and checks both directions.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tandem/error.h"
+#include "zarr/zarr_array.h"
+
+namespace {
+
+using tandem::zarr::Array;
+using tandem::zarr::ArrayMeta;
+using tandem::zarr::DType;
+namespace fs = std::filesystem;
+
+// The known arrays; their values are functions of the flat C-order index i, mirrored by
+// zarr_interop.py (expected_arrays). f32_sparse leaves out every chunk whose index sum is odd, so
+// those regions read as its NaN fill value.
+struct Known {
+  const char* name;
+  DType dtype;
+  std::vector<int64_t> shape, chunks;
+  double fill_value;
+};
+
+const std::vector<Known>& known_arrays() {
+  static const std::vector<Known> arrays = {
+      {"u8", DType::UInt8, {137, 129}, {40, 32}, 0.0},
+      {"i64", DType::Int64, {1001}, {250}, 0.0},
+      {"f32", DType::Float32, {5, 7, 9}, {2, 3, 4}, 0.0},
+      {"f32_sparse", DType::Float32, {10, 6}, {4, 3}, std::nan("")},
+      {"scalar", DType::Int64, {}, {}, 0.0},
+  };
+  return arrays;
+}
+
+double known_value(const std::string& name, int64_t i) {
+  if (name == "u8") return double((i * 7 + 3) % 256);
+  if (name == "i64") return double((i * 2654435761LL) % 1000003 - 500000);
+  if (name == "f32") return double(i) * 0.25 - 100.0;
+  if (name == "f32_sparse") return double(i) * 0.5;
+  return 42.0;  // scalar
+}
+
+// Calls fn for every chunk index in C order (one empty index for a 0-d array).
+void for_each_chunk(const ArrayMeta& m, const std::function<void(const std::vector<int64_t>&)>& fn) {
+  const std::vector<int64_t> grid = m.grid();
+  for (const int64_t g : grid) {
+    if (g == 0) return;
+  }
+  std::vector<int64_t> index(grid.size(), 0);
+  while (true) {
+    fn(index);
+    int d = int(grid.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++index[size_t(d)] < grid[size_t(d)]) break;
+      index[size_t(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Calls fn(array_offset, chunk_offset, count), in elements, for each run along the last
+// dimension where chunk `index` overlaps the array (edge chunks overlap it only in part).
+void for_each_run(const ArrayMeta& m, const std::vector<int64_t>& index,
+                  const std::function<void(size_t, size_t, size_t)>& fn) {
+  const size_t nd = m.shape.size();
+  if (nd == 0) return fn(0, 0, 1);
+  std::vector<int64_t> start(nd), extent(nd), pos(nd, 0);
+  for (size_t d = 0; d < nd; ++d) {
+    start[d] = index[d] * m.chunks[d];
+    extent[d] = std::min(m.chunks[d], m.shape[d] - start[d]);
+  }
+  while (true) {
+    size_t a = 0, c = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      a = a * size_t(m.shape[d]) + size_t(start[d] + pos[d]);
+      c = c * size_t(m.chunks[d]) + size_t(pos[d]);
+    }
+    fn(a, c, size_t(extent[nd - 1]));
+    int d = int(nd) - 2;
+    for (; d >= 0; --d) {
+      if (++pos[size_t(d)] < extent[size_t(d)]) break;
+      pos[size_t(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+size_t element_count(const ArrayMeta& m) {
+  size_t n = 1;
+  for (const int64_t s : m.shape) n *= size_t(s);
+  return n;
+}
+
+template <typename T>
+void put(uint8_t* p, double v) {
+  const T t = static_cast<T>(v);
+  std::memcpy(p, &t, sizeof t);
+}
+
+template <typename T>
+double get(const uint8_t* p) {
+  T t;
+  std::memcpy(&t, p, sizeof t);
+  return double(t);
+}
+
+void put_element(DType type, uint8_t* p, double v) {
+  switch (type) {
+    case DType::UInt8: return put<uint8_t>(p, v);
+    case DType::Int64: return put<int64_t>(p, v);
+    case DType::Float32: return put<float>(p, v);
+    default: throw tandem::Error("zarr_tool: the known arrays use uint8, int64 and float32 only");
+  }
+}
+
+double get_element(DType type, const uint8_t* p) {
+  switch (type) {
+    case DType::UInt8: return get<uint8_t>(p);
+    case DType::Int8: return get<int8_t>(p);
+    case DType::UInt16: return get<uint16_t>(p);
+    case DType::Int16: return get<int16_t>(p);
+    case DType::UInt32: return get<uint32_t>(p);
+    case DType::Int32: return get<int32_t>(p);
+    case DType::UInt64: return get<uint64_t>(p);
+    case DType::Int64: return get<int64_t>(p);
+    case DType::Float32: return get<float>(p);
+    case DType::Float64: return get<double>(p);
+  }
+  return 0.0;
+}
+
+bool chunk_is_skipped(const Known& k, const std::vector<int64_t>& index) {
+  if (std::string(k.name) != "f32_sparse") return false;
+  int64_t sum = 0;
+  for (const int64_t i : index) sum += i;
+  return sum % 2 == 1;
+}
+
+void write_known(const std::string& dir, tandem::zarr::Format format,
+                 const tandem::zarr::Compressor& compressor) {
+  tandem::zarr::Group::create(dir, format, {{"writer", "tandem zarr_tool"}});
+  for (const Known& k : known_arrays()) {
+    ArrayMeta meta;
+    meta.format = format;
+    meta.dtype = k.dtype;
+    meta.shape = k.shape;
+    meta.chunks = k.chunks;
+    meta.compressor = compressor;
+    meta.fill_value = k.fill_value;
+    // zarr-python's defaults: "." for v2 keys, "c/i/j" for v3.
+    meta.separator = format == tandem::zarr::Format::V2 ? '.' : '/';
+    meta.v3_default_key_encoding = true;
+    const Array a = Array::create(dir + "/" + k.name, meta);
+    const size_t es = tandem::zarr::dtype_size(k.dtype);
+    std::vector<uint8_t> chunk(meta.chunk_bytes());
+    for_each_chunk(meta, [&](const std::vector<int64_t>& index) {
+      if (chunk_is_skipped(k, index)) return;
+      // Edge chunks are padded with the fill value, as zarr-python pads them.
+      for (size_t e = 0; e < meta.chunk_elements(); ++e) {
+        put_element(k.dtype, chunk.data() + e * es, k.fill_value);
+      }
+      for_each_run(meta, index, [&](size_t ao, size_t co, size_t n) {
+        for (size_t j = 0; j < n; ++j) {
+          put_element(k.dtype, chunk.data() + (co + j) * es, known_value(k.name, int64_t(ao + j)));
+        }
+      });
+      a.write_chunk(index, chunk.data());
+    });
+  }
+}
+
+uint64_t fnv1a64(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+nlohmann::ordered_json dump_array(const std::string& dir, const std::string& name) {
+  const Array a = Array::open(dir + "/" + name);
+  const ArrayMeta& m = a.meta();
+  const size_t es = tandem::zarr::dtype_size(m.dtype);
+  std::vector<uint8_t> data(element_count(m) * es);
+  std::vector<uint8_t> chunk(m.chunk_bytes());
+  int missing = 0;
+  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
+    if (!a.read_chunk(index, chunk.data())) ++missing;
+    for_each_run(m, index, [&](size_t ao, size_t co, size_t n) {
+      std::memcpy(data.data() + ao * es, chunk.data() + co * es, n * es);
+    });
+  });
+  double sum = 0.0;
+  for (size_t e = 0; e < element_count(m); ++e) {
+    const double v = get_element(m.dtype, data.data() + e * es);
+    if (!std::isnan(v)) sum += v;
+  }
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(data)));
+  nlohmann::ordered_json line;
+  line["name"] = name;
+  line["format"] = int(m.format);
+  line["dtype"] = tandem::zarr::dtype_name(m.dtype);
+  line["shape"] = m.shape;
+  line["chunks"] = m.chunks;
+  line["compressor"] = m.compressor.describe();
+  line["fnv1a64"] = hash;
+  line["sum"] = sum;
+  line["missing_chunks"] = missing;
+  return line;
+}
+
+// Arrays anywhere under dir (v2 .zarray or v3 zarr.json with node_type "array"), sorted by name.
+std::vector<std::string> find_arrays(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_directory()) continue;
+    const fs::path p = entry.path();
+    const bool is_array = fs::exists(p / ".zarray") ||
+                          (fs::exists(p / "zarr.json") && !tandem::zarr::Group::exists(p.string()));
+    if (is_array) names.push_back(fs::relative(p, dir).string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: zarr_tool write DIR FORMAT(2|3) COMPRESSOR\n"
+               "       zarr_tool dump DIR\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.size() == 4 && args[0] == "write") {
+      if (args[2] != "2" && args[2] != "3") return usage();
+      write_known(args[1], args[2] == "2" ? tandem::zarr::Format::V2 : tandem::zarr::Format::V3,
+                  tandem::zarr::Compressor::parse(args[3]));
+      return 0;
+    }
+    if (args.size() == 2 && args[0] == "dump") {
+      for (const std::string& name : find_arrays(args[1])) {
+        std::printf("%s\n", dump_array(args[1], name).dump().c_str());
+      }
+      return 0;
+    }
+    return usage();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zarr_tool: %s\n", e.what());
+    return 1;
+  }
+}
