@@ -7,22 +7,7 @@ tandem=$1
 real=/usr/share/datasets/fashion-mnist
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-failures=0 passes=0
-
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then passes=$((passes + 1)); echo "ok: $name"
-  else failures=$((failures + 1)); echo "FAIL: $name"; fi
-}
-# expect_error NAME EXPECTED_TEXT COMMAND...: non-zero exit, stderr contains the text.
-expect_error() {
-  local name=$1 text=$2; shift 2
-  local err rc
-  err=$("$@" 2>&1 >/dev/null); rc=$?
-  if [ $rc -ne 0 ] && grep -qF -- "$text" <<<"$err"; then passes=$((passes + 1)); echo "ok: $name"
-  else failures=$((failures + 1)); echo "FAIL: $name (exit $rc): $err"; fi
-}
-json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
+source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 
 [ -d "$real" ] || { echo "Fashion-MNIST is not installed at $real (apt-get install dataset-fashion-mnist)"; exit 1; }
 
@@ -81,5 +66,4 @@ if ! nvidia-smi >/dev/null 2>&1; then
   expect_error "cuda without a device" "cuda" "$tandem" train --data "$real" --backend cuda
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+summarize

@@ -504,8 +504,7 @@ TEST(PngWriter, WritesAValidScaledGrayscalePng) {
   for (size_t i = 0; i < image.size(); ++i) image[i] = -3.0 + double(i) * 0.01;
   const std::string path = dir.file("mean.png");
   write_gray_png(path, image.data(), 28, 28);
-  std::ifstream in(path, std::ios::binary);
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::vector<unsigned char> bytes = test::read_bytes<std::vector<unsigned char>>(path);
   ASSERT_GE(bytes.size(), 33u);
   const unsigned char signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   EXPECT_EQ(std::memcmp(bytes.data(), signature, 8), 0);

@@ -3,41 +3,23 @@
 #include "idx_reader.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <zlib.h>
 
 #include <array>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include "tandem/dataset.h"
 #include "tandem/error.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
-// A directory under /tmp that lives as long as the object.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/tandem_idx_test_XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
+using test::write_bytes;
+using Bytes = std::vector<uint8_t>;
 
 template <typename T>
 IdxArray make_array(IdxType type, std::vector<int64_t> dims, const std::vector<T>& values) {
@@ -56,22 +38,12 @@ std::vector<T> values_of(const IdxArray& a) {
   return v;
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
 std::vector<uint8_t> gzip_bytes(const TempDir& dir, const std::vector<uint8_t>& bytes) {
   const std::string tmp = dir.file("gzip_scratch");
   gzFile f = gzopen(tmp.c_str(), "wb");
   gzwrite(f, bytes.data(), unsigned(bytes.size()));
   gzclose(f);
-  return read_bytes(tmp);
+  return test::read_bytes<Bytes>(tmp);
 }
 
 // Runs `fn`, expecting an InputError whose message names `path` and contains `phrase`.
@@ -99,7 +71,7 @@ void check_round_trip(const TempDir& dir, IdxType type, const std::vector<T>& va
     SCOPED_TRACE(std::string(idx_type_name(type)) + (gzip ? " gzip" : " raw"));
     const std::string path = dir.file(std::string(idx_type_name(type)) + (gzip ? ".gz" : ".idx"));
     write_idx(path, make_array(type, dims, values), gzip);
-    const std::vector<uint8_t> on_disk = read_bytes(path);
+    const std::vector<uint8_t> on_disk = test::read_bytes<Bytes>(path);
     ASSERT_GE(on_disk.size(), 2u);
     EXPECT_EQ(gzip, on_disk[0] == 0x1f && on_disk[1] == 0x8b);
     const IdxArray back = read_idx(path);
@@ -132,7 +104,7 @@ TEST(IdxReaderTest, WritesBigEndianHeaderAndData) {
   TempDir dir;
   const std::string path = dir.file("be.idx");
   write_idx(path, make_array<int16_t>(IdxType::Int16, {2, 3}, {1, 2, 3, 4, 5, -6}), false);
-  EXPECT_EQ(read_bytes(path), small_int16_file());
+  EXPECT_EQ(test::read_bytes<Bytes>(path), small_int16_file());
 }
 
 TEST(IdxReaderTest, ReadsHandWrittenFileAndOneDimension) {
@@ -140,7 +112,7 @@ TEST(IdxReaderTest, ReadsHandWrittenFileAndOneDimension) {
   const std::string path = dir.file("hand.idx");
   write_bytes(path, small_int16_file());
   EXPECT_EQ(values_of<int16_t>(read_idx(path)), (std::vector<int16_t>{1, 2, 3, 4, 5, -6}));
-  write_bytes(path, {0, 0, 0x08, 1, 0, 0, 0, 3, 9, 8, 7});
+  write_bytes(path, Bytes{0, 0, 0x08, 1, 0, 0, 0, 3, 9, 8, 7});
   const IdxArray a = read_idx(path);
   EXPECT_EQ(a.dims, std::vector<int64_t>{3});
   EXPECT_EQ(a.data, (std::vector<uint8_t>{9, 8, 7}));
@@ -200,22 +172,22 @@ TEST(IdxReaderTest, TruncatedDataAndHeader) {
   write_bytes(path, bytes);
   expect_input_error([&] { read_idx(path); }, path, "needs 12 bytes of data, file has 11");
 
-  write_bytes(path, {0, 0, 0x0B});
+  write_bytes(path, Bytes{0, 0, 0x0B});
   expect_input_error([&] { read_idx(path); }, path, "truncated IDX header: file has 3 bytes");
-  write_bytes(path, {0, 0, 0x0B, 2, 0, 0, 0, 2, 0, 0});
+  write_bytes(path, Bytes{0, 0, 0x0B, 2, 0, 0, 0, 2, 0, 0});
   expect_input_error([&] { read_idx(path); }, path, "need 8 bytes after the magic, file has 6");
-  write_bytes(path, {});
+  write_bytes(path, Bytes{});
   expect_input_error([&] { read_idx(path); }, path, "truncated IDX header: file has 0 bytes");
 }
 
 TEST(IdxReaderTest, AbsurdDimensionsAreRejectedBeforeAllocating) {
   TempDir dir;
   const std::string path = dir.file("huge.idx");
-  write_bytes(path, {0, 0, 0x0E, 4, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
-                     0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3});
+  write_bytes(path, Bytes{0, 0, 0x0E, 4, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+                          0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3});
   expect_input_error([&] { read_idx(path); }, path, "more than 2^48 bytes");
   // Plausible in size but far beyond the file: must report truncation, not try to allocate it all.
-  write_bytes(path, {0, 0, 0x08, 2, 0x00, 0x10, 0, 0, 0, 0x10, 0, 0, 1, 2, 3});
+  write_bytes(path, Bytes{0, 0, 0x08, 2, 0x00, 0x10, 0, 0, 0, 0x10, 0, 0, 1, 2, 3});
   expect_input_error([&] { read_idx(path); }, path, "file has 3");
 }
 
@@ -307,7 +279,7 @@ class MnistLoaderTest : public ::testing::Test {
 
 TEST_F(MnistLoaderTest, SplitsRawAndGzipFiles) {
   const DataSplits s = load_mnist_splits(dir_.path(), 7);
-  EXPECT_EQ(s.source, dir_.path());
+  EXPECT_EQ(s.source, dir_.path().string());
   EXPECT_EQ(s.train.rows(), 23);
   EXPECT_EQ(s.validation.rows(), 7);
   EXPECT_EQ(s.test.rows(), 11);

@@ -8,36 +8,26 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tandem/error.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
 using ordered_json = nlohmann::ordered_json;
+using test::read_bytes;
+using test::write_bytes;
 
 template <typename T>
 std::vector<uint8_t> bytes_of(const std::vector<T>& values) {
   std::vector<uint8_t> out(values.size() * sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
   return out;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
 }
 
 std::string le64(uint64_t v) {
@@ -63,22 +53,12 @@ SafeTensorsFile two_tensors() {
 
 class SafeTensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "tandem_safetensors_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string path(const std::string& name) const { return dir_.file(name); }
 
   // File names in the test directory, sorted.
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_))
+    for (const auto& e : fs::directory_iterator(dir_.path()))
       names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
@@ -108,7 +88,7 @@ class SafeTensorsTest : public ::testing::Test {
     return p;
   }
 
-  std::string dir_;
+  test::TempDir dir_;
   int counter_ = 0;
 };
 

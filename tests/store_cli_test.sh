@@ -6,20 +6,7 @@ set -uo pipefail
 tandem=$1 python=$2 pydir=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-failures=0 passes=0
-check() {
-  local name=$1; shift
-  if "$@"; then passes=$((passes + 1)); echo "ok: $name"
-  else failures=$((failures + 1)); echo "FAIL: $name"; fi
-}
-expect_error() {
-  local name=$1 text=$2; shift 2
-  local err rc
-  err=$("$@" 2>&1 >/dev/null); rc=$?
-  if [ $rc -ne 0 ] && grep -qF -- "$text" <<<"$err"; then passes=$((passes + 1)); echo "ok: $name"
-  else failures=$((failures + 1)); echo "FAIL: $name (exit $rc): $err"; fi
-}
-json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
+source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 
 for spec in "3 none uint8" "2 blosc-lz4 uint8" "3 zstd float32"; do
   read -r format compressor dtype <<<"$spec"
@@ -56,5 +43,4 @@ printf 'garbage' > "$key"
 expect_error "a corrupt chunk names the store and key" "c/3/0" "$tandem" train --data "$dir/one.zarr" --epochs 1
 expect_error "inspect of a missing store" "$dir/nothing.zarr" "$tandem" inspect "$dir/nothing.zarr"
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+summarize

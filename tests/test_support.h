@@ -1,5 +1,6 @@
 // Helpers shared by the test programs: one tolerance check for every comparison, seeded random
-// inputs that are never all zero, temporary directories, and small synthetic data sets.
+// inputs that are never all zero, temporary directories, whole-file reads and writes, and small
+// synthetic data sets.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +62,8 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
+// A fresh directory under the system's temporary directory, removed with everything in it when
+// the object goes.
 class TempDir {
  public:
   TempDir() {
@@ -70,12 +75,32 @@ class TempDir {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path_ / name).string(); }
   const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
 };
+
+// A whole file's bytes as a std::string or a std::vector<uint8_t>; empty when it cannot be read.
+template <typename Bytes = std::string>
+Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+// Creates or replaces the file at `path` holding exactly `bytes`; a failed write fails the test.
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  write_bytes(path, std::string(bytes.begin(), bytes.end()));
+}
 
 // Linearly separable data: class c's rows are bright in feature block c and dark elsewhere,
 // with noise. A 1-hidden-layer MLP reaches 100% accuracy on it quickly.

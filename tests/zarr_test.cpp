@@ -15,9 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <random>
 #include <thread>
@@ -25,26 +23,23 @@
 
 #include "tandem/error.h"
 #include "test_support.h"
+#include "zarr_test_arrays.h"
 
 namespace tandem::zarr {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::read_bytes;
 using test::TempDir;
+using test::write_bytes;
+using test_arrays::element_count;
+using test_arrays::for_each_chunk;
+using test_arrays::for_each_run;
+using test_arrays::put_element;
+using test_arrays::read_logical;
 
 // ---- helpers ----
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
 
 std::string as_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
@@ -63,57 +58,6 @@ ArrayMeta make_meta(Format format, DType dtype, std::vector<int64_t> shape,
   return m;
 }
 
-// Calls fn for every chunk index of the grid, in C order (one empty index for a 0-d array).
-void for_each_chunk(const ArrayMeta& m, const std::function<void(const std::vector<int64_t>&)>& fn) {
-  const std::vector<int64_t> grid = m.grid();
-  for (const int64_t g : grid) {
-    if (g == 0) return;
-  }
-  std::vector<int64_t> index(grid.size(), 0);
-  while (true) {
-    fn(index);
-    int d = int(grid.size()) - 1;
-    for (; d >= 0; --d) {
-      if (++index[size_t(d)] < grid[size_t(d)]) break;
-      index[size_t(d)] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
-// Calls fn(array_offset, chunk_offset, count), in elements, for each run along the last
-// dimension where chunk `index` overlaps the array: edge chunks are only partly inside it.
-void for_each_run(const ArrayMeta& m, const std::vector<int64_t>& index,
-                  const std::function<void(size_t, size_t, size_t)>& fn) {
-  const size_t nd = m.shape.size();
-  if (nd == 0) return fn(0, 0, 1);
-  std::vector<int64_t> start(nd), extent(nd), pos(nd, 0);
-  for (size_t d = 0; d < nd; ++d) {
-    start[d] = index[d] * m.chunks[d];
-    extent[d] = std::min(m.chunks[d], m.shape[d] - start[d]);
-  }
-  while (true) {
-    size_t a = 0, c = 0;
-    for (size_t d = 0; d < nd; ++d) {
-      a = a * size_t(m.shape[d]) + size_t(start[d] + pos[d]);
-      c = c * size_t(m.chunks[d]) + size_t(pos[d]);
-    }
-    fn(a, c, size_t(extent[nd - 1]));
-    int d = int(nd) - 2;
-    for (; d >= 0; --d) {
-      if (++pos[size_t(d)] < extent[size_t(d)]) break;
-      pos[size_t(d)] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
-size_t element_count(const ArrayMeta& m) {
-  size_t n = 1;
-  for (const int64_t s : m.shape) n *= size_t(s);
-  return n;
-}
-
 // Writes a whole C-order array chunk by chunk; edge chunks are padded with 0xAB bytes, which
 // readers must never return.
 void write_logical(const Array& a, const std::vector<uint8_t>& data) {
@@ -127,41 +71,6 @@ void write_logical(const Array& a, const std::vector<uint8_t>& data) {
     });
     a.write_chunk(index, chunk.data());
   });
-}
-
-std::vector<uint8_t> read_logical(const Array& a) {
-  const ArrayMeta& m = a.meta();
-  const size_t es = dtype_size(m.dtype);
-  std::vector<uint8_t> data(element_count(m) * es);
-  std::vector<uint8_t> chunk(m.chunk_bytes());
-  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
-    a.read_chunk(index, chunk.data());
-    for_each_run(m, index, [&](size_t ao, size_t co, size_t n) {
-      std::memcpy(data.data() + ao * es, chunk.data() + co * es, n * es);
-    });
-  });
-  return data;
-}
-
-template <typename T>
-void put(uint8_t* p, double v) {
-  const T t = static_cast<T>(v);
-  std::memcpy(p, &t, sizeof t);
-}
-
-void put_element(DType type, uint8_t* p, double v) {
-  switch (type) {
-    case DType::UInt8: return put<uint8_t>(p, v);
-    case DType::Int8: return put<int8_t>(p, v);
-    case DType::UInt16: return put<uint16_t>(p, v);
-    case DType::Int16: return put<int16_t>(p, v);
-    case DType::UInt32: return put<uint32_t>(p, v);
-    case DType::Int32: return put<int32_t>(p, v);
-    case DType::UInt64: return put<uint64_t>(p, v);
-    case DType::Int64: return put<int64_t>(p, v);
-    case DType::Float32: return put<float>(p, v);
-    case DType::Float64: return put<double>(p, v);
-  }
 }
 
 // Values with runs (so compressors have something to compress) and random ones mixed in; signed

@@ -9,22 +9,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <filesystem>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "tandem/error.h"
 #include "zarr/zarr_array.h"
+#include "zarr_test_arrays.h"
 
 namespace {
 
 using tandem::zarr::Array;
 using tandem::zarr::ArrayMeta;
 using tandem::zarr::DType;
+using tandem::zarr::test_arrays::element_count;
+using tandem::zarr::test_arrays::for_each_chunk;
+using tandem::zarr::test_arrays::for_each_run;
+using tandem::zarr::test_arrays::get_element;
+using tandem::zarr::test_arrays::put_element;
+using tandem::zarr::test_arrays::read_logical;
 namespace fs = std::filesystem;
 
 // The known arrays; their values are functions of the flat C-order index i, mirrored by
@@ -54,95 +58,6 @@ double known_value(const std::string& name, int64_t i) {
   if (name == "f32") return double(i) * 0.25 - 100.0;
   if (name == "f32_sparse") return double(i) * 0.5;
   return 42.0;  // scalar
-}
-
-// Calls fn for every chunk index in C order (one empty index for a 0-d array).
-void for_each_chunk(const ArrayMeta& m, const std::function<void(const std::vector<int64_t>&)>& fn) {
-  const std::vector<int64_t> grid = m.grid();
-  for (const int64_t g : grid) {
-    if (g == 0) return;
-  }
-  std::vector<int64_t> index(grid.size(), 0);
-  while (true) {
-    fn(index);
-    int d = int(grid.size()) - 1;
-    for (; d >= 0; --d) {
-      if (++index[size_t(d)] < grid[size_t(d)]) break;
-      index[size_t(d)] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
-// Calls fn(array_offset, chunk_offset, count), in elements, for each run along the last
-// dimension where chunk `index` overlaps the array (edge chunks overlap it only in part).
-void for_each_run(const ArrayMeta& m, const std::vector<int64_t>& index,
-                  const std::function<void(size_t, size_t, size_t)>& fn) {
-  const size_t nd = m.shape.size();
-  if (nd == 0) return fn(0, 0, 1);
-  std::vector<int64_t> start(nd), extent(nd), pos(nd, 0);
-  for (size_t d = 0; d < nd; ++d) {
-    start[d] = index[d] * m.chunks[d];
-    extent[d] = std::min(m.chunks[d], m.shape[d] - start[d]);
-  }
-  while (true) {
-    size_t a = 0, c = 0;
-    for (size_t d = 0; d < nd; ++d) {
-      a = a * size_t(m.shape[d]) + size_t(start[d] + pos[d]);
-      c = c * size_t(m.chunks[d]) + size_t(pos[d]);
-    }
-    fn(a, c, size_t(extent[nd - 1]));
-    int d = int(nd) - 2;
-    for (; d >= 0; --d) {
-      if (++pos[size_t(d)] < extent[size_t(d)]) break;
-      pos[size_t(d)] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
-size_t element_count(const ArrayMeta& m) {
-  size_t n = 1;
-  for (const int64_t s : m.shape) n *= size_t(s);
-  return n;
-}
-
-template <typename T>
-void put(uint8_t* p, double v) {
-  const T t = static_cast<T>(v);
-  std::memcpy(p, &t, sizeof t);
-}
-
-template <typename T>
-double get(const uint8_t* p) {
-  T t;
-  std::memcpy(&t, p, sizeof t);
-  return double(t);
-}
-
-void put_element(DType type, uint8_t* p, double v) {
-  switch (type) {
-    case DType::UInt8: return put<uint8_t>(p, v);
-    case DType::Int64: return put<int64_t>(p, v);
-    case DType::Float32: return put<float>(p, v);
-    default: throw tandem::Error("zarr_tool: the known arrays use uint8, int64 and float32 only");
-  }
-}
-
-double get_element(DType type, const uint8_t* p) {
-  switch (type) {
-    case DType::UInt8: return get<uint8_t>(p);
-    case DType::Int8: return get<int8_t>(p);
-    case DType::UInt16: return get<uint16_t>(p);
-    case DType::Int16: return get<int16_t>(p);
-    case DType::UInt32: return get<uint32_t>(p);
-    case DType::Int32: return get<int32_t>(p);
-    case DType::UInt64: return get<uint64_t>(p);
-    case DType::Int64: return get<int64_t>(p);
-    case DType::Float32: return get<float>(p);
-    case DType::Float64: return get<double>(p);
-  }
-  return 0.0;
 }
 
 bool chunk_is_skipped(const Known& k, const std::vector<int64_t>& index) {
@@ -195,15 +110,8 @@ nlohmann::ordered_json dump_array(const std::string& dir, const std::string& nam
   const Array a = Array::open(dir + "/" + name);
   const ArrayMeta& m = a.meta();
   const size_t es = tandem::zarr::dtype_size(m.dtype);
-  std::vector<uint8_t> data(element_count(m) * es);
-  std::vector<uint8_t> chunk(m.chunk_bytes());
   int missing = 0;
-  for_each_chunk(m, [&](const std::vector<int64_t>& index) {
-    if (!a.read_chunk(index, chunk.data())) ++missing;
-    for_each_run(m, index, [&](size_t ao, size_t co, size_t n) {
-      std::memcpy(data.data() + ao * es, chunk.data() + co * es, n * es);
-    });
-  });
+  const std::vector<uint8_t> data = read_logical(a, &missing);
   double sum = 0.0;
   for (size_t e = 0; e < element_count(m); ++e) {
     const double v = get_element(m.dtype, data.data() + e * es);

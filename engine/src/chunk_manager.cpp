@@ -164,7 +164,11 @@ void ChunkManager::start_epoch(int64_t epoch) {
   stopping_ = false;
   error_ = nullptr;
   next_to_read_ = 0;
-  free_band_buffers_ = std::max<size_t>(2, options_.memory_budget / band_bytes);
+  // Enough bands to keep every reader busy while the assembler holds one and one waits ready;
+  // more would only cost fresh pages (a page fault per 4 KiB) without adding speed. The memory
+  // budget caps it (two bands at least, or nothing could flow).
+  free_band_buffers_ = std::max<size_t>(
+      2, std::min(options_.memory_budget / band_bytes, static_cast<size_t>(options_.readers) + 2));
   ready_bands_.clear();
   filled_slots_.clear();
   free_slots_.clear();
@@ -246,7 +250,7 @@ void ChunkManager::assembler_loop() {
       }
       Slot& slot = ring_[slot_index];
       auto* pixels = static_cast<uint8_t*>(slot.pixels.data);
-      for (int64_t r = plan.begin; r < plan.end; ++r) {
+      for (int64_t r = plan.begin; r < plan.end;) {
         // Move to the band holding stream row r, returning the previous band's buffer first so a
         // reader can fill it while we wait.
         while (!have_band || band_start_[needed_positions_[cursor] + 1] <= r) {
@@ -267,10 +271,20 @@ void ChunkManager::assembler_loop() {
         }
         const size_t position = needed_positions_[cursor];
         const int64_t offset = r - band_start_[position];
-        const int64_t source = row_orders_[position].empty() ? offset : row_orders_[position][offset];
-        std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + source * row_bytes, row_bytes);
-        slot.labels[static_cast<size_t>(r - plan.begin)] =
-            labels_[static_cast<size_t>(band_order_[position] * band_rows_ + source)];
+        const uint8_t* band_labels = labels_.data() + band_order_[position] * band_rows_;
+        if (row_orders_[position].empty()) {
+          // Unshuffled: the rest of this band (or of the batch) is one contiguous run.
+          const int64_t run = std::min(plan.end, band_start_[position + 1]) - r;
+          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + offset * row_bytes,
+                      static_cast<size_t>(run) * row_bytes);
+          std::memcpy(slot.labels.data() + (r - plan.begin), band_labels + offset, static_cast<size_t>(run));
+          r += run;
+        } else {
+          const int64_t source = row_orders_[position][offset];
+          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + source * row_bytes, row_bytes);
+          slot.labels[static_cast<size_t>(r - plan.begin)] = band_labels[source];
+          ++r;
+        }
       }
       slot.rows = plan.end - plan.begin;
       {

@@ -30,27 +30,6 @@ IdxArray read_images(const std::string& path) {
   return a;
 }
 
-IdxArray read_labels(const std::string& path, int num_classes) {
-  IdxArray a = read_idx(path);
-  if (a.type != IdxType::UInt8 || a.dims.size() != 1)
-    throw InputError(path + ": labels are " + idx_type_name(a.type) + " with " +
-                     std::to_string(a.dims.size()) + " dimensions, expected uint8 with 1 dimension");
-  for (size_t i = 0; i < a.data.size(); ++i)
-    if (a.data[i] >= num_classes)
-      throw InputError(path + ": label at index " + std::to_string(i) + " is " +
-                       std::to_string(a.data[i]) + ", expected a class below " +
-                       std::to_string(num_classes));
-  return a;
-}
-
-void check_counts(const std::string& images_path, const IdxArray& images,
-                  const std::string& labels_path, const IdxArray& labels) {
-  if (images.dims[0] != labels.dims[0])
-    throw InputError("image/label count mismatch: " + images_path + " has " +
-                     std::to_string(images.dims[0]) + " images but " + labels_path + " has " +
-                     std::to_string(labels.dims[0]) + " labels");
-}
-
 // Copies rows [begin, end) of a checked image/label pair into a new Dataset.
 Dataset copy_rows(const IdxArray& images, const IdxArray& labels, int64_t begin, int64_t end) {
   const int64_t features = images.dims[1] * images.dims[2];
@@ -105,8 +84,9 @@ DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows) {
   const std::string test_labels_path = find_idx_file(dir, "t10k-labels-idx1-ubyte");
 
   const IdxArray train_images = read_images(train_images_path);
-  const IdxArray train_labels = read_labels(train_labels_path, kMnistClasses);
-  check_counts(train_images_path, train_images, train_labels_path, train_labels);
+  const IdxArray train_labels = read_idx_labels(train_labels_path);
+  check_label_classes(train_labels_path, train_labels, kMnistClasses);
+  check_label_count(train_images_path, train_images.dims[0], train_labels_path, train_labels);
   const int64_t n = train_images.dims[0];
   if (validation_rows < 0 || validation_rows >= n)
     throw InputError("validation_rows is " + std::to_string(validation_rows) +
@@ -117,8 +97,9 @@ DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows) {
   s.train = copy_rows(train_images, train_labels, 0, n - validation_rows);
   s.validation = copy_rows(train_images, train_labels, n - validation_rows, n);
   const IdxArray test_images = read_images(test_images_path);
-  const IdxArray test_labels = read_labels(test_labels_path, kMnistClasses);
-  check_counts(test_images_path, test_images, test_labels_path, test_labels);
+  const IdxArray test_labels = read_idx_labels(test_labels_path);
+  check_label_classes(test_labels_path, test_labels, kMnistClasses);
+  check_label_count(test_images_path, test_images.dims[0], test_labels_path, test_labels);
   // A model trained on one image size cannot be tested on another.
   if (test_images.dims[1] != train_images.dims[1] || test_images.dims[2] != train_images.dims[2])
     throw InputError(test_images_path + ": images are " + std::to_string(test_images.dims[1]) +

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "array_stats.h"
+#include "file_io.h"
 #include "tandem/error.h"
 #include "thread_pool.h"
 
@@ -54,13 +55,9 @@ void rename_no_replace(const std::string& from, const std::string& to) {
 
 // fsyncs a directory, making the renames inside it durable.
 void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
+  if (const int err = fsync_directory(dir)) {
     throw IoError("cannot fsync directory " + dir + ": " + std::strerror(err));
   }
-  ::close(fd);
 }
 
 // Chunk files are fsynced as they are written but not the directories that name them; this

@@ -236,6 +236,30 @@ IdxArray read_idx(const std::string& path) {
   return a;
 }
 
+IdxArray read_idx_labels(const std::string& path) {
+  IdxArray a = read_idx(path);
+  if (a.type != IdxType::UInt8 || a.dims.size() != 1)
+    throw InputError(path + ": labels are " + idx_type_name(a.type) + " with " +
+                     std::to_string(a.dims.size()) + " dimensions, expected uint8 with 1 dimension");
+  return a;
+}
+
+void check_label_classes(const std::string& path, const IdxArray& labels, int num_classes) {
+  for (size_t i = 0; i < labels.data.size(); ++i)
+    if (labels.data[i] >= num_classes)
+      throw InputError(path + ": label at index " + std::to_string(i) + " is " +
+                       std::to_string(labels.data[i]) + ", expected a class below " +
+                       std::to_string(num_classes));
+}
+
+void check_label_count(const std::string& images_path, int64_t image_count,
+                       const std::string& labels_path, const IdxArray& labels) {
+  if (labels.dims[0] != image_count)
+    throw InputError("image/label count mismatch: " + images_path + " has " +
+                     std::to_string(image_count) + " images but " + labels_path + " has " +
+                     std::to_string(labels.dims[0]) + " labels");
+}
+
 void write_idx(const std::string& path, const IdxArray& a, bool gzip) {
   validate_for_write(path, a);
   std::vector<uint8_t> bytes = {0, 0, static_cast<uint8_t>(a.type), uint8_t(a.dims.size())};

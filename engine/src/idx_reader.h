@@ -41,4 +41,14 @@ void write_idx(const std::string& path, const IdxArray& a, bool gzip);
 // "uint8", "int8", "int16", "int32", "float32", "float64"; "unknown" for other codes.
 const char* idx_type_name(IdxType type);
 
+// MNIST-family label files, checked alike (and worded alike) by the engine's loader and by
+// `tandem prepare`; each failure is an InputError naming the file.
+// Reads a label file: uint8 with one dimension.
+IdxArray read_idx_labels(const std::string& path);
+// Every label in `labels` (read from `path`) is below `num_classes`.
+void check_label_classes(const std::string& path, const IdxArray& labels, int num_classes);
+// One label per image: `image_count` images in `images_path`, labels.dims[0] in `labels_path`.
+void check_label_count(const std::string& images_path, int64_t image_count,
+                       const std::string& labels_path, const IdxArray& labels);
+
 }  // namespace tandem

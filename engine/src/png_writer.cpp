@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "file_io.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -110,32 +111,29 @@ void write_png_impl(const std::string& path, const T* values, int64_t height, in
   static std::atomic<unsigned> counter{0};
   const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" +
                           std::to_string(counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) throw IoError(path + ": cannot create " + tmp + ": " + errno_text(errno));
-  FILE* file = fdopen(fd, "wb");
+  std::vector<uint8_t> row(size_t(width) * size_t(options.scale));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd.get() < 0) throw IoError(path + ": cannot create " + tmp + ": " + errno_text(errno));
+  TempFileGuard guard(tmp);  // every failure below removes the temporary file
+  FILE* file = fdopen(fd.get(), "wb");
   if (file == nullptr) {
     const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
     throw IoError(path + ": fdopen failed: " + errno_text(err));
   }
-  std::vector<uint8_t> row(size_t(width) * size_t(options.scale));
+  fd.release();  // fclose closes it now
   PngErrorState state{};
   const bool encoded = encode(file, gray.data(), height, width, options.scale, row.data(), &state);
   int err = 0;
   if (std::fflush(file) != 0 && err == 0) err = errno;
   if (encoded && err == 0 && ::fsync(fileno(file)) != 0) err = errno;
   if (std::fclose(file) != 0 && err == 0) err = errno;
-  if (!encoded || err != 0) {
-    ::unlink(tmp.c_str());
-    if (!encoded) throw IoError(path + ": libpng failed to write the image: " + state.message);
-    throw IoError(path + ": cannot write " + tmp + ": " + errno_text(err));
-  }
+  if (!encoded) throw IoError(path + ": libpng failed to write the image: " + state.message);
+  if (err != 0) throw IoError(path + ": cannot write " + tmp + ": " + errno_text(err));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     err = errno;
-    ::unlink(tmp.c_str());
     throw IoError(path + ": cannot rename " + tmp + " into place: " + errno_text(err));
   }
+  guard.dismiss();
 }
 
 }  // namespace

@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <utility>
 
+#include "file_io.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -31,48 +31,8 @@ using json = nlohmann::json;
 // The Python package's limit too: a larger header is corruption or an attack, not a model.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-// Owns a file descriptor so that every throw closes it.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result: some filesystems report failed writes only here.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-// Unlinks the temporary file on every failure path, so a failed write leaves nothing behind.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  ~TempFileGuard() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  void dismiss() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 [[noreturn]] void input_error(const std::string& path, const std::string& what) {
   throw InputError("safetensors file '" + path + "': " + what);
-}
-
-[[noreturn]] void io_error(const std::string& action, const std::string& path, int err) {
-  throw IoError("cannot " + action + " '" + path + "': " + std::strerror(err));
 }
 
 // 0 for an unknown dtype, so callers can word the error with their own context.
@@ -235,18 +195,6 @@ void check_layout(const std::string& path, std::vector<HeaderEntry>& entries, ui
   }
 }
 
-void read_exact(int fd, void* buf, size_t n, const std::string& path) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) io_error("read", path, errno);
-    if (got == 0) input_error(path, "file ended early (was it truncated while being read?)");
-    p += got;
-    n -= size_t(got);
-  }
-}
-
 // ---- writing ----
 
 void validate_for_write(const std::string& path, const SafeTensorsFile& file) {
@@ -287,32 +235,6 @@ std::string build_header(const std::string& path, const SafeTensorsFile& file) {
   return text;
 }
 
-void write_all(int fd, const void* buf, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) io_error("write", path, errno);
-    p += put;
-    n -= size_t(put);
-  }
-}
-
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Makes the rename itself durable; without this a crash can bring back the old file.
-void fsync_directory(const std::string& dir, const std::string& path) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
-    throw IoError("cannot fsync directory '" + dir + "' after replacing '" + path +
-                  "' (the new file may not survive a crash): " + std::strerror(errno));
-  }
-}
-
 }  // namespace
 
 const SafeTensor* SafeTensorsFile::find(const std::string& name) const {
@@ -329,6 +251,9 @@ size_t safetensors_dtype_size(const std::string& dtype) {
 }
 
 SafeTensorsFile read_safetensors(const std::string& path) {
+  // What a read that meets the end of the file early throws.
+  const std::string truncated =
+      "safetensors file '" + path + "': file ended early (was it truncated while being read?)";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) io_error("open", path, errno);
   struct stat st {};
@@ -341,7 +266,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   }
 
   uint8_t length_bytes[8];
-  read_exact(fd.get(), length_bytes, 8, path);
+  read_exact(fd.get(), length_bytes, 8, path, truncated);
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
   if (header_size > kMaxHeaderBytes) {
@@ -354,7 +279,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
                           " bytes follow the length field)");
   }
   std::string header(header_size, '\0');
-  read_exact(fd.get(), header.data(), header.size(), path);
+  read_exact(fd.get(), header.data(), header.size(), path, truncated);
 
   SafeTensorsFile file;
   std::vector<HeaderEntry> entries = parse_header(path, header, file.metadata);
@@ -363,7 +288,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   // one after another reads the rest of the file exactly.
   for (HeaderEntry& e : entries) {
     e.tensor.data.resize(e.end - e.begin);
-    read_exact(fd.get(), e.tensor.data.data(), e.tensor.data.size(), path);
+    read_exact(fd.get(), e.tensor.data.data(), e.tensor.data.size(), path, truncated);
     file.tensors.push_back(std::move(e.tensor));
   }
   return file;
@@ -375,19 +300,12 @@ void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& fi
   uint8_t length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) io_error("create", tmp, errno);
-  TempFileGuard guard(tmp);
-  write_all(fd.get(), length_bytes, sizeof length_bytes, tmp);
-  write_all(fd.get(), header.data(), header.size(), tmp);
-  for (const SafeTensor& t : file.tensors) write_all(fd.get(), t.data.data(), t.data.size(), tmp);
-  // Data must be on disk before the rename publishes it, or a crash can leave an empty file.
-  if (::fsync(fd.get()) != 0) io_error("fsync", tmp, errno);
-  if (fd.close() != 0) io_error("close", tmp, errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) io_error("rename '" + tmp + "' over", path, errno);
-  guard.dismiss();
-  fsync_directory(parent_directory(path), path);
+  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
+  out.write(length_bytes, sizeof length_bytes);
+  out.write(header.data(), header.size());
+  for (const SafeTensor& t : file.tensors) out.write(t.data.data(), t.data.size());
+  out.commit();
+  fsync_parent_directory(path, "replacing");
 }
 
 }  // namespace tandem

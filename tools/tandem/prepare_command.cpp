@@ -58,19 +58,9 @@ ImageFile read_image_file(const std::string& path) {
 
 IdxArray read_label_file(const std::string& path, const ImageFile& images,
                          const std::string& images_path) {
-  IdxArray a = read_idx(path);
-  if (a.type != IdxType::UInt8 || a.dims.size() != 1)
-    throw InputError(path + ": labels are " + idx_type_name(a.type) + " with " +
-                     std::to_string(a.dims.size()) + " dimensions, expected uint8 with 1 dimension");
-  if (a.dims[0] != images.count)
-    throw InputError("image/label count mismatch: " + images_path + " has " +
-                     std::to_string(images.count) + " images but " + path + " has " +
-                     std::to_string(a.dims[0]) + " labels");
-  for (size_t i = 0; i < a.data.size(); ++i)
-    if (a.data[i] >= kClasses)
-      throw InputError(path + ": label at index " + std::to_string(i) + " is " +
-                       std::to_string(a.data[i]) + ", expected a class below " +
-                       std::to_string(kClasses));
+  IdxArray a = read_idx_labels(path);
+  check_label_count(images_path, images.count, path, a);
+  check_label_classes(path, a, kClasses);
   return a;
 }
 

@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "file_io.h"
 #include "tandem/error.h"
 #include "zarr/zarr_metadata.h"
 
@@ -30,46 +31,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "Zarr I/O needs a littl
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-// Owns a file descriptor so that every throw closes it.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result: some filesystems report failed writes only here.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-// Unlinks the temporary file on every failure path, so a failed write leaves nothing behind.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  ~TempFileGuard() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  void dismiss() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
-[[noreturn]] void io_error(const std::string& action, const std::string& path, int err) {
-  throw IoError("cannot " + action + " '" + path + "': " + std::strerror(err));
-}
-
 [[noreturn]] void store_error(const std::string& store, const std::string& problem) {
   throw InputError("zarr store '" + store + "': " + problem);
 }
@@ -82,43 +43,9 @@ std::string normalize(const std::string& path) {
   return p;
 }
 
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Reads exactly n bytes; a short file is the caller's kind of corruption (`what`).
-void read_exact(int fd, void* buf, size_t n, const std::string& path, const std::string& what) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) io_error("read", path, errno);
-    if (got == 0) throw InputError(what + ": file ended early (was it changed while being read?)");
-    p += got;
-    n -= size_t(got);
-  }
-}
-
-void write_all(int fd, const void* buf, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(buf);
-  while (n > 0) {
-    const ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) io_error("write", path, errno);
-    p += put;
-    n -= size_t(put);
-  }
-}
-
-// Makes a rename durable; without this a crash can bring back the old directory entry.
-void fsync_directory(const std::string& dir, const std::string& path) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
-    throw IoError("cannot fsync directory '" + dir + "' after writing '" + path +
-                  "' (the new file may not survive a crash): " + std::strerror(errno));
-  }
+// What read_exact throws when a file of `what` (the store and the file) is shorter than its size.
+std::string ended_early(const std::string& what) {
+  return what + ": file ended early (was it changed while being read?)";
 }
 
 // `mkdir -p`. Concurrent writers may race to create the same directory: EEXIST is success.
@@ -153,17 +80,11 @@ enum class Durability { Data, DataAndDirectory };
 // one, never part of one, and two threads or processes never share a temporary file.
 void write_file_atomic(const std::string& path, const void* data, size_t size,
                        Durability durability) {
-  const std::string tmp =
-      path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(::gettid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) io_error("create", tmp, errno);
-  TempFileGuard guard(tmp);
-  write_all(fd.get(), data, size, tmp);
-  if (::fsync(fd.get()) != 0) io_error("fsync", tmp, errno);
-  if (fd.close() != 0) io_error("close", tmp, errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) io_error("rename '" + tmp + "' over", path, errno);
-  guard.dismiss();
-  if (durability == Durability::DataAndDirectory) fsync_directory(parent_directory(path), path);
+  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(::gettid()));
+  out.write(data, size);
+  out.commit();
+  if (durability == Durability::DataAndDirectory) fsync_parent_directory(path, "writing");
 }
 
 // A metadata document as zarr-python formats it (indented), written atomically and durably.
@@ -197,7 +118,7 @@ std::optional<std::string> read_metadata_file(const std::string& store, const st
   }
   std::string text(size_t(st.st_size), '\0');
   read_exact(fd.get(), text.data(), text.size(), path,
-             "zarr store '" + store + "', metadata '" + name + "'");
+             ended_early("zarr store '" + store + "', metadata '" + name + "'"));
   return text;
 }
 
@@ -362,11 +283,11 @@ bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
       throw InputError(what + ": uncompressed chunk is " + std::to_string(stored) +
                        " bytes; expected " + std::to_string(size) + " bytes (the chunk size)");
     }
-    read_exact(fd.get(), out, size, file, what);
+    read_exact(fd.get(), out, size, file, ended_early(what));
     return true;
   }
   std::vector<uint8_t> data(stored);
-  read_exact(fd.get(), data.data(), data.size(), file, what);
+  read_exact(fd.get(), data.data(), data.size(), file, ended_early(what));
   decompress(meta_.compressor, data.data(), data.size(), out, size, what);
   return true;
 }

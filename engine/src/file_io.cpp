@@ -1,0 +1,109 @@
+#include "file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "tandem/error.h"
+
+namespace tandem {
+namespace {
+
+// Creates (or truncates) `tmp` for writing; the descriptor is returned only when that worked.
+int create_for_writing(const std::string& tmp) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("create", tmp, errno);
+  return fd;
+}
+
+}  // namespace
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int Fd::close() {
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  return rc;
+}
+
+int Fd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+TempFileGuard::~TempFileGuard() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+void io_error(const std::string& action, const std::string& path, int err) {
+  throw IoError("cannot " + action + " '" + path + "': " + std::strerror(err));
+}
+
+void read_exact(int fd, void* buf, size_t n, const std::string& path,
+                const std::string& early_end_message) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) io_error("read", path, errno);
+    if (got == 0) throw InputError(early_end_message);
+    p += got;
+    n -= size_t(got);
+  }
+}
+
+void write_all(int fd, const void* buf, size_t n, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) io_error("write", path, errno);
+    p += put;
+    n -= size_t(put);
+  }
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+int fsync_directory(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || ::fsync(fd.get()) != 0) return errno;  // read before ~Fd's close
+  return 0;
+}
+
+void fsync_parent_directory(const std::string& path, const std::string& doing) {
+  const std::string dir = parent_directory(path);
+  if (const int err = fsync_directory(dir)) {
+    throw IoError("cannot fsync directory '" + dir + "' after " + doing + " '" + path +
+                  "' (the new file may not survive a crash): " + std::strerror(err));
+  }
+}
+
+AtomicFile::AtomicFile(std::string path, std::string tmp)
+    : path_(std::move(path)), tmp_(std::move(tmp)), fd_(create_for_writing(tmp_)), guard_(tmp_) {}
+
+void AtomicFile::commit() {
+  // The data must be on disk before the rename publishes it, or a crash can leave an empty or
+  // torn file under the final name.
+  if (::fsync(fd_.get()) != 0) io_error("fsync", tmp_, errno);
+  // close() is checked, not left to the destructor: some filesystems (NFS, quotas) report a
+  // failed write only here, and the rename must not publish a file that was not written.
+  if (fd_.close() != 0) io_error("close", tmp_, errno);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    io_error("rename '" + tmp_ + "' over", path_, errno);
+  }
+  guard_.dismiss();
+}
+
+}  // namespace tandem

@@ -1,0 +1,85 @@
+// POSIX file helpers shared by the engine's readers and writers (safetensors checkpoints, Zarr
+// chunks and metadata, dataset stores, PNGs): an owned descriptor, a temporary file removed on
+// failure, read/write loops that retry interrupted calls, and the durable atomic replacement of
+// a file (write a temporary file, fsync it, close it, rename it over the target, fsync the
+// directory). Internal to tandem_engine; failures are IoError, with errno's text.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace tandem {
+
+// Owns a file descriptor so that every throw closes it.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  // Closes now and returns close()'s result: some filesystems report failed writes only here.
+  int close();
+  // Gives the descriptor up without closing it (to fdopen, say) and returns it.
+  int release();
+
+ private:
+  int fd_;
+};
+
+// Unlinks the temporary file on every failure path, so a failed write leaves nothing behind.
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  ~TempFileGuard();
+  void dismiss() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// Throws IoError "cannot ACTION 'PATH': <strerror(err)>".
+[[noreturn]] void io_error(const std::string& action, const std::string& path, int err);
+
+// Reads exactly n bytes. A read error is an IoError naming `path`; a file that ends first is the
+// caller's kind of corruption: an InputError with `early_end_message`.
+void read_exact(int fd, void* buf, size_t n, const std::string& path,
+                const std::string& early_end_message);
+
+// Writes all n bytes (write() may write fewer); an error is an IoError naming `path`.
+void write_all(int fd, const void* buf, size_t n, const std::string& path);
+
+// The directory part of `path`: "." for a bare name, "/" for a file in the root.
+std::string parent_directory(const std::string& path);
+
+// fsyncs directory `dir`; returns 0, or the errno of the open or fsync that failed. A rename is
+// durable only once its directory is: without this a crash can bring back the old entry.
+int fsync_directory(const std::string& dir);
+
+// fsyncs the directory holding `path`, just written or replaced by a rename; failing, throws
+// IoError "cannot fsync directory 'DIR' after DOING 'PATH' (the new file may not survive a crash)".
+void fsync_parent_directory(const std::string& path, const std::string& doing);
+
+// A file written through a temporary file `tmp` (in the same directory as `path`) and a rename,
+// so readers see the old file or the new one, never part of one. Construction creates `tmp`;
+// commit() fsyncs it, closes it and renames it over `path`; destroyed before commit() (a throw),
+// it removes `tmp`. commit() leaves the directory unsynced: see fsync_parent_directory.
+class AtomicFile {
+ public:
+  AtomicFile(std::string path, std::string tmp);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* buf, size_t n) { write_all(fd_.get(), buf, n, tmp_); }
+  void commit();
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  Fd fd_;
+  TempFileGuard guard_;  // after fd_: it unlinks tmp only once fd_ holds it open
+};
+
+}  // namespace tandem
