@@ -36,6 +36,17 @@ TEST(ThreadPool, WakesAfterSleeping) {
   EXPECT_EQ(ran.load(), 4);
 }
 
+TEST(ThreadPool, RestingMembersWakeForTheNextJob) {
+  ThreadPool pool(2);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 50; ++i) {
+    pool.run([&](int) { ran++; });
+    pool.rest();
+    if (i % 10 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  EXPECT_EQ(ran.load(), 100);
+}
+
 TEST(ThreadPool, SplitCoversTheRangeExactly) {
   for (int64_t n : {0, 1, 7, 100})
     for (int parts : {1, 2, 3, 8}) {

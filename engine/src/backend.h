@@ -40,6 +40,10 @@ class Backend {
   // One optimizer step with the gradients of the last compute_gradients().
   virtual void apply_gradients() = 0;
 
+  // A hint that no work will come for a while (the caller is about to wait for data): threads
+  // kept hot between steps should release their cores.
+  virtual void rest() {}
+
   // Summed loss and correct predictions over every row of `data`; no gradients.
   virtual BatchStats evaluate(const DatasetView& data) = 0;
   // Arg-max class of every row of `data` into out[data.rows].

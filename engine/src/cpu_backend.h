@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   BatchStats compute_gradients(const DatasetView& data, const int32_t* rows,
                                int64_t count) override;
   void apply_gradients() override;
+  void rest() override { pool_.rest(); }
   BatchStats evaluate(const DatasetView& data) override;
   void predict(const DatasetView& data, uint8_t* out) override;
 

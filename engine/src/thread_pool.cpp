@@ -17,10 +17,9 @@ namespace tandem {
 
 namespace {
 // How long a member spins for the next job before it sleeps: long enough to span the gap between
-// the gradient and optimizer phases and between two steps (a few microseconds), short enough not
-// to steal the core from the chunk manager's reader threads or another process. At 2 ms, training
-// from a store ran at half speed and a loaded machine cut batch-100 training by 3x.
-constexpr auto kSpinTime = std::chrono::microseconds(100);
+// two steps even when the scheduler interrupts (at 100 us, batch-100 training lost 20% to wake-ups
+// on an idle machine). Callers whose other threads need the cores between jobs call rest().
+constexpr auto kSpinTime = std::chrono::microseconds(2000);
 }  // namespace
 
 int ThreadPool::available_cores() {
@@ -49,6 +48,8 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
+void ThreadPool::rest() { resting_.store(true, std::memory_order_relaxed); }
+
 void ThreadPool::pause() const {
   if (oversubscribed_) std::this_thread::yield();
   else cpu_relax();
@@ -75,6 +76,7 @@ void ThreadPool::run_erased(void* fn, Trampoline trampoline) {
     trampoline_ = trampoline;
     error_ = nullptr;
     pending_.store(size_ - 1, std::memory_order_relaxed);
+    resting_.store(false, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
@@ -90,7 +92,8 @@ void ThreadPool::member_loop(int member) {
     uint64_t now = generation_.load(std::memory_order_acquire);
     for (int i = 0; now == seen; ++i) {
       pause();
-      if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) {
+      if ((i & 255) == 255 && (resting_.load(std::memory_order_relaxed) ||
+                               std::chrono::steady_clock::now() > spin_until)) {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
       }

@@ -31,6 +31,11 @@ class ThreadPool {
     run_erased(&fn, [](void* f, int member) { (*static_cast<Fn*>(f))(member); });
   }
 
+  // Sends the spinning members to sleep at once instead of at the end of their spin window: for
+  // callers that know no job will come for a while and whose other threads need the cores (the
+  // trainer before it waits on the chunk manager). The next run() wakes them.
+  void rest();
+
   // Number of cores this process may run on.
   static int available_cores();
 
@@ -50,6 +55,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> resting_{false};
   void* job_ = nullptr;
   Trampoline trampoline_ = nullptr;
   std::mutex error_mutex_;

@@ -108,7 +108,8 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
   return train_epochs(train.rows_per_epoch(), [&](int64_t epoch, const StepDone& done) {
     train.start_epoch(epoch);
     DatasetView batch;
-    while (train.next(batch)) {
+    // The stream's reader threads need the cores while this thread waits for the next batch.
+    for (backend_->rest(); train.next(batch); backend_->rest()) {
       const BatchStats stats = backend_->compute_gradients(batch, nullptr, batch.rows);
       backend_->apply_gradients();
       done(stats.loss_sum, batch.rows);
