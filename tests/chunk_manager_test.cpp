@@ -16,7 +16,8 @@ namespace {
 // Writes `data`'s pixels as images [rows, features] chunked (chunk_rows, chunk_cols) and its
 // labels as int64 [rows] chunked (label_chunk), like a Dask-written store would be.
 DatasetStore::Split write_split(const std::string& dir, const Dataset& data, int64_t chunk_rows,
-                                int64_t chunk_cols, int64_t label_chunk, zarr::Format format) {
+                                int64_t chunk_cols, int64_t label_chunk, zarr::Format format,
+                                const std::string& compressor = "zstd") {
   const int64_t rows = data.rows(), features = data.features();
   const size_t px = data.pixel_type() == PixelType::UInt8 ? 1 : 4;
   zarr::ArrayMeta images;
@@ -24,7 +25,7 @@ DatasetStore::Split write_split(const std::string& dir, const Dataset& data, int
   images.dtype = px == 1 ? zarr::DType::UInt8 : zarr::DType::Float32;
   images.shape = {rows, features};
   images.chunks = {chunk_rows, chunk_cols};
-  images.compressor = zarr::Compressor::parse("zstd");
+  images.compressor = zarr::Compressor::parse(compressor);
   const zarr::Array image_array = zarr::Array::create(dir + "/images", images);
   std::vector<uint8_t> chunk(images.chunk_bytes());
   for (int64_t r = 0; r * chunk_rows < rows; ++r)
@@ -83,9 +84,11 @@ struct Fixture {
 };
 
 TEST(ChunkManager, InOrderBatchesSpanChunks) {
+  // Uncompressed chunks are mapped from the page cache, compressed ones decompressed: both paths.
+  for (const char* compressor : {"none", "zstd"})
   for (zarr::Format format : {zarr::Format::V2, zarr::Format::V3}) {
     Fixture f;
-    const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 64, format);
+    const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 64, format, compressor);
     ChunkManagerOptions o;
     o.batch_rows = 37;
     o.shuffle = false;
@@ -185,6 +188,33 @@ TEST(ChunkManager, CorruptChunkSurfacesInTheConsumer) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("c/3/0"), std::string::npos) << e.what();
   }
+}
+
+TEST(ChunkManager, UncompressedChunkOfTheWrongSizeSurfacesInTheConsumer) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, "none");
+  const std::string key = f.dir.file("s") + "/images/c/2/0";
+  ASSERT_TRUE(std::filesystem::exists(key));
+  std::filesystem::resize_file(key, 1000);
+  ChunkManagerOptions o;
+  o.batch_rows = 64;
+  ChunkManager cm(split, 10, o);
+  try {
+    epoch_rows(cm, 0);
+    FAIL() << "expected an error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("c/2/0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1000 bytes"), std::string::npos) << e.what();
+  }
+  // A missing uncompressed chunk reads as the fill value (zero), as zarr-python reads it.
+  std::filesystem::remove(key);
+  ChunkManagerOptions in_order = o;
+  in_order.shuffle = false;
+  ChunkManager again(split, 10, in_order);
+  const auto rows = epoch_rows(again, 0);
+  ASSERT_EQ(rows.size(), 413u);
+  EXPECT_EQ(rows[100].substr(0, 24), std::string(24, '\0'));
+  EXPECT_EQ(rows[99], f.all_rows()[99]);
 }
 
 TEST(ChunkManager, CancelsMidEpochAndRestarts) {

@@ -183,11 +183,22 @@ void ChunkManager::read_band(int64_t band, Band& out) const {
   const zarr::ArrayMeta& meta = split_.images.meta();
   const size_t chunk_bytes = meta.chunk_bytes();
   out.rows = std::min(band_rows_, split_.rows - band * band_rows_);
-  out.pixels.resize(static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
   std::vector<int64_t> index(meta.shape.size(), 0);
   index[0] = band;
-  if (meta.shape.size() > 2 || meta.chunks[1] >= meta.shape[1]) {
-    split_.images.read_chunk(index, out.pixels.data());  // the chunk is the whole band
+  const bool whole_band = meta.shape.size() > 2 || meta.chunks[1] >= meta.shape[1];
+  out.mapping = MappedFile();
+  if (whole_band && meta.compressor.kind == zarr::Compressor::Kind::None) {
+    // Uncompressed: the assembler copies rows straight out of the page cache (one copy, not two).
+    out.mapping = split_.images.map_chunk(index);
+    if (out.mapping.data() != nullptr) {
+      out.pixels = out.mapping.data();
+      return;
+    }
+  }
+  out.buffer.resize(static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
+  out.pixels = out.buffer.data();
+  if (whole_band) {
+    split_.images.read_chunk(index, out.buffer.data());  // the chunk is the whole band
     return;
   }
   // Columns are chunked too: assemble the band from its column chunks.
@@ -198,7 +209,7 @@ void ChunkManager::read_band(int64_t band, Band& out) const {
     split_.images.read_chunk(index, chunk.data());
     const int64_t cols = std::min(chunk_cols, features_ - c * chunk_cols);
     for (int64_t r = 0; r < out.rows; ++r)
-      std::memcpy(out.pixels.data() + (r * features_ + c * chunk_cols) * pixel_bytes_,
+      std::memcpy(out.buffer.data() + (r * features_ + c * chunk_cols) * pixel_bytes_,
                   chunk.data() + r * chunk_cols * pixel_bytes_, static_cast<size_t>(cols) * pixel_bytes_);
   }
 }
@@ -254,6 +265,7 @@ void ChunkManager::assembler_loop() {
         // Move to the band holding stream row r, returning the previous band's buffer first so a
         // reader can fill it while we wait.
         while (!have_band || band_start_[needed_positions_[cursor] + 1] <= r) {
+          if (have_band) band.mapping = MappedFile();  // unmap outside the lock
           std::unique_lock<std::mutex> lock(mutex_);
           if (have_band) {
             spare_bands_.push_back(std::move(band));
@@ -275,13 +287,13 @@ void ChunkManager::assembler_loop() {
         if (row_orders_[position].empty()) {
           // Unshuffled: the rest of this band (or of the batch) is one contiguous run.
           const int64_t run = std::min(plan.end, band_start_[position + 1]) - r;
-          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + offset * row_bytes,
+          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels + offset * row_bytes,
                       static_cast<size_t>(run) * row_bytes);
           std::memcpy(slot.labels.data() + (r - plan.begin), band_labels + offset, static_cast<size_t>(run));
           r += run;
         } else {
           const int64_t source = row_orders_[position][offset];
-          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels.data() + source * row_bytes, row_bytes);
+          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels + source * row_bytes, row_bytes);
           slot.labels[static_cast<size_t>(r - plan.begin)] = band_labels[source];
           ++r;
         }

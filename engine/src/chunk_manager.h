@@ -59,8 +59,10 @@ class ChunkManager final : public BatchStream {
   bool page_locked() const;  // the ring is in cudaHostAlloc memory
 
  private:
-  struct Band {  // one row band read from the store
-    std::vector<uint8_t> pixels;  // band_rows_ x features, store dtype
+  struct Band {  // one row band read from the store: band_rows_ x features, store dtype
+    std::vector<uint8_t> buffer;  // read or decompressed here...
+    MappedFile mapping;           // ...or an uncompressed chunk mapped from the page cache
+    const uint8_t* pixels = nullptr;
     int64_t rows = 0;
   };
   struct Slot {

@@ -1,6 +1,8 @@
 #include "file_io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -104,6 +106,41 @@ void AtomicFile::commit() {
     io_error("rename '" + tmp_ + "' over", path_, errno);
   }
   guard_.dismiss();
+}
+
+MappedFile MappedFile::map_if_exists(const std::string& path) {
+  MappedFile mapped;
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return mapped;
+    io_error("open", path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat", path, errno);
+  if (!S_ISREG(st.st_mode)) io_error("map", path, EINVAL);
+  mapped.size_ = static_cast<size_t>(st.st_size);
+  if (mapped.size_ == 0) {
+    static const uint8_t empty = 0;
+    mapped.data_ = &empty;  // nothing to map; a non-null pointer still says "the file exists"
+    return mapped;
+  }
+  void* p = ::mmap(nullptr, mapped.size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd.get(), 0);
+  if (p == MAP_FAILED) io_error("map", path, errno);
+  mapped.data_ = static_cast<const uint8_t*>(p);
+  return mapped;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr && size_ != 0) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(size_, other.size_);
+  return *this;
 }
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -62,6 +63,28 @@ int fsync_directory(const std::string& dir);
 // fsyncs the directory holding `path`, just written or replaced by a rename; failing, throws
 // IoError "cannot fsync directory 'DIR' after DOING 'PATH' (the new file may not survive a crash)".
 void fsync_parent_directory(const std::string& path, const std::string& doing);
+
+// A whole file mapped read-only (MAP_PRIVATE, pages populated up front), unmapped when destroyed.
+// Reading a file from the page cache through a mapping skips the copy read() makes.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // Maps `path`; an empty mapping (data() == nullptr) when the file does not exist, IoError for
+  // any other failure.
+  static MappedFile map_if_exists(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 // A file written through a temporary file `tmp` (in the same directory as `path`) and a rename,
 // so readers see the old file or the new one, never part of one. Construction creates `tmp`;

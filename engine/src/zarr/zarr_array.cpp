@@ -292,6 +292,20 @@ bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
   return true;
 }
 
+MappedFile Array::map_chunk(const std::vector<int64_t>& index) const {
+  const std::string key = chunk_key(index);
+  const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
+  if (meta_.compressor.kind != Compressor::Kind::None)
+    throw InputError(what + ": only uncompressed chunks can be mapped (this array uses " +
+                     meta_.compressor.describe() + ")");
+  MappedFile mapped = MappedFile::map_if_exists(path_ + "/" + key);
+  if (mapped.data() != nullptr && mapped.size() != meta_.chunk_bytes())
+    throw InputError(what + ": uncompressed chunk is " + std::to_string(mapped.size()) +
+                     " bytes; expected " + std::to_string(meta_.chunk_bytes()) +
+                     " bytes (the chunk size)");
+  return mapped;
+}
+
 void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const {
   const std::string key = chunk_key(index);
   const std::string file = path_ + "/" + key;

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "file_io.h"
+
 namespace tandem::zarr {
 
 enum class Format { V2 = 2, V3 = 3 };
@@ -70,6 +72,11 @@ class Array {
   // edge). A missing chunk is filled with fill_value and false returned. InputError naming the
   // store and key for a corrupt chunk or one of the wrong decompressed size. Thread-safe.
   bool read_chunk(const std::vector<int64_t>& index, uint8_t* out) const;
+  // Uncompressed arrays only: the chunk's file mapped read-only (chunk_bytes(), C order), so a
+  // reader copies straight out of the page cache; an empty mapping when the chunk is missing
+  // (read_chunk gives its fill value). InputError naming the store and key for a file of the
+  // wrong size, or when the array is compressed.
+  MappedFile map_chunk(const std::vector<int64_t>& index) const;
   // Compresses and writes a full chunk (chunk_bytes(); edge chunks padded by the caller) through a
   // temporary file and rename. Safe for different chunks from different threads.
   void write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const;
