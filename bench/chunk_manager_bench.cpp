@@ -80,7 +80,7 @@ double raw_decompress_rate(const tandem::zarr::Array& array, const std::vector<s
 
 int main(int argc, char** argv) {
   CLI::App app{"Chunk manager throughput against read() and the raw decompressors"};
-  int copies = 8, readers = 2, rounds = 3;
+  int copies = 8, readers = 2, assemblers = 2, rounds = 3;
   int64_t batch = 10000, chunk_rows = 10000;
   std::string dir = std::filesystem::temp_directory_path().string();
   std::vector<std::string> compressors{"none", "zstd", "blosc-lz4"};
@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Batch rows");
   app.add_option("--chunk-rows", chunk_rows, "Rows per chunk");
   app.add_option("--readers", readers, "Reader threads (also the read()/decompress thread count)");
+  app.add_option("--assemblers", assemblers, "Threads copying rows into batches");
   app.add_option("--rounds", rounds, "Alternating rounds; the best of each is kept");
   app.add_option("--compressors", compressors, "Stores to measure")->delimiter(',');
   app.add_option("--dir", dir, "Where the temporary stores go");
@@ -113,6 +114,7 @@ int main(int argc, char** argv) {
       tandem::ChunkManagerOptions o;
       o.batch_rows = batch;
       o.readers = readers;
+      o.assemblers = assemblers;
       o.shuffle = shuffle;
       tandem::ChunkManager cm(store.train, store.num_classes, o);  // its buffers are reused
       for (int round = 0; round < rounds; ++round) {
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
                        {"rows", store.train.rows},
                        {"batch", batch},
                        {"readers", readers},
+                       {"assemblers", assemblers},
                        {"chunk_manager_GBps", best_stream / 1e9},
                        {"chunk_manager_samples_per_s", best_stream / static_cast<double>(store.train.features)},
                        {"ceiling", options.compressor.kind == tandem::zarr::Compressor::Kind::None ? "read()" : "decompressor"},

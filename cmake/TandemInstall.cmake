@@ -8,7 +8,8 @@ add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tande
 add_library(Tandem::tandem ALIAS tandem)
 target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
                       Threads::Threads nlohmann_json::nlohmann_json
-                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>)
+                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>
+                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cublasLt>)
 target_include_directories(tandem INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/engine/include>
   $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/engine/include>
@@ -16,7 +17,10 @@ target_include_directories(tandem INTERFACE
 target_compile_features(tandem INTERFACE cxx_std_17)
 set_target_properties(tandem PROPERTIES
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
-  EXPORT_NAME tandem)
+  EXPORT_NAME tandem
+  # The installed library and binary find cuBLASLt where they were linked against it.
+  INSTALL_RPATH_USE_LINK_PATH ON)
+set_target_properties(tandem_cli PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 
 install(TARGETS tandem EXPORT TandemTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

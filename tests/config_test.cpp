@@ -38,5 +38,18 @@ TEST(TrainConfig, ValidatesValues) {
   EXPECT_THROW(parse_optimizer("rmsprop"), InputError);
 }
 
+TEST(Config, PrecisionParsesAndNeedsCuda) {
+  EXPECT_EQ(parse_precision("fp32"), Precision::Fp32);
+  EXPECT_EQ(parse_precision("tf32"), Precision::Tf32);
+  EXPECT_EQ(parse_precision("bf16"), Precision::Bf16);
+  EXPECT_THROW(parse_precision("fp16"), InputError);
+  EXPECT_STREQ(to_string(Precision::Bf16), "bf16");
+  TrainConfig c;
+  c.precision = Precision::Tf32;
+  c.validate();  // auto may pick CUDA
+  c.backend = BackendKind::Cpu;
+  EXPECT_THROW(c.validate(), InputError);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -160,3 +160,35 @@ TEST(Trainer, WritesMetricsLines) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Without a step listener the loss is read once per epoch (a GPU then never waits inside an
+// epoch); the epoch's mean training loss must be the same either way, and equal the steps' sum.
+TEST(Trainer, EpochLossIsTheSameWithAndWithoutStepReports) {
+  const Dataset train = test::separable_dataset(300, 40, 4, 5);
+  const Dataset validation = test::separable_dataset(60, 40, 4, 6);
+  std::vector<double> quiet, listened;
+  double step_sum = 0.0;
+  {
+    Trainer trainer(small_config(2));
+    trainer.on_epoch = [&](const EpochReport& r) { quiet.push_back(r.train_loss_mean); };
+    trainer.fit(train.view(), validation.view(), DatasetView{});
+  }
+  {
+    Trainer trainer(small_config(2));
+    trainer.on_step = [&](const StepReport& r) {
+      if (r.epoch == 0) step_sum += r.loss_sum;
+    };
+    trainer.on_epoch = [&](const EpochReport& r) { listened.push_back(r.train_loss_mean); };
+    trainer.fit(train.view(), validation.view(), DatasetView{});
+  }
+  ASSERT_EQ(quiet.size(), 2u);
+  EXPECT_EQ(quiet, listened);
+  EXPECT_DOUBLE_EQ(step_sum / 300.0, quiet[0]);
+  EXPECT_GT(quiet[0], quiet[1]);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "tandem/config.h"
 #include "tandem/dataset.h"
@@ -40,6 +41,24 @@ class Backend {
   // One optimizer step with the gradients of the last compute_gradients().
   virtual void apply_gradients() = 0;
 
+  // compute_gradients + apply_gradients without waiting for the batch's loss: the statistics
+  // are added to totals that take_stats() returns (and resets). A GPU backend queues the whole
+  // step and returns at once; reading the loss every step would synchronise every step.
+  virtual void train_step(const DatasetView& data, const int32_t* rows, int64_t count) {
+    const BatchStats stats = compute_gradients(data, rows, count);
+    apply_gradients();
+    pending_.loss_sum += stats.loss_sum;
+    pending_.correct += stats.correct;
+    pending_.samples += stats.samples;
+  }
+  virtual BatchStats take_stats() { return std::exchange(pending_, BatchStats{}); }
+
+  // A hint that `data` will be read many times (the training split of an in-memory run): a GPU
+  // backend copies it to device memory once and later calls whose view lies inside it read that
+  // copy. The caller keeps the bytes alive and unchanged until release_resident().
+  virtual void keep_resident(const DatasetView& /*data*/) {}
+  virtual void release_resident() {}
+
   // A hint that no work will come for a while (the caller is about to wait for data): threads
   // kept hot between steps should release their cores.
   virtual void rest() {}
@@ -48,15 +67,28 @@ class Backend {
   virtual BatchStats evaluate(const DatasetView& data) = 0;
   // Arg-max class of every row of `data` into out[data.rows].
   virtual void predict(const DatasetView& data, uint8_t* out) = 0;
+
+ protected:
+  BatchStats pending_;  // train_step's totals in the default implementation
 };
+
+// Throws InputError unless `data` fits `config` (row width, classes, labels when needed).
+void check_model_data(const ModelConfig& config, const DatasetView& data, bool need_labels);
 
 // The CPU backend: OpenBLAS sgemm for the dense layers, `threads` threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,
                                           int threads);
 
+// The CUDA backend on device `device`: parameters, gradients and Adam's state in device memory,
+// every step on one stream (and replayed as a CUDA Graph). Throws InputError when this build has
+// no CUDA or the device cannot be used.
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& model, const OptimizerConfig& opt,
+                                           Precision precision, int device = 0);
+
 // Picks the backend: `Auto` is CUDA when a device is present, the CPU otherwise. Throws
 // InputError when CUDA is asked for and cannot be had, saying why.
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
-                                      const OptimizerConfig& opt, int threads);
+                                      const OptimizerConfig& opt, int threads,
+                                      Precision precision = Precision::Fp32);
 
 }  // namespace tandem

@@ -1,24 +1,45 @@
 #include "cuda/cuda_device.h"
 #include "backend.h"
 #include "tandem/error.h"
+#include "tandem/version.h"
 
 namespace tandem {
 
+void check_model_data(const ModelConfig& config, const DatasetView& data, bool need_labels) {
+  if (need_labels && data.labels == nullptr && data.rows > 0)
+    throw InputError("data without labels: training and evaluation need them");
+  if (data.features != config.inputs())
+    throw InputError("data has " + std::to_string(data.features) + " features per row, model " +
+                     config.describe() + " expects " + std::to_string(config.inputs()));
+  if (data.num_classes > config.classes())
+    throw InputError("data has " + std::to_string(data.num_classes) + " classes, model " +
+                     config.describe() + " has " + std::to_string(config.classes()) + " outputs");
+  if (data.rows > 0 && data.pixels == nullptr) throw InputError("data view without pixels");
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
-                                      const OptimizerConfig& opt, int threads) {
-  if (kind == BackendKind::Cpu) return make_cpu_backend(model, opt, threads);
-  const int devices = kernels::cuda_device_count();
-  if (kind == BackendKind::Auto) {
-    // The CUDA training backend is the next layer of work; until it is built in, a GPU present
-    // does not change what auto picks.
+                                      const OptimizerConfig& opt, int threads,
+                                      Precision precision) {
+  if (kind == BackendKind::Cpu) {
+    if (precision != Precision::Fp32)
+      throw InputError(std::string("precision ") + to_string(precision) +
+                       " needs the CUDA backend; the CPU backend computes in fp32");
     return make_cpu_backend(model, opt, threads);
   }
-  if (devices == 0)
-    throw InputError(
-        "--backend cuda: no usable CUDA device (no GPU, no driver, or this build has no CUDA); "
-        "use --backend cpu or auto");
-  throw InputError("--backend cuda: this version of tandem has no CUDA training backend yet "
-                   "(found " + kernels::cuda_device_description(0) + "); use --backend cpu or auto");
+  const bool have_device = TANDEM_WITH_CUDA && kernels::cuda_device_count() > 0;
+  if (kind == BackendKind::Auto && !have_device) {
+    if (precision != Precision::Fp32)
+      throw InputError(std::string("precision ") + to_string(precision) +
+                       " needs a CUDA device, and none is usable here");
+    return make_cpu_backend(model, opt, threads);
+  }
+  if (!have_device)
+    throw InputError(std::string("--backend cuda: ") +
+                     (TANDEM_WITH_CUDA ? "no usable CUDA device (no GPU, no driver, or a driver "
+                                         "older than this build's CUDA runtime)"
+                                       : "this build of tandem has no CUDA") +
+                     "; use --backend cpu or auto");
+  return make_cuda_backend(model, opt, precision, 0);
 }
 
 }  // namespace tandem

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "random.h"
 #include "tandem/error.h"
 
@@ -26,6 +30,28 @@ void labels_to_bytes(const T* in, size_t n, uint8_t* out, int num_classes, const
                        std::to_string(num_classes - 1));
     out[i] = static_cast<uint8_t>(value);
   }
+}
+
+// Copies rows into a ring slot with non-temporal stores where the bytes allow (16-byte aligned
+// destination, whole 16-byte words): the slot is written once and read next by the consumer or
+// the GPU's copy engine, so pulling its lines into the cache first (a read for every write)
+// only halves the bandwidth. streaming_stores_done() orders them before the slot is handed out.
+void copy_rows_streaming(uint8_t* dst, const uint8_t* src, size_t bytes) {
+#if defined(__SSE2__)
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 16 == 0) {
+    for (size_t k = 0; k < bytes; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+void streaming_stores_done() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 // Reads a 1-D integer labels array whole, as bytes, checking every value is a class index.
@@ -79,8 +105,8 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   if (options_.shard_count < 1 || options_.shard_index < 0 || options_.shard_index >= options_.shard_count)
     throw InputError("shard " + std::to_string(options_.shard_index) + " of " +
                      std::to_string(options_.shard_count) + " does not exist");
-  if (options_.readers < 1 || options_.ring_slots < 2)
-    throw InputError("the chunk manager needs at least 1 reader and 2 ring slots");
+  if (options_.readers < 1 || options_.assemblers < 1 || options_.ring_slots < 2)
+    throw InputError("the chunk manager needs at least 1 reader, 1 assembler and 2 ring slots");
   labels_ = read_labels(split_.labels, num_classes_);
   if (static_cast<int64_t>(labels_.size()) != split_.rows)
     throw InputError(what + ": " + std::to_string(split_.rows) + " images but " +
@@ -136,27 +162,44 @@ void ChunkManager::start_epoch(int64_t epoch) {
     for (size_t p = 0; p < band_count_; ++p) band_order_[p] = static_cast<int64_t>(p);
   }
   row_orders_.assign(band_count_, {});
+  inverse_orders_.assign(band_count_, {});
   band_start_.assign(band_count_ + 1, 0);
   for (size_t p = 0; p < band_count_; ++p) {
     const int64_t band = band_order_[p];
     const int64_t band_rows = std::min(band_rows_, rows - band * band_rows_);
     band_start_[p + 1] = band_start_[p] + band_rows;
-    if (options_.shuffle)
+    if (options_.shuffle) {
       row_orders_[p] = seeded_permutation(band_rows, options_.seed,
                                           kRowOrderStream + static_cast<uint64_t>(epoch) * 1000003u +
                                               static_cast<uint64_t>(band));
+      inverse_orders_[p].resize(static_cast<size_t>(band_rows));
+      for (int64_t k = 0; k < band_rows; ++k)
+        inverse_orders_[p][static_cast<size_t>(row_orders_[p][static_cast<size_t>(k)])] =
+            static_cast<int32_t>(k);
+    }
   }
   // This shard's batches, and the stream positions (bands) they touch.
   my_batches_.clear();
   needed_positions_.clear();
+  first_cursor_.clear();
+  band_uses_.clear();
   const int64_t batches = (rows + options_.batch_rows - 1) / options_.batch_rows;
   for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count) {
     const BatchPlan plan{b * options_.batch_rows, std::min(rows, (b + 1) * options_.batch_rows)};
     my_batches_.push_back(plan);
     size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(), plan.begin) -
                                    band_start_.begin()) - 1;
-    for (; p < band_count_ && band_start_[p] < plan.end; ++p)
-      if (needed_positions_.empty() || needed_positions_.back() < p) needed_positions_.push_back(p);
+    bool first = true;
+    for (; p < band_count_ && band_start_[p] < plan.end; ++p) {
+      if (needed_positions_.empty() || needed_positions_.back() < p) {
+        needed_positions_.push_back(p);
+        band_uses_.push_back(0);
+      }
+      // Positions only grow from batch to batch, so p is the last needed position.
+      if (first) first_cursor_.push_back(needed_positions_.size() - 1);
+      first = false;
+      ++band_uses_.back();
+    }
   }
 
   const size_t band_bytes = std::max<size_t>(split_.images.meta().chunk_bytes(), 1);
@@ -170,13 +213,14 @@ void ChunkManager::start_epoch(int64_t epoch) {
   free_band_buffers_ = std::max<size_t>(
       2, std::min(options_.memory_budget / band_bytes, static_cast<size_t>(options_.readers) + 2));
   ready_bands_.clear();
+  next_batch_ = 0;
   filled_slots_.clear();
+  next_batch_out_ = 0;
   free_slots_.clear();
   for (size_t s = 0; s < ring_.size(); ++s) free_slots_.push_back(s);
   held_slot_ = -1;
-  assembler_done_ = false;
   for (int r = 0; r < options_.readers; ++r) threads_.emplace_back([this] { reader_loop(); });
-  threads_.emplace_back([this] { assembler_loop(); });
+  for (int a = 0; a < options_.assemblers; ++a) threads_.emplace_back([this] { assembler_loop(); });
 }
 
 void ChunkManager::read_band(int64_t band, Band& out) const {
@@ -244,72 +288,106 @@ void ChunkManager::reader_loop() {
   }
 }
 
+const ChunkManager::Band* ChunkManager::acquire_band(size_t cursor) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return stopping_ || ready_bands_.count(cursor) > 0; });
+  if (stopping_) return nullptr;
+  // std::map never moves an element, and a ready band is not written again until released.
+  return &ready_bands_.at(cursor);
+}
+
+void ChunkManager::release_band(size_t cursor) {
+  Band band;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--band_uses_[cursor] > 0) return;
+    auto it = ready_bands_.find(cursor);
+    band = std::move(it->second);
+    ready_bands_.erase(it);
+  }
+  band.mapping = MappedFile();  // unmap outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spare_bands_.push_back(std::move(band));
+    ++free_band_buffers_;
+  }
+  changed_.notify_all();
+}
+
 void ChunkManager::assembler_loop() {
   try {
-    size_t cursor = 0;  // index into needed_positions_ of `band`
-    bool have_band = false;
-    Band band;
     const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
-    for (const BatchPlan& plan : my_batches_) {
-      size_t slot_index;
+    for (;;) {
+      // The batch and its slot are taken together, so the slots always hold the oldest batches
+      // not yet handed out (the consumer can never wait on a batch that has no slot).
+      size_t batch_index, slot_index;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] { return stopping_ || !free_slots_.empty(); });
-        if (stopping_) return;
+        changed_.wait(lock, [&] {
+          return stopping_ || next_batch_ >= my_batches_.size() || !free_slots_.empty();
+        });
+        if (stopping_ || next_batch_ >= my_batches_.size()) return;
+        batch_index = next_batch_++;
         slot_index = free_slots_.back();
         free_slots_.pop_back();
       }
+      const BatchPlan plan = my_batches_[batch_index];
       Slot& slot = ring_[slot_index];
       auto* pixels = static_cast<uint8_t*>(slot.pixels.data);
-      for (int64_t r = plan.begin; r < plan.end;) {
-        // Move to the band holding stream row r, returning the previous band's buffer first so a
-        // reader can fill it while we wait.
-        while (!have_band || band_start_[needed_positions_[cursor] + 1] <= r) {
-          if (have_band) band.mapping = MappedFile();  // unmap outside the lock
-          std::unique_lock<std::mutex> lock(mutex_);
-          if (have_band) {
-            spare_bands_.push_back(std::move(band));
-            ++free_band_buffers_;
-            ++cursor;
-            have_band = false;
-            changed_.notify_all();
-          }
-          changed_.wait(lock, [&] { return stopping_ || ready_bands_.count(cursor) > 0; });
-          if (stopping_) return;
-          auto it = ready_bands_.find(cursor);
-          band = std::move(it->second);
-          ready_bands_.erase(it);
-          have_band = true;
-        }
+      // Band by band: the part of the batch that lies in each band of the stream.
+      for (size_t cursor = first_cursor_[batch_index];; ++cursor) {
         const size_t position = needed_positions_[cursor];
-        const int64_t offset = r - band_start_[position];
+        const int64_t lo = std::max(plan.begin, band_start_[position]);
+        const int64_t hi = std::min(plan.end, band_start_[position + 1]);
+        if (lo >= hi) break;
+        const Band* band = acquire_band(cursor);
+        if (band == nullptr) return;  // stopping
         const uint8_t* band_labels = labels_.data() + band_order_[position] * band_rows_;
+        uint8_t* out = pixels + (lo - plan.begin) * row_bytes;
+        uint8_t* out_labels = slot.labels.data() + (lo - plan.begin);
+        const int64_t first = lo - band_start_[position], last = hi - band_start_[position];
         if (row_orders_[position].empty()) {
-          // Unshuffled: the rest of this band (or of the batch) is one contiguous run.
-          const int64_t run = std::min(plan.end, band_start_[position + 1]) - r;
-          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels + offset * row_bytes,
-                      static_cast<size_t>(run) * row_bytes);
-          std::memcpy(slot.labels.data() + (r - plan.begin), band_labels + offset, static_cast<size_t>(run));
-          r += run;
+          // Unshuffled: one contiguous run.
+          copy_rows_streaming(out, band->pixels + first * row_bytes,
+                              static_cast<size_t>(last - first) * row_bytes);
+          std::memcpy(out_labels, band_labels + first, static_cast<size_t>(last - first));
+        } else if ((last - first) * 4 >= band->rows) {
+          // Shuffled, a large part of the band: walk the band's rows in storage order and scatter
+          // those that belong here to their shuffled places. Reading in order (rather than
+          // gathering rows in shuffled order) lets the prefetcher stream the band from memory.
+          const int32_t* where = inverse_orders_[position].data();
+          for (int64_t j = 0; j < band->rows; ++j) {
+            const int64_t k = where[j];
+            if (k < first || k >= last) continue;
+            copy_rows_streaming(out + (k - first) * row_bytes, band->pixels + j * row_bytes, row_bytes);
+            out_labels[k - first] = band_labels[j];
+          }
         } else {
-          const int64_t source = row_orders_[position][offset];
-          std::memcpy(pixels + (r - plan.begin) * row_bytes, band.pixels + source * row_bytes, row_bytes);
-          slot.labels[static_cast<size_t>(r - plan.begin)] = band_labels[source];
-          ++r;
+          // Shuffled, a small part of the band: gather its rows, prefetching a few rows ahead
+          // (they are scattered over the band, so the hardware cannot guess them).
+          const int32_t* order = row_orders_[position].data();
+          constexpr int64_t kAhead = 4;
+          for (int64_t k = first; k < last; ++k) {
+            if (k + kAhead < last) {
+              const uint8_t* ahead = band->pixels + order[k + kAhead] * row_bytes;
+              for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            }
+            copy_rows_streaming(out + (k - first) * row_bytes, band->pixels + order[k] * row_bytes,
+                                row_bytes);
+            out_labels[k - first] = band_labels[order[k]];
+          }
         }
+        release_band(cursor);
+        if (hi == plan.end) break;
       }
+      streaming_stores_done();
       slot.rows = plan.end - plan.begin;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        filled_slots_.push_back(slot_index);
+        filled_slots_.emplace(batch_index, slot_index);
       }
       changed_.notify_all();
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      assembler_done_ = true;
-    }
-    changed_.notify_all();
   } catch (...) {
     fail(std::current_exception());
   }
@@ -322,11 +400,16 @@ bool ChunkManager::next(DatasetView& batch) {
     held_slot_ = -1;
     changed_.notify_all();
   }
-  changed_.wait(lock, [&] { return error_ || !filled_slots_.empty() || assembler_done_ || stopping_; });
+  changed_.wait(lock, [&] {
+    return error_ || stopping_ || next_batch_out_ >= my_batches_.size() ||
+           filled_slots_.count(next_batch_out_) > 0;
+  });
   if (error_) std::rethrow_exception(error_);
-  if (filled_slots_.empty()) return false;
-  held_slot_ = static_cast<long long>(filled_slots_.front());
-  filled_slots_.pop_front();
+  auto filled = filled_slots_.find(next_batch_out_);
+  if (filled == filled_slots_.end()) return false;  // the epoch is over, or cancelled
+  held_slot_ = static_cast<long long>(filled->second);
+  filled_slots_.erase(filled);
+  ++next_batch_out_;
   const Slot& slot = ring_[static_cast<size_t>(held_slot_)];
   batch.pixel_type = pixel_type_;
   batch.pixels = slot.pixels.data;

@@ -2,10 +2,12 @@
 //
 //   reader threads: read + decompress row bands (one chunk row of the images array) in the
 //                   epoch's band order, into a bounded pool of band buffers
-//   assembler:      takes bands in order, applies the within-band row shuffle, and copies rows
-//                   into the next free slot of a ring of pinned host buffers (batches of any size,
-//                   spanning bands as needed)
-//   consumer:       next() hands out the oldest filled slot; the previous one returns to the ring
+//   assemblers:     each takes the next batch together with a free slot of a ring of pinned host
+//                   buffers, and copies the batch's rows into it from the bands (shared, read-only
+//                   once read; a band returns to the pool when every batch using it is done),
+//                   applying the within-band row shuffle (batches of any size, spanning bands)
+//   consumer:       next() hands out the filled slots in batch order; the previous one returns
+//                   to the ring
 //
 // Per-epoch shuffling (band order and rows within a band, from the seed and the epoch number),
 // sharding of the batch sequence across workers (batch b goes to worker b % shard_count), a memory
@@ -16,7 +18,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -36,6 +37,7 @@ struct ChunkManagerOptions {
   int shard_index = 0;  // this worker's share of the batch sequence:
   int shard_count = 1;  // batches b with b % shard_count == shard_index
   int readers = 2;      // threads reading and decompressing bands
+  int assemblers = 2;   // threads copying rows into ring slots (one batch each at a time)
   int ring_slots = 3;   // pinned batch buffers: triple buffering
   size_t memory_budget = size_t{256} << 20;  // band buffers in flight, bytes (at least two bands)
 };
@@ -77,6 +79,10 @@ class ChunkManager final : public BatchStream {
   void stop_threads();
   void reader_loop();
   void assembler_loop();
+  // Waits until band `cursor` has been read and returns it (it stays in ready_bands_).
+  const Band* acquire_band(size_t cursor);
+  // One batch is done with band `cursor`; the last one returns its buffer to the pool.
+  void release_band(size_t cursor);
   void read_band(int64_t band, Band& out) const;
   void fail(std::exception_ptr error);
 
@@ -94,9 +100,12 @@ class ChunkManager final : public BatchStream {
   // The current epoch's plan.
   std::vector<int64_t> band_order_;               // bands in stream order
   std::vector<std::vector<int32_t>> row_orders_;  // per stream position: row permutation (shuffle)
+  std::vector<std::vector<int32_t>> inverse_orders_;  // per position: storage row -> stream offset
   std::vector<int64_t> band_start_;               // per stream position: first row in the stream
   std::vector<BatchPlan> my_batches_;             // this shard's batches, in order
   std::vector<size_t> needed_positions_;          // stream positions whose rows this shard uses
+  std::vector<size_t> first_cursor_;              // per batch: index into needed_positions_
+  std::vector<int> band_uses_;                    // per needed position: batches touching it
 
   // Shared state, guarded by mutex_.
   std::mutex mutex_;
@@ -107,9 +116,10 @@ class ChunkManager final : public BatchStream {
   size_t free_band_buffers_ = 0;
   std::map<size_t, Band> ready_bands_;  // by index into needed_positions_
   std::vector<Band> spare_bands_;
-  std::deque<size_t> filled_slots_;     // slot indices, oldest first
+  size_t next_batch_ = 0;               // the next batch an assembler takes
+  std::map<size_t, size_t> filled_slots_;  // batch index -> slot
+  size_t next_batch_out_ = 0;           // the next batch next() hands out
   std::vector<size_t> free_slots_;
-  bool assembler_done_ = false;
   long long held_slot_ = -1;            // the slot the consumer is using
 
   std::vector<Slot> ring_;

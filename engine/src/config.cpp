@@ -61,6 +61,9 @@ void TrainConfig::validate() const {
   if (!init_path.empty() && !resume_path.empty())
     throw InputError("give either an initial model (" + init_path + ") or a checkpoint to resume (" +
                      resume_path + "), not both");
+  if (precision != Precision::Fp32 && backend == BackendKind::Cpu)
+    throw InputError(std::string("precision ") + to_string(precision) +
+                     " needs the CUDA backend; the CPU backend computes in fp32");
 }
 
 const char* to_string(BackendKind kind) {
@@ -73,6 +76,22 @@ const char* to_string(BackendKind kind) {
 }
 
 const char* to_string(OptimizerKind kind) { return kind == OptimizerKind::Adam ? "adam" : "sgd"; }
+
+const char* to_string(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Tf32: return "tf32";
+    case Precision::Bf16: return "bf16";
+  }
+  return "?";
+}
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::Fp32;
+  if (text == "tf32") return Precision::Tf32;
+  if (text == "bf16") return Precision::Bf16;
+  throw InputError("precision '" + text + "': expected fp32, tf32 or bf16");
+}
 
 BackendKind parse_backend(const std::string& text) {
   if (text == "cpu") return BackendKind::Cpu;

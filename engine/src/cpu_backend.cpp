@@ -8,6 +8,7 @@
 #include "cpu/convert_cpu.h"
 #include "cpu/dense_cpu.h"
 #include "cpu/softmax_xent_cpu.h"
+#include "parameter_arena.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -15,29 +16,6 @@ namespace tandem {
 namespace {
 
 int resolve_threads(int threads) { return threads > 0 ? threads : ThreadPool::available_cores(); }
-
-void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
-                     float* arena, const char* what) {
-  if (tensors.size() != layout.entries.size())
-    throw InputError(std::string(what) + ": expected " + std::to_string(layout.entries.size()) +
-                     " tensors, got " + std::to_string(tensors.size()));
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& entry = layout.entries[i];
-    if (tensors[i].shape != entry.shape ||
-        static_cast<int64_t>(tensors[i].values.size()) != entry.size)
-      throw InputError(std::string(what) + ": tensor '" + tensors[i].name +
-                       "' does not have the shape of '" + entry.name + "'");
-    std::copy(tensors[i].values.begin(), tensors[i].values.end(), arena + entry.offset);
-  }
-}
-
-void copy_tensors_out(const ParameterLayout& layout, const float* arena,
-                      std::vector<NamedTensor>& out, const std::string& suffix) {
-  out.clear();
-  for (const auto& entry : layout.entries)
-    out.push_back({entry.name + suffix, entry.shape,
-                   std::vector<float>(arena + entry.offset, arena + entry.offset + entry.size)});
-}
 
 }  // namespace
 
@@ -105,14 +83,7 @@ void CpuBackend::get_gradients(std::vector<NamedTensor>& out) const {
 }
 
 void CpuBackend::check_data(const DatasetView& data, bool need_labels) const {
-  if (need_labels && data.labels == nullptr && data.rows > 0)
-    throw InputError("data without labels: training and evaluation need them");
-  if (data.features != config_.inputs())
-    throw InputError("data has " + std::to_string(data.features) + " features per row, model " +
-                     config_.describe() + " expects " + std::to_string(config_.inputs()));
-  if (data.num_classes > config_.classes())
-    throw InputError("data has " + std::to_string(data.num_classes) + " classes, model " +
-                     config_.describe() + " has " + std::to_string(config_.classes()) + " outputs");
+  check_model_data(config_, data, need_labels);
 }
 
 void CpuBackend::forward_block(Workspace& ws, int64_t n) {

@@ -25,6 +25,7 @@ std::unique_ptr<BatchStream> open_store_stream(const std::string& path, const St
   options.shard_index = o.shard_index;
   options.shard_count = o.shard_count;
   options.readers = o.readers;
+  options.assemblers = o.assemblers;
   options.memory_budget = o.memory_budget;
   return std::make_unique<ChunkManager>(store.train, store.num_classes, options);
 }

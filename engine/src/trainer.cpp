@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 
 #include "backend.h"
 #include "metrics_log.h"
@@ -39,7 +40,8 @@ constexpr uint64_t kShuffleStreamBase = 1u << 20;
 
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   config_.validate();
-  backend_ = make_backend(config_.backend, config_.model, config_.optimizer, config_.threads);
+  backend_ = make_backend(config_.backend, config_.model, config_.optimizer, config_.threads,
+                          config_.precision);
   if (!config_.resume_path.empty()) {
     const Checkpoint ckpt = load_checkpoint(config_.resume_path, &config_.model);
     if (ckpt.optimizer.kind != config_.optimizer.kind)
@@ -82,10 +84,37 @@ Checkpoint Trainer::checkpoint() const {
   return ckpt;
 }
 
+namespace {
+
+// Data sets a run reads again and again stay on the device for the run (a GPU backend copies
+// them once), and are let go when the run ends however it ends.
+class ResidentData {
+ public:
+  ResidentData(Backend& backend, std::initializer_list<const DatasetView*> views) : backend_(backend) {
+    for (const DatasetView* view : views)
+      if (view->rows > 0) backend_.keep_resident(*view);
+  }
+  ~ResidentData() {
+    try {
+      backend_.release_resident();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem: releasing device data failed: %s\n", e.what());
+    }
+  }
+  ResidentData(const ResidentData&) = delete;
+  ResidentData& operator=(const ResidentData&) = delete;
+
+ private:
+  Backend& backend_;
+};
+
+}  // namespace
+
 TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validation,
                           const DatasetView& test) {
   if (train.rows == 0) throw InputError("the training split is empty");
   if (train.rows > INT32_MAX) throw InputError("more than 2^31 training rows are not supported");
+  ResidentData resident(*backend_, {&train, &validation, &test});
   std::vector<int32_t> order;
   // In memory, a shuffled batch is a list of row indices: the backend gathers the rows itself.
   return train_epochs(train.rows, [&](int64_t epoch, const StepDone& done) {
@@ -93,11 +122,11 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
       order = seeded_permutation(train.rows, config_.seed, kShuffleStreamBase + static_cast<uint64_t>(epoch));
     for (int64_t begin = 0; begin < train.rows; begin += config_.batch) {
       const int64_t n = std::min(config_.batch, train.rows - begin);
-      const BatchStats stats =
-          config_.shuffle ? backend_->compute_gradients(train, order.data() + begin, n)
-                          : backend_->compute_gradients(train.slice(begin, begin + n), nullptr, n);
-      backend_->apply_gradients();
-      done(stats.loss_sum, n);
+      if (config_.shuffle)
+        backend_->train_step(train, order.data() + begin, n);
+      else
+        backend_->train_step(train.slice(begin, begin + n), nullptr, n);
+      done(n);
     }
   }, validation, test);
 }
@@ -105,14 +134,14 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
 TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
                           const DatasetView& test) {
   if (train.rows_per_epoch() == 0) throw InputError("the training stream yields no rows");
+  ResidentData resident(*backend_, {&validation, &test});
   return train_epochs(train.rows_per_epoch(), [&](int64_t epoch, const StepDone& done) {
     train.start_epoch(epoch);
     DatasetView batch;
     // The stream's reader threads need the cores while this thread waits for the next batch.
     for (backend_->rest(); train.next(batch); backend_->rest()) {
-      const BatchStats stats = backend_->compute_gradients(batch, nullptr, batch.rows);
-      backend_->apply_gradients();
-      done(stats.loss_sum, batch.rows);
+      backend_->train_step(batch, nullptr, batch.rows);
+      done(batch.rows);
     }
   }, validation, test);
 }
@@ -134,7 +163,13 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     const auto epoch_start = Clock::now();
     auto step_start = epoch_start;
     double loss_sum = 0.0;
-    run_epoch(epoch_, [&](double step_loss, int64_t n) {
+    // The step's loss is read back only when someone looks at it: on a GPU that read waits for
+    // the step, so without a listener the epoch's steps run back to back and the loss is read
+    // once, at the end of the epoch.
+    const bool report_steps = metrics != nullptr || static_cast<bool>(on_step);
+    run_epoch(epoch_, [&](int64_t n) {
+      if (!report_steps) return;
+      const double step_loss = backend_->take_stats().loss_sum;
       loss_sum += step_loss;
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - step_start).count();
@@ -144,6 +179,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
       if (metrics) metrics->step(report);
       if (on_step) on_step(report);
     });
+    loss_sum += backend_->take_stats().loss_sum;
     const double epoch_seconds = seconds_since(epoch_start);
     train_seconds += epoch_seconds;
     summary.samples += rows_per_epoch;

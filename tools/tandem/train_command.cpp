@@ -14,6 +14,7 @@ namespace {
 struct TrainOptions {
   std::string data = default_data_dir();
   std::string backend = "auto";
+  std::string precision = "fp32";
   std::string hidden = "100";
   std::string optimizer = "adam";
   std::string shuffle = "on";
@@ -39,6 +40,7 @@ std::string human(double x) {
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
   config.backend = parse_backend(o.backend);
+  config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);
   config.shuffle = o.shuffle == "on";
   config.keep_best = o.keep == "best";
@@ -115,6 +117,10 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "CUDA matrix products: fp32, or tf32 / bf16 tensor cores (float32 parameters "
+                  "and Adam state either way)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
   cmd->add_option("--hidden", o->hidden, "Hidden layer widths, e.g. 100 or 256,128")
       ->capture_default_str();
   cmd->add_option("--optimizer", o->optimizer, "adam or sgd")

@@ -35,10 +35,16 @@ struct OptimizerConfig {
 
 enum class BackendKind { Cpu, Cuda, Auto };
 
+// How the CUDA backend's matrix products compute. Fp32 is plain float32 (no TF32); Tf32 and Bf16
+// let the tensor cores round the operands while parameters, gradients and Adam's state stay
+// float32. The CPU backend computes in float32 only.
+enum class Precision { Fp32, Tf32, Bf16 };
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optimizer;
   BackendKind backend = BackendKind::Auto;
+  Precision precision = Precision::Fp32;
   int64_t batch = 1000;
   int epochs = 15;
   uint64_t seed = 1;
@@ -58,7 +64,9 @@ struct TrainConfig {
 
 const char* to_string(BackendKind kind);
 const char* to_string(OptimizerKind kind);
+const char* to_string(Precision precision);
 BackendKind parse_backend(const std::string& text);
 OptimizerKind parse_optimizer(const std::string& text);
+Precision parse_precision(const std::string& text);  // "fp32", "tf32" or "bf16"
 
 }  // namespace tandem

@@ -94,6 +94,7 @@ struct StreamOptions {
   int shard_index = 0;  // this worker takes batches b with b % shard_count == shard_index
   int shard_count = 1;
   int readers = 2;                           // reader/decompressor threads
+  int assemblers = 2;                        // threads copying rows into batches
   size_t memory_budget = size_t{256} << 20;  // chunks in flight, bytes
 };
 

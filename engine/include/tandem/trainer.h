@@ -84,8 +84,8 @@ class Trainer {
   int threads() const;
 
  private:
-  // Called after each optimizer step with the batch's summed loss and its rows.
-  using StepDone = std::function<void(double, int64_t)>;
+  // Called after each optimizer step is queued, with the batch's rows.
+  using StepDone = std::function<void(int64_t)>;
   // Runs one epoch's steps, calling StepDone after each.
   using EpochRunner = std::function<void(int64_t epoch, const StepDone&)>;
   TrainSummary train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,

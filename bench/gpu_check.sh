@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The GPU check: one call on a lent GPU machine (an H200 here) that runs every GPU test and
+# benchmark and prints a short table last. Full results go to $OUT:
+#   gpu_check.log       everything printed, in order
+#   device.txt          nvidia-smi, driver, the carried build's commit
+#   gpu_tests.xml       GoogleTest results of tandem_cuda_tests (every kernel vs its CPU twin,
+#                       the CUDA backend vs the CPU backend)
+#   kernels_cuda.json   Google Benchmark: ceilings (device copy, cuBLAS SGEMM) and each kernel
+#   tandem_steps.json   whole training steps of the CUDA backend (batch 1,000 / 10,000 / 60,000)
+#   torch_steps.json    the same steps in PyTorch eager and torch.compile, in the same run
+#   feed.json           the chunk manager feeding the GPU from a store: pinned H2D bandwidth,
+#                       stream-to-device bandwidth, steps fed by the stream vs resident data
+#   table.md            the summary table (bench/gpu_table.py)
+#
+# The device machine has CUDA, PyTorch and CMake but none of the Debian packages the engine
+# builds against, so the build happens where they are: `bash bench/gpu_check_prepare.sh` on the
+# development machine builds for sm_90 and packs the binaries and their non-CUDA libraries into
+# .gpu-carry/carry.tar.xz; the device call carries .gpu-carry and runs
+#   bash bench/gpu_check.sh
+# which unpacks that build, links it against the device's own cuBLAS/cuDNN and runs it. It needs
+# well under 6 minutes; each stage has its own time limit so one hang cannot eat the lease.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+started=$(date +%s)
+stage() { echo; echo "=== $1 ($(( $(date +%s) - started )) s) ==="; }
+
+stage "device"
+{
+  nvidia-smi || echo "nvidia-smi failed"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,power.limit --format=csv || true
+} | tee "$OUT/device.txt"
+
+stage "unpack the carried build"
+work=/tmp/tandem-gpu-check
+rm -rf "$work" && mkdir -p "$work"
+if [ ! -f .gpu-carry/carry.tar.xz ]; then
+  echo "no .gpu-carry/carry.tar.xz: run bench/gpu_check_prepare.sh on the development machine" \
+       "and name .gpu-carry in the device call's carry"
+  exit 1
+fi
+tar -xJf .gpu-carry/carry.tar.xz -C "$work" || exit 1
+cat "$work/BUILD_INFO" | tee -a "$OUT/device.txt"
+
+# The CUDA libraries the binaries link against, wherever this machine keeps them (the toolkit,
+# or the pip wheels PyTorch brought).
+lib_dirs=("$work/lib")
+for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9; do
+  found=""
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+             $(python3 -c 'import site, glob
+for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/null); do
+    if [ -e "$dir/$lib" ]; then found=$dir; break; fi
+  done
+  [ -n "$found" ] || found=$(dirname "$(find / -name "$lib*" -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+  echo "$lib: ${found:-NOT FOUND}"
+  [ -n "$found" ] && lib_dirs+=("$found")
+done
+LD_LIBRARY_PATH=$(IFS=:; echo "${lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+bin=$work/bin
+for b in "$bin"/*; do
+  missing=$(ldd "$b" | grep "not found")
+  [ -z "$missing" ] || echo "$(basename "$b") is missing: $missing"
+done
+
+stage "GPU tests"
+timeout 150 "$bin/tandem_cuda_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | \
+  grep -v -E '^\[ +(RUN|OK) +\]' | tail -60
+echo "tandem_cuda_tests exit status ${PIPESTATUS[0]}"
+
+stage "whole training steps: tandem"
+timeout 90 "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
+  --repeats 3 --precisions fp32,tf32,bf16 --eager --json "$OUT/tandem_steps.json"
+echo "exit status $?"
+
+stage "whole training steps: PyTorch eager and torch.compile"
+PYTHONUNBUFFERED=1 timeout 170 python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
+  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile --json "$OUT/torch_steps.json"
+echo "exit status $?"
+
+stage "data feed: chunk manager -> GPU"
+# A synthetic MNIST-format data set (the device machine has no Debian packages, so no
+# Fashion-MNIST), prepared as an uncompressed store of 240,000 rows.
+feed_dir=/tmp/tandem-feed
+rm -rf "$feed_dir" && mkdir -p "$feed_dir/idx"
+python3 - "$feed_dir/idx" <<'PY'
+import struct, sys, numpy as np
+out = sys.argv[1]
+rng = np.random.default_rng(5)
+for name, rows in (("train", 60000), ("t10k", 10000)):
+    with open(f"{out}/{name}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, rows, 28, 28))
+        f.write(rng.integers(0, 256, size=(rows, 784), dtype=np.uint8).tobytes())
+    with open(f"{out}/{name}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, rows))
+        f.write(rng.integers(0, 10, size=rows, dtype=np.uint8).tobytes())
+PY
+timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
+  --compressor none && \
+timeout 90 "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
+  --store "$feed_dir/store.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$OUT/feed.json"
+echo "exit status $?"
+
+stage "kernels and ceilings"
+timeout 120 "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
+  --benchmark_out="$OUT/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
+echo "exit status ${PIPESTATUS[0]}"
+
+stage "summary"
+python3 bench/gpu_table.py --kernels "$OUT/kernels_cuda.json" --tandem "$OUT/tandem_steps.json" \
+  --torch "$OUT/torch_steps.json" --feed "$OUT/feed.json" --markdown "$OUT/table.md"
+echo "gpu_check: done in $(( $(date +%s) - started )) s"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Prepares the GPU check (bench/gpu_check.sh) on a machine without a GPU: builds the GPU tests,
+# the benchmarks and the CLI for sm_90, and packs them, with the shared libraries the device
+# machine lacks (OpenBLAS, zstd, blosc, libpng, Google Benchmark: Debian packages it does not
+# have), into .gpu-carry/carry.tar.xz. The device run then names .gpu-carry in `carry`.
+#
+# The binaries need glibc 2.36 or newer (Debian 12's, which built them); the CUDA libraries
+# (cuBLAS, cuBLASLt, cuDNN) are NOT packed: they are hundreds of megabytes, and the device
+# machine has its own (gpu_check.sh finds them).
+#
+#   bash bench/gpu_check_prepare.sh            # uses ./build (TANDEM_BUILD_DIR to change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
+build=${TANDEM_BUILD_DIR:-build}
+generator=()
+[ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+targets=(tandem_cuda_tests tandem_kernels_cuda_bench tandem_train_step_cuda_bench tandem_cli)
+cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+cp "$build/tests/tandem_cuda_tests" "$build/bench/tandem_kernels_cuda_bench" \
+   "$build/bench/tandem_train_step_cuda_bench" "$build/tools/tandem" "$stage/bin/"
+strip --strip-unneeded "$stage"/bin/*
+for binary in "$stage"/bin/*; do
+  ldd "$binary" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    # glibc and the compiler runtime are on every Linux (newer there, which is fine); CUDA's
+    # libraries come from the device machine.
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+    libcublas*|libcudnn*|libcudart*|libcuda.so*) ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
+  esac
+done
+{
+  echo "commit $(git rev-parse HEAD)"
+  echo "uncommitted changes: $(git status --porcelain --untracked-files=no | wc -l) files"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(nvcc --version | tail -1)"
+} > "$stage/BUILD_INFO"
+mkdir -p .gpu-carry
+tar -C "$stage" -cJf .gpu-carry/carry.tar.xz .
+echo "packed .gpu-carry/carry.tar.xz ($(du -h .gpu-carry/carry.tar.xz | cut -f1)):"
+tar -tJf .gpu-carry/carry.tar.xz | sed 's/^/  /'

@@ -1,0 +1,517 @@
+#include "cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/convert_cpu.h"
+#include "cuda/convert_cuda.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_device.h"
+#include "parameter_arena.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+// Evaluation and prediction walk a data set in pieces of this many rows (the buffers of a step
+// of this size are what they need on the device).
+constexpr int64_t kEvalChunkRows = 16384;
+
+kernels::MatmulPrecision matmul_precision(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return kernels::MatmulPrecision::Fp32;
+    case Precision::Tf32: return kernels::MatmulPrecision::Tf32;
+    case Precision::Bf16: return kernels::MatmulPrecision::Bf16;
+  }
+  return kernels::MatmulPrecision::Fp32;
+}
+
+kernels::AdamHyper hyper_of(const OptimizerConfig& opt) {
+  return {opt.learning_rate, opt.beta1, opt.beta2, opt.epsilon};
+}
+
+bool graphs_disabled_by_environment() {
+  const char* value = std::getenv("TANDEM_CUDA_GRAPHS");
+  return value != nullptr && std::strcmp(value, "0") == 0;
+}
+
+template <typename T>
+void grow(kernels::DeviceBuffer<T>& buffer, size_t count) {
+  if (buffer.size() < count) buffer = kernels::DeviceBuffer<T>(count);
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
+                         const CudaBackendOptions& options)
+    : config_(model),
+      optimizer_(opt),
+      options_(options),
+      layout_(ParameterLayout::for_model(model)) {
+  config_.validate();
+  const int devices = kernels::cuda_device_count();
+  if (devices == 0)
+    throw InputError("CUDA backend: no usable CUDA device (no GPU, no driver, or a driver older "
+                     "than this build's CUDA runtime)");
+  if (options_.device < 0 || options_.device >= devices)
+    throw InputError("CUDA backend: device " + std::to_string(options_.device) + " asked for, " +
+                     std::to_string(devices) + " present");
+  if (graphs_disabled_by_environment()) options_.use_graphs = false;
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  for (Slot& slot : slots_) {
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming));
+  }
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_totals_), sizeof(kernels::DeviceStats)));
+  dense_ = std::make_unique<kernels::DenseCuda>(stream_, matmul_precision(options_.precision));
+
+  const size_t total = static_cast<size_t>(layout_.total);
+  params_ = kernels::DeviceBuffer<float>(total);
+  grads_ = kernels::DeviceBuffer<float>(total);
+  adam_m_ = kernels::DeviceBuffer<float>(total);
+  adam_v_ = kernels::DeviceBuffer<float>(total);
+  adam_step_ = kernels::DeviceBuffer<kernels::AdamDeviceStep>(1);
+  train_totals_ = kernels::DeviceBuffer<kernels::DeviceStats>(1);
+  call_totals_ = kernels::DeviceBuffer<kernels::DeviceStats>(1);
+  // Zeros everywhere: the padding between tensors is never written by a step, and Adam sweeps
+  // it (zero gradient keeps zero moments and unchanged zero parameters).
+  for (auto* buffer : {&params_, &grads_, &adam_m_, &adam_v_})
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), stream_));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(adam_step_.data(), 0, adam_step_.bytes(), stream_));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(train_totals_.data(), 0, train_totals_.bytes(), stream_));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, call_totals_.bytes(), stream_));
+  activations_.resize(config_.layers.size());
+  deltas_.resize(config_.layers.size());
+  synchronize();
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors log instead of throwing.
+  if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess)
+    std::fprintf(stderr, "tandem: CUDA backend: work failed before shutdown\n");
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (Slot& slot : slots_) {
+    if (slot.host_rows) cudaFreeHost(slot.host_rows);
+    if (slot.copied) cudaEventDestroy(slot.copied);
+    if (slot.used) cudaEventDestroy(slot.used);
+  }
+  if (host_totals_) cudaFreeHost(host_totals_);
+  dense_.reset();
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const { return "cuda"; }
+
+void CudaBackend::synchronize() {
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::set_parameters(const Model& model) {
+  if (model.config().layers != config_.layers)
+    throw InputError("model " + model.config().describe() + " does not match the backend's " +
+                     config_.describe());
+  std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
+  copy_tensors_in(model.parameters(), layout_, arena.data(), "parameters");
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena.data(), params_.bytes(),
+                                    cudaMemcpyHostToDevice, stream_));
+  synchronize();  // `arena` goes out of scope
+}
+
+void CudaBackend::get_parameters(Model& model) const {
+  if (model.config().layers != config_.layers) model = Model(config_);
+  std::vector<float> arena(static_cast<size_t>(layout_.total));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(arena.data(), params_.data(), params_.bytes(),
+                                    cudaMemcpyDeviceToHost, stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  copy_tensors_out(layout_, arena.data(), model.parameters(), "");
+}
+
+void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
+  if (step < 0) throw InputError("optimizer step must be >= 0, got " + std::to_string(step));
+  std::vector<float> m, v;
+  if (optimizer_.kind == OptimizerKind::Adam) {
+    m.assign(static_cast<size_t>(layout_.total), 0.0f);
+    v.assign(static_cast<size_t>(layout_.total), 0.0f);
+    copy_tensors_in(state.m, layout_, m.data(), "Adam first moments");
+    copy_tensors_in(state.v, layout_, v.data(), "Adam second moments");
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(adam_m_.data(), m.data(), adam_m_.bytes(),
+                                      cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(adam_v_.data(), v.data(), adam_v_.bytes(),
+                                      cudaMemcpyHostToDevice, stream_));
+  }
+  const kernels::AdamDeviceStep device_step{
+      step, step > 0 ? kernels::adam_step_size(hyper_of(optimizer_), step) : 0.0f};
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(adam_step_.data(), &device_step, sizeof(device_step),
+                                    cudaMemcpyHostToDevice, stream_));
+  synchronize();
+  step_ = step;
+}
+
+void CudaBackend::get_optimizer_state(OptimizerState& state) const {
+  state = OptimizerState{};
+  if (optimizer_.kind != OptimizerKind::Adam) return;
+  std::vector<float> m(static_cast<size_t>(layout_.total)), v(static_cast<size_t>(layout_.total));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.data(), adam_m_.data(), adam_m_.bytes(),
+                                    cudaMemcpyDeviceToHost, stream_));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(v.data(), adam_v_.data(), adam_v_.bytes(),
+                                    cudaMemcpyDeviceToHost, stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  copy_tensors_out(layout_, m.data(), state.m, "");
+  copy_tensors_out(layout_, v.data(), state.v, "");
+}
+
+void CudaBackend::check_data(const DatasetView& data, bool need_labels) const {
+  check_model_data(config_, data, need_labels);
+}
+
+void CudaBackend::ensure_capacity(int64_t rows) {
+  if (rows <= capacity_) return;
+  synchronize();  // queued work may still read the buffers about to be replaced
+  clear_graphs();  // captured graphs point at them
+  // Round up so a run whose batch sizes vary a little does not reallocate at every new size.
+  int64_t capacity = 1;
+  while (capacity < rows) capacity *= 2;
+  const auto cap = static_cast<size_t>(capacity);
+  for (size_t l = 0; l < config_.layers.size(); ++l) {
+    activations_[l] = kernels::DeviceBuffer<float>(cap * static_cast<size_t>(config_.layers[l]));
+    // No gradient is taken for the input images, so layer 0 has no delta buffer.
+    deltas_[l] = l == 0 ? kernels::DeviceBuffer<float>()
+                        : kernels::DeviceBuffer<float>(cap * static_cast<size_t>(config_.layers[l]));
+  }
+  batch_labels_ = kernels::DeviceBuffer<uint8_t>(cap);
+  predictions_ = kernels::DeviceBuffer<uint8_t>(cap);
+  partials_ = kernels::DeviceBuffer<kernels::SoftmaxXentPartial>(
+      static_cast<size_t>(kernels::softmax_xent_partials_needed(capacity)));
+  dense_->reserve_rows(capacity);
+  capacity_ = capacity;
+  synchronize();
+}
+
+const CudaBackend::Resident* CudaBackend::find_resident(const DatasetView& data,
+                                                        int64_t& first_row) const {
+  for (const auto& r : resident_) {
+    const DatasetView& h = r->host;
+    if (h.pixel_type != data.pixel_type || h.features != data.features) continue;
+    const auto* base = static_cast<const uint8_t*>(h.pixels);
+    const auto* p = static_cast<const uint8_t*>(data.pixels);
+    const int64_t row_bytes = h.features * static_cast<int64_t>(h.pixel_bytes());
+    if (p < base || p >= base + h.rows * row_bytes || (p - base) % row_bytes != 0) continue;
+    const int64_t first = (p - base) / row_bytes;
+    if (first + data.rows > h.rows) continue;
+    if (data.labels != nullptr && (h.labels == nullptr || data.labels != h.labels + first)) continue;
+    first_row = first;
+    return r.get();
+  }
+  return nullptr;
+}
+
+void CudaBackend::keep_resident(const DatasetView& data) {
+  if (data.rows == 0) return;
+  int64_t first = 0;
+  const Resident* existing = find_resident(data, first);
+  if (existing != nullptr && existing->host.rows == data.rows && first == 0) return;
+  auto r = std::make_unique<Resident>();
+  r->host = data;
+  const size_t pixel_bytes = static_cast<size_t>(data.rows * data.features) * data.pixel_bytes();
+  r->pixels = kernels::DeviceBuffer<uint8_t>(pixel_bytes);
+  TANDEM_CUDA_CHECK(cudaMemcpy(r->pixels.data(), data.pixels, pixel_bytes, cudaMemcpyHostToDevice));
+  if (data.labels != nullptr) {
+    r->labels = kernels::DeviceBuffer<uint8_t>(static_cast<size_t>(data.rows));
+    TANDEM_CUDA_CHECK(cudaMemcpy(r->labels.data(), data.labels, static_cast<size_t>(data.rows),
+                                 cudaMemcpyHostToDevice));
+  }
+  resident_.push_back(std::move(r));
+}
+
+void CudaBackend::release_resident() {
+  synchronize();
+  clear_graphs();
+  resident_.clear();
+}
+
+CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32_t* rows,
+                                            int64_t count, Slot*& slot) {
+  Slot& s = slots_[next_slot_];
+  next_slot_ ^= 1;
+  slot = &s;
+  DeviceBatch batch;
+  batch.pixel_type = data.pixel_type;
+  batch.n = count;
+  const size_t row_bytes = static_cast<size_t>(data.features) * data.pixel_bytes();
+  int64_t first = 0;
+  const Resident* resident = find_resident(data, first);
+
+  // Growing a slot replaces its buffers: nothing queued may still read them.
+  const bool slot_too_small =
+      (resident && rows && s.rows.size() < static_cast<size_t>(count)) ||
+      (!resident && (s.pixels.size() < row_bytes * count || s.labels.size() < static_cast<size_t>(count)));
+  if (slot_too_small) {
+    synchronize();
+    clear_graphs();
+    if (resident) {
+      grow(s.rows, static_cast<size_t>(count));
+    } else {
+      grow(s.pixels, row_bytes * static_cast<size_t>(count));
+      grow(s.labels, static_cast<size_t>(count));
+    }
+  }
+  // The step that last read this slot must be done before its buffers are overwritten.
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.used, 0));
+  if (resident) {
+    batch.pixels = resident->pixels.data() + static_cast<size_t>(first) * row_bytes;
+    batch.labels = data.labels ? resident->labels.data() + first : nullptr;
+    if (rows) {
+      // The pinned staging buffer was last read by this slot's copy two steps ago; that copy is
+      // long done unless the host runs far ahead, in which case waiting here is the brake.
+      TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
+      if (s.host_rows_capacity < static_cast<size_t>(count)) {
+        if (s.host_rows) TANDEM_CUDA_CHECK(cudaFreeHost(s.host_rows));
+        s.host_rows = nullptr;
+        s.host_rows_capacity = 0;
+        TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&s.host_rows),
+                                         sizeof(int32_t) * static_cast<size_t>(count)));
+        s.host_rows_capacity = static_cast<size_t>(count);
+      }
+      std::memcpy(s.host_rows, rows, sizeof(int32_t) * static_cast<size_t>(count));
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.rows.data(), s.host_rows, sizeof(int32_t) * count,
+                                        cudaMemcpyHostToDevice, copy_stream_));
+      batch.rows = s.rows.data();
+    }
+    TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.copied, 0));
+    return batch;
+  } else {
+    const auto* src = static_cast<const uint8_t*>(data.pixels);
+    if (rows) {
+      // A row list over host data: gather the rows on the host (the device sees a contiguous
+      // batch) and send them in one copy.
+      host_gather_.resize(row_bytes * static_cast<size_t>(count) + static_cast<size_t>(count));
+      uint8_t* gathered_labels = host_gather_.data() + row_bytes * count;
+      for (int64_t i = 0; i < count; ++i) {
+        std::memcpy(host_gather_.data() + i * row_bytes,
+                    src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+        if (data.labels) gathered_labels[i] = data.labels[rows[i]];
+      }
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), host_gather_.data(), row_bytes * count,
+                                        cudaMemcpyHostToDevice, copy_stream_));
+      if (data.labels)
+        TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), gathered_labels,
+                                          static_cast<size_t>(count), cudaMemcpyHostToDevice,
+                                          copy_stream_));
+    } else {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), src, row_bytes * count,
+                                        cudaMemcpyHostToDevice, copy_stream_));
+      if (data.labels)
+        TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), data.labels, static_cast<size_t>(count),
+                                          cudaMemcpyHostToDevice, copy_stream_));
+    }
+    batch.pixels = s.pixels.data();
+    batch.labels = data.labels ? s.labels.data() : nullptr;
+  }
+  TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
+  // The caller may reuse its host buffers as soon as this returns: wait for the copies (not for
+  // the compute stream, which keeps running the previous step meanwhile).
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.copied, 0));
+  return batch;
+}
+
+void CudaBackend::enqueue_forward(const DeviceBatch& batch) {
+  const size_t num_layers = config_.layers.size() - 1;
+  if (batch.pixel_type == PixelType::UInt8)
+    kernels::gather_rows_u8_cuda(static_cast<const uint8_t*>(batch.pixels), config_.inputs(),
+                                 batch.rows, batch.n, activations_[0].data(), batch.labels,
+                                 batch.labels ? batch_labels_.data() : nullptr, stream_);
+  else
+    kernels::gather_rows_f32_cuda(static_cast<const float*>(batch.pixels), config_.inputs(),
+                                  batch.rows, batch.n, activations_[0].data(), batch.labels,
+                                  batch.labels ? batch_labels_.data() : nullptr, stream_);
+  for (size_t l = 0; l < num_layers; ++l)
+    dense_->forward(activations_[l].data(), params_.data() + layout_.weight(l).offset,
+                    params_.data() + layout_.bias(l).offset, activations_[l + 1].data(), batch.n,
+                    config_.layers[l], config_.layers[l + 1], l + 1 < num_layers);
+}
+
+void CudaBackend::enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals) {
+  const size_t num_layers = config_.layers.size() - 1;
+  enqueue_forward(batch);
+  kernels::softmax_xent_cuda(activations_[num_layers].data(), batch_labels_.data(),
+                             deltas_[num_layers].data(), nullptr, batch.n, config_.classes(),
+                             partials_.data(), totals, stream_);
+  float* grads = grads_.data();
+  for (size_t l = num_layers; l-- > 0;) {
+    dense_->backward_params(activations_[l].data(), deltas_[l + 1].data(),
+                            grads + layout_.weight(l).offset, grads + layout_.bias(l).offset,
+                            batch.n, config_.layers[l], config_.layers[l + 1],
+                            /*accumulate=*/false);
+    if (l > 0)
+      dense_->backward_input_relu(deltas_[l + 1].data(), params_.data() + layout_.weight(l).offset,
+                                  activations_[l].data(), deltas_[l].data(), batch.n,
+                                  config_.layers[l], config_.layers[l + 1]);
+  }
+}
+
+void CudaBackend::enqueue_optimizer() {
+  const auto total = layout_.total;
+  if (optimizer_.kind == OptimizerKind::Adam) {
+    const kernels::AdamHyper hyper = hyper_of(optimizer_);
+    kernels::adam_advance_step_cuda(adam_step_.data(), hyper, stream_);
+    kernels::adam_update_cuda(params_.data(), adam_m_.data(), adam_v_.data(), grads_.data(), total,
+                              adam_step_.data(), hyper, stream_);
+  } else {
+    kernels::sgd_update_cuda(params_.data(), grads_.data(), total, optimizer_.learning_rate,
+                             stream_);
+  }
+}
+
+void CudaBackend::enqueue_train_step(const DeviceBatch& batch) {
+  enqueue_forward_backward(batch, train_totals_.data());
+  enqueue_optimizer();
+}
+
+void CudaBackend::launch_train_step(const DeviceBatch& batch) {
+  if (!options_.use_graphs) {
+    enqueue_train_step(batch);
+    return;
+  }
+  const GraphKey key{batch.pixels, batch.labels, batch.rows, batch.n,
+                     static_cast<int>(batch.pixel_type), true};
+  if (auto found = graphs_.find(key); found != graphs_.end()) {
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(found->second, stream_));
+    return;
+  }
+  // A new shape runs eagerly once: cuBLASLt chooses its algorithms then, outside any capture.
+  if (eager_runs_[key]++ == 0) {
+    enqueue_train_step(batch);
+    return;
+  }
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue_train_step(batch);
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);  // leave the stream usable
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TANDEM_CUDA_CHECK(status);
+  graphs_.emplace(key, exec);
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, exec] : graphs_) TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  graphs_.clear();
+  eager_runs_.clear();
+}
+
+kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals, sizeof(kernels::DeviceStats),
+                                    cudaMemcpyDeviceToHost, stream_));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(totals, 0, sizeof(kernels::DeviceStats), stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *host_totals_;
+}
+
+BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
+                                          int64_t count) {
+  check_data(data, true);
+  if (count < 0 || (rows == nullptr && count > data.rows))
+    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
+                     std::to_string(data.rows));
+  if (count == 0) return {};
+  ensure_capacity(count);
+  Slot* slot = nullptr;
+  const DeviceBatch batch = stage(data, rows, count, slot);
+  enqueue_forward_backward(batch, call_totals_.data());
+  TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+  const kernels::DeviceStats totals = read_and_reset(call_totals_.data());
+  return {totals.loss_sum, totals.correct, count};
+}
+
+void CudaBackend::apply_gradients() {
+  enqueue_optimizer();
+  ++step_;
+}
+
+void CudaBackend::train_step(const DatasetView& data, const int32_t* rows, int64_t count) {
+  check_data(data, true);
+  if (count < 1 || (rows == nullptr && count > data.rows))
+    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
+                     std::to_string(data.rows));
+  ensure_capacity(count);
+  Slot* slot = nullptr;
+  const DeviceBatch batch = stage(data, rows, count, slot);
+  launch_train_step(batch);
+  TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+  pending_samples_ += count;
+  ++step_;
+}
+
+BatchStats CudaBackend::take_stats() {
+  const kernels::DeviceStats totals = read_and_reset(train_totals_.data());
+  return {totals.loss_sum, totals.correct, std::exchange(pending_samples_, 0)};
+}
+
+BatchStats CudaBackend::evaluate(const DatasetView& data) {
+  check_data(data, true);
+  ensure_capacity(std::min(data.rows, kEvalChunkRows));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, sizeof(kernels::DeviceStats), stream_));
+  for (int64_t begin = 0; begin < data.rows; begin += kEvalChunkRows) {
+    const int64_t end = std::min(data.rows, begin + kEvalChunkRows);
+    Slot* slot = nullptr;
+    const DeviceBatch batch = stage(data.slice(begin, end), nullptr, end - begin, slot);
+    enqueue_forward(batch);
+    const size_t num_layers = config_.layers.size() - 1;
+    kernels::softmax_xent_cuda(activations_[num_layers].data(), batch_labels_.data(), nullptr,
+                               nullptr, batch.n, config_.classes(), partials_.data(),
+                               call_totals_.data(), stream_);
+    TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+  }
+  const kernels::DeviceStats totals = read_and_reset(call_totals_.data());
+  return {totals.loss_sum, totals.correct, data.rows};
+}
+
+void CudaBackend::predict(const DatasetView& data, uint8_t* out) {
+  check_data(data, false);
+  ensure_capacity(std::min(data.rows, kEvalChunkRows));
+  const size_t num_layers = config_.layers.size() - 1;
+  for (int64_t begin = 0; begin < data.rows; begin += kEvalChunkRows) {
+    const int64_t end = std::min(data.rows, begin + kEvalChunkRows);
+    DatasetView piece = data.slice(begin, end);
+    piece.labels = nullptr;  // prediction needs none
+    Slot* slot = nullptr;
+    const DeviceBatch batch = stage(piece, nullptr, end - begin, slot);
+    enqueue_forward(batch);
+    kernels::argmax_rows_cuda(activations_[num_layers].data(), predictions_.data(), batch.n,
+                              config_.classes(), stream_);
+    TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out + begin, predictions_.data(),
+                                      static_cast<size_t>(batch.n), cudaMemcpyDeviceToHost,
+                                      stream_));
+    // The next piece overwrites predictions_: this one must have arrived first.
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& model, const OptimizerConfig& opt,
+                                           Precision precision, int device) {
+  CudaBackendOptions options;
+  options.device = device;
+  options.precision = precision;
+  return std::make_unique<CudaBackend>(model, opt, options);
+}
+
+}  // namespace tandem

@@ -1,0 +1,32 @@
+#include "parameter_arena.h"
+
+#include <algorithm>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
+                     float* arena, const char* what) {
+  if (tensors.size() != layout.entries.size())
+    throw InputError(std::string(what) + ": expected " + std::to_string(layout.entries.size()) +
+                     " tensors, got " + std::to_string(tensors.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& entry = layout.entries[i];
+    if (tensors[i].shape != entry.shape ||
+        static_cast<int64_t>(tensors[i].values.size()) != entry.size)
+      throw InputError(std::string(what) + ": tensor '" + tensors[i].name +
+                       "' does not have the shape of '" + entry.name + "'");
+    std::copy(tensors[i].values.begin(), tensors[i].values.end(), arena + entry.offset);
+  }
+}
+
+void copy_tensors_out(const ParameterLayout& layout, const float* arena,
+                      std::vector<NamedTensor>& out, const std::string& suffix) {
+  out.clear();
+  for (const auto& entry : layout.entries)
+    out.push_back({entry.name + suffix, entry.shape,
+                   std::vector<float>(arena + entry.offset, arena + entry.offset + entry.size)});
+}
+
+}  // namespace tandem

@@ -1,0 +1,33 @@
+// Every CUDA, cuBLAS and cuDNN call goes through one of these macros: a failure throws
+// CudaError naming the call, the file and the line, so an error surfaces where it happened
+// instead of at the next unrelated synchronisation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace tandem::kernels {
+
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void throw_cuda_error(const char* library, const char* call, const char* file,
+                                   int line, int code, const char* message);
+
+}  // namespace tandem::kernels
+
+#define TANDEM_CUDA_CHECK(call)                                                               \
+  do {                                                                                        \
+    const cudaError_t tandem_status_ = (call);                                                \
+    if (tandem_status_ != cudaSuccess)                                                        \
+      ::tandem::kernels::throw_cuda_error("CUDA", #call, __FILE__, __LINE__,                  \
+                                          static_cast<int>(tandem_status_),                   \
+                                          cudaGetErrorString(tandem_status_));                \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors are reported here, not by the launch.
+#define TANDEM_CUDA_CHECK_LAUNCH() TANDEM_CUDA_CHECK(cudaGetLastError())

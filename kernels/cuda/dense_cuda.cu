@@ -1,0 +1,275 @@
+#include "cuda/dense_cuda.h"
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "cuda/cublas_check.h"
+#include "cuda/device_buffer.h"
+#include "cuda/launch_config.h"
+
+namespace tandem::kernels {
+
+namespace {
+
+// cuBLASLt may pick split-K algorithms that need scratch space; 32 MiB covers every shape of
+// the models here (the library asks for far less at these sizes).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cublasComputeType_t compute_type(MatmulPrecision precision) {
+  switch (precision) {
+    case MatmulPrecision::Fp32: return CUBLAS_COMPUTE_32F;  // no TF32: plain float32 FMA
+    case MatmulPrecision::Tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case MatmulPrecision::Bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
+// The largest power of two (up to 256) dividing the address: what the algorithm may assume.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 4 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// Column-major product D = alpha op(A) op(B) + beta C (C and D the same buffer), in cuBLASLt's
+// terms. The row-major layer maths map onto it by reading each row-major matrix as its
+// column-major transpose.
+struct Gemm {
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
+  const float* bias = nullptr;
+  float beta = 0.0f;
+};
+
+__global__ void fill_kernel(float* out, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = value;
+}
+
+__global__ void bias_relu_kernel(float* y, const float* b, int64_t rows, int64_t out, bool relu) {
+  const int64_t n = rows * out;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = y[i] + b[i % out];
+    y[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void relu_mask_kernel(float* dx, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    if (!(x[i] > 0.0f)) dx[i] = 0.0f;
+}
+
+}  // namespace
+
+struct DenseCuda::Impl {
+  // A matmul's descriptors and chosen algorithm, made once per shape: the heuristic query costs
+  // far more host time than the product at these sizes.
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                         uint32_t, uint32_t, uint32_t, uint32_t>;
+
+  cudaStream_t stream;
+  MatmulPrecision precision;
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer<unsigned char> workspace{kWorkspaceBytes};
+  DeviceBuffer<float> ones;  // the bias gradient is dy^T times a vector of ones
+  std::map<Key, Plan> plans;
+
+  Impl(cudaStream_t s, MatmulPrecision p) : stream(s), precision(p) {
+    TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
+  }
+  ~Impl() {
+    for (auto& [key, plan] : plans) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+      cublasLtMatmulDescDestroy(plan.desc);
+    }
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  Plan& plan_for(const Gemm& g) {
+    const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.epilogue,
+                  alignment_of(g.a), alignment_of(g.b), alignment_of(g.c),
+                  g.bias ? alignment_of(g.bias) : 256u};
+    auto found = plans.find(key);
+    if (found != plans.end()) return found->second;
+
+    Plan plan;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute_type(precision), CUDA_R_32F));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                       &g.trans_a, sizeof(g.trans_a)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                       &g.trans_b, sizeof(g.trans_b)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &g.epilogue, sizeof(g.epilogue)));
+    if (g.bias)
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    const bool a_n = g.trans_a == CUBLAS_OP_N, b_n = g.trans_b == CUBLAS_OP_N;
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_32F, a_n ? g.m : g.k,
+                                                   a_n ? g.k : g.m, g.lda));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_32F, b_n ? g.k : g.n,
+                                                   b_n ? g.n : g.k, g.ldb));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, g.m, g.n, g.ldc));
+
+    cublasLtMatmulPreference_t preference = nullptr;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const size_t workspace_bytes = workspace.bytes();
+    const uint32_t align_a = std::get<9>(key), align_b = std::get<10>(key),
+                   align_c = std::get<11>(key);
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t status = [&] {
+      cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+          sizeof(workspace_bytes));
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(
+            preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(
+            preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(
+            preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(
+            preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                           preference, 1, &result, &returned);
+      return s;
+    }();
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+      cublasLtMatmulDescDestroy(plan.desc);
+      TANDEM_CUBLAS_CHECK(status);
+      throw CudaError("cuBLASLt found no algorithm for a " + std::to_string(g.m) + "x" +
+                      std::to_string(g.n) + "x" + std::to_string(g.k) + " product (epilogue " +
+                      std::to_string(static_cast<int>(g.epilogue)) + ")");
+    }
+    plan.algo = result.algo;
+    return plans.emplace(key, plan).first->second;
+  }
+
+  void run(const Gemm& g) {
+    Plan& plan = plan_for(g);
+    // The bias pointer is part of the call, not of the shape: set it every time.
+    if (g.bias)
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    const float alpha = 1.0f;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b,
+                                       &g.beta, g.c, plan.c, g.c, plan.c, &plan.algo,
+                                       workspace.data(), workspace.bytes(), stream));
+  }
+
+  void reserve_rows(int64_t rows) {
+    if (static_cast<size_t>(rows) <= ones.size()) return;
+    ones = DeviceBuffer<float>(static_cast<size_t>(rows));
+    fill_kernel<<<grid_for(rows), kThreadsPerBlock, 0, stream>>>(ones.data(), rows, 1.0f);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  }
+};
+
+DenseCuda::DenseCuda(cudaStream_t stream, MatmulPrecision precision)
+    : impl_(std::make_unique<Impl>(stream, precision)) {}
+DenseCuda::~DenseCuda() = default;
+
+void DenseCuda::set_stream(cudaStream_t stream) { impl_->stream = stream; }
+MatmulPrecision DenseCuda::precision() const { return impl_->precision; }
+void DenseCuda::reserve_rows(int64_t rows) { impl_->reserve_rows(rows); }
+
+void DenseCuda::forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                        int64_t in, int64_t out, bool relu, DenseEpilogue epilogue) {
+  if (rows == 0) return;
+  // y^T[out, rows] = W^T[out, in] x^T[in, rows] in column-major terms: no transposes at all.
+  Gemm g;
+  g.m = out, g.n = rows, g.k = in;
+  g.a = w, g.lda = out;
+  g.b = x, g.ldb = in;
+  g.c = y, g.ldc = out;
+  if (epilogue == DenseEpilogue::Fused) {
+    g.epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    g.bias = b;
+    impl_->run(g);
+    return;
+  }
+  impl_->run(g);
+  bias_relu_cuda(y, b, rows, out, relu, impl_->stream);
+}
+
+void DenseCuda::backward_params(const float* x, const float* dy, float* dw, float* db,
+                                int64_t rows, int64_t in, int64_t out, bool accumulate) {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (rows == 0) {
+    if (!accumulate) {
+      TANDEM_CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * in * out, impl_->stream));
+      TANDEM_CUDA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * out, impl_->stream));
+    }
+    return;
+  }
+  // dW^T[out, in] = dy^T[out, rows] x[rows, in]: x is stored as x^T, so B is transposed.
+  Gemm g;
+  g.m = out, g.n = in, g.k = rows;
+  g.a = dy, g.lda = out;
+  g.b = x, g.ldb = in, g.trans_b = CUBLAS_OP_T;
+  g.c = dw, g.ldc = out;
+  g.beta = beta;
+  impl_->run(g);
+  // db[out] = dy^T[out, rows] 1[rows]: a matrix-vector product, deterministic (no atomics).
+  impl_->reserve_rows(rows);
+  Gemm v;
+  v.m = out, v.n = 1, v.k = rows;
+  v.a = dy, v.lda = out;
+  v.b = impl_->ones.data(), v.ldb = rows;
+  v.c = db, v.ldc = out;
+  v.beta = beta;
+  impl_->run(v);
+}
+
+void DenseCuda::backward_input_relu(const float* dy, const float* w, const float* x, float* dx,
+                                    int64_t rows, int64_t in, int64_t out) {
+  if (rows == 0) return;
+  // dx^T[in, rows] = W[in, out] dy^T[out, rows]; W is stored as W^T, so A is transposed.
+  Gemm g;
+  g.m = in, g.n = rows, g.k = out;
+  g.a = w, g.lda = out, g.trans_a = CUBLAS_OP_T;
+  g.b = dy, g.ldb = out;
+  g.c = dx, g.ldc = in;
+  impl_->run(g);
+  relu_mask_cuda(dx, x, rows * in, impl_->stream);
+}
+
+void bias_relu_cuda(float* y, const float* b, int64_t rows, int64_t out, bool relu,
+                    cudaStream_t stream) {
+  if (rows * out == 0) return;
+  bias_relu_kernel<<<grid_for(rows * out), kThreadsPerBlock, 0, stream>>>(y, b, rows, out, relu);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void relu_mask_cuda(float* dx, const float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu_mask_kernel<<<grid_for(n), kThreadsPerBlock, 0, stream>>>(dx, x, n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tandem::kernels
