@@ -87,16 +87,16 @@ stage "data feed: chunk manager -> GPU"
 feed_dir=/tmp/tandem-feed
 rm -rf "$feed_dir" && mkdir -p "$feed_dir/idx"
 python3 - "$feed_dir/idx" <<'PY'
-import struct, sys, numpy as np
+import random, struct, sys
 out = sys.argv[1]
-rng = np.random.default_rng(5)
+rng = random.Random(5)
 for name, rows in (("train", 60000), ("t10k", 10000)):
     with open(f"{out}/{name}-images-idx3-ubyte", "wb") as f:
         f.write(struct.pack(">IIII", 0x803, rows, 28, 28))
-        f.write(rng.integers(0, 256, size=(rows, 784), dtype=np.uint8).tobytes())
+        f.write(rng.randbytes(rows * 784))
     with open(f"{out}/{name}-labels-idx1-ubyte", "wb") as f:
         f.write(struct.pack(">II", 0x801, rows))
-        f.write(rng.integers(0, 10, size=rows, dtype=np.uint8).tobytes())
+        f.write(bytes(rng.randrange(10) for _ in range(rows)))
 PY
 timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
   --compressor none && \

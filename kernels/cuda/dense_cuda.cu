@@ -1,5 +1,6 @@
 #include "cuda/dense_cuda.h"
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -63,6 +64,17 @@ __global__ void bias_relu_kernel(float* y, const float* b, int64_t rows, int64_t
   }
 }
 
+// The bias gradient without cuBLASLt: one thread per column, rows summed in order. Only used if
+// the library offers no algorithm for the matrix-vector form (slow, but deterministic).
+__global__ void column_sums_kernel(const float* dy, float* db, int64_t rows, int64_t out, float beta) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < out;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) sum += dy[r * out + j];
+    db[j] = beta != 0.0f ? db[j] + sum : sum;
+  }
+}
+
 __global__ void relu_mask_kernel(float* dx, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
@@ -88,6 +100,9 @@ struct DenseCuda::Impl {
   DeviceBuffer<unsigned char> workspace{kWorkspaceBytes};
   DeviceBuffer<float> ones;  // the bias gradient is dy^T times a vector of ones
   std::map<Key, Plan> plans;
+  // Set when cuBLASLt has no algorithm for a form on this device/library: fall back for good.
+  bool fused_epilogue_failed = false;
+  bool gemv_failed = false;
 
   Impl(cudaStream_t s, MatmulPrecision p) : stream(s), precision(p) {
     TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
@@ -207,11 +222,20 @@ void DenseCuda::forward(const float* x, const float* w, const float* b, float* y
   g.a = w, g.lda = out;
   g.b = x, g.ldb = in;
   g.c = y, g.ldc = out;
-  if (epilogue == DenseEpilogue::Fused) {
-    g.epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    g.bias = b;
-    impl_->run(g);
-    return;
+  if (epilogue == DenseEpilogue::Fused && !impl_->fused_epilogue_failed) {
+    Gemm fused = g;
+    fused.epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    fused.bias = b;
+    try {
+      impl_->run(fused);
+      return;
+    } catch (const CudaError& e) {
+      // No algorithm with this epilogue (the choice is made on a shape's first, eager call, so
+      // never inside a graph capture): the plain product and our own bias/ReLU kernel instead.
+      impl_->fused_epilogue_failed = true;
+      std::fprintf(stderr, "tandem: cuBLASLt bias/ReLU epilogue unavailable, using a separate "
+                           "kernel: %s\n", e.what());
+    }
   }
   impl_->run(g);
   bias_relu_cuda(y, b, rows, out, relu, impl_->stream);
@@ -236,14 +260,25 @@ void DenseCuda::backward_params(const float* x, const float* dy, float* dw, floa
   g.beta = beta;
   impl_->run(g);
   // db[out] = dy^T[out, rows] 1[rows]: a matrix-vector product, deterministic (no atomics).
-  impl_->reserve_rows(rows);
-  Gemm v;
-  v.m = out, v.n = 1, v.k = rows;
-  v.a = dy, v.lda = out;
-  v.b = impl_->ones.data(), v.ldb = rows;
-  v.c = db, v.ldc = out;
-  v.beta = beta;
-  impl_->run(v);
+  if (!impl_->gemv_failed) {
+    impl_->reserve_rows(rows);
+    Gemm v;
+    v.m = out, v.n = 1, v.k = rows;
+    v.a = dy, v.lda = out;
+    v.b = impl_->ones.data(), v.ldb = rows;
+    v.c = db, v.ldc = out;
+    v.beta = beta;
+    try {
+      impl_->run(v);
+      return;
+    } catch (const CudaError& e) {
+      impl_->gemv_failed = true;
+      std::fprintf(stderr, "tandem: cuBLASLt matrix-vector product unavailable, summing bias "
+                           "gradients with a plain kernel: %s\n", e.what());
+    }
+  }
+  column_sums_kernel<<<grid_for(out), kThreadsPerBlock, 0, impl_->stream>>>(dy, db, rows, out, beta);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void DenseCuda::backward_input_relu(const float* dy, const float* w, const float* x, float* dx,
