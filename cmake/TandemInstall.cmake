@@ -4,7 +4,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # libtandem.so is built from the layer libraries' object files, so it holds them whole.
-add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>)
+add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>
+            $<TARGET_OBJECTS:tandem_transport>)
 add_library(Tandem::tandem ALIAS tandem)
 target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
                       Threads::Threads nlohmann_json::nlohmann_json
