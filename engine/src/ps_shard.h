@@ -1,0 +1,69 @@
+// One parameter server's share of the parameters and their Adam state: the numbers, without
+// sockets. Parameters, m and v live in one 64-byte aligned arena (parameters | m | v, each
+// tensor at a 16-float boundary as in ParameterLayout) so one optimizer sweep covers the shard;
+// a later session can keep the arena on a GPU or split tensors by rows without touching the
+// server's message handling.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "aligned_buffer.h"
+#include "tandem/config.h"
+#include "wire_protocol.h"
+
+namespace tandem {
+
+class PsShard {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // floats from the start of each third of the arena
+    int64_t size = 0;
+  };
+
+  explicit PsShard(OptimizerConfig optimizer) : optimizer_(optimizer) {}
+
+  bool initialized() const { return initialized_; }
+  int64_t step() const { return step_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  const float* values(const Entry& e) const { return arena_.data() + e.offset; }
+
+  // Checks tensors meant to become the initial parameters: at least one, float32, finite.
+  // Returns "" when fine, else what is wrong (naming the tensor).
+  std::string check_initial(const transport::Message& m,
+                            const std::vector<transport::ByteSpan>& data) const;
+  // Takes the (checked) tensors as the parameters; Adam's moments start at zero, step at 0.
+  void initialize(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
+
+  // Checks one push: exactly this shard's tensors (every one: a push must carry a gradient for
+  // every parameter the server holds, so no gradient is silently taken as zero), exact shapes,
+  // float32, finite. Returns "" when fine, else the problem; `kind` gets a short category for
+  // logging once per kind ("unknown name", "wrong shape", "non-finite", ...).
+  std::string check_gradients(const transport::Message& m,
+                              const std::vector<transport::ByteSpan>& data,
+                              std::string& kind) const;
+  // One optimizer step with checked gradients: step += 1, then Adam (TensorFlow's form, the
+  // trainer's kernel) or SGD over the whole arena.
+  void apply(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
+
+  // Entries for the names in `names` (all when empty); "" or the unknown name's error.
+  std::string select(const std::vector<std::string>& names, std::vector<const Entry*>& out) const;
+
+ private:
+  const Entry* find(const std::string& name) const;
+
+  OptimizerConfig optimizer_;
+  bool initialized_ = false;
+  int64_t step_ = 0;
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> index_;
+  int64_t total_ = 0;                // floats per third of the arena, padding included
+  AlignedBuffer<float> arena_;       // parameters, then m, then v
+  AlignedBuffer<float> gradients_;   // the push's gradients gathered (aligned, zero padding)
+};
+
+}  // namespace tandem

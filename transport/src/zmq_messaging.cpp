@@ -1,0 +1,71 @@
+#include "zmq_messaging.h"
+
+namespace tandem::transport {
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const char* op, const zmq::error_t& e) {
+  throw TransportError(where + ": ZeroMQ " + op + " failed: " + e.what());
+}
+
+void send_all(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
+              const zmq::message_t* routing_id, const std::string& where) {
+  std::vector<zmq::message_t> parts;
+  parts.reserve(frames.size() + 1);
+  if (routing_id != nullptr) parts.emplace_back(routing_id->data(), routing_id->size());
+  for (const ByteSpan& f : frames) parts.emplace_back(f.data, f.size);
+  try {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const bool last = i + 1 == parts.size();
+      // Only the first frame can block (later frames of a started message always queue), so a
+      // timeout never leaves half a message behind.
+      const auto sent =
+          socket.send(parts[i], last ? zmq::send_flags::none : zmq::send_flags::sndmore);
+      if (!sent) throw TransportError(where + ": send timed out (peer not reading, queue full)");
+    }
+  } catch (const zmq::error_t& e) {
+    fail(where, "send", e);
+  }
+}
+
+}  // namespace
+
+void send_message(zmq::socket_t& socket, const OutgoingMessage& message,
+                  const zmq::message_t* routing_id, const std::string& where) {
+  send_all(socket, message.frames(), routing_id, where);
+}
+
+void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
+                 const zmq::message_t* routing_id, const std::string& where) {
+  send_all(socket, frames, routing_id, where);
+}
+
+bool receive_frames(zmq::socket_t& socket, Frames& out, long timeout_ms, const std::string& where) {
+  out.clear();
+  try {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) return false;
+    if ((item.revents & ZMQ_POLLIN) == 0) return false;
+    // ZeroMQ delivers a multipart message whole, so once the first part is here the rest is too.
+    do {
+      zmq::message_t part;
+      if (!socket.recv(part, zmq::recv_flags::dontwait)) {
+        if (out.empty()) return false;  // a spurious wake-up
+        throw TransportError(where + ": multipart message ended early");
+      }
+      out.push_back(std::move(part));
+    } while (out.back().more());
+  } catch (const zmq::error_t& e) {
+    fail(where, "receive", e);
+  }
+  return true;
+}
+
+DecodeResult decode_frames(const Frames& frames, size_t first, const DecodeLimits& limits) {
+  std::vector<ByteSpan> spans;
+  spans.reserve(frames.size());
+  for (size_t i = first; i < frames.size(); ++i)
+    spans.push_back({static_cast<const uint8_t*>(frames[i].data()), frames[i].size()});
+  return decode(spans, limits);
+}
+
+}  // namespace tandem::transport
