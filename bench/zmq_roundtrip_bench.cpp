@@ -1,7 +1,9 @@
-// The ceiling for the parameter server's pull+push figure: a raw ZeroMQ round trip of the same
-// bytes, with nothing of Tandem in the way. A DEALER sends one frame the size of the default
-// model's gradients (79,510 float32, 318,040 bytes) to a ROUTER thread, which answers with a frame
-// of the same size (the updated parameters); one round trip at a time, as one worker does.
+// The parameter server's pull+push round trip against its ceiling, in the same run: a raw ZeroMQ
+// round trip of the same bytes with nothing of Tandem in the way (a DEALER sends one frame the
+// size of the default model's gradients, 79,510 float32 = 318,040 bytes, to a ROUTER thread that
+// answers with a frame of the same size), then Tandem's PsClient::push_pull of the 784-100-10
+// model's gradients against one ParameterServer (validation, Adam, the reply with the updated
+// parameters). One round trip at a time, as one worker does; tcp://127.0.0.1 and ipc://.
 //
 //   tandem_zmq_roundtrip_bench --seconds 2 --json
 #include <zmq.hpp>
@@ -16,6 +18,10 @@
 #include <unistd.h>
 #include <vector>
 
+#include "ps_client.h"
+#include "ps_server.h"
+#include "tandem/model.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -24,6 +30,25 @@ struct Result {
   double round_trips_per_s = 0;
   double p50_us = 0, p99_us = 0;
 };
+
+template <typename RoundTrip>
+Result time_round_trips(RoundTrip&& round_trip, double seconds) {
+  for (int i = 0; i < 50; ++i) round_trip();  // connect, warm the buffers
+  std::vector<double> latencies;
+  const auto start = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
+    const auto t = Clock::now();
+    round_trip();
+    latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  std::sort(latencies.begin(), latencies.end());
+  Result r;
+  r.round_trips_per_s = static_cast<double>(latencies.size()) / elapsed;
+  r.p50_us = latencies[latencies.size() / 2];
+  r.p99_us = latencies[latencies.size() * 99 / 100];
+  return r;
+}
 
 Result measure(const std::string& bind, size_t bytes, double seconds) {
   zmq::context_t context(1);
@@ -48,29 +73,31 @@ Result measure(const std::string& bind, size_t bytes, double seconds) {
   dealer.set(zmq::sockopt::linger, 0);
   dealer.connect(endpoint);
   std::vector<uint8_t> request(bytes, 0xa5);
-  std::vector<double> latencies;
   auto round_trip = [&] {
     dealer.send(zmq::buffer(request), zmq::send_flags::none);
     zmq::message_t reply;
     (void)dealer.recv(reply);
     if (reply.size() != bytes) throw std::runtime_error("short reply");
   };
-  for (int i = 0; i < 50; ++i) round_trip();  // connect, warm the buffers
-  const auto start = Clock::now();
-  while (std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
-    const auto t = Clock::now();
-    round_trip();
-    latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
-  }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const Result r = time_round_trips(round_trip, seconds);
   stop = true;
   server.join();
-  std::sort(latencies.begin(), latencies.end());
-  Result r;
-  r.round_trips_per_s = static_cast<double>(latencies.size()) / elapsed;
-  r.p50_us = latencies[latencies.size() / 2];
-  r.p99_us = latencies[latencies.size() * 99 / 100];
   return r;
+}
+
+// push_pull of the default model's gradients against one server bound to `bind`.
+Result measure_ps(const std::string& bind, double seconds) {
+  tandem::ServerOptions options;
+  options.bind = bind;
+  tandem::ParameterServer server(options);
+  tandem::PsClient client({server.endpoint()});
+  const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
+  client.init(model.parameters()).wait();
+  // Small gradients: the parameters stay finite however many steps the benchmark takes.
+  std::vector<tandem::NamedTensor> gradients = model.parameters();
+  for (auto& t : gradients)
+    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 1e-3f * static_cast<float>((i % 7) - 3);
+  return time_round_trips([&] { client.push_pull(gradients).wait(); }, seconds);
 }
 
 }  // namespace
@@ -86,17 +113,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const std::string ipc = "ipc:///tmp/tandem-zmq-bench-" + std::to_string(::getpid());
   for (const std::string& bind : {std::string("tcp://127.0.0.1:*"), ipc}) {
-    const Result r = measure(bind, bytes, seconds);
+    const Result raw = measure(bind, bytes, seconds);
+    const Result ps = measure_ps(bind, seconds);
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
-                                         {"round_trips_per_s", r.round_trips_per_s},
-                                         {"p50_us", r.p50_us}, {"p99_us", r.p99_us}}
+                                         {"raw_round_trips_per_s", raw.round_trips_per_s},
+                                         {"raw_p50_us", raw.p50_us}, {"raw_p99_us", raw.p99_us},
+                                         {"ps_round_trips_per_s", ps.round_trips_per_s},
+                                         {"ps_p50_us", ps.p50_us}, {"ps_p99_us", ps.p99_us},
+                                         {"ps_over_raw", ps.round_trips_per_s / raw.round_trips_per_s}}
                               .dump()
                               .c_str());
     else
-      std::printf("raw zmq %-4s %zu bytes each way: %8.0f round trips/s, p50 %6.0f us, p99 %6.0f us\n",
-                  transport.c_str(), bytes, r.round_trips_per_s, r.p50_us, r.p99_us);
+      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  tandem push_pull %7.0f/s (p50 %5.0f us)  %.0f%% of raw\n",
+                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, ps.round_trips_per_s,
+                  ps.p50_us, 100 * ps.round_trips_per_s / raw.round_trips_per_s);
   }
   ::unlink(ipc.substr(6).c_str());
   return 0;

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <array>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <random>
 #include <thread>
@@ -499,6 +501,231 @@ TEST(ParameterServer, StatsCountPushesPullsAndRejects) {
   EXPECT_EQ(s.by_type.at("PushPull"), 2);
   EXPECT_EQ(s.by_type.at("Pull"), 2);
   EXPECT_EQ(s.by_type.at("Stats"), 1);
+}
+
+// ---- Training modes (ServerOptions::mode) and staleness accounting --------------------------
+
+ServerOptions mode_options(zmq::context_t& ctx, const std::string& name, PsMode mode) {
+  ServerOptions o = inproc_options(ctx, name);
+  o.mode = mode;
+  return o;
+}
+
+// The element-wise mean of two gradients, computed as the server does: (0 + a) + b, then / 2.
+std::vector<NamedTensor> mean_of(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  auto out = a;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t k = 0; k < a[i].values.size(); ++k)
+      out[i].values[k] = ((0.0f + a[i].values[k]) + b[i].values[k]) / 2.0f;
+  return out;
+}
+
+int64_t ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+TEST(PsMode, SyncAggregatesReplicasIntoOneAdamStepOnTheMean) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-sync-mean", PsMode::Sync);
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 4000;  // not reached: both replicas push
+  ParameterServer server(o);
+  const auto params = small_params(20);
+  PsClient a({server.endpoint()}, client_options(&ctx)), b({server.endpoint()}, client_options(&ctx));
+  a.init(params).wait();
+  b.init({}).wait();
+  ReferenceAdam ref(params);
+  for (int step = 1; step <= 3; ++step) {
+    const auto ga = gradients_like(params, 700 + 10 * uint32_t(step));
+    const auto gb = gradients_like(params, 900 + 10 * uint32_t(step));
+    auto ha = a.push_pull(ga);  // held until the step is complete
+    auto hb = b.push_pull(gb);
+    ref.apply(mean_of(ga, gb));
+    const PsResult ra = ha.wait(), rb = hb.wait();
+    EXPECT_EQ(ra.version, uint64_t(step));
+    EXPECT_EQ(rb.version, uint64_t(step));
+    EXPECT_FALSE(ra.stale);
+    EXPECT_TRUE(bit_equal(ra.tensors, ref.w)) << "step " << step;
+    EXPECT_TRUE(bit_equal(rb.tensors, ref.w)) << "step " << step;
+  }
+  const ServerStats s = server.stats();
+  EXPECT_EQ(s.version, 3);
+  EXPECT_EQ(s.pushes, 6);
+  EXPECT_EQ(s.stale_dropped, 0);
+  EXPECT_EQ(s.partial_steps, 0);
+  EXPECT_EQ(s.staleness[0], 6);
+}
+
+TEST(PsMode, SyncDropsAndCountsStaleGradients) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-sync-stale", PsMode::Sync);
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 4000;
+  ParameterServer server(o);
+  const auto params = small_params(21);
+  PsClient a({server.endpoint()}, client_options(&ctx)), b({server.endpoint()}, client_options(&ctx)),
+      late({server.endpoint()}, client_options(&ctx));
+  a.init(params).wait();
+  b.init({}).wait();
+  late.init({}).wait();  // computes on version 0
+  ReferenceAdam ref(params);
+  const auto ga = gradients_like(params, 1100), gb = gradients_like(params, 1200);
+  auto ha = a.push_pull(ga);
+  auto hb = b.push_pull(gb);
+  ha.wait();
+  hb.wait();
+  ref.apply(mean_of(ga, gb));
+  // The late worker's gradient was computed on version 0, now 1: dropped, answered at once.
+  const auto start = std::chrono::steady_clock::now();
+  const PsResult r = late.push_pull(gradients_like(params, 1300)).wait();
+  EXPECT_LT(ms_since(start), 1000);
+  EXPECT_TRUE(r.stale);
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));  // untouched by the stale gradient
+  late.push(gradients_like(params, 1400)).wait();  // one-way, computed on version 1: current
+  EXPECT_EQ(late.last_version(0), 1u);
+  ServerStats s = late.stats().at(0);
+  EXPECT_EQ(s.stale_dropped, 1);
+  EXPECT_EQ(s.staleness[1], 1);
+  // That last one-way push (on version 1) was current: it waits in the aggregate with a's next.
+  const auto ga2 = gradients_like(params, 1500);
+  const PsResult r2 = a.push_pull(ga2).wait();
+  EXPECT_EQ(r2.version, 2u);
+  ref.apply(mean_of(gradients_like(params, 1400), ga2));
+  EXPECT_TRUE(bit_equal(r2.tensors, ref.w));
+  // A raw one-way push on version 0 is dropped too, without a reply.
+  RawPeer raw(ctx, server.endpoint());
+  raw.send(frames_of(MessageType::Push, 5, gradients_like(params, 1600)));
+  for (int i = 0; i < 100 && server.stats().stale_dropped < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  s = server.stats();
+  EXPECT_EQ(s.stale_dropped, 2);
+  EXPECT_EQ(s.version, 2);
+  EXPECT_TRUE(bit_equal(a.pull().wait().tensors, ref.w));
+}
+
+TEST(PsMode, SyncWorkerThatLeavesMidStepDoesNotHangTheOthers) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-sync-departed", PsMode::Sync);
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 200;
+  ParameterServer server(o);
+  const auto params = small_params(22);
+  PsClient a({server.endpoint()}, client_options(&ctx, 3000));
+  a.init(params).wait();
+  {
+    PsClient b({server.endpoint()}, client_options(&ctx, 3000));
+    b.init({}).wait();
+  }  // b's socket closes before it ever pushes
+  ReferenceAdam ref(params);
+  for (int step = 1; step <= 2; ++step) {
+    const auto g = gradients_like(params, 1700 + uint32_t(step));
+    const auto start = std::chrono::steady_clock::now();
+    const PsResult r = a.push_pull(g).wait();
+    const int64_t ms = ms_since(start);
+    EXPECT_GE(ms, 150);   // it did wait for the other replica...
+    EXPECT_LT(ms, 1500);  // ...but only until the step timeout
+    ref.apply(g);         // a partial step: the mean of the one gradient that came
+    EXPECT_EQ(r.version, uint64_t(step));
+    EXPECT_FALSE(r.stale);
+    EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+  }
+  EXPECT_EQ(server.stats().partial_steps, 2);
+}
+
+TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-bounded", PsMode::BoundedStaleness);
+  o.staleness_bound = 1;
+  o.worker_timeout_ms = 300;
+  ParameterServer server(o);
+  const auto params = small_params(23);
+  PsClient slow({server.endpoint()}, client_options(&ctx, 3000));
+  PsClient fast({server.endpoint()}, client_options(&ctx, 3000));
+  slow.init(params).wait();
+  fast.init({}).wait();
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1800)).wait().version, 1u);  // slow: clock 0
+  EXPECT_EQ(fast.push_pull(gradients_like(params, 1801)).wait().version, 2u);  // fast: clock 0
+  // Computed on version 2, 2 ahead of the slow worker's 0 > k = 1: the reply waits.
+  auto pending = std::async(std::launch::async, [&] {
+    return fast.push_pull(gradients_like(params, 1802)).wait().version;
+  });
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  EXPECT_EQ(server.stats().deferred, 1);
+  // The slow worker pushes on version 1 (its last reply): now 2 - 1 <= 1, the fast one goes on.
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1803)).wait().version, 4u);
+  ASSERT_EQ(pending.wait_for(std::chrono::milliseconds(1000)), std::future_status::ready);
+  EXPECT_EQ(pending.get(), 4u);
+  // Fast computes on 4, 3 ahead of slow's 1: deferred until the silent slow worker times out.
+  const auto start = std::chrono::steady_clock::now();
+  const PsResult r = fast.push_pull(gradients_like(params, 1804)).wait();
+  const int64_t ms = ms_since(start);
+  EXPECT_EQ(r.version, 5u);
+  EXPECT_GE(ms, 150);
+  EXPECT_LT(ms, 1500);
+  EXPECT_EQ(server.stats().deferred, 2);
+  // Once the slow worker is inactive the fast one is not held back.
+  const auto start2 = std::chrono::steady_clock::now();
+  EXPECT_EQ(fast.pull().wait().version, 5u);
+  EXPECT_LT(ms_since(start2), 150);
+}
+
+TEST(PsMode, AsyncStalenessHistogramCountsKnownSequences) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-staleness-hist"));
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(24);
+  client.init(params).wait();
+  for (int i = 0; i < 3; ++i) client.push(gradients_like(params, 1900 + uint32_t(i))).wait();
+  // Three one-way pushes computed on version 0 against versions 0, 1, 2.
+  EXPECT_EQ(client.pull().wait().version, 3u);
+  client.push_pull(gradients_like(params, 1910)).wait();  // on 3 at 3: staleness 0
+  // Raw PushPulls claiming versions 0 (at 4: staleness 4) and 0 (at 5: 5), then 0 at 6 ... 0 at 20.
+  RawPeer raw(ctx, server.endpoint());
+  for (uint64_t i = 0; i < 17; ++i) {
+    std::vector<transport::FloatTensorRef> refs;
+    const auto g = gradients_like(params, 1920 + uint32_t(i));
+    for (const auto& t : g) refs.push_back({t.name, t.shape, t.values.data()});
+    const auto out = transport::encode_float_message(MessageType::PushPull, 100 + i, 0, refs);
+    std::vector<std::vector<uint8_t>> frames;
+    for (const auto& f : out.frames()) frames.emplace_back(f.data, f.data + f.size);
+    raw.send(frames);
+    transport::Message reply;
+    ASSERT_TRUE(raw.receive(reply));
+    EXPECT_EQ(reply.header.parameter_version, 5 + i);
+  }
+  const ServerStats s = client.stats().at(0);
+  // Staleness 0, 1, 2, 0, then 4..20: buckets 0:2, 1:1, 2:1, 3:0, 4-7:4, 8-15:8, 16+:5.
+  const std::array<int64_t, kStalenessBuckets> expected{2, 1, 1, 0, 4, 8, 5};
+  EXPECT_EQ(s.staleness, expected);
+  EXPECT_EQ(s.pushes, 21);
+  EXPECT_EQ(s.version, 21);
+}
+
+TEST(PsMode, StatsJsonCarriesModeHistogramAndRates) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-stats-json", PsMode::Sync);
+  o.replicas_to_aggregate = 1;
+  ParameterServer server(o);
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(25);
+  client.init(params).wait();
+  client.push_pull(gradients_like(params, 2000)).wait();
+  client.pull().wait();
+  ServerStats s = server.stats();
+  const std::string json = to_json(s);
+  for (const char* key : {"\"mode\":\"sync\"", "\"staleness_histogram\"", "\"4-7\"", "\"16+\"",
+                          "\"pushes_per_s\"", "\"pulls_per_s\"", "\"seconds\"", "\"stale_dropped\"",
+                          "\"partial_steps\"", "\"deferred\"", "\"pushes\":1", "\"pulls\":1"})
+    EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  const ServerStats back = client.stats().at(0);  // over the wire, parsed back
+  EXPECT_EQ(back.mode, "sync");
+  EXPECT_EQ(back.version, 1);
+  EXPECT_EQ(back.staleness[0], 1);
+  EXPECT_GT(back.seconds, 0.0);
+  EXPECT_GT(back.pushes_per_s, 0.0);
+  EXPECT_GT(back.pulls_per_s, 0.0);
 }
 
 }  // namespace

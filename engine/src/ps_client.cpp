@@ -85,8 +85,9 @@ PsClient::Handle PsClient::send_each(MessageType type,
   for (size_t s = 0; s < servers_.size(); ++s) {
     if (!involved[s]) continue;
     const uint64_t id = next_request_id_++;
-    const auto out = transport::encode_float_message(type, id, 0, per_server[s], extra[s]);
     Server& server = *servers_[s];
+    const auto out =
+        transport::encode_float_message(type, id, server.last_version, per_server[s], extra[s]);
     transport::send_message(server.socket, out, nullptr,
                             "parameter server " + server.endpoint + " (" +
                                 transport::to_string(type) + ")");
@@ -206,6 +207,10 @@ PsResult PsClient::collect(Handle& handle) {
       throw TransportError(where + " answered with a " +
                            transport::to_string(r.message.header.type) + ", not a Reply");
     result.version = std::min(result.version, r.message.header.parameter_version);
+    Server& server = *servers_[part.server];
+    server.last_version = std::max(server.last_version, r.message.header.parameter_version);
+    if (handle.type_ == MessageType::PushPull && r.message.extra.rfind("stale", 0) == 0)
+      result.stale = true;
     if (handle.type_ == MessageType::Init && order.empty()) order = r.message.extra;
     for (size_t i = 0; i < r.message.tensors.size(); ++i) {
       const auto& info = r.message.tensors[i];

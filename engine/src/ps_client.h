@@ -43,6 +43,7 @@ struct ClientOptions {
 struct PsResult {
   uint64_t version = 0;              // the minimum parameter version over the servers asked
   std::vector<NamedTensor> tensors;  // in the model's order (empty for push and stats)
+  bool stale = false;  // sync mode: a server dropped this push_pull's gradient as stale
 };
 
 class PsClient {
@@ -84,6 +85,8 @@ class PsClient {
   // After init: the parameters' names in order and the server that holds each.
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<int>& placement() const { return placement_; }
+  // The newest version server `s` has sent this client (0 before any reply).
+  uint64_t last_version(size_t s) const { return servers_.at(s)->last_version; }
 
  private:
   struct Server {
@@ -91,6 +94,9 @@ class PsClient {
     zmq::socket_t socket;
     std::set<uint64_t> outstanding;               // request ids still expected
     std::map<uint64_t, transport::Frames> early;  // replies that came while waiting for others
+    // The newest parameter version a reply from this server carried: a push says its gradient
+    // was computed on it (header parameter_version), for the server's staleness accounting.
+    uint64_t last_version = 0;
   };
 
   Handle send_each(transport::MessageType type,

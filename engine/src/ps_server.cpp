@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "tandem/error.h"
+
 namespace tandem {
 
 using transport::ByteSpan;
@@ -10,6 +12,16 @@ using transport::DecodeResult;
 using transport::Frames;
 using transport::Message;
 using transport::MessageType;
+using Clock = std::chrono::steady_clock;
+
+const char* to_string(PsMode mode) {
+  switch (mode) {
+    case PsMode::Async: return "async";
+    case PsMode::Sync: return "sync";
+    case PsMode::BoundedStaleness: return "bounded_staleness";
+  }
+  return "unknown";
+}
 
 namespace {
 
@@ -34,8 +46,13 @@ uint32_t read_u32(const uint8_t* p) {
 }  // namespace
 
 ParameterServer::ParameterServer(ServerOptions options)
-    : options_(std::move(options)), shard_(options_.optimizer) {
+    : options_(std::move(options)), shard_(options_.optimizer),
+      clocks_(options_.worker_timeout_ms) {
   const std::string where = "parameter server at " + options_.bind;
+  if (options_.replicas_to_aggregate < 1)
+    throw InputError(where + ": replicas_to_aggregate must be at least 1");
+  if (options_.staleness_bound < 0) throw InputError(where + ": staleness_bound must be >= 0");
+  stats_.mode = to_string(options_.mode);
   try {
     if (options_.context == nullptr) {
       own_context_ = std::make_unique<zmq::context_t>(1);
@@ -64,7 +81,13 @@ void ParameterServer::stop() {
 
 ServerStats ParameterServer::stats() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  return stats_;
+  ServerStats s = stats_;
+  s.seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  if (s.seconds > 0) {
+    s.pushes_per_s = double(s.pushes + s.stale_dropped) / s.seconds;
+    s.pulls_per_s = double(s.pulls) / s.seconds;
+  }
+  return s;
 }
 
 void ParameterServer::count(int64_t ServerStats::*field) {
@@ -82,8 +105,9 @@ void ParameterServer::serve() {
   Frames frames;
   while (!stopping_) {
     try {
-      if (!transport::receive_frames(socket_, frames, options_.poll_ms, endpoint_)) continue;
-      handle(frames);
+      // Deferred and held replies have deadlines: wait no longer than a poll interval.
+      if (transport::receive_frames(socket_, frames, options_.poll_ms, endpoint_)) handle(frames);
+      on_tick();
     } catch (const std::exception& e) {
       // A failed send to one peer (or a bad_alloc on one message) must not stop the server.
       log_once(std::string("internal: ") + e.what(), e.what());
@@ -163,6 +187,8 @@ void ParameterServer::handle(Frames& frames) {
   const Message& m = r.message;
   const MessageType type = m.header.type;
   const uint64_t id = m.header.request_id;
+  if (options_.mode == PsMode::BoundedStaleness)
+    clocks_.heard(std::string(peer.data<char>(), peer.size()), Clock::now());
   std::vector<const PsShard::Entry*> entries;
 
   switch (type) {
@@ -187,7 +213,7 @@ void ParameterServer::handle(Frames& frames) {
       const std::string problem = shard_.select(split_names(m.extra), entries);
       if (!problem.empty()) return reply_error(peer, type, id, problem, "unknown name");
       count(&ServerStats::pulls);
-      return reply_tensors(peer, id, entries);
+      return answer_or_defer(peer, id, split_names(m.extra));
     }
     case MessageType::Push:
     case MessageType::PushPull: {
@@ -201,15 +227,7 @@ void ParameterServer::handle(Frames& frames) {
         log_once("Push: " + kind, problem + " (dropped)");
         return;
       }
-      shard_.apply(m, r.tensor_data);
-      {
-        std::lock_guard<std::mutex> lock(stats_mutex_);
-        ++stats_.pushes;
-        stats_.version = shard_.step();
-      }
-      if (type == MessageType::Push) return;
-      shard_.select({}, entries);
-      return reply_tensors(peer, id, entries);
+      return handle_push(peer, m, r.tensor_data);
     }
     case MessageType::Stats:
       return reply_extra(peer, id, to_json(stats()));
@@ -221,6 +239,122 @@ void ParameterServer::handle(Frames& frames) {
       return reply_error(peer, type, id,
                          std::string("unsupported request ") + transport::to_string(type),
                          "unsupported");
+  }
+}
+
+void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
+                                  const std::vector<ByteSpan>& data) {
+  const bool reply = m.header.type == MessageType::PushPull;
+  const uint64_t base = m.header.parameter_version;  // the version the gradient was computed on
+  const uint64_t now_version = uint64_t(shard_.step());
+  const int64_t staleness = base < now_version ? int64_t(now_version - base) : 0;
+  const bool stale = options_.mode == PsMode::Sync && staleness > 0;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.staleness[staleness_bucket(staleness)];
+    if (stale) ++stats_.stale_dropped;
+    else ++stats_.pushes;
+  }
+  switch (options_.mode) {
+    case PsMode::Async:
+      shard_.apply(m, data);
+      break;
+    case PsMode::Sync: {
+      if (stale) {
+        // SyncReplicasOptimizer drops it; the worker gets the current parameters to go on with.
+        if (!reply) return;
+        std::vector<const PsShard::Entry*> entries;
+        shard_.select({}, entries);
+        int64_t dropped;
+        {
+          std::lock_guard<std::mutex> lock(stats_mutex_);
+          dropped = stats_.stale_dropped;
+        }
+        return reply_tensors(peer, m.header.request_id, entries,
+                             "stale (dropped: " + std::to_string(dropped) + ")");
+      }
+      shard_.accumulate(m, data);
+      if (shard_.pending() == 1)
+        step_deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
+      if (reply) {
+        Pending p;
+        p.peer.copy(const_cast<zmq::message_t&>(peer));
+        p.request_id = m.header.request_id;
+        held_.push_back(std::move(p));
+      }
+      if (shard_.pending() >= options_.replicas_to_aggregate) finish_sync_step();
+      return;
+    }
+    case PsMode::BoundedStaleness:
+      clocks_.pushed(std::string(peer.data<char>(), peer.size()), base, Clock::now());
+      shard_.apply(m, data);
+      break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.version = shard_.step();
+  }
+  if (reply) answer_or_defer(peer, m.header.request_id, {});
+}
+
+void ParameterServer::answer_or_defer(const zmq::message_t& peer, uint64_t request_id,
+                                      std::vector<std::string> names) {
+  Pending p;
+  p.request_id = request_id;
+  p.names = std::move(names);
+  if (options_.mode == PsMode::BoundedStaleness &&
+      clocks_.clock(std::string(peer.data<char>(), peer.size()), p.clock) &&
+      !clocks_.within(p.clock, options_.staleness_bound, Clock::now())) {
+    p.peer.copy(const_cast<zmq::message_t&>(peer));
+    deferred_.push_back(std::move(p));
+    count(&ServerStats::deferred);
+    return;
+  }
+  std::vector<const PsShard::Entry*> entries;
+  shard_.select(p.names, entries);  // names were checked when the request came
+  reply_tensors(peer, request_id, entries);
+}
+
+void ParameterServer::reply_pending(const Pending& p) {
+  // One failed send (a peer gone) must not lose the other held replies.
+  try {
+    std::vector<const PsShard::Entry*> entries;
+    shard_.select(p.names, entries);
+    reply_tensors(p.peer, p.request_id, entries);
+  } catch (const std::exception& e) {
+    log_once(std::string("internal: ") + e.what(), e.what());
+  }
+}
+
+void ParameterServer::finish_sync_step() {
+  if (shard_.pending() < options_.replicas_to_aggregate) count(&ServerStats::partial_steps);
+  shard_.apply_accumulated();
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.version = shard_.step();
+  }
+  std::vector<Pending> held;
+  held.swap(held_);
+  for (const auto& p : held) reply_pending(p);
+}
+
+void ParameterServer::on_tick() {
+  const auto now = Clock::now();
+  if (options_.mode == PsMode::Sync && shard_.pending() > 0 && now >= step_deadline_)
+    finish_sync_step();  // a worker left mid-step (or is very slow): do not hang the others
+  if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {
+    // Answer, in arrival order, every deferred request whose worker is now within the bound.
+    std::deque<Pending> still;
+    while (!deferred_.empty()) {
+      Pending p = std::move(deferred_.front());
+      deferred_.pop_front();
+      if (clocks_.within(p.clock, options_.staleness_bound, now)) {
+        reply_pending(p);
+      } else {
+        still.push_back(std::move(p));
+      }
+    }
+    deferred_.swap(still);
   }
 }
 

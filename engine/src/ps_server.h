@@ -1,5 +1,26 @@
-// A parameter server (async mode): one ZeroMQ ROUTER socket served by one thread, holding a
-// shard of the parameters and applying Adam to each accepted push as it arrives.
+// A parameter server: one ZeroMQ ROUTER socket served by one thread, holding a shard of the
+// parameters and applying Adam on it. Its mode, chosen at start (ServerOptions::mode):
+//   Async             each accepted push is one optimizer step, as it arrives (the seed's default).
+//   Sync              SyncReplicasOptimizer: pushes computed on the current version are summed
+//                     until replicas_to_aggregate have arrived, then one step on their mean (sum /
+//                     count, as TensorFlow's accumulator averages); pushes computed on an older
+//                     version are dropped and counted (a PushPull still gets a Reply with the
+//                     current parameters and extra "stale"). A PushPull's reply is held until the
+//                     step it joined is applied, so the worker's next gradient is computed on the
+//                     new version and is not stale (answering at once with pre-step parameters
+//                     would make nearly every next push stale). So that a worker that leaves
+//                     cannot hang the others, a step not complete step_timeout_ms after its first
+//                     gradient is applied on the mean of the gradients that did arrive (a partial
+//                     step, counted) and the held replies are sent.
+//   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (the
+//                     version its latest push was computed on) is more than staleness_bound ahead
+//                     of the slowest active worker's is deferred, queued, and sent from this
+//                     thread once the slowest catches up or stops counting (silent for
+//                     worker_timeout_ms). Workers count from their first push.
+// In every mode a push's header parameter_version is the version the gradient was computed on
+// (PsClient sends the version of its latest reply from that server); staleness = server version -
+// that version goes into a histogram (ServerStats::staleness). Held and deferred replies live
+// only on the serving thread; a Shutdown drops them (their clients time out, naming the server).
 //
 // Requests (wire_protocol.h), all answered with a Reply carrying parameter_version = global_step,
 // or an Error whose extra blob says why:
@@ -24,19 +45,30 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <chrono>
+#include <deque>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "ps_shard.h"
 #include "ps_stats.h"
+#include "ps_worker_clocks.h"
 #include "tandem/config.h"
 #include "wire_protocol.h"
 #include "zmq_messaging.h"
 
 namespace tandem {
 
+enum class PsMode { Async, Sync, BoundedStaleness };
+const char* to_string(PsMode mode);  // "async", "sync", "bounded_staleness"
+
 struct ServerOptions {
+  PsMode mode = PsMode::Async;
+  int replicas_to_aggregate = 1;  // Sync: gradients per step
+  int step_timeout_ms = 2000;     // Sync: apply a partial step this long after its first gradient
+  int64_t staleness_bound = 0;    // BoundedStaleness: k
+  int worker_timeout_ms = 2000;   // BoundedStaleness: a worker silent this long stops counting
   std::string bind = "tcp://127.0.0.1:*";  // loopback unless told otherwise
   OptimizerConfig optimizer;
   transport::DecodeLimits limits;
@@ -61,8 +93,24 @@ class ParameterServer {
   void stop();
 
  private:
+  // A reply not sent yet: a PushPull held for its sync step, or a deferred bounded-staleness one.
+  struct Pending {
+    zmq::message_t peer;
+    uint64_t request_id = 0;
+    uint64_t clock = 0;  // bounded staleness: the worker's clock when it asked
+    std::vector<std::string> names;  // for a Pull by name; empty: every parameter
+  };
+
   void serve();
   void handle(transport::Frames& frames);
+  void handle_push(const zmq::message_t& peer, const transport::Message& m,
+                   const std::vector<transport::ByteSpan>& data);
+  // Answers a Pull or PushPull now, or (bounded staleness) queues it.
+  void answer_or_defer(const zmq::message_t& peer, uint64_t request_id,
+                       std::vector<std::string> names);
+  void reply_pending(const Pending& p);
+  void finish_sync_step();  // apply the aggregate, send the held replies
+  void on_tick();           // after every poll: step timeout, deferred replies whose time came
   void handle_malformed(const transport::Frames& frames, const transport::DecodeResult& r);
   // Counts a reject, logs its kind once (per request type), sends the Error.
   void reply_error(const zmq::message_t& peer, transport::MessageType type, uint64_t request_id,
@@ -80,6 +128,11 @@ class ParameterServer {
   PsShard shard_;            // the serving thread's alone
   std::string model_order_;  // the first Init's extra: all parameter names, '\n'-separated
   std::set<std::string> logged_;
+  std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
+  std::chrono::steady_clock::time_point step_deadline_;
+  std::deque<Pending> deferred_;    // BoundedStaleness: replies waiting for the slowest worker
+  WorkerClocks clocks_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   mutable std::mutex stats_mutex_;
   ServerStats stats_;
   std::atomic<bool> stopping_{false};

@@ -56,6 +56,8 @@ void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
   total_ = offset;
   arena_ = AlignedBuffer<float>(size_t(3 * total_));  // zeroed: m = v = 0, padding = 0
   gradients_ = AlignedBuffer<float>(size_t(total_));
+  sum_ = AlignedBuffer<float>(size_t(total_));
+  pending_ = 0;
   for (size_t i = 0; i < entries_.size(); ++i)
     std::memcpy(arena_.data() + entries_[i].offset, data[i].data, data[i].size);
   step_ = 0;
@@ -102,6 +104,34 @@ void PsShard::apply(const Message& m, const std::vector<ByteSpan>& data) {
   // Gather into an aligned buffer: received frames may sit at any byte offset.
   for (size_t i = 0; i < m.tensors.size(); ++i)
     std::memcpy(gradients_.data() + find(m.tensors[i].name)->offset, data[i].data, data[i].size);
+  step_with_gradients();
+}
+
+void PsShard::accumulate(const Message& m, const std::vector<ByteSpan>& data) {
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Entry* e = find(m.tensors[i].name);
+    float* dst = sum_.data() + e->offset;
+    // The frame may sit at any byte offset: read each float with memcpy.
+    for (int64_t k = 0; k < e->size; ++k) {
+      float g;
+      std::memcpy(&g, data[i].data + k * sizeof(float), sizeof(float));
+      dst[k] += g;
+    }
+  }
+  ++pending_;
+}
+
+void PsShard::apply_accumulated() {
+  const float n = float(pending_);
+  for (int64_t k = 0; k < total_; ++k) {
+    gradients_.data()[k] = sum_.data()[k] / n;
+    sum_.data()[k] = 0.0f;
+  }
+  pending_ = 0;
+  step_with_gradients();
+}
+
+void PsShard::step_with_gradients() {
   ++step_;
   float* w = arena_.data();
   const float* g = gradients_.data();

@@ -50,11 +50,21 @@ class PsShard {
   // trainer's kernel) or SGD over the whole arena.
   void apply(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
 
+  // Sync mode (SyncReplicasOptimizer): add checked gradients into the step's running sum...
+  void accumulate(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
+  int64_t pending() const { return pending_; }  // gradients summed since the last step
+  // ...then one step on sum / pending() (the mean of what arrived, as TensorFlow's
+  // ConditionalAccumulator averages; pending() == replicas_to_aggregate unless the server's step
+  // timeout fired first). The sum starts at zero, so the mean of g1..gN is exactly
+  // (((0 + g1) + g2) + ... + gN) / float(N), element by element. Needs pending() > 0.
+  void apply_accumulated();
+
   // Entries for the names in `names` (all when empty); "" or the unknown name's error.
   std::string select(const std::vector<std::string>& names, std::vector<const Entry*>& out) const;
 
  private:
   const Entry* find(const std::string& name) const;
+  void step_with_gradients();  // step += 1, one optimizer sweep over the arena with gradients_
 
   OptimizerConfig optimizer_;
   bool initialized_ = false;
@@ -64,6 +74,8 @@ class PsShard {
   int64_t total_ = 0;                // floats per third of the arena, padding included
   AlignedBuffer<float> arena_;       // parameters, then m, then v
   AlignedBuffer<float> gradients_;   // the push's gradients gathered (aligned, zero padding)
+  AlignedBuffer<float> sum_;         // sync mode: the step's gradients summed (zero padding)
+  int64_t pending_ = 0;
 };
 
 }  // namespace tandem

@@ -1,0 +1,40 @@
+// Bounded-staleness bookkeeping: each worker's clock (the parameter version its latest push was
+// computed on, from the push header) and when it was last heard from, keyed by its ZeroMQ routing
+// identity. A worker silent for longer than the timeout stops counting as active, so one that
+// left (ROUTER sockets do not report disconnects) cannot hold the others back forever.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tandem {
+
+class WorkerClocks {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit WorkerClocks(int timeout_ms) : timeout_(std::chrono::milliseconds(timeout_ms)) {}
+
+  // A valid push from `worker`, computed on `version`: registers it or moves its clock.
+  void pushed(const std::string& worker, uint64_t version, Clock::time_point now);
+  // Any message from `worker`: a registered worker stays active (unknown ones are ignored: a
+  // worker counts once it has pushed, so a reader that never pushes holds nobody back).
+  void heard(const std::string& worker, Clock::time_point now);
+  // The clock of a registered worker, or false.
+  bool clock(const std::string& worker, uint64_t& out) const;
+  // May a worker at `clock` be answered: true when no active worker is more than `bound`
+  // versions behind it (or none is active).
+  bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
+
+ private:
+  struct Worker {
+    uint64_t version = 0;
+    Clock::time_point last_heard;
+  };
+  Clock::duration timeout_;
+  std::map<std::string, Worker> workers_;
+};
+
+}  // namespace tandem
