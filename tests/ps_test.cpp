@@ -3,6 +3,7 @@
 // trainer's kernel bit for bit, several servers and clients, and every kind of bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <array>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "ps_client.h"
 #include "ps_placement.h"
 #include "ps_server.h"
+#include "safetensors.h"
 #include "tandem/model.h"
 #include "test_support.h"
 
@@ -726,6 +728,230 @@ TEST(PsMode, StatsJsonCarriesModeHistogramAndRates) {
   EXPECT_GT(back.seconds, 0.0);
   EXPECT_GT(back.pushes_per_s, 0.0);
   EXPECT_GT(back.pulls_per_s, 0.0);
+}
+
+// ---- Checkpoints -----------------------------------------------------------------------------
+
+ServerOptions checkpoint_options(zmq::context_t& ctx, const std::string& name,
+                                 const test::TempDir& dir) {
+  ServerOptions o = inproc_options(ctx, name);
+  o.checkpoint_dir = dir.path().string();
+  return o;
+}
+
+// Sends a Checkpoint request and returns the Reply's extra (the path); fails on an Error.
+std::string request_checkpoint(zmq::context_t& ctx, const std::string& endpoint) {
+  RawPeer raw(ctx, endpoint);
+  raw.send(frames_of(MessageType::Checkpoint, 77, {}));
+  transport::Message reply;
+  EXPECT_TRUE(raw.receive(reply));
+  EXPECT_EQ(reply.header.type, MessageType::Reply) << reply.extra;
+  return reply.extra;
+}
+
+std::vector<std::string> shard_files(const test::TempDir& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<float> floats(const SafeTensor& t) {
+  std::vector<float> v(t.data.size() / 4);
+  std::memcpy(v.data(), t.data.data(), t.data.size());
+  return v;
+}
+
+TEST(PsCheckpoint, RequestWritesAFileThatReadsBackBitExactly) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-request", dir));
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(40);
+  client.init(params).wait();
+  ReferenceAdam ref(params);
+  for (int i = 0; i < 3; ++i) {
+    const auto g = gradients_like(params, 4000 + 10 * uint32_t(i));
+    client.push_pull(g).wait();
+    ref.apply(g);
+  }
+  const std::string path = request_checkpoint(ctx, server.endpoint());
+  EXPECT_EQ(path, dir.file("ps0-step-3.safetensors"));
+  const SafeTensorsFile file = read_safetensors(path);
+  EXPECT_EQ(file.metadata.at("format"), "tandem-ps-shard");
+  EXPECT_EQ(file.metadata.at("step"), "3");
+  EXPECT_EQ(file.metadata.at("mode"), "async");
+  ASSERT_EQ(file.tensors.size(), 6u);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& name = params[i].name;
+    ASSERT_NE(file.find(name), nullptr);
+    EXPECT_EQ(file.find(name)->shape, params[i].shape);
+    EXPECT_TRUE(bit_equal({{name, params[i].shape, floats(*file.find(name))}}, {ref.w[i]}));
+    const size_t n = params[i].values.size();
+    const std::vector<float> m(ref.slots[i].m.data(), ref.slots[i].m.data() + n);
+    const std::vector<float> v(ref.slots[i].v.data(), ref.slots[i].v.data() + n);
+    ASSERT_NE(file.find(name + ".adam_m"), nullptr);
+    ASSERT_NE(file.find(name + ".adam_v"), nullptr);
+    EXPECT_EQ(std::memcmp(floats(*file.find(name + ".adam_m")).data(), m.data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(floats(*file.find(name + ".adam_v")).data(), v.data(), n * 4), 0);
+  }
+  // Without a checkpoint_dir the request is still an Error.
+  ParameterServer plain(inproc_options(ctx, "ps-ckpt-none"));
+  RawPeer raw(ctx, plain.endpoint());
+  raw.send(frames_of(MessageType::Checkpoint, 5, {}));
+  transport::Message reply;
+  ASSERT_TRUE(raw.receive(reply));
+  EXPECT_EQ(reply.header.type, MessageType::Error);
+}
+
+TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ServerOptions o = checkpoint_options(ctx, "ps-ckpt-every", dir);
+  o.checkpoint_every_steps = 2;
+  o.shard_name = "shardA";
+  ParameterServer server(o);
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(41);
+  client.init(params).wait();
+  for (int i = 0; i < 7; ++i) client.push_pull(gradients_like(params, 4100 + uint32_t(i))).wait();
+  client.pull().wait();  // the tick after the 7th push has run
+  EXPECT_EQ(shard_files(dir),
+            (std::vector<std::string>{"shardA-step-4.safetensors", "shardA-step-6.safetensors"}));
+  server.stop();  // step 7 changed since step 6: a final checkpoint
+  EXPECT_EQ(shard_files(dir),
+            (std::vector<std::string>{"shardA-step-6.safetensors", "shardA-step-7.safetensors"}));
+}
+
+TEST(PsCheckpoint, StopWritesAFinalCheckpointOnlyWhenSomethingChanged) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  {
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-stop", dir));
+    PsClient client({server.endpoint()}, client_options(&ctx));
+    const auto params = small_params(42);
+    client.init(params).wait();
+    client.push_pull(gradients_like(params, 4200)).wait();
+    EXPECT_TRUE(shard_files(dir).empty());
+  }
+  EXPECT_EQ(shard_files(dir), (std::vector<std::string>{"ps0-step-1.safetensors"}));
+  {
+    // Restored at step 1, nothing pushed: stopping writes nothing new.
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-stop2", dir));
+    EXPECT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors"));
+  }
+  EXPECT_EQ(shard_files(dir), (std::vector<std::string>{"ps0-step-1.safetensors"}));
+}
+
+TEST(PsCheckpoint, EverySecondsWritesWhenSomethingChanged) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ServerOptions o = checkpoint_options(ctx, "ps-ckpt-seconds", dir);
+  o.checkpoint_every_seconds = 0.05;
+  ParameterServer server(o);
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(46);
+  client.init(params).wait();
+  client.push_pull(gradients_like(params, 4600)).wait();
+  // The server ticks every poll_ms even when idle; allow generous time on a loaded machine.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // (A step-0 file may come first if the interval passed between Init and the push; the
+  // rename makes the step-1 file appear whole.)
+  const std::string want = "ps0-step-1.safetensors";
+  auto has = [&] {
+    const auto files = shard_files(dir);
+    return std::find(files.begin(), files.end(), want) != files.end();
+  };
+  while (!has() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(has());
+  EXPECT_EQ(read_safetensors(dir.file(want)).metadata.at("step"), "1");
+}
+
+TEST(PsCheckpoint, RestartResumesBitwiseLikeAnUninterruptedServer) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(43);
+  const auto g_last = gradients_like(params, 4399);
+  // Uninterrupted reference: 4 pushes then one more.
+  ParameterServer whole(inproc_options(ctx, "ps-ckpt-whole"));
+  PsClient wc({whole.endpoint()}, client_options(&ctx));
+  wc.init(params).wait();
+  {
+    ParameterServer first(checkpoint_options(ctx, "ps-ckpt-first", dir));
+    PsClient c({first.endpoint()}, client_options(&ctx));
+    c.init(params).wait();
+    for (int i = 0; i < 4; ++i) {
+      const auto g = gradients_like(params, 4300 + 10 * uint32_t(i));
+      c.push_pull(g).wait();
+      wc.push_pull(g).wait();
+    }
+  }  // stop: ps0-step-4
+  ParameterServer second(checkpoint_options(ctx, "ps-ckpt-second", dir));
+  EXPECT_EQ(second.restored_from(), dir.file("ps0-step-4.safetensors"));
+  PsClient c({second.endpoint()}, client_options(&ctx));
+  // The chief's Init gets the restored values, not its own.
+  const PsResult init = c.init(small_params(999)).wait();
+  EXPECT_EQ(init.version, 4u);
+  EXPECT_TRUE(bit_equal(init.tensors, wc.pull().wait().tensors));
+  EXPECT_EQ(c.names(), (std::vector<std::string>{"w", "b"}));
+  const PsResult resumed = c.push_pull(g_last).wait();
+  const PsResult expected = wc.push_pull(g_last).wait();
+  EXPECT_EQ(resumed.version, 5u);
+  EXPECT_EQ(expected.version, 5u);
+  EXPECT_TRUE(bit_equal(resumed.tensors, expected.tensors));
+}
+
+TEST(PsCheckpoint, TruncatedNewestIsSkippedForThePreviousComplete) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(44);
+  std::vector<NamedTensor> at_step_1;
+  {
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-trunc", dir));
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    c.init(params).wait();
+    at_step_1 = c.push_pull(gradients_like(params, 4400)).wait().tensors;
+    request_checkpoint(ctx, server.endpoint());
+    c.push_pull(gradients_like(params, 4410)).wait();
+  }  // ps0-step-1 and ps0-step-2
+  const std::string newest = dir.file("ps0-step-2.safetensors");
+  auto bytes = test::read_bytes(newest);
+  ASSERT_GT(bytes.size(), 20u);
+  bytes.resize(bytes.size() - 7);
+  test::write_bytes(newest, bytes);
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-trunc2", dir));
+  EXPECT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors"));
+  PsClient c({server.endpoint()}, client_options(&ctx));
+  const PsResult r = c.init({}).wait();
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_TRUE(bit_equal(r.tensors, at_step_1));
+}
+
+TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  test::write_bytes(dir.file("ps0-step-9.safetensors"), std::string("garbage"));
+  test::write_bytes(dir.file("ps0-step-8.safetensors"), std::string(64, '\xff'));
+  test::write_bytes(dir.file("ps0-step-x.safetensors"), std::string("x"));
+  test::write_bytes(dir.file("other-step-3.safetensors"), std::string("y"));
+  std::filesystem::create_directory(dir.path() / "ps0-step-7.safetensors");
+  {
+    // A valid safetensors file of the wrong format is skipped too.
+    SafeTensorsFile f;
+    f.metadata["format"] = "something-else";
+    f.tensors.push_back({"w", "F32", {1}, std::vector<uint8_t>(4, 0)});
+    write_safetensors_atomic(dir.file("ps0-step-6.safetensors"), f);
+  }
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
+  EXPECT_EQ(server.restored_from(), "");
+  PsClient c({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(45);
+  EXPECT_TRUE(bit_equal(c.init(params).wait().tensors, params));
+  EXPECT_EQ(c.push_pull(gradients_like(params, 4500)).wait().version, 1u);
+  const std::string path = request_checkpoint(ctx, server.endpoint());
+  EXPECT_EQ(path, dir.file("ps0-step-1.safetensors"));
 }
 
 }  // namespace

@@ -3,6 +3,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "safetensors.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -68,7 +73,192 @@ ParameterServer::ParameterServer(ServerOptions options)
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot bind: " + e.what());
   }
+  if (!options_.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.checkpoint_dir, ec);
+    if (ec)
+      throw IoError(where + ": cannot create checkpoint_dir '" + options_.checkpoint_dir +
+                    "': " + ec.message());
+    restore_newest();
+  }
   thread_ = std::thread([this] { serve(); });
+}
+
+namespace {
+constexpr const char* kShardFormat = "tandem-ps-shard";
+
+// This shard's checkpoint files in `dir`, newest (highest step) first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir,
+                                                              const std::string& shard) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  const std::string prefix = shard + "-step-", suffix = ".safetensors";
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string digits =
+        name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    out.emplace_back(std::stoll(digits), it->path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+SafeTensor float_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                        const float* values, int64_t count) {
+  SafeTensor t;
+  t.name = name;
+  t.dtype = "F32";
+  t.shape = shape;
+  t.data.resize(size_t(count) * sizeof(float));
+  if (count > 0) std::memcpy(t.data.data(), values, t.data.size());
+  return t;
+}
+
+std::vector<float> floats_of(const SafeTensor& t) {
+  std::vector<float> v(t.data.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), t.data.data(), v.size() * sizeof(float));
+  return v;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Reads a whole shard checkpoint; InputError/IoError when anything is missing or wrong.
+std::vector<PsShard::Restored> read_shard_checkpoint(const std::string& path, bool adam,
+                                                     int64_t& step, std::string& model_order) {
+  const SafeTensorsFile file = read_safetensors(path);
+  auto meta = [&](const std::string& key) -> const std::string& {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) throw InputError(path + ": metadata has no '" + key + "'");
+    return it->second;
+  };
+  if (meta("format") != kShardFormat)
+    throw InputError(path + ": metadata format is '" + meta("format") + "', expected " +
+                     kShardFormat);
+  const std::string& step_text = meta("step");
+  if (step_text.empty() || step_text.size() > 18 ||
+      !std::all_of(step_text.begin(), step_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    throw InputError(path + ": metadata step '" + step_text + "' is not a number");
+  step = std::stoll(step_text);
+  auto order = file.metadata.find("model_order");
+  model_order = order == file.metadata.end() ? std::string() : order->second;
+  std::vector<PsShard::Restored> out;
+  size_t expected = 0;
+  for (const auto& t : file.tensors) {
+    if (ends_with(t.name, ".adam_m") || ends_with(t.name, ".adam_v")) continue;
+    if (t.dtype != "F32") throw InputError(path + ": tensor '" + t.name + "' is not F32");
+    PsShard::Restored r{t.name, t.shape, floats_of(t), {}, {}};
+    for (float x : r.values)
+      if (!std::isfinite(x)) throw InputError(path + ": tensor '" + t.name + "' is not finite");
+    ++expected;
+    const SafeTensor* m = file.find(t.name + ".adam_m");
+    const SafeTensor* v = file.find(t.name + ".adam_v");
+    if (adam && (m == nullptr || v == nullptr))
+      throw InputError(path + ": no Adam moments for '" + t.name + "'");
+    for (const SafeTensor* mv : {m, v}) {
+      if (mv == nullptr) continue;
+      if (mv->dtype != "F32" || mv->shape != t.shape)
+        throw InputError(path + ": moment '" + mv->name + "' does not match its parameter");
+      ++expected;
+    }
+    if (m) r.m = floats_of(*m);
+    if (v) r.v = floats_of(*v);
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) throw InputError(path + ": no parameters");
+  if (expected != file.tensors.size())
+    throw InputError(path + ": moments without a parameter");
+  return out;
+}
+}  // namespace
+
+void ParameterServer::restore_newest() {
+  const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
+  for (const auto& [step_in_name, path] :
+       list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
+    try {
+      int64_t step = 0;
+      std::string order;
+      auto tensors = read_shard_checkpoint(path, adam, step, order);
+      shard_.restore(tensors, step);
+      model_order_ = order;
+      checkpointed_step_ = step;
+      restored_from_ = path;
+      stats_.version = step;
+      std::fprintf(stderr, "tandem parameter server %s: resumed from checkpoint %s (step %lld)\n",
+                   options_.shard_name.c_str(), path.c_str(), static_cast<long long>(step));
+      return;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem parameter server %s: skipping checkpoint %s: %s\n",
+                   options_.shard_name.c_str(), path.c_str(), e.what());
+    }
+  }
+}
+
+std::string ParameterServer::write_checkpoint() {
+  const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
+  SafeTensorsFile file;
+  for (const auto& e : shard_.entries()) {
+    file.tensors.push_back(float_tensor(e.name, e.shape, shard_.values(e), e.size));
+    if (!adam) continue;
+    file.tensors.push_back(float_tensor(e.name + ".adam_m", e.shape, shard_.adam_m(e), e.size));
+    file.tensors.push_back(float_tensor(e.name + ".adam_v", e.shape, shard_.adam_v(e), e.size));
+  }
+  file.metadata["format"] = kShardFormat;
+  file.metadata["step"] = std::to_string(shard_.step());
+  file.metadata["mode"] = to_string(options_.mode);
+  file.metadata["shard"] = options_.shard_name;
+  file.metadata["optimizer"] = to_string(options_.optimizer.kind);
+  file.metadata["model_order"] = model_order_;
+  const std::string path =
+      (std::filesystem::path(options_.checkpoint_dir) /
+       (options_.shard_name + "-step-" + std::to_string(shard_.step()) + ".safetensors"))
+          .string();
+  write_safetensors_atomic(path, file);  // tmp file, fsync, rename, fsync of the directory
+  checkpointed_step_ = shard_.step();
+  checkpointed_at_ = Clock::now();
+  prune_checkpoints();
+  return path;
+}
+
+void ParameterServer::prune_checkpoints() {
+  // Only files at or below the current step count: one with a higher step is not ours (a
+  // corrupt leftover skipped at start, say) and deleting by number would drop the newest write.
+  size_t kept = 0;
+  for (const auto& [step, path] : list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
+    if (step > shard_.step()) continue;
+    if (++kept <= 2) continue;
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+}
+
+void ParameterServer::maybe_checkpoint(bool final_one) {
+  if (options_.checkpoint_dir.empty() || !shard_.initialized()) return;
+  const int64_t step = shard_.step();
+  if (step == checkpointed_step_) return;  // nothing changed since the last one
+  bool due = final_one;
+  const int64_t n = options_.checkpoint_every_steps;
+  if (n > 0 && (checkpointed_step_ < 0 ? step >= n : step / n > checkpointed_step_ / n))
+    due = true;
+  if (options_.checkpoint_every_seconds > 0 &&
+      std::chrono::duration<double>(Clock::now() - checkpointed_at_).count() >=
+          options_.checkpoint_every_seconds)
+    due = true;
+  if (!due) return;
+  try {
+    write_checkpoint();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem parameter server %s: checkpoint failed: %s\n",
+                 options_.shard_name.c_str(), e.what());
+  }
 }
 
 ParameterServer::~ParameterServer() { stop(); }
@@ -113,6 +303,7 @@ void ParameterServer::serve() {
       log_once(std::string("internal: ") + e.what(), e.what());
     }
   }
+  maybe_checkpoint(true);  // the final one, if anything changed since the last
   socket_.close();  // the socket belongs to this thread; nothing uses it after this
 }
 
@@ -231,6 +422,21 @@ void ParameterServer::handle(Frames& frames) {
     }
     case MessageType::Stats:
       return reply_extra(peer, id, to_json(stats()));
+    case MessageType::Checkpoint: {
+      if (options_.checkpoint_dir.empty())
+        return reply_error(peer, type, id, "checkpoints unsupported: no checkpoint_dir",
+                           "unsupported");
+      if (!shard_.initialized())
+        return reply_error(peer, type, id, "not initialised yet", "not initialised");
+      std::string path;
+      try {
+        path = write_checkpoint();
+      } catch (const std::exception& e) {
+        return reply_error(peer, type, id, std::string("checkpoint failed: ") + e.what(),
+                           "checkpoint failed");
+      }
+      return reply_extra(peer, id, path);
+    }
     case MessageType::Shutdown:
       reply_extra(peer, id, "");
       stopping_ = true;  // serve() sees it after this message and closes the socket
@@ -342,6 +548,7 @@ void ParameterServer::on_tick() {
   const auto now = Clock::now();
   if (options_.mode == PsMode::Sync && shard_.pending() > 0 && now >= step_deadline_)
     finish_sync_step();  // a worker left mid-step (or is very slow): do not hang the others
+  maybe_checkpoint(false);
   if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {
     // Answer, in arrival order, every deferred request whose worker is now within the bound.
     std::deque<Pending> still;

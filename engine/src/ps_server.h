@@ -34,7 +34,21 @@
 //   PushPull  as Push, then a Reply with every parameter after the update.
 //   Stats     Reply with ServerStats as JSON in extra.
 //   Shutdown  Reply, then the thread stops serving (requests after it go unanswered).
-//   Checkpoint and anything else: Error "unsupported".
+//   Checkpoint writes the shard now (see below) and replies with the file's path in extra; Error
+//             "checkpoints unsupported" without a checkpoint_dir, "not initialised yet" before Init.
+//   Anything else: Error "unsupported".
+// Checkpoints (checkpoint_dir non-empty): the shard is written as safetensors (parameters under
+// their names, Adam's moments as NAME.adam_m / NAME.adam_v as the trainer's checkpoints do,
+// metadata format=tandem-ps-shard, step, mode, shard, model_order) to
+// checkpoint_dir/<shard_name>-step-<step>.safetensors atomically (temporary file, fsync, rename,
+// fsync of the directory) when the step crosses a multiple of checkpoint_every_steps, when
+// checkpoint_every_seconds have passed since the last one, on a Checkpoint request, and when the
+// server stops (Shutdown or stop()) if anything changed since the last one. The newest 2 of the
+// shard at or below the current step are kept, older ones deleted. On start, the newest checkpoint of shard_name that reads
+// back completely is loaded (parameters, moments, step; unreadable ones are skipped and logged)
+// and the shard counts as initialised, so the chief's Init gets the restored values. Writing
+// happens on the serving thread, which pauses meanwhile: fine for small shards; a big model
+// would want a snapshot handed to a background writer.
 // Every push is checked whole before anything changes. Malformed messages: an Error reply when
 // the request id can be read (magic right, frame 0 at least 16 bytes) and the message is not a
 // one-way Push; otherwise dropped and counted. Each kind of bad input is logged once to stderr.
@@ -75,6 +89,11 @@ struct ServerOptions {
   int poll_ms = 20;  // how long the thread waits for a message before looking at stop()
   // Share the context with clients to use inproc:// endpoints; null: the server owns one.
   zmq::context_t* context = nullptr;
+  // Checkpoints: empty dir = none; 0 = that trigger is off.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  double checkpoint_every_seconds = 0;
+  std::string shard_name = "ps0";  // file prefix; a restart loads only this shard's files
 };
 
 class ParameterServer {
@@ -88,6 +107,8 @@ class ParameterServer {
   // The bound endpoint: for "tcp://127.0.0.1:*" the port the system picked.
   std::string endpoint() const { return endpoint_; }
   ServerStats stats() const;
+  // The checkpoint this server loaded at start; empty when it started fresh.
+  std::string restored_from() const { return restored_from_; }
   bool serving() const { return !stopping_.load(); }
   // Stops serving and closes the socket; idempotent.
   void stop();
@@ -120,6 +141,12 @@ class ParameterServer {
   void reply_extra(const zmq::message_t& peer, uint64_t request_id, std::string extra);
   void log_once(const std::string& kind, const std::string& text);
   void count(int64_t ServerStats::*field);
+  // Checkpoints: write one now (returns its path), write if a trigger fired (errors logged),
+  // load the newest complete one at start, delete all but the newest 2.
+  std::string write_checkpoint();
+  void maybe_checkpoint(bool final_one);
+  void restore_newest();
+  void prune_checkpoints();
 
   ServerOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
@@ -128,6 +155,9 @@ class ParameterServer {
   PsShard shard_;            // the serving thread's alone
   std::string model_order_;  // the first Init's extra: all parameter names, '\n'-separated
   std::set<std::string> logged_;
+  int64_t checkpointed_step_ = -1;  // the step of the last checkpoint written or loaded
+  std::chrono::steady_clock::time_point checkpointed_at_ = std::chrono::steady_clock::now();
+  std::string restored_from_;
   std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
   std::chrono::steady_clock::time_point step_deadline_;
   std::deque<Pending> deferred_;    // BoundedStaleness: replies waiting for the slowest worker

@@ -64,6 +64,34 @@ void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
   initialized_ = true;
 }
 
+void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
+  entries_.clear();
+  index_.clear();
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    const int64_t size = element_count(t.shape);
+    index_[t.name] = entries_.size();
+    entries_.push_back({t.name, t.shape, offset, size});
+    offset += (size + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  total_ = offset;
+  arena_ = AlignedBuffer<float>(size_t(3 * total_));
+  gradients_ = AlignedBuffer<float>(size_t(total_));
+  sum_ = AlignedBuffer<float>(size_t(total_));
+  pending_ = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    const auto& t = tensors[i];
+    std::memcpy(arena_.data() + e.offset, t.values.data(), size_t(e.size) * sizeof(float));
+    if (!t.m.empty())
+      std::memcpy(arena_.data() + total_ + e.offset, t.m.data(), size_t(e.size) * sizeof(float));
+    if (!t.v.empty())
+      std::memcpy(arena_.data() + 2 * total_ + e.offset, t.v.data(), size_t(e.size) * sizeof(float));
+  }
+  step_ = step;
+  initialized_ = true;
+}
+
 std::string PsShard::check_gradients(const Message& m, const std::vector<ByteSpan>& data,
                                      std::string& kind) const {
   for (size_t i = 0; i < m.tensors.size(); ++i) {

@@ -31,6 +31,18 @@ class PsShard {
   int64_t step() const { return step_; }
   const std::vector<Entry>& entries() const { return entries_; }
   const float* values(const Entry& e) const { return arena_.data() + e.offset; }
+  // Adam's moments of an entry (zero under SGD).
+  const float* adam_m(const Entry& e) const { return arena_.data() + total_ + e.offset; }
+  const float* adam_v(const Entry& e) const { return arena_.data() + 2 * total_ + e.offset; }
+
+  // One tensor restored from a checkpoint: parameters and moments (m, v empty: zero).
+  struct Restored {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values, m, v;
+  };
+  // Takes restored tensors (already checked: sizes match shapes) as the state, at `step`.
+  void restore(const std::vector<Restored>& tensors, int64_t step);
 
   // Checks tensors meant to become the initial parameters: at least one, float32, finite.
   // Returns "" when fine, else what is wrong (naming the tensor).
