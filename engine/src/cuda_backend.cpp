@@ -38,11 +38,6 @@ bool graphs_disabled_by_environment() {
   return value != nullptr && std::strcmp(value, "0") == 0;
 }
 
-template <typename T>
-void grow(kernels::DeviceBuffer<T>& buffer, size_t count) {
-  if (buffer.size() < count) buffer = kernels::DeviceBuffer<T>(count);
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
@@ -257,10 +252,10 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
     synchronize();
     clear_graphs();
     if (resident) {
-      grow(s.rows, static_cast<size_t>(count));
+      s.rows.reserve(static_cast<size_t>(count));
     } else {
-      grow(s.pixels, row_bytes * static_cast<size_t>(count));
-      grow(s.labels, static_cast<size_t>(count));
+      s.pixels.reserve(row_bytes * static_cast<size_t>(count));
+      s.labels.reserve(static_cast<size_t>(count));
     }
   }
   // The step that last read this slot must be done before its buffers are overwritten.
@@ -288,34 +283,34 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
     TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
     TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.copied, 0));
     return batch;
-  } else {
-    const auto* src = static_cast<const uint8_t*>(data.pixels);
-    if (rows) {
-      // A row list over host data: gather the rows on the host (the device sees a contiguous
-      // batch) and send them in one copy.
-      host_gather_.resize(row_bytes * static_cast<size_t>(count) + static_cast<size_t>(count));
-      uint8_t* gathered_labels = host_gather_.data() + row_bytes * count;
-      for (int64_t i = 0; i < count; ++i) {
-        std::memcpy(host_gather_.data() + i * row_bytes,
-                    src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
-        if (data.labels) gathered_labels[i] = data.labels[rows[i]];
-      }
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), host_gather_.data(), row_bytes * count,
-                                        cudaMemcpyHostToDevice, copy_stream_));
-      if (data.labels)
-        TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), gathered_labels,
-                                          static_cast<size_t>(count), cudaMemcpyHostToDevice,
-                                          copy_stream_));
-    } else {
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), src, row_bytes * count,
-                                        cudaMemcpyHostToDevice, copy_stream_));
-      if (data.labels)
-        TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), data.labels, static_cast<size_t>(count),
-                                          cudaMemcpyHostToDevice, copy_stream_));
-    }
-    batch.pixels = s.pixels.data();
-    batch.labels = data.labels ? s.labels.data() : nullptr;
   }
+  // Not resident: the rows themselves go to the slot.
+  const auto* src = static_cast<const uint8_t*>(data.pixels);
+  if (rows) {
+    // A row list over host data: gather the rows on the host (the device sees a contiguous
+    // batch) and send them in one copy.
+    host_gather_.resize(row_bytes * static_cast<size_t>(count) + static_cast<size_t>(count));
+    uint8_t* gathered_labels = host_gather_.data() + row_bytes * count;
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(host_gather_.data() + i * row_bytes,
+                  src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+      if (data.labels) gathered_labels[i] = data.labels[rows[i]];
+    }
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), host_gather_.data(), row_bytes * count,
+                                      cudaMemcpyHostToDevice, copy_stream_));
+    if (data.labels)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), gathered_labels,
+                                        static_cast<size_t>(count), cudaMemcpyHostToDevice,
+                                        copy_stream_));
+  } else {
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), src, row_bytes * count,
+                                      cudaMemcpyHostToDevice, copy_stream_));
+    if (data.labels)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), data.labels, static_cast<size_t>(count),
+                                        cudaMemcpyHostToDevice, copy_stream_));
+  }
+  batch.pixels = s.pixels.data();
+  batch.labels = data.labels ? s.labels.data() : nullptr;
   TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
   // The caller may reuse its host buffers as soon as this returns: wait for the copies (not for
   // the compute stream, which keeps running the previous step meanwhile).

@@ -1,5 +1,6 @@
-// Every CUDA, cuBLAS and cuDNN call goes through one of these macros: a failure throws
-// CudaError naming the call, the file and the line, so an error surfaces where it happened
+// Every CUDA call goes through one of these macros (cuBLAS calls through cublas_check.h's; the
+// cuDNN baseline in bench/ has its own): a failure throws CudaError naming the call, the file and
+// the line, so an error surfaces where it happened
 // instead of at the next unrelated synchronisation.
 #pragma once
 

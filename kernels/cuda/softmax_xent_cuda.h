@@ -16,10 +16,8 @@ struct DeviceStats {
 
 // Partial sums per block live in `partials` (softmax_xent_partials_needed(rows) of them) and are
 // added to `totals` in a fixed order by a second launch, so the same inputs give the same bits.
-struct SoftmaxXentPartial {
-  double loss_sum;
-  long long correct;
-};
+// A partial holds what a total holds.
+using SoftmaxXentPartial = DeviceStats;
 int64_t softmax_xent_partials_needed(int64_t rows);
 
 // logits [rows, classes] (classes <= 256), labels [rows]. Writes dlogits = p - onehot (0 for a
