@@ -8,6 +8,8 @@ packages=(
   libopenblas-dev zlib1g-dev libzstd-dev libblosc-dev libpng-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
   libzmq3-dev cppzmq-dev  # the parameter server's transport
+  libcpp-httplib-dev  # the coordinator's dashboard (HTTP)
+  chromium chromium-driver  # the dashboard's browser test (headless, through Selenium)
   dataset-fashion-mnist
   python3 python3-venv python3-numpy python3-torch python3-dask python3-zarr  # tests, benchmarks
 )

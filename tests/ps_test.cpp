@@ -1,6 +1,7 @@
 // The ZeroMQ parameter server and its client, over real sockets (inproc:// with a shared
 // context, tcp://127.0.0.1 on ephemeral ports): round trips, server-side Adam against the
-// trainer's kernel bit for bit, several servers and clients, and every kind of bad input.
+// trainer's kernel bit for bit, several servers and clients, every kind of bad input, and CURVE
+// (admitted and refused keys, key files).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "aligned_buffer.h"
 #include "cpu/adam_cpu.h"
 #include "ps_client.h"
@@ -20,6 +23,7 @@
 #include "safetensors.h"
 #include "tandem/model.h"
 #include "test_support.h"
+#include "zmq_curve.h"
 
 namespace tandem {
 namespace {
@@ -127,6 +131,13 @@ std::vector<std::vector<uint8_t>> frames_of(MessageType type, uint64_t id,
   std::vector<std::vector<uint8_t>> frames;
   for (const auto& f : out.frames()) frames.emplace_back(f.data, f.data + f.size);
   return frames;
+}
+
+// "NAME@SERVER" for each part of a layout, in its order.
+std::vector<std::string> part_servers(const std::vector<TensorPart>& layout) {
+  std::vector<std::string> out;
+  for (const auto& p : layout) out.push_back(p.name + "@" + std::to_string(p.server));
+  return out;
 }
 
 TEST(ParameterServer, InitPullRoundTripIsBitExact) {
@@ -237,22 +248,20 @@ TEST(PsClient, TwoServersHoldTheDefaultModelAndAssemblePulls) {
   const auto& params = model.parameters();
   PsClient chief({s0.endpoint(), s1.endpoint()}, client_options(nullptr));
   chief.init(params).wait();
-  std::vector<int64_t> sizes;
   std::vector<std::string> names;
-  for (const auto& p : params) {
-    sizes.push_back(int64_t(p.values.size()));
-    names.push_back(p.name);
-  }
+  for (const auto& p : params) names.push_back(p.name);
   EXPECT_EQ(chief.names(), names);
-  EXPECT_EQ(chief.placement(), place_tensors(sizes, 2));
-  EXPECT_EQ(chief.placement(), (std::vector<int>{0, 1, 1, 1}));  // hid_w alone on server 0
+  // hid_w (78,400 of 79,510 floats) split by rows, one half on each server; the rest whole.
+  EXPECT_EQ(part_servers(chief.layout()),
+            (std::vector<std::string>{"hid_w[0:392]@0", "hid_w[392:784]@1", "hid_b@1", "sm_w@0",
+                                      "sm_b@1"}));
   EXPECT_TRUE(bit_equal(chief.pull().wait().tensors, params));
 
   // Another worker learns names, order and placement from the servers.
   PsClient worker({s0.endpoint(), s1.endpoint()}, client_options(nullptr));
   EXPECT_TRUE(bit_equal(worker.init({}).wait().tensors, params));
   EXPECT_EQ(worker.names(), names);
-  EXPECT_EQ(worker.placement(), chief.placement());
+  EXPECT_EQ(part_servers(worker.layout()), part_servers(chief.layout()));
 
   ReferenceAdam ref(params);
   const auto g = gradients_like(params, 400);
@@ -636,6 +645,42 @@ TEST(PsMode, SyncWorkerThatLeavesMidStepDoesNotHangTheOthers) {
   EXPECT_EQ(server.stats().partial_steps, 2);
 }
 
+// A worker that pushed and then left for good: once it is silent for worker_timeout_ms, steps
+// need only the gradients of the workers still pushing, instead of each waiting out the step
+// timeout (a cluster whose worker was killed goes on at full speed).
+TEST(PsMode, SyncStepsWithTheWorkersLeftOnceOneIsGone) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-sync-gone", PsMode::Sync);
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 10000;
+  o.worker_timeout_ms = 300;
+  ParameterServer server(o);
+  const auto params = small_params(24);
+  PsClient a({server.endpoint()}, client_options(&ctx, 5000));
+  a.init(params).wait();
+  ReferenceAdam ref(params);
+  {
+    PsClient b({server.endpoint()}, client_options(&ctx, 5000));
+    b.init({}).wait();
+    const auto ga = gradients_like(params, 1900), gb = gradients_like(params, 1901);
+    auto ha = a.push_pull(ga);
+    auto hb = b.push_pull(gb);
+    EXPECT_EQ(ha.wait().version, 1u);  // one step on both gradients
+    EXPECT_EQ(hb.wait().version, 1u);
+    ref.apply(mean_of(ga, gb));
+  }  // b is gone
+  for (int step = 2; step <= 5; ++step) {
+    const auto g = gradients_like(params, 1900 + uint32_t(step));
+    const auto start = std::chrono::steady_clock::now();
+    const PsResult r = a.push_pull(g).wait();
+    EXPECT_LT(ms_since(start), 2000);  // the first waits ~300 ms for b to count as gone
+    ref.apply(g);
+    EXPECT_EQ(r.version, uint64_t(step));
+    EXPECT_TRUE(bit_equal(r.tensors, ref.w)) << step;
+  }
+  EXPECT_EQ(server.stats().partial_steps, 4);  // steps on fewer than replicas_to_aggregate
+}
+
 TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut) {
   zmq::context_t ctx;
   ServerOptions o = mode_options(ctx, "ps-bounded", PsMode::BoundedStaleness);
@@ -952,6 +997,577 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   EXPECT_EQ(c.push_pull(gradients_like(params, 4500)).wait().version, 1u);
   const std::string path = request_checkpoint(ctx, server.endpoint());
   EXPECT_EQ(path, dir.file("ps0-step-1.safetensors"));
+}
+
+// ---- Sharding: large tensors split by rows across servers -----------------------------------
+
+struct ModelShapes {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+ModelShapes shapes_of(const std::vector<NamedTensor>& tensors) {
+  ModelShapes m;
+  for (const auto& t : tensors) {
+    m.names.push_back(t.name);
+    m.shapes.push_back(t.shape);
+  }
+  return m;
+}
+
+ModelShapes default_model_shapes() {
+  return shapes_of(Model::initialized(ModelConfig{}, 1).parameters());
+}
+
+std::vector<int64_t> loads(const std::vector<TensorPart>& parts, int servers) {
+  std::vector<int64_t> load(size_t(servers), 0);
+  for (const auto& p : parts) load[size_t(p.server)] += p.size;
+  return load;
+}
+
+// The parts of each tensor tile its rows in order, with offsets and sizes to match.
+void expect_parts_tile(const ModelShapes& m, const std::vector<TensorPart>& parts) {
+  size_t k = 0;
+  for (size_t t = 0; t < m.names.size(); ++t) {
+    int64_t row = 0, offset = 0, n = 1;
+    for (int64_t d : m.shapes[t]) n *= d;
+    for (; k < parts.size() && parts[k].tensor == t; ++k) {
+      EXPECT_EQ(parts[k].row_begin, row) << parts[k].name;
+      EXPECT_EQ(parts[k].offset, offset) << parts[k].name;
+      row = parts[k].row_end;
+      offset += parts[k].size;
+    }
+    EXPECT_EQ(row, row_count(m.shapes[t])) << m.names[t];
+    EXPECT_EQ(offset, n) << m.names[t];
+  }
+  EXPECT_EQ(k, parts.size());
+}
+
+TEST(PsSharding, DefaultModelLoadIsEvenOnTwoAndThreeServers) {
+  const ModelShapes m = default_model_shapes();
+  const auto two = place_parts(m.names, m.shapes, 2);
+  EXPECT_EQ(part_servers(two), (std::vector<std::string>{"hid_w[0:392]@0", "hid_w[392:784]@1",
+                                                         "hid_b@1", "sm_w@0", "sm_b@1"}));
+  EXPECT_EQ(loads(two, 2), (std::vector<int64_t>{40200, 39310}));  // whole: 78,400 and 1,110
+  EXPECT_EQ(two[0].shape, (std::vector<int64_t>{392, 100}));
+  expect_parts_tile(m, two);
+  // Three servers: 784 rows as 262 + 261 + 261, the small tensors onto the least loaded.
+  const auto three = place_parts(m.names, m.shapes, 3);
+  EXPECT_EQ(part_servers(three),
+            (std::vector<std::string>{"hid_w[0:262]@0", "hid_w[262:523]@1", "hid_w[523:784]@2",
+                                      "hid_b@2", "sm_w@1", "sm_b@0"}));
+  EXPECT_EQ(loads(three, 3), (std::vector<int64_t>{26210, 27100, 26200}));
+  expect_parts_tile(m, three);
+  for (int servers : {2, 3, 4}) {
+    const auto load = loads(place_parts(m.names, m.shapes, servers), servers);
+    const int64_t most = *std::max_element(load.begin(), load.end());
+    EXPECT_LE(double(most), 1.05 * 79510.0 / servers) << servers << " servers";
+  }
+}
+
+TEST(PsSharding, SmallTensorsStayWholeAndOneServerNeverSplits) {
+  const ModelShapes m = default_model_shapes();
+  for (int servers : {1, 2, 3, 8}) {
+    const auto parts = place_parts(m.names, m.shapes, servers);
+    for (const auto& p : parts)
+      if (p.tensor != 0) {
+        EXPECT_EQ(p.name, m.names[p.tensor]);  // hid_b, sm_w, sm_b whole
+        EXPECT_EQ(p.shape, m.shapes[p.tensor]);
+      }
+  }
+  const auto one = place_parts(m.names, m.shapes, 1);
+  EXPECT_EQ(part_servers(one),
+            (std::vector<std::string>{"hid_w@0", "hid_b@0", "sm_w@0", "sm_b@0"}));
+  // Without splitting: place_tensors' whole placement.
+  const auto whole = place_parts(m.names, m.shapes, 2, /*split=*/false);
+  std::vector<int> servers;
+  for (const auto& p : whole) servers.push_back(p.server);
+  EXPECT_EQ(servers, place_tensors({78400, 100, 1000, 10}, 2));
+  EXPECT_EQ(part_servers(whole),
+            (std::vector<std::string>{"hid_w@0", "hid_b@1", "sm_w@1", "sm_b@1"}));
+}
+
+TEST(PsSharding, PlacementIsDeterministic) {
+  const ModelShapes m = default_model_shapes();
+  for (int servers : {2, 3, 5}) {
+    const auto a = place_parts(m.names, m.shapes, servers);
+    const auto b = place_parts(m.names, m.shapes, servers);
+    EXPECT_EQ(part_servers(a), part_servers(b));
+  }
+  // Two equal large tensors: each split over both servers, one's parts on different servers.
+  const auto twins = place_parts({"a", "b"}, {{5, 3}, {5, 3}}, 2);
+  EXPECT_EQ(part_servers(twins),
+            (std::vector<std::string>{"a[0:3]@0", "a[3:5]@1", "b[0:3]@1", "b[3:5]@0"}));
+  EXPECT_EQ(loads(twins, 2), (std::vector<int64_t>{15, 15}));
+}
+
+TEST(PsSharding, MoreServersThanRows) {
+  // 3 rows on 5 servers: one row each on 3 servers; a 1-D tensor splits by elements. v, the
+  // larger, is split first over all five; w's rows then go to the three least loaded.
+  const ModelShapes m{{"w", "v", "one_row", "scalar"}, {{3, 1000}, {4000}, {1, 50}, {}}};
+  const auto parts = place_parts(m.names, m.shapes, 5);
+  EXPECT_EQ(part_servers(parts),
+            (std::vector<std::string>{"w[0:1]@0", "w[1:2]@1", "w[2:3]@2", "v[0:800]@0",
+                                      "v[800:1600]@1", "v[1600:2400]@2", "v[2400:3200]@3",
+                                      "v[3200:4000]@4", "one_row@3", "scalar@4"}));
+  EXPECT_EQ(loads(parts, 5), (std::vector<int64_t>{1800, 1800, 1800, 850, 801}));
+  expect_parts_tile(m, parts);
+  EXPECT_EQ(parts[3].shape, (std::vector<int64_t>{800}));
+  EXPECT_THROW(place_parts(m.names, m.shapes, 0), InputError);
+}
+
+TEST(PsSharding, PartNamesReadBack) {
+  EXPECT_EQ(part_name("hid_w", 0, 392), "hid_w[0:392]");
+  std::string name;
+  int64_t b = -1, e = -1;
+  ASSERT_TRUE(parse_part_name("hid_w[392:784]", name, b, e));
+  EXPECT_EQ(name, "hid_w");
+  EXPECT_EQ(b, 392);
+  EXPECT_EQ(e, 784);
+  ASSERT_TRUE(parse_part_name("a[1:2][3:4]", name, b, e));
+  EXPECT_EQ(name, "a[1:2]");
+  for (const char* bad : {"hid_w", "[0:3]", "w[3:3]", "w[4:3]", "w[-1:3]", "w[0:]", "w[:3]",
+                          "w[0;3]", "w[0:3", "w[a:3]"})
+    EXPECT_FALSE(parse_part_name(bad, name, b, e)) << bad;
+  EXPECT_THROW(place_parts({"w[0:2]"}, {{2}}, 2), InputError);  // would read as a part
+}
+
+// Server-side Adam on split tensors equals the trainer's update of whole tensors, bit for bit;
+// every pull assembles exactly; a non-chief client learns the same parts from the replies.
+void expect_sharded_round_trip(int servers) {
+  std::vector<std::unique_ptr<ParameterServer>> ps;
+  std::vector<std::string> endpoints;
+  for (int s = 0; s < servers; ++s) {
+    ps.push_back(std::make_unique<ParameterServer>(ServerOptions{}));
+    endpoints.push_back(ps.back()->endpoint());
+  }
+  const Model model = Model::initialized(ModelConfig{}, 7);
+  const auto& params = model.parameters();
+  PsClient chief(endpoints, client_options(nullptr));
+  EXPECT_TRUE(bit_equal(chief.init(params).wait().tensors, params));
+  ASSERT_EQ(chief.layout().size(), size_t(servers) + 3);  // hid_w in `servers` parts
+  EXPECT_TRUE(bit_equal(chief.pull().wait().tensors, params));
+  PsClient worker(endpoints, client_options(nullptr));
+  EXPECT_TRUE(bit_equal(worker.init({}).wait().tensors, params));
+  EXPECT_EQ(worker.names(), chief.names());
+  EXPECT_EQ(worker.shapes(), chief.shapes());
+  EXPECT_EQ(part_servers(worker.layout()), part_servers(chief.layout()));
+  ReferenceAdam ref(params);
+  for (int i = 1; i <= 4; ++i) {
+    // Gradients in another order than the model's: the client finds each its parts.
+    auto g = gradients_like(params, 7000 + 10 * uint32_t(i));
+    std::reverse(g.begin(), g.end());
+    auto ordered = g;
+    std::reverse(ordered.begin(), ordered.end());
+    ref.apply(ordered);
+    PsClient& client = i % 2 ? worker : chief;
+    const PsResult r = client.push_pull(g).wait();
+    EXPECT_EQ(r.version, uint64_t(i));
+    EXPECT_TRUE(bit_equal(r.tensors, ref.w)) << servers << " servers, push " << i;
+  }
+  EXPECT_TRUE(bit_equal(chief.pull().wait().tensors, ref.w));
+  EXPECT_TRUE(bit_equal(worker.pull().wait().tensors, ref.w));
+  for (const auto& s : chief.stats()) EXPECT_EQ(s.pushes, 4);
+}
+
+TEST(PsSharding, RoundTripOnTwoServersMatchesTheTrainersAdam) { expect_sharded_round_trip(2); }
+TEST(PsSharding, RoundTripOnThreeServersMatchesTheTrainersAdam) { expect_sharded_round_trip(3); }
+
+TEST(PsSharding, WholePlacementOptionAndPushChecks) {
+  zmq::context_t ctx;
+  ParameterServer s0(inproc_options(ctx, "ps-shard-whole-0")), s1(inproc_options(ctx, "ps-shard-whole-1"));
+  const auto params = Model::initialized(ModelConfig{}, 3).parameters();
+  ClientOptions whole = client_options(&ctx);
+  whole.split_tensors = false;
+  PsClient chief({s0.endpoint(), s1.endpoint()}, whole);
+  chief.init(params).wait();
+  EXPECT_EQ(part_servers(chief.layout()),
+            (std::vector<std::string>{"hid_w@0", "hid_b@1", "sm_w@1", "sm_b@1"}));
+  // A split-by-default worker follows what the servers hold.
+  PsClient worker({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+  EXPECT_TRUE(bit_equal(worker.init({}).wait().tensors, params));
+  EXPECT_EQ(part_servers(worker.layout()), part_servers(chief.layout()));
+  // Pushes are checked whole on the client: every parameter once, in its shape.
+  auto g = gradients_like(params, 7100);
+  auto missing = g;
+  missing.pop_back();
+  EXPECT_THROW(chief.push_pull(missing), InputError);
+  auto twice = g;
+  twice.push_back(g[0]);
+  EXPECT_THROW(chief.push_pull(twice), InputError);
+  auto reshaped = g;
+  reshaped[0].shape = {100, 784};
+  EXPECT_THROW(chief.push_pull(reshaped), InputError);
+  EXPECT_EQ(chief.push_pull(g).wait().version, 1u);
+}
+
+TEST(PsSharding, ServerRejectsUnknownAndWronglyShapedParts) {
+  zmq::context_t ctx;
+  ParameterServer s0(inproc_options(ctx, "ps-shard-bad-0")), s1(inproc_options(ctx, "ps-shard-bad-1"));
+  const auto params = Model::initialized(ModelConfig{}, 4).parameters();
+  PsClient chief({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+  chief.init(params).wait();
+  // Server 0 holds hid_w[0:392] and sm_w.
+  const auto g = gradients_like(params, 7200);
+  const NamedTensor sm_w = g[2];
+  RawPeer raw(ctx, s0.endpoint());
+  auto expect_error = [&](const std::vector<NamedTensor>& tensors, uint64_t id,
+                          const std::string& needle) {
+    raw.send(frames_of(MessageType::PushPull, id, tensors));
+    transport::Message reply;
+    ASSERT_TRUE(raw.receive(reply));
+    EXPECT_EQ(reply.header.type, MessageType::Error);
+    EXPECT_NE(reply.extra.find(needle), std::string::npos) << reply.extra;
+  };
+  const std::vector<float> rows(393 * 100, 0.25f);
+  expect_error({{"hid_w[0:393]", {393, 100}, rows}, sm_w}, 1, "unknown parameter 'hid_w[0:393]'");
+  expect_error({{"hid_w[0:392]", {393, 100}, rows}, sm_w}, 2, "shape [393, 100], expected [392, 100]");
+  expect_error({{"hid_w", {784, 100}, g[0].values}, sm_w}, 3, "unknown parameter 'hid_w'");
+  expect_error({sm_w}, 4, "lacks a gradient for 'hid_w[0:392]'");
+  EXPECT_TRUE(bit_equal(chief.pull().wait().tensors, params));
+  EXPECT_EQ(chief.pull().wait().version, 0u);
+}
+
+TEST(PsSharding, CheckpointAndRestartKeepsTheParts) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = Model::initialized(ModelConfig{}, 5).parameters();
+  auto options = [&](const std::string& name, int shard) {
+    ServerOptions o = checkpoint_options(ctx, name, dir);
+    o.shard_name = "ps" + std::to_string(shard);
+    return o;
+  };
+  ReferenceAdam ref(params);
+  {
+    ParameterServer s0(options("ps-shard-ckpt-a0", 0)), s1(options("ps-shard-ckpt-a1", 1));
+    PsClient chief({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+    chief.init(params).wait();
+    for (int i = 0; i < 3; ++i) {
+      const auto g = gradients_like(params, 7300 + 10 * uint32_t(i));
+      ref.apply(g);
+      chief.push_pull(g).wait();
+    }
+  }  // stop: ps0-step-3 and ps1-step-3
+  EXPECT_EQ(shard_files(dir),
+            (std::vector<std::string>{"ps0-step-3.safetensors", "ps1-step-3.safetensors"}));
+  const SafeTensorsFile f0 = read_safetensors(dir.file("ps0-step-3.safetensors"));
+  ASSERT_NE(f0.find("hid_w[0:392]"), nullptr);
+  EXPECT_EQ(f0.find("hid_w[0:392]")->shape, (std::vector<int64_t>{392, 100}));
+  ASSERT_NE(f0.find("hid_w[0:392].adam_m"), nullptr);
+  EXPECT_EQ(f0.metadata.at("model_order"), "hid_w\nhid_b\nsm_w\nsm_b\n");
+  // The first half of hid_w's rows, as the trainer's update left them.
+  const std::vector<float> top(ref.w[0].values.begin(), ref.w[0].values.begin() + 39200);
+  EXPECT_TRUE(bit_equal({{"x", {392, 100}, floats(*f0.find("hid_w[0:392]"))}},
+                        {{"x", {392, 100}, top}}));
+  ParameterServer s0(options("ps-shard-ckpt-b0", 0)), s1(options("ps-shard-ckpt-b1", 1));
+  EXPECT_EQ(s0.restored_from(), dir.file("ps0-step-3.safetensors"));
+  EXPECT_EQ(s1.restored_from(), dir.file("ps1-step-3.safetensors"));
+  // A non-chief client learns the parts from the restored servers and resumes.
+  PsClient worker({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+  const PsResult init = worker.init({}).wait();
+  EXPECT_EQ(init.version, 3u);
+  EXPECT_TRUE(bit_equal(init.tensors, ref.w));
+  const auto g = gradients_like(params, 7399);
+  ref.apply(g);
+  const PsResult r = worker.push_pull(g).wait();
+  EXPECT_EQ(r.version, 4u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+}
+
+// ---- CURVE: encrypted, authenticated connections (ServerOptions::curve_secret_key) -----------
+// Real tcp://127.0.0.1 sockets on ephemeral ports (libzmq secures no inproc://). A refused client
+// gets no reply at all, so it waits out its timeout: kept short so these tests stay fast.
+
+constexpr int kCurveRefusedMs = 400;   // how long a client that must be refused waits
+constexpr int kCurveAdmittedMs = 1500;  // an admitted client's requests (a loopback handshake)
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The message of the E that f() throws; a test failure when it throws nothing or something else.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "threw nothing";
+  return {};
+}
+
+ServerOptions curve_server(const transport::CurveKeyPair& keys, std::vector<std::string> allowed,
+                           zmq::context_t* ctx = nullptr) {
+  ServerOptions o;  // binds tcp://127.0.0.1:*
+  o.curve_secret_key = keys.secret_key;
+  o.curve_allowed_clients = std::move(allowed);
+  o.context = ctx;
+  return o;
+}
+
+ClientOptions curve_client(const std::string& server_key, const transport::CurveKeyPair& me,
+                           int timeout_ms, zmq::context_t* ctx = nullptr) {
+  ClientOptions o = client_options(ctx, timeout_ms);
+  o.curve_server_key = server_key;
+  o.curve_public_key = me.public_key;
+  o.curve_secret_key = me.secret_key;
+  return o;
+}
+
+// Sends a one-way Push, then a PushPull, of `g` from a bare DEALER (CURVE with `me` when
+// server_key is set); true when the PushPull was answered within timeout_ms.
+bool raw_push_pull_answered(const std::string& endpoint, const std::string& server_key,
+                            const transport::CurveKeyPair& me, const std::vector<NamedTensor>& g,
+                            long timeout_ms) {
+  zmq::context_t ctx;
+  zmq::socket_t socket(ctx, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  if (!server_key.empty()) {
+    socket.set(zmq::sockopt::curve_serverkey, server_key);
+    socket.set(zmq::sockopt::curve_publickey, me.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, me.secret_key);
+  }
+  socket.connect(endpoint);
+  for (MessageType type : {MessageType::Push, MessageType::PushPull}) {
+    std::vector<transport::ByteSpan> spans;
+    const auto frames = frames_of(type, 77, g);
+    for (const auto& f : frames) spans.push_back(transport::span_of(f));
+    transport::send_frames(socket, spans, nullptr, "raw CURVE peer");
+  }
+  transport::Frames reply;
+  return transport::receive_frames(socket, reply, timeout_ms, "raw CURVE peer");
+}
+
+TEST(Curve, KeyPairsRoundTripThroughZ85) {
+  const transport::CurveKeyPair a = transport::generate_curve_keypair();
+  const transport::CurveKeyPair b = transport::generate_curve_keypair();
+  ASSERT_EQ(a.public_key.size(), 40u);
+  ASSERT_EQ(a.secret_key.size(), 40u);
+  EXPECT_NE(a.public_key, b.public_key);
+  EXPECT_NE(a.secret_key, a.public_key);
+  EXPECT_EQ(transport::curve_public_from_secret(a.secret_key), a.public_key);
+  EXPECT_EQ(transport::curve_public_from_secret(b.secret_key), b.public_key);
+  const std::string bytes = transport::curve_key_bytes(a.public_key, "a");
+  ASSERT_EQ(bytes.size(), 32u);
+  char z85[41] = {};
+  ASSERT_NE(zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(bytes.data()), 32), nullptr);
+  EXPECT_EQ(std::string(z85), a.public_key);
+}
+
+TEST(Curve, BadKeysAndOptionsAreRefusedWithAClearMessage) {
+  using transport::TransportError;
+  const transport::CurveKeyPair keys = transport::generate_curve_keypair();
+  std::string msg = error_of<TransportError>([] { transport::validate_curve_key("abc", "my key"); });
+  EXPECT_TRUE(contains(msg, "my key") && contains(msg, "40 Z85 characters, got 3")) << msg;
+  std::string bad_char = keys.public_key;
+  bad_char[7] = '"';
+  msg = error_of<TransportError>([&] { transport::validate_curve_key(bad_char, "k"); });
+  EXPECT_TRUE(contains(msg, "character 8") && contains(msg, "not a Z85 character")) << msg;
+  // "#####" is 85^5 - 1 > 2^32: every character is Z85, the group is not.
+  msg = error_of<TransportError>(
+      [&] { transport::validate_curve_key("#####" + keys.public_key.substr(5), "k"); });
+  EXPECT_TRUE(contains(msg, "does not decode")) << msg;
+  msg = error_of<TransportError>([] { transport::curve_public_from_secret("short"); });
+  EXPECT_TRUE(contains(msg, "secret key")) << msg;
+
+  ServerOptions o = curve_server(keys, {});
+  o.curve_secret_key = keys.secret_key.substr(1);
+  msg = error_of<TransportError>([&] { ParameterServer s(o); });
+  EXPECT_TRUE(contains(msg, "parameter server at tcp://127.0.0.1:*: curve_secret_key") &&
+              contains(msg, "got 39"))
+      << msg;
+  o = curve_server(keys, {"not a key"});
+  msg = error_of<TransportError>([&] { ParameterServer s(o); });
+  EXPECT_TRUE(contains(msg, "curve_allowed_clients[0]") && contains(msg, "got 9")) << msg;
+  zmq::context_t ctx;
+  o = curve_server(keys, {}, &ctx);
+  o.bind = "inproc://curve-cannot-apply";
+  msg = error_of<InputError>([&] { ParameterServer s(o); });
+  EXPECT_TRUE(contains(msg, "inproc://") && contains(msg, "CURVE")) << msg;
+  o = ServerOptions{};
+  o.curve_allowed_clients = {keys.public_key};
+  msg = error_of<InputError>([&] { ParameterServer s(o); });
+  EXPECT_TRUE(contains(msg, "without curve_secret_key")) << msg;
+
+  ClientOptions c = client_options(nullptr, kCurveRefusedMs);
+  c.curve_server_key = "bad";
+  msg = error_of<TransportError>([&] { PsClient client({"tcp://127.0.0.1:1"}, c); });
+  EXPECT_TRUE(contains(msg, "curve server key")) << msg;
+  c.curve_server_key = keys.public_key;
+  c.curve_public_key = keys.public_key;  // a public key without its secret
+  msg = error_of<InputError>([&] { PsClient client({"tcp://127.0.0.1:1"}, c); });
+  EXPECT_TRUE(contains(msg, "without curve_secret_key")) << msg;
+  c.curve_secret_key = transport::generate_curve_keypair().secret_key;  // not its secret
+  msg = error_of<InputError>([&] { PsClient client({"tcp://127.0.0.1:1"}, c); });
+  EXPECT_TRUE(contains(msg, "does not belong")) << msg;
+}
+
+TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
+  using transport::TransportError;
+  test::TempDir dir;
+  const transport::CurveKeyPair keys = transport::generate_curve_keypair();
+  // An existing, world-readable secret file must end up 0600 all the same.
+  test::write_bytes(dir.file("server.key_secret"), std::string("old"));
+  ASSERT_EQ(chmod(dir.file("server.key_secret").c_str(), 0644), 0);
+  transport::write_curve_key_files(dir.file("server"), keys);
+  struct stat st {};
+  ASSERT_EQ(stat(dir.file("server.key_secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string public_text = test::read_bytes(dir.file("server.key"));
+  EXPECT_FALSE(contains(public_text, keys.secret_key)) << public_text;
+  const transport::CurveKeyPair pub = transport::read_curve_key_file(dir.file("server.key"));
+  EXPECT_EQ(pub.public_key, keys.public_key);
+  EXPECT_EQ(pub.secret_key, "");
+  const transport::CurveKeyPair both = transport::read_curve_key_file(dir.file("server.key_secret"));
+  EXPECT_EQ(both.public_key, keys.public_key);
+  EXPECT_EQ(both.secret_key, keys.secret_key);
+
+  const std::string bad = dir.file("bad.key");
+  test::write_bytes(bad, "# a comment\ncurve\n    public-key = \"tooshort\"\n");
+  std::string msg = error_of<TransportError>([&] { transport::read_curve_key_file(bad); });
+  EXPECT_TRUE(contains(msg, bad) && contains(msg, "line 3") && contains(msg, "got 8")) << msg;
+  test::write_bytes(bad, "metadata\ncurve\n");
+  msg = error_of<TransportError>([&] { transport::read_curve_key_file(bad); });
+  EXPECT_TRUE(contains(msg, bad) && contains(msg, "no public-key")) << msg;
+  const transport::CurveKeyPair other = transport::generate_curve_keypair();
+  test::write_bytes(bad, "curve\n public-key = \"" + keys.public_key + "\"\n secret-key = \"" +
+                             other.secret_key + "\"\n");
+  msg = error_of<TransportError>([&] { transport::read_curve_key_file(bad); });
+  EXPECT_TRUE(contains(msg, "does not belong")) << msg;
+  msg = error_of<IoError>([&] { transport::read_curve_key_file(dir.file("missing.key")); });
+  EXPECT_TRUE(contains(msg, dir.file("missing.key"))) << msg;
+
+  // Allowed lists: a file of keys, or a directory of *.key files (secret files are not read).
+  const std::string list = dir.file("allowed.txt");
+  test::write_bytes(list, "# workers\n" + keys.public_key + "\n\n  " + other.public_key + "  \n");
+  EXPECT_EQ(transport::read_curve_allowed_clients(list),
+            (std::vector<std::string>{keys.public_key, other.public_key}));
+  test::write_bytes(list, keys.public_key + "\n# next\n" + other.public_key.substr(2) + "\n");
+  msg = error_of<TransportError>([&] { transport::read_curve_allowed_clients(list); });
+  EXPECT_TRUE(contains(msg, list) && contains(msg, "line 3")) << msg;
+  test::write_bytes(list, "# nobody\n");
+  msg = error_of<TransportError>([&] { transport::read_curve_allowed_clients(list); });
+  EXPECT_TRUE(contains(msg, "no CURVE public keys")) << msg;
+  std::filesystem::create_directory(dir.path() / "clients");
+  transport::write_curve_key_files((dir.path() / "clients" / "b").string(), other);
+  transport::write_curve_key_files((dir.path() / "clients" / "a").string(), keys);
+  EXPECT_EQ(transport::read_curve_allowed_clients((dir.path() / "clients").string()),
+            (std::vector<std::string>{keys.public_key, other.public_key}));
+}
+
+TEST(Curve, AllowedClientTrainsAndAnotherKeyCannotPullOrPush) {
+  const auto server_keys = transport::generate_curve_keypair();
+  const auto alice = transport::generate_curve_keypair();
+  const auto mallory = transport::generate_curve_keypair();
+  ParameterServer server(curve_server(server_keys, {alice.public_key}));
+  ASSERT_EQ(server.endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << server.endpoint();
+  EXPECT_EQ(server.curve_public_key(), server_keys.public_key);
+
+  const auto params = small_params(4100);
+  ReferenceAdam ref(params);
+  PsClient good({server.endpoint()}, curve_client(server.curve_public_key(), alice, kCurveAdmittedMs));
+  EXPECT_TRUE(bit_equal(good.init(params).wait().tensors, params));
+  auto g = gradients_like(params, 4200);
+  ref.apply(g);
+  PsResult r = good.push_pull(g).wait();
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+  g = gradients_like(params, 4300);
+  ref.apply(g);
+  good.push(g).wait();
+  r = good.pull().wait();
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+
+  // Mallory knows the server's public key but is not on the list: no reply, so no parameters.
+  PsClient bad({server.endpoint()}, curve_client(server.curve_public_key(), mallory, kCurveRefusedMs));
+  EXPECT_EQ(bad.curve_public_key(), mallory.public_key);
+  const std::string msg = error_of<transport::TransportError>([&] { bad.init({}).wait(); });
+  EXPECT_TRUE(contains(msg, server.endpoint()) && contains(msg, "did not answer")) << msg;
+  EXPECT_TRUE(contains(msg, "CURVE authentication failed")) << msg;
+  // Nor can Mallory push (a bare socket: PsClient needs an init first). The same path with
+  // Alice's key is answered, so the refusal is the key's doing.
+  const auto mallory_g = gradients_like(params, 4400);
+  EXPECT_FALSE(raw_push_pull_answered(server.endpoint(), server.curve_public_key(), mallory,
+                                      mallory_g, kCurveRefusedMs));
+  r = good.pull().wait();
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+  const auto alice_g = gradients_like(params, 4500);
+  ref.apply(alice_g);
+  ref.apply(alice_g);  // the raw peer sends a Push and a PushPull
+  EXPECT_TRUE(raw_push_pull_answered(server.endpoint(), server.curve_public_key(), alice, alice_g,
+                                     kCurveAdmittedMs));
+  r = good.pull().wait();
+  EXPECT_EQ(r.version, 4u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+  const ServerStats stats = server.stats();
+  EXPECT_GE(stats.curve_rejected, 2);
+  EXPECT_EQ(stats_from_json(to_json(stats)).curve_rejected, stats.curve_rejected);
+}
+
+TEST(Curve, ClientWithoutCurveCannotTalkToACurveServer) {
+  const auto server_keys = transport::generate_curve_keypair();
+  ParameterServer server(curve_server(server_keys, {}));
+  const auto params = small_params(4600);
+  PsClient plain({server.endpoint()}, client_options(nullptr, kCurveRefusedMs));
+  const std::string msg = error_of<transport::TransportError>([&] { plain.init(params).wait(); });
+  EXPECT_TRUE(contains(msg, server.endpoint())) << msg;
+  EXPECT_FALSE(raw_push_pull_answered(server.endpoint(), "", {}, params, kCurveRefusedMs));
+  // Nothing the plain client sent landed: the server is still uninitialised.
+  PsClient keyed({server.endpoint()}, curve_client(server.curve_public_key(), {}, kCurveAdmittedMs));
+  const std::string not_yet = error_of<ServerError>([&] { keyed.init({}).wait(); });
+  EXPECT_TRUE(contains(not_yet, "not initialised yet")) << not_yet;
+}
+
+TEST(Curve, EmptyAllowedListAdmitsAnyKeyHolderButNotAWrongServerKey) {
+  const auto server_keys = transport::generate_curve_keypair();
+  ParameterServer server(curve_server(server_keys, {}));
+  const auto params = small_params(4700);
+  // Ephemeral client pairs (only the server key given): both admitted.
+  PsClient first({server.endpoint()}, curve_client(server.curve_public_key(), {}, kCurveAdmittedMs));
+  PsClient second({server.endpoint()}, curve_client(server.curve_public_key(), {}, kCurveAdmittedMs));
+  EXPECT_EQ(first.curve_public_key().size(), 40u);
+  EXPECT_NE(first.curve_public_key(), second.curve_public_key());
+  EXPECT_TRUE(bit_equal(first.init(params).wait().tensors, params));
+  const PsResult r = second.init({}).wait();
+  EXPECT_TRUE(bit_equal(r.tensors, params));
+  // A client that trusts another server key cannot complete the handshake.
+  const auto impostor = transport::generate_curve_keypair();
+  PsClient misled({server.endpoint()}, curve_client(impostor.public_key, {}, kCurveRefusedMs));
+  const std::string msg = error_of<transport::TransportError>([&] { misled.init({}).wait(); });
+  EXPECT_TRUE(contains(msg, server.endpoint())) << msg;
+  EXPECT_EQ(server.stats().curve_rejected, 0);
+}
+
+TEST(Curve, ServersSharingAContextEnforceTheirOwnAllowedLists) {
+  zmq::context_t ctx;
+  const auto keys_a = transport::generate_curve_keypair();
+  const auto keys_b = transport::generate_curve_keypair();
+  const auto alice = transport::generate_curve_keypair();
+  const auto bob = transport::generate_curve_keypair();
+  const auto params = small_params(4800);
+  for (int round = 0; round < 2; ++round) {  // round 2: the context's ZAP handler starts again
+    SCOPED_TRACE("round " + std::to_string(round));
+    ParameterServer a(curve_server(keys_a, {alice.public_key}, &ctx));
+    ParameterServer b(curve_server(keys_b, {bob.public_key}, &ctx));
+    PsClient alice_a({a.endpoint()}, curve_client(a.curve_public_key(), alice, kCurveAdmittedMs, &ctx));
+    PsClient bob_b({b.endpoint()}, curve_client(b.curve_public_key(), bob, kCurveAdmittedMs, &ctx));
+    EXPECT_TRUE(bit_equal(alice_a.init(params).wait().tensors, params));
+    EXPECT_TRUE(bit_equal(bob_b.init(params).wait().tensors, params));
+    PsClient alice_b({b.endpoint()}, curve_client(b.curve_public_key(), alice, kCurveRefusedMs, &ctx));
+    PsClient bob_a({a.endpoint()}, curve_client(a.curve_public_key(), bob, kCurveRefusedMs, &ctx));
+    for (PsClient* c : {&alice_b, &bob_a}) {
+      const std::string msg = error_of<transport::TransportError>([&] { c->init({}).wait(); });
+      EXPECT_TRUE(contains(msg, "CURVE authentication failed")) << msg;
+    }
+    EXPECT_GE(a.stats().curve_rejected, 1);
+    EXPECT_GE(b.stats().curve_rejected, 1);
+  }
 }
 
 }  // namespace

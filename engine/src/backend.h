@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tandem/config.h"
 #include "tandem/dataset.h"
@@ -40,6 +41,9 @@ class Backend {
                                        int64_t count) = 0;
   // One optimizer step with the gradients of the last compute_gradients().
   virtual void apply_gradients() = 0;
+  // The summed gradients of the last compute_gradients(), one tensor per parameter in the
+  // model's order (a cluster worker pushes them to the parameter servers instead of applying).
+  virtual void get_gradients(std::vector<NamedTensor>& out) const = 0;
 
   // compute_gradients + apply_gradients without waiting for the batch's loss: the statistics
   // are added to totals that take_stats() returns (and resets). A GPU backend queues the whole

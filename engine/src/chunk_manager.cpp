@@ -149,7 +149,29 @@ void ChunkManager::fail(std::exception_ptr error) {
   changed_.notify_all();
 }
 
+size_t ChunkManager::ready_batches() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return filled_slots_.size();
+}
+
+int64_t ChunkManager::batches_per_epoch() const {
+  return (split_.rows + options_.batch_rows - 1) / options_.batch_rows;
+}
+
 void ChunkManager::start_epoch(int64_t epoch) {
+  std::vector<int64_t> mine;
+  for (int64_t b = options_.shard_index; b < batches_per_epoch(); b += options_.shard_count)
+    mine.push_back(b);
+  start_epoch(epoch, mine);
+}
+
+void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
+  std::sort(batches.begin(), batches.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+  if (!batches.empty() && (batches.front() < 0 || batches.back() >= batches_per_epoch()))
+    throw InputError("chunk manager: batch " +
+                     std::to_string(batches.front() < 0 ? batches.front() : batches.back()) +
+                     " is outside the epoch's " + std::to_string(batches_per_epoch()) + " batches");
   stop_threads();
   const int64_t rows = split_.rows;
   // The epoch's row stream: bands in (shuffled) order, each band's rows (shuffled).
@@ -183,8 +205,7 @@ void ChunkManager::start_epoch(int64_t epoch) {
   needed_positions_.clear();
   first_cursor_.clear();
   band_uses_.clear();
-  const int64_t batches = (rows + options_.batch_rows - 1) / options_.batch_rows;
-  for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count) {
+  for (const int64_t b : batches) {
     const BatchPlan plan{b * options_.batch_rows, std::min(rows, (b + 1) * options_.batch_rows)};
     my_batches_.push_back(plan);
     size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(), plan.begin) -

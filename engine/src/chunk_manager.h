@@ -52,12 +52,20 @@ class ChunkManager final : public BatchStream {
   int64_t rows_per_epoch() const override { return rows_per_epoch_; }
   int64_t features() const override { return features_; }
   int num_classes() const override { return num_classes_; }
-  void start_epoch(int64_t epoch) override;
+  void start_epoch(int64_t epoch) override;  // this shard's batches (see the options)
+  // Epoch `epoch`'s batches listed (any order, duplicates ignored; they are streamed in
+  // ascending order): a cluster worker's assignment. The epoch's row order is the same as above
+  // for every worker with the same seed, so batch b means the same rows everywhere. Throws
+  // InputError for a batch outside the epoch.
+  void start_epoch(int64_t epoch, std::vector<int64_t> batches);
+  int64_t batches_per_epoch() const;
   bool next(DatasetView& batch) override;
   // Stops the threads of the current epoch; next() then returns false.
   void cancel();
 
   int64_t bands() const { return static_cast<int64_t>(band_count_); }
+  // Batches assembled and waiting for next(): the queue's depth (0 means the consumer waits).
+  size_t ready_batches();
   bool page_locked() const;  // the ring is in cudaHostAlloc memory
 
  private:

@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
   void predict(const DatasetView& data, uint8_t* out) override;
 
   // The summed gradient of the last compute_gradients(), in the model's tensor order.
-  void get_gradients(std::vector<NamedTensor>& out) const;
+  void get_gradients(std::vector<NamedTensor>& out) const override;
 
  private:
   // One thread's scratch space, sized for one block of rows.

@@ -129,6 +129,14 @@ void CudaBackend::get_parameters(Model& model) const {
   copy_tensors_out(layout_, arena.data(), model.parameters(), "");
 }
 
+void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
+  std::vector<float> arena(static_cast<size_t>(layout_.total));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(arena.data(), grads_.data(), grads_.bytes(),
+                                    cudaMemcpyDeviceToHost, stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  copy_tensors_out(layout_, arena.data(), out, "");
+}
+
 void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
   if (step < 0) throw InputError("optimizer step must be >= 0, got " + std::to_string(step));
   std::vector<float> m, v;

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   BatchStats compute_gradients(const DatasetView& data, const int32_t* rows,
                                int64_t count) override;
   void apply_gradients() override;
+  void get_gradients(std::vector<NamedTensor>& out) const override;
   void train_step(const DatasetView& data, const int32_t* rows, int64_t count) override;
   BatchStats take_stats() override;
   void keep_resident(const DatasetView& data) override;

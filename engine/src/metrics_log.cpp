@@ -47,4 +47,6 @@ void MetricsLog::epoch(const EpochReport& r) {
   write_line(j.dump());
 }
 
+void MetricsLog::write(const nlohmann::json& object) { write_line(object.dump()); }
+
 }  // namespace tandem

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tandem/trainer.h"
@@ -19,6 +20,7 @@ class MetricsLog {
 
   void step(const StepReport& report);
   void epoch(const EpochReport& report);
+  void write(const nlohmann::json& object);  // any other record, as one line
 
  private:
   void write_line(const std::string& line);

@@ -1,8 +1,11 @@
 #include "ps_client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "ps_placement.h"
+#include "zmq_curve.h"
 
 namespace tandem {
 
@@ -44,11 +47,13 @@ std::vector<bool> holding(const std::vector<std::vector<FloatTensorRef>>& per_se
 PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions options)
     : options_(std::move(options)), endpoints_(std::move(server_endpoints)) {
   if (endpoints_.empty()) throw InputError("parameter server client: no server endpoints");
+  const std::vector<std::string> server_keys = curve_setup();
   if (options_.context == nullptr) {
     own_context_ = std::make_unique<zmq::context_t>(1);
     options_.context = own_context_.get();
   }
-  for (const auto& endpoint : endpoints_) {
+  for (size_t s = 0; s < endpoints_.size(); ++s) {
+    const std::string& endpoint = endpoints_[s];
     auto server = std::make_unique<Server>();
     server->endpoint = endpoint;
     try {
@@ -56,6 +61,12 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
       // Requests to a server that is gone are abandoned, never waited on at close.
       server->socket.set(zmq::sockopt::linger, 0);
       server->socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+      if (!server_keys[s].empty()) {  // before connect, as the handshake starts there
+        server->socket.set(zmq::sockopt::curve_serverkey, server_keys[s]);
+        server->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+        server->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+        watch_handshakes(*server);
+      }
       server->socket.connect(endpoint);
     } catch (const zmq::error_t& e) {
       throw TransportError("parameter server " + endpoint + ": cannot connect: " + e.what());
@@ -65,6 +76,83 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
 }
 
 PsClient::~PsClient() = default;
+
+std::vector<std::string> PsClient::curve_setup() {
+  const size_t n = endpoints_.size();
+  if (!options_.curve_server_keys.empty() && options_.curve_server_keys.size() != n)
+    throw InputError("parameter server client: " + std::to_string(options_.curve_server_keys.size()) +
+                     " curve_server_keys for " + std::to_string(n) + " endpoints");
+  std::vector<std::string> keys(n, options_.curve_server_key);
+  bool any = false;
+  for (size_t s = 0; s < n; ++s) {
+    if (!options_.curve_server_keys.empty() && !options_.curve_server_keys[s].empty())
+      keys[s] = options_.curve_server_keys[s];
+    if (keys[s].empty()) continue;
+    any = true;
+    transport::validate_curve_key(keys[s], "parameter server " + endpoints_[s] +
+                                               ": curve server key");
+  }
+  const std::string where = "parameter server client: ";
+  if (!any) {
+    if (!options_.curve_public_key.empty() || !options_.curve_secret_key.empty())
+      throw InputError(where + "a CURVE client key pair without curve_server_key");
+    return keys;
+  }
+  if (options_.curve_secret_key.empty()) {
+    if (!options_.curve_public_key.empty())
+      throw InputError(where + "curve_public_key without curve_secret_key");
+    const transport::CurveKeyPair pair = transport::generate_curve_keypair();  // ephemeral
+    options_.curve_public_key = pair.public_key;
+    options_.curve_secret_key = pair.secret_key;
+  } else {
+    const std::string derived = transport::curve_public_from_secret(options_.curve_secret_key);
+    if (!options_.curve_public_key.empty() && options_.curve_public_key != derived)
+      throw InputError(where + "curve_public_key does not belong to curve_secret_key");
+    options_.curve_public_key = derived;
+  }
+  return keys;
+}
+
+void PsClient::watch_handshakes(Server& server) {
+  static std::atomic<uint64_t> next_monitor{0};
+  const std::string address = "inproc://tandem-ps-client-handshakes-" +
+                              std::to_string(next_monitor++);
+  if (zmq_socket_monitor(server.socket.handle(), address.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+    throw zmq::error_t();
+  server.monitor = zmq::socket_t(*options_.context, zmq::socket_type::pair);
+  server.monitor.set(zmq::sockopt::linger, 0);
+  server.monitor.connect(address);
+}
+
+const std::string& PsClient::handshake_problem(Server& server) {
+  if (!server.monitor) return server.handshake_problem;
+  const std::string where = "parameter server " + server.endpoint + " (handshake events)";
+  Frames event;
+  // Events are two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
+  while (transport::receive_frames(server.monitor, event, 0, where)) {
+    if (event.empty() || event[0].size() < 6) continue;
+    uint16_t id = 0;
+    uint32_t value = 0;
+    std::memcpy(&id, event[0].data(), 2);
+    std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+      server.handshake_problem.clear();
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      server.handshake_problem = "CURVE authentication failed: the server refused this client's "
+                                 "key " + options_.curve_public_key + " (ZAP status " +
+                                 std::to_string(value) + ")";
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+      server.handshake_problem = "the CURVE handshake failed (ZeroMQ protocol error " +
+                                 std::to_string(value) + "; does the server use CURVE?)";
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+      server.handshake_problem = "the connection closed during the CURVE handshake (the wrong "
+                                 "server key?)";
+  }
+  return server.handshake_problem;
+}
 
 std::vector<bool> PsClient::all_servers() const { return std::vector<bool>(servers_.size(), true); }
 
@@ -88,9 +176,17 @@ PsClient::Handle PsClient::send_each(MessageType type,
     Server& server = *servers_[s];
     const auto out =
         transport::encode_float_message(type, id, server.last_version, per_server[s], extra[s]);
-    transport::send_message(server.socket, out, nullptr,
-                            "parameter server " + server.endpoint + " (" +
-                                transport::to_string(type) + ")");
+    try {
+      transport::send_message(server.socket, out, nullptr,
+                              "parameter server " + server.endpoint + " (" +
+                                  transport::to_string(type) + ")");
+    } catch (const TransportError& e) {
+      // libzmq drops a connection whose handshake failed for good (no reconnect), so a refused
+      // client's later sends find no peer and time out: say why.
+      const std::string& why = handshake_problem(server);
+      if (why.empty()) throw;
+      throw TransportError(std::string(e.what()) + ": " + why);
+    }
     if (type != MessageType::Push) {
       server.outstanding.insert(id);
       handle.parts_.push_back({s, id});
@@ -104,20 +200,22 @@ PsClient::Handle PsClient::init(const std::vector<NamedTensor>& tensors) {
   std::vector<std::vector<FloatTensorRef>> per_server(n);
   std::vector<std::string> extra(n);
   if (tensors.empty()) return send_each(MessageType::Init, per_server, extra, all_servers());
-  std::vector<int64_t> sizes;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
   std::string order;
   for (const auto& t : tensors) {
     if (int64_t(t.values.size()) != element_count(t.shape))
       throw InputError("parameter server client: tensor '" + t.name + "' has " +
                        std::to_string(t.values.size()) + " values for its shape");
-    sizes.push_back(int64_t(t.values.size()));
+    names.push_back(t.name);
+    shapes.push_back(t.shape);
     order += t.name + "\n";
   }
-  const std::vector<int> placement = place_tensors(sizes, int(n));
-  for (size_t i = 0; i < tensors.size(); ++i)
-    per_server[size_t(placement[i])].push_back(
-        {tensors[i].name, tensors[i].shape, tensors[i].values.data()});
-  for (auto& e : extra) e = order;
+  // Each part a view of its rows: a row range of a row-major tensor is one contiguous slice.
+  for (const auto& part : place_parts(names, shapes, int(n), options_.split_tensors))
+    per_server[size_t(part.server)].push_back(
+        {part.name, part.shape, tensors[part.tensor].values.data() + part.offset});
+  for (auto& e : extra) e = order;  // the full names: workers learn the model's order from it
   // Servers left without a tensor (more servers than tensors) are not asked.
   return send_each(MessageType::Init, per_server, extra, holding(per_server));
 }
@@ -126,14 +224,15 @@ PsClient::Handle PsClient::pull() {
   require_init("pull()");
   std::vector<std::vector<FloatTensorRef>> none(servers_.size());
   std::vector<bool> holds(servers_.size(), false);
-  for (int s : placement_) holds[size_t(s)] = true;  // only servers that hold parameters
+  for (const auto& part : layout_) holds[size_t(part.server)] = true;  // only servers that hold some
   return send_each(MessageType::Pull, none, std::vector<std::string>(servers_.size()), holds);
 }
 
 PsClient::Handle PsClient::send_gradients(MessageType type,
                                           const std::vector<NamedTensor>& gradients) {
   require_init(transport::to_string(type));
-  std::vector<std::vector<FloatTensorRef>> per_server(servers_.size());
+  // Every parameter exactly once, in its own shape (a split one could not be sliced otherwise).
+  std::vector<const NamedTensor*> by_tensor(names_.size(), nullptr);
   for (const auto& g : gradients) {
     const auto it = index_.find(g.name);
     if (it == index_.end())
@@ -141,8 +240,21 @@ PsClient::Handle PsClient::send_gradients(MessageType type,
     if (int64_t(g.values.size()) != element_count(g.shape))
       throw InputError("parameter server client: gradient '" + g.name + "' has " +
                        std::to_string(g.values.size()) + " values for its shape");
-    per_server[size_t(placement_[it->second])].push_back({g.name, g.shape, g.values.data()});
+    if (g.shape != shapes_[it->second])
+      throw InputError("parameter server client: gradient '" + g.name +
+                       "' does not have its parameter's shape");
+    if (by_tensor[it->second] != nullptr)
+      throw InputError("parameter server client: two gradients for '" + g.name + "'");
+    by_tensor[it->second] = &g;
   }
+  for (size_t t = 0; t < names_.size(); ++t)
+    if (by_tensor[t] == nullptr)
+      throw InputError("parameter server client: the push lacks a gradient for '" + names_[t] +
+                       "' (a push carries one for every parameter)");
+  std::vector<std::vector<FloatTensorRef>> per_server(servers_.size());
+  for (const auto& part : layout_)  // views of each part's rows, no copy
+    per_server[size_t(part.server)].push_back(
+        {part.name, part.shape, by_tensor[part.tensor]->values.data() + part.offset});
   return send_each(type, per_server, std::vector<std::string>(servers_.size()),
                    holding(per_server));
 }
@@ -171,9 +283,11 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       server.outstanding.erase(request_id);  // a late reply is dropped when it comes
+      const std::string& why = handshake_problem(server);
       throw TransportError(where + " did not answer " + transport::to_string(type) +
                            " request " + std::to_string(request_id) + " within " +
-                           std::to_string(options_.timeout_ms) + " ms");
+                           std::to_string(options_.timeout_ms) + " ms" +
+                           (why.empty() ? "" : ": " + why));
     }
     Frames frames;
     if (!transport::receive_frames(server.socket, frames, long(left), where)) continue;
@@ -193,13 +307,18 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
 PsResult PsClient::collect(Handle& handle) {
   PsResult result;
   result.version = UINT64_MAX;
-  std::map<std::string, NamedTensor> got;
-  std::map<std::string, int> holder;
+  // Every reply kept until the end (an Init's layout is known only once all are in): frames in
+  // slots that never move, so the decoded spans into them stay valid.
+  std::vector<Frames> frames(handle.parts_.size());
+  std::vector<DecodeResult> replies(handle.parts_.size());
+  std::vector<std::pair<transport::TensorInfo, size_t>> held;  // an Init's: part, server
   std::string order;
-  for (const auto& part : handle.parts_) {
+  for (size_t k = 0; k < handle.parts_.size(); ++k) {
+    const auto& part = handle.parts_[k];
     const std::string where = "parameter server " + servers_[part.server]->endpoint;
-    const Frames frames = await(part.server, part.request_id, handle.deadline_, handle.type_);
-    const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
+    frames[k] = await(part.server, part.request_id, handle.deadline_, handle.type_);
+    replies[k] = transport::decode_frames(frames[k], 0, options_.limits);
+    const DecodeResult& r = replies[k];
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
     if (r.message.header.type == MessageType::Error)
       throw ServerError(where + ": " + r.message.extra);
@@ -211,42 +330,119 @@ PsResult PsClient::collect(Handle& handle) {
     server.last_version = std::max(server.last_version, r.message.header.parameter_version);
     if (handle.type_ == MessageType::PushPull && r.message.extra.rfind("stale", 0) == 0)
       result.stale = true;
-    if (handle.type_ == MessageType::Init && order.empty()) order = r.message.extra;
-    for (size_t i = 0; i < r.message.tensors.size(); ++i) {
-      const auto& info = r.message.tensors[i];
-      NamedTensor t{info.name, info.shape, std::vector<float>(size_t(info.bytes / sizeof(float)))};
-      std::memcpy(t.values.data(), r.tensor_data[i].data, r.tensor_data[i].size);  // any alignment
-      holder[info.name] = int(part.server);
-      got[info.name] = std::move(t);
+    if (handle.type_ == MessageType::Init) {
+      if (order.empty()) order = r.message.extra;
+      for (const auto& info : r.message.tensors) held.push_back({info, part.server});
     }
   }
   if (handle.parts_.empty()) result.version = 0;
-  if (handle.type_ == MessageType::Init) {
-    // Learn the model's order and who holds what (a chief learns it back from its own Init).
-    std::vector<std::string> names = split_lines(order);
-    if (names.empty())
-      for (const auto& kv : holder) names.push_back(kv.first);
-    names_.clear();
-    placement_.clear();
-    index_.clear();
-    for (const auto& name : names) {
-      const auto it = holder.find(name);
-      if (it == holder.end())
-        throw ServerError("parameter servers: no server holds parameter '" + name +
-                          "' (initialisation incomplete)");
-      index_[name] = names_.size();
-      names_.push_back(name);
-      placement_.push_back(it->second);
+  // Learn the model's order and who holds which part (a chief learns it back from its own Init).
+  if (handle.type_ == MessageType::Init) learn_layout(order, held);
+  const bool carries_parameters = handle.type_ == MessageType::Init ||
+                                  handle.type_ == MessageType::Pull ||
+                                  handle.type_ == MessageType::PushPull;
+  if (!carries_parameters || names_.empty() || handle.parts_.empty()) return result;
+  // Assemble: each part's values into its rows of the whole tensor.
+  for (size_t t = 0; t < names_.size(); ++t)
+    result.tensors.push_back({names_[t], shapes_[t], std::vector<float>(size_t(element_count(shapes_[t])))});
+  std::vector<bool> got(layout_.size(), false);
+  for (size_t k = 0; k < replies.size(); ++k) {
+    const DecodeResult& r = replies[k];
+    const std::string where = "parameter server " + servers_[handle.parts_[k].server]->endpoint;
+    for (size_t i = 0; i < r.message.tensors.size(); ++i) {
+      const auto& info = r.message.tensors[i];
+      const auto it = part_index_.find(info.name);
+      if (it == part_index_.end())
+        throw ServerError(where + " sent '" + info.name + "', no part of this model");
+      const TensorPart& p = layout_[it->second];
+      if (info.shape != p.shape || info.dtype != transport::DType::Float32)
+        throw ServerError(where + " sent '" + info.name + "' in another shape or dtype than at init");
+      // Frames may sit at any byte offset: memcpy copes with any alignment.
+      std::memcpy(result.tensors[p.tensor].values.data() + p.offset, r.tensor_data[i].data,
+                  r.tensor_data[i].size);
+      got[it->second] = true;
     }
   }
-  if (!names_.empty() && !got.empty()) {
-    for (const auto& name : names_) {
-      auto it = got.find(name);
-      if (it == got.end()) throw ServerError("parameter servers: reply lacks '" + name + "'");
-      result.tensors.push_back(std::move(it->second));
-    }
-  }
+  for (size_t p = 0; p < layout_.size(); ++p)
+    if (!got[p]) throw ServerError("parameter servers: reply lacks '" + layout_[p].name + "'");
   return result;
+}
+
+void PsClient::learn_layout(const std::string& order,
+                            const std::vector<std::pair<transport::TensorInfo, size_t>>& held) {
+  // Each part held: its tensor's name and rows ("NAME[BEGIN:END]", or a whole tensor's name).
+  struct Seen {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t row_begin = 0, row_end = 0;
+    size_t server = 0;
+  };
+  std::vector<std::string> names = split_lines(order);
+  std::set<std::string> known(names.begin(), names.end());
+  std::map<std::string, std::vector<Seen>> parts;  // tensor name -> its parts
+  for (const auto& [info, server] : held) {
+    std::string tensor = info.name;
+    int64_t begin = 0, end = row_count(info.shape);
+    // A name in the model's order is a whole tensor even if it looks like a part's.
+    if (known.count(info.name) == 0 && !parse_part_name(info.name, tensor, begin, end)) {
+      tensor = info.name;
+      begin = 0;
+      end = row_count(info.shape);
+    }
+    parts[tensor].push_back({info.name, info.shape, begin, end, server});
+  }
+  if (names.empty())
+    for (const auto& kv : parts) names.push_back(kv.first);
+  names_.clear();
+  shapes_.clear();
+  layout_.clear();
+  index_.clear();
+  part_index_.clear();
+  for (const auto& name : names) {
+    auto it = parts.find(name);
+    if (it == parts.end())
+      throw ServerError("parameter servers: no server holds parameter '" + name +
+                        "' (initialisation incomplete)");
+    std::vector<Seen>& seen = it->second;
+    std::sort(seen.begin(), seen.end(),
+              [](const Seen& a, const Seen& b) { return a.row_begin < b.row_begin; });
+    // The parts must tile rows 0..R with the same row shape; then they make the whole tensor.
+    const bool whole = seen.size() == 1 && seen[0].name == name;
+    std::vector<int64_t> shape = seen[0].shape;
+    int64_t next_row = 0;
+    for (const auto& p : seen) {
+      const bool fits =
+          whole || (!p.shape.empty() && p.shape[0] == p.row_end - p.row_begin &&
+                    p.row_begin == next_row &&
+                    std::equal(p.shape.begin() + 1, p.shape.end(), shape.begin() + 1, shape.end()));
+      if (!fits)
+        throw ServerError("parameter servers: the parts of '" + name +
+                          "' do not make one tensor (at '" + p.name + "')");
+      next_row = p.row_end;
+    }
+    if (!whole) shape[0] = next_row;
+    const size_t t = names_.size();
+    index_[name] = t;
+    names_.push_back(name);
+    shapes_.push_back(shape);
+    const int64_t per_row = row_size(shape);
+    for (const auto& p : seen) {
+      TensorPart part;
+      part.tensor = t;
+      part.name = p.name;
+      part.shape = p.shape;
+      part.row_begin = p.row_begin;
+      part.row_end = p.row_end;
+      part.offset = p.row_begin * per_row;
+      part.size = element_count(p.shape);
+      part.server = int(p.server);
+      part_index_[p.name] = layout_.size();
+      layout_.push_back(std::move(part));
+    }
+  }
+  if (part_index_.size() != held.size())
+    throw ServerError("parameter servers: they hold parts that are no parameter of the model, "
+                      "or one part twice");
 }
 
 PsResult PsClient::Handle::wait() {

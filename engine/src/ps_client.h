@@ -2,12 +2,22 @@
 // return a Handle at once (so a worker overlaps communication with compute) and replies matched
 // by request id. Not thread-safe: one worker thread owns one client.
 //
-// Placement: the chief's init() places whole tensors on the servers (place_tensors: largest
-// first onto the least-loaded server) and sends each server its share plus, in the extra blob,
-// every parameter name in order ('\n'-separated) so other workers learn the model's order; a
-// non-chief init() (no tensors) learns which server holds what from the replies. pull(), push()
-// and push_pull() need a finished init() on this client; they split by that placement and
-// assemble pulls in the model's order. A push carries a gradient for every parameter.
+// Placement: the chief's init() places the tensors on the servers (place_parts: small ones whole,
+// large ones split into row ranges named "NAME[BEGIN:END]" so the load is even; whole only with
+// ClientOptions::split_tensors off) and sends each server its parts, as copy-free views of the
+// caller's tensors, plus, in the extra blob, every parameter's full name in order ('\n'-separated)
+// so other workers learn the model's order; every init() (a non-chief's has no tensors) learns
+// which server holds which part from the replies' names and shapes. pull(), push() and
+// push_pull() need a finished init() on this client; a push slices each gradient's rows into the
+// parts (views, no copy) and a pull assembles the parts into whole tensors in the model's order.
+// A push carries exactly one gradient, of the parameter's shape, for every parameter.
+//
+// CURVE: with ClientOptions::curve_server_key set, every DEALER is a CURVE client (traffic
+// encrypted, the server authenticated by its public key, this client by its own key pair). A
+// server that refuses the key never answers: wait() throws the usual timeout TransportError (or a
+// later request's send times out: libzmq does not retry a refused handshake, so a client must be
+// made anew once its key is admitted), saying "CURVE authentication failed" when the handshake
+// events tell so.
 #pragma once
 
 #include <zmq.hpp>
@@ -20,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "ps_placement.h"
 #include "ps_stats.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -38,6 +49,19 @@ struct ClientOptions {
   int timeout_ms = 10000;  // per request, from when it was sent until its reply is in
   zmq::context_t* context = nullptr;  // share with the servers for inproc://; null: own one
   transport::DecodeLimits limits;
+  // CURVE (servers with ServerOptions::curve_secret_key): the servers' public key, Z85 (40
+  // chars), one for every server; empty: no CURVE (a CURVE server will not answer).
+  std::string curve_server_key;
+  // Per server in endpoint order, overriding curve_server_key where not empty (servers that
+  // each have their own key). Empty vector: curve_server_key for all.
+  std::vector<std::string> curve_server_keys;
+  // This client's key pair, Z85. Both empty while a server key is set: a fresh pair is made (for
+  // servers that admit any key holder). A secret alone is enough; a public key alone is not.
+  std::string curve_public_key;
+  std::string curve_secret_key;
+  // A chief's init(): split large tensors by rows across the servers (place_parts); false: place
+  // whole tensors only (place_tensors). Other clients follow whatever the servers hold.
+  bool split_tensors = true;
 };
 
 struct PsResult {
@@ -82,11 +106,15 @@ class PsClient {
   void shutdown_servers();           // asks every server to stop and waits for the replies
 
   const std::vector<std::string>& endpoints() const { return endpoints_; }
-  // After init: the parameters' names in order and the server that holds each.
+  // After init: the parameters' names and shapes in order, and their parts (in the model's
+  // order, a split tensor's by row) with the server that holds each.
   const std::vector<std::string>& names() const { return names_; }
-  const std::vector<int>& placement() const { return placement_; }
+  const std::vector<std::vector<int64_t>>& shapes() const { return shapes_; }
+  const std::vector<TensorPart>& layout() const { return layout_; }
   // The newest version server `s` has sent this client (0 before any reply).
   uint64_t last_version(size_t s) const { return servers_.at(s)->last_version; }
+  // This client's CURVE public key (what a server's allowed list must hold); empty without CURVE.
+  const std::string& curve_public_key() const { return options_.curve_public_key; }
 
  private:
   struct Server {
@@ -97,6 +125,11 @@ class PsClient {
     // The newest parameter version a reply from this server carried: a push says its gradient
     // was computed on it (header parameter_version), for the server's staleness accounting.
     uint64_t last_version = 0;
+    // CURVE only: a PAIR socket receiving the DEALER's handshake events (ZeroMQ's socket
+    // monitor), so that a timeout can say "authentication failed" when that is why. Declared
+    // after `socket`, so it closes first.
+    zmq::socket_t monitor;
+    std::string handshake_problem;  // the latest failed handshake's explanation; "" after success
   };
 
   Handle send_each(transport::MessageType type,
@@ -109,6 +142,16 @@ class PsClient {
                           std::chrono::steady_clock::time_point deadline,
                           transport::MessageType type);
   PsResult collect(Handle& handle);
+  // Validates the CURVE options, completes the client's pair; the server key per endpoint ("" =
+  // no CURVE for that server).
+  std::vector<std::string> curve_setup();
+  void watch_handshakes(Server& server);  // starts server.monitor
+  // Reads the monitor's pending events; the reason the handshake with `server` failed, or "".
+  const std::string& handshake_problem(Server& server);
+  // From an Init's replies: the model's order (`order`, or the names seen) and the parts each
+  // server holds (name, shape). Throws ServerError when they do not make whole tensors.
+  void learn_layout(const std::string& order,
+                    const std::vector<std::pair<transport::TensorInfo, size_t>>& held);
 
   ClientOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
@@ -116,8 +159,10 @@ class PsClient {
   std::vector<std::unique_ptr<Server>> servers_;
   uint64_t next_request_id_ = 1;
   std::vector<std::string> names_;
-  std::vector<int> placement_;
-  std::map<std::string, size_t> index_;  // name -> position in names_
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<TensorPart> layout_;
+  std::map<std::string, size_t> index_;       // name -> position in names_
+  std::map<std::string, size_t> part_index_;  // part name -> position in layout_
 };
 
 }  // namespace tandem

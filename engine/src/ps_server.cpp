@@ -58,12 +58,38 @@ ParameterServer::ParameterServer(ServerOptions options)
     throw InputError(where + ": replicas_to_aggregate must be at least 1");
   if (options_.staleness_bound < 0) throw InputError(where + ": staleness_bound must be >= 0");
   stats_.mode = to_string(options_.mode);
+  const bool curve = !options_.curve_secret_key.empty();
+  if (curve) {
+    if (options_.bind.rfind("inproc://", 0) == 0)
+      throw InputError(where + ": CURVE does not apply to inproc:// endpoints (libzmq secures "
+                               "only tcp:// and ipc://); bind to one of those");
+    transport::validate_curve_key(options_.curve_secret_key, where + ": curve_secret_key");
+    for (size_t i = 0; i < options_.curve_allowed_clients.size(); ++i)
+      transport::validate_curve_key(options_.curve_allowed_clients[i],
+                                    where + ": curve_allowed_clients[" + std::to_string(i) + "]");
+    curve_public_key_ = transport::curve_public_from_secret(options_.curve_secret_key);
+  } else if (!options_.curve_allowed_clients.empty()) {
+    throw InputError(where + ": curve_allowed_clients without curve_secret_key");
+  }
   try {
     if (options_.context == nullptr) {
       own_context_ = std::make_unique<zmq::context_t>(1);
       options_.context = own_context_.get();
     }
+    if (curve) {
+      // One ZAP domain per server (its address is unique while it lives), so servers sharing a
+      // context each enforce their own allowed list.
+      char domain[64];
+      std::snprintf(domain, sizeof domain, "tandem-ps-%p", static_cast<void*>(this));
+      zap_ = transport::ZapAuthenticator::allow(*options_.context, domain,
+                                                options_.curve_allowed_clients);
+    }
     socket_ = zmq::socket_t(*options_.context, zmq::socket_type::router);
+    if (curve) {  // before bind: a connection accepted earlier would not be CURVE
+      socket_.set(zmq::sockopt::curve_server, 1);
+      socket_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      socket_.set(zmq::sockopt::zap_domain, zap_.domain());
+    }
     // A short linger: a Shutdown reply still leaves, but closing never waits long on dead peers.
     socket_.set(zmq::sockopt::linger, 200);
     // ZeroMQ drops a peer whose frame exceeds this before it reaches us (oversized messages).
@@ -272,6 +298,7 @@ void ParameterServer::stop() {
 ServerStats ParameterServer::stats() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   ServerStats s = stats_;
+  s.curve_rejected = zap_.rejected();
   s.seconds = std::chrono::duration<double>(Clock::now() - started_).count();
   if (s.seconds > 0) {
     s.pushes_per_s = double(s.pushes + s.stale_dropped) / s.seconds;
@@ -311,10 +338,12 @@ void ParameterServer::reply_error(const zmq::message_t& peer, MessageType type,
                                   uint64_t request_id, const std::string& text,
                                   const std::string& kind) {
   count(&ServerStats::rejected);
+  // Workers asking before the chief has initialised is the normal start of a cluster, not bad
+  // input: answered (they retry), counted, not logged.
   // Type Error stands for "a request whose type could not be read" (see handle_malformed).
-  log_once(std::string(type == MessageType::Error ? "unreadable request" : transport::to_string(type)) +
-               ": " + kind,
-           text);
+  const std::string what =
+      type == MessageType::Error ? "unreadable request" : transport::to_string(type);
+  if (kind != "not initialised") log_once(what + ": " + kind, text);
   const auto out = transport::encode_message(
       transport::make_message(MessageType::Error, request_id, uint64_t(shard_.step()), {}, text),
       {});
@@ -466,6 +495,8 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
       shard_.apply(m, data);
       break;
     case PsMode::Sync: {
+      // Every valid push, stale or not, says its worker is still pushing (replicas_needed).
+      clocks_.pushed(std::string(peer.data<char>(), peer.size()), base, Clock::now());
       if (stale) {
         // SyncReplicasOptimizer drops it; the worker gets the current parameters to go on with.
         if (!reply) return;
@@ -488,7 +519,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
         p.request_id = m.header.request_id;
         held_.push_back(std::move(p));
       }
-      if (shard_.pending() >= options_.replicas_to_aggregate) finish_sync_step();
+      if (shard_.pending() >= replicas_needed(Clock::now())) finish_sync_step();
       return;
     }
     case PsMode::BoundedStaleness:
@@ -544,9 +575,18 @@ void ParameterServer::finish_sync_step() {
   for (const auto& p : held) reply_pending(p);
 }
 
+int ParameterServer::replicas_needed(Clock::time_point now) const {
+  // Until replicas_to_aggregate workers have pushed at all, wait for all of them (the start).
+  // After that, when fewer are still pushing (one left for good), wait only for those, or every
+  // later step would wait out step_timeout_ms.
+  if (clocks_.known() < options_.replicas_to_aggregate) return options_.replicas_to_aggregate;
+  return std::max(1, std::min(options_.replicas_to_aggregate, clocks_.active(now)));
+}
+
 void ParameterServer::on_tick() {
   const auto now = Clock::now();
-  if (options_.mode == PsMode::Sync && shard_.pending() > 0 && now >= step_deadline_)
+  if (options_.mode == PsMode::Sync && shard_.pending() > 0 &&
+      (now >= step_deadline_ || shard_.pending() >= replicas_needed(now)))
     finish_sync_step();  // a worker left mid-step (or is very slow): do not hang the others
   maybe_checkpoint(false);
   if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {

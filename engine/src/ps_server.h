@@ -11,7 +11,9 @@
 //                     would make nearly every next push stale). So that a worker that leaves
 //                     cannot hang the others, a step not complete step_timeout_ms after its first
 //                     gradient is applied on the mean of the gradients that did arrive (a partial
-//                     step, counted) and the held replies are sent.
+//                     step, counted) and the held replies are sent. When fewer workers than
+//                     replicas_to_aggregate have pushed within worker_timeout_ms (one left for
+//                     good), a step needs only as many gradients as there are workers pushing.
 //   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (the
 //                     version its latest push was computed on) is more than staleness_bound ahead
 //                     of the slowest active worker's is deferred, queued, and sent from this
@@ -52,6 +54,13 @@
 // Every push is checked whole before anything changes. Malformed messages: an Error reply when
 // the request id can be read (magic right, frame 0 at least 16 bytes) and the message is not a
 // one-way Push; otherwise dropped and counted. Each kind of bad input is logged once to stderr.
+// Security: servers bind to loopback unless told otherwise (ServerOptions::bind), since anyone who
+// reaches the socket can pull the model and push gradients. With curve_secret_key set the socket
+// is a ZeroMQ CURVE server: traffic is encrypted, clients must know curve_public_key(), and the
+// context's ZAP handler (zmq_curve.h) admits only curve_allowed_clients (any key holder when that
+// is empty). A refused client gets no reply at all (its wait() times out); refusals are counted in
+// ServerStats::curve_rejected. libzmq secures no inproc:// endpoint, so CURVE with an inproc bind
+// is refused (InputError) rather than left silently unencrypted.
 #pragma once
 
 #include <zmq.hpp>
@@ -70,6 +79,7 @@
 #include "ps_worker_clocks.h"
 #include "tandem/config.h"
 #include "wire_protocol.h"
+#include "zmq_curve.h"
 #include "zmq_messaging.h"
 
 namespace tandem {
@@ -94,6 +104,12 @@ struct ServerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string shard_name = "ps0";  // file prefix; a restart loads only this shard's files
+  // CURVE (see the note above the class): this server's secret key, Z85 (40 chars); empty: no
+  // CURVE, anyone who can reach the endpoint may pull and push.
+  std::string curve_secret_key;
+  // With CURVE: the client public keys (Z85) admitted; empty: any client that knows this
+  // server's public key (curve_public_key()). transport::read_curve_allowed_clients reads a list.
+  std::vector<std::string> curve_allowed_clients;
 };
 
 class ParameterServer {
@@ -109,6 +125,8 @@ class ParameterServer {
   ServerStats stats() const;
   // The checkpoint this server loaded at start; empty when it started fresh.
   std::string restored_from() const { return restored_from_; }
+  // The public key clients need (ClientOptions::curve_server_key), Z85; empty without CURVE.
+  std::string curve_public_key() const { return curve_public_key_; }
   bool serving() const { return !stopping_.load(); }
   // Stops serving and closes the socket; idempotent.
   void stop();
@@ -131,6 +149,9 @@ class ParameterServer {
                        std::vector<std::string> names);
   void reply_pending(const Pending& p);
   void finish_sync_step();  // apply the aggregate, send the held replies
+  // Sync: gradients a step waits for: replicas_to_aggregate, or fewer when fewer workers have
+  // pushed within worker_timeout_ms.
+  int replicas_needed(std::chrono::steady_clock::time_point now) const;
   void on_tick();           // after every poll: step timeout, deferred replies whose time came
   void handle_malformed(const transport::Frames& frames, const transport::DecodeResult& r);
   // Counts a reject, logs its kind once (per request type), sends the Error.
@@ -150,6 +171,9 @@ class ParameterServer {
 
   ServerOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
+  // Released after the socket closes and before an owned context is destroyed (member order).
+  transport::ZapAuthenticator::Registration zap_;
+  std::string curve_public_key_;
   zmq::socket_t socket_;  // used by the serving thread only, once it runs
   std::string endpoint_;
   PsShard shard_;            // the serving thread's alone

@@ -1,8 +1,8 @@
 // One parameter server's share of the parameters and their Adam state: the numbers, without
 // sockets. Parameters, m and v live in one 64-byte aligned arena (parameters | m | v, each
 // tensor at a 16-float boundary as in ParameterLayout) so one optimizer sweep covers the shard;
-// a later session can keep the arena on a GPU or split tensors by rows without touching the
-// server's message handling.
+// a later session can keep the arena on a GPU without touching the server's message handling.
+// Row-split parts of large tensors (ps_placement.h) arrive and are held as ordinary tensors.
 #pragma once
 
 #include <cstdint>

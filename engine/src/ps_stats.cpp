@@ -30,6 +30,7 @@ std::string to_json(const ServerStats& s) {
                    {"stale_dropped", s.stale_dropped},
                    {"partial_steps", s.partial_steps},
                    {"deferred", s.deferred},
+                   {"curve_rejected", s.curve_rejected},
                    {"staleness_histogram", hist},
                    {"seconds", s.seconds},
                    {"pushes_per_s", s.pushes_per_s},
@@ -51,6 +52,7 @@ ServerStats stats_from_json(const std::string& text) {
     s.stale_dropped = j.at("stale_dropped").get<int64_t>();
     s.partial_steps = j.at("partial_steps").get<int64_t>();
     s.deferred = j.at("deferred").get<int64_t>();
+    s.curve_rejected = j.value("curve_rejected", int64_t(0));  // absent from older servers
     const auto& hist = j.at("staleness_histogram");
     for (size_t i = 0; i < kStalenessBuckets; ++i)
       s.staleness[i] = hist.at(staleness_bucket_label(i)).get<int64_t>();

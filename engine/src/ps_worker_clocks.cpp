@@ -31,4 +31,10 @@ bool WorkerClocks::within(uint64_t clock, int64_t bound, Clock::time_point now) 
   return true;
 }
 
+int WorkerClocks::active(Clock::time_point now) const {
+  int n = 0;
+  for (const auto& kv : workers_) n += now - kv.second.last_heard <= timeout_;
+  return n;
+}
+
 }  // namespace tandem

@@ -27,6 +27,9 @@ class WorkerClocks {
   // May a worker at `clock` be answered: true when no active worker is more than `bound`
   // versions behind it (or none is active).
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
+  // Workers heard from within the timeout; workers ever registered.
+  int active(Clock::time_point now) const;
+  int known() const { return static_cast<int>(workers_.size()); }
 
  private:
   struct Worker {

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cluster_commands.h"
 #include "commands.h"
 #include "store_commands.h"
 #include "tandem/error.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_eval_command(app);
   tandem::cli::add_prepare_command(app);
   tandem::cli::add_inspect_command(app);
+  tandem::cli::add_cluster_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

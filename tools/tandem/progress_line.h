@@ -10,6 +10,15 @@
 
 namespace tandem::cli {
 
+// 486123 -> "486.1k", 2.3e6 -> "2.30M": rates on a progress line.
+inline std::string human(double x) {
+  char text[32];
+  if (x >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", x / 1e6);
+  else if (x >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", x / 1e3);
+  else std::snprintf(text, sizeof(text), "%.0f", x);
+  return text;
+}
+
 class ProgressLine {
  public:
   ProgressLine() : enabled_(isatty(STDERR_FILENO) == 1) {}

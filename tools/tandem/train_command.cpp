@@ -29,14 +29,6 @@ ModelConfig model_for(const std::string& hidden, int64_t features, int classes) 
   return ModelConfig::parse(std::to_string(features) + "," + hidden + "," + std::to_string(classes));
 }
 
-std::string human(double x) {
-  char text[32];
-  if (x >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", x / 1e6);
-  else if (x >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", x / 1e3);
-  else std::snprintf(text, sizeof(text), "%.0f", x);
-  return text;
-}
-
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
   config.backend = parse_backend(o.backend);

@@ -1,0 +1,137 @@
+#include "cluster_link.h"
+
+#include <chrono>
+
+#include "tandem/error.h"
+#include "zmq_messaging.h"
+
+namespace tandem {
+
+using transport::TransportError;
+
+bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer) {
+  const std::string text = message.dump();
+  // Never block: a peer that is gone must not stall the sender (its queue may be full).
+  if (peer != nullptr &&
+      !socket.send(zmq::buffer(peer->data(), peer->size()),
+                   zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+    return false;
+  return socket.send(zmq::buffer(text), zmq::send_flags::dontwait).has_value();
+}
+
+namespace {
+
+zmq::socket_t make_dealer(zmq::context_t& context, const std::string& endpoint) {
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  try {
+    socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw TransportError("cannot connect to the coordinator at " + endpoint + ": " + e.what());
+  }
+  return socket;
+}
+
+// The next JSON frame within timeout_ms (false on timeout). A frame that is not JSON is dropped.
+bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(std::max<long>(0, left.count()))) == 0)
+      return false;
+    zmq::message_t frame;
+    if (!socket.recv(frame, zmq::recv_flags::dontwait)) continue;
+    out = nlohmann::json::parse(frame.to_string_view(), nullptr, false);
+    if (!out.is_discarded()) return true;
+  }
+}
+
+}  // namespace
+
+CoordinatorLink::CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms)
+    : endpoint_(std::move(endpoint)),
+      context_(context),
+      timeout_ms_(timeout_ms),
+      socket_(make_dealer(context, endpoint_)) {}
+
+CoordinatorLink::~CoordinatorLink() {
+  stopping_ = true;
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+nlohmann::json CoordinatorLink::request(nlohmann::json message) {
+  const uint64_t seq = next_seq_++;
+  message["seq"] = seq;
+  if (!send_json(socket_, message, nullptr))
+    throw TransportError("cannot queue a '" + message.value("type", std::string("?")) +
+                         "' request to the coordinator at " + endpoint_ + " (not reachable)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (;;) {
+    const long left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()).count();
+    nlohmann::json reply;
+    if (left <= 0 || !receive_json(socket_, reply, left))
+      throw TransportError("the coordinator at " + endpoint_ + " did not answer a '" +
+                           message.value("type", std::string("?")) + "' request within " +
+                           std::to_string(timeout_ms_) + " ms");
+    if (reply.value("seq", uint64_t{0}) != seq) continue;  // the late answer to an older request
+    if (reply.contains("error"))
+      throw Error("coordinator at " + endpoint_ + ": " + reply["error"].get<std::string>());
+    return reply;
+  }
+}
+
+void CoordinatorLink::start_heartbeats(std::string name, std::function<nlohmann::json()> status,
+                                       int interval_ms) {
+  if (heartbeats_.joinable()) return;
+  heartbeats_ = std::thread(&CoordinatorLink::heartbeat_loop, this, std::move(name),
+                            std::move(status), interval_ms);
+}
+
+void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::json()> status,
+                                     int interval_ms) {
+  zmq::socket_t socket = make_dealer(context_, endpoint_);
+  uint64_t seq = 0;
+  while (!stopping_) {
+    nlohmann::json beat{{"type", "heartbeat"}, {"name", name}, {"seq", ++seq}};
+    if (status) beat["status"] = status();
+    // Not sent when the coordinator's queue is full (it is gone): coordinator_lost() says so.
+    send_json(socket, beat, nullptr);
+    // Read replies until the next beat is due; each one refreshes the phase.
+    const auto next_beat = std::chrono::steady_clock::now() + std::chrono::milliseconds(interval_ms);
+    while (!stopping_) {
+      const long left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            next_beat - std::chrono::steady_clock::now()).count();
+      if (left <= 0) break;
+      nlohmann::json reply;
+      if (!receive_json(socket, reply, std::min<long>(left, 50))) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      last_reply_ = std::chrono::steady_clock::now();
+      const std::string phase = reply.value("phase", phase_);
+      if (phase != phase_) {
+        phase_ = phase;
+        phase_changed_.notify_all();
+      }
+    }
+  }
+}
+
+std::string CoordinatorLink::phase() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return phase_;
+}
+
+bool CoordinatorLink::coordinator_lost(int lost_after_ms) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::chrono::steady_clock::now() - last_reply_ > std::chrono::milliseconds(lost_after_ms);
+}
+
+void CoordinatorLink::wait_phase_change(const std::string& from, int timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  phase_changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                          [&] { return phase_ != from; });
+}
+
+}  // namespace tandem

@@ -1,0 +1,72 @@
+// A role's line to the coordinator. Control traffic is rare and small, so it is JSON, one
+// ZeroMQ frame per message: every request carries a "type" and a "seq" that the reply echoes
+// (a reply to a request that already timed out is recognised and dropped, never taken for the
+// answer to a later one).
+//
+// Two sockets, two threads: requests (register, work, score, goodbye) go from the role's own
+// thread; heartbeats go from a thread of their own every interval, carrying the role's status and
+// bringing back the cluster's phase. So a role that is busy (a long evaluation, a slow disk) is
+// still seen alive, and a role whose coordinator is gone notices and stops.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+namespace tandem {
+
+// One JSON frame, preceded by a routing id when `peer` is given (a ROUTER replying). Never
+// blocks: false when the message cannot be queued now.
+bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer);
+
+class CoordinatorLink {
+ public:
+  // Connects to the coordinator's control endpoint. `context`: share one for inproc://.
+  CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms = 10000);
+  ~CoordinatorLink();  // stops heartbeats
+  CoordinatorLink(const CoordinatorLink&) = delete;
+  CoordinatorLink& operator=(const CoordinatorLink&) = delete;
+
+  // Sends `message` and waits for its reply. Throws TransportError naming the coordinator when
+  // none comes within the timeout, tandem::Error with the coordinator's text for {"error": ...}.
+  nlohmann::json request(nlohmann::json message);
+
+  // Heartbeats every interval_ms as {"type": "heartbeat", "name": name, "status": status()}.
+  void start_heartbeats(std::string name, std::function<nlohmann::json()> status,
+                        int interval_ms = 500);
+  // The phase the newest heartbeat reply named ("starting", "training", "draining", "done",
+  // "failed"); "" before the first.
+  std::string phase() const;
+  // No heartbeat reply for lost_after_ms: the coordinator is gone.
+  bool coordinator_lost(int lost_after_ms) const;
+  // Wakes when a heartbeat reply changes the phase (or after timeout_ms).
+  void wait_phase_change(const std::string& from, int timeout_ms) const;
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void heartbeat_loop(std::string name, std::function<nlohmann::json()> status, int interval_ms);
+
+  std::string endpoint_;
+  zmq::context_t& context_;
+  int timeout_ms_;
+  zmq::socket_t socket_;
+  uint64_t next_seq_ = 1;
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable phase_changed_;
+  std::string phase_;
+  std::chrono::steady_clock::time_point last_reply_ = std::chrono::steady_clock::now();
+  std::atomic<bool> stopping_{false};
+  std::thread heartbeats_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,476 @@
+#include "cluster_roles.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <thread>
+
+#include "backend.h"
+#include "chunk_manager.h"
+#include "cluster_link.h"
+#include "dataset_store.h"
+#include "ps_client.h"
+#include "ps_server.h"
+#include "tandem/error.h"
+#include "tandem/trainer.h"
+#include "zmq_curve.h"
+
+namespace tandem {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+json to_json(const RunSettings& s) {
+  return {{"data", s.data},
+          {"model", s.model.describe()},
+          {"optimizer", to_string(s.optimizer.kind)},
+          {"lr", s.optimizer.learning_rate},
+          {"beta1", s.optimizer.beta1},
+          {"beta2", s.optimizer.beta2},
+          {"epsilon", s.optimizer.epsilon},
+          {"batch", s.batch},
+          {"seed", s.seed},
+          {"shuffle", s.shuffle},
+          {"backend", s.backend},
+          {"precision", s.precision},
+          {"worker_threads", s.worker_threads},
+          {"scorer_threads", s.scorer_threads},
+          {"readers", s.readers},
+          {"assemblers", s.assemblers},
+          {"score_interval_s", s.score_interval_s},
+          {"ps_mode", s.ps_mode},
+          {"replicas_to_aggregate", s.replicas_to_aggregate},
+          {"staleness_bound", s.staleness_bound},
+          {"checkpoint_dir", s.checkpoint_dir},
+          {"checkpoint_every_s", s.checkpoint_every_s},
+          {"best_model_path", s.best_model_path},
+          {"curve_server_public", s.curve_server_public},
+          {"curve_secret_file", s.curve_secret_file},
+          {"curve_allowed_path", s.curve_allowed_path},
+          {"curve_client_file", s.curve_client_file},
+          {"ps_timeout_ms", s.ps_timeout_ms},
+          {"init_timeout_ms", s.init_timeout_ms}};
+}
+
+RunSettings run_settings_from_json(const json& j) {
+  RunSettings s;
+  try {
+    s.data = j.at("data").get<std::string>();
+    s.model = ModelConfig::parse(j.at("model").get<std::string>());
+    s.optimizer.kind = parse_optimizer(j.at("optimizer").get<std::string>());
+    s.optimizer.learning_rate = j.at("lr").get<float>();
+    s.optimizer.beta1 = j.at("beta1").get<float>();
+    s.optimizer.beta2 = j.at("beta2").get<float>();
+    s.optimizer.epsilon = j.at("epsilon").get<float>();
+    s.batch = j.at("batch").get<int64_t>();
+    s.seed = j.at("seed").get<uint64_t>();
+    s.shuffle = j.at("shuffle").get<bool>();
+    s.backend = j.at("backend").get<std::string>();
+    s.precision = j.at("precision").get<std::string>();
+    s.worker_threads = j.at("worker_threads").get<int>();
+    s.scorer_threads = j.at("scorer_threads").get<int>();
+    s.readers = j.at("readers").get<int>();
+    s.assemblers = j.at("assemblers").get<int>();
+    s.score_interval_s = j.at("score_interval_s").get<double>();
+    s.ps_mode = j.at("ps_mode").get<std::string>();
+    s.replicas_to_aggregate = j.at("replicas_to_aggregate").get<int>();
+    s.staleness_bound = j.at("staleness_bound").get<int64_t>();
+    s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
+    s.checkpoint_every_s = j.at("checkpoint_every_s").get<double>();
+    s.best_model_path = j.at("best_model_path").get<std::string>();
+    s.curve_server_public = j.at("curve_server_public").get<std::string>();
+    s.curve_secret_file = j.at("curve_secret_file").get<std::string>();
+    s.curve_allowed_path = j.at("curve_allowed_path").get<std::string>();
+    s.curve_client_file = j.at("curve_client_file").get<std::string>();
+    s.ps_timeout_ms = j.at("ps_timeout_ms").get<int>();
+    s.init_timeout_ms = j.at("init_timeout_ms").get<int>();
+  } catch (const json::exception& e) {
+    throw InputError(std::string("cluster settings from the coordinator: ") + e.what());
+  }
+  if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
+  return s;
+}
+
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+// A role's context: the caller's (inproc) or its own.
+struct RoleContext {
+  explicit RoleContext(zmq::context_t* shared)
+      : own(shared ? nullptr : std::make_unique<zmq::context_t>(1)), context(shared ? *shared : *own) {}
+  std::unique_ptr<zmq::context_t> own;
+  zmq::context_t& context;
+};
+
+struct Registration {
+  std::string name;
+  int index = 0;
+  bool chief = false;
+  RunSettings settings;
+};
+
+Registration register_role(CoordinatorLink& link, const RoleOptions& o, const char* role) {
+  json request{{"type", "register"}, {"role", role}, {"pid", int64_t(getpid())}, {"host", host_name()}};
+  if (!o.name.empty()) request["name"] = o.name;
+  const json reply = link.request(request);
+  Registration r;
+  r.name = reply.at("name").get<std::string>();
+  r.index = reply.at("index").get<int>();
+  r.chief = reply.value("chief", false);
+  r.settings = run_settings_from_json(reply.at("config"));
+  if (!o.data.empty()) r.settings.data = o.data;
+  return r;
+}
+
+bool training_over(const std::string& phase) {
+  return phase == "draining" || phase == "done" || phase == "failed";
+}
+
+void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const std::string& who) {
+  if (link.coordinator_lost(o.coordinator_lost_ms))
+    throw Error(who + ": the coordinator at " + link.endpoint() + " has not answered for " +
+                std::to_string(o.coordinator_lost_ms / 1000) + " s");
+}
+
+// Waits until the coordinator says the cluster is complete; returns the parameter servers'
+// addresses in index order, or an empty list when training ended meanwhile.
+std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptions& o,
+                                          const std::string& who) {
+  for (;;) {
+    const json reply = link.request({{"type", "spec"}});
+    const std::string phase = reply.value("phase", std::string());
+    if (training_over(phase)) return {};
+    if (reply.value("ready", false)) {
+      std::vector<std::string> endpoints;
+      for (const json& ps : reply.at("spec").at("ps")) endpoints.push_back(ps.at("address"));
+      if (endpoints.empty()) throw Error(who + ": the cluster has no parameter server");
+      return endpoints;
+    }
+    check_coordinator(link, o, who);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// The chief sets the parameters; the others wait until someone has. Returns false when training
+// ended while waiting.
+bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model) {
+  std::vector<NamedTensor> initial;
+  if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
+  for (;;) {
+    try {
+      PsResult result = client.init(initial).wait();
+      model.parameters() = std::move(result.tensors);
+      return true;
+    } catch (const ServerError& e) {
+      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
+    }
+    if (training_over(link.phase())) return false;
+    if (Clock::now() > deadline)
+      throw Error(r.name + ": waited " + std::to_string(r.settings.init_timeout_ms / 1000) +
+                  " s for the chief worker (worker0) to initialise the parameters on every "
+                  "server; at least one server still says it is not initialised");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+ClientOptions cluster_client_options(const RunSettings& s, zmq::context_t* context) {
+  ClientOptions c;
+  c.timeout_ms = s.ps_timeout_ms;
+  c.context = context;
+  if (!s.curve_server_public.empty()) {
+    c.curve_server_key = s.curve_server_public;
+    if (!s.curve_client_file.empty()) {
+      const transport::CurveKeyPair pair = transport::read_curve_key_file(s.curve_client_file);
+      if (pair.secret_key.empty())
+        throw InputError(s.curve_client_file + " holds no secret key: a client needs its secret key file");
+      c.curve_public_key = pair.public_key;
+      c.curve_secret_key = pair.secret_key;
+    }
+  }
+  return c;
+}
+
+namespace {
+
+ClientOptions client_options(const RunSettings& s, zmq::context_t& context) {
+  return cluster_client_options(s, &context);
+}
+
+PsMode parse_mode(const std::string& text) {
+  if (text == "async") return PsMode::Async;
+  if (text == "sync") return PsMode::Sync;
+  if (text == "bounded_staleness" || text == "bounded") return PsMode::BoundedStaleness;
+  throw InputError("parameter server mode must be async, sync or bounded_staleness, not '" + text + "'");
+}
+
+// Pulls until every server answers again (false when training ended meanwhile). Throws when
+// they stay silent for init_timeout_ms.
+bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const Registration& r,
+            Model& model) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
+  for (;;) {
+    if (training_over(link.phase())) return false;
+    check_coordinator(link, o, r.name);
+    try {
+      model.parameters() = client.pull().wait().tensors;
+      return true;
+    } catch (const ServerError& e) {
+      // A server restarted without a checkpoint to resume from: give it this worker's newest
+      // parameters (the first Init wins; the servers that kept theirs ignore it).
+      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
+      try {
+        model.parameters() = client.init(model.parameters()).wait().tensors;
+        return true;
+      } catch (const transport::TransportError&) {
+      }
+    } catch (const transport::TransportError& e) {
+      if (Clock::now() > deadline)
+        throw Error(r.name + ": the parameter servers have not answered for " +
+                    std::to_string(r.settings.init_timeout_ms / 1000) + " s: " + e.what());
+    }
+  }
+}
+
+void say_goodbye(CoordinatorLink& link, const std::string& name) {
+  try {
+    link.request({{"type", "goodbye"}, {"name", name}});
+  } catch (const Error&) {
+    // The coordinator is gone already; nothing to tell.
+  }
+}
+
+}  // namespace
+
+void run_ps_role(const RoleOptions& o) {
+  RoleContext rc(o.context);
+  std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
+  CoordinatorLink link(o.coordinator, rc.context);
+  const Registration r = register_role(link, o, "ps");
+  ServerOptions so;
+  so.mode = parse_mode(r.settings.ps_mode);
+  so.replicas_to_aggregate = r.settings.replicas_to_aggregate;
+  so.staleness_bound = r.settings.staleness_bound;
+  so.optimizer = r.settings.optimizer;
+  so.context = o.context;
+  so.bind = !o.bind.empty() ? o.bind
+            : o.coordinator.rfind("inproc://", 0) == 0 ? "inproc://tandem-" + r.name
+                                                       : "tcp://127.0.0.1:*";
+  so.checkpoint_dir = r.settings.checkpoint_dir;
+  so.checkpoint_every_seconds = r.settings.checkpoint_every_s;
+  so.shard_name = r.name;
+  if (!r.settings.curve_secret_file.empty()) {
+    const transport::CurveKeyPair pair = transport::read_curve_key_file(r.settings.curve_secret_file);
+    if (pair.secret_key.empty())
+      throw InputError(r.settings.curve_secret_file + " holds no secret key: a server needs its secret key file");
+    so.curve_secret_key = pair.secret_key;
+    if (!r.settings.curve_allowed_path.empty())
+      so.curve_allowed_clients = transport::read_curve_allowed_clients(r.settings.curve_allowed_path);
+  }
+  server = std::make_unique<ParameterServer>(so);
+  ParameterServer* ps = server.get();
+  link.start_heartbeats(r.name, [ps] {
+    return json{{"stats", json::parse(to_json(ps->stats()))}};
+  }, o.heartbeat_ms);
+  link.request({{"type", "ready"}, {"name", r.name}, {"address", server->endpoint()}});
+  for (;;) {
+    const std::string phase = link.phase();
+    if (phase == "done" || phase == "failed" || !server->serving()) break;
+    check_coordinator(link, o, r.name);
+    link.wait_phase_change(phase, 100);
+  }
+  server->stop();  // writes the final checkpoint
+  say_goodbye(link, r.name);
+}
+
+void run_worker_role(const RoleOptions& o) {
+  RoleContext rc(o.context);
+  CoordinatorLink link(o.coordinator, rc.context);
+  const Registration r = register_role(link, o, "worker");
+  // What the heartbeats carry; written by this thread, read by the heartbeat thread.
+  struct Status {
+    std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, task{0}, done{0};
+    std::atomic<int> queue_depth{0};
+  };
+  auto status = std::make_shared<Status>();
+  auto last = std::make_shared<std::pair<Clock::time_point, int64_t>>(Clock::now(), 0);
+  link.start_heartbeats(r.name, [status, last] {
+    const auto now = Clock::now();
+    const int64_t samples = status->samples.load();
+    const double dt = std::chrono::duration<double>(now - last->first).count();
+    const double rate = dt > 0 ? double(samples - last->second) / dt : 0.0;
+    *last = {now, samples};
+    return json{{"steps", status->steps.load()}, {"samples", samples},
+                {"samples_per_s", rate}, {"batches_done", status->batches_done.load()},
+                {"task", status->task.load()}, {"done", status->done.load()},
+                {"queue_depth", status->queue_depth.load()}};
+  }, o.heartbeat_ms);
+
+  const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
+  if (servers.empty()) return say_goodbye(link, r.name);
+  const RunSettings& s = r.settings;
+  const DatasetStore store = DatasetStore::open(s.data);
+  ChunkManagerOptions cm;
+  cm.batch_rows = s.batch;
+  cm.shuffle = s.shuffle;
+  cm.seed = s.seed;
+  cm.readers = s.readers;
+  cm.assemblers = s.assemblers;
+  ChunkManager stream(store.train, store.num_classes, cm);
+  if (stream.features() != s.model.inputs() || store.num_classes != int(s.model.classes()))
+    throw InputError(r.name + ": the store " + s.data + " has " + std::to_string(stream.features()) +
+                     " features and " + std::to_string(store.num_classes) +
+                     " classes, the model is " + s.model.describe());
+  std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
+                                                  s.worker_threads, parse_precision(s.precision));
+  PsClient client(servers, client_options(s, rc.context));
+  Model model(s.model);
+  if (!init_parameters(client, r, link, model)) return say_goodbye(link, r.name);
+  backend->set_parameters(model);
+
+  std::vector<NamedTensor> gradients;
+  json finished = nullptr;
+  for (bool stop = false; !stop;) {
+    check_coordinator(link, o, r.name);
+    json request{{"type", "work"}, {"name", r.name}};
+    if (!finished.is_null()) request["finished"] = finished;
+    const json reply = link.request(request);
+    finished = nullptr;
+    if (reply.value("stop", false)) break;
+    if (!reply.contains("task")) {
+      link.wait_phase_change(link.phase(), reply.value("wait_ms", 50));
+      continue;
+    }
+    const json& task = reply["task"];
+    const int64_t task_id = task.at("id").get<int64_t>();
+    status->done = 0;
+    status->task = task_id;
+    stream.start_epoch(task.at("epoch").get<int64_t>(), task.at("batches").get<std::vector<int64_t>>());
+    DatasetView batch;
+    for (;;) {
+      if (training_over(link.phase())) {
+        stop = true;
+        break;
+      }
+      if (!stream.next(batch)) {
+        finished = task_id;
+        break;
+      }
+      status->queue_depth = int(stream.ready_batches());
+      backend->compute_gradients(batch, nullptr, batch.rows);
+      backend->get_gradients(gradients);
+      try {
+        PsResult result = client.push_pull(gradients).wait();
+        model.parameters() = std::move(result.tensors);
+      } catch (const transport::TransportError& e) {
+        // A server did not answer (it died, or is restarting from its checkpoint): this batch's
+        // gradient is lost; go on from the servers' parameters once they answer again.
+        std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
+        if (!repull(client, link, o, r, model)) {
+          stop = true;
+          break;
+        }
+      }
+      backend->set_parameters(model);
+      status->steps += 1;
+      status->samples += batch.rows;
+      status->batches_done += 1;
+      status->done += 1;
+    }
+  }
+  stream.cancel();
+  if (!finished.is_null()) {
+    try {
+      link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}});
+    } catch (const Error&) {
+    }
+  }
+  say_goodbye(link, r.name);
+}
+
+void run_scorer_role(const RoleOptions& o) {
+  RoleContext rc(o.context);
+  CoordinatorLink link(o.coordinator, rc.context);
+  const Registration r = register_role(link, o, "scorer");
+  auto scores = std::make_shared<std::atomic<int64_t>>(0);
+  link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; }, o.heartbeat_ms);
+  const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
+  if (servers.empty()) return say_goodbye(link, r.name);
+  const RunSettings& s = r.settings;
+  const DataSplits splits = load_store_eval_splits(s.data);
+  if (splits.validation.rows() == 0)
+    throw InputError(r.name + ": the store " + s.data + " has no validation split to score on");
+  std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
+                                                  s.scorer_threads, parse_precision(s.precision));
+  check_model_data(s.model, splits.validation.view(), true);
+  PsClient client(servers, client_options(s, rc.context));
+  Model model(s.model);
+  if (!init_parameters(client, r, link, model)) return say_goodbye(link, r.name);
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(s.score_interval_s));
+  double best_loss = std::numeric_limits<double>::infinity();
+  auto last_answer = Clock::now();
+  for (auto next = Clock::now();;) {
+    const std::string phase = link.phase();
+    if (training_over(phase)) break;
+    check_coordinator(link, o, r.name);
+    const auto now = Clock::now();
+    if (now < next) {  // sleep until the next score is due, waking for a phase change
+      link.wait_phase_change(
+          phase, int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1);
+      continue;
+    }
+    // An evaluation longer than the interval delays the next one: no burst to catch up.
+    next = std::max(next + interval, now);
+    PsResult result;
+    try {
+      result = client.pull().wait();
+      last_answer = Clock::now();
+    } catch (const transport::TransportError& e) {
+      // A server restarting: score again at the next interval, unless this has gone on too long.
+      if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
+        throw Error(r.name + ": the parameter servers have not answered for " +
+                    std::to_string(s.init_timeout_ms / 1000) + " s: " + e.what());
+      std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+      continue;
+    }
+    model.parameters() = std::move(result.tensors);
+    backend->set_parameters(model);
+    const BatchStats stats = backend->evaluate(splits.validation.view());
+    const double n = double(std::max<int64_t>(stats.samples, 1));
+    if (!s.best_model_path.empty() && stats.loss_sum < best_loss) {
+      // Written before the score is sent: once the coordinator sees a score, its parameters
+      // are on disk.
+      best_loss = stats.loss_sum;
+      Checkpoint best;
+      best.model = model;
+      best.optimizer = s.optimizer;
+      best.optimizer.kind = OptimizerKind::Sgd;  // Adam's moments stay in the servers' shards
+      best.step = int64_t(result.version);
+      best.seed = s.seed;
+      best.batch = s.batch;
+      best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";
+      best.extra["trained_with"] = to_string(s.optimizer.kind);
+      best.extra["validation_loss"] = std::to_string(stats.loss_sum);
+      save_checkpoint(s.best_model_path, best);
+    }
+    link.request({{"type", "score"}, {"name", r.name}, {"step", result.version},
+                  {"loss", stats.loss_sum}, {"loss_mean", stats.loss_sum / n},
+                  {"accuracy", double(stats.correct) / n}, {"samples", stats.samples}});
+    *scores += 1;
+  }
+  say_goodbye(link, r.name);
+}
+
+}  // namespace tandem

@@ -1,0 +1,90 @@
+// The long-running roles of a cluster: parameter server, worker and scorer. Each registers with
+// the coordinator, gets the run's settings from it (so every role of one run agrees on the model,
+// the data and the batch plan), heartbeats, and returns when the coordinator says training is
+// over. The same functions run a role as a process (`tandem ps|worker|scorer`) or as a thread of
+// one process (inproc:// endpoints sharing one ZeroMQ context: tests, embedding).
+//
+// The run's settings (RunSettings, sent as JSON by the coordinator):
+//   worker  pulls the parameters (the chief, worker index 0, first initialises them from the seed;
+//           the others wait for that), then asks the coordinator for work: each task is a list
+//           of batches of one epoch, streamed through the worker's own chunk manager from the
+//           store; for each batch it computes the gradient on its backend and pushes it with a
+//           push_pull that brings back the updated parameters. Progress goes out with every
+//           heartbeat so a lost worker's unfinished batches can be handed out again.
+//   scorer  every score_interval_s pulls the parameters, evaluates the validation split (the
+//           seed's summed clipped cross-entropy, and accuracy) and sends the score to the
+//           coordinator, which publishes it on the scores channel and applies the stop rule. It
+//           keeps the parameters of its lowest score in best_model_path, so the run ends with
+//           exactly the parameters that met the target (workers step on for a moment after).
+//   ps      a ParameterServer (ps_server.h) with the run's mode and optimizer, checkpointing to
+//           checkpoint_dir as shard <name>; it serves until the coordinator's phase is done.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tandem/config.h"
+
+namespace tandem {
+
+struct RunSettings {
+  std::string data;  // a dataset store (Zarr group): train streamed, validation for the scorer
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  int64_t batch = 1000;
+  uint64_t seed = 1;
+  bool shuffle = true;
+  std::string backend = "cpu";  // for workers and the scorer: cpu, cuda or auto
+  std::string precision = "fp32";
+  int worker_threads = 1;
+  int scorer_threads = 1;
+  int readers = 1;     // chunk manager threads per worker
+  int assemblers = 1;
+  double score_interval_s = 1.0;
+  std::string ps_mode = "async";  // async, sync, bounded_staleness
+  int replicas_to_aggregate = 1;
+  int64_t staleness_bound = 0;
+  std::string checkpoint_dir;        // parameter servers' shards; empty: none
+  double checkpoint_every_s = 0;     // 0: only at the end
+  // The scorer writes the parameters of the lowest score so far here (safetensors, atomically):
+  // the run keeps them, as `tandem train` keeps its best epoch. Empty: not written.
+  std::string best_model_path;
+  // ZeroMQ CURVE between the roles and the parameter servers (empty: off). Keys are files on
+  // each node (zcert format, tandem keygen): only paths and the servers' PUBLIC key travel.
+  std::string curve_server_public;   // the servers' public key (Z85), for every client
+  std::string curve_secret_file;     // the servers' secret key file
+  std::string curve_allowed_path;    // admitted client keys: a file of keys or a dir of *.key
+  std::string curve_client_file;     // the clients' key file (secret); empty: a throwaway pair
+  int ps_timeout_ms = 10000;         // a parameter server request's deadline
+  int init_timeout_ms = 60000;       // how long non-chief workers wait for the chief's init
+};
+
+nlohmann::json to_json(const RunSettings& s);
+RunSettings run_settings_from_json(const nlohmann::json& j);  // InputError naming a bad field
+
+struct RoleOptions {
+  std::string coordinator;  // the coordinator's control endpoint
+  std::string name;         // empty: the coordinator names the role (ps0, worker3, ...)
+  zmq::context_t* context = nullptr;  // share the coordinator's for inproc://; null: own one
+  std::string bind;  // ps: where to serve; empty: tcp://127.0.0.1:* (inproc://tandem-NAME when
+                     // the coordinator is inproc)
+  std::string data;  // overrides the settings' data path (a node that mounts it elsewhere)
+  int heartbeat_ms = 500;
+  int coordinator_lost_ms = 15000;  // no heartbeat reply this long: give up
+};
+
+// Each returns once the coordinator says training is over (workers and the scorer when the phase
+// leaves training, servers when it is done). Throws tandem::Error (with the role's name) when the
+// role cannot go on: bad settings or data, a server or coordinator that stopped answering.
+void run_ps_role(const RoleOptions& options);
+void run_worker_role(const RoleOptions& options);
+void run_scorer_role(const RoleOptions& options);
+
+// A parameter-server client's options under these settings (timeout, CURVE keys).
+struct ClientOptions;
+ClientOptions cluster_client_options(const RunSettings& settings, zmq::context_t* context);
+
+}  // namespace tandem

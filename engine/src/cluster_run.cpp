@@ -1,0 +1,229 @@
+#include "cluster_run.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "dataset_store.h"
+#include "ps_client.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string inproc_name(const char* what) {
+  static std::atomic<int> counter{0};
+  return "inproc://tandem-" + std::string(what) + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(counter++);
+}
+
+}  // namespace
+
+ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
+  const RunSettings& s = options_.settings;
+  if (options_.ps < 1) throw InputError("a cluster needs at least one parameter server");
+  if (options_.workers < 1) throw InputError("a cluster needs at least one worker");
+  if (options_.scorers < 0 || options_.scorers > 1) throw InputError("a cluster has 0 or 1 scorer");
+  if (options_.scorers == 0 && options_.target > 0)
+    throw InputError("--target needs a scorer (the score is the validation loss it measures)");
+  if (options_.scorers == 0 && options_.max_epochs == 0 && options_.max_seconds == 0)
+    throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
+  if (options_.inproc && !s.curve_server_public.empty())
+    throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
+  if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())
+    throw InputError("an allowed-clients list needs the clients' key file too "
+                     "(--curve-client-secret), or no client would be admitted");
+  if (!is_dataset_store(s.data))
+    throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
+  const DatasetStore store = DatasetStore::open(s.data);
+  if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
+  if (options_.scorers > 0 && store.validation.rows == 0)
+    throw InputError(s.data + ": no validation split for the scorer");
+  eval_splits_ = load_store_eval_splits(s.data);
+
+  CoordinatorOptions co;
+  if (options_.inproc) {
+    context_ = std::make_unique<zmq::context_t>(1);
+    co.context = context_.get();
+    co.bind = inproc_name("coordinator");
+    co.scores_bind = inproc_name("scores");
+  } else {
+    co.bind = options_.bind;
+    co.scores_bind = options_.scores_bind;
+  }
+  co.expected_ps = options_.ps;
+  co.expected_workers = options_.workers;
+  co.expected_scorers = options_.scorers;
+  co.run_config = to_json(s);
+  co.batches_per_epoch = (store.train.rows + s.batch - 1) / s.batch;
+  co.max_epochs = options_.max_epochs;
+  co.max_seconds = options_.max_seconds;
+  co.target = options_.target;
+  co.heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
+  co.startup_timeout_ms = options_.startup_timeout_ms;
+  coordinator_ = std::make_unique<Coordinator>(co);
+}
+
+ClusterRun::~ClusterRun() {
+  if (!threads_.empty()) {
+    coordinator_->fail("the run was abandoned");
+    join_threads();
+  }
+}
+
+void ClusterRun::start_threads() {
+  auto spawn = [this](void (*role)(const RoleOptions&), const std::string& name) {
+    RoleOptions o;
+    o.coordinator = coordinator_->endpoint();
+    o.name = name;
+    o.context = context_.get();
+    threads_.emplace_back([this, role, o] {
+      try {
+        role(o);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(errors_mutex_);
+        errors_.push_back(o.name + ": " + e.what());
+      }
+    });
+  };
+  for (int i = 0; i < options_.ps; ++i) spawn(run_ps_role, "ps" + std::to_string(i));
+  for (int i = 0; i < options_.workers; ++i) spawn(run_worker_role, "worker" + std::to_string(i));
+  for (int i = 0; i < options_.scorers; ++i) spawn(run_scorer_role, "scorer" + std::to_string(i));
+}
+
+void ClusterRun::join_threads() {
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
+  Coordinator& c = *coordinator_;
+  if (options_.inproc) {
+    start_threads();
+  } else if (launcher != nullptr) {
+    for (int i = 0; i < options_.ps; ++i) launcher->start("ps", "ps" + std::to_string(i), c.endpoint());
+    for (int i = 0; i < options_.workers; ++i)
+      launcher->start("worker", "worker" + std::to_string(i), c.endpoint());
+    for (int i = 0; i < options_.scorers; ++i)
+      launcher->start("scorer", "scorer" + std::to_string(i), c.endpoint());
+  }
+  // One pass of watching: role threads' errors, exited processes, the caller's tick.
+  auto watch = [&] {
+    {
+      std::lock_guard<std::mutex> lock(errors_mutex_);
+      for (const std::string& e : errors_) c.fail(e);
+      errors_.clear();
+    }
+    if (launcher != nullptr) launcher->watch(c);
+    if (options_.on_tick) options_.on_tick(c);
+  };
+  auto cleanup = [&] {
+    if (launcher != nullptr) launcher->stop_all(10000);
+    join_threads();
+  };
+  bool announced = false;
+  for (;;) {
+    const ClusterPhase phase = c.wait_for(ClusterPhase::Draining, 100);
+    if (!announced && phase != ClusterPhase::Starting && phase != ClusterPhase::Failed) {
+      announced = true;
+      if (options_.on_training) options_.on_training(c.spec());
+    }
+    watch();
+    if (c.phase() != ClusterPhase::Starting && c.phase() != ClusterPhase::Training) break;
+  }
+  auto fail_now = [&](const std::string& why) {
+    c.fail(why);
+    cleanup();
+    throw Error("cluster run failed: " + why);
+  };
+  if (c.phase() == ClusterPhase::Failed) fail_now(c.failure());
+
+  // Draining: workers and the scorer finish their step and leave.
+  for (const auto deadline = Clock::now() + std::chrono::seconds(30);;) {
+    if (c.wait_workers_gone(100)) break;
+    watch();
+    if (Clock::now() > deadline) {
+      std::fprintf(stderr, "coordinator: workers still running 30 s after the stop; going on\n");
+      break;
+    }
+  }
+  ClusterSummary summary;
+  summary.stop_reason = c.stop_reason();
+  summary.seconds = c.training_seconds();
+  summary.epochs = c.epochs_completed();
+  summary.batches = c.batches_done();
+  summary.scores = c.scores();
+  summary.spec = c.spec();
+
+  // The final parameters, straight from the servers.
+  const std::vector<std::string> servers = c.ps_endpoints();
+  if (servers.empty()) fail_now("a parameter server is gone; the final parameters cannot be read");
+  Model model(options_.settings.model);
+  try {
+    PsClient client(servers, cluster_client_options(options_.settings, context_.get()));
+    PsResult result = client.init({}).wait();
+    model.parameters() = std::move(result.tensors);
+    summary.steps = int64_t(result.version);
+  } catch (const Error& e) {
+    fail_now(std::string("reading the final parameters: ") + e.what());
+  }
+  summary.kept = "last";
+  summary.kept_step = summary.steps;
+  const std::string& best_path = options_.settings.best_model_path;
+  const bool has_validation = eval_splits_.validation.rows() > 0;
+  if (has_validation)
+    summary.validation = evaluate_model(model, eval_splits_.validation.view(), options_.test_threads);
+  if (options_.keep_best && has_validation && options_.scorers > 0 && !best_path.empty() &&
+      std::filesystem::exists(best_path)) {
+    // The lowest score's parameters against the last ones, measured the same way: the last
+    // ones win a tie, and win outright when training ran on well past the newest score.
+    const Checkpoint best = load_checkpoint(best_path, &options_.settings.model);
+    const EvalResult best_validation =
+        evaluate_model(best.model, eval_splits_.validation.view(), options_.test_threads);
+    if (best_validation.loss_sum < summary.validation.loss_sum) {
+      model = best.model;
+      summary.kept = "best";
+      summary.kept_step = best.step;
+      summary.validation = best_validation;
+    }
+  }
+  if (!options_.model_out.empty()) {
+    Checkpoint checkpoint;
+    checkpoint.model = model;
+    // Adam's moments live in the servers' shard checkpoints (checkpoint_dir); this file holds
+    // the parameters, for `tandem eval`, `--init` and prediction.
+    checkpoint.optimizer = options_.settings.optimizer;
+    checkpoint.optimizer.kind = OptimizerKind::Sgd;
+    checkpoint.step = summary.kept_step;
+    checkpoint.epoch = summary.epochs;
+    checkpoint.seed = options_.settings.seed;
+    checkpoint.batch = options_.settings.batch;
+    checkpoint.extra["source"] = "tandem cluster run (" + std::to_string(options_.workers) +
+                                 " workers, " + std::to_string(options_.ps) + " parameter servers)";
+    checkpoint.extra["trained_with"] = to_string(options_.settings.optimizer.kind);
+    checkpoint.extra["stop_reason"] = summary.stop_reason;
+    save_checkpoint(options_.model_out, checkpoint);
+    summary.model_path = options_.model_out;
+  }
+  if (eval_splits_.test.rows() > 0)
+    summary.test = evaluate_model(model, eval_splits_.test.view(), options_.test_threads);
+
+  // Done: the servers write their last checkpoint and exit.
+  c.finish();
+  for (const auto deadline = Clock::now() + std::chrono::seconds(30);;) {
+    if (c.wait_servers_gone(100)) break;
+    watch();
+    if (Clock::now() > deadline) break;
+  }
+  cleanup();
+  return summary;
+}
+
+}  // namespace tandem

@@ -1,0 +1,104 @@
+// One training run of a cluster, driven from the coordinator's side: start the coordinator, have
+// the roles started (as threads of this process, or by a RoleLauncher: processes), wait for the
+// stop rule, then take the final parameters from the servers, save them, evaluate the
+// validation and test splits, tell the servers to exit, and make sure nothing is left running.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cluster_roles.h"
+#include "coordinator.h"
+#include "tandem/trainer.h"
+
+namespace tandem {
+
+// Starts and watches the role processes (tools/ implements it; the engine knows no command line).
+class RoleLauncher {
+ public:
+  virtual ~RoleLauncher() = default;
+  // Starts role `kind` ("ps", "worker", "scorer") named `name`, told to join `coordinator`.
+  virtual void start(const std::string& kind, const std::string& name,
+                     const std::string& coordinator) = 0;
+  // Called about every 100 ms while the run lasts: report exited roles to the coordinator
+  // (mark_lost), restart what should be restarted.
+  virtual void watch(Coordinator& coordinator) = 0;
+  // Waits up to timeout_ms for every role to exit, then kills what is left.
+  virtual void stop_all(int timeout_ms) = 0;
+};
+
+struct ClusterOptions {
+  RunSettings settings;
+  int ps = 1;
+  int workers = 1;
+  int scorers = 1;
+  double target = 0;        // stop when the validation loss sum is below it; 0: off
+  int64_t max_epochs = 0;   // 0: no limit
+  double max_seconds = 0;   // 0: no limit
+  std::string bind = "tcp://127.0.0.1:*";  // the coordinator's control socket
+  std::string scores_bind = "tcp://127.0.0.1:*";
+  bool inproc = false;      // every role a thread of this process, inproc:// endpoints
+  std::string model_out;    // the kept parameters (safetensors); empty: not saved
+  // Keep the parameters of the lowest score (the scorer's settings.best_model_path) rather than
+  // the servers' last ones: workers step on for a moment after the score that met the target,
+  // and at the seed's learning rate the validation loss jumps by +-10% from second to second.
+  bool keep_best = true;
+  int startup_timeout_ms = 60000;
+  int heartbeat_timeout_ms = 3000;
+  int test_threads = 0;     // final evaluation threads (0: all cores)
+  std::function<void(const nlohmann::json& spec)> on_training;  // the cluster is complete
+  std::function<void(const Coordinator&)> on_tick;              // about every 100 ms
+};
+
+struct ClusterSummary {
+  std::string stop_reason;  // target, max-epochs, max-seconds, requested
+  double seconds = 0;       // from the start of training to the stop
+  int64_t epochs = 0;       // completed epochs
+  int64_t batches = 0;      // batches trained
+  int64_t steps = 0;        // optimizer steps on the servers (global_step)
+  std::vector<ScoreRecord> scores;
+  EvalResult validation;    // of the final parameters
+  EvalResult test;
+  std::string model_path;
+  // "best" (the lowest score's parameters, when lower than the last ones' validation loss) or
+  // "last" (the servers' at the stop).
+  std::string kept;
+  int64_t kept_step = 0;    // the global_step of the kept parameters
+  nlohmann::json spec;
+};
+
+class ClusterRun {
+ public:
+  // Opens the store (for the batch plan and the final evaluation) and starts the coordinator.
+  explicit ClusterRun(ClusterOptions options);
+  ~ClusterRun();
+  ClusterRun(const ClusterRun&) = delete;
+  ClusterRun& operator=(const ClusterRun&) = delete;
+
+  Coordinator& coordinator() { return *coordinator_; }
+  // Runs to the end. With options.inproc the roles are threads; otherwise `launcher` starts them
+  // (null: they are started elsewhere and join on their own: `tandem coordinator`). Throws
+  // tandem::Error when the run fails (the coordinator's reason).
+  ClusterSummary run(RoleLauncher* launcher);
+  // Asks a running run to stop (a signal handler's flag is polled by on_tick instead).
+  void request_stop(const std::string& reason) { coordinator_->request_stop(reason); }
+
+ private:
+  void start_threads();
+  void join_threads();
+
+  ClusterOptions options_;
+  std::unique_ptr<zmq::context_t> context_;
+  DataSplits eval_splits_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::vector<std::thread> threads_;
+  std::mutex errors_mutex_;
+  std::vector<std::string> errors_;  // from role threads
+};
+
+}  // namespace tandem

@@ -1,0 +1,528 @@
+#include "coordinator.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cluster_link.h"
+#include "tandem/error.h"
+#include "zmq_messaging.h"
+
+namespace tandem {
+
+using transport::TransportError;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+const char* to_string(ClusterPhase phase) {
+  switch (phase) {
+    case ClusterPhase::Starting: return "starting";
+    case ClusterPhase::Training: return "training";
+    case ClusterPhase::Draining: return "draining";
+    case ClusterPhase::Done: return "done";
+    case ClusterPhase::Failed: return "failed";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string bind_socket(zmq::socket_t& socket, const std::string& address, const char* what) {
+  try {
+    socket.bind(address);
+  } catch (const zmq::error_t& e) {
+    throw TransportError(std::string("coordinator: cannot bind the ") + what + " socket to " +
+                         address + ": " + e.what());
+  }
+  return socket.get(zmq::sockopt::last_endpoint);
+}
+
+// "worker3" -> 3 for role "worker"; -1 when the name is not the role plus a number.
+int index_from_name(const std::string& name, const std::string& role) {
+  if (name.size() <= role.size() || name.compare(0, role.size(), role) != 0) return -1;
+  int index = 0;
+  for (size_t i = role.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || index > 100000) return -1;
+    index = index * 10 + (name[i] - '0');
+  }
+  return index;
+}
+
+bool gone(const std::string& state) { return state == "lost" || state == "stopped"; }
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)),
+      own_context_(options_.context ? nullptr : std::make_unique<zmq::context_t>(1)),
+      control_(options_.context ? *options_.context : *own_context_, zmq::socket_type::router),
+      scores_(options_.context ? *options_.context : *own_context_, zmq::socket_type::xpub),
+      work_(options_.batches_per_epoch, options_.max_epochs) {
+  control_.set(zmq::sockopt::linger, 0);
+  scores_.set(zmq::sockopt::linger, 0);
+  scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
+  endpoint_ = bind_socket(control_, options_.bind, "control");
+  scores_endpoint_ = bind_socket(scores_, options_.scores_bind, "scores");
+  thread_ = std::thread(&Coordinator::serve, this);
+}
+
+Coordinator::~Coordinator() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+double Coordinator::since_start(Clock::time_point t) const {
+  if (training_started_ == Clock::time_point{}) return 0;
+  return std::chrono::duration<double>(t - training_started_).count();
+}
+
+void Coordinator::serve() {
+  zmq::pollitem_t items[] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
+                             {scores_.handle(), 0, ZMQ_POLLIN, 0}};
+  while (!stopping_) {
+    zmq::poll(items, 2, std::chrono::milliseconds(20));
+    if (items[0].revents & ZMQ_POLLIN) {
+      transport::Frames frames;
+      while (transport::receive_frames(control_, frames, 0, "coordinator " + endpoint_)) {
+        if (frames.size() != 2) continue;  // not a CoordinatorLink message
+        const json request = json::parse(frames[1].to_string_view(), nullptr, false);
+        json reply;
+        bool replay = false;
+        if (request.is_discarded() || !request.is_object()) {
+          reply = {{"error", "a control message must be one JSON object"}};
+        } else {
+          try {
+            reply = handle(request, replay);
+          } catch (const std::exception& e) {
+            reply = {{"error", e.what()}};
+          }
+          if (request.contains("seq")) reply["seq"] = request["seq"];
+        }
+        send_json(control_, reply, &frames[0]);
+      }
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      zmq::message_t event;
+      bool replay = false;
+      while (scores_.recv(event, zmq::recv_flags::dontwait))
+        if (event.size() > 0 && static_cast<const uint8_t*>(event.data())[0] == 1) replay = true;
+      if (replay) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const size_t n = std::min(options_.score_history, scores_log_.size());
+        for (size_t i = scores_log_.size() - n; i < scores_log_.size(); ++i) {
+          const ScoreRecord& s = scores_log_[i];
+          to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
+                                 {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
+                                 {"samples", s.samples}});
+        }
+        if (phase_ == ClusterPhase::Done || phase_ == ClusterPhase::Failed)
+          to_publish_.push_back({{"end", true}, {"reason", stop_reason_.empty() ? failure_ : stop_reason_}});
+      }
+    }
+    on_tick();
+    std::vector<json> out;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      out.swap(to_publish_);
+    }
+    for (const json& m : out) publish(m);
+  }
+}
+
+void Coordinator::publish(const json& message) {
+  const std::string text = message.dump();
+  scores_.send(zmq::str_buffer("scores"), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  scores_.send(zmq::buffer(text), zmq::send_flags::dontwait);
+}
+
+json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
+  const std::string type = r.value("type", std::string());
+  if (type == "register") return handle_register(r);
+  if (type == "work") return handle_work(r);
+  if (type == "score") return handle_score(r);
+  if (type == "status") return state();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (type == "spec") {
+    json reply{{"ready", phase_ != ClusterPhase::Starting}, {"phase", to_string(phase_)},
+               {"spec", spec_locked()}};
+    reply["waiting_for"] = missing_roles();
+    return reply;
+  }
+  if (type == "stop") {
+    lock.unlock();
+    request_stop(r.value("reason", std::string("requested")));
+    return json::object();
+  }
+  const std::string name = r.value("name", std::string());
+  auto it = roles_.find(name);
+  if (it == roles_.end()) {
+    if (type == "heartbeat") return {{"phase", to_string(phase_)}, {"unknown", true}};
+    throw InputError("'" + type + "' from '" + name + "', which has not registered");
+  }
+  Role& role = it->second;
+  role.last_seen = Clock::now();
+  if (type == "heartbeat") {
+    if (role.state == "lost") {
+      std::fprintf(stderr, "coordinator: %s is back\n", name.c_str());
+      role.state = role.role == "ps" && role.address.empty() ? "registered" : "running";
+    }
+    if (r.contains("status") && r["status"].is_object()) {
+      role.status = r["status"];
+      if (role.role == "worker" && role.status.contains("task"))
+        work_.progress(name, role.status.value("task", int64_t{0}), role.status.value("done", int64_t{0}));
+    }
+    return {{"phase", to_string(phase_)}};
+  }
+  if (type == "ready") {
+    role.address = r.value("address", std::string());
+    if (role.address.empty()) throw InputError("'ready' from " + name + " without an address");
+    role.state = "running";
+    changed_.notify_all();
+    return json::object();
+  }
+  if (type == "progress") {
+    work_.progress(name, r.value("task", int64_t{0}), r.value("done", int64_t{0}));
+    return json::object();
+  }
+  if (type == "goodbye") {
+    role.state = "stopped";
+    if (role.role == "worker") work_.worker_lost(name);
+    changed_.notify_all();
+    return json::object();
+  }
+  throw InputError("unknown request type '" + type + "'");
+}
+
+json Coordinator::handle_register(const json& r) {
+  const std::string kind = r.value("role", std::string());
+  if (kind != "ps" && kind != "worker" && kind != "scorer")
+    throw InputError("register: role must be ps, worker or scorer, not '" + kind + "'");
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string name = r.value("name", std::string());
+  int index = name.empty() ? -1 : index_from_name(name, kind);
+  auto old = name.empty() ? roles_.end() : roles_.find(name);
+  if (old != roles_.end()) {
+    if (old->second.role != kind)
+      throw InputError("register: '" + name + "' is already a " + old->second.role);
+    if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
+    index = old->second.index;
+  }
+  if (index < 0) {
+    // The lowest index of this kind that nobody holds.
+    index = 0;
+    for (bool taken = true; taken; ) {
+      taken = false;
+      for (const auto& [n, role] : roles_)
+        if (role.role == kind && role.index == index) { taken = true; ++index; break; }
+    }
+  }
+  if (name.empty()) name = kind + std::to_string(index);
+  Role role;
+  role.role = kind;
+  role.name = name;
+  role.index = index;
+  role.pid = r.value("pid", int64_t{0});
+  role.host = r.value("host", std::string());
+  role.address = r.value("address", std::string());
+  role.state = kind == "ps" && role.address.empty() ? "registered" : "running";
+  role.last_seen = Clock::now();
+  roles_[name] = role;
+  changed_.notify_all();
+  json config = options_.run_config;
+  return {{"name", name}, {"index", index}, {"chief", kind == "worker" && index == 0},
+          {"config", config}, {"phase", to_string(phase_)}};
+}
+
+json Coordinator::handle_work(const json& r) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string name = r.value("name", std::string());
+  auto it = roles_.find(name);
+  if (it == roles_.end() || it->second.role != "worker")
+    throw InputError("'work' from '" + name + "', which is not a registered worker");
+  it->second.last_seen = Clock::now();
+  if (it->second.state == "lost") it->second.state = "running";
+  if (r.contains("finished") && r["finished"].is_number_integer())
+    work_.finish(name, r["finished"].get<int64_t>());
+  if (phase_ == ClusterPhase::Starting) return {{"wait_ms", 100}};
+  if (phase_ != ClusterPhase::Training) return {{"stop", true}};
+  if (work_.exhausted()) {
+    stop_reason_ = "max-epochs";
+    set_phase(ClusterPhase::Draining);
+    return {{"stop", true}};
+  }
+  const auto task = work_.next(name, live_workers());
+  if (!task) return {{"wait_ms", 50}};
+  return {{"task", {{"id", task->id}, {"epoch", task->epoch}, {"batches", task->batches}}}};
+}
+
+json Coordinator::handle_score(const json& r) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ScoreRecord s;
+  s.seq = static_cast<int64_t>(scores_log_.size()) + 1;
+  s.t = since_start(Clock::now());
+  s.step = r.value("step", int64_t{0});
+  s.loss = r.value("loss", 0.0);
+  s.loss_mean = r.value("loss_mean", 0.0);
+  s.accuracy = r.value("accuracy", 0.0);
+  s.samples = r.value("samples", int64_t{0});
+  scores_log_.push_back(s);
+  to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
+                         {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
+                         {"samples", s.samples}});
+  if (phase_ == ClusterPhase::Training && options_.target > 0 && s.loss < options_.target) {
+    stop_reason_ = "target";
+    set_phase(ClusterPhase::Draining);
+  }
+  return {{"phase", to_string(phase_)}};
+}
+
+void Coordinator::on_tick() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (auto& [name, role] : roles_)
+    if (!gone(role.state) && now - role.last_seen > std::chrono::milliseconds(options_.heartbeat_timeout_ms))
+      lose(role, "no heartbeat for " + std::to_string(options_.heartbeat_timeout_ms) + " ms");
+  if (phase_ == ClusterPhase::Starting) {
+    if (missing_roles().empty()) {
+      training_started_ = now;
+      set_phase(ClusterPhase::Training);
+    } else if (now - created_ > std::chrono::milliseconds(options_.startup_timeout_ms)) {
+      std::string missing;
+      for (const std::string& m : missing_roles()) missing += (missing.empty() ? "" : "; ") + m;
+      failure_ = "after " + std::to_string(options_.startup_timeout_ms / 1000) +
+                 " s the cluster is still waiting for: " + missing;
+      set_phase(ClusterPhase::Failed);
+    }
+  } else if (phase_ == ClusterPhase::Training) {
+    if (options_.max_seconds > 0 && since_start(now) >= options_.max_seconds) {
+      stop_reason_ = "max-seconds";
+      set_phase(ClusterPhase::Draining);
+    } else if (work_.exhausted()) {
+      stop_reason_ = "max-epochs";
+      set_phase(ClusterPhase::Draining);
+    }
+  }
+}
+
+void Coordinator::lose(Role& role, const std::string& why) {
+  std::fprintf(stderr, "coordinator: %s lost: %s\n", role.name.c_str(), why.c_str());
+  role.state = "lost";
+  if (role.role == "worker") work_.worker_lost(role.name);
+  changed_.notify_all();
+}
+
+void Coordinator::set_phase(ClusterPhase phase) {
+  if (phase_ == phase) return;
+  if (phase_ == ClusterPhase::Training && training_ended_ == Clock::time_point{})
+    training_ended_ = Clock::now();
+  phase_ = phase;
+  changed_.notify_all();
+}
+
+std::vector<std::string> Coordinator::missing_roles() const {
+  std::vector<std::string> missing;
+  auto count = [&](const std::string& kind) {
+    int n = 0;
+    for (const auto& [name, role] : roles_)
+      if (role.role == kind && !gone(role.state)) ++n;
+    return n;
+  };
+  for (int i = 0; i < options_.expected_ps; ++i) {
+    const std::string name = "ps" + std::to_string(i);
+    auto it = roles_.find(name);
+    if (it == roles_.end()) missing.push_back(name + " (not registered)");
+    else if (it->second.address.empty() || gone(it->second.state))
+      missing.push_back(name + " (registered, not serving" +
+                        (it->second.pid ? ", pid " + std::to_string(it->second.pid) : "") + ")");
+  }
+  const int workers = count("worker");
+  if (phase_ == ClusterPhase::Starting && workers < options_.expected_workers)
+    missing.push_back("workers (" + std::to_string(workers) + " of " +
+                      std::to_string(options_.expected_workers) + " registered)");
+  const int scorers = count("scorer");
+  if (phase_ == ClusterPhase::Starting && scorers < options_.expected_scorers)
+    missing.push_back("a scorer (" + std::to_string(scorers) + " of " +
+                      std::to_string(options_.expected_scorers) + " registered)");
+  return missing;
+}
+
+std::vector<std::string> Coordinator::live_workers() const {
+  std::vector<std::string> live;
+  for (const auto& [name, role] : roles_)
+    if (role.role == "worker" && !gone(role.state)) live.push_back(name);
+  return live;
+}
+
+json Coordinator::spec_locked() const {
+  json spec{{"coordinator", endpoint_}, {"scores", scores_endpoint_}};
+  spec["ps"] = json::array();
+  spec["worker"] = json::array();
+  spec["scorer"] = json::array();
+  std::vector<const Role*> sorted;
+  for (const auto& [name, role] : roles_) sorted.push_back(&role);
+  std::sort(sorted.begin(), sorted.end(), [](const Role* a, const Role* b) {
+    return a->role != b->role ? a->role < b->role : a->index < b->index;
+  });
+  for (const Role* role : sorted) {
+    if (gone(role->state) && role->role != "ps") continue;
+    spec[role->role].push_back({{"name", role->name}, {"address", role->address},
+                                {"host", role->host}, {"pid", role->pid}});
+  }
+  return spec;
+}
+
+json Coordinator::spec() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spec_locked();
+}
+
+std::vector<std::string> Coordinator::ps_endpoints() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> out(static_cast<size_t>(options_.expected_ps));
+  for (const auto& [name, role] : roles_)
+    if (role.role == "ps" && role.index >= 0 && role.index < options_.expected_ps)
+      out[size_t(role.index)] = role.address;
+  for (const std::string& a : out)
+    if (a.empty()) return {};
+  return out;
+}
+
+ClusterPhase Coordinator::phase() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return phase_;
+}
+
+ClusterPhase Coordinator::wait_for(ClusterPhase phase, int timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    return phase_ == ClusterPhase::Failed || static_cast<int>(phase_) >= static_cast<int>(phase);
+  });
+  return phase_;
+}
+
+void Coordinator::request_stop(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == ClusterPhase::Starting || phase_ == ClusterPhase::Training) {
+    if (stop_reason_.empty()) stop_reason_ = reason;
+    set_phase(ClusterPhase::Draining);
+  }
+}
+
+void Coordinator::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_.empty()) failure_ = why;
+  set_phase(ClusterPhase::Failed);
+  to_publish_.push_back({{"end", true}, {"reason", "failed: " + why}});
+}
+
+void Coordinator::mark_lost(const std::string& name, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = roles_.find(name);
+  if (it != roles_.end() && !gone(it->second.state)) lose(it->second, why);
+}
+
+bool Coordinator::wait_workers_gone(int timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    for (const auto& [name, role] : roles_)
+      if ((role.role == "worker" || role.role == "scorer") && !gone(role.state)) return false;
+    return true;
+  });
+}
+
+void Coordinator::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == ClusterPhase::Failed) return;
+  set_phase(ClusterPhase::Done);
+  to_publish_.push_back({{"end", true}, {"reason", stop_reason_}});
+}
+
+bool Coordinator::wait_servers_gone(int timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    for (const auto& [name, role] : roles_)
+      if (role.role == "ps" && !gone(role.state)) return false;
+    return true;
+  });
+}
+
+std::string Coordinator::stop_reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_reason_;
+}
+
+std::string Coordinator::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+std::vector<ScoreRecord> Coordinator::scores() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return scores_log_;
+}
+
+double Coordinator::training_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (training_started_ == Clock::time_point{}) return 0;
+  const auto end = training_ended_ == Clock::time_point{} ? Clock::now() : training_ended_;
+  return std::chrono::duration<double>(end - training_started_).count();
+}
+
+int64_t Coordinator::epochs_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return work_.epochs_completed();
+}
+
+int64_t Coordinator::batches_done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return work_.batches_done();
+}
+
+json Coordinator::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  json cluster{{"state", to_string(phase_)},
+               {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
+               {"epoch", work_.epochs_completed()},
+               {"batches_done", work_.batches_done()},
+               {"target", options_.target},
+               {"stop_reason", stop_reason_},
+               {"failure", failure_}};
+  json roles = json::array({{{"role", "coordinator"}, {"name", "coordinator"},
+                             {"address", endpoint_}, {"state", "running"}, {"pid", 0},
+                             {"host", ""}, {"last_seen_s", 0.0}}});
+  json workers = json::array(), servers = json::array();
+  double samples_per_s = 0;
+  int64_t step = 0;
+  for (const auto& [name, role] : roles_) {
+    roles.push_back({{"role", role.role}, {"name", name}, {"address", role.address},
+                     {"state", role.state}, {"pid", role.pid}, {"host", role.host},
+                     {"last_seen_s", std::chrono::duration<double>(now - role.last_seen).count()}});
+    const json& st = role.status;
+    if (role.role == "worker") {
+      const double rate = gone(role.state) ? 0.0 : st.value("samples_per_s", 0.0);
+      samples_per_s += rate;
+      workers.push_back({{"name", name}, {"samples_per_s", rate},
+                         {"queue_depth", st.value("queue_depth", 0)},
+                         {"steps", st.value("steps", int64_t{0})},
+                         {"batches_done", st.value("batches_done", int64_t{0})}});
+    } else if (role.role == "ps" && st.contains("stats")) {
+      const json& s = st["stats"];
+      step = std::max<int64_t>(step, s.value("version", int64_t{0}));
+      json staleness = json::object();
+      if (s.contains("staleness_histogram") && s["staleness_histogram"].is_object())
+        staleness = s["staleness_histogram"];
+      servers.push_back({{"name", name}, {"pushes_per_s", s.value("pushes_per_s", 0.0)},
+                         {"pulls_per_s", s.value("pulls_per_s", 0.0)},
+                         {"version", s.value("version", int64_t{0})}, {"staleness", staleness}});
+    }
+  }
+  cluster["step"] = step;
+  cluster["samples_per_s"] = samples_per_s;
+  json scores = json::array();
+  for (const ScoreRecord& s : scores_log_)
+    scores.push_back({{"t", s.t}, {"step", s.step}, {"loss", s.loss}, {"accuracy", s.accuracy}});
+  return {{"cluster", cluster}, {"roles", roles}, {"scores", scores}, {"workers", workers},
+          {"servers", servers}};
+}
+
+}  // namespace tandem

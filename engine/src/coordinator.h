@@ -1,0 +1,164 @@
+// The coordinator: the one role every other role knows the address of. It registers the roles
+// and tells them their peers (the cluster spec), hands workers their batches (WorkQueue), hosts
+// the `scores` channel, applies the stop rule, and notices roles that stop answering.
+//
+// Sockets, served by one thread:
+//   control  ROUTER; JSON requests from each role's CoordinatorLink, answered with "seq" echoed:
+//     register  {role, name?, pid, host}  -> {name, index, config}: config is the run's settings
+//               (data, model, batch, ...), the same for everyone. A name already registered is
+//               a restart of that role: its old incarnation counts as lost.
+//     ready     {name, address}           -> {}: the role serves at `address` (parameter servers)
+//     spec      {}                        -> {ready, spec, waiting_for}: ready once every expected
+//               parameter server is ready; spec lists each role's addresses
+//     work      {name, finished?, done?}  -> {task: {id, epoch, batches}} | {wait_ms} | {stop}
+//     progress  {name, task, done}        -> {}  (also carried by heartbeats)
+//     heartbeat {name, status}            -> {phase}
+//     score     {step, loss, accuracy, samples} -> {}: appended to the scores channel
+//     goodbye   {name}                    -> {}: the role stopped on purpose
+//     status    {}                        -> the state() document (dashboard, tests)
+//     stop      {reason}                  -> {}: stop training now
+//   scores   XPUB, topic "scores": one JSON message per score, {seq, t, step, loss, loss_mean,
+//            accuracy, samples}, then {"end": true, reason} when training stops. Each new
+//            subscription makes the coordinator send the newest `score_history` scores again
+//            (subscribers drop a seq they have seen), so a late subscriber has the recent history
+//            at once (the seed's channel keeps its last 10 values).
+//
+// Phases: starting (until every expected role has registered and every parameter server is
+// ready; past startup_timeout_ms the run fails, naming who is missing) -> training -> draining
+// (the stop rule held: workers and the scorer are told to stop) -> done (set by finish(), after
+// the driver has taken the final parameters: parameter servers are told to exit) or failed.
+// A role silent for heartbeat_timeout_ms is lost; a lost worker's unfinished batches are handed
+// out again. A lost parameter server is waited for (a restarted one resumes from its checkpoint).
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster_work_queue.h"
+
+namespace tandem {
+
+enum class ClusterPhase { Starting, Training, Draining, Done, Failed };
+const char* to_string(ClusterPhase phase);  // "starting", "training", ...
+
+struct CoordinatorOptions {
+  std::string bind = "tcp://127.0.0.1:*";         // control socket
+  std::string scores_bind = "tcp://127.0.0.1:*";  // the scores channel
+  zmq::context_t* context = nullptr;              // share it for inproc://; null: own one
+  int expected_ps = 1;
+  int expected_workers = 1;
+  int expected_scorers = 1;
+  nlohmann::json run_config = nlohmann::json::object();  // handed to every role
+  int64_t batches_per_epoch = 1;
+  int64_t max_epochs = 0;   // 0: no limit
+  double max_seconds = 0;   // 0: no limit
+  double target = 0;        // stop when a score's loss is below this; 0: off
+  int heartbeat_timeout_ms = 3000;
+  int startup_timeout_ms = 60000;
+  size_t score_history = 10;
+};
+
+struct ScoreRecord {
+  int64_t seq = 0;
+  double t = 0;  // seconds since training started
+  int64_t step = 0;
+  double loss = 0;  // summed over the validation split, as the seed's scorer
+  double loss_mean = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+class Coordinator {
+ public:
+  // Binds both sockets (TransportError naming the address when that fails) and starts serving.
+  explicit Coordinator(CoordinatorOptions options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  std::string endpoint() const { return endpoint_; }
+  std::string scores_endpoint() const { return scores_endpoint_; }
+
+  ClusterPhase phase() const;
+  // Blocks until the phase is at least `phase` (Failed counts as past everything) or timeout.
+  ClusterPhase wait_for(ClusterPhase phase, int timeout_ms) const;
+  void request_stop(const std::string& reason);  // training -> draining
+  void fail(const std::string& why);
+  // A role the driver knows is gone (its process exited): lost now rather than at the timeout.
+  void mark_lost(const std::string& name, const std::string& why);
+  // Waits until every worker and scorer has said goodbye or is lost (true), or timeout (false).
+  bool wait_workers_gone(int timeout_ms) const;
+  // Draining -> done: parameter servers are told to exit; "end" goes out on the scores channel.
+  void finish();
+  // Waits until every parameter server has said goodbye or is lost.
+  bool wait_servers_gone(int timeout_ms) const;
+
+  std::string stop_reason() const;
+  std::string failure() const;
+  // Parameter servers' addresses in index order (empty until all are ready).
+  std::vector<std::string> ps_endpoints() const;
+  nlohmann::json spec() const;   // {coordinator, scores, ps: [...], worker: [...], scorer: [...]}
+  nlohmann::json state() const;  // the dashboard's document (see dashboard_server.h)
+  std::vector<ScoreRecord> scores() const;
+  double training_seconds() const;  // from the start of training to draining (or now)
+  int64_t epochs_completed() const;
+  int64_t batches_done() const;
+
+ private:
+  struct Role {
+    std::string role, name, address, host;
+    int index = 0;
+    int64_t pid = 0;
+    std::string state = "registered";  // registered, running, lost, stopped
+    std::chrono::steady_clock::time_point last_seen;
+    nlohmann::json status = nlohmann::json::object();
+  };
+
+  void serve();
+  nlohmann::json handle(const nlohmann::json& request, bool& subscribe_replay);
+  nlohmann::json handle_register(const nlohmann::json& r);
+  nlohmann::json handle_work(const nlohmann::json& r);
+  nlohmann::json handle_score(const nlohmann::json& r);
+  void on_tick();
+  void lose(Role& role, const std::string& why);  // with mutex_ held
+  void set_phase(ClusterPhase phase);             // with mutex_ held
+  void publish(const nlohmann::json& message);    // serving thread only
+  bool all_ready() const;                         // with mutex_ held
+  std::vector<std::string> live_workers() const;  // with mutex_ held
+  std::vector<std::string> missing_roles() const;  // with mutex_ held
+  nlohmann::json spec_locked() const;
+  double since_start(std::chrono::steady_clock::time_point t) const;
+
+  CoordinatorOptions options_;
+  std::unique_ptr<zmq::context_t> own_context_;
+  zmq::socket_t control_;
+  zmq::socket_t scores_;
+  std::string endpoint_, scores_endpoint_;
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  ClusterPhase phase_ = ClusterPhase::Starting;
+  std::map<std::string, Role> roles_;
+  std::map<std::string, int> next_index_;  // per role kind
+  WorkQueue work_;
+  std::vector<ScoreRecord> scores_log_;
+  std::vector<nlohmann::json> to_publish_;  // queued by any thread, sent by the serving thread
+  std::string stop_reason_, failure_;
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point training_started_{}, training_ended_{};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,69 @@
+// The cluster dashboard, served over HTTP by the coordinator (like Dask's on :8787).
+//
+// Routes:
+//   /            the dashboard page: one self-contained HTML document (inline CSS and JS, no
+//                downloads) that polls /api/state every second and draws the role table, the
+//                score curve, samples/s and queue depth per worker, push/pull rates per server
+//                and the staleness histogram
+//   /api/state   state(), as application/json
+//   /metrics     metrics(), as text/plain; version=0.0.4 (Prometheus text exposition; build it
+//                with PrometheusText, prometheus_text.h)
+//   /healthz     200 "ok"
+//   anything else 404. A callback that throws gives a 500 with the exception's message.
+//
+// The state document (the coordinator produces exactly this; the page reads nothing else):
+//   {"cluster": {"state": "starting|training|stopping|done|failed", "elapsed_s": 12.3,
+//                "epoch": 2, "step": 530, "target": 1700.0, "samples_per_s": 91000.0},
+//    "roles":   [{"role": "coordinator|ps|worker|scorer", "name": "ps0",
+//                 "address": "tcp://127.0.0.1:40123",
+//                 "state": "running|registered|starting|lost|stopped", "pid": 1234,
+//                 "host": "node1", "last_seen_s": 0.4}],
+//    "scores":  [{"t": 3.1, "step": 120, "loss": 2300.5, "accuracy": 0.83}],
+//    "workers": [{"name": "worker0", "samples_per_s": 45000.0, "queue_depth": 2, "steps": 265,
+//                 "batches_done": 265}],
+//    "servers": [{"name": "ps0", "pushes_per_s": 45.0, "pulls_per_s": 46.0, "version": 530,
+//                 "staleness": {"0": 400, "1": 100, "2": 30}}]}
+// cluster.target is the score (loss) the run aims for (null or absent: none, no line drawn);
+// scores[].t and last_seen_s are seconds (since the start, and since the role was last heard);
+// staleness maps a staleness in steps to how many updates arrived that stale.
+//
+// Page element ids (the browser test finds these): status (the header: state, epoch, step,
+// elapsed, newest score), roles (table, one <tr data-role="ROLE" data-name="NAME"> per role),
+// score-curve (SVG, one <circle> per score and data-points="COUNT"), workers (table), servers
+// (table), staleness (SVG, one <rect class="bar"> per staleness value).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace tandem {
+
+struct DashboardOptions {
+  std::string host = "127.0.0.1";
+  int port = 8787;  // 0: any free port
+};
+
+class DashboardServer {
+ public:
+  // state(): the cluster's state as a JSON document (schema above), called per request from the
+  // server's threads (the caller makes it thread-safe). metrics(): Prometheus text exposition,
+  // called the same way. Serves from a thread of its own once constructed; throws tandem::Error
+  // naming host:port and why when it cannot listen there (e.g. "Address already in use").
+  DashboardServer(DashboardOptions options, std::function<std::string()> state,
+                  std::function<std::string()> metrics);
+  ~DashboardServer();  // stop()
+  DashboardServer(const DashboardServer&) = delete;
+  DashboardServer& operator=(const DashboardServer&) = delete;
+
+  int port() const;         // the bound port
+  std::string url() const;  // http://host:port/
+  // Stops listening, waits for the requests in flight, and joins the server's threads. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The cluster as separate processes on loopback, through the tandem binary: `tandem launch`
+# end to end, a worker SIGKILLed mid-run, the scorer killed (restarted), a parameter server
+# killed (restarted, resumes from its checkpoint), roles started one by one against
+# `tandem coordinator` (the multi-node way) with `tandem scores` listening, a start-up timeout that
+# names who is missing, and no role process left behind after any of it.
+# Usage: cluster_cli_test.sh TANDEM_BINARY PYTHON
+set -u
+tandem=$1
+py=$2
+source "$(dirname "$0")/test_helpers.sh"
+dir=$(mktemp -d)
+cleanup() {
+  pkill -9 -f "$dir" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# Role processes of this test's runs: their command lines hold the coordinator's address, which
+# we cannot know in advance, but each run's --run-dir is under $dir and the launcher's own
+# children are found through their parent.
+no_role_left() { ! pgrep -f "tandem (ps|worker|scorer) --coordinator" >/dev/null; }
+# py_check JSON EXPR: EXPR (Python, over the dict `j`) is true.
+py_check() { "$py" -c "import json,sys; j=json.loads(sys.argv[1]); sys.exit(0 if ($2) else 1)" "$1"; }
+# wait_for_file_line FILE PATTERN SECONDS
+wait_for() {
+  local file=$1 pattern=$2 seconds=$3
+  for _ in $(seq $((seconds * 10))); do grep -q -- "$pattern" "$file" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+# The pid of a launcher's child role NAME.
+role_pid() { pgrep -P "$1" -f -- "--name $2( |$)"; }
+
+"$tandem" prepare --out "$dir/fm.zarr" >/dev/null 2>&1
+check "prepared Fashion-MNIST (55,000 training rows)" test -d "$dir/fm.zarr"
+
+# 1. launch: 1 ps, 2 workers, 1 scorer, ten epochs (55 batches each), JSON summary.
+out=$("$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1" --workers 2 --max-epochs 10 \
+      --target 0 --dashboard -1 --json 2>"$dir/err1"); rc=$?
+check "launch exits 0" test $rc -eq 0
+# Sync mode (the default) averages the two workers' gradients: one step per two batches (a
+# few more where a gradient came stale).
+check "launch stops after 10 epochs of 55 batches" py_check "$out" \
+  "j['stop_reason']=='max-epochs' and j['epochs']==10 and j['batches']==550 and 275<=j['steps']<350"
+check "launch's model is accurate on the test set" py_check "$out" \
+  "j['test']['accuracy']>0.8 and j['test']['samples']==10000 and j['scores']>0"
+check "no role process is left behind" no_role_left
+ev=$("$tandem" eval --model "$dir/run1/model.safetensors" --data "$dir/fm.zarr" --json 2>&1)
+check "the saved model scores what the summary says" "$py" -c "
+import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
+sys.exit(0 if abs(a['loss']-b['test']['loss'])<1e-6*b['test']['loss'] else 1)" "$ev" "$out"
+check "metrics log has scores" grep -q '"type":"score"' "$dir/run1/metrics.jsonl"
+check "TensorBoard events written" test -n "$(ls "$dir/run1/tensorboard")"
+check "TensorBoard's own reader reads the score curve" "$py" -c "
+import sys, json
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1]); acc.Reload()
+loss = acc.Scalars('score/validation_loss'); n = json.loads(sys.argv[2])['scores']
+sys.exit(0 if len(loss) == n and 'score/validation_accuracy' in acc.Tags()['scalars'] else 1)" \
+  "$dir/run1/tensorboard" "$out"
+steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$out")
+check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
+
+# 2. A worker SIGKILLed mid-run: noticed, its batches handed out again, training finishes.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run2" --workers 2 --max-epochs 40 \
+  --target 0 --dashboard -1 --json >"$dir/out2" 2>"$dir/err2" &
+launcher=$!
+wait_for "$dir/run2/metrics.jsonl" '"type":"score"' 60
+victim=$(role_pid $launcher worker1)
+check "worker1 is running" test -n "$victim"
+kill -9 $victim
+wait $launcher; rc=$?
+check "launch with a killed worker exits 0" test $rc -eq 0
+check "the coordinator noticed the worker" grep -q "worker1 lost" "$dir/err2"
+check "every epoch was trained in full" py_check "$(cat "$dir/out2")" \
+  "j['epochs']==40 and j['batches']>=40*55"
+check "no role process is left behind (killed worker)" no_role_left
+
+# 3. The scorer killed: the launcher restarts it and scores keep coming.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run3" --workers 1 --max-epochs 40 \
+  --target 0 --dashboard -1 --score-interval 0.2 --json >"$dir/out3" 2>"$dir/err3" &
+launcher=$!
+wait_for "$dir/run3/metrics.jsonl" '"type":"score"' 60
+kill -9 "$(role_pid $launcher scorer0)"
+wait $launcher; rc=$?
+check "launch with a killed scorer exits 0" test $rc -eq 0
+check "the scorer was restarted" grep -q "scorer0 killed by signal 9; restarting it" "$dir/err3"
+check "no role process is left behind (killed scorer)" no_role_left
+
+# 4. A parameter server killed: restarted on its address from its newest checkpoint; workers
+#    reconnect (after their request times out) and training finishes.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4" --workers 2 --max-epochs 60 \
+  --target 0 --dashboard -1 --checkpoint-every 0.2 --ps-timeout 1000 --json \
+  >"$dir/out4" 2>"$dir/err4" &
+launcher=$!
+wait_for "$dir/run4/metrics.jsonl" '"type":"score"' 60
+for _ in $(seq 50); do ls "$dir/run4/checkpoints" 2>/dev/null | grep -q '^ps0-step-' && break; sleep 0.1; done
+kill -9 "$(role_pid $launcher ps0)"
+wait $launcher; rc=$?
+check "launch with a killed parameter server exits 0" test $rc -eq 0
+check "the parameter server was restarted" grep -q "ps0 killed by signal 9; restarting it" "$dir/err4"
+check "every epoch was trained" py_check "$(cat "$dir/out4")" "j['epochs']==60"
+check "no role process is left behind (killed server)" no_role_left
+
+# 5. Roles started one by one, as on several nodes, against `tandem coordinator`; `tandem scores`
+#    reads the channel meanwhile.
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run5" --workers 2 --max-epochs 60 \
+  --target 0 --dashboard 0 --score-interval 0.3 >"$dir/out5" 2>"$dir/err5" &
+coordinator=$!
+wait_for "$dir/err5" "coordinator at tcp://" 30
+address=$(grep -o "coordinator at tcp://[0-9.:]*" "$dir/err5" | head -1 | cut -d' ' -f3)
+check "the coordinator says where it is" test -n "$address"
+"$tandem" ps --coordinator "$address" 2>"$dir/ps5" &
+"$tandem" worker --coordinator "$address" 2>"$dir/w5a" &
+"$tandem" worker --coordinator "$address" 2>"$dir/w5b" &
+"$tandem" scorer --coordinator "$address" 2>"$dir/s5" &
+wait_for "$dir/run5/metrics.jsonl" '"type":"score"' 60
+scores=$("$tandem" scores --coordinator "$address" --wait 2 2>&1)
+check "tandem scores prints the channel's scores" grep -q '"loss"' <<<"$scores"
+url=$(grep -o "dashboard at http://[0-9.:]*/" "$dir/err5" | cut -d' ' -f3)
+check "the dashboard answers /healthz" "$py" -c "
+import sys, urllib.request; sys.exit(0 if urllib.request.urlopen(sys.argv[1]+'healthz').read()==b'ok' else 1)" "$url"
+check "the dashboard's /metrics has the workers' rates" "$py" -c "
+import sys, urllib.request; t=urllib.request.urlopen(sys.argv[1]+'metrics').read().decode()
+sys.exit(0 if 'tandem_worker_samples_per_second{worker=\"worker1\"}' in t else 1)" "$url"
+check "the dashboard renders the live cluster in headless Chromium" \
+  "$py" "$(dirname "$0")/python/dashboard_browser_test.py" --url "$url" --grow-seconds 3
+wait $coordinator; rc=$?
+wait
+check "the coordinator with roles started by hand exits 0" test $rc -eq 0
+check "its summary counts 60 epochs" grep -q "stopped (max-epochs).* 60 epochs" "$dir/out5"
+check "no role process is left behind (roles started by hand)" no_role_left
+
+# 6. Start-up timeout: nobody joins; the error names who is missing.
+expect_error "start-up timeout names the missing roles" \
+  "still waiting for: ps0 (not registered); workers (0 of 2 registered); a scorer (0 of 1 registered)" \
+  "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run6" --startup-timeout 1 --dashboard -1
+expect_error "a worker without a coordinator says so" "did not answer a 'register' request" \
+  timeout 30 "$tandem" worker --coordinator tcp://127.0.0.1:9 --name w
+summarize

@@ -1,0 +1,397 @@
+// The cluster: the work queue's hand-outs (shares, stealing, orphans of lost workers, epoch
+// limits), the coordinator's scores channel, start-up timeout and lost workers over real
+// ZeroMQ sockets, and whole runs with every role as a thread (inproc) on a small store.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "cluster_link.h"
+#include "cluster_run.h"
+#include "cluster_work_queue.h"
+#include "coordinator.h"
+#include "dataset_store.h"
+#include "tandem/error.h"
+#include "tandem/trainer.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+
+std::vector<int64_t> range(int64_t begin, int64_t end) {
+  std::vector<int64_t> v;
+  for (int64_t b = begin; b < end; ++b) v.push_back(b);
+  return v;
+}
+
+TEST(WorkQueue, NewEpochIsCutIntoContiguousSharesOfTheLiveWorkers) {
+  WorkQueue q(10, 0);
+  const auto a = q.next("a", {"a", "b"});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->epoch, 0);
+  EXPECT_EQ(a->batches, range(0, 5));
+  const auto b = q.next("b", {"a", "b"});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->epoch, 0);
+  EXPECT_EQ(b->batches, range(5, 10));
+  EXPECT_EQ(q.epochs_opened(), 1);
+}
+
+TEST(WorkQueue, AFastWorkerTakesHalfOfAShareNotStarted) {
+  WorkQueue q(10, 0);
+  const auto a = q.next("a", {"a", "b"});
+  q.finish("a", a->id);
+  const auto again = q.next("a", {"a", "b"});  // b has not started its share yet
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->epoch, 0);
+  EXPECT_EQ(again->batches, range(7, 10));
+  const auto b = q.next("b", {"a", "b"});
+  EXPECT_EQ(b->batches, range(5, 7));
+  q.finish("a", again->id);
+  q.finish("b", b->id);
+  EXPECT_EQ(q.epochs_completed(), 1);
+  EXPECT_EQ(q.batches_done(), 10);
+}
+
+TEST(WorkQueue, ALostWorkersBatchesAfterItsLastReportAreHandedOutFirst) {
+  WorkQueue q(10, 0);
+  const auto a = q.next("a", {"a", "b"});
+  const auto b = q.next("b", {"a", "b"});
+  q.progress("a", a->id, 2);
+  q.worker_lost("a");
+  q.finish("b", b->id);
+  const auto orphans = q.next("b", {"b"});
+  ASSERT_TRUE(orphans);
+  EXPECT_EQ(orphans->epoch, 0);
+  EXPECT_EQ(orphans->batches, range(2, 5));
+  q.finish("b", orphans->id);
+  EXPECT_EQ(q.epochs_completed(), 1);
+  EXPECT_EQ(q.batches_done(), 10);
+}
+
+TEST(WorkQueue, StopsHandingOutAtMaxEpochs) {
+  WorkQueue q(3, 2);
+  for (int e = 0; e < 2; ++e) {
+    const auto t = q.next("a", {"a"});
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->epoch, e);
+    EXPECT_FALSE(q.exhausted());
+    q.finish("a", t->id);
+  }
+  EXPECT_FALSE(q.next("a", {"a"}));
+  EXPECT_TRUE(q.exhausted());
+  EXPECT_EQ(q.epochs_completed(), 2);
+}
+
+TEST(WorkQueue, LateReportsOfAnOldTaskChangeNothing) {
+  WorkQueue q(4, 0);
+  const auto first = q.next("a", {"a"});
+  q.finish("a", first->id);
+  const auto second = q.next("a", {"a"});
+  q.progress("a", first->id, 4);  // late and stale
+  q.finish("a", first->id);
+  EXPECT_EQ(q.batches_done(), 4);
+  q.progress("a", second->id, 1);
+  EXPECT_EQ(q.batches_done(), 5);
+}
+
+// Random asks, reports and losses: every batch of every epoch is trained at least once, and an
+// epoch completes only when all its batches are.
+TEST(WorkQueue, EveryBatchIsTrainedDespiteRandomLosses) {
+  std::mt19937 gen(7);
+  const int64_t batches = 17, epochs = 5;
+  WorkQueue q(batches, epochs);
+  std::vector<std::string> live{"w0", "w1", "w2"};
+  std::map<std::string, WorkTask> held;
+  std::map<std::string, size_t> done;
+  std::vector<std::set<int64_t>> trained(epochs);
+  int fresh = 3;
+  for (int round = 0; round < 100000 && !q.exhausted(); ++round) {
+    const std::string w = live[gen() % live.size()];
+    auto it = held.find(w);
+    if (it == held.end()) {
+      if (auto t = q.next(w, live)) {
+        held[w] = *t;
+        done[w] = 0;
+      }
+      continue;
+    }
+    const uint32_t dice = gen() % 20;
+    if (dice == 0) {  // the worker dies; a new one takes its place
+      q.worker_lost(w);
+      held.erase(w);
+      live.erase(std::find(live.begin(), live.end(), w));
+      live.push_back("w" + std::to_string(fresh++));
+    } else if (done[w] < it->second.batches.size()) {
+      trained[size_t(it->second.epoch)].insert(it->second.batches[done[w]++]);
+      if (gen() % 3 == 0) q.progress(w, it->second.id, int64_t(done[w]));
+    } else {
+      q.finish(w, it->second.id);
+      held.erase(w);
+    }
+  }
+  ASSERT_TRUE(q.exhausted());
+  for (int64_t e = 0; e < epochs; ++e) EXPECT_EQ(trained[size_t(e)].size(), size_t(batches)) << e;
+}
+
+// A coordinator whose run needs no parameter server, worker or scorer unless asked.
+CoordinatorOptions bare_options(zmq::context_t& context) {
+  static int counter = 0;
+  CoordinatorOptions o;
+  o.context = &context;
+  o.bind = "inproc://coordinator-test-" + std::to_string(counter);
+  o.scores_bind = "inproc://scores-test-" + std::to_string(counter++);
+  o.expected_ps = 0;
+  o.expected_workers = 0;
+  o.expected_scorers = 0;
+  o.batches_per_epoch = 10;
+  return o;
+}
+
+TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
+  zmq::context_t context(1);
+  Coordinator c(bare_options(context));
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  CoordinatorLink link(c.endpoint(), context);
+  for (int i = 1; i <= 12; ++i)
+    link.request({{"type", "score"}, {"step", i}, {"loss", 1000.0 - i}, {"accuracy", 0.5}});
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "scores");
+  sub.connect(c.scores_endpoint());
+  // Scores queued before the subscription took effect may come live as well as replayed:
+  // subscribers drop a seq they have seen, as this one does.
+  std::set<int64_t> seqs;
+  auto receive_until = [&](int64_t newest) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((seqs.empty() || *seqs.rbegin() < newest) && std::chrono::steady_clock::now() < deadline) {
+      zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+      zmq::message_t topic, body;
+      ASSERT_TRUE(sub.recv(topic));
+      ASSERT_TRUE(sub.recv(body));
+      EXPECT_EQ(topic.to_string(), "scores");
+      const json m = json::parse(body.to_string());
+      seqs.insert(m.at("seq").get<int64_t>());
+      EXPECT_DOUBLE_EQ(m.at("loss").get<double>(), 1000.0 - double(m.at("step").get<int64_t>()));
+    }
+  };
+  receive_until(12);
+  for (int64_t seq = 3; seq <= 12; ++seq) EXPECT_TRUE(seqs.count(seq)) << seq;
+  link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
+  receive_until(13);
+  EXPECT_TRUE(seqs.count(13));
+}
+
+TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = bare_options(context);
+  o.target = 500;
+  Coordinator c(o);
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "score"}, {"step", 1}, {"loss", 600.0}});
+  EXPECT_EQ(c.phase(), ClusterPhase::Training);
+  link.request({{"type", "score"}, {"step", 2}, {"loss", 499.0}});
+  EXPECT_EQ(c.phase(), ClusterPhase::Draining);
+  EXPECT_EQ(c.stop_reason(), "target");
+}
+
+TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = bare_options(context);
+  o.expected_ps = 2;
+  o.expected_workers = 1;
+  o.startup_timeout_ms = 300;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  const json reply = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}, {"pid", 42}});
+  EXPECT_EQ(reply.at("name"), "ps0");
+  link.start_heartbeats("ps0", nullptr, 50);
+  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 3000), ClusterPhase::Failed);
+  const std::string why = c.failure();
+  EXPECT_NE(why.find("ps0 (registered, not serving, pid 42)"), std::string::npos) << why;
+  EXPECT_NE(why.find("ps1 (not registered)"), std::string::npos) << why;
+  EXPECT_NE(why.find("workers (0 of 1 registered)"), std::string::npos) << why;
+}
+
+TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
+  zmq::context_t context(1);
+  Coordinator c(bare_options(context));
+  CoordinatorLink link(c.endpoint(), context);
+  EXPECT_THROW(link.request({{"type", "register"}, {"role", "boss"}}), Error);
+  EXPECT_THROW(link.request({{"type", "work"}, {"name", "nobody"}}), Error);
+  EXPECT_THROW(link.request({{"type", "launch-missiles"}, {"name", "x"}}), Error);
+  zmq::socket_t raw(context, zmq::socket_type::dealer);
+  raw.connect(c.endpoint());
+  raw.send(zmq::str_buffer("{not json"), zmq::send_flags::none);
+  zmq::message_t reply;
+  ASSERT_TRUE(raw.recv(reply));
+  EXPECT_NE(reply.to_string().find("error"), std::string::npos);
+  // Still serving.
+  EXPECT_TRUE(link.request({{"type", "spec"}}).contains("spec"));
+}
+
+TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = bare_options(context);
+  o.expected_workers = 2;
+  o.heartbeat_timeout_ms = 300;
+  Coordinator c(o);
+  CoordinatorLink silent(c.endpoint(), context), alive(c.endpoint(), context);
+  silent.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  alive.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  alive.start_heartbeats("worker1", nullptr, 50);
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  const json task = silent.request({{"type", "work"}, {"name", "worker0"}}).at("task");
+  EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 5));
+  // worker0 sends nothing more: lost after 300 ms; its batches come to worker1 first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const json state = c.state();
+  bool lost = false;
+  for (const json& r : state.at("roles"))
+    if (r.at("name") == "worker0") lost = r.at("state") == "lost";
+  EXPECT_TRUE(lost) << state.dump();
+  const json orphans = alive.request({{"type", "work"}, {"name", "worker1"}}).at("task");
+  EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
+}
+
+// A small store of separable data: 4 classes, 40 features; 2,000 training rows.
+std::string write_small_store(const test::TempDir& dir) {
+  DataSplits splits;
+  splits.train = test::separable_dataset(2000, 40, 4, 1);
+  splits.validation = test::separable_dataset(400, 40, 4, 2);
+  splits.test = test::separable_dataset(400, 40, 4, 3);
+  splits.source = "synthetic";
+  StoreWriteOptions w;
+  w.chunk_rows = 500;
+  const std::string path = dir.file("small.zarr");
+  write_dataset_store(splits, path, w, json{{"source", "cluster_test"}});
+  return path;
+}
+
+ClusterOptions small_run(const test::TempDir& dir, const std::string& store) {
+  ClusterOptions o;
+  o.inproc = true;
+  RunSettings& s = o.settings;
+  s.data = store;
+  s.model = ModelConfig::parse("40-16-4");
+  s.batch = 100;
+  s.score_interval_s = 0.1;
+  s.checkpoint_dir = dir.file("checkpoints");
+  s.best_model_path = dir.file("best.safetensors");
+  o.model_out = dir.file("model.safetensors");
+  o.test_threads = 1;
+  return o;
+}
+
+TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.ps = 2;
+  o.workers = 2;
+  o.max_epochs = 3;
+  o.keep_best = false;
+  bool announced = false;
+  o.on_training = [&](const json& spec) {
+    announced = true;
+    EXPECT_EQ(spec.at("ps").size(), 2u);
+    EXPECT_EQ(spec.at("worker").size(), 2u);
+    EXPECT_EQ(spec.at("scorer").size(), 1u);
+  };
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_TRUE(announced);
+  EXPECT_EQ(s.stop_reason, "max-epochs");
+  EXPECT_EQ(s.epochs, 3);
+  EXPECT_EQ(s.batches, 3 * 20);
+  EXPECT_EQ(s.steps, 3 * 20);  // async: one step per push, on every server
+  EXPECT_EQ(s.kept, "last");
+  EXPECT_GT(s.test.accuracy, 0.9);
+  EXPECT_EQ(s.test.samples, 400);
+  // The saved model is the one evaluated.
+  const Checkpoint saved = load_checkpoint(o.model_out);
+  const EvalResult again = evaluate_model(saved.model, load_store_eval_splits(o.settings.data).test.view(), 1);
+  EXPECT_DOUBLE_EQ(again.loss_sum, s.test.loss_sum);
+  EXPECT_EQ(saved.step, s.steps);
+  // Every server wrote its final checkpoint.
+  int shards = 0;
+  for (const auto& f : std::filesystem::directory_iterator(o.settings.checkpoint_dir))
+    shards += f.path().filename().string().find("-step-60.") != std::string::npos;
+  EXPECT_EQ(shards, 2);
+}
+
+TEST(ClusterRun, StopsAtTheTargetAndKeepsTheParametersThatMetIt) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.workers = 2;
+  o.target = 40;  // summed over 400 validation rows: 0.1 per row, well inside reach
+  o.max_seconds = 60;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.stop_reason, "target");
+  ASSERT_FALSE(s.scores.empty());
+  EXPECT_LT(s.scores.back().loss, 40);
+  // The kept parameters score at least as well as the ones that met the target (the scorer's
+  // evaluation sums in another order: a relative 1e-3 of slack); when they are those very
+  // parameters, they score the same.
+  EXPECT_LE(s.validation.loss_sum, s.scores.back().loss * (1 + 1e-3));
+  if (s.kept == "best") {
+    EXPECT_EQ(s.kept_step, s.scores.back().step);
+    EXPECT_NEAR(s.validation.loss_sum, s.scores.back().loss, 1e-3 * s.scores.back().loss);
+  } else {
+    EXPECT_EQ(s.kept, "last");
+  }
+}
+
+TEST(ClusterRun, SyncModeAggregatesTheWorkersGradients) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.workers = 2;
+  o.max_epochs = 2;
+  o.settings.ps_mode = "sync";
+  o.settings.replicas_to_aggregate = 2;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.epochs, 2);
+  EXPECT_EQ(s.batches, 40);
+  // Two gradients per step (a partial step at a timeout, or a stale drop, only adds steps).
+  EXPECT_GE(s.steps, 20);
+  EXPECT_LT(s.steps, 40);
+}
+
+TEST(ClusterRun, RefusesSettingsThatCannotRun) {
+  test::TempDir dir;
+  const std::string store = write_small_store(dir);
+  ClusterOptions o = small_run(dir, store);
+  o.scorers = 0;
+  o.target = 10;
+  EXPECT_THROW(ClusterRun{o}, InputError);  // a target needs a scorer
+  o.target = 0;
+  EXPECT_THROW(ClusterRun{o}, InputError);  // nothing would stop it
+  o = small_run(dir, dir.file("nothing-here"));
+  EXPECT_THROW(ClusterRun{o}, InputError);
+}
+
+TEST(ClusterRun, AWorkerThatCannotReadTheDataFailsTheRunWithItsReason) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.settings.model = ModelConfig::parse("41-16-4");  // not the store's width
+  o.max_epochs = 1;
+  o.scorers = 0;
+  ClusterRun run(o);
+  try {
+    run.run(nullptr);
+    FAIL() << "expected the run to fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("40 features"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem

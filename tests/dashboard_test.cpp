@@ -1,0 +1,232 @@
+// The dashboard's HTTP server (every route, over real loopback sockets on ephemeral ports) and the
+// Prometheus text builder it serves.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dashboard_server.h"
+#include "prometheus_text.h"
+#include "tandem/error.h"
+
+namespace tandem {
+namespace {
+
+// ---- PrometheusText ----
+
+TEST(PrometheusText, WritesHelpAndTypeOncePerMetricAndGroupsItsSamples) {
+  PrometheusText text;
+  text.gauge("tandem_worker_samples_per_second", "Samples per second", 45000.5,
+             {{"worker", "worker0"}});
+  text.counter("tandem_ps_pushes_total", "Pushes received", 530, {{"server", "ps0"}});
+  text.gauge("tandem_worker_samples_per_second", "Samples per second", 46000,
+             {{"worker", "worker1"}});
+  text.gauge("tandem_step", "Global step", 7);
+  EXPECT_EQ(text.str(),
+            "# HELP tandem_worker_samples_per_second Samples per second\n"
+            "# TYPE tandem_worker_samples_per_second gauge\n"
+            "tandem_worker_samples_per_second{worker=\"worker0\"} 45000.5\n"
+            "tandem_worker_samples_per_second{worker=\"worker1\"} 46000\n"
+            "# HELP tandem_ps_pushes_total Pushes received\n"
+            "# TYPE tandem_ps_pushes_total counter\n"
+            "tandem_ps_pushes_total{server=\"ps0\"} 530\n"
+            "# HELP tandem_step Global step\n"
+            "# TYPE tandem_step gauge\n"
+            "tandem_step 7\n");
+}
+
+TEST(PrometheusText, EscapesLabelValuesAndHelp) {
+  EXPECT_EQ(PrometheusText::escape_label_value("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+  EXPECT_EQ(PrometheusText::escape_help("x \\ \"y\"\nz"), "x \\\\ \"y\"\\nz");  // quotes stay
+  PrometheusText text;
+  text.gauge("m", "line one\nline two", 1, {{"path", "C:\\data\n\"x\""}, {"b", ""}});
+  EXPECT_EQ(text.str(),
+            "# HELP m line one\\nline two\n"
+            "# TYPE m gauge\n"
+            "m{path=\"C:\\\\data\\n\\\"x\\\"\",b=\"\"} 1\n");
+}
+
+TEST(PrometheusText, FormatsSpecialAndExactValues) {
+  EXPECT_EQ(PrometheusText::format_value(0.0), "0");
+  EXPECT_EQ(PrometheusText::format_value(-2.5), "-2.5");
+  EXPECT_EQ(PrometheusText::format_value(0.1), "0.1");  // shortest round trip, not 0.1000000001
+  EXPECT_EQ(PrometheusText::format_value(1e300), "1e+300");
+  EXPECT_EQ(PrometheusText::format_value(std::nan("")), "NaN");
+  EXPECT_EQ(PrometheusText::format_value(HUGE_VAL), "+Inf");
+  EXPECT_EQ(PrometheusText::format_value(-HUGE_VAL), "-Inf");
+  EXPECT_EQ(std::stod(PrometheusText::format_value(1.0 / 3.0)), 1.0 / 3.0);
+}
+
+TEST(PrometheusText, RejectsWhatAScrapeWouldReject) {
+  PrometheusText text;
+  EXPECT_THROW(text.gauge("", "h", 1), InputError);
+  EXPECT_THROW(text.gauge("1abc", "h", 1), InputError);
+  EXPECT_THROW(text.gauge("has-dash", "h", 1), InputError);
+  EXPECT_THROW(text.gauge("m", "h", 1, {{"bad-label", "v"}}), InputError);
+  EXPECT_THROW(text.gauge("m", "h", 1, {{"__reserved", "v"}}), InputError);
+  EXPECT_THROW(text.gauge("m", "h", 1, {{"a", "1"}, {"a", "2"}}), InputError);
+  EXPECT_THROW(text.counter("c_total", "h", -1), InputError);
+  EXPECT_THROW(text.counter("c_total", "h", std::nan("")), InputError);
+  text.gauge("ns:metric_1", "h", 1, {{"a", "1"}});
+  EXPECT_THROW(text.gauge("ns:metric_1", "h", 2, {{"a", "1"}}), InputError);  // same series
+  EXPECT_THROW(text.counter("ns:metric_1", "h", 2, {{"a", "2"}}), InputError);  // other type
+  EXPECT_THROW(text.gauge("ns:metric_1", "other", 2, {{"a", "2"}}), InputError);
+  text.gauge("ns:metric_1", "h", 2, {{"a", "2"}});
+  EXPECT_EQ(text.str(), "# HELP ns:metric_1 h\n# TYPE ns:metric_1 gauge\n"
+                        "ns:metric_1{a=\"1\"} 1\nns:metric_1{a=\"2\"} 2\n");
+}
+
+// ---- DashboardServer ----
+
+const char* kState = R"({"cluster": {"state": "training", "elapsed_s": 1.5, "epoch": 1, "step": 3,
+  "target": 1700.0, "samples_per_s": 1000.0},
+  "roles": [{"role": "ps", "name": "ps0", "address": "tcp://127.0.0.1:1", "state": "running",
+             "pid": 1, "host": "h", "last_seen_s": 0.1}],
+  "scores": [], "workers": [], "servers": []})";
+
+DashboardServer start(std::atomic<int>* state_calls = nullptr) {
+  return DashboardServer(
+      DashboardOptions{"127.0.0.1", 0},
+      [state_calls] {
+        if (state_calls) ++*state_calls;
+        return std::string(kState);
+      },
+      [] {
+        PrometheusText text;
+        text.gauge("tandem_step", "Global step", 3);
+        return text.str();
+      });
+}
+
+httplib::Result get(const DashboardServer& server, const std::string& path) {
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_connection_timeout(std::chrono::seconds(5));
+  client.set_read_timeout(std::chrono::seconds(5));
+  return client.Get(path.c_str());
+}
+
+TEST(DashboardServer, ServesHealthStateMetricsPageAnd404) {
+  std::atomic<int> state_calls{0};
+  DashboardServer server = start(&state_calls);
+  ASSERT_GT(server.port(), 0);
+  EXPECT_EQ(server.url(), "http://127.0.0.1:" + std::to_string(server.port()) + "/");
+
+  auto health = get(server, "/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(health->body, "ok");
+
+  auto state = get(server, "/api/state");
+  ASSERT_TRUE(state) << httplib::to_string(state.error());
+  EXPECT_EQ(state->status, 200);
+  EXPECT_EQ(state->get_header_value("Content-Type"), "application/json");
+  const auto doc = nlohmann::json::parse(state->body);
+  EXPECT_EQ(doc["roles"][0]["name"], "ps0");
+  EXPECT_EQ(doc["cluster"]["state"], "training");
+  EXPECT_EQ(state_calls.load(), 1);
+
+  auto metrics = get(server, "/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_EQ(metrics->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0), 0u)
+      << metrics->get_header_value("Content-Type");
+  EXPECT_EQ(metrics->body, "# HELP tandem_step Global step\n# TYPE tandem_step gauge\ntandem_step 3\n");
+
+  auto page = get(server, "/");
+  ASSERT_TRUE(page) << httplib::to_string(page.error());
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type").rfind("text/html", 0), 0u);
+  for (const char* id : {"id=\"roles\"", "id=\"score-curve\"", "id=\"workers\"",
+                         "id=\"servers\"", "id=\"staleness\"", "id=\"status\"", "api/state",
+                         "</html>"})
+    EXPECT_NE(page->body.find(id), std::string::npos) << "page lacks " << id;
+  // Self-contained: nothing fetched from elsewhere (the SVG namespace is a name, not a fetch, and
+  // the empty data: icon stops the browser asking for /favicon.ico).
+  std::string body = page->body;
+  for (const std::string allowed : {"http://www.w3.org/2000/svg", "href=\"data:,\""})
+    for (size_t at; (at = body.find(allowed)) != std::string::npos;) body.erase(at, allowed.size());
+  for (const char* fetch : {"http:", "https:", "src=", "href=", "url(", "@import"})
+    EXPECT_EQ(body.find(fetch), std::string::npos) << "page fetches with " << fetch;
+
+  for (const char* path : {"/nope", "/api/state/x", "/metricsx", "/index.html"}) {
+    auto missing = get(server, path);
+    ASSERT_TRUE(missing) << path << ": " << httplib::to_string(missing.error());
+    EXPECT_EQ(missing->status, 404) << path;
+  }
+}
+
+TEST(DashboardServer, ACallbackThatThrowsGivesA500NamingTheError) {
+  DashboardServer server(
+      DashboardOptions{"127.0.0.1", 0}, []() -> std::string { throw Error("no coordinator"); },
+      [] { return std::string(); });
+  auto state = get(server, "/api/state");
+  ASSERT_TRUE(state) << httplib::to_string(state.error());
+  EXPECT_EQ(state->status, 500);
+  EXPECT_NE(state->body.find("no coordinator"), std::string::npos) << state->body;
+  auto health = get(server, "/healthz");  // still serving
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST(DashboardServer, ASecondServerOnTheSamePortFailsNamingHostPortAndWhy) {
+  DashboardServer first = start();
+  const std::string where = "127.0.0.1:" + std::to_string(first.port());
+  try {
+    DashboardServer second(DashboardOptions{"127.0.0.1", first.port()},
+                           [] { return std::string("{}"); }, [] { return std::string(); });
+    FAIL() << "a second dashboard bound " << where;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(where), std::string::npos) << what;
+    EXPECT_NE(what.find("in use"), std::string::npos) << what;
+  }
+  // The first one still answers.
+  auto health = get(first, "/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->body, "ok");
+}
+
+TEST(DashboardServer, BadHostFailsWithAClearMessage) {
+  try {
+    DashboardServer server(DashboardOptions{"192.0.2.1", 0}, [] { return std::string("{}"); },
+                           [] { return std::string(); });  // TEST-NET-1: not an address of ours
+    FAIL() << "bound 192.0.2.1";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("192.0.2.1:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("assign"), std::string::npos) << what;  // "Cannot assign requested address"
+  }
+  EXPECT_THROW(DashboardServer(DashboardOptions{"127.0.0.1", 70000}, [] { return std::string(); },
+                               [] { return std::string(); }),
+               InputError);
+}
+
+TEST(DashboardServer, StopsPromptlyAndTwiceAndThePortIsFreedAgain) {
+  int port = 0;
+  {
+    DashboardServer server = start();
+    port = server.port();
+    // A keep-alive client connection still open while stopping.
+    httplib::Client client("127.0.0.1", port);
+    client.set_keep_alive(true);
+    ASSERT_TRUE(client.Get("/healthz"));
+    const auto t0 = std::chrono::steady_clock::now();
+    server.stop();
+    server.stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+    EXPECT_FALSE(get(server, "/healthz"));
+  }
+  // The same port can be taken again at once (SO_REUSEADDR, no lingering listener).
+  DashboardServer again(DashboardOptions{"127.0.0.1", port}, [] { return std::string("{}"); },
+                        [] { return std::string(); });
+  EXPECT_EQ(again.port(), port);
+  auto health = get(again, "/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->body, "ok");
+}
+
+}  // namespace
+}  // namespace tandem

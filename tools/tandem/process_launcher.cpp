@@ -1,0 +1,131 @@
+#include "process_launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+ProcessLauncher::ProcessLauncher(std::string self, std::vector<std::string> extra_args,
+                                 int max_restarts)
+    : self_(std::move(self)), extra_args_(std::move(extra_args)), max_restarts_(max_restarts) {}
+
+ProcessLauncher::~ProcessLauncher() { stop_all(0); }
+
+pid_t ProcessLauncher::spawn(const Child& c) const {
+  std::vector<std::string> args{self_, c.kind, "--coordinator", c.coordinator, "--name", c.name};
+  if (!c.bind.empty()) args.insert(args.end(), {"--bind", c.bind});
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(std::string("cannot start ") + c.name + ": fork: " + std::strerror(errno));
+  if (pid == 0) {
+    // The child: die with the launcher, whatever kills it (a SIGKILL'd launcher included).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // the launcher died before prctl took effect
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "tandem launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+void ProcessLauncher::start(const std::string& kind, const std::string& name,
+                            const std::string& coordinator) {
+  Child c;
+  c.kind = kind;
+  c.name = name;
+  c.coordinator = coordinator;
+  c.pid = spawn(c);
+  children_.push_back(c);
+}
+
+void ProcessLauncher::watch(Coordinator& coordinator) {
+  const ClusterPhase phase = coordinator.phase();
+  const bool running = phase == ClusterPhase::Starting || phase == ClusterPhase::Training;
+  for (Child& c : children_) {
+    if (c.exited) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+    c.exited = true;
+    const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                          : "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (clean && !running) continue;  // a normal end
+    coordinator.mark_lost(c.name, "process " + std::to_string(c.pid) + " " + how);
+    const bool restart = (c.kind == "scorer" || c.kind == "ps") &&
+                         phase != ClusterPhase::Failed && c.restarts < max_restarts_;
+    if (!restart) continue;
+    if (c.kind == "ps") {
+      // The same address, so the workers' sockets reconnect to the restarted server.
+      const nlohmann::json spec = coordinator.spec();  // kept: the loop reads into it
+      for (const auto& ps : spec.at("ps"))
+        if (ps.value("name", std::string()) == c.name) c.bind = ps.value("address", std::string());
+    }
+    std::fprintf(stderr, "tandem launch: %s %s; restarting it\n", c.name.c_str(), how.c_str());
+    ++c.restarts;
+    c.pid = spawn(c);
+    c.exited = false;
+  }
+  // Workers are not restarted (their batches go to the others); with none left, nothing would
+  // ever train again.
+  bool any_worker = false, all_workers_gone = true;
+  std::string last;
+  for (const Child& c : children_)
+    if (c.kind == "worker") {
+      any_worker = true;
+      if (!c.exited) all_workers_gone = false;
+      else last = c.name;
+    }
+  if (running && any_worker && all_workers_gone)
+    coordinator.fail("every worker process has exited (the last was " + last +
+                     "); their messages are above");
+}
+
+void ProcessLauncher::stop_all(int timeout_ms) {
+  auto reap = [&] {
+    bool all = true;
+    for (Child& c : children_) {
+      if (c.exited) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) c.exited = true;
+      else all = false;
+    }
+    return all;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!reap() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (reap()) return;
+  for (Child& c : children_)
+    if (!c.exited) kill(c.pid, SIGTERM);
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!reap() && std::chrono::steady_clock::now() < grace)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (Child& c : children_)
+    if (!c.exited) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.exited = true;
+    }
+}
+
+std::map<std::string, pid_t> ProcessLauncher::pids() const {
+  std::map<std::string, pid_t> out;
+  for (const Child& c : children_)
+    if (!c.exited) out[c.name] = c.pid;
+  return out;
+}
+
+}  // namespace tandem::cli

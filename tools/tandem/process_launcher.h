@@ -1,0 +1,49 @@
+// `tandem launch`'s role processes: each role is this same binary run as `tandem ps|worker|scorer
+// --coordinator ADDR --name NAME`. Children die with the launcher (PR_SET_PDEATHSIG), so nothing
+// is left behind even when the launcher itself is killed; stop_all() reaps or kills the rest.
+// A role that exits while training runs: a worker is reported lost at once (its batches go to the
+// others); the scorer is restarted; a parameter server is restarted on its old address, so the
+// workers' sockets reconnect, and it resumes from its newest checkpoint.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cluster_run.h"
+
+namespace tandem::cli {
+
+class ProcessLauncher final : public RoleLauncher {
+ public:
+  // `self`: the tandem binary; `extra_args`: appended to every role's command line.
+  explicit ProcessLauncher(std::string self, std::vector<std::string> extra_args = {},
+                           int max_restarts = 5);
+  ~ProcessLauncher() override;  // stop_all(0)
+
+  void start(const std::string& kind, const std::string& name,
+             const std::string& coordinator) override;
+  void watch(Coordinator& coordinator) override;
+  void stop_all(int timeout_ms) override;
+
+  // Process ids by role name (tests kill them).
+  std::map<std::string, pid_t> pids() const;
+
+ private:
+  struct Child {
+    std::string kind, name, coordinator, bind;
+    pid_t pid = 0;
+    int restarts = 0;
+    bool exited = false;
+  };
+  pid_t spawn(const Child& child) const;
+
+  std::string self_;
+  std::vector<std::string> extra_args_;
+  int max_restarts_;
+  std::vector<Child> children_;
+};
+
+}  // namespace tandem::cli
