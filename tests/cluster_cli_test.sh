@@ -6,7 +6,7 @@
 # names who is missing, and no role process left behind after any of it.
 # Usage: cluster_cli_test.sh TANDEM_BINARY PYTHON
 set -u
-tandem=$1
+tandem=$(readlink -f "$1")  # absolute, as the launcher starts its roles: no_role_left matches it
 py=$2
 source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d)
@@ -16,10 +16,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Role processes of this test's runs: their command lines hold the coordinator's address, which
-# we cannot know in advance, but each run's --run-dir is under $dir and the launcher's own
-# children are found through their parent.
-no_role_left() { ! pgrep -f "tandem (ps|worker|scorer) --coordinator" >/dev/null; }
+# Only this binary's: another test run on the machine (a sanitizer build) is not ours to judge.
+no_role_left() { ! pgrep -f "^$tandem (ps|worker|scorer|rank) " >/dev/null; }
 # py_check JSON EXPR: EXPR (Python, over the dict `j`) is true.
 py_check() { "$py" -c "import json,sys; j=json.loads(sys.argv[1]); sys.exit(0 if ($2) else 1)" "$1"; }
 # wait_for_file_line FILE PATTERN SECONDS
@@ -115,14 +113,23 @@ check "the coordinator says where it is" test -n "$address"
 "$tandem" worker --coordinator "$address" 2>"$dir/w5b" &
 "$tandem" scorer --coordinator "$address" 2>"$dir/s5" &
 wait_for "$dir/run5/metrics.jsonl" '"type":"score"' 60
-scores=$("$tandem" scores --coordinator "$address" --wait 2 2>&1)
-check "tandem scores prints the channel's scores" grep -q '"loss"' <<<"$scores"
+scores=$("$tandem" scores --coordinator "$dir/run5/cluster.json" --wait 2 2>&1)
+check "tandem scores (given the cluster-spec file) prints the channel's scores" grep -q '"loss"' <<<"$scores"
+# A third worker joins while training runs.
+"$tandem" worker --coordinator "$address" --name worker2 2>"$dir/w5c" &
 url=$(grep -o "dashboard at http://[0-9.:]*/" "$dir/err5" | cut -d' ' -f3)
 check "the dashboard answers /healthz" "$py" -c "
 import sys, urllib.request; sys.exit(0 if urllib.request.urlopen(sys.argv[1]+'healthz').read()==b'ok' else 1)" "$url"
 check "the dashboard's /metrics has the workers' rates" "$py" -c "
 import sys, urllib.request; t=urllib.request.urlopen(sys.argv[1]+'metrics').read().decode()
 sys.exit(0 if 'tandem_worker_samples_per_second{worker=\"worker1\"}' in t else 1)" "$url"
+check "a worker that joins mid-run gets batches" "$py" -c "
+import sys, json, time, urllib.request
+for _ in range(50):
+    s = json.loads(urllib.request.urlopen(sys.argv[1] + 'api/state').read())
+    if any(w['name'] == 'worker2' and w['batches_done'] > 0 for w in s['workers']): sys.exit(0)
+    time.sleep(0.2)
+sys.exit(1)" "$url"
 check "the dashboard renders the live cluster in headless Chromium" \
   "$py" "$(dirname "$0")/python/dashboard_browser_test.py" --url "$url" --grow-seconds 3
 wait $coordinator; rc=$?
@@ -131,7 +138,25 @@ check "the coordinator with roles started by hand exits 0" test $rc -eq 0
 check "its summary counts 60 epochs" grep -q "stopped (max-epochs).* 60 epochs" "$dir/out5"
 check "no role process is left behind (roles started by hand)" no_role_left
 
-# 6. Start-up timeout: nobody joins; the error names who is missing.
+# 6. One command per task, as srun starts them (SLURM_PROCID/SLURM_NTASKS): rank 0 coordinates,
+#    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory.
+pids=()
+for rank in 0 1 2 3 4; do
+  SLURM_PROCID=$rank SLURM_NTASKS=5 SLURM_JOB_ID=test-$$ "$tandem" rank --ps 1 --scorer 1 \
+    --host 127.0.0.1 --data "$dir/fm.zarr" --run-dir "$dir/run7" --max-epochs 5 --target 0 \
+    --dashboard -1 >"$dir/out7-$rank" 2>"$dir/err7-$rank" &
+  pids+=($!)
+done
+rcs=""
+for pid in "${pids[@]}"; do wait "$pid"; rcs+="$? "; done
+check "every rank of a 5-task SLURM job exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
+check "rank 0 coordinated 2 workers for 5 epochs" grep -q "stopped (max-epochs).* 5 epochs" "$dir/out7-0"
+check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
+check "no role process is left behind (SLURM job)" no_role_left
+expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
+  env -u SLURM_PROCID "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8"
+
+# 7. Start-up timeout: nobody joins; the error names who is missing.
 expect_error "start-up timeout names the missing roles" \
   "still waiting for: ps0 (not registered); workers (0 of 2 registered); a scorer (0 of 1 registered)" \
   "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run6" --startup-timeout 1 --dashboard -1

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cluster_link.h"
+#include "cluster_ranks.h"
 #include "cluster_run.h"
 #include "cluster_work_queue.h"
 #include "coordinator.h"
@@ -137,6 +138,69 @@ TEST(WorkQueue, EveryBatchIsTrainedDespiteRandomLosses) {
   }
   ASSERT_TRUE(q.exhausted());
   for (int64_t e = 0; e < epochs; ++e) EXPECT_EQ(trained[size_t(e)].size(), size_t(batches)) << e;
+}
+
+TEST(ClusterRanks, RanksMapToCoordinatorServersScorerAndWorkers) {
+  EXPECT_EQ(role_for_rank(0, 6, 2, 1).kind, "coordinator");
+  EXPECT_EQ(role_for_rank(0, 6, 2, 1).workers, 2);
+  EXPECT_EQ(role_for_rank(1, 6, 2, 1).kind, "ps");
+  EXPECT_EQ(role_for_rank(2, 6, 2, 1).index, 1);
+  EXPECT_EQ(role_for_rank(3, 6, 2, 1).kind, "scorer");
+  EXPECT_EQ(role_for_rank(4, 6, 2, 1).kind, "worker");
+  EXPECT_EQ(role_for_rank(5, 6, 2, 1).index, 1);
+  EXPECT_THROW(role_for_rank(0, 4, 2, 1), InputError);  // no room for a worker
+  EXPECT_THROW(role_for_rank(6, 6, 2, 1), InputError);
+}
+
+TEST(ClusterRanks, RankComesFromSlurmOrMpiEnvironment) {
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"})
+    unsetenv(v);
+  EXPECT_FALSE(launcher_rank_from_environment());
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  auto r = launcher_rank_from_environment();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->size, 8);
+  EXPECT_EQ(r->launcher, "openmpi");
+  setenv("SLURM_PROCID", "1", 1);  // SLURM first when both are there (srun --mpi)
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_JOB_ID", "777", 1);
+  r = launcher_rank_from_environment();
+  EXPECT_EQ(r->launcher, "slurm");
+  EXPECT_EQ(r->job, "777");
+  setenv("SLURM_PROCID", "4", 1);
+  EXPECT_THROW(launcher_rank_from_environment(), InputError);  // rank 4 of 4
+  setenv("SLURM_PROCID", "x", 1);
+  EXPECT_THROW(launcher_rank_from_environment(), InputError);
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE"})
+    unsetenv(v);
+}
+
+TEST(ClusterRanks, AnyInterfaceAddressesAreAdvertisedByHost) {
+  EXPECT_EQ(advertised_endpoint("tcp://0.0.0.0:5555", "node7"), "tcp://node7:5555");
+  EXPECT_EQ(advertised_endpoint("tcp://127.0.0.1:5555", "node7"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(advertised_endpoint("inproc://x", "node7"), "inproc://x");
+  EXPECT_NE(advertised_endpoint("tcp://0.0.0.0:1").find("tcp://"), std::string::npos);
+}
+
+TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {
+  test::TempDir dir;
+  const std::string path = dir.file("coordinator.address");
+  write_rendezvous(path, "tcp://node1:5555", "job-1");
+  EXPECT_EQ(wait_for_rendezvous(path, "job-1", 0, 1000), "tcp://node1:5555");
+  try {
+    wait_for_rendezvous(path, "job-2", 0, 300);  // an older job's file
+    FAIL() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("older one: tcp://node1:5555 (job 'job-1')"),
+              std::string::npos) << e.what();
+  }
+  write_rendezvous(path, "tcp://node2:6000", "");
+  EXPECT_EQ(wait_for_rendezvous(path, "", 0, 1000), "tcp://node2:6000");
+  EXPECT_THROW(wait_for_rendezvous(dir.file("none"), "", 0, 200), Error);
 }
 
 // A coordinator whose run needs no parameter server, worker or scorer unless asked.

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "chunk_manager.h"
 #include "cluster_link.h"
+#include "cluster_ranks.h"
 #include "dataset_store.h"
 #include "ps_client.h"
 #include "ps_server.h"
@@ -283,7 +284,8 @@ void run_ps_role(const RoleOptions& o) {
   link.start_heartbeats(r.name, [ps] {
     return json{{"stats", json::parse(to_json(ps->stats()))}};
   }, o.heartbeat_ms);
-  link.request({{"type", "ready"}, {"name", r.name}, {"address", server->endpoint()}});
+  link.request({{"type", "ready"}, {"name", r.name},
+                {"address", advertised_endpoint(server->endpoint(), o.advertise)}});
   for (;;) {
     const std::string phase = link.phase();
     if (phase == "done" || phase == "failed" || !server->serving()) break;

@@ -72,6 +72,9 @@ struct RoleOptions {
   std::string bind;  // ps: where to serve; empty: tcp://127.0.0.1:* (inproc://tandem-NAME when
                      // the coordinator is inproc)
   std::string data;  // overrides the settings' data path (a node that mounts it elsewhere)
+  // ps: the host peers reach this node by, for a server bound to tcp://0.0.0.0:* (empty: this
+  // machine's name).
+  std::string advertise;
   int heartbeat_ms = 500;
   int coordinator_lost_ms = 15000;  // no heartbeat reply this long: give up
 };

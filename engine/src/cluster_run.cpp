@@ -57,6 +57,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   } else {
     co.bind = options_.bind;
     co.scores_bind = options_.scores_bind;
+    co.advertise_host = options_.advertise_host;
   }
   co.expected_ps = options_.ps;
   co.expected_workers = options_.workers;

@@ -42,6 +42,7 @@ struct ClusterOptions {
   double max_seconds = 0;   // 0: no limit
   std::string bind = "tcp://127.0.0.1:*";  // the coordinator's control socket
   std::string scores_bind = "tcp://127.0.0.1:*";
+  std::string advertise_host;  // for addresses bound to tcp://0.0.0.0 (empty: this machine's name)
   bool inproc = false;      // every role a thread of this process, inproc:// endpoints
   std::string model_out;    // the kept parameters (safetensors); empty: not saved
   // Keep the parameters of the lowest score (the scorer's settings.best_model_path) rather than

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cluster_link.h"
+#include "cluster_ranks.h"
 #include "tandem/error.h"
 #include "zmq_messaging.h"
 
@@ -60,8 +61,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
   control_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
-  endpoint_ = bind_socket(control_, options_.bind, "control");
-  scores_endpoint_ = bind_socket(scores_, options_.scores_bind, "scores");
+  endpoint_ = advertised_endpoint(bind_socket(control_, options_.bind, "control"),
+                                  options_.advertise_host);
+  scores_endpoint_ = advertised_endpoint(bind_socket(scores_, options_.scores_bind, "scores"),
+                                         options_.advertise_host);
   thread_ = std::thread(&Coordinator::serve, this);
 }
 

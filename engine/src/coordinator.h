@@ -56,6 +56,8 @@ struct CoordinatorOptions {
   std::string bind = "tcp://127.0.0.1:*";         // control socket
   std::string scores_bind = "tcp://127.0.0.1:*";  // the scores channel
   zmq::context_t* context = nullptr;              // share it for inproc://; null: own one
+  // For sockets bound to tcp://0.0.0.0: the host the spec names (empty: this machine's name).
+  std::string advertise_host;
   int expected_ps = 1;
   int expected_workers = 1;
   int expected_scorers = 1;

@@ -6,15 +6,19 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cluster_commands.h"
 #include "cluster_link.h"
 #include "cluster_metrics.h"
+#include "cluster_ranks.h"
 #include "cluster_run.h"
 #include "dashboard_server.h"
 #include "dataset_store.h"
@@ -48,8 +52,11 @@ struct ClusterCommandOptions {
   std::string keep = "best";
   std::string bind = "tcp://127.0.0.1:*";
   std::string scores_bind = "tcp://127.0.0.1:*";
+  std::string advertise_host;
   bool inproc = false;
   bool resume = false;
+  std::string rendezvous_file;  // tandem rank: where rank 0 says where it listens
+  std::string rendezvous_job;
   bool json_summary = false;
   bool quiet = false;
   double checkpoint_every_s = 30;
@@ -195,6 +202,7 @@ void resolve(ClusterCommandOptions& o) {
   o.cluster.inproc = o.inproc;
   o.cluster.bind = o.bind;
   o.cluster.scores_bind = o.scores_bind;
+  o.cluster.advertise_host = o.advertise_host;
   o.cluster.startup_timeout_ms = o.startup_timeout_s * 1000;
 }
 
@@ -254,6 +262,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   o.cluster.on_training = [&](const json& spec) {
     if (!o.json_summary) std::printf("%s\n", spec.dump().c_str());
     std::fflush(stdout);
+    // The spec as a file too: roles and `tandem scores` take it for --coordinator.
+    const std::string path = o.run_dir + "/cluster.json";
+    std::ofstream(path + ".tmp") << spec.dump(2) << "\n";
+    std::filesystem::rename(path + ".tmp", path);
   };
   o.cluster.on_tick = [&](const Coordinator& c) {
     if (g_interrupts.load() > 0) const_cast<Coordinator&>(c).request_stop("interrupted");
@@ -295,6 +307,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
                  run.coordinator().scores_endpoint().c_str());
+  if (!o.rendezvous_file.empty())
+    write_rendezvous(o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job);
   std::unique_ptr<DashboardServer> dashboard = start_dashboard(o, run);
   if (dashboard && !o.json_summary) std::fprintf(stderr, "dashboard at %s\n", dashboard->url().c_str());
   std::unique_ptr<ProcessLauncher> launcher;
@@ -314,21 +328,82 @@ struct RoleCommandOptions {
   RoleOptions role;
 };
 
+// --coordinator takes an address or a cluster-spec file (RUN_DIR/cluster.json, the JSON that
+// launch and coordinator print): its "coordinator" entry.
+std::string coordinator_address(const std::string& text) {
+  if (text.find("://") != std::string::npos || !std::filesystem::is_regular_file(text)) return text;
+  std::ifstream in(text);
+  const json spec = json::parse(in, nullptr, false);
+  if (spec.is_discarded() || !spec.contains("coordinator") || !spec["coordinator"].is_string())
+    throw InputError(text + " is not a cluster spec: a JSON object with a \"coordinator\" address");
+  return spec["coordinator"].get<std::string>();
+}
+
 void add_role_command(CLI::App& app, const char* name, const char* help,
                       void (*run)(const RoleOptions&)) {
   auto o = std::make_shared<RoleCommandOptions>();
   CLI::App* cmd = app.add_subcommand(name, help);
-  cmd->add_option("--coordinator", o->role.coordinator, "The coordinator's address")->required();
+  cmd->add_option("--coordinator", o->role.coordinator,
+                  "The coordinator's address, or a cluster-spec file (RUN_DIR/cluster.json)")
+      ->required();
   cmd->add_option("--name", o->role.name, "This role's name (default: the coordinator picks)");
   cmd->add_option("--data", o->role.data, "The store's path on this node, if not the coordinator's");
-  if (std::string(name) == "ps")
+  if (std::string(name) == "ps") {
     cmd->add_option("--bind", o->role.bind, "Where to serve (default tcp://127.0.0.1:*)");
-  cmd->callback([o, run] { run(o->role); });
+    cmd->add_option("--advertise", o->role.advertise,
+                    "For --bind tcp://0.0.0.0:...: the host peers reach this node by (default: "
+                    "its name)");
+  }
+  cmd->callback([o, run] {
+    o->role.coordinator = coordinator_address(o->role.coordinator);
+    run(o->role);
+  });
+}
+
+// tandem rank: one command per task of a SLURM or MPI job; the rank picks the role.
+struct RankCommandOptions {
+  std::shared_ptr<ClusterCommandOptions> cluster;
+  std::string host;  // bind and advertise here; empty: bind 0.0.0.0, advertise the host's name
+  int port = 0;      // the coordinator's control port (0: any)
+};
+
+void run_rank(RankCommandOptions& r) {
+  const auto start = std::chrono::system_clock::now();
+  const std::optional<LauncherRank> rank = launcher_rank_from_environment();
+  if (!rank)
+    throw InputError("tandem rank runs under srun or an MPI launcher: none of SLURM_PROCID, "
+                     "OMPI_COMM_WORLD_RANK or PMI_RANK is set (use tandem launch on one machine)");
+  ClusterCommandOptions& o = *r.cluster;
+  const RankRole role = role_for_rank(rank->rank, rank->size, o.cluster.ps, o.cluster.scorers);
+  const std::string rendezvous = o.run_dir + "/coordinator.address";
+  const std::string host = r.host.empty() ? "0.0.0.0" : r.host;
+  std::fprintf(stderr, "%s rank %d of %d: %s %d\n", rank->launcher.c_str(), rank->rank,
+               rank->size, role.kind.c_str(), role.index);
+  if (role.kind == "coordinator") {
+    o.cluster.workers = role.workers;
+    o.bind = "tcp://" + host + ":" + (r.port ? std::to_string(r.port) : std::string("*"));
+    o.scores_bind = "tcp://" + host + ":*";
+    o.advertise_host = r.host;
+    o.rendezvous_file = rendezvous;
+    o.rendezvous_job = rank->job;
+    return run_cluster(o, false);
+  }
+  RoleOptions role_options;
+  const double not_before =
+      std::chrono::duration<double>(start.time_since_epoch()).count() - 60.0;
+  role_options.coordinator =
+      wait_for_rendezvous(rendezvous, rank->job, not_before, o.startup_timeout_s * 1000);
+  role_options.name = role.kind + std::to_string(role.index);
+  role_options.bind = "tcp://" + host + ":*";
+  role_options.advertise = r.host;
+  if (role.kind == "ps") return run_ps_role(role_options);
+  if (role.kind == "scorer") return run_scorer_role(role_options);
+  run_worker_role(role_options);
 }
 
 void run_scores(const std::string& coordinator, bool follow, double wait_s) {
   zmq::context_t context(1);
-  CoordinatorLink link(coordinator, context, 5000);
+  CoordinatorLink link(coordinator_address(coordinator), context, 5000);
   const json spec = link.request({{"type", "spec"}});
   const std::string endpoint = spec.at("spec").at("scores").get<std::string>();
   zmq::socket_t sub(context, zmq::socket_type::sub);
@@ -389,6 +464,20 @@ void add_cluster_commands(CLI::App& app) {
         "coordinator", "Run the coordinator alone; roles join with tandem ps|worker|scorer");
     add_cluster_options(cmd, *o);
     cmd->callback([o] { run_cluster(*o, false); });
+  }
+  {
+    auto r = std::make_shared<RankCommandOptions>();
+    r->cluster = default_cluster_options();
+    CLI::App* cmd = app.add_subcommand(
+        "rank", "One task of a SLURM or MPI job: rank 0 coordinates, then --ps servers, --scorer "
+                "scorers, the rest workers (srun -n N tandem rank --data STORE --run-dir SHARED)");
+    add_cluster_options(cmd, *r->cluster);
+    cmd->add_option("--host", r->host,
+                    "This node's address to bind and give peers (default: every interface, "
+                    "advertised by host name)");
+    cmd->add_option("--port", r->port, "The coordinator's port (default: any)")
+        ->check(CLI::Range(0, 65535));
+    cmd->callback([r] { run_rank(*r); });
   }
   add_role_command(app, "ps", "Run a parameter server of a cluster", run_ps_role);
   add_role_command(app, "worker", "Run a worker of a cluster", run_worker_role);
