@@ -10,6 +10,7 @@
 #   torch_steps.json    the same steps in PyTorch eager and torch.compile, in the same run
 #   feed.json           the chunk manager feeding the GPU from a store: pinned H2D bandwidth,
 #                       stream-to-device bandwidth, steps fed by the stream vs resident data
+#   cluster_*.json      tandem launch with 1, 2, 4 CUDA workers and the single-process trainer
 #   table.md            the summary table (bench/gpu_table.py)
 #
 # The device machine has CUDA, PyTorch and CMake but none of the Debian packages the engine
@@ -102,6 +103,31 @@ timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.z
   --compressor none && \
 timeout 90 "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
   --store "$feed_dir/store.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$OUT/feed.json"
+echo "exit status $?"
+
+stage "cluster: 1, 2 and 4 GPU workers (processes sharing the GPU) against the single process"
+# Same synthetic store; no scorer and no target (random labels): two epochs each, samples/s.
+cluster_dir=/tmp/tandem-cluster
+rm -rf "$cluster_dir"
+timeout 60 "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
+  >"$OUT/cluster_single.json"
+for w in 1 2 4; do
+  timeout 90 "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
+    --scorer 0 --max-epochs 2 --target 0 --dashboard -1 --run-dir "$cluster_dir/run-$w" --json \
+    >"$OUT/cluster_$w.json"
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
+print(f"single process: {single:,.0f} samples/s")
+for w in (1, 2, 4):
+    try:
+        j = json.load(open(f"{out}/cluster_{w}.json"))
+        print(f"launch, {w} workers: {j['samples_per_s']:,.0f} samples/s ({j['samples_per_s'] / single:.2f} of single)")
+    except Exception as e:
+        print(f"launch, {w} workers: no result ({e})")
+PY
 echo "exit status $?"
 
 stage "kernels and ceilings"

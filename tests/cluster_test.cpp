@@ -428,6 +428,20 @@ TEST(ClusterRun, SyncModeAggregatesTheWorkersGradients) {
   EXPECT_LT(s.steps, 40);
 }
 
+TEST(ClusterRun, OverlappedWorkersTrainEveryBatchOnce) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.workers = 2;
+  o.max_epochs = 3;
+  o.keep_best = false;
+  o.settings.overlap = true;  // async (the library's default mode)
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.batches, 60);
+  EXPECT_EQ(s.steps, 60);  // every gradient applied, the last ones too
+  EXPECT_GT(s.test.accuracy, 0.9);
+}
+
 TEST(ClusterRun, RefusesSettingsThatCannotRun) {
   test::TempDir dir;
   const std::string store = write_small_store(dir);
@@ -438,6 +452,11 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
   o.target = 0;
   EXPECT_THROW(ClusterRun{o}, InputError);  // nothing would stop it
   o = small_run(dir, dir.file("nothing-here"));
+  EXPECT_THROW(ClusterRun{o}, InputError);
+  o = small_run(dir, store);
+  o.max_epochs = 1;
+  o.settings.ps_mode = "sync";
+  o.settings.overlap = true;  // every overlapped gradient would be stale
   EXPECT_THROW(ClusterRun{o}, InputError);
 }
 

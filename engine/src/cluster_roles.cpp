@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -24,6 +26,13 @@ namespace tandem {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+
+void check_overlap(const RunSettings& s) {
+  if (s.overlap && s.ps_mode == "sync")
+    throw InputError("overlapping communication with compute needs --ps-mode async or "
+                     "bounded_staleness: in sync mode every overlapped gradient would be one "
+                     "version stale and dropped");
+}
 
 json to_json(const RunSettings& s) {
   return {{"data", s.data},
@@ -49,6 +58,7 @@ json to_json(const RunSettings& s) {
           {"checkpoint_dir", s.checkpoint_dir},
           {"checkpoint_every_s", s.checkpoint_every_s},
           {"best_model_path", s.best_model_path},
+          {"overlap", s.overlap},
           {"curve_server_public", s.curve_server_public},
           {"curve_secret_file", s.curve_secret_file},
           {"curve_allowed_path", s.curve_allowed_path},
@@ -83,6 +93,7 @@ RunSettings run_settings_from_json(const json& j) {
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
     s.checkpoint_every_s = j.at("checkpoint_every_s").get<double>();
     s.best_model_path = j.at("best_model_path").get<std::string>();
+    s.overlap = j.at("overlap").get<bool>();
     s.curve_server_public = j.at("curve_server_public").get<std::string>();
     s.curve_secret_file = j.at("curve_secret_file").get<std::string>();
     s.curve_allowed_path = j.at("curve_allowed_path").get<std::string>();
@@ -93,6 +104,7 @@ RunSettings run_settings_from_json(const json& j) {
     throw InputError(std::string("cluster settings from the coordinator: ") + e.what());
   }
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
+  check_overlap(s);
   return s;
 }
 
@@ -342,6 +354,22 @@ void run_worker_role(const RoleOptions& o) {
   backend->set_parameters(model);
 
   std::vector<NamedTensor> gradients;
+  // With settings.overlap, the push_pull of batch k is answered while batch k+1's gradient is
+  // computed (on parameters one exchange older): communication hidden behind compute.
+  std::optional<PsClient::Handle> inflight;
+  // Runs one exchange and installs the parameters it brings; when a server does not answer (it
+  // died, or is restarting from its checkpoint) that gradient is lost and the parameters are
+  // pulled again once the servers answer. False when training ended meanwhile.
+  auto exchange = [&](const std::function<PsResult()>& run) {
+    try {
+      model.parameters() = run().tensors;
+    } catch (const transport::TransportError& e) {
+      std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
+      if (!repull(client, link, o, r, model)) return false;
+    }
+    backend->set_parameters(model);
+    return true;
+  };
   json finished = nullptr;
   for (bool stop = false; !stop;) {
     check_coordinator(link, o, r.name);
@@ -372,19 +400,25 @@ void run_worker_role(const RoleOptions& o) {
       status->queue_depth = int(stream.ready_batches());
       backend->compute_gradients(batch, nullptr, batch.rows);
       backend->get_gradients(gradients);
-      try {
-        PsResult result = client.push_pull(gradients).wait();
-        model.parameters() = std::move(result.tensors);
-      } catch (const transport::TransportError& e) {
-        // A server did not answer (it died, or is restarting from its checkpoint): this batch's
-        // gradient is lost; go on from the servers' parameters once they answer again.
-        std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
-        if (!repull(client, link, o, r, model)) {
-          stop = true;
-          break;
+      bool answered;
+      if (s.overlap) {
+        // The previous batch's exchange has been in flight while this gradient was computed.
+        answered = !inflight || exchange([&] { return inflight->wait(); });
+        inflight.reset();
+        if (answered) {
+          try {
+            inflight = client.push_pull(gradients);
+          } catch (const transport::TransportError& e) {
+            answered = exchange([&]() -> PsResult { throw e; });
+          }
         }
+      } else {
+        answered = exchange([&] { return client.push_pull(gradients).wait(); });
       }
-      backend->set_parameters(model);
+      if (!answered) {
+        stop = true;
+        break;
+      }
       status->steps += 1;
       status->samples += batch.rows;
       status->batches_done += 1;
@@ -392,6 +426,7 @@ void run_worker_role(const RoleOptions& o) {
     }
   }
   stream.cancel();
+  if (inflight) exchange([&] { return inflight->wait(); });  // the last gradient is applied
   if (!finished.is_null()) {
     try {
       link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}});

@@ -45,6 +45,9 @@ struct RunSettings {
   int assemblers = 1;
   double score_interval_s = 1.0;
   std::string ps_mode = "async";  // async, sync, bounded_staleness
+  // Workers send batch k's gradient and compute batch k+1's while the answer travels (on
+  // parameters one exchange older). Not with sync (those gradients would all be stale).
+  bool overlap = false;
   int replicas_to_aggregate = 1;
   int64_t staleness_bound = 0;
   std::string checkpoint_dir;        // parameter servers' shards; empty: none
@@ -63,6 +66,7 @@ struct RunSettings {
 };
 
 nlohmann::json to_json(const RunSettings& s);
+void check_overlap(const RunSettings& s);  // InputError for overlap with sync mode
 RunSettings run_settings_from_json(const nlohmann::json& j);  // InputError naming a bad field
 
 struct RoleOptions {

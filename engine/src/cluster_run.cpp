@@ -35,6 +35,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("--target needs a scorer (the score is the validation loss it measures)");
   if (options_.scorers == 0 && options_.max_epochs == 0 && options_.max_seconds == 0)
     throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
+  check_overlap(s);
   if (options_.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())

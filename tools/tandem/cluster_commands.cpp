@@ -111,6 +111,9 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "sync (gradients of every worker averaged per step), async (the seed's: each "
                   "applied as it comes) or bounded_staleness")
       ->check(CLI::IsMember({"async", "sync", "bounded_staleness"}))->capture_default_str();
+  cmd->add_flag("--overlap", s.overlap,
+                "Workers compute the next gradient while the last one's exchange travels "
+                "(async and bounded_staleness modes)");
   cmd->add_option("--replicas", s.replicas_to_aggregate,
                   "Sync mode: gradients per step (0: one per worker)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
