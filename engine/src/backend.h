@@ -71,6 +71,10 @@ class Backend {
   virtual BatchStats evaluate(const DatasetView& data) = 0;
   // Arg-max class of every row of `data` into out[data.rows].
   virtual void predict(const DatasetView& data, uint8_t* out) = 0;
+  // predict() and, beside it, the last layer's outputs (logits) of every row into
+  // logits[data.rows * classes]: the classes are predict()'s, bit for bit. The default throws
+  // InputError naming the backend (only the CPU backend gives logits so far).
+  virtual void predict_logits(const DatasetView& data, uint8_t* classes, float* logits);
 
  protected:
   BatchStats pending_;  // train_step's totals in the default implementation

@@ -17,6 +17,11 @@ void check_model_data(const ModelConfig& config, const DatasetView& data, bool n
   if (data.rows > 0 && data.pixels == nullptr) throw InputError("data view without pixels");
 }
 
+void Backend::predict_logits(const DatasetView&, uint8_t*, float*) {
+  throw InputError("the " + name() + " backend cannot give logits (prediction with "
+                   "probabilities runs on the CPU backend)");
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
                                       const OptimizerConfig& opt, int threads,
                                       Precision precision) {

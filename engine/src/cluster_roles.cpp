@@ -18,6 +18,7 @@
 #include "dataset_store.h"
 #include "ps_client.h"
 #include "ps_server.h"
+#include "ps_shard_device.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "zmq_curve.h"
@@ -53,6 +54,7 @@ json to_json(const RunSettings& s) {
           {"assemblers", s.assemblers},
           {"score_interval_s", s.score_interval_s},
           {"ps_mode", s.ps_mode},
+          {"ps_device", s.ps_device},
           {"replicas_to_aggregate", s.replicas_to_aggregate},
           {"staleness_bound", s.staleness_bound},
           {"checkpoint_dir", s.checkpoint_dir},
@@ -88,6 +90,7 @@ RunSettings run_settings_from_json(const json& j) {
     s.assemblers = j.at("assemblers").get<int>();
     s.score_interval_s = j.at("score_interval_s").get<double>();
     s.ps_mode = j.at("ps_mode").get<std::string>();
+    s.ps_device = j.at("ps_device").get<std::string>();
     s.replicas_to_aggregate = j.at("replicas_to_aggregate").get<int>();
     s.staleness_bound = j.at("staleness_bound").get<int64_t>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
@@ -283,6 +286,11 @@ void run_ps_role(const RoleOptions& o) {
   so.checkpoint_dir = r.settings.checkpoint_dir;
   so.checkpoint_every_seconds = r.settings.checkpoint_every_s;
   so.shard_name = r.name;
+  const std::string& device = r.settings.ps_device;
+  if (device == "cuda") so.device = 0;
+  else if (device == "auto") so.device = shard_device_count() > 0 ? 0 : -1;
+  else if (device != "cpu")
+    throw InputError("parameter server device must be cpu, cuda or auto, not '" + device + "'");
   if (!r.settings.curve_secret_file.empty()) {
     const transport::CurveKeyPair pair = transport::read_curve_key_file(r.settings.curve_secret_file);
     if (pair.secret_key.empty())

@@ -48,6 +48,7 @@ struct RunSettings {
   // Workers send batch k's gradient and compute batch k+1's while the answer travels (on
   // parameters one exchange older). Not with sync (those gradients would all be stale).
   bool overlap = false;
+  std::string ps_device = "auto";  // parameter servers' shards: cpu, cuda (GPU 0), or auto
   int replicas_to_aggregate = 1;
   int64_t staleness_bound = 0;
   std::string checkpoint_dir;        // parameter servers' shards; empty: none

@@ -96,7 +96,8 @@ void CpuBackend::forward_block(Workspace& ws, int64_t n) {
 }
 
 void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t* rows,
-                          int64_t begin, int64_t end, bool backward, uint8_t* predictions) {
+                          int64_t begin, int64_t end, bool backward, uint8_t* predictions,
+                          float* logits_out) {
   const size_t num_layers = config_.layers.size() - 1;
   const int64_t classes = config_.classes();
   kernels::SoftmaxXentStats stats;
@@ -120,6 +121,8 @@ void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t*
                                 stats);
     }
     if (predictions) kernels::argmax_rows_cpu(logits, predictions + start, n, classes);
+    if (logits_out)
+      std::copy(logits, logits + n * classes, logits_out + start * classes);
     if (!backward) continue;
     for (size_t l = num_layers; l-- > 0;) {
       float* grads = ws.gradients.data();
@@ -149,14 +152,14 @@ BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t*
 }
 
 BatchStats CpuBackend::run_partitioned(const DatasetView& data, const int32_t* rows, int64_t count,
-                                       bool backward, uint8_t* predictions) {
+                                       bool backward, uint8_t* predictions, float* logits) {
   const int parts = pool_.size();
   pool_.run([&](int t) {
     Workspace& ws = workspaces_[static_cast<size_t>(t)];
     ws.stats = BatchStats{};
     if (backward) std::fill(ws.gradients.data(), ws.gradients.data() + layout_.total, 0.0f);
     run_rows(ws, data, rows, split_begin(count, parts, t), split_begin(count, parts, t + 1),
-             backward, predictions);
+             backward, predictions, logits);
   });
   // Summed in member order, so the same thread count gives the same bits.
   BatchStats total;
@@ -195,6 +198,11 @@ BatchStats CpuBackend::evaluate(const DatasetView& data) {
 void CpuBackend::predict(const DatasetView& data, uint8_t* out) {
   check_data(data, false);
   run_partitioned(data, nullptr, data.rows, /*backward=*/false, out);
+}
+
+void CpuBackend::predict_logits(const DatasetView& data, uint8_t* classes, float* logits) {
+  check_data(data, false);
+  run_partitioned(data, nullptr, data.rows, /*backward=*/false, classes, logits);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,

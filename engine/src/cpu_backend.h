@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
   void rest() override { pool_.rest(); }
   BatchStats evaluate(const DatasetView& data) override;
   void predict(const DatasetView& data, uint8_t* out) override;
+  void predict_logits(const DatasetView& data, uint8_t* classes, float* logits) override;
 
   // The summed gradient of the last compute_gradients(), in the model's tensor order.
   void get_gradients(std::vector<NamedTensor>& out) const override;
@@ -54,13 +55,14 @@ class CpuBackend final : public Backend {
 
   void check_data(const DatasetView& data, bool need_labels) const;
   // Forward pass of rows [begin, end) of (data, rows) through the block loop; `backward` also
-  // accumulates gradients, `predictions` (if set) receives arg-max classes.
+  // accumulates gradients, `predictions` (if set) receives arg-max classes and `logits` (if set)
+  // the last layer's outputs, [count, classes].
   void run_rows(Workspace& ws, const DatasetView& data, const int32_t* rows, int64_t begin,
-                int64_t end, bool backward, uint8_t* predictions);
+                int64_t end, bool backward, uint8_t* predictions, float* logits = nullptr);
   void forward_block(Workspace& ws, int64_t n);
   // Splits `count` rows across the threads, runs run_rows on each share and sums the stats.
   BatchStats run_partitioned(const DatasetView& data, const int32_t* rows, int64_t count,
-                             bool backward, uint8_t* predictions);
+                             bool backward, uint8_t* predictions, float* logits = nullptr);
 
   ModelConfig config_;
   OptimizerConfig optimizer_;

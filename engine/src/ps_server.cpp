@@ -99,6 +99,7 @@ ParameterServer::ParameterServer(ServerOptions options)
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot bind: " + e.what());
   }
+  if (options_.device >= 0) shard_.use_device(make_shard_device(options_.optimizer, options_.device));
   if (!options_.checkpoint_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options_.checkpoint_dir, ec);
@@ -231,6 +232,7 @@ void ParameterServer::restore_newest() {
 std::string ParameterServer::write_checkpoint() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
   SafeTensorsFile file;
+  shard_.fetch_moments();
   for (const auto& e : shard_.entries()) {
     file.tensors.push_back(float_tensor(e.name, e.shape, shard_.values(e), e.size));
     if (!adam) continue;

@@ -104,6 +104,9 @@ struct ServerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string shard_name = "ps0";  // file prefix; a restart loads only this shard's files
+  // -1: the shard and Adam's state in host memory; N >= 0: on CUDA device N, stepped by the
+  // fused Adam kernel (InputError at start when the device cannot be used).
+  int device = -1;
   // CURVE (see the note above the class): this server's secret key, Z85 (40 chars); empty: no
   // CURVE, anyone who can reach the endpoint may pull and push.
   std::string curve_secret_key;

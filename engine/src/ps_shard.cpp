@@ -62,6 +62,7 @@ void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
     std::memcpy(arena_.data() + entries_[i].offset, data[i].data, data[i].size);
   step_ = 0;
   initialized_ = true;
+  if (device_) device_->upload(arena_.data(), total_, step_);
 }
 
 void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
@@ -90,6 +91,16 @@ void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
   }
   step_ = step;
   initialized_ = true;
+  if (device_) device_->upload(arena_.data(), total_, step_);
+}
+
+void PsShard::use_device(std::unique_ptr<ShardDevice> device) {
+  device_ = std::move(device);
+  if (device_ && initialized_) device_->upload(arena_.data(), total_, step_);
+}
+
+void PsShard::fetch_moments() {
+  if (device_ && initialized_) device_->download_moments(arena_.data() + total_, arena_.data() + 2 * total_);
 }
 
 std::string PsShard::check_gradients(const Message& m, const std::vector<ByteSpan>& data,
@@ -161,6 +172,10 @@ void PsShard::apply_accumulated() {
 
 void PsShard::step_with_gradients() {
   ++step_;
+  if (device_) {  // the same update, by the CUDA twin of the kernel below
+    device_->step(gradients_.data(), arena_.data());
+    return;
+  }
   float* w = arena_.data();
   const float* g = gradients_.data();
   if (optimizer_.kind == OptimizerKind::Adam) {

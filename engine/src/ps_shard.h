@@ -1,16 +1,18 @@
 // One parameter server's share of the parameters and their Adam state: the numbers, without
 // sockets. Parameters, m and v live in one 64-byte aligned arena (parameters | m | v, each
 // tensor at a 16-float boundary as in ParameterLayout) so one optimizer sweep covers the shard;
-// a later session can keep the arena on a GPU without touching the server's message handling.
+// with use_device() the arena's numbers are kept and stepped on a GPU instead.
 // Row-split parts of large tensors (ps_placement.h) arrive and are held as ordinary tensors.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "aligned_buffer.h"
+#include "ps_shard_device.h"
 #include "tandem/config.h"
 #include "wire_protocol.h"
 
@@ -71,6 +73,13 @@ class PsShard {
   // (((0 + g1) + g2) + ... + gN) / float(N), element by element. Needs pending() > 0.
   void apply_accumulated();
 
+  // Keeps the parameters and Adam's moments on a GPU (ps_shard_device.h) from now on: every step
+  // runs there; the host keeps a copy of the parameters (replies are sent from it).
+  void use_device(std::unique_ptr<ShardDevice> device);
+  int device() const { return device_ ? device_->device() : -1; }
+  // With a device, Adam's moments are on it: call before reading adam_m()/adam_v().
+  void fetch_moments();
+
   // Entries for the names in `names` (all when empty); "" or the unknown name's error.
   std::string select(const std::vector<std::string>& names, std::vector<const Entry*>& out) const;
 
@@ -88,6 +97,7 @@ class PsShard {
   AlignedBuffer<float> gradients_;   // the push's gradients gathered (aligned, zero padding)
   AlignedBuffer<float> sum_;         // sync mode: the step's gradients summed (zero padding)
   int64_t pending_ = 0;
+  std::unique_ptr<ShardDevice> device_;
 };
 
 }  // namespace tandem

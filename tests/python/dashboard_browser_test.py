@@ -109,15 +109,27 @@ def open_browser(chromium, chromedriver):
 
 
 def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # The page redraws every second: an element found a moment ago may be gone (stale) when it is
+    # read. Conditions are retried on that; one-off reads go through settled().
     def wait_for(what, condition, seconds=timeout):
         try:
-            return WebDriverWait(driver, seconds, poll_frequency=0.1).until(lambda d: condition())
+            return WebDriverWait(driver, seconds, poll_frequency=0.1,
+                                 ignored_exceptions=(StaleElementReferenceException,)).until(
+                lambda d: condition())
         except TimeoutException:
             fail(f"after {seconds} s: {what}")
+
+    def settled(read):
+        for _ in range(20):
+            try:
+                return read()
+            except StaleElementReferenceException:
+                time.sleep(0.05)
+        return read()
 
     def rows(table):  # roles -> tr[data-role], workers -> tr[data-worker], ...
         return driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr[data-{table[:-1]}]")
@@ -134,17 +146,17 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
     wait_for(f"score-curve has no points (state has {len(state.get('scores', []))} scores)",
              lambda: points() > 0)
 
-    shown = sorted(r.get_attribute("data-name") for r in rows("roles"))
+    shown = settled(lambda: sorted(r.get_attribute("data-name") for r in rows("roles")))
     missing = [n for n in role_names if n not in shown]
     if missing:
         fail(f"role table lacks {missing}: shows {shown}")
-    table_text = driver.find_element(By.ID, "roles").text
+    table_text = settled(lambda: driver.find_element(By.ID, "roles").text)
     for name in role_names:
         if name not in table_text:
             fail(f"role name {name!r} is not visible in the role table: {table_text!r}")
 
     first = points()
-    declared = driver.find_element(By.ID, "score-curve").get_attribute("data-points")
+    declared = settled(lambda: driver.find_element(By.ID, "score-curve").get_attribute("data-points"))
     if declared != str(first):
         fail(f"score-curve data-points={declared!r} but it draws {first} circles")
     if not driver.find_elements(By.CSS_SELECTOR, "#score-curve polyline.loss"):
@@ -158,19 +170,20 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
 
     for table, key in (("workers", "workers"), ("servers", "servers")):
         names = sorted(x["name"] for x in state.get(key, []))
-        wait_for(f"#{table} shows {[r.get_attribute('data-' + table[:-1]) for r in rows(table)]},"
-                 f" expected {names}",
+        shown = settled(lambda: [r.get_attribute('data-' + table[:-1]) for r in rows(table)])
+        wait_for(f"#{table} shows {shown}, expected {names}",
                  lambda: all(any(r.get_attribute("data-" + table[:-1]) == n for r in rows(table))
                              for n in names))
     if any(sum(s.get("staleness", {}).values()) for s in state.get("servers", [])):
         wait_for("the staleness histogram has no bars",
                  lambda: driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar"))
         # Drawn to scale, not squashed by a stray style: the tallest bar spans the plot.
-        heights = [r.size["height"] for r in driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar")]
+        heights = settled(lambda: [r.size["height"] for r in
+                                   driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar")])
         if max(heights) < 40:
             fail(f"staleness bars are rendered {heights} px tall; the tallest should fill the plot")
     cluster_state = state.get("cluster", {}).get("state", "")
-    status = driver.find_element(By.ID, "status").text.lower()  # the labels are CSS-uppercased
+    status = settled(lambda: driver.find_element(By.ID, "status").text.lower())  # CSS-uppercased labels
     if "step" not in status or "epoch" not in status:
         fail(f"status header lacks step/epoch: {status!r}")
     if cluster_state in ("starting", "training", "stopping", "done", "failed"):

@@ -111,6 +111,10 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "sync (gradients of every worker averaged per step), async (the seed's: each "
                   "applied as it comes) or bounded_staleness")
       ->check(CLI::IsMember({"async", "sync", "bounded_staleness"}))->capture_default_str();
+  cmd->add_option("--ps-device", s.ps_device,
+                  "Parameter servers' shards and Adam state: on the GPU (cuda), in host memory "
+                  "(cpu), or on the GPU when there is one (auto)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   cmd->add_flag("--overlap", s.overlap,
                 "Workers compute the next gradient while the last one's exchange travels "
                 "(async and bounded_staleness modes)");

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tandem::cli::add_train_command(app);
   tandem::cli::add_eval_command(app);
+  tandem::cli::add_search_command(app);
+  tandem::cli::add_predict_command(app);
   tandem::cli::add_prepare_command(app);
   tandem::cli::add_inspect_command(app);
   tandem::cli::add_cluster_commands(app);

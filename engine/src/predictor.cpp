@@ -1,0 +1,393 @@
+#include "predictor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "array_stats.h"
+#include "backend.h"
+#include "crc32c.h"
+#include "dataset_store.h"
+#include "tandem/error.h"
+#include "tandem/model.h"
+#include "thread_pool.h"
+
+namespace tandem {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kMarker = "tandem_predictions";
+
+std::string join(const std::string& a, const std::string& b) { return a + "/" + b; }
+
+const DatasetStore::Split& pick_split(const DatasetStore& store, const std::string& split) {
+  const DatasetStore::Split& s = split == "train" ? store.train
+                                 : split == "validation" ? store.validation
+                                 : split == "test" ? store.test
+                                 : throw InputError("split must be train, validation or test, "
+                                                    "got '" + split + "'");
+  if (s.rows == 0) throw InputError(store.path + ": no rows in the " + split + " split");
+  return s;
+}
+
+// Everything both the preparing process and the predicting ones need to agree on.
+struct Inputs {
+  Checkpoint checkpoint;
+  DatasetStore store;
+  DatasetStore::Split split;  // a copy: Inputs is returned by value
+  int64_t chunk_rows = 0;
+  int64_t chunks = 0;
+  int64_t classes = 0;
+  std::string fingerprint;
+};
+
+uint32_t file_crc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read it to fingerprint it");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return crc32c(bytes.data(), bytes.size());
+}
+
+std::string images_metadata_file(const zarr::Array& images) {
+  return join(images.path(), images.meta().format == zarr::Format::V2 ? ".zarray" : "zarr.json");
+}
+
+Inputs open_inputs(const std::string& model_path, const std::string& store_path,
+                   const std::string& split) {
+  std::error_code ec;
+  if (!fs::is_regular_file(model_path, ec))
+    throw InputError(model_path + ": no model checkpoint here");
+  Inputs in;
+  in.checkpoint = load_checkpoint(model_path);
+  in.store = DatasetStore::open(store_path);
+  in.split = pick_split(in.store, split);
+  const ModelConfig& config = in.checkpoint.model.config();
+  if (config.inputs() != in.split.features)
+    throw InputError("model " + model_path + " (" + config.describe() + ") takes " +
+                     std::to_string(config.inputs()) + " features, but the " + split +
+                     " split of " + store_path + " has " + std::to_string(in.split.features));
+  if (in.store.num_classes > config.classes())
+    throw InputError("model " + model_path + " has " + std::to_string(config.classes()) +
+                     " outputs, but " + store_path + " has " +
+                     std::to_string(in.store.num_classes) + " classes");
+  const zarr::ArrayMeta& im = in.split.images.meta();
+  in.chunk_rows = im.chunks[0];
+  in.chunks = (in.split.rows + in.chunk_rows - 1) / in.chunk_rows;
+  in.classes = config.classes();
+  // The model file's bytes and the input array's identity: its place, shape, chunking and dtype.
+  char text[64];
+  std::snprintf(text, sizeof text, "model-crc32c:%08x;input-crc32c:%08x", file_crc(model_path),
+                file_crc(images_metadata_file(in.split.images)));
+  in.fingerprint = std::string(text) + ";input:" + fs::absolute(in.split.images.path()).string() +
+                   ";rows:" + std::to_string(in.split.rows);
+  return in;
+}
+
+zarr::ArrayMeta output_meta(const Inputs& in, bool probabilities) {
+  zarr::ArrayMeta m;
+  m.format = in.split.images.meta().format;
+  m.separator = m.format == zarr::Format::V2 ? '.' : '/';
+  m.dtype = probabilities ? zarr::DType::Float32 : zarr::DType::UInt8;
+  m.shape = {in.split.rows};
+  m.chunks = {in.chunk_rows};
+  if (probabilities) {
+    m.shape.push_back(in.classes);
+    m.chunks.push_back(in.classes);
+  }
+  return m;
+}
+
+void create_output(const Inputs& in, const std::string& model_path, const std::string& store_path,
+                   const std::string& out, const std::string& split) {
+  const json attributes = {
+      {kMarker, 1},
+      {"created_by", "tandem predict"},
+      {"model", model_path},
+      {"model_config", in.checkpoint.model.config().describe()},
+      {"input_store", store_path},
+      {"split", split},
+      {"rows", in.split.rows},
+      {"fingerprint", in.fingerprint},
+      {"note", "classes: arg-max of the model's logits (first maximum), what tandem eval counts; "
+               "probabilities: their softmax. Chunked like the input's rows."}};
+  zarr::Group::create(out, in.split.images.meta().format, attributes);
+  zarr::Array::create(join(out, "classes"), output_meta(in, false));
+  zarr::Array::create(join(out, "probabilities"), output_meta(in, true));
+}
+
+// Temporary chunk files (zarr_array.cpp's "KEY.tmp-PID-TID") that a killed run left behind.
+void remove_stray_temporaries(const std::string& out) {
+  std::vector<fs::path> stray;
+  for (const char* name : {"classes", "probabilities"}) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(join(out, name), ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->path().filename().string().find(".tmp-") != std::string::npos)
+        stray.push_back(it->path());
+  }
+  for (const fs::path& p : stray) fs::remove(p);  // std::filesystem::filesystem_error names it
+}
+
+struct OutputArrays {
+  zarr::Array classes;
+  zarr::Array probabilities;
+};
+
+// Opens the output of `in`, refusing one made from another model or input.
+OutputArrays open_output(const Inputs& in, const std::string& out) {
+  if (!zarr::Group::exists(out))
+    throw InputError(out + ": no predictions group here (prepare_predictions makes it)");
+  const json attributes = zarr::Group::open(out).second;
+  if (!attributes.is_object() || !attributes.contains(kMarker))
+    throw InputError(out + ": a Zarr group not written by tandem predict");
+  const std::string found = attributes.value("fingerprint", std::string());
+  if (found != in.fingerprint)
+    throw InputError(out + ": written from another model or input (fingerprint " + found +
+                     ", now " + in.fingerprint + "); pass --overwrite to replace it");
+  OutputArrays a{zarr::Array::open(join(out, "classes")),
+                 zarr::Array::open(join(out, "probabilities"))};
+  const zarr::ArrayMeta want_c = output_meta(in, false), want_p = output_meta(in, true);
+  if (a.classes.meta().shape != want_c.shape || a.classes.meta().chunks != want_c.chunks ||
+      a.probabilities.meta().shape != want_p.shape ||
+      a.probabilities.meta().chunks != want_p.chunks)
+    throw InputError(out + ": its arrays' shapes or chunks do not match the input");
+  return a;
+}
+
+bool chunk_file_complete(const zarr::Array& array, const std::vector<int64_t>& index) {
+  std::error_code ec;
+  const auto size = fs::file_size(join(array.path(), array.chunk_key(index)), ec);
+  return !ec && size == array.meta().chunk_bytes();
+}
+
+bool chunk_done(const OutputArrays& a, int64_t chunk) {
+  return chunk_file_complete(a.classes, {chunk}) &&
+         chunk_file_complete(a.probabilities, {chunk, 0});
+}
+
+// Row chunk `chunk` of `images` as a [chunk rows, features] matrix in `out` (every chunk along
+// the other dimensions read and placed).
+void read_row_chunk(const zarr::Array& images, int64_t chunk, int64_t features,
+                    std::vector<uint8_t>& out, std::vector<uint8_t>& buffer) {
+  const zarr::ArrayMeta& meta = images.meta();
+  const size_t esize = zarr::dtype_size(meta.dtype);
+  const std::vector<int64_t> grid = meta.grid();
+  const std::vector<int64_t> inner(grid.begin() + 1, grid.end());
+  out.assign(size_t(meta.chunks[0] * features) * esize, 0);
+  buffer.resize(meta.chunk_bytes());
+  for (int64_t t = 0, n = chunk_count(inner); t < n; ++t) {
+    std::vector<int64_t> index = chunk_index_of(inner, t);
+    index.insert(index.begin(), chunk);
+    images.read_chunk(index, buffer.data());
+    const ChunkLayout layout = chunk_layout(meta, index);
+    for (int64_t r = 0; r < layout.rows; ++r) {
+      const uint8_t* src = buffer.data() + size_t(r * layout.chunk_row_elements) * esize;
+      uint8_t* dst = out.data() + size_t(r * features) * esize;
+      for (const auto& run : layout.runs)
+        std::memcpy(dst + size_t(run.feature) * esize, src + size_t(run.chunk_offset) * esize,
+                    size_t(run.length) * esize);
+    }
+  }
+}
+
+template <typename T>
+void labels_to_int64(const uint8_t* chunk, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, chunk + size_t(i) * sizeof(T), sizeof(T));
+    out[i] = static_cast<int64_t>(v);
+  }
+}
+
+std::vector<int64_t> read_labels(const zarr::Array& labels, int64_t rows) {
+  const zarr::ArrayMeta& m = labels.meta();
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  std::vector<uint8_t> buffer(m.chunk_bytes());
+  for (int64_t c = 0, n = m.grid()[0]; c < n; ++c) {
+    labels.read_chunk({c}, buffer.data());
+    const int64_t first = c * m.chunks[0], count = std::min(m.chunks[0], rows - first);
+    int64_t* dst = out.data() + first;
+    switch (m.dtype) {
+      case zarr::DType::UInt8: labels_to_int64<uint8_t>(buffer.data(), count, dst); break;
+      case zarr::DType::Int8: labels_to_int64<int8_t>(buffer.data(), count, dst); break;
+      case zarr::DType::UInt16: labels_to_int64<uint16_t>(buffer.data(), count, dst); break;
+      case zarr::DType::Int16: labels_to_int64<int16_t>(buffer.data(), count, dst); break;
+      case zarr::DType::UInt32: labels_to_int64<uint32_t>(buffer.data(), count, dst); break;
+      case zarr::DType::Int32: labels_to_int64<int32_t>(buffer.data(), count, dst); break;
+      case zarr::DType::UInt64: labels_to_int64<uint64_t>(buffer.data(), count, dst); break;
+      case zarr::DType::Int64: labels_to_int64<int64_t>(buffer.data(), count, dst); break;
+      default:
+        throw InputError(labels.path() + ": labels are " + zarr::dtype_name(m.dtype) +
+                         ", expected integers");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* probabilities) {
+  const float top = logits[argmax];
+  double sum = 0.0;
+  for (int64_t k = 0; k < classes; ++k) {
+    probabilities[k] = std::exp(logits[k] - top);  // <= 1, so no overflow whatever the logits
+    sum += probabilities[k];
+  }
+  for (int64_t k = 0; k < classes; ++k)
+    probabilities[k] = static_cast<float>(probabilities[k] / sum);
+  // exp and the division can round a slightly smaller earlier logit up to the maximum's value;
+  // the probabilities' first maximum must still be the predicted class.
+  for (int64_t k = 0; k < argmax; ++k)
+    if (probabilities[k] >= probabilities[argmax])
+      probabilities[k] = std::nextafter(probabilities[argmax], 0.0f);
+}
+
+int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
+                            const std::string& out_path, const PredictOptions& options) {
+  const Inputs in = open_inputs(model_path, store_path, options.split);
+  std::error_code ec;
+  const bool exists = fs::exists(out_path, ec);
+  const bool empty_dir = exists && fs::is_directory(out_path, ec) && fs::is_empty(out_path, ec);
+  if (exists && !empty_dir) {
+    const bool ours = zarr::Group::exists(out_path) && [&] {
+      const json a = zarr::Group::open(out_path).second;
+      return a.is_object() && a.contains(kMarker);
+    }();
+    if (!ours)
+      throw InputError(out_path + ": exists and holds something other than tandem predict's "
+                       "output; refusing to write there");
+    const json a = zarr::Group::open(out_path).second;
+    if (a.value("fingerprint", std::string()) == in.fingerprint) {
+      open_output(in, out_path);  // checks the arrays
+      remove_stray_temporaries(out_path);
+      return in.chunks;
+    }
+    if (!options.overwrite) open_output(in, out_path);  // throws, naming both fingerprints
+    fs::remove_all(out_path);
+  } else if (empty_dir) {
+    fs::remove(out_path, ec);
+  }
+  create_output(in, model_path, store_path, out_path, options.split);
+  return in.chunks;
+}
+
+PredictSummary predict_chunks(const std::string& model_path, const std::string& store_path,
+                              const std::string& out_path, const PredictOptions& options) {
+  if (options.shares < 1 || options.share < 0 || options.share >= options.shares)
+    throw InputError("chunk share " + std::to_string(options.share) + "/" +
+                     std::to_string(options.shares) + " is not one of 0/N ... N-1/N");
+  const auto start = std::chrono::steady_clock::now();
+  const Inputs in = open_inputs(model_path, store_path, options.split);
+  const OutputArrays out = open_output(in, out_path);
+  PredictSummary s;
+  s.rows = in.split.rows;
+  s.chunks = in.chunks;
+  const int64_t begin = in.chunks * options.share / options.shares;
+  const int64_t end = in.chunks * (options.share + 1) / options.shares;
+  std::vector<int64_t> todo;
+  for (int64_t c = begin; c < end; ++c) {
+    if (chunk_done(out, c)) {
+      ++s.chunks_skipped;
+      s.rows_skipped += std::min(in.chunk_rows, in.split.rows - c * in.chunk_rows);
+    } else {
+      todo.push_back(c);
+    }
+  }
+  const int total_threads = options.threads > 0 ? options.threads : ThreadPool::available_cores();
+  const int workers = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(total_threads, int64_t(todo.size()))));
+  const zarr::ArrayMeta& im = in.split.images.meta();
+  const PixelType pixel_type =
+      im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
+  const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
+  std::atomic<int64_t> next{0}, written{0}, predicted{0};
+  std::atomic<bool> failed{false};
+  ThreadPool pool(workers);
+  pool.run([&](int w) {
+    try {
+      // The threads are shared out among the workers; with fewer chunks than threads each chunk
+      // is itself split across its worker's backend threads.
+      const int threads = total_threads / workers + (w < total_threads % workers ? 1 : 0);
+      auto backend = make_cpu_backend(in.checkpoint.model.config(), OptimizerConfig{}, threads);
+      backend->set_parameters(in.checkpoint.model);
+      std::vector<uint8_t> pixels, buffer, ids(static_cast<size_t>(chunk_rows));
+      std::vector<float> logits(size_t(chunk_rows * classes)), probs(logits.size());
+      for (;;) {
+        const int64_t j = next.fetch_add(1);
+        if (failed.load() || j >= int64_t(todo.size()) ||
+            (options.stop_after_chunks >= 0 && j >= options.stop_after_chunks))
+          break;
+        const int64_t chunk = todo[size_t(j)];
+        const int64_t n = std::min(chunk_rows, in.split.rows - chunk * chunk_rows);
+        read_row_chunk(in.split.images, chunk, features, pixels, buffer);
+        DatasetView view;
+        view.pixel_type = pixel_type;
+        view.pixels = pixels.data();
+        view.rows = n;
+        view.features = features;
+        view.num_classes = static_cast<int>(classes);
+        std::fill(ids.begin(), ids.end(), uint8_t{0});
+        std::fill(probs.begin(), probs.end(), 0.0f);  // the edge chunk's padding
+        backend->predict_logits(view, ids.data(), logits.data());
+        for (int64_t r = 0; r < n; ++r)
+          softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
+                      probs.data() + r * classes);
+        // Probabilities first: a chunk counts as done once both files exist.
+        out.probabilities.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probs.data()));
+        out.classes.write_chunk({chunk}, ids.data());
+        written.fetch_add(1);
+        predicted.fetch_add(n);
+      }
+    } catch (...) {
+      failed.store(true);
+      throw;
+    }
+  });
+  s.chunks_written = written.load();
+  s.rows_predicted = predicted.load();
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.samples_per_s = s.seconds > 0.0 ? double(s.rows_predicted) / s.seconds : 0.0;
+  return s;
+}
+
+void add_accuracy(const std::string& store_path, const std::string& out_path,
+                  const PredictOptions& options, PredictSummary& summary) {
+  const DatasetStore store = DatasetStore::open(store_path);
+  const DatasetStore::Split& split = pick_split(store, options.split);
+  const zarr::Array classes = zarr::Array::open(join(out_path, "classes"));
+  const std::vector<int64_t> labels = read_labels(split.labels, split.rows);
+  const int64_t chunk_rows = classes.meta().chunks[0];
+  std::vector<uint8_t> ids(classes.meta().chunk_bytes());
+  int64_t correct = 0;
+  for (int64_t c = 0, n = classes.meta().grid()[0]; c < n; ++c) {
+    if (!classes.read_chunk({c}, ids.data()))
+      throw InputError(out_path + ": chunk " + std::to_string(c) + " of classes is missing; "
+                       "run tandem predict again to finish it");
+    const int64_t first = c * chunk_rows, count = std::min(chunk_rows, split.rows - first);
+    for (int64_t r = 0; r < count; ++r) correct += labels[size_t(first + r)] == ids[size_t(r)];
+  }
+  summary.has_labels = true;
+  summary.correct = correct;
+  summary.accuracy = split.rows > 0 ? double(correct) / double(split.rows) : 0.0;
+}
+
+PredictSummary predict_store(const std::string& model_path, const std::string& store_path,
+                             const std::string& out_path, const PredictOptions& options) {
+  prepare_predictions(model_path, store_path, out_path, options);
+  PredictSummary s = predict_chunks(model_path, store_path, out_path, options);
+  const bool whole = options.shares == 1 && s.chunks_written + s.chunks_skipped == s.chunks;
+  if (whole) add_accuracy(store_path, out_path, options, s);
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,68 @@
+// Batch prediction over a persisted store (the seed's `df.map_partitions(predict)`): every row
+// chunk of one split's images goes through a saved model and its class ids and probabilities are
+// written as Zarr arrays chunked like the input, `classes` uint8 [rows] and `probabilities`
+// float32 [rows, classes], in a group at `out` in the input's Zarr format.
+//
+// Chunks are independent: a pool of threads takes whole chunks (read, predict, write), and several
+// processes can each take a share of the chunks (`tandem predict --processes`). Each chunk file is
+// written through a temporary file and a rename, so a chunk is done exactly when both its files
+// exist at full size; a rerun with the same model and input skips those. The group's attributes
+// record a fingerprint of both, and a rerun with a different one is refused unless asked to
+// overwrite.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+struct PredictOptions {
+  std::string split = "test";  // train, validation or test
+  int threads = 0;             // CPU threads in all (0: all cores)
+  int share = 0;               // this process takes share `share` of `shares` (contiguous chunks)
+  int shares = 1;
+  bool overwrite = false;      // replace an output made from another model or input
+  int64_t stop_after_chunks = -1;  // tests: stop taking chunks once this many were written
+};
+
+struct PredictSummary {
+  int64_t rows = 0;            // rows of the split
+  int64_t chunks = 0;          // row chunks of the split
+  int64_t chunks_written = 0;  // by this call
+  int64_t chunks_skipped = 0;  // already complete (of this call's share)
+  int64_t rows_skipped = 0;    // in the skipped chunks
+  int64_t rows_predicted = 0;  // by this call
+  double seconds = 0.0;
+  double samples_per_s = 0.0;  // rows_predicted / seconds
+  bool has_labels = false;     // accuracy and correct are set (after add_accuracy)
+  double accuracy = 0.0;
+  int64_t correct = 0;
+};
+
+// Checks the model against the split and creates the output group (or, on a rerun, checks that it
+// was made from the same model and input: InputError otherwise, unless options.overwrite, which
+// replaces a predictions group but nothing else). Removes temporary files an interrupted run left.
+// Call once, before any process predicts. Returns the number of row chunks.
+int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
+                            const std::string& out_path, const PredictOptions& options);
+
+// Predicts the chunks of options' share that are not complete yet, with options.threads threads.
+// The output must have been prepared (InputError otherwise, or when its fingerprint differs).
+PredictSummary predict_chunks(const std::string& model_path, const std::string& store_path,
+                              const std::string& out_path, const PredictOptions& options);
+
+// Counts correct predictions over every row (classes read back from the output, so chunks skipped
+// on a rerun count too) when the split has labels. InputError if a chunk is still missing.
+void add_accuracy(const std::string& store_path, const std::string& out_path,
+                  const PredictOptions& options, PredictSummary& summary);
+
+// prepare_predictions, predict_chunks and (for a whole run) add_accuracy, in one process.
+PredictSummary predict_store(const std::string& model_path, const std::string& store_path,
+                             const std::string& out_path, const PredictOptions& options);
+
+// Stable softmax of `classes` logits into `probabilities`, whose first maximum is at `argmax`
+// (the class predicted from the logits): an earlier class whose probability rounds up to the
+// maximum's is set one float below it.
+void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* probabilities);
+
+}  // namespace tandem

@@ -1,0 +1,111 @@
+#include "ps_shard_device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "cuda/adam_cuda.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_device.h"
+#include "cuda/device_buffer.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+kernels::AdamHyper hyper_of(const OptimizerConfig& o) {
+  return {o.learning_rate, o.beta1, o.beta2, o.epsilon};
+}
+
+class CudaShardDevice final : public ShardDevice {
+ public:
+  CudaShardDevice(const OptimizerConfig& optimizer, int device)
+      : optimizer_(optimizer), device_(device) {
+    TANDEM_CUDA_CHECK(cudaSetDevice(device_));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaShardDevice() override {
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int device() const override { return device_; }
+
+  void upload(const float* arena, int64_t total, int64_t step) override {
+    TANDEM_CUDA_CHECK(cudaSetDevice(device_));
+    total_ = total;
+    const size_t n = static_cast<size_t>(total);
+    params_ = kernels::DeviceBuffer<float>(n);
+    m_ = kernels::DeviceBuffer<float>(n);
+    v_ = kernels::DeviceBuffer<float>(n);
+    grads_ = kernels::DeviceBuffer<float>(n);
+    step_ = kernels::DeviceBuffer<kernels::AdamDeviceStep>(1);
+    if (pinned_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    // Gradients in and parameters out go through pinned memory: one copy engine transfer each.
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), 2 * n * sizeof(float)));
+    const size_t bytes = n * sizeof(float);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena, bytes, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m_.data(), arena + total, bytes, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(v_.data(), arena + 2 * total, bytes, cudaMemcpyHostToDevice, stream_));
+    const kernels::AdamDeviceStep device_step{
+        step, step > 0 ? kernels::adam_step_size(hyper_of(optimizer_), step) : 0.0f};
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_.data(), &device_step, sizeof(device_step),
+                                      cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void step(const float* gradients, float* params_out) override {
+    const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+    float* in = pinned_;
+    float* out = pinned_ + total_;
+    std::memcpy(in, gradients, bytes);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(grads_.data(), in, bytes, cudaMemcpyHostToDevice, stream_));
+    if (optimizer_.kind == OptimizerKind::Adam) {
+      const kernels::AdamHyper hyper = hyper_of(optimizer_);
+      kernels::adam_advance_step_cuda(step_.data(), hyper, stream_);
+      kernels::adam_update_cuda(params_.data(), m_.data(), v_.data(), grads_.data(), total_,
+                                step_.data(), hyper, stream_);
+    } else {
+      kernels::sgd_update_cuda(params_.data(), grads_.data(), total_, optimizer_.learning_rate,
+                               stream_);
+    }
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out, params_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(params_out, out, bytes);
+  }
+
+  void download_moments(float* m_out, float* v_out) override {
+    const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m_out, m_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(v_out, v_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  OptimizerConfig optimizer_;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  int64_t total_ = 0;
+  kernels::DeviceBuffer<float> params_, m_, v_, grads_;
+  kernels::DeviceBuffer<kernels::AdamDeviceStep> step_;
+  float* pinned_ = nullptr;  // 2 x total floats: gradients in, parameters out
+};
+
+}  // namespace
+
+std::unique_ptr<ShardDevice> make_shard_device(const OptimizerConfig& optimizer, int device) {
+  const int devices = kernels::cuda_device_count();
+  if (devices == 0)
+    throw InputError("GPU shard: no usable CUDA device (no GPU, no driver, or a driver older "
+                     "than this build's CUDA runtime)");
+  if (device < 0 || device >= devices)
+    throw InputError("GPU shard: device " + std::to_string(device) + " asked for, " +
+                     std::to_string(devices) + " present");
+  return std::make_unique<CudaShardDevice>(optimizer, device);
+}
+
+int shard_device_count() { return kernels::cuda_device_count(); }
+
+}  // namespace tandem

@@ -1,0 +1,177 @@
+#include "search_space.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+const char* const kKeys = "lr, hidden, batch, optimizer, seed";
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+[[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& value,
+                      const std::string& expected) {
+  throw InputError(where + ": " + key + "=" + value + ": expected " + expected);
+}
+
+int64_t parse_int(const std::string& where, const std::string& key, const std::string& v,
+                  int64_t min) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < min)
+    bad(where, key, v, "a whole number >= " + std::to_string(min));
+  return x;
+}
+
+// Sets `key` of `config` from its text form.
+void set_value(TrialConfig& config, const std::string& where, const std::string& key,
+               const std::string& raw) {
+  const std::string v = trim(raw);
+  if (key == "lr") {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !std::isfinite(x) || x <= 0)
+      bad(where, key, v, "a positive number");
+    config.lr = x;
+  } else if (key == "hidden") {
+    // 256x128 (or 256,128 from a JSON string) -> "256,128"
+    std::string widths;
+    std::stringstream parts(v);
+    std::string part;
+    int count = 0;
+    while (std::getline(parts, part, v.find('x') != std::string::npos ? 'x' : ',')) {
+      widths += (count++ ? "," : "") + std::to_string(parse_int(where, key, trim(part), 1));
+    }
+    if (count == 0) bad(where, key, v, "layer widths such as 100 or 256x128");
+    config.hidden = widths;
+  } else if (key == "batch") {
+    config.batch = parse_int(where, key, v, 1);
+  } else if (key == "optimizer") {
+    if (v != "adam" && v != "sgd") bad(where, key, v, "adam or sgd");
+    config.optimizer = v;
+  } else if (key == "seed") {
+    config.seed = static_cast<uint64_t>(parse_int(where, key, v, 0));
+  } else {
+    throw InputError(where + ": unknown key '" + key + "' (known: " + kKeys + ")");
+  }
+}
+
+std::string number_text(double x) {
+  std::ostringstream out;
+  out << x;  // shortest form that reads back: 0.001, 1e-05
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<std::string> TrialConfig::train_args() const {
+  std::ostringstream lr_text;
+  lr_text.precision(17);
+  lr_text << lr;
+  return {"--lr", lr_text.str(), "--hidden", hidden, "--batch", std::to_string(batch),
+          "--optimizer", optimizer, "--seed", std::to_string(seed)};
+}
+
+std::string TrialConfig::describe() const {
+  std::string h = hidden;
+  for (char& c : h)
+    if (c == ',') c = 'x';
+  return "lr=" + number_text(lr) + " hidden=" + h + " batch=" + std::to_string(batch) +
+         " optimizer=" + optimizer + " seed=" + std::to_string(seed);
+}
+
+nlohmann::json TrialConfig::to_json() const {
+  std::string h = hidden;
+  for (char& c : h)
+    if (c == ',') c = 'x';
+  return {{"lr", lr}, {"hidden", h}, {"batch", batch}, {"optimizer", optimizer}, {"seed", seed}};
+}
+
+std::vector<TrialConfig> parse_grid(const std::vector<std::string>& terms) {
+  if (terms.empty()) throw InputError("--grid: no terms (expected key=v1,v2,... terms)");
+  std::vector<TrialConfig> trials{TrialConfig{}};
+  std::set<std::string> seen;
+  for (const std::string& term : terms) {
+    const std::string where = "--grid term '" + term + "'";
+    const size_t eq = term.find('=');
+    if (eq == std::string::npos) throw InputError(where + ": expected key=v1,v2,...");
+    const std::string key = trim(term.substr(0, eq));
+    if (!seen.insert(key).second) throw InputError(where + ": key '" + key + "' given twice");
+    std::vector<std::string> values;
+    std::stringstream parts(term.substr(eq + 1));
+    std::string part;
+    while (std::getline(parts, part, ',')) values.push_back(part);
+    if (values.empty()) throw InputError(where + ": no values");
+    std::vector<TrialConfig> next;
+    for (const TrialConfig& base : trials)
+      for (const std::string& v : values) {
+        TrialConfig c = base;
+        set_value(c, where, key, v);
+        next.push_back(c);
+      }
+    trials = std::move(next);
+  }
+  return trials;
+}
+
+std::vector<TrialConfig> parse_trial_list(const nlohmann::json& list) {
+  if (!list.is_array() || list.empty())
+    throw InputError("trial list: expected a non-empty JSON list of objects");
+  std::vector<TrialConfig> trials;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = "trial " + std::to_string(i);
+    if (!list[i].is_object()) throw InputError(where + ": expected an object");
+    TrialConfig c;
+    for (const auto& [key, value] : list[i].items()) {
+      std::string text;
+      if (value.is_string()) {
+        text = value.get<std::string>();
+      } else if (value.is_number_integer() || value.is_number_unsigned()) {
+        text = value.dump();
+      } else if (value.is_number_float()) {
+        std::ostringstream out;
+        out.precision(17);
+        out << value.get<double>();
+        text = out.str();
+      } else if (value.is_array() && key == "hidden") {
+        for (const auto& w : value) text += (text.empty() ? "" : "x") + w.dump();
+      } else {
+        bad(where, key, value.dump(), "a number or a string");
+      }
+      set_value(c, where, key, text);
+    }
+    trials.push_back(c);
+  }
+  return trials;
+}
+
+std::vector<TrialConfig> load_trial_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError(path + ": cannot open the trial list");
+  nlohmann::json list;
+  try {
+    in >> list;
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not JSON: " + e.what());
+  }
+  try {
+    return parse_trial_list(list);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+}
+
+}  // namespace tandem

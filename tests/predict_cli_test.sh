@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# tandem predict end to end: Fashion-MNIST's test split through a freshly trained model with two
+# processes; accuracy equal to tandem eval's; the output read by zarr-python (its classes are the
+# arg-max of its probabilities); a lost chunk redone alone on a rerun; bad input refused.
+# usage: predict_cli_test.sh TANDEM PYTHON
+set -uo pipefail
+tandem=$1 python=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
+
+store=$dir/fm.zarr model=$dir/m.safetensors out=$dir/pred.zarr
+# 3000-row chunks: the 10000-row test split ends in an edge chunk of 1000.
+"$tandem" prepare --out "$store" --chunk-rows 3000 >/dev/null 2>&1
+"$tandem" train --data "$store" --epochs 1 --checkpoint "$model" >/dev/null 2>&1
+check "prepared a store and trained a model" test -s "$model"
+
+pr=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" --processes 2 --json)
+ev=$("$tandem" eval --model "$model" --data "$store" --split test --json)
+check "predict wrote all 4 chunks" test "$(json_field "$pr" chunks_written)" = 4
+check "predict's accuracy equals eval's ($(json_field "$pr" accuracy))" \
+  test "$(json_field "$pr" correct)" = "$(json_field "$ev" correct)"
+
+check "zarr-python reads the output; classes = arg-max of probabilities" "$python" - "$out" "$store" <<'PY'
+import sys, numpy as np, zarr
+out, store = sys.argv[1], sys.argv[2]
+g = zarr.open_group(out, mode="r")
+c, p = g["classes"][:], g["probabilities"][:]
+assert c.dtype == np.uint8 and c.shape == (10000,), (c.dtype, c.shape)
+assert p.dtype == np.float32 and p.shape == (10000, 10), (p.dtype, p.shape)
+assert g["classes"].chunks == (3000,) and g["probabilities"].chunks == (3000, 10)
+assert (np.argmax(p, axis=1) == c).all(), "arg-max differs"
+assert np.allclose(p.sum(axis=1), 1.0, atol=1e-6)
+assert g.attrs["split"] == "test" and g.attrs["created_by"] == "tandem predict"
+labels = zarr.open_group(store, mode="r")["test/labels"][:]
+print("accuracy from zarr-python:", (labels == c).mean())
+PY
+
+before=$(cat "$out/classes/c/0" | md5sum)
+rm "$out/classes/c/2"
+touch "$out/probabilities/c/1/0.tmp-1-1"   # a temporary file a killed run left
+again=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" --json)
+check "a rerun redoes only the lost chunk" test "$(json_field "$again" chunks_written)/$(json_field "$again" chunks_skipped)" = 1/3
+check "a rerun keeps the same accuracy" test "$(json_field "$again" correct)" = "$(json_field "$ev" correct)"
+check "done chunks untouched" test "$(cat "$out/classes/c/0" | md5sum)" = "$before"
+check "stray temporary file removed" test ! -e "$out/probabilities/c/1/0.tmp-1-1"
+
+expect_error "missing model" "no model checkpoint" \
+  "$tandem" predict --model "$dir/none.safetensors" --data "$store" --out "$dir/x.zarr"
+expect_error "missing store" "no dataset store" \
+  "$tandem" predict --model "$model" --data "$dir/none.zarr" --out "$dir/x.zarr"
+expect_error "out holds something else" "holds something other" \
+  "$tandem" predict --model "$model" --data "$store" --out "$store" --overwrite
+"$tandem" train --data "$store" --epochs 1 --seed 2 --checkpoint "$dir/m2.safetensors" >/dev/null 2>&1
+expect_error "another model's output refused" "--overwrite" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
+check "--overwrite replaces it" "$tandem" predict --model "$dir/m2.safetensors" --data "$store" \
+  --out "$out" --overwrite --processes 2
+summarize

@@ -1,0 +1,239 @@
+// tandem predict's engine side (predictor.h): the written classes equal single-threaded
+// prediction bit for bit across chunk boundaries and an edge chunk, the probabilities agree with
+// them, the thread count and process shares change nothing, and an interrupted run resumes
+// without rewriting or corrupting chunks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dataset_store.h"
+#include "predictor.h"
+#include "tandem/error.h"
+#include "tandem/model.h"
+#include "tandem/trainer.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int64_t kTestRows = 1037;  // 200-row chunks: five full ones and an edge of 37
+constexpr int64_t kChunkRows = 200;
+
+// A checkpoint of `model` alone (SGD: no optimizer state to carry).
+void save_model(const std::string& path, const Model& model) {
+  Checkpoint ckpt;
+  ckpt.model = model;
+  ckpt.optimizer.kind = OptimizerKind::Sgd;
+  save_checkpoint(path, ckpt);
+}
+
+struct Fixture {
+  test::TempDir dir;
+  DataSplits splits;
+  std::string store;
+  std::string model;
+  Model net = Model::initialized(ModelConfig::parse("40-16-4"), 11);
+
+  explicit Fixture(zarr::Format format = zarr::Format::V3) {
+    splits.train = test::separable_dataset(400, 40, 4, 1);
+    splits.validation = test::separable_dataset(100, 40, 4, 2);
+    splits.test = test::random_dataset(PixelType::UInt8, kTestRows, 40, 4, 3);
+    splits.source = "synthetic";
+    StoreWriteOptions w;
+    w.chunk_rows = kChunkRows;
+    w.format = format;
+    store = dir.file("small.zarr");
+    write_dataset_store(splits, store, w, json{{"source", "predict_test"}});
+    model = dir.file("model.safetensors");
+    save_model(model, net);
+  }
+};
+
+// Every chunk file of an output array, by key, as bytes.
+std::map<std::string, std::string> chunk_files(const std::string& array) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(array)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "zarr.json" || name[0] == '.') continue;
+    files[fs::relative(e.path(), array).string()] = test::read_bytes(e.path().string());
+  }
+  return files;
+}
+
+std::vector<uint8_t> read_classes(const std::string& out, int64_t rows) {
+  const zarr::Array a = zarr::Array::open(out + "/classes");
+  std::vector<uint8_t> all, chunk(a.meta().chunk_bytes());
+  for (int64_t c = 0; c < a.meta().grid()[0]; ++c) {
+    EXPECT_TRUE(a.read_chunk({c}, chunk.data())) << "chunk " << c << " missing";
+    all.insert(all.end(), chunk.begin(), chunk.end());
+  }
+  all.resize(size_t(rows));
+  return all;
+}
+
+std::vector<float> read_probabilities(const std::string& out, int64_t rows, int64_t classes) {
+  const zarr::Array a = zarr::Array::open(out + "/probabilities");
+  std::vector<float> all, chunk(a.meta().chunk_bytes() / sizeof(float));
+  for (int64_t c = 0; c < a.meta().grid()[0]; ++c) {
+    EXPECT_TRUE(a.read_chunk({c, 0}, reinterpret_cast<uint8_t*>(chunk.data())));
+    all.insert(all.end(), chunk.begin(), chunk.end());
+  }
+  all.resize(size_t(rows * classes));
+  return all;
+}
+
+TEST(Predictor, ClassesEqualSingleThreadedPredictionBitExactly) {
+  Fixture f;
+  PredictOptions o;
+  o.threads = 3;
+  const std::string out = f.dir.file("pred.zarr");
+  const PredictSummary s = predict_store(f.model, f.store, out, o);
+  EXPECT_EQ(s.rows, kTestRows);
+  EXPECT_EQ(s.chunks, 6);
+  EXPECT_EQ(s.chunks_written, 6);
+  EXPECT_EQ(s.chunks_skipped, 0);
+
+  const std::vector<uint8_t> want = predict(f.net, f.splits.test.view(), 1);
+  const std::vector<uint8_t> got = read_classes(out, kTestRows);
+  ASSERT_EQ(got, want);
+  ASSERT_GT(std::count(want.begin(), want.end(), want[0]), 0);
+  ASSERT_LT(std::count(want.begin(), want.end(), want[0]), kTestRows) << "a constant model";
+
+  const std::vector<float> p = read_probabilities(out, kTestRows, 4);
+  for (int64_t r = 0; r < kTestRows; ++r) {
+    const float* row = p.data() + r * 4;
+    double sum = 0.0;
+    for (int k = 0; k < 4; ++k) sum += row[k];
+    ASSERT_NEAR(sum, 1.0, 1e-6) << "row " << r;
+    ASSERT_EQ(std::max_element(row, row + 4) - row, got[size_t(r)]) << "row " << r;
+  }
+
+  const EvalResult eval = evaluate_model(f.net, f.splits.test.view(), 1);
+  ASSERT_TRUE(s.has_labels);
+  EXPECT_EQ(s.correct, eval.correct);
+  EXPECT_DOUBLE_EQ(s.accuracy, eval.accuracy);
+}
+
+TEST(Predictor, ThreadCountAndProcessSharesChangeNoBit) {
+  Fixture f;
+  PredictOptions o;
+  o.threads = 1;
+  const std::string one = f.dir.file("one.zarr"), four = f.dir.file("four.zarr");
+  predict_store(f.model, f.store, one, o);
+  o.threads = 4;
+  predict_store(f.model, f.store, four, o);
+  EXPECT_EQ(chunk_files(one + "/classes"), chunk_files(four + "/classes"));
+  EXPECT_EQ(chunk_files(one + "/probabilities"), chunk_files(four + "/probabilities"));
+
+  // Three shares, as three processes would take them.
+  const std::string shared = f.dir.file("shared.zarr");
+  o.threads = 2;
+  o.shares = 3;
+  prepare_predictions(f.model, f.store, shared, o);
+  int64_t written = 0;
+  for (int i = 0; i < 3; ++i) {
+    o.share = i;
+    written += predict_chunks(f.model, f.store, shared, o).chunks_written;
+  }
+  EXPECT_EQ(written, 6);
+  EXPECT_EQ(chunk_files(one + "/classes"), chunk_files(shared + "/classes"));
+  EXPECT_EQ(chunk_files(one + "/probabilities"), chunk_files(shared + "/probabilities"));
+  PredictSummary s;
+  add_accuracy(f.store, shared, o, s);
+  EXPECT_EQ(s.correct, evaluate_model(f.net, f.splits.test.view(), 1).correct);
+}
+
+TEST(Predictor, InterruptedRunResumesWithoutRewritingDoneChunks) {
+  Fixture f(zarr::Format::V2);
+  PredictOptions o;
+  o.threads = 1;
+  const std::string fresh = f.dir.file("fresh.zarr"), out = f.dir.file("resumed.zarr");
+  predict_store(f.model, f.store, fresh, o);
+
+  o.stop_after_chunks = 2;
+  PredictSummary s = predict_store(f.model, f.store, out, o);
+  EXPECT_EQ(s.chunks_written, 2);
+  EXPECT_FALSE(s.has_labels) << "accuracy of an incomplete output";
+  EXPECT_THROW(add_accuracy(f.store, out, o, s), InputError);
+  // What a process killed mid-write leaves: a temporary file beside a chunk that is not there.
+  const std::string stray = out + "/classes/3.tmp-12345-12345";
+  test::write_bytes(stray, std::string("half a chunk"));
+  std::map<std::string, fs::file_time_type> before;
+  for (const auto& e : fs::recursive_directory_iterator(out))
+    if (e.is_regular_file()) before[e.path().string()] = e.last_write_time();
+
+  o.stop_after_chunks = -1;
+  s = predict_store(f.model, f.store, out, o);
+  EXPECT_EQ(s.chunks_skipped, 2);
+  EXPECT_EQ(s.chunks_written, 4);
+  EXPECT_EQ(s.rows_predicted, kTestRows - 2 * kChunkRows);
+  EXPECT_FALSE(fs::exists(stray));
+  ASSERT_GE(before.size(), 4u + 1u);  // two chunks of each array and the stray file at least
+  for (const auto& [path, time] : before) {
+    if (path == stray) continue;
+    ASSERT_TRUE(fs::exists(path)) << path;
+    EXPECT_EQ(fs::last_write_time(path), time) << path << " was rewritten";
+  }
+  EXPECT_EQ(chunk_files(fresh + "/classes"), chunk_files(out + "/classes"));
+  EXPECT_EQ(chunk_files(fresh + "/probabilities"), chunk_files(out + "/probabilities"));
+  EXPECT_EQ(s.correct, evaluate_model(f.net, f.splits.test.view(), 1).correct);
+
+  // A third run has nothing to do.
+  s = predict_store(f.model, f.store, out, o);
+  EXPECT_EQ(s.chunks_skipped, 6);
+  EXPECT_EQ(s.chunks_written, 0);
+}
+
+TEST(Predictor, RefusesAnotherModelsOutputAndMismatchedInputs) {
+  Fixture f;
+  PredictOptions o;
+  o.threads = 2;
+  const std::string out = f.dir.file("pred.zarr");
+  predict_store(f.model, f.store, out, o);
+
+  const Model other = Model::initialized(ModelConfig::parse("40-16-4"), 12);
+  const std::string other_path = f.dir.file("other.safetensors");
+  save_model(other_path, other);
+  EXPECT_THROW(predict_store(other_path, f.store, out, o), InputError);
+  o.overwrite = true;
+  const PredictSummary s = predict_store(other_path, f.store, out, o);
+  EXPECT_EQ(s.chunks_written, 6);
+  EXPECT_EQ(read_classes(out, kTestRows), predict(other, f.splits.test.view(), 1));
+
+  const std::string wide_path = f.dir.file("wide.safetensors");
+  save_model(wide_path, Model::initialized(ModelConfig::parse("41-8-4"), 1));
+  EXPECT_THROW(predict_store(wide_path, f.store, f.dir.file("w.zarr"), o), InputError);
+  EXPECT_THROW(predict_store(f.dir.file("missing.safetensors"), f.store, f.dir.file("m.zarr"), o),
+               InputError);
+  EXPECT_THROW(predict_store(f.model, f.dir.file("missing.zarr"), f.dir.file("m.zarr"), o),
+               InputError);
+  // Never overwrite something that is not a predictions group, even when asked to.
+  EXPECT_THROW(predict_store(f.model, f.store, f.store, o), InputError);
+  const std::string file = f.dir.file("a_file");
+  test::write_bytes(file, std::string("keep me"));
+  EXPECT_THROW(predict_store(f.model, f.store, file, o), InputError);
+  EXPECT_EQ(test::read_bytes(file), "keep me");
+}
+
+TEST(Predictor, SoftmaxKeepsThePredictedClassTheFirstMaximum) {
+  // exp(-1e-10f) rounds to 1: without the fix class 0 would tie with the predicted class 1.
+  const float logits[3] = {0.0f, 1e-10f, -3.0f};
+  float p[3];
+  softmax_row(logits, 3, 1, p);
+  EXPECT_LT(p[0], p[1]);
+  EXPECT_NEAR(double(p[0]) + p[1] + p[2], 1.0, 1e-6);
+  const float big[2] = {1e30f, -1e30f};  // no overflow
+  softmax_row(big, 2, 0, p);
+  EXPECT_EQ(p[0], 1.0f);
+  EXPECT_EQ(p[1], 0.0f);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `tandem search` end to end on a Fashion-MNIST store: a grid where one learning rate is clearly
+# better (1e-3 against 1e-5), trials as two parallel processes, successive halving (rungs at 1 and
+# 3 epochs, eta 3: of the five trials that finish rung 0 only the best goes on), a trial made to
+# crash (hidden --crash-trial: its process gets an option `tandem train` rejects) reported as
+# failed while the others finish, and the results table, CSV, JSON and best checkpoint.
+# Usage: search_cli_test.sh TANDEM_BINARY PYTHON
+set -u
+tandem=$(readlink -f "$1")
+py=$2
+source "$(dirname "$0")/test_helpers.sh"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# py_check FILE EXPR: EXPR (Python, over `r`, the parsed results.json) is true.
+py_check() { "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
+
+"$tandem" prepare --out "$dir/fm.zarr" >/dev/null 2>&1
+check "prepared Fashion-MNIST" test -d "$dir/fm.zarr"
+
+# Six trials: lr 1e-3 (trials 0-2) or 1e-5 (trials 3-5), three seeds each; trial 4 crashes. The
+# 1e-3 trials finish rung 0 first, so ASHA's first promotion (the best of three) is already the
+# best of rung 0: exactly one trial goes on to 3 epochs.
+start=$(date +%s)
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.00001 seed=1,2,3 --budget 3 --eta 3 \
+    --min-epochs 1 --processes 2 --threads-per-trial 1 --out "$dir/s1" --crash-trial 4 \
+    >"$dir/out1" 2>"$dir/err1"; rc=$?
+echo "search took $(( $(date +%s) - start )) s"
+check "search exits 0 when some trials succeed" test $rc -eq 0
+r="$dir/s1/results.json"
+check "results.json written" test -s "$r"
+check "results.csv: a header and six trials" test "$(wc -l <"$dir/s1/results.csv")" -eq 7
+check "best trial has lr=0.001" py_check "$r" "r['best']['config']['lr'] == 0.001"
+check "best trial trained the full budget (rung 1, 3 epochs, completed)" \
+    py_check "$r" "r['best']['rung'] == 1 and r['best']['epochs'] == 3 and r['best']['status'] == 'completed'"
+check "table sorted by validation loss" py_check "$r" \
+    "[t['best_validation_loss'] for t in r['results'] if 'best_validation_loss' in t] == sorted(t['best_validation_loss'] for t in r['results'] if 'best_validation_loss' in t)"
+check "halving: the four other finished trials stopped at rung 0 after 1 epoch" py_check "$r" \
+    "sorted((t['status'], t['rung'], t['epochs']) for t in r['results'] if t['trial'] != 4 and t is not r['results'][0]) == [('stopped', 0, 1)] * 4"
+check "the crashed trial is reported failed, last in the table" py_check "$r" \
+    "r['results'][-1]['trial'] == 4 and r['results'][-1]['status'] == 'failed' and r['failed'] == 1 and 'exited with status' in r['results'][-1]['error']"
+check "the crash is reported on stderr with its log" grep -q "trial 4 .*FAILED" "$dir/err1"
+check "every lr=0.001 trial beats every lr=1e-5 trial" py_check "$r" \
+    "max(t['best_validation_loss'] for t in r['results'] if t['config']['lr'] == 0.001) < min(t['best_validation_loss'] for t in r['results'] if t['config']['lr'] < 0.001 and 'best_validation_loss' in t)"
+check "best checkpoint kept" test -s "$dir/s1/best.safetensors"
+check "the table is printed" grep -q "best: trial" "$dir/out1"
+# The kept checkpoint is a working model: tandem eval reads it.
+check "tandem eval reads best.safetensors" "$tandem" eval --data "$dir/fm.zarr" --model "$dir/s1/best.safetensors"
+
+# A JSON list of trials, and a time budget that ends the search with trials still running.
+cat >"$dir/trials.json" <<'JSON'
+[{"lr": 0.001, "hidden": "256x128", "batch": 100}, {"lr": 0.003, "hidden": [50], "optimizer": "adam"}]
+JSON
+start=$(date +%s)
+"$tandem" search --data "$dir/fm.zarr" --trials "$dir/trials.json" --budget 1000 --budget-seconds 3 \
+    --processes 2 --threads-per-trial 1 --out "$dir/s4" --json >"$dir/out4" 2>"$dir/err4"; rc=$?
+check "--trials with --budget-seconds exits 0" test $rc -eq 0
+check "--budget-seconds ends the search on time" test $(( $(date +%s) - start )) -lt 15
+check "--budget-seconds stops the running trials" grep -q "stopped by the time budget" "$dir/err4"
+check "--trials configurations used" py_check "$dir/s4/results.json" \
+    "sorted(t['config']['hidden'] for t in r['results']) == ['256x128', '50'] and r['trials'] == 2"
+
+# Every trial failing is an error; bad grids name the term.
+expect_error "all trials failed -> error" "every trial failed" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --out "$dir/s2" --crash-trial 0
+expect_error "unknown grid key named" "unknown key 'momentum'" \
+    "$tandem" search --data "$dir/fm.zarr" --grid momentum=0.9 --out "$dir/s3"
+expect_error "bad grid value named" "batch=ten" \
+    "$tandem" search --data "$dir/fm.zarr" --grid batch=100,ten --out "$dir/s3"
+summarize

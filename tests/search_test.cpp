@@ -1,0 +1,205 @@
+// The search's pure parts: the grid and trial-list parser, and the successive-halving
+// bookkeeping driven by known score tables (which trials stop at which rung).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "search_space.h"
+#include "successive_halving.h"
+#include "tandem/error.h"
+
+namespace tandem {
+namespace {
+
+TEST(SearchSpace, GridIsTheCartesianProductFirstTermSlowest) {
+  const auto trials = parse_grid({"lr=0.001,0.003,0.01", "hidden=100,256x128", "batch=100,1000"});
+  ASSERT_EQ(trials.size(), 12u);
+  EXPECT_DOUBLE_EQ(trials[0].lr, 0.001);
+  EXPECT_EQ(trials[0].hidden, "100");
+  EXPECT_EQ(trials[0].batch, 100);
+  EXPECT_EQ(trials[1].batch, 1000);
+  EXPECT_EQ(trials[2].hidden, "256,128");
+  EXPECT_DOUBLE_EQ(trials[11].lr, 0.01);
+  EXPECT_EQ(trials[11].describe(), "lr=0.01 hidden=256x128 batch=1000 optimizer=adam seed=1");
+  const std::vector<std::string> args = trials[2].train_args();
+  EXPECT_EQ(args[2], "--hidden");
+  EXPECT_EQ(args[3], "256,128");
+}
+
+TEST(SearchSpace, BadTermsNameTheKeyAndValue) {
+  auto message = [](const std::vector<std::string>& terms) {
+    try {
+      parse_grid(terms);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"momentum=0.9"}).find("unknown key 'momentum'"), std::string::npos);
+  EXPECT_NE(message({"lr=0.1,-1"}).find("lr=-1"), std::string::npos);
+  EXPECT_NE(message({"batch=10,x"}).find("batch=x"), std::string::npos);
+  EXPECT_NE(message({"optimizer=rmsprop"}).find("adam or sgd"), std::string::npos);
+  EXPECT_NE(message({"hidden=100x0"}).find("hidden=0"), std::string::npos);
+  EXPECT_NE(message({"lr"}).find("key=v1,v2"), std::string::npos);
+  EXPECT_NE(message({"lr=0.1", "lr=0.2"}).find("given twice"), std::string::npos);
+  EXPECT_NE(message({}).find("no terms"), std::string::npos);
+}
+
+TEST(SearchSpace, TrialListFromJson) {
+  const auto trials = parse_trial_list(nlohmann::json::parse(
+      R"([{"lr": 0.003, "hidden": [256, 128], "batch": 100},
+          {"lr": "1e-4", "hidden": "300", "optimizer": "sgd", "seed": 7}])"));
+  ASSERT_EQ(trials.size(), 2u);
+  EXPECT_DOUBLE_EQ(trials[0].lr, 0.003);
+  EXPECT_EQ(trials[0].hidden, "256,128");
+  EXPECT_EQ(trials[0].optimizer, "adam");
+  EXPECT_DOUBLE_EQ(trials[1].lr, 1e-4);
+  EXPECT_EQ(trials[1].optimizer, "sgd");
+  EXPECT_EQ(trials[1].seed, 7u);
+  EXPECT_THROW(parse_trial_list(nlohmann::json::parse(R"([{"dropout": 0.5}])")), InputError);
+  EXPECT_THROW(parse_trial_list(nlohmann::json::parse(R"({"lr": 0.1})")), InputError);
+  EXPECT_THROW(parse_trial_list(nlohmann::json::parse(R"([{"lr": true}])")), InputError);
+}
+
+// Runs the halving with `slots` jobs at once; each job ends with loss[trial][rung], the oldest
+// running job first. Returns the jobs in the order they started.
+std::vector<HalvingJob> drive(SuccessiveHalving& h, int slots,
+                              const std::map<int, std::vector<double>>& loss,
+                              const std::map<int, int>& crash_at_rung = {}) {
+  std::vector<HalvingJob> started, running;
+  for (int guard = 0; guard < 1000; ++guard) {
+    while (static_cast<int>(running.size()) < slots) {
+      const auto job = h.next();
+      if (!job) break;
+      started.push_back(*job);
+      running.push_back(*job);
+    }
+    if (running.empty()) break;
+    const HalvingJob job = running.front();
+    running.erase(running.begin());
+    const auto crash = crash_at_rung.find(job.trial);
+    if (crash != crash_at_rung.end() && crash->second == job.rung) h.fail(job.trial);
+    else h.report(job.trial, loss.at(job.trial).at(job.rung));
+  }
+  EXPECT_TRUE(h.done());
+  return started;
+}
+
+TEST(SuccessiveHalving, RungsGrowByEtaUpToTheBudget) {
+  EXPECT_EQ(SuccessiveHalving(1, 1, 9, 3).rung_epochs(), (std::vector<int>{1, 3, 9}));
+  EXPECT_EQ(SuccessiveHalving(1, 1, 5, 3).rung_epochs(), (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(SuccessiveHalving(1, 2, 16, 2).rung_epochs(), (std::vector<int>{2, 4, 8, 16}));
+  EXPECT_EQ(SuccessiveHalving(1, 4, 4, 3).rung_epochs(), (std::vector<int>{4}));
+  EXPECT_THROW(SuccessiveHalving(0, 1, 9, 3), InputError);
+  EXPECT_THROW(SuccessiveHalving(3, 1, 9, 1), InputError);
+  EXPECT_THROW(SuccessiveHalving(3, 5, 4, 3), InputError);
+}
+
+TEST(SuccessiveHalving, NineTrialsEtaThreeStopSixThenTwo) {
+  // The rung-0 top three are trials 1, 4, 7 (ranked so that each third of the arrivals already
+  // holds its share of them: ASHA's early promotions agree with synchronous halving here). At
+  // rung 1 (3 epochs) trial 4 is best; it alone trains the full 9 epochs.
+  std::map<int, std::vector<double>> loss;
+  for (int t = 0; t < 9; ++t) loss[t] = {10.0 + t, 9.0, 9.0};
+  loss[1] = {1, 0.5, 0.5};
+  loss[4] = {2, 0.3, 0.2};
+  loss[7] = {3, 0.4, 0.4};
+  SuccessiveHalving h(9, 1, 9, 3);
+  const auto jobs = drive(h, 1, loss);
+  for (int t : {0, 2, 3, 5, 6, 8}) {
+    EXPECT_EQ(h.status(t), TrialStatus::Stopped) << "trial " << t;
+    EXPECT_EQ(h.rung(t), 0) << "trial " << t;
+  }
+  for (int t : {1, 7}) {
+    EXPECT_EQ(h.status(t), TrialStatus::Stopped) << "trial " << t;
+    EXPECT_EQ(h.rung(t), 1) << "trial " << t;
+  }
+  EXPECT_EQ(h.status(4), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(4), 2);
+  EXPECT_DOUBLE_EQ(h.loss(4), 0.2);
+  EXPECT_EQ(jobs.size(), 9u + 3u + 1u);
+}
+
+TEST(SuccessiveHalving, PromotesAsynchronouslyBeforeTheRungIsFull) {
+  // Trial 0 is best. With one slot, once three rung-0 losses are in, the top third (trial 0)
+  // is promoted at once, before trials 3..8 have started: ASHA's asynchronous promotion.
+  std::map<int, std::vector<double>> loss;
+  for (int t = 0; t < 9; ++t) loss[t] = {1.0 + t, 1.0 + t, 1.0 + t};
+  SuccessiveHalving h(9, 1, 9, 3);
+  const auto jobs = drive(h, 1, loss);
+  ASSERT_GE(jobs.size(), 4u);
+  EXPECT_EQ(jobs[3].trial, 0);
+  EXPECT_EQ(jobs[3].rung, 1);
+  EXPECT_EQ(jobs[3].epochs, 3);
+  EXPECT_EQ(h.status(0), TrialStatus::Completed);
+  // Rung 0 keeps 3 of 9 (trials 0, 1, 2); rung 1 keeps 1 of 3.
+  EXPECT_EQ(h.rung(1), 1);
+  EXPECT_EQ(h.rung(2), 1);
+  for (int t = 3; t < 9; ++t) EXPECT_EQ(h.rung(t), 0) << "trial " << t;
+  EXPECT_EQ(h.count(TrialStatus::Stopped), 8);
+  // 9 rung-0 jobs, 3 rung-1 jobs, 1 rung-2 job.
+  EXPECT_EQ(jobs.size(), 13u);
+}
+
+TEST(SuccessiveHalving, FewTrialsStillGiveOneTheFullBudget) {
+  // 2 trials, eta 3: floor(2/3) = 0, but a final rung always keeps its best.
+  SuccessiveHalving h(2, 1, 9, 3);
+  drive(h, 2, {{0, {0.5, 0.4, 0.3}}, {1, {0.2, 0.1, 0.05}}});
+  EXPECT_EQ(h.status(1), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(1), 2);
+  EXPECT_EQ(h.status(0), TrialStatus::Stopped);
+  EXPECT_EQ(h.rung(0), 0);
+}
+
+TEST(SuccessiveHalving, ParallelSlotsEtaTwo) {
+  // 4 trials, eta 2, rungs 1, 2, 4, two slots. Rung 0 keeps 2 (trials 1, 3), rung 1 keeps 1.
+  SuccessiveHalving h(4, 1, 4, 2);
+  drive(h, 2, {{0, {4, 4, 4}}, {1, {2, 1.5, 1}}, {2, {3, 3, 3}}, {3, {1, 2, 2}}});
+  EXPECT_EQ(h.rung(0), 0);
+  EXPECT_EQ(h.rung(2), 0);
+  EXPECT_EQ(h.status(1), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(3), 1);
+  EXPECT_EQ(h.status(3), TrialStatus::Stopped);
+}
+
+TEST(SuccessiveHalving, ACrashedTrialDoesNotStopTheOthers) {
+  // Trial 4 would be the best but crashes at rung 0; trial 3 crashes after its promotion.
+  std::map<int, std::vector<double>> loss;
+  for (int t = 0; t < 6; ++t) loss[t] = {6.0 - t, 6.0 - t, 6.0 - t};
+  SuccessiveHalving h(6, 1, 9, 3);
+  drive(h, 2, loss, {{4, 0}, {3, 1}});
+  EXPECT_EQ(h.status(4), TrialStatus::Failed);
+  EXPECT_EQ(h.status(3), TrialStatus::Failed);
+  EXPECT_EQ(h.count(TrialStatus::Failed), 2);
+  EXPECT_EQ(h.count(TrialStatus::Completed), 1);
+  // Five rung-0 losses keep one by ASHA's quota (trial 5) and the final rung keeps at least one.
+  EXPECT_EQ(h.status(5), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(5), 2);
+}
+
+TEST(SuccessiveHalving, CloseStopsPendingAndWaitingTrials) {
+  SuccessiveHalving h(5, 1, 9, 3);
+  const auto a = h.next();
+  const auto b = h.next();
+  ASSERT_TRUE(a && b);
+  h.report(a->trial, 1.0);
+  h.close();
+  h.stop(b->trial);
+  EXPECT_TRUE(h.done());
+  EXPECT_FALSE(h.next().has_value());
+  EXPECT_EQ(h.count(TrialStatus::Stopped), 5);
+  EXPECT_EQ(h.rung(a->trial), 0);
+  EXPECT_EQ(h.rung(b->trial), -1);
+}
+
+TEST(SuccessiveHalving, NanLossRanksLast) {
+  SuccessiveHalving h(3, 1, 3, 3);
+  drive(h, 1, {{0, {NAN, 0}}, {1, {2, 2}}, {2, {3, 3}}});
+  EXPECT_EQ(h.status(1), TrialStatus::Completed);
+  EXPECT_TRUE(std::isinf(h.loss(0)));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,168 @@
+// tandem predict: class ids and probabilities of every row of a store's split, written as Zarr
+// arrays chunked like the input (engine/src/predictor.h). With --processes N the command runs
+// itself N times, each child with a share of the chunks (--chunks i/N), and waits for them.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "predictor.h"
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct PredictCliOptions {
+  std::string model;
+  std::string data;
+  std::string out;
+  std::string chunks;  // hidden: "i/N", this process's share (set for the children)
+  int processes = 1;
+  bool json = false;
+  PredictOptions engine;
+};
+
+std::string self_path() {
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) throw Error("cannot find the tandem binary (/proc/self/exe) to start processes");
+  return std::string(self, size_t(n));
+}
+
+pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share, int threads) {
+  std::vector<std::string> args = {self, "predict", "--model", o.model, "--data", o.data,
+                                   "--split", o.engine.split, "--out", o.out,
+                                   "--threads", std::to_string(threads), "--chunks",
+                                   std::to_string(share) + "/" + std::to_string(o.processes)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw IoError(std::string("cannot fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with the parent
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Runs the shares in child processes; throws naming every child that failed.
+void run_processes(const PredictCliOptions& o) {
+  const std::string self = self_path();
+  const int total = o.engine.threads > 0 ? o.engine.threads
+                                         : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::vector<pid_t> pids;
+  for (int i = 0; i < o.processes; ++i)
+    pids.push_back(spawn_share(self, o, i,
+                               std::max(1, total / o.processes + (i < total % o.processes))));
+  std::string failures;
+  for (int i = 0; i < o.processes; ++i) {
+    int status = 0;
+    while (waitpid(pids[size_t(i)], &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    failures += " share " + std::to_string(i) + "/" + std::to_string(o.processes) +
+                (WIFSIGNALED(status) ? " killed by signal " + std::to_string(WTERMSIG(status))
+                                     : " exited with status " +
+                                           std::to_string(WEXITSTATUS(status))) + ";";
+  }
+  if (!failures.empty())
+    throw Error("prediction processes failed:" + failures +
+                " rerun to finish the missing chunks (complete ones are kept)");
+}
+
+void print(const PredictCliOptions& o, const PredictSummary& s) {
+  if (o.json) {
+    nlohmann::json j = {{"rows", s.rows},
+                        {"chunks", s.chunks},
+                        {"chunks_written", s.chunks_written},
+                        {"chunks_skipped", s.chunks_skipped},
+                        {"rows_predicted", s.rows_predicted},
+                        {"seconds", s.seconds},
+                        {"samples_per_s", s.samples_per_s},
+                        {"processes", o.processes},
+                        {"split", o.engine.split},
+                        {"out", o.out}};
+    if (s.has_labels) {
+      j["accuracy"] = s.accuracy;
+      j["correct"] = s.correct;
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("%s split: %lld rows in %lld chunks, %lld written, %lld already done; %.0f "
+              "samples/s (%.2f s)",
+              o.engine.split.c_str(), static_cast<long long>(s.rows),
+              static_cast<long long>(s.chunks), static_cast<long long>(s.chunks_written),
+              static_cast<long long>(s.chunks_skipped), s.samples_per_s, s.seconds);
+  if (s.has_labels) std::printf(", accuracy %.4f", s.accuracy);
+  std::printf("\n");
+}
+
+void run_predict(PredictCliOptions& o) {
+  if (!o.chunks.empty()) {  // a child: its share only, no summary beyond its own counts
+    if (std::sscanf(o.chunks.c_str(), "%d/%d", &o.engine.share, &o.engine.shares) != 2)
+      throw InputError("--chunks takes i/N, got '" + o.chunks + "'");
+    predict_chunks(o.model, o.data, o.out, o.engine);
+    return;
+  }
+  if (o.processes <= 1) {
+    print(o, predict_store(o.model, o.data, o.out, o.engine));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t chunks = prepare_predictions(o.model, o.data, o.out, o.engine);
+  // Count what is already there before the children write: written = chunks - skipped after.
+  PredictOptions probe = o.engine;
+  probe.stop_after_chunks = 0;
+  const PredictSummary before = predict_chunks(o.model, o.data, o.out, probe);
+  run_processes(o);
+  PredictSummary s;
+  s.rows = before.rows;
+  s.chunks = chunks;
+  s.chunks_skipped = before.chunks_skipped;
+  s.chunks_written = chunks - before.chunks_skipped;
+  s.rows_skipped = before.rows_skipped;
+  s.rows_predicted = s.rows - before.rows_skipped;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.samples_per_s = s.seconds > 0.0 ? double(s.rows_predicted) / s.seconds : 0.0;
+  add_accuracy(o.data, o.out, o.engine, s);
+  print(o, s);
+}
+
+}  // namespace
+
+void add_predict_command(CLI::App& app) {
+  auto o = std::make_shared<PredictCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "predict", "Predict every row of a store's split, writing classes and probabilities (Zarr)");
+  cmd->add_option("--model", o->model, "Checkpoint file (safetensors)")->required();
+  cmd->add_option("--data", o->data, "Dataset store (Zarr)")->required();
+  cmd->add_option("--split", o->engine.split, "train, validation or test")
+      ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
+  cmd->add_option("--out", o->out, "Zarr group to write (resumed when it exists)")->required();
+  cmd->add_option("--threads", o->engine.threads, "Threads in all (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--overwrite", o->engine.overwrite,
+                "Replace an output written from another model or input");
+  cmd->add_option("--chunks", o->chunks, "This process's share of the chunks, i/N")
+      ->group("");  // hidden: how --processes starts its children
+  cmd->add_flag("--json", o->json, "Print one line of JSON");
+  cmd->callback([o] { run_predict(*o); });
+}
+
+}  // namespace tandem::cli
