@@ -135,7 +135,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     const ClusterPhase phase = c.wait_for(ClusterPhase::Draining, 100);
     if (!announced && phase != ClusterPhase::Starting && phase != ClusterPhase::Failed) {
       announced = true;
-      if (options_.on_training) options_.on_training(c.spec());
+      if (options_.on_training) options_.on_training(c.training_spec());
     }
     watch();
     if (c.phase() != ClusterPhase::Starting && c.phase() != ClusterPhase::Training) break;

@@ -287,6 +287,7 @@ void Coordinator::on_tick() {
   if (phase_ == ClusterPhase::Starting) {
     if (missing_roles().empty()) {
       training_started_ = now;
+      training_spec_ = spec_locked();
       set_phase(ClusterPhase::Training);
     } else if (now - created_ > std::chrono::milliseconds(options_.startup_timeout_ms)) {
       std::string missing;
@@ -371,6 +372,11 @@ json Coordinator::spec_locked() const {
                                 {"host", role->host}, {"pid", role->pid}});
   }
   return spec;
+}
+
+json Coordinator::training_spec() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return training_spec_;
 }
 
 json Coordinator::spec() const {

@@ -111,6 +111,9 @@ class Coordinator {
   // Parameter servers' addresses in index order (empty until all are ready).
   std::vector<std::string> ps_endpoints() const;
   nlohmann::json spec() const;   // {coordinator, scores, ps: [...], worker: [...], scorer: [...]}
+  // The spec when training started (every expected role in it, even those gone since); null
+  // before.
+  nlohmann::json training_spec() const;
   nlohmann::json state() const;  // the dashboard's document (see dashboard_server.h)
   std::vector<ScoreRecord> scores() const;
   double training_seconds() const;  // from the start of training to draining (or now)
@@ -157,6 +160,7 @@ class Coordinator {
   std::vector<ScoreRecord> scores_log_;
   std::vector<nlohmann::json> to_publish_;  // queued by any thread, sent by the serving thread
   std::string stop_reason_, failure_;
+  nlohmann::json training_spec_;
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point training_started_{}, training_ended_{};
   std::atomic<bool> stopping_{false};
