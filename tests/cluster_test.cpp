@@ -276,11 +276,15 @@ TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   const json reply = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}, {"pid", 42}});
   EXPECT_EQ(reply.at("name"), "ps0");
   link.start_heartbeats("ps0", nullptr, 50);
+  c.expect("ps1", "pid 4242 on this machine");
+  c.expect("worker0", "pid 4343 on this machine");
   EXPECT_EQ(c.wait_for(ClusterPhase::Training, 3000), ClusterPhase::Failed);
   const std::string why = c.failure();
   EXPECT_NE(why.find("ps0 (registered, not serving, pid 42)"), std::string::npos) << why;
-  EXPECT_NE(why.find("ps1 (not registered)"), std::string::npos) << why;
-  EXPECT_NE(why.find("workers (0 of 1 registered)"), std::string::npos) << why;
+  EXPECT_NE(why.find("ps1 (not registered; expected from pid 4242 on this machine)"),
+            std::string::npos) << why;
+  EXPECT_NE(why.find("workers (0 of 1 registered: worker0 from pid 4343 on this machine)"),
+            std::string::npos) << why;
 }
 
 TEST(Coordinator, RejectsMalformedAndUnknownRequests) {

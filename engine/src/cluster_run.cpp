@@ -110,11 +110,15 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   if (options_.inproc) {
     start_threads();
   } else if (launcher != nullptr) {
-    for (int i = 0; i < options_.ps; ++i) launcher->start("ps", "ps" + std::to_string(i), c.endpoint());
-    for (int i = 0; i < options_.workers; ++i)
-      launcher->start("worker", "worker" + std::to_string(i), c.endpoint());
-    for (int i = 0; i < options_.scorers; ++i)
-      launcher->start("scorer", "scorer" + std::to_string(i), c.endpoint());
+    auto start = [&](const char* kind, int count) {
+      for (int i = 0; i < count; ++i) {
+        const std::string name = kind + std::to_string(i);
+        c.expect(name, launcher->start(kind, name, c.endpoint()));
+      }
+    };
+    start("ps", options_.ps);
+    start("worker", options_.workers);
+    start("scorer", options_.scorers);
   }
   // One pass of watching: role threads' errors, exited processes, the caller's tick.
   auto watch = [&] {

@@ -23,8 +23,9 @@ class RoleLauncher {
  public:
   virtual ~RoleLauncher() = default;
   // Starts role `kind` ("ps", "worker", "scorer") named `name`, told to join `coordinator`.
-  virtual void start(const std::string& kind, const std::string& name,
-                     const std::string& coordinator) = 0;
+  // Returns where the role should come from, for error messages ("pid 1234 on this machine").
+  virtual std::string start(const std::string& kind, const std::string& name,
+                            const std::string& coordinator) = 0;
   // Called about every 100 ms while the run lasts: report exited roles to the coordinator
   // (mark_lost), restart what should be restarted.
   virtual void watch(Coordinator& coordinator) = 0;

@@ -330,10 +330,23 @@ std::vector<std::string> Coordinator::missing_roles() const {
       if (role.role == kind && !gone(role.state)) ++n;
     return n;
   };
+  // "; expected from pid 1234": where a role someone started should have come from.
+  auto where = [&](const std::string& name) {
+    auto e = expected_.find(name);
+    return e == expected_.end() ? std::string() : "; expected from " + e->second;
+  };
+  // The expected roles of a kind that have not registered: " (worker1 from pid 12, ...)".
+  auto unregistered = [&](const std::string& kind) {
+    std::string list;
+    for (const auto& [name, from] : expected_)
+      if (name.compare(0, kind.size(), kind) == 0 && !roles_.count(name))
+        list += (list.empty() ? ": " : ", ") + name + " from " + from;
+    return list;
+  };
   for (int i = 0; i < options_.expected_ps; ++i) {
     const std::string name = "ps" + std::to_string(i);
     auto it = roles_.find(name);
-    if (it == roles_.end()) missing.push_back(name + " (not registered)");
+    if (it == roles_.end()) missing.push_back(name + " (not registered" + where(name) + ")");
     else if (it->second.address.empty() || gone(it->second.state))
       missing.push_back(name + " (registered, not serving" +
                         (it->second.pid ? ", pid " + std::to_string(it->second.pid) : "") + ")");
@@ -341,11 +354,13 @@ std::vector<std::string> Coordinator::missing_roles() const {
   const int workers = count("worker");
   if (phase_ == ClusterPhase::Starting && workers < options_.expected_workers)
     missing.push_back("workers (" + std::to_string(workers) + " of " +
-                      std::to_string(options_.expected_workers) + " registered)");
+                      std::to_string(options_.expected_workers) + " registered" +
+                      unregistered("worker") + ")");
   const int scorers = count("scorer");
   if (phase_ == ClusterPhase::Starting && scorers < options_.expected_scorers)
     missing.push_back("a scorer (" + std::to_string(scorers) + " of " +
-                      std::to_string(options_.expected_scorers) + " registered)");
+                      std::to_string(options_.expected_scorers) + " registered" +
+                      unregistered("scorer") + ")");
   return missing;
 }
 
@@ -372,6 +387,11 @@ json Coordinator::spec_locked() const {
                                 {"host", role->host}, {"pid", role->pid}});
   }
   return spec;
+}
+
+void Coordinator::expect(const std::string& name, const std::string& from) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_[name] = from;
 }
 
 json Coordinator::training_spec() const {

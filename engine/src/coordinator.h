@@ -97,6 +97,9 @@ class Coordinator {
   ClusterPhase wait_for(ClusterPhase phase, int timeout_ms) const;
   void request_stop(const std::string& reason);  // training -> draining
   void fail(const std::string& why);
+  // A role someone started and where it should come from ("pid 1234 on this machine"): named so
+  // in the start-up timeout's error when it has not registered.
+  void expect(const std::string& name, const std::string& from);
   // A role the driver knows is gone (its process exited): lost now rather than at the timeout.
   void mark_lost(const std::string& name, const std::string& why);
   // Waits until every worker and scorer has said goodbye or is lost (true), or timeout (false).
@@ -161,6 +164,7 @@ class Coordinator {
   std::vector<nlohmann::json> to_publish_;  // queued by any thread, sent by the serving thread
   std::string stop_reason_, failure_;
   nlohmann::json training_spec_;
+  std::map<std::string, std::string> expected_;  // role name -> where it should come from
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point training_started_{}, training_ended_{};
   std::atomic<bool> stopping_{false};

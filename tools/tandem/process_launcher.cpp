@@ -41,14 +41,16 @@ pid_t ProcessLauncher::spawn(const Child& c) const {
   return pid;
 }
 
-void ProcessLauncher::start(const std::string& kind, const std::string& name,
-                            const std::string& coordinator) {
+std::string ProcessLauncher::start(const std::string& kind, const std::string& name,
+                                   const std::string& coordinator) {
   Child c;
   c.kind = kind;
   c.name = name;
   c.coordinator = coordinator;
   c.pid = spawn(c);
   children_.push_back(c);
+  return "pid " + std::to_string(c.pid) + " on this machine (`" + self_ + " " + kind +
+         " --coordinator " + coordinator + " --name " + name + "`)";
 }
 
 void ProcessLauncher::watch(Coordinator& coordinator) {

@@ -23,8 +23,8 @@ class ProcessLauncher final : public RoleLauncher {
                            int max_restarts = 5);
   ~ProcessLauncher() override;  // stop_all(0)
 
-  void start(const std::string& kind, const std::string& name,
-             const std::string& coordinator) override;
+  std::string start(const std::string& kind, const std::string& name,
+                    const std::string& coordinator) override;
   void watch(Coordinator& coordinator) override;
   void stop_all(int timeout_ms) override;
 
