@@ -130,11 +130,12 @@ void CudaBackend::get_parameters(Model& model) const {
 }
 
 void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
-  std::vector<float> arena(static_cast<size_t>(layout_.total));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(arena.data(), grads_.data(), grads_.bytes(),
+  // Once per step for a cluster worker: the staging buffer is kept, not allocated each time.
+  gradient_staging_.resize(static_cast<size_t>(layout_.total));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(gradient_staging_.data(), grads_.data(), grads_.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  copy_tensors_out(layout_, arena.data(), out, "");
+  copy_tensors_out(layout_, gradient_staging_.data(), out, "");
 }
 
 void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {

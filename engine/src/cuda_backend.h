@@ -114,6 +114,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<kernels::DenseCuda> dense_;
 
   kernels::DeviceBuffer<float> params_, grads_, adam_m_, adam_v_;
+  mutable std::vector<float> gradient_staging_;  // get_gradients' host copy
   kernels::DeviceBuffer<kernels::AdamDeviceStep> adam_step_;
   kernels::DeviceBuffer<kernels::DeviceStats> train_totals_, call_totals_;
   kernels::DeviceStats* host_totals_ = nullptr;  // pinned, for reading totals back

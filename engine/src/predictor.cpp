@@ -294,18 +294,18 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   s.chunks = in.chunks;
   const int64_t begin = in.chunks * options.share / options.shares;
   const int64_t end = in.chunks * (options.share + 1) / options.shares;
-  std::vector<int64_t> todo;
+  std::vector<int64_t> chunks_to_write;
   for (int64_t c = begin; c < end; ++c) {
     if (chunk_done(out, c)) {
       ++s.chunks_skipped;
       s.rows_skipped += std::min(in.chunk_rows, in.split.rows - c * in.chunk_rows);
     } else {
-      todo.push_back(c);
+      chunks_to_write.push_back(c);
     }
   }
   const int total_threads = options.threads > 0 ? options.threads : ThreadPool::available_cores();
   const int workers = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(total_threads, int64_t(todo.size()))));
+      std::max<int64_t>(1, std::min<int64_t>(total_threads, int64_t(chunks_to_write.size()))));
   const zarr::ArrayMeta& im = in.split.images.meta();
   const PixelType pixel_type =
       im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
@@ -324,10 +324,10 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
       std::vector<float> logits(size_t(chunk_rows * classes)), probs(logits.size());
       for (;;) {
         const int64_t j = next.fetch_add(1);
-        if (failed.load() || j >= int64_t(todo.size()) ||
+        if (failed.load() || j >= int64_t(chunks_to_write.size()) ||
             (options.stop_after_chunks >= 0 && j >= options.stop_after_chunks))
           break;
-        const int64_t chunk = todo[size_t(j)];
+        const int64_t chunk = chunks_to_write[size_t(j)];
         const int64_t n = std::min(chunk_rows, in.split.rows - chunk * chunk_rows);
         read_row_chunk(in.split.images, chunk, features, pixels, buffer);
         DatasetView view;
