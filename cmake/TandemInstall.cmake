@@ -21,7 +21,6 @@ set_target_properties(tandem PROPERTIES
   EXPORT_NAME tandem
   # The installed library and binary find cuBLASLt where they were linked against it.
   INSTALL_RPATH_USE_LINK_PATH ON)
-set_target_properties(tandem_cli PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 
 install(TARGETS tandem EXPORT TandemTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -46,4 +45,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/TandemConfig.cmake
 file(RELATIVE_PATH TANDEM_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
 configure_file(cmake/tandem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
-install(TARGETS tandem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET tandem_cli)
+  set_target_properties(tandem_cli PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS tandem_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()

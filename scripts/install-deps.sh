@@ -11,6 +11,7 @@ packages=(
   libcpp-httplib-dev  # the coordinator's dashboard (HTTP)
   chromium chromium-driver  # the dashboard's browser test (headless, through Selenium)
   dataset-fashion-mnist
+  python3-dev pybind11-dev  # the Python module tandem._tandem
   python3 python3-venv python3-numpy python3-torch python3-dask python3-zarr  # tests, benchmarks
 )
 missing=()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: install, build, create the tests' Python
-# environment (Debian's torch and numpy, plus safetensors, selenium and current dask and zarr 3
-# from PyPI; Debian's own dask 2022.12 and zarr 2.13 are tested through /usr/bin/python3), and
-# run CTest.
+# environment (Debian's torch and numpy, plus safetensors, selenium, scikit-build-core for the
+# pip install test, and current dask, distributed and zarr 3 from PyPI; Debian's own dask
+# 2022.12 and zarr 2.13 are tested through /usr/bin/python3), and run CTest.
 # Extra arguments go to cmake (e.g. -DTANDEM_SANITIZE_THREAD=ON with TANDEM_BUILD_DIR set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,14 +10,16 @@ scripts/install-deps.sh
 venv=.venv-test
 # numpy stays below 2: Debian's torch 1.13 and scipy are built against numpy 1.x. dask gets a
 # floor, or pip would call Debian's dask 2022.12 (seen through the system site) good enough.
-want='import safetensors.torch, torch, numpy, dask.array, zarr, selenium
-import tensorboard.backend.event_processing.event_accumulator
-assert zarr.__version__ >= "3" and dask.__version__ >= "2024" and numpy.__version__ < "2"'
+want='import safetensors.torch, torch, numpy, dask.array, distributed, zarr, selenium
+import tensorboard.backend.event_processing.event_accumulator, scikit_build_core
+assert zarr.__version__ >= "3" and dask.__version__ >= "2024" and numpy.__version__ < "2"
+assert distributed.__version__ >= "2024"'
 if ! "$venv/bin/python" -c "$want" 2>/dev/null; then
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "numpy<2" "zarr>=3" "dask[array]>=2024.1" safetensors selenium tensorboard
+    "numpy<2" "zarr>=3" "dask[array]>=2024.1" "distributed>=2024.1" safetensors selenium \
+    tensorboard "scikit-build-core>=0.10"
   "$venv/bin/python" -c "$want"
 fi
 build=${TANDEM_BUILD_DIR:-build}

@@ -1,5 +1,5 @@
 // The CUDA backend against the CPU backend (one thread): whole training runs, the asynchronous
-// step path, evaluation and prediction, moving parameters and optimizer state in and out, and
+// step path, evaluation and prediction (classes and logits), moving parameters and optimizer state in and out, and
 // the errors bad input gets.
 //
 // On training data. Two float32 implementations that add in different orders agree step by step
@@ -546,6 +546,141 @@ TEST_F(CudaBackendTest, EvaluateAndPredictMatchTheCpuBackend) {
   }
 }
 
+// ---- Prediction with logits -------------------------------------------------------------------
+
+// Logits of the same parameters and rows on both backends: both compute in float32 (the CUDA
+// backend's Fp32 turns TF32 off) and differ only in the order of the sums. With weights and
+// biases uniform in [-0.25, 0.25] and pixels in [0, 1] (the largest |logit| ~7-10 for 784-100-10,
+// ~0.5-1 for 61-33-17-10), a float32 forward pass is within 6e-7 of the largest |logit| of a
+// float64 one (numpy, three draws of 4000 rows per model), so two float32 orders are within
+// ~1.2e-6 of it of each other. The bound is 2e-5 of the largest |logit|: over an order of
+// magnitude of room for cuBLAS's blocking and split sums, while a wrong bias, layer or row is off
+// by O(0.1) of it.
+constexpr double kLogitTol = 2e-5;
+
+// Rows whose CPU top two logits are within 2 * kLogitTol * scale may have their arg-max flip;
+// the other rows must have the same class. Under 1% of the rows may be such near-ties, so the
+// allowance cannot hide a wrong arg-max (with these seeds the CPU finds 0 to 7 per view, up to
+// 0.04% of the rows).
+constexpr double kNearTieFraction = 0.01;
+
+// The first maximum of each row (the CPU's rule), computed here.
+std::vector<uint8_t> first_argmax(const std::vector<float>& logits, int64_t classes) {
+  std::vector<uint8_t> out(logits.size() / static_cast<size_t>(classes));
+  for (size_t r = 0; r < out.size(); ++r) {
+    const float* z = logits.data() + r * static_cast<size_t>(classes);
+    out[r] = static_cast<uint8_t>(std::max_element(z, z + classes) - z);  // first of equals
+  }
+  return out;
+}
+
+// predict_logits on both backends over `view`: the CUDA classes equal its own predict() and the
+// first arg-max of its own logits bit for bit, the CPU's on every row but near-ties, and the
+// logits agree within kLogitTol of their scale.
+void expect_logits_match(Backend& gpu, Backend& cpu, const DatasetView& view, int64_t classes,
+                         uint32_t seed) {
+  SCOPED_TRACE("rows " + std::to_string(view.rows) + ", data seed " + std::to_string(seed));
+  const auto n = static_cast<size_t>(view.rows);
+  // Filled with values no backend writes, so an unwritten row or logit shows.
+  std::vector<uint8_t> gpu_classes(n, 0xFF), cpu_classes(n, 0xFE), gpu_predicted(n, 0xFD);
+  std::vector<float> gpu_logits(n * static_cast<size_t>(classes), NAN);
+  std::vector<float> cpu_logits(gpu_logits.size(), NAN);
+  gpu.predict_logits(view, gpu_classes.data(), gpu_logits.data());
+  cpu.predict_logits(view, cpu_classes.data(), cpu_logits.data());
+  gpu.predict(view, gpu_predicted.data());
+
+  ASSERT_EQ(gpu_classes, gpu_predicted) << "predict_logits' classes are not predict()'s";
+  ASSERT_EQ(gpu_classes, first_argmax(gpu_logits, classes))
+      << "the classes are not the first arg-max of the logits copied back";
+  double scale = 0.0;
+  for (float v : cpu_logits) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+  ASSERT_GT(scale, 0.0) << "all logits zero: the test would prove nothing";
+  EXPECT_TRUE(test::all_close(gpu_logits, cpu_logits, kLogitTol * scale, 0.0));
+
+  int64_t near_ties = 0, distinct = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const float* z = cpu_logits.data() + r * static_cast<size_t>(classes);
+    std::vector<float> sorted(z, z + classes);
+    std::sort(sorted.begin(), sorted.end());
+    const bool near_tie =
+        classes > 1 && sorted[static_cast<size_t>(classes - 1)] -
+                               sorted[static_cast<size_t>(classes - 2)] <= 2 * kLogitTol * scale;
+    near_ties += near_tie;
+    distinct += gpu_classes[r] != gpu_classes[0];
+    if (!near_tie) {
+      ASSERT_EQ(gpu_classes[r], cpu_classes[r]) << "row " << r << " (not a near-tie)";
+    }
+  }
+  EXPECT_LE(near_ties, static_cast<int64_t>(kNearTieFraction * static_cast<double>(n)))
+      << "near-ties";
+  EXPECT_GT(distinct, 0) << "every row has the same class: a constant model proves little";
+}
+
+TEST_F(CudaBackendTest, PredictLogitsMatchTheCpuBackend) {
+  // Rows: one piece of an odd size, and more than one of predict's 16384-row pieces ending in a
+  // ragged one (neither a multiple of any block or warp size).
+  const std::vector<int64_t> row_counts = {2001, 16384 + 2417};
+  uint32_t seed = 60;
+  for (const char* layers : {"784-100-10", "61-33-17-10"}) {
+    SCOPED_TRACE(layers);
+    const ModelConfig config = ModelConfig::parse(layers);
+    Model model(config);
+    model.parameters() = random_like(model.parameters(), seed++, -0.25f, 0.25f);
+    auto cpu = make_cpu_backend(config, adam_config(), 1);
+    auto gpu = make_cuda_backend(config, adam_config(), Precision::Fp32);
+    cpu->set_parameters(model);
+    gpu->set_parameters(model);
+    for (int64_t rows : row_counts) {
+      for (PixelType type : {PixelType::UInt8, PixelType::Float32}) {
+        SCOPED_TRACE(type == PixelType::UInt8 ? "uint8 pixels" : "float32 pixels");
+        const uint32_t data_seed = seed++;
+        const Dataset data = test::random_dataset(type, rows, config.inputs(), 10, data_seed);
+        expect_logits_match(*gpu, *cpu, data.view(), config.classes(), data_seed);
+        // Unlabelled, and a view that starts one row in (an odd offset into the pixels).
+        DatasetView unlabelled = data.view();
+        unlabelled.labels = nullptr;
+        expect_logits_match(*gpu, *cpu, unlabelled.slice(1, rows), config.classes(), data_seed);
+      }
+    }
+    // No rows: nothing written, no error.
+    const Dataset empty = test::random_dataset(PixelType::UInt8, 1, config.inputs(), 10, seed++);
+    uint8_t untouched_class = 0xFF;
+    float untouched_logit = -1.0f;
+    gpu->predict_logits(empty.view().slice(0, 0), &untouched_class, &untouched_logit);
+    EXPECT_EQ(untouched_class, 0xFF);
+    EXPECT_EQ(untouched_logit, -1.0f);
+  }
+}
+
+TEST_F(CudaBackendTest, PredictLogitsBreaksExactTiesLikeTheCpuBackend) {
+  // The last layer's weights all zero: every row's logits are its biases exactly, on both
+  // backends (sums of exact zeros), with the maximum shared by classes 3 and 7. The first
+  // maximum wins: class 3 on every row.
+  Model model(mnist_model());
+  model.parameters() = random_like(model.parameters(), 61, -0.25f, 0.25f);
+  auto& params = model.parameters();
+  NamedTensor& last_weight = params[params.size() - 2];
+  NamedTensor& last_bias = params.back();
+  std::fill(last_weight.values.begin(), last_weight.values.end(), 0.0f);
+  last_bias.values = {0.1f, -0.2f, 0.3f, 0.5f, 0.0f, 0.25f, -0.5f, 0.5f, 0.4f, 0.45f};
+  auto cpu = cpu_backend(adam_config());
+  auto gpu = cuda_backend(adam_config());
+  cpu->set_parameters(model);
+  gpu->set_parameters(model);
+  const int64_t n = 1001;
+  const Dataset data = test::random_dataset(PixelType::UInt8, n, 784, 10, 62);
+  std::vector<uint8_t> gpu_classes(static_cast<size_t>(n), 0xFF), cpu_classes(gpu_classes);
+  std::vector<float> gpu_logits(static_cast<size_t>(n * 10), NAN), cpu_logits(gpu_logits);
+  gpu->predict_logits(data.view(), gpu_classes.data(), gpu_logits.data());
+  cpu->predict_logits(data.view(), cpu_classes.data(), cpu_logits.data());
+  EXPECT_EQ(cpu_classes, std::vector<uint8_t>(static_cast<size_t>(n), 3));
+  EXPECT_EQ(gpu_classes, cpu_classes);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < 10; ++k)
+      ASSERT_EQ(gpu_logits[static_cast<size_t>(r * 10 + k)], last_bias.values[static_cast<size_t>(k)])
+          << "row " << r << " class " << k;
+}
+
 // ---- Errors -----------------------------------------------------------------------------------
 
 TEST_F(CudaBackendTest, RefusesDataOfTheWrongWidth) {
@@ -559,6 +694,8 @@ TEST_F(CudaBackendTest, RefusesDataOfTheWrongWidth) {
   EXPECT_THROW(gpu->evaluate(narrow.view()), InputError);
   std::vector<uint8_t> out(10);
   EXPECT_THROW(gpu->predict(narrow.view(), out.data()), InputError);
+  std::vector<float> logits(100);
+  EXPECT_THROW(gpu->predict_logits(narrow.view(), out.data(), logits.data()), InputError);
   try {
     gpu->evaluate(narrow.view());
   } catch (const InputError& e) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tandem predict end to end: Fashion-MNIST's test split through a freshly trained model with two
 # processes; accuracy equal to tandem eval's; the output read by zarr-python (its classes are the
-# arg-max of its probabilities); a lost chunk redone alone on a rerun; bad input refused.
+# arg-max of its probabilities); a lost chunk redone alone on a rerun; bad input refused; the
+# backend choice (auto is the CPU without a GPU, where --backend cuda is refused naming CUDA).
 # usage: predict_cli_test.sh TANDEM PYTHON
 set -uo pipefail
 tandem=$1 python=$2
@@ -15,7 +16,10 @@ store=$dir/fm.zarr model=$dir/m.safetensors out=$dir/pred.zarr
 "$tandem" train --data "$store" --epochs 1 --checkpoint "$model" >/dev/null 2>&1
 check "prepared a store and trained a model" test -s "$model"
 
-pr=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" --processes 2 --json)
+# --backend cpu: bit for bit what tandem eval (always the CPU) counts, whatever devices exist.
+pr=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" --processes 2 \
+  --backend cpu --json)
+check "predict ran on the CPU" test "$(json_field "$pr" backend)" = '"cpu"'
 ev=$("$tandem" eval --model "$model" --data "$store" --split test --json)
 check "predict wrote all 4 chunks" test "$(json_field "$pr" chunks_written)" = 4
 check "predict's accuracy equals eval's ($(json_field "$pr" accuracy))" \
@@ -39,11 +43,36 @@ PY
 before=$(cat "$out/classes/c/0" | md5sum)
 rm "$out/classes/c/2"
 touch "$out/probabilities/c/1/0.tmp-1-1"   # a temporary file a killed run left
-again=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" --json)
+again=$("$tandem" predict --model "$model" --data "$store" --split test --out "$out" \
+  --backend cpu --json)
 check "a rerun redoes only the lost chunk" test "$(json_field "$again" chunks_written)/$(json_field "$again" chunks_skipped)" = 1/3
 check "a rerun keeps the same accuracy" test "$(json_field "$again" correct)" = "$(json_field "$ev" correct)"
 check "done chunks untouched" test "$(cat "$out/classes/c/0" | md5sum)" = "$before"
 check "stray temporary file removed" test ! -e "$out/probabilities/c/1/0.tmp-1-1"
+
+# The backend: auto takes a usable GPU, else the CPU (the same bits as --backend cpu there).
+chunk_bytes() { cat "$1"/classes/c/* "$1"/probabilities/c/*/* | md5sum; }
+au=$("$tandem" predict --model "$model" --data "$store" --out "$dir/auto.zarr" --json)
+if [ "$(json_field "$au" backend)" = '"cpu"' ]; then
+  check "auto without a GPU: the CPU's output" test "$(chunk_bytes "$dir/auto.zarr")" = "$(chunk_bytes "$out")"
+  expect_error "--backend cuda without a GPU refused, naming CUDA" "CUDA" \
+    "$tandem" predict --model "$model" --data "$store" --out "$dir/cuda.zarr" --backend cuda
+  check "nothing predicted by the refused run" test ! -e "$dir/cuda.zarr/classes/c/0"
+  expect_error "--backend cuda --processes 2 without a GPU refused" "CUDA" \
+    "$tandem" predict --model "$model" --data "$store" --out "$dir/cuda.zarr" --backend cuda \
+    --processes 2
+else
+  check "auto with a GPU runs on it" test "$(json_field "$au" backend)" = '"cuda"'
+  # float32 sums in another order: a near-tie may flip on a row or two of 10000.
+  gp=$("$tandem" predict --model "$model" --data "$store" --out "$dir/cuda.zarr" --backend cuda \
+    --processes 2 --json)
+  for run in "$au" "$gp"; do
+    d=$(( $(json_field "$run" correct) - $(json_field "$ev" correct) ))
+    check "the GPU's accuracy is eval's but for near-ties ($d)" test "${d#-}" -le 2
+  done
+fi
+expect_error "unknown backend refused" "--backend" \
+  "$tandem" predict --model "$model" --data "$store" --out "$dir/x.zarr" --backend gpu
 
 expect_error "missing model" "no model checkpoint" \
   "$tandem" predict --model "$dir/none.safetensors" --data "$store" --out "$dir/x.zarr"

@@ -1,15 +1,18 @@
 // tandem predict's engine side (predictor.h): the written classes equal single-threaded
 // prediction bit for bit across chunk boundaries and an edge chunk, the probabilities agree with
 // them, the thread count and process shares change nothing, and an interrupted run resumes
-// without rewriting or corrupting chunks.
+// without rewriting or corrupting chunks. The backend choice: auto is the CPU without a device
+// and `cuda` is refused there; with a device, the GPU's output agrees with the CPU's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_device.h"
 #include "dataset_store.h"
 #include "predictor.h"
 #include "tandem/error.h"
@@ -25,6 +28,14 @@ using nlohmann::json;
 
 constexpr int64_t kTestRows = 1037;  // 200-row chunks: five full ones and an edge of 37
 constexpr int64_t kChunkRows = 200;
+
+// The tests that compare with single-threaded CPU prediction bit for bit run on the CPU backend
+// whatever devices are present (auto would take a GPU).
+PredictOptions cpu_options() {
+  PredictOptions o;
+  o.backend = BackendKind::Cpu;
+  return o;
+}
 
 // A checkpoint of `model` alone (SGD: no optimizer state to carry).
 void save_model(const std::string& path, const Model& model) {
@@ -91,7 +102,7 @@ std::vector<float> read_probabilities(const std::string& out, int64_t rows, int6
 
 TEST(Predictor, ClassesEqualSingleThreadedPredictionBitExactly) {
   Fixture f;
-  PredictOptions o;
+  PredictOptions o = cpu_options();
   o.threads = 3;
   const std::string out = f.dir.file("pred.zarr");
   const PredictSummary s = predict_store(f.model, f.store, out, o);
@@ -123,7 +134,7 @@ TEST(Predictor, ClassesEqualSingleThreadedPredictionBitExactly) {
 
 TEST(Predictor, ThreadCountAndProcessSharesChangeNoBit) {
   Fixture f;
-  PredictOptions o;
+  PredictOptions o = cpu_options();
   o.threads = 1;
   const std::string one = f.dir.file("one.zarr"), four = f.dir.file("four.zarr");
   predict_store(f.model, f.store, one, o);
@@ -152,7 +163,7 @@ TEST(Predictor, ThreadCountAndProcessSharesChangeNoBit) {
 
 TEST(Predictor, InterruptedRunResumesWithoutRewritingDoneChunks) {
   Fixture f(zarr::Format::V2);
-  PredictOptions o;
+  PredictOptions o = cpu_options();
   o.threads = 1;
   const std::string fresh = f.dir.file("fresh.zarr"), out = f.dir.file("resumed.zarr");
   predict_store(f.model, f.store, fresh, o);
@@ -193,7 +204,7 @@ TEST(Predictor, InterruptedRunResumesWithoutRewritingDoneChunks) {
 
 TEST(Predictor, RefusesAnotherModelsOutputAndMismatchedInputs) {
   Fixture f;
-  PredictOptions o;
+  PredictOptions o = cpu_options();
   o.threads = 2;
   const std::string out = f.dir.file("pred.zarr");
   predict_store(f.model, f.store, out, o);
@@ -220,6 +231,70 @@ TEST(Predictor, RefusesAnotherModelsOutputAndMismatchedInputs) {
   test::write_bytes(file, std::string("keep me"));
   EXPECT_THROW(predict_store(f.model, f.store, file, o), InputError);
   EXPECT_EQ(test::read_bytes(file), "keep me");
+}
+
+TEST(Predictor, AutoIsTheCpuWithoutADeviceAndCudaIsRefusedThere) {
+  if (kernels::cuda_device_count() > 0)
+    GTEST_SKIP() << "a CUDA device is present (auto takes it; OnTheGpuAgreesWithTheCpu covers it)";
+  Fixture f;
+  PredictOptions o;  // auto
+  o.threads = 2;
+  const std::string automatic = f.dir.file("auto.zarr"), cpu = f.dir.file("cpu.zarr");
+  const PredictSummary s = predict_store(f.model, f.store, automatic, o);
+  EXPECT_EQ(s.backend, "cpu");
+  EXPECT_EQ(s.chunks_written, 6);
+  o.backend = BackendKind::Cpu;
+  EXPECT_EQ(predict_store(f.model, f.store, cpu, o).backend, "cpu");
+  EXPECT_EQ(chunk_files(automatic + "/classes"), chunk_files(cpu + "/classes"));
+  EXPECT_EQ(chunk_files(automatic + "/probabilities"), chunk_files(cpu + "/probabilities"));
+
+  // Asked for by name, CUDA fails before any chunk is written, saying why.
+  o.backend = BackendKind::Cuda;
+  const std::string on_gpu = f.dir.file("cuda.zarr");
+  try {
+    predict_store(f.model, f.store, on_gpu, o);
+    ADD_FAILURE() << "--backend cuda ran without a CUDA device";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+  if (fs::exists(on_gpu + "/classes")) {
+    EXPECT_TRUE(chunk_files(on_gpu + "/classes").empty());
+  }
+  // Even with nothing left to predict (a finished output), `cuda` is refused.
+  EXPECT_THROW(predict_chunks(f.model, f.store, cpu, o), InputError);
+}
+
+TEST(Predictor, OnTheGpuAgreesWithTheCpu) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Fixture f;
+  PredictOptions o = cpu_options();
+  o.threads = 3;
+  const std::string cpu = f.dir.file("cpu.zarr"), gpu = f.dir.file("gpu.zarr");
+  predict_store(f.model, f.store, cpu, o);
+  // Three workers sharing the one CUDA backend; auto picks it too.
+  for (BackendKind kind : {BackendKind::Cuda, BackendKind::Auto}) {
+    SCOPED_TRACE(kind == BackendKind::Cuda ? "cuda" : "auto");
+    o.backend = kind;
+    o.overwrite = true;
+    fs::remove_all(gpu);
+    const PredictSummary s = predict_store(f.model, f.store, gpu, o);
+    EXPECT_EQ(s.backend, "cuda");
+    EXPECT_EQ(s.chunks_written, 6);
+    const std::vector<uint8_t> want = read_classes(cpu, kTestRows);
+    const std::vector<uint8_t> got = read_classes(gpu, kTestRows);
+    // The logits differ by float32 summation order (~1e-6 here, see cuda_backend_test.cpp's
+    // kLogitTol); a near-tie may flip on one row. Softmax moves by at most twice the largest
+    // logit change, so the probabilities agree within 1e-5.
+    int64_t mismatches = 0;
+    for (size_t r = 0; r < got.size(); ++r) mismatches += got[r] != want[r];
+    EXPECT_LE(mismatches, 1);
+    const std::vector<float> p = read_probabilities(gpu, kTestRows, 4);
+    EXPECT_TRUE(test::all_close(p, read_probabilities(cpu, kTestRows, 4), 1e-5, 0.0));
+    for (int64_t r = 0; r < kTestRows; ++r) {
+      const float* row = p.data() + r * 4;
+      ASSERT_EQ(std::max_element(row, row + 4) - row, got[size_t(r)]) << "row " << r;
+    }
+  }
 }
 
 TEST(Predictor, SoftmaxKeepsThePredictedClassTheFirstMaximum) {

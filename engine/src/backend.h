@@ -73,7 +73,7 @@ class Backend {
   virtual void predict(const DatasetView& data, uint8_t* out) = 0;
   // predict() and, beside it, the last layer's outputs (logits) of every row into
   // logits[data.rows * classes]: the classes are predict()'s, bit for bit. The default throws
-  // InputError naming the backend (only the CPU backend gives logits so far).
+  // InputError naming the backend (the CPU and CUDA backends give logits).
   virtual void predict_logits(const DatasetView& data, uint8_t* classes, float* logits);
 
  protected:

@@ -19,7 +19,7 @@ void check_model_data(const ModelConfig& config, const DatasetView& data, bool n
 
 void Backend::predict_logits(const DatasetView&, uint8_t*, float*) {
   throw InputError("the " + name() + " backend cannot give logits (prediction with "
-                   "probabilities runs on the CPU backend)");
+                   "probabilities runs on the CPU and CUDA backends)");
 }
 
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,

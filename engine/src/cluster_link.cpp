@@ -1,5 +1,6 @@
 #include "cluster_link.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "tandem/error.h"
@@ -61,21 +62,31 @@ CoordinatorLink::~CoordinatorLink() {
   if (heartbeats_.joinable()) heartbeats_.join();
 }
 
-nlohmann::json CoordinatorLink::request(nlohmann::json message) {
+nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) {
+  if (timeout_ms < 0) timeout_ms = timeout_ms_;
   const uint64_t seq = next_seq_++;
   message["seq"] = seq;
   if (!send_json(socket_, message, nullptr))
     throw TransportError("cannot queue a '" + message.value("type", std::string("?")) +
                          "' request to the coordinator at " + endpoint_ + " (not reachable)");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool shortened = false;
   for (;;) {
+    // A role stopped from its own process (set_cancel) waits at most 500 ms more for any
+    // answer: the coordinator may be what has gone.
+    if (!shortened && cancelled()) {
+      deadline = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+      shortened = true;
+    }
     const long left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()).count();
-    nlohmann::json reply;
-    if (left <= 0 || !receive_json(socket_, reply, left))
+    if (left <= 0)
       throw TransportError("the coordinator at " + endpoint_ + " did not answer a '" +
                            message.value("type", std::string("?")) + "' request within " +
-                           std::to_string(timeout_ms_) + " ms");
+                           std::to_string(shortened ? 500 : timeout_ms) + " ms");
+    nlohmann::json reply;
+    // In slices, to notice a cancel while waiting.
+    if (!receive_json(socket_, reply, shortened ? left : std::min<long>(left, 100))) continue;
     if (reply.value("seq", uint64_t{0}) != seq) continue;  // the late answer to an older request
     if (reply.contains("error"))
       throw Error("coordinator at " + endpoint_ + ": " + reply["error"].get<std::string>());
@@ -106,8 +117,16 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
                             next_beat - std::chrono::steady_clock::now()).count();
       if (left <= 0) break;
       nlohmann::json reply;
-      if (!receive_json(socket, reply, std::min<long>(left, 50))) continue;
+      const bool answered = receive_json(socket, reply, std::min<long>(left, 50));
       std::lock_guard<std::mutex> lock(mutex_);
+      if (cancel_ && *cancel_) {
+        if (phase_ != "done") {
+          phase_ = "done";
+          phase_changed_.notify_all();
+        }
+        continue;
+      }
+      if (!answered) continue;
       last_reply_ = std::chrono::steady_clock::now();
       const std::string phase = reply.value("phase", phase_);
       if (phase != phase_) {
@@ -120,7 +139,18 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
 
 std::string CoordinatorLink::phase() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (cancel_ && *cancel_) return "done";
   return phase_;
+}
+
+bool CoordinatorLink::cancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancel_ && *cancel_;
+}
+
+void CoordinatorLink::set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cancel_ = std::move(cancel);
 }
 
 bool CoordinatorLink::coordinator_lost(int lost_after_ms) const {

@@ -37,14 +37,18 @@ class CoordinatorLink {
 
   // Sends `message` and waits for its reply. Throws TransportError naming the coordinator when
   // none comes within the timeout, tandem::Error with the coordinator's text for {"error": ...}.
-  nlohmann::json request(nlohmann::json message);
+  // timeout_ms < 0: the link's own.
+  nlohmann::json request(nlohmann::json message, int timeout_ms = -1);
 
   // Heartbeats every interval_ms as {"type": "heartbeat", "name": name, "status": status()}.
   void start_heartbeats(std::string name, std::function<nlohmann::json()> status,
                         int interval_ms = 500);
   // The phase the newest heartbeat reply named ("starting", "training", "draining", "done",
-  // "failed"); "" before the first.
+  // "failed"); "" before the first. "done" once `cancel` (set_cancel) is true: a role told to
+  // stop from its own process ends as if the run were over.
   std::string phase() const;
+  void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel);
+  bool cancelled() const;
   // No heartbeat reply for lost_after_ms: the coordinator is gone.
   bool coordinator_lost(int lost_after_ms) const;
   // Wakes when a heartbeat reply changes the phase (or after timeout_ms).
@@ -64,6 +68,7 @@ class CoordinatorLink {
   mutable std::mutex mutex_;
   mutable std::condition_variable phase_changed_;
   std::string phase_;
+  std::shared_ptr<const std::atomic<bool>> cancel_;
   std::chrono::steady_clock::time_point last_reply_ = std::chrono::steady_clock::now();
   std::atomic<bool> stopping_{false};
   std::thread heartbeats_;

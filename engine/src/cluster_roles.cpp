@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <cstdio>
@@ -65,6 +66,7 @@ json to_json(const RunSettings& s) {
           {"curve_secret_file", s.curve_secret_file},
           {"curve_allowed_path", s.curve_allowed_path},
           {"curve_client_file", s.curve_client_file},
+          {"fed", s.fed},
           {"ps_timeout_ms", s.ps_timeout_ms},
           {"init_timeout_ms", s.init_timeout_ms}};
 }
@@ -101,6 +103,7 @@ RunSettings run_settings_from_json(const json& j) {
     s.curve_secret_file = j.at("curve_secret_file").get<std::string>();
     s.curve_allowed_path = j.at("curve_allowed_path").get<std::string>();
     s.curve_client_file = j.at("curve_client_file").get<std::string>();
+    s.fed = j.value("fed", false);
     s.ps_timeout_ms = j.at("ps_timeout_ms").get<int>();
     s.init_timeout_ms = j.at("init_timeout_ms").get<int>();
   } catch (const json::exception& e) {
@@ -164,7 +167,7 @@ std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptio
   for (;;) {
     const json reply = link.request({{"type", "spec"}});
     const std::string phase = reply.value("phase", std::string());
-    if (training_over(phase)) return {};
+    if (training_over(phase) || training_over(link.phase())) return {};
     if (reply.value("ready", false)) {
       std::vector<std::string> endpoints;
       for (const json& ps : reply.at("spec").at("ps")) endpoints.push_back(ps.at("address"));
@@ -259,20 +262,50 @@ bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const
   }
 }
 
-void say_goodbye(CoordinatorLink& link, const std::string& name) {
+// `status`: the role's last counters (a worker's batches done), which the heartbeats may not
+// have carried yet.
+void say_goodbye(CoordinatorLink& link, const std::string& name, const json& status = nullptr) {
   try {
-    link.request({{"type", "goodbye"}, {"name", name}});
+    json request{{"type", "goodbye"}, {"name", name}};
+    if (!status.is_null()) request["status"] = status;
+    // A role stopped from its own process may be stopping because the coordinator is gone:
+    // say goodbye, but do not wait long for an answer.
+    link.request(request, link.cancelled() ? 500 : -1);
   } catch (const Error&) {
     // The coordinator is gone already; nothing to tell.
   }
 }
 
+// Closes a worker's feed (when it has one) however the worker leaves: an error before or while
+// training, or training over before it began. A feeder waiting for room must never wait on a
+// worker that is gone, and the blocks still queued are released. The first reason given stays.
+class FeedCloser {
+ public:
+  FeedCloser(std::shared_ptr<FeedQueue> feed, std::string who)
+      : feed_(std::move(feed)), who_(std::move(who)) {}
+  ~FeedCloser() {
+    close(std::uncaught_exceptions() > 0 ? " stopped on an error" : " has stopped");
+  }
+  FeedCloser(const FeedCloser&) = delete;
+  FeedCloser& operator=(const FeedCloser&) = delete;
+  void name(std::string who) { who_ = std::move(who); }
+  void close(const std::string& how) {
+    if (feed_) feed_->close(who_ + how);
+  }
+
+ private:
+  std::shared_ptr<FeedQueue> feed_;
+  std::string who_;
+};
+
 }  // namespace
 
-void run_ps_role(const RoleOptions& o) {
+// The role itself; run_ps_role wraps it (run_cancellable).
+static void ps_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
   CoordinatorLink link(o.coordinator, rc.context);
+  link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "ps");
   ServerOptions so;
   so.mode = parse_mode(r.settings.ps_mode);
@@ -316,10 +349,14 @@ void run_ps_role(const RoleOptions& o) {
   say_goodbye(link, r.name);
 }
 
-void run_worker_role(const RoleOptions& o) {
+// The role itself; run_worker_role wraps it (run_cancellable).
+static void worker_role(const RoleOptions& o) {
   RoleContext rc(o.context);
+  FeedCloser feed_closer(o.feed, o.name.empty() ? "the worker" : o.name);
   CoordinatorLink link(o.coordinator, rc.context);
+  link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "worker");
+  feed_closer.name(r.name);
   // What the heartbeats carry; written by this thread, read by the heartbeat thread.
   struct Status {
     std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, task{0}, done{0};
@@ -340,25 +377,39 @@ void run_worker_role(const RoleOptions& o) {
   }, o.heartbeat_ms);
 
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
-  if (servers.empty()) return say_goodbye(link, r.name);
+  if (servers.empty()) {
+    feed_closer.close(" has stopped: training ended before it began");
+    return say_goodbye(link, r.name);
+  }
   const RunSettings& s = r.settings;
-  const DatasetStore store = DatasetStore::open(s.data);
-  ChunkManagerOptions cm;
-  cm.batch_rows = s.batch;
-  cm.shuffle = s.shuffle;
-  cm.seed = s.seed;
-  cm.readers = s.readers;
-  cm.assemblers = s.assemblers;
-  ChunkManager stream(store.train, store.num_classes, cm);
-  if (stream.features() != s.model.inputs() || store.num_classes != int(s.model.classes()))
-    throw InputError(r.name + ": the store " + s.data + " has " + std::to_string(stream.features()) +
-                     " features and " + std::to_string(store.num_classes) +
-                     " classes, the model is " + s.model.describe());
+  if (s.fed && !o.feed)
+    throw InputError(r.name + ": this run trains on fed batches, and this worker was started "
+                     "without a feed (start it from the Python package: tandem.WorkerRole)");
+  std::unique_ptr<ChunkManager> stream;
+  if (!s.fed) {
+    const DatasetStore store = DatasetStore::open(s.data);
+    ChunkManagerOptions cm;
+    cm.batch_rows = s.batch;
+    cm.shuffle = s.shuffle;
+    cm.seed = s.seed;
+    cm.readers = s.readers;
+    cm.assemblers = s.assemblers;
+    stream = std::make_unique<ChunkManager>(store.train, store.num_classes, cm);
+    if (stream->features() != s.model.inputs() || store.num_classes != int(s.model.classes()))
+      throw InputError(r.name + ": the store " + s.data + " has " + std::to_string(stream->features()) +
+                       " features and " + std::to_string(store.num_classes) +
+                       " classes, the model is " + s.model.describe());
+  }
   std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
                                                   s.worker_threads, parse_precision(s.precision));
-  PsClient client(servers, client_options(s, rc.context));
+  ClientOptions client_settings = client_options(s, rc.context);
+  client_settings.cancel = o.cancel;
+  PsClient client(servers, client_settings);
   Model model(s.model);
-  if (!init_parameters(client, r, link, model)) return say_goodbye(link, r.name);
+  if (!init_parameters(client, r, link, model)) {
+    feed_closer.close(" has stopped: training ended before it began");
+    return say_goodbye(link, r.name);
+  }
   backend->set_parameters(model);
 
   std::vector<NamedTensor> gradients;
@@ -378,88 +429,151 @@ void run_worker_role(const RoleOptions& o) {
     backend->set_parameters(model);
     return true;
   };
-  json finished = nullptr;
-  for (bool stop = false; !stop;) {
-    check_coordinator(link, o, r.name);
-    json request{{"type", "work"}, {"name", r.name}};
-    if (!finished.is_null()) request["finished"] = finished;
-    const json reply = link.request(request);
-    finished = nullptr;
-    if (reply.value("stop", false)) break;
-    if (!reply.contains("task")) {
-      link.wait_phase_change(link.phase(), reply.value("wait_ms", 50));
-      continue;
-    }
-    const json& task = reply["task"];
-    const int64_t task_id = task.at("id").get<int64_t>();
-    status->done = 0;
-    status->task = task_id;
-    stream.start_epoch(task.at("epoch").get<int64_t>(), task.at("batches").get<std::vector<int64_t>>());
-    DatasetView batch;
-    for (;;) {
-      if (training_over(link.phase())) {
-        stop = true;
-        break;
-      }
-      if (!stream.next(batch)) {
-        finished = task_id;
-        break;
-      }
-      status->queue_depth = int(stream.ready_batches());
-      backend->compute_gradients(batch, nullptr, batch.rows);
-      backend->get_gradients(gradients);
-      bool answered;
-      if (s.overlap) {
-        // The previous batch's exchange has been in flight while this gradient was computed.
-        answered = !inflight || exchange([&] { return inflight->wait(); });
-        inflight.reset();
-        if (answered) {
-          try {
-            inflight = client.push_pull(gradients);
-          } catch (const transport::TransportError& e) {
-            answered = exchange([&]() -> PsResult { throw e; });
-          }
+  // One batch: its gradient, pushed; false when training ended while the servers were away.
+  auto train_batch = [&](const DatasetView& batch) {
+    backend->compute_gradients(batch, nullptr, batch.rows);
+    backend->get_gradients(gradients);
+    bool answered;
+    if (s.overlap) {
+      // The previous batch's exchange has been in flight while this gradient was computed.
+      answered = !inflight || exchange([&] { return inflight->wait(); });
+      inflight.reset();
+      if (answered) {
+        try {
+          inflight = client.push_pull(gradients);
+        } catch (const transport::TransportError& e) {
+          answered = exchange([&]() -> PsResult { throw e; });
         }
-      } else {
-        answered = exchange([&] { return client.push_pull(gradients).wait(); });
       }
-      if (!answered) {
-        stop = true;
-        break;
-      }
-      status->steps += 1;
-      status->samples += batch.rows;
-      status->batches_done += 1;
-      status->done += 1;
+    } else {
+      answered = exchange([&] { return client.push_pull(gradients).wait(); });
     }
+    if (!answered) return false;
+    status->steps += 1;
+    status->samples += batch.rows;
+    status->batches_done += 1;
+    status->done += 1;
+    return true;
+  };
+
+  json finished = nullptr;
+  if (s.fed) {
+    // Each fed block is cut into batches of s.batch rows (the last one may be shorter), in the
+    // order given: whoever feeds chooses the order, as the seed's queue does.
+    try {
+      while (!training_over(link.phase())) {
+        check_coordinator(link, o, r.name);
+        status->queue_depth = int(o.feed->depth());
+        std::optional<FedBlock> block = o.feed->pop(100);
+        if (!block) {
+          backend->rest();
+          continue;
+        }
+        const DatasetView& rows = block->rows;
+        if (rows.labels == nullptr) throw InputError(r.name + ": a fed block has no labels");
+        for (int64_t i = 0; i < rows.rows; ++i)
+          if (rows.labels[i] >= s.model.classes())
+            throw InputError(r.name + ": a fed block has label " + std::to_string(int(rows.labels[i])) +
+                             " at row " + std::to_string(i) + "; the model has " +
+                             std::to_string(s.model.classes()) + " classes");
+        try {
+          check_model_data(s.model, rows, true);
+        } catch (const InputError& e) {
+          throw InputError(r.name + ": a fed block: " + e.what());
+        }
+        bool go_on = true;
+        for (int64_t begin = 0; go_on && begin < rows.rows; begin += s.batch) {
+          if (training_over(link.phase())) break;
+          go_on = train_batch(rows.slice(begin, std::min(rows.rows, begin + s.batch)));
+        }
+        if (!go_on) break;
+      }
+    } catch (...) {
+      o.feed->close(r.name + " stopped on an error");
+      throw;
+    }
+    o.feed->close(r.name + " has stopped: training is over");
+  } else {
+    for (bool stop = false; !stop;) {
+      check_coordinator(link, o, r.name);
+      json request{{"type", "work"}, {"name", r.name}};
+      if (!finished.is_null()) request["finished"] = finished;
+      const json reply = link.request(request);
+      finished = nullptr;
+      if (reply.value("stop", false)) break;
+      if (!reply.contains("task")) {
+        link.wait_phase_change(link.phase(), reply.value("wait_ms", 50));
+        continue;
+      }
+      const json& task = reply["task"];
+      const int64_t task_id = task.at("id").get<int64_t>();
+      status->done = 0;
+      status->task = task_id;
+      stream->start_epoch(task.at("epoch").get<int64_t>(), task.at("batches").get<std::vector<int64_t>>());
+      DatasetView batch;
+      for (;;) {
+        if (training_over(link.phase())) {
+          stop = true;
+          break;
+        }
+        if (!stream->next(batch)) {
+          finished = task_id;
+          break;
+        }
+        status->queue_depth = int(stream->ready_batches());
+        if (!train_batch(batch)) {
+          stop = true;
+          break;
+        }
+      }
+    }
+    stream->cancel();
   }
-  stream.cancel();
   if (inflight) exchange([&] { return inflight->wait(); });  // the last gradient is applied
   if (!finished.is_null()) {
     try {
-      link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}});
+      link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}},
+                   link.cancelled() ? 500 : -1);
     } catch (const Error&) {
     }
   }
-  say_goodbye(link, r.name);
+  say_goodbye(link, r.name, json{{"steps", status->steps.load()}, {"samples", status->samples.load()},
+                                 {"batches_done", status->batches_done.load()},
+                                 {"task", status->task.load()}, {"done", status->done.load()},
+                                 {"queue_depth", 0}});
 }
 
-void run_scorer_role(const RoleOptions& o) {
+// The role itself; run_scorer_role wraps it (run_cancellable).
+static void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   CoordinatorLink link(o.coordinator, rc.context);
+  link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "scorer");
   auto scores = std::make_shared<std::atomic<int64_t>>(0);
   link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; }, o.heartbeat_ms);
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
   if (servers.empty()) return say_goodbye(link, r.name);
   const RunSettings& s = r.settings;
-  const DataSplits splits = load_store_eval_splits(s.data);
-  if (splits.validation.rows() == 0)
-    throw InputError(r.name + ": the store " + s.data + " has no validation split to score on");
+  // The rows scored: given to this scorer (a fed run), or the store's validation split.
+  DataSplits splits;
+  DatasetView validation;
+  if (o.validation) {
+    validation = o.validation->rows;
+  } else {
+    if (s.data.empty())
+      throw InputError(r.name + ": this run has no store (data) and the scorer was given no "
+                       "validation rows to score on");
+    splits = load_store_eval_splits(s.data);
+    validation = splits.validation.view();
+    if (validation.rows == 0)
+      throw InputError(r.name + ": the store " + s.data + " has no validation split to score on");
+  }
   std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
                                                   s.scorer_threads, parse_precision(s.precision));
-  check_model_data(s.model, splits.validation.view(), true);
-  PsClient client(servers, client_options(s, rc.context));
+  check_model_data(s.model, validation, true);
+  ClientOptions client_settings = client_options(s, rc.context);
+  client_settings.cancel = o.cancel;
+  PsClient client(servers, client_settings);
   Model model(s.model);
   if (!init_parameters(client, r, link, model)) return say_goodbye(link, r.name);
   const auto interval = std::chrono::duration_cast<Clock::duration>(
@@ -492,7 +606,7 @@ void run_scorer_role(const RoleOptions& o) {
     }
     model.parameters() = std::move(result.tensors);
     backend->set_parameters(model);
-    const BatchStats stats = backend->evaluate(splits.validation.view());
+    const BatchStats stats = backend->evaluate(validation);
     const double n = double(std::max<int64_t>(stats.samples, 1));
     if (!s.best_model_path.empty() && stats.loss_sum < best_loss) {
       // Written before the score is sent: once the coordinator sees a score, its parameters
@@ -517,5 +631,25 @@ void run_scorer_role(const RoleOptions& o) {
   }
   say_goodbye(link, r.name);
 }
+
+namespace {
+
+// A role stopped from its own process (RoleOptions::cancel) gives up on requests that would
+// otherwise wait out their timeouts; those failures are the stop itself, not errors.
+template <typename Role>
+void run_cancellable(const RoleOptions& o, Role role) {
+  try {
+    role(o);
+  } catch (const transport::TransportError&) {
+    if (o.cancel && *o.cancel) return;
+    throw;
+  }
+}
+
+}  // namespace
+
+void run_ps_role(const RoleOptions& o) { run_cancellable(o, ps_role); }
+void run_worker_role(const RoleOptions& o) { run_cancellable(o, worker_role); }
+void run_scorer_role(const RoleOptions& o) { run_cancellable(o, scorer_role); }
 
 }  // namespace tandem

@@ -22,10 +22,13 @@
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
 
+#include "feed_queue.h"
 #include "tandem/config.h"
 
 namespace tandem {
@@ -62,6 +65,11 @@ struct RunSettings {
   std::string curve_secret_file;     // the servers' secret key file
   std::string curve_allowed_path;    // admitted client keys: a file of keys or a dir of *.key
   std::string curve_client_file;     // the clients' key file (secret); empty: a throwaway pair
+  // Workers train on the blocks fed to them in their own process (RoleOptions::feed: the Python
+  // package, tandem.dask.feed) rather than on work handed out by the coordinator; `data` may
+  // then be empty (the scorer is given its validation rows instead). No epochs: the run stops by
+  // target, time or request.
+  bool fed = false;
   int ps_timeout_ms = 10000;         // a parameter server request's deadline
   int init_timeout_ms = 60000;       // how long non-chief workers wait for the chief's init
 };
@@ -80,6 +88,14 @@ struct RoleOptions {
   // ps: the host peers reach this node by, for a server bound to tcp://0.0.0.0:* (empty: this
   // machine's name).
   std::string advertise;
+  // worker, in a fed run: where its blocks come from (closed by the worker when it stops).
+  std::shared_ptr<FeedQueue> feed;
+  // Set from another thread of this process: the role ends as if the run were over (a server
+  // writes its final checkpoint), without waiting for the coordinator. Null: only the
+  // coordinator ends it.
+  std::shared_ptr<std::atomic<bool>> cancel;
+  // scorer: score on these rows rather than the store's validation split.
+  std::shared_ptr<const FedBlock> validation;
   int heartbeat_ms = 500;
   int coordinator_lost_ms = 15000;  // no heartbeat reply this long: give up
 };

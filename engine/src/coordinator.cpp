@@ -58,6 +58,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
       control_(options_.context ? *options_.context : *own_context_, zmq::socket_type::router),
       scores_(options_.context ? *options_.context : *own_context_, zmq::socket_type::xpub),
       work_(options_.batches_per_epoch, options_.max_epochs) {
+  if (options_.fed && options_.max_epochs > 0)
+    throw InputError("a fed run has no epochs (whoever feeds decides how often the data comes "
+                     "round): stop it by target, time or request, not max epochs");
   control_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
@@ -188,6 +191,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   }
   if (type == "goodbye") {
     role.state = "stopped";
+    if (r.contains("status") && r["status"].is_object()) role.status = r["status"];
     if (role.role == "worker") work_.worker_lost(name);
     changed_.notify_all();
     return json::object();
@@ -241,6 +245,8 @@ json Coordinator::handle_work(const json& r) {
   auto it = roles_.find(name);
   if (it == roles_.end() || it->second.role != "worker")
     throw InputError("'work' from '" + name + "', which is not a registered worker");
+  if (options_.fed)
+    throw InputError("'work' from '" + name + "': this run's workers train on fed blocks");
   it->second.last_seen = Clock::now();
   if (it->second.state == "lost") it->second.state = "running";
   if (r.contains("finished") && r["finished"].is_number_integer())
@@ -503,7 +509,15 @@ int64_t Coordinator::epochs_completed() const {
 
 int64_t Coordinator::batches_done() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return work_.batches_done();
+  return batches_done_locked();
+}
+
+int64_t Coordinator::batches_done_locked() const {
+  if (!options_.fed) return work_.batches_done();
+  int64_t sum = 0;
+  for (const auto& [name, role] : roles_)
+    if (role.role == "worker") sum += role.status.value("batches_done", int64_t{0});
+  return sum;
 }
 
 json Coordinator::state() const {
@@ -512,7 +526,7 @@ json Coordinator::state() const {
   json cluster{{"state", to_string(phase_)},
                {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
                {"epoch", work_.epochs_completed()},
-               {"batches_done", work_.batches_done()},
+               {"batches_done", batches_done_locked()},
                {"target", options_.target},
                {"stop_reason", stop_reason_},
                {"failure", failure_}};

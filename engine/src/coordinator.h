@@ -14,7 +14,7 @@
 //     progress  {name, task, done}        -> {}  (also carried by heartbeats)
 //     heartbeat {name, status}            -> {phase}
 //     score     {step, loss, accuracy, samples} -> {}: appended to the scores channel
-//     goodbye   {name}                    -> {}: the role stopped on purpose
+//     goodbye   {name, status?}           -> {}: the role stopped on purpose (status: its last)
 //     status    {}                        -> the state() document (dashboard, tests)
 //     stop      {reason}                  -> {}: stop training now
 //   scores   XPUB, topic "scores": one JSON message per score, {seq, t, step, loss, loss_mean,
@@ -63,6 +63,9 @@ struct CoordinatorOptions {
   int expected_scorers = 1;
   nlohmann::json run_config = nlohmann::json::object();  // handed to every role
   int64_t batches_per_epoch = 1;
+  // Workers train on blocks fed to them (RunSettings::fed): no work is handed out, there are no
+  // epochs, and batches done are the sum of what the workers report.
+  bool fed = false;
   int64_t max_epochs = 0;   // 0: no limit
   double max_seconds = 0;   // 0: no limit
   double target = 0;        // stop when a score's loss is below this; 0: off
@@ -143,6 +146,7 @@ class Coordinator {
   void set_phase(ClusterPhase phase);             // with mutex_ held
   void publish(const nlohmann::json& message);    // serving thread only
   bool all_ready() const;                         // with mutex_ held
+  int64_t batches_done_locked() const;            // with mutex_ held
   std::vector<std::string> live_workers() const;  // with mutex_ held
   std::vector<std::string> missing_roles() const;  // with mutex_ held
   nlohmann::json spec_locked() const;

@@ -489,9 +489,21 @@ BatchStats CudaBackend::evaluate(const DatasetView& data) {
 }
 
 void CudaBackend::predict(const DatasetView& data, uint8_t* out) {
+  predict_pieces(data, out, nullptr);
+}
+
+void CudaBackend::predict_logits(const DatasetView& data, uint8_t* classes, float* logits) {
+  predict_pieces(data, classes, logits);
+}
+
+void CudaBackend::predict_pieces(const DatasetView& data, uint8_t* classes, float* logits) {
   check_data(data, false);
+  // The predictor's worker threads call in turn on one backend: the calling thread's current
+  // device must be the backend's.
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
   ensure_capacity(std::min(data.rows, kEvalChunkRows));
   const size_t num_layers = config_.layers.size() - 1;
+  const auto num_classes = static_cast<size_t>(config_.classes());
   for (int64_t begin = 0; begin < data.rows; begin += kEvalChunkRows) {
     const int64_t end = std::min(data.rows, begin + kEvalChunkRows);
     DatasetView piece = data.slice(begin, end);
@@ -499,13 +511,20 @@ void CudaBackend::predict(const DatasetView& data, uint8_t* out) {
     Slot* slot = nullptr;
     const DeviceBatch batch = stage(piece, nullptr, end - begin, slot);
     enqueue_forward(batch);
+    // The classes come from the device's arg-max of the very logits copied back below, so with
+    // or without logits they are the same bits (first maximum wins, as on the CPU).
     kernels::argmax_rows_cuda(activations_[num_layers].data(), predictions_.data(), batch.n,
                               config_.classes(), stream_);
     TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out + begin, predictions_.data(),
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(classes + begin, predictions_.data(),
                                       static_cast<size_t>(batch.n), cudaMemcpyDeviceToHost,
                                       stream_));
-    // The next piece overwrites predictions_: this one must have arrived first.
+    if (logits != nullptr)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(logits + static_cast<size_t>(begin) * num_classes,
+                                        activations_[num_layers].data(),
+                                        sizeof(float) * static_cast<size_t>(batch.n) * num_classes,
+                                        cudaMemcpyDeviceToHost, stream_));
+    // The next piece overwrites predictions_ and the logits: this one's must have arrived first.
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 }

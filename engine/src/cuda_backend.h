@@ -56,6 +56,9 @@ class CudaBackend final : public Backend {
   void release_resident() override;
   BatchStats evaluate(const DatasetView& data) override;
   void predict(const DatasetView& data, uint8_t* out) override;
+  // predict() plus the last layer's outputs, copied back beside the classes (one backend may be
+  // called in turn from several threads; not at the same time).
+  void predict_logits(const DatasetView& data, uint8_t* classes, float* logits) override;
 
   // Waits for all queued work (a benchmark's timer, or before reading results).
   void synchronize();
@@ -98,6 +101,8 @@ class CudaBackend final : public Backend {
   DeviceBatch stage(const DatasetView& data, const int32_t* rows, int64_t count, Slot*& slot);
   const Resident* find_resident(const DatasetView& data, int64_t& first_row) const;
   void enqueue_forward(const DeviceBatch& batch);
+  // predict() and predict_logits(): the classes of every row, and its logits unless null.
+  void predict_pieces(const DatasetView& data, uint8_t* classes, float* logits);
   void enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals);
   void enqueue_optimizer();
   void enqueue_train_step(const DeviceBatch& batch);

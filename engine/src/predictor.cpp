@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "array_stats.h"
 #include "backend.h"
 #include "crc32c.h"
+#include "cuda/cuda_device.h"
 #include "dataset_store.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -310,16 +313,38 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   const PixelType pixel_type =
       im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
   const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
+  // On a GPU, one backend for all the workers (one device context and one copy of the
+  // parameters; the device takes the chunks one at a time, under `device_mutex`) while the
+  // workers read and write chunks around it. Made before any chunk is read, and also when there
+  // is nothing to do if CUDA was asked for, so `cuda` without a usable device fails at once with
+  // make_backend's reason.
+  const bool have_device = kernels::cuda_device_count() > 0;
+  const bool on_device = options.backend == BackendKind::Cuda ||
+                         (options.backend == BackendKind::Auto && have_device);
+  s.backend = on_device ? "cuda" : "cpu";
+  const bool any_work = !chunks_to_write.empty() && options.stop_after_chunks != 0;
+  std::unique_ptr<Backend> device_backend;
+  std::mutex device_mutex;
+  if (on_device && (any_work || !have_device)) {
+    device_backend = make_backend(BackendKind::Cuda, in.checkpoint.model.config(),
+                                  OptimizerConfig{}, 1);
+    device_backend->set_parameters(in.checkpoint.model);
+  }
   std::atomic<int64_t> next{0}, written{0}, predicted{0};
   std::atomic<bool> failed{false};
   ThreadPool pool(workers);
   pool.run([&](int w) {
     try {
-      // The threads are shared out among the workers; with fewer chunks than threads each chunk
-      // is itself split across its worker's backend threads.
-      const int threads = total_threads / workers + (w < total_threads % workers ? 1 : 0);
-      auto backend = make_cpu_backend(in.checkpoint.model.config(), OptimizerConfig{}, threads);
-      backend->set_parameters(in.checkpoint.model);
+      std::unique_ptr<Backend> own_backend;
+      Backend* backend = device_backend.get();
+      if (!on_device) {
+        // The threads are shared out among the workers; with fewer chunks than threads each
+        // chunk is itself split across its worker's backend threads.
+        const int threads = total_threads / workers + (w < total_threads % workers ? 1 : 0);
+        own_backend = make_cpu_backend(in.checkpoint.model.config(), OptimizerConfig{}, threads);
+        own_backend->set_parameters(in.checkpoint.model);
+        backend = own_backend.get();
+      }
       std::vector<uint8_t> pixels, buffer, ids(static_cast<size_t>(chunk_rows));
       std::vector<float> logits(size_t(chunk_rows * classes)), probs(logits.size());
       for (;;) {
@@ -338,7 +363,11 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
         view.num_classes = static_cast<int>(classes);
         std::fill(ids.begin(), ids.end(), uint8_t{0});
         std::fill(probs.begin(), probs.end(), 0.0f);  // the edge chunk's padding
-        backend->predict_logits(view, ids.data(), logits.data());
+        {
+          std::unique_lock<std::mutex> turn(device_mutex, std::defer_lock);
+          if (on_device) turn.lock();
+          backend->predict_logits(view, ids.data(), logits.data());
+        }
         for (int64_t r = 0; r < n; ++r)
           softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
                       probs.data() + r * classes);

@@ -14,11 +14,17 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/config.h"
+
 namespace tandem {
 
 struct PredictOptions {
   std::string split = "test";  // train, validation or test
   int threads = 0;             // CPU threads in all (0: all cores)
+  // Cpu: each worker thread has its own CPU backend with its share of the threads. Cuda: one
+  // backend on device 0 predicts every chunk in turn while the `threads` workers read and write
+  // chunks around it. Auto: Cuda when a device is present, Cpu otherwise.
+  BackendKind backend = BackendKind::Auto;
   int share = 0;               // this process takes share `share` of `shares` (contiguous chunks)
   int shares = 1;
   bool overwrite = false;      // replace an output made from another model or input
@@ -34,6 +40,7 @@ struct PredictSummary {
   int64_t rows_predicted = 0;  // by this call
   double seconds = 0.0;
   double samples_per_s = 0.0;  // rows_predicted / seconds
+  std::string backend;         // "cpu" or "cuda": what options.backend chose here
   bool has_labels = false;     // accuracy and correct are set (after add_accuracy)
   double accuracy = 0.0;
   int64_t correct = 0;
@@ -46,8 +53,9 @@ struct PredictSummary {
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
                             const std::string& out_path, const PredictOptions& options);
 
-// Predicts the chunks of options' share that are not complete yet, with options.threads threads.
-// The output must have been prepared (InputError otherwise, or when its fingerprint differs).
+// Predicts the chunks of options' share that are not complete yet, with options.threads threads,
+// on options.backend. The output must have been prepared (InputError otherwise, or when its
+// fingerprint differs); InputError too when CUDA is asked for and no device can be used.
 PredictSummary predict_chunks(const std::string& model_path, const std::string& store_path,
                               const std::string& out_path, const PredictOptions& options);
 

@@ -166,6 +166,11 @@ PsClient::Handle PsClient::send_each(MessageType type,
                                      const std::vector<std::vector<FloatTensorRef>>& per_server,
                                      const std::vector<std::string>& extra,
                                      const std::vector<bool>& involved) {
+  // A stopping client sends nothing: a send to a server that has stopped with it (inproc, no
+  // peer left) would wait out the whole timeout.
+  if (options_.cancel && *options_.cancel)
+    throw TransportError(std::string("parameter server client: ") + transport::to_string(type) +
+                         " not sent: this client is stopping");
   Handle handle;
   handle.client_ = this;
   handle.type_ = type;
@@ -289,8 +294,14 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
                            std::to_string(options_.timeout_ms) + " ms" +
                            (why.empty() ? "" : ": " + why));
     }
+    if (options_.cancel && *options_.cancel) {
+      server.outstanding.erase(request_id);
+      throw TransportError(where + ": " + transport::to_string(type) + " request " +
+                           std::to_string(request_id) + " abandoned: this client is stopping");
+    }
     Frames frames;
-    if (!transport::receive_frames(server.socket, frames, long(left), where)) continue;
+    const long slice = options_.cancel ? std::min<long>(long(left), 100) : long(left);
+    if (!transport::receive_frames(server.socket, frames, slice, where)) continue;
     const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
     if (!r.header_ok)
       throw TransportError(where + " sent an unreadable reply: " + r.error);

@@ -22,6 +22,7 @@
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -62,6 +63,10 @@ struct ClientOptions {
   // A chief's init(): split large tensors by rows across the servers (place_parts); false: place
   // whole tensors only (place_tensors). Other clients follow whatever the servers hold.
   bool split_tensors = true;
+  // When it becomes true (set by another thread), a wait gives up within about 100 ms with a
+  // TransportError, as a timeout would: a role stopping from its own process does not sit out
+  // timeout_ms for a server that stopped with it. Null: only the timeout.
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 struct PsResult {

@@ -26,6 +26,7 @@
 #include "metrics_log.h"
 #include "process_launcher.h"
 #include "progress_line.h"
+#include "score_subscriber.h"
 #include "tandem/tandem.h"
 #include "tensorboard_writer.h"
 #include "zmq_curve.h"
@@ -410,33 +411,18 @@ void run_rank(RankCommandOptions& r) {
 
 void run_scores(const std::string& coordinator, bool follow, double wait_s) {
   zmq::context_t context(1);
-  CoordinatorLink link(coordinator_address(coordinator), context, 5000);
-  const json spec = link.request({{"type", "spec"}});
-  const std::string endpoint = spec.at("spec").at("scores").get<std::string>();
-  zmq::socket_t sub(context, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::linger, 0);
-  sub.set(zmq::sockopt::subscribe, "scores");
-  sub.connect(endpoint);
-  int64_t newest = 0;
+  ScoreSubscriber scores(coordinator_address(coordinator), context, 5000);
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<long>(wait_s * 1000));
   for (;;) {
-    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(100));
     if (!follow && std::chrono::steady_clock::now() > until) return;
-    if (!(item.revents & ZMQ_POLLIN)) continue;
-    zmq::message_t topic, body;
-    if (!sub.recv(topic) || !sub.recv(body)) continue;
-    const json m = json::parse(body.to_string_view(), nullptr, false);
-    if (m.is_discarded()) continue;
-    if (m.value("end", false)) {
-      std::printf("end: %s\n", m.value("reason", std::string()).c_str());
+    const std::optional<json> m = scores.next(100);
+    if (!m) continue;
+    if (m->value("end", false)) {
+      std::printf("end: %s\n", m->value("reason", std::string()).c_str());
       return;
     }
-    const int64_t seq = m.value("seq", int64_t{0});
-    if (seq <= newest) continue;  // a replay for another subscriber
-    newest = seq;
-    std::printf("%s\n", m.dump().c_str());
+    std::printf("%s\n", m->dump().c_str());
     std::fflush(stdout);
   }
 }

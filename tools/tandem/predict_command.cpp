@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "predictor.h"
+#include "tandem/config.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
@@ -28,6 +29,7 @@ struct PredictCliOptions {
   std::string data;
   std::string out;
   std::string chunks;  // hidden: "i/N", this process's share (set for the children)
+  std::string backend = "auto";
   int processes = 1;
   bool json = false;
   PredictOptions engine;
@@ -43,6 +45,7 @@ std::string self_path() {
 pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share, int threads) {
   std::vector<std::string> args = {self, "predict", "--model", o.model, "--data", o.data,
                                    "--split", o.engine.split, "--out", o.out,
+                                   "--backend", o.backend,
                                    "--threads", std::to_string(threads), "--chunks",
                                    std::to_string(share) + "/" + std::to_string(o.processes)};
   std::vector<char*> argv;
@@ -92,6 +95,7 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
                         {"rows_predicted", s.rows_predicted},
                         {"seconds", s.seconds},
                         {"samples_per_s", s.samples_per_s},
+                        {"backend", s.backend},
                         {"processes", o.processes},
                         {"split", o.engine.split},
                         {"out", o.out}};
@@ -103,15 +107,17 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
     return;
   }
   std::printf("%s split: %lld rows in %lld chunks, %lld written, %lld already done; %.0f "
-              "samples/s (%.2f s)",
+              "samples/s (%.2f s) on %s",
               o.engine.split.c_str(), static_cast<long long>(s.rows),
               static_cast<long long>(s.chunks), static_cast<long long>(s.chunks_written),
-              static_cast<long long>(s.chunks_skipped), s.samples_per_s, s.seconds);
+              static_cast<long long>(s.chunks_skipped), s.samples_per_s, s.seconds,
+              s.backend.c_str());
   if (s.has_labels) std::printf(", accuracy %.4f", s.accuracy);
   std::printf("\n");
 }
 
 void run_predict(PredictCliOptions& o) {
+  o.engine.backend = parse_backend(o.backend);
   if (!o.chunks.empty()) {  // a child: its share only, no summary beyond its own counts
     if (std::sscanf(o.chunks.c_str(), "%d/%d", &o.engine.share, &o.engine.shares) != 2)
       throw InputError("--chunks takes i/N, got '" + o.chunks + "'");
@@ -131,6 +137,7 @@ void run_predict(PredictCliOptions& o) {
   run_processes(o);
   PredictSummary s;
   s.rows = before.rows;
+  s.backend = before.backend;  // what the children's --backend resolves to here
   s.chunks = chunks;
   s.chunks_skipped = before.chunks_skipped;
   s.chunks_written = chunks - before.chunks_skipped;
@@ -153,7 +160,12 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--split", o->engine.split, "train, validation or test")
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
   cmd->add_option("--out", o->out, "Zarr group to write (resumed when it exists)")->required();
-  cmd->add_option("--threads", o->engine.threads, "Threads in all (0: all cores)")
+  cmd->add_option("--backend", o->backend,
+                  "cpu, cuda or auto (auto: the GPU when one is present, else the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  cmd->add_option("--threads", o->engine.threads,
+                  "Threads in all (0: all cores); on the GPU, the threads reading and writing "
+                  "chunks")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
       ->check(CLI::PositiveNumber)->capture_default_str();

@@ -1,0 +1,139 @@
+#include "array_rows.h"
+
+#include "gil.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace py = pybind11;
+
+namespace tandem::python {
+
+namespace {
+
+std::string shape_text(const py::array& a) {
+  std::string text = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) text += (i ? ", " : "") + std::to_string(a.shape(i));
+  return text + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::string dtype_text(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+
+bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+// By type number, not identity: an array that came through pickle (a Dask transfer) carries an
+// equal dtype object that is not numpy's canonical one.
+bool is_uint8(const py::array& a) { return a.dtype().num() == py::dtype::of<uint8_t>().num(); }
+bool is_float32(const py::array& a) { return a.dtype().num() == py::dtype::of<float>().num(); }
+
+}  // namespace
+
+std::shared_ptr<void> hold_python(py::object object) {
+  auto* held = new py::object(std::move(object));
+  return std::shared_ptr<void>(held, [](void* p) {
+    // Released by a worker thread once it has trained on the block, or by whoever drops it.
+    // While the interpreter exits, taking the GIL would end this thread inside a noexcept
+    // deleter (see gil.h): the arrays are left to the exiting process instead.
+    if (python_finalizing()) return;
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+}
+
+ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_labels) {
+  ArrayRows out;
+  py::array images = py::array::ensure(images_in);
+  if (!images) throw py::type_error("images must be an array (anything numpy.asarray takes)");
+  if (images.ndim() < 2)
+    throw py::value_error("images must have one row per sample: shape (rows, features) or "
+                          "(rows, height, width), not " + shape_text(images));
+  const py::ssize_t rows = images.shape(0);
+  py::ssize_t features = 1;
+  for (py::ssize_t i = 1; i < images.ndim(); ++i) features *= images.shape(i);
+  const char kind = images.dtype().kind();
+  PixelType pixel_type;
+  if (is_uint8(images)) {
+    pixel_type = PixelType::UInt8;
+    if (!c_contiguous(images)) {
+      images = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(images);
+      out.pixels_copied = true;
+    }
+  } else if (kind == 'f') {
+    pixel_type = PixelType::Float32;
+    if (!is_float32(images) || !c_contiguous(images)) {
+      images = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(images);
+      out.pixels_copied = true;
+    }
+  } else {
+    throw py::type_error("images must be uint8 (scaled by 1/255, as stored) or floating point "
+                         "(used as they are), not " + dtype_text(images));
+  }
+
+  py::array labels;  // meaningful when have_labels (a default array is an empty one, not null)
+  const bool have_labels = !labels_in.is_none();
+  int num_classes = 0;
+  if (have_labels) {
+    labels = py::array::ensure(labels_in);
+    if (!labels) throw py::type_error("labels must be an array (anything numpy.asarray takes)");
+    if (labels.ndim() < 1 || labels.shape(0) != rows)
+      throw py::value_error("labels must have one entry per image: images are " +
+                            shape_text(images) + ", labels " + shape_text(labels));
+    const char lkind = labels.dtype().kind();
+    if (labels.ndim() == 2 && lkind == 'f') {
+      // One-hot rows (the seed's labels): the class is the arg-max of each row.
+      const py::ssize_t classes = labels.shape(1);
+      if (classes < 1 || classes > 256)
+        throw py::value_error("one-hot labels need 1 to 256 columns, not " + shape_text(labels));
+      auto dense = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(labels);
+      py::array_t<uint8_t> ids(rows);
+      const float* in = dense.data();
+      uint8_t* ids_out = ids.mutable_data();
+      for (py::ssize_t r = 0; r < rows; ++r) {
+        const float* row = in + r * classes;
+        py::ssize_t best = 0;
+        for (py::ssize_t c = 1; c < classes; ++c)
+          if (row[c] > row[best]) best = c;
+        ids_out[r] = uint8_t(best);
+      }
+      labels = ids;
+      num_classes = int(classes);
+      out.labels_copied = true;
+    } else if (labels.ndim() == 1 && (lkind == 'u' || lkind == 'i')) {
+      if (!is_uint8(labels) || !c_contiguous(labels)) {
+        auto wide = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(labels);
+        py::array_t<uint8_t> ids(rows);
+        const int64_t* in = wide.data();
+        uint8_t* ids_out = ids.mutable_data();
+        for (py::ssize_t r = 0; r < rows; ++r) {
+          if (in[r] < 0 || in[r] > 255)
+            throw py::value_error("label " + std::to_string(in[r]) + " at row " +
+                                  std::to_string(r) + " is not a class id in [0, 256)");
+          ids_out[r] = uint8_t(in[r]);
+        }
+        labels = ids;
+        out.labels_copied = true;
+      }
+      const uint8_t* ids = static_cast<const uint8_t*>(labels.data());
+      for (py::ssize_t r = 0; r < rows; ++r) num_classes = std::max(num_classes, ids[r] + 1);
+    } else {
+      throw py::type_error("labels must be class ids (rows,) of an integer type or one-hot rows "
+                           "(rows, classes) of a float type, not " + dtype_text(labels) + " " +
+                           shape_text(labels));
+    }
+  } else if (need_labels) {
+    throw py::value_error("labels are needed here (training and scoring compare against them)");
+  }
+
+  DatasetView& v = out.block.rows;
+  v.pixel_type = pixel_type;
+  v.pixels = images.data();
+  v.labels = have_labels ? static_cast<const uint8_t*>(labels.data()) : nullptr;
+  v.rows = rows;
+  v.features = features;
+  v.num_classes = num_classes;
+  out.block.owner = hold_python(py::make_tuple(images, have_labels ? py::object(labels) : py::object(py::none())));
+  return out;
+}
+
+}  // namespace tandem::python

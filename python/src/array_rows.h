@@ -1,0 +1,31 @@
+// NumPy arrays as rows the engine reads: images (N, features) or (N, H, W) as uint8 (scaled by
+// 1/255 when read, as the engine's stores) or float32 (used as they are), and labels as class
+// ids (N,) or one-hot rows (N, classes), the seed's format. What the engine can read in place is
+// not copied: C-contiguous uint8 or float32 pixels and C-contiguous uint8 labels. Anything else
+// (another float type, one-hot or wider integer labels) is converted once, and the result says so.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include "feed_queue.h"
+
+namespace tandem::python {
+
+struct ArrayRows {
+  FedBlock block;  // the view, and an owner holding the arrays it points into
+  bool pixels_copied = false;
+  bool labels_copied = false;
+};
+
+// Throws ValueError/TypeError (through pybind11) naming the bad shape or dtype. `labels` may be
+// None when `need_labels` is false. Must be called with the GIL held; the owner takes the GIL
+// when it is released, from whichever thread.
+ArrayRows array_rows(pybind11::handle images, pybind11::handle labels, bool need_labels);
+
+// A Python object kept alive by a shared_ptr that takes the GIL to release it.
+std::shared_ptr<void> hold_python(pybind11::object object);
+
+}  // namespace tandem::python

@@ -1,0 +1,443 @@
+// The cluster for Python: tandem.Coordinator, the roles (ParameterServerRole, WorkerRole,
+// ScorerRole) each running its loop on a native thread with the GIL released, and
+// tandem.scores(). A role's error is kept and raised by join() with the engine's message.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "array_rows.h"
+#include "gil.h"
+#include "cluster_roles.h"
+#include "coordinator.h"
+#include "dataset_store.h"
+#include "ps_client.h"
+#include "py_json.h"
+#include "score_subscriber.h"
+#include "tandem/tandem.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+using json = nlohmann::json;
+
+namespace tandem::python {
+
+namespace {
+
+int to_ms(double seconds) { return seconds < 0 ? -1 : int(seconds * 1000.0); }
+
+// The run's settings from a dict over the defaults (keys as in RunSettings' JSON: batch, lr,
+// model "784-100-10", ps_mode, ...). An unknown key is an error naming the known ones.
+RunSettings settings_from(const py::dict& given) {
+  json j = to_json(RunSettings{});
+  const json user = from_python(given);
+  for (const auto& [key, value] : user.items()) {
+    if (!j.contains(key)) {
+      std::string known;
+      for (const auto& [k, v] : j.items()) known += (known.empty() ? "" : ", ") + k;
+      throw InputError("unknown run setting '" + key + "'; the settings are: " + known);
+    }
+    j[key] = value;
+  }
+  return run_settings_from_json(j);
+}
+
+ClusterPhase parse_phase(const std::string& text) {
+  for (ClusterPhase p : {ClusterPhase::Starting, ClusterPhase::Training, ClusterPhase::Draining,
+                         ClusterPhase::Done, ClusterPhase::Failed})
+    if (text == to_string(p)) return p;
+  throw InputError("phase must be starting, training, draining, done or failed, not '" + text + "'");
+}
+
+class PyCoordinator {
+ public:
+  PyCoordinator(const py::dict& settings, int ps, int workers, int scorers, double target,
+                int64_t max_epochs, double max_seconds, const std::string& bind,
+                const std::string& scores_bind, const std::string& advertise_host,
+                double startup_timeout_s, double heartbeat_timeout_s)
+      : settings_(settings_from(settings)) {
+    if (ps < 1 || workers < 1 || scorers < 0)
+      throw InputError("a cluster needs at least one parameter server and one worker");
+    CoordinatorOptions o;
+    o.bind = bind;
+    o.scores_bind = scores_bind.empty() ? bind : scores_bind;
+    o.advertise_host = advertise_host;
+    o.expected_ps = ps;
+    o.expected_workers = workers;
+    o.expected_scorers = scorers;
+    if (settings_.replicas_to_aggregate == 0) settings_.replicas_to_aggregate = workers;
+    o.run_config = to_json(settings_);
+    o.fed = settings_.fed;
+    if (!settings_.fed) {
+      if (settings_.data.empty())
+        throw InputError("the run needs a store (settings 'data') unless it is fed ('fed': True)");
+      const DatasetStore store = DatasetStore::open(settings_.data);
+      o.batches_per_epoch = (store.train.rows + settings_.batch - 1) / settings_.batch;
+    }
+    o.max_epochs = max_epochs;
+    o.max_seconds = max_seconds;
+    o.target = target;
+    o.startup_timeout_ms = to_ms(startup_timeout_s);
+    o.heartbeat_timeout_ms = to_ms(heartbeat_timeout_s);
+    coordinator_ = std::make_unique<Coordinator>(o);
+  }
+
+  Coordinator& get() {
+    if (!coordinator_) throw Error("this coordinator is closed");
+    return *coordinator_;
+  }
+  const RunSettings& settings() const { return settings_; }
+
+  Model pull_model() {
+    const std::vector<std::string> endpoints = get().ps_endpoints();
+    if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
+    PsClient client(endpoints, cluster_client_options(settings_, nullptr));
+    Model model(settings_.model);
+    // An empty init is a pull that also learns the servers' layout (a fresh client must).
+    model.parameters() = client.init({}).wait().tensors;
+    return model;
+  }
+
+  void close() {
+    py::gil_scoped_release release;  // the serving thread is joined
+    coordinator_.reset();
+  }
+
+ private:
+  RunSettings settings_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+// A role's loop on its own thread. The thread holds the shared state, so a role object that
+// Python drops while its loop still runs (it ends when the coordinator says so, or has gone
+// silent) can let go of the thread safely.
+class PyRole {
+ public:
+  using Body = void (*)(const RoleOptions&);
+
+  PyRole(Body body, RoleOptions options) : body_(body), state_(std::make_shared<State>()) {
+    state_->options = std::move(options);
+    state_->options.cancel = std::make_shared<std::atomic<bool>>(false);
+  }
+  virtual ~PyRole() {
+    if (!thread_.joinable()) return;
+    stop();
+    if (state_->options.feed) state_->options.feed->close("the worker role object was dropped");
+    bool done;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      done = state_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return state_->done; });
+    }
+    if (done) thread_.join();
+    else thread_.detach();  // stuck in a request: it ends at the request's timeout
+  }
+
+  void start() {
+    if (thread_.joinable()) throw Error("this role has been started already");
+    std::shared_ptr<State> state = state_;
+    Body body = body_;
+    state->started = true;
+    thread_ = std::thread([state, body] {
+      try {
+        body(state->options);
+      } catch (...) {
+        state->error = std::current_exception();
+        if (state->options.feed) state->options.feed->close("the worker stopped on an error");
+      }
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->done = true;
+      state->changed.notify_all();
+    });
+  }
+
+  // True once the loop has ended (raising its error, if any); false after timeout_s.
+  bool join(double timeout_s) {
+    if (!state_->started) throw Error("this role has not been started");
+    // In slices of at most 200 ms without the GIL, so Ctrl-C reaches Python between them.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(timeout_s < 0 ? 0 : to_ms(timeout_s));
+    for (;;) {
+      const bool done = without_gil([&] {
+        std::unique_lock<std::mutex> lock(state_->mutex);
+        auto slice = std::chrono::milliseconds(200);
+        if (timeout_s >= 0)
+          slice = std::min(slice, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now()));
+        return state_->changed.wait_for(lock, std::max(slice, std::chrono::milliseconds(0)),
+                                        [&] { return state_->done; });
+      });
+      if (done) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
+    }
+    if (thread_.joinable()) thread_.join();
+    if (state_->error) std::rethrow_exception(state_->error);
+    return true;
+  }
+
+  // Ends the role from this process, as if the run were over (see RoleOptions::cancel).
+  void stop() { *state_->options.cancel = true; }
+
+  bool running() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->started && !state_->done;
+  }
+  const RoleOptions& options() const { return state_->options; }
+
+ private:
+  struct State {
+    RoleOptions options;
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool started = false, done = false;
+    std::exception_ptr error;
+  };
+  Body body_;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
+RoleOptions role_options(const std::string& coordinator, const std::string& name,
+                         double coordinator_lost_s) {
+  RoleOptions o;
+  o.coordinator = coordinator;
+  o.name = name;
+  o.coordinator_lost_ms = to_ms(coordinator_lost_s);
+  return o;
+}
+
+class PyPsRole : public PyRole {
+ public:
+  PyPsRole(const std::string& coordinator, const std::string& name, const std::string& bind,
+           const std::string& advertise, double coordinator_lost_s)
+      : PyRole(&run_ps_role, [&] {
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          o.bind = bind;
+          o.advertise = advertise;
+          return o;
+        }()) {}
+};
+
+class PyWorkerRole : public PyRole {
+ public:
+  PyWorkerRole(const std::string& coordinator, const std::string& name, size_t capacity,
+               double coordinator_lost_s)
+      : PyRole(&run_worker_role, [&] {
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          o.feed = std::make_shared<FeedQueue>(capacity);
+          return o;
+        }()) {}
+
+  // Queues (images, labels) for training; the arrays are read where they lie when they can be.
+  py::dict feed(py::handle images, py::handle labels, std::optional<double> timeout_s) {
+    ArrayRows rows = array_rows(images, labels, true);
+    const auto address = reinterpret_cast<uintptr_t>(rows.block.rows.pixels);
+    const int64_t count = rows.block.rows.rows;
+    FeedQueue& queue = *options().feed;
+    const bool queued = without_gil(
+        [&] { return queue.push(std::move(rows.block), timeout_s ? to_ms(*timeout_s) : -1); });
+    if (!queued) {
+      PyErr_SetString(PyExc_TimeoutError, "the worker's feed queue stayed full");
+      throw py::error_already_set();
+    }
+    return py::dict("rows"_a = count, "pixels_copied"_a = rows.pixels_copied,
+                    "labels_copied"_a = rows.labels_copied, "pixels_address"_a = address);
+  }
+  FeedQueue& queue() { return *options().feed; }
+};
+
+class PyScorerRole : public PyRole {
+ public:
+  PyScorerRole(const std::string& coordinator, const std::string& name, py::object validation,
+               double coordinator_lost_s)
+      : PyRole(&run_scorer_role, [&] {
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          if (!validation.is_none()) {
+            py::tuple pair = validation.cast<py::tuple>();
+            if (pair.size() != 2) throw py::value_error("validation must be (images, labels)");
+            o.validation = std::make_shared<const FedBlock>(array_rows(pair[0], pair[1], true).block);
+          }
+          return o;
+        }()) {}
+};
+
+class ScoreStream {
+ public:
+  ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s)
+      : follow_(follow), timeout_s_(timeout_s ? *timeout_s : (follow ? -1.0 : 1.0)) {
+    py::gil_scoped_release release;
+    subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_);
+  }
+
+  py::object next() {
+    // follow: timeout_s is the longest gap between two scores; otherwise the whole stream's
+    // length from the subscription (the replayed history comes at once).
+    const auto started = follow_ ? std::chrono::steady_clock::now() : subscribed_;
+    for (;;) {
+      if (subscriber_->ended()) throw py::stop_iteration();
+      const std::optional<json> m = without_gil([&] { return subscriber_->next(100); });
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (m) {
+        if (m->value("end", false)) {
+          end_reason_ = m->value("reason", std::string());
+          throw py::stop_iteration();
+        }
+        return to_python(*m);
+      }
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (timeout_s_ >= 0 && waited >= timeout_s_) {
+        if (!follow_) throw py::stop_iteration();
+        PyErr_SetString(PyExc_TimeoutError,
+                        ("no score came for " + std::to_string(int(timeout_s_)) + " s").c_str());
+        throw py::error_already_set();
+      }
+    }
+  }
+  const std::string& end_reason() const { return end_reason_; }
+
+ private:
+  zmq::context_t context_{1};
+  std::unique_ptr<ScoreSubscriber> subscriber_;
+  std::chrono::steady_clock::time_point subscribed_ = std::chrono::steady_clock::now();
+  bool follow_;
+  double timeout_s_;
+  std::string end_reason_;
+};
+
+}  // namespace
+
+void bind_cluster(py::module_& m) {
+  py::class_<PyCoordinator>(m, "Coordinator",
+                            "The cluster's coordinator: registers the roles, hands out the run's "
+                            "settings, hosts the scores channel and applies the stop rule.")
+      .def(py::init<const py::dict&, int, int, int, double, int64_t, double, const std::string&,
+                    const std::string&, const std::string&, double, double>(),
+           "settings"_a = py::dict(), "ps"_a = 1, "workers"_a = 1, "scorers"_a = 1,
+           "target"_a = 0.0, "max_epochs"_a = 0, "max_seconds"_a = 0.0,
+           "bind"_a = "tcp://127.0.0.1:*", "scores_bind"_a = "", "advertise_host"_a = "",
+           "startup_timeout_s"_a = 60.0, "heartbeat_timeout_s"_a = 3.0)
+      .def_property_readonly("endpoint", [](PyCoordinator& c) { return c.get().endpoint(); })
+      .def_property_readonly("scores_endpoint", [](PyCoordinator& c) { return c.get().scores_endpoint(); })
+      .def_property_readonly("phase", [](PyCoordinator& c) { return std::string(to_string(c.get().phase())); })
+      .def_property_readonly("settings", [](PyCoordinator& c) { return to_python(to_json(c.settings())); })
+      .def_property_readonly("stop_reason", [](PyCoordinator& c) { return c.get().stop_reason(); })
+      .def_property_readonly("failure", [](PyCoordinator& c) { return c.get().failure(); })
+      .def("state", [](PyCoordinator& c) { return to_python(c.get().state()); },
+           "The dashboard's document: cluster, roles, scores, workers, servers.")
+      .def("spec", [](PyCoordinator& c) { return to_python(c.get().spec()); })
+      .def("training_spec", [](PyCoordinator& c) { return to_python(c.get().training_spec()); })
+      .def("scores",
+           [](PyCoordinator& c) {
+             py::list out;
+             for (const ScoreRecord& s : c.get().scores())
+               out.append(py::dict("seq"_a = s.seq, "t"_a = s.t, "step"_a = s.step, "loss"_a = s.loss,
+                                   "loss_mean"_a = s.loss_mean, "accuracy"_a = s.accuracy,
+                                   "samples"_a = s.samples));
+             return out;
+           })
+      .def("wait_for",
+           [](PyCoordinator& c, const std::string& phase, double timeout_s) {
+             const ClusterPhase wanted = parse_phase(phase);
+             Coordinator& co = c.get();
+             py::gil_scoped_release release;
+             return std::string(to_string(co.wait_for(wanted, to_ms(timeout_s))));
+           },
+           "phase"_a, "timeout_s"_a, "Waits until the phase is at least `phase`; returns the phase.")
+      .def("request_stop", [](PyCoordinator& c, const std::string& reason) { c.get().request_stop(reason); },
+           "reason"_a = "requested")
+      .def("fail", [](PyCoordinator& c, const std::string& why) { c.get().fail(why); }, "why"_a)
+      .def("expect",
+           [](PyCoordinator& c, const std::string& name, const std::string& where) {
+             c.get().expect(name, where);
+           },
+           "name"_a, "where"_a, "Names where role `name` should come from, for start-up errors.")
+      .def("wait_workers_gone",
+           [](PyCoordinator& c, double timeout_s) {
+             Coordinator& co = c.get();
+             py::gil_scoped_release release;
+             return co.wait_workers_gone(to_ms(timeout_s));
+           }, "timeout_s"_a)
+      .def("finish", [](PyCoordinator& c) { c.get().finish(); },
+           "Draining -> done: the parameter servers exit; the scores channel ends.")
+      .def("wait_servers_gone",
+           [](PyCoordinator& c, double timeout_s) {
+             Coordinator& co = c.get();
+             py::gil_scoped_release release;
+             return co.wait_servers_gone(to_ms(timeout_s));
+           }, "timeout_s"_a)
+      .def("pull_model",
+           [](PyCoordinator& c) {
+             py::gil_scoped_release release;
+             return c.pull_model();
+           },
+           "The parameters the servers hold now.")
+      .def("close", &PyCoordinator::close)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyCoordinator& c, py::args) { c.close(); });
+
+  py::class_<PyRole>(m, "Role", "A cluster role running on a native thread.")
+      .def("start", &PyRole::start)
+      .def("join", [](PyRole& r, std::optional<double> timeout_s) { return r.join(timeout_s ? *timeout_s : -1.0); },
+           "timeout_s"_a = py::none(),
+           "Waits for the role's loop to end: True when it has (raising its error, if it failed), "
+           "False after timeout_s.")
+      .def("stop", &PyRole::stop,
+           "Ends the role from this process without waiting for the coordinator, as if the run "
+           "were over (a parameter server writes its last checkpoint). join() to wait for it.")
+      .def_property_readonly("running", &PyRole::running);
+
+  py::class_<PyPsRole, PyRole>(m, "ParameterServerRole",
+                               "A parameter server: joins the coordinator, serves its shard at "
+                               "`bind` (tcp://127.0.0.1:* unless told) until the run is done.")
+      .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
+                    double>(),
+           "coordinator"_a, "name"_a = "", "bind"_a = "", "advertise"_a = "",
+           "coordinator_lost_s"_a = 15.0);
+
+  py::class_<PyWorkerRole, PyRole>(m, "WorkerRole",
+                                   "A worker of a fed run: trains on the blocks fed to it, cut "
+                                   "into batches of the run's batch size, until the run stops.")
+      .def(py::init<const std::string&, const std::string&, size_t, double>(), "coordinator"_a,
+           "name"_a = "", "capacity"_a = 0, "coordinator_lost_s"_a = 15.0)
+      .def("feed", &PyWorkerRole::feed, "images"_a, "labels"_a, "timeout_s"_a = py::none(),
+           "Queues a block for training: uint8 or float32 C-contiguous images are read in place "
+           "(kept alive until trained on), as are uint8 class ids; other dtypes and one-hot labels "
+           "are converted once. Returns {rows, pixels_copied, labels_copied, pixels_address}.")
+      .def_property_readonly("queue_depth", [](PyWorkerRole& r) { return r.queue().depth(); })
+      .def_property_readonly("rows_fed", [](PyWorkerRole& r) { return r.queue().rows_fed(); })
+      .def_property_readonly("blocks_fed", [](PyWorkerRole& r) { return r.queue().blocks_fed(); })
+      .def("close_feed", [](PyWorkerRole& r) { r.queue().close("its feed was closed"); });
+
+  py::class_<PyScorerRole, PyRole>(m, "ScorerRole",
+                                   "The scorer: every score_interval_s evaluates the validation "
+                                   "rows (given here, or the store's) and sends the score.")
+      .def(py::init<const std::string&, const std::string&, py::object, double>(),
+           "coordinator"_a, "name"_a = "", "validation"_a = py::none(),
+           "coordinator_lost_s"_a = 15.0);
+
+  py::class_<ScoreStream>(m, "ScoreStream")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &ScoreStream::next)
+      .def_property_readonly("end_reason", &ScoreStream::end_reason);
+  m.def(
+      "scores",
+      [](const std::string& coordinator, bool follow, std::optional<double> timeout_s) {
+        return std::make_unique<ScoreStream>(coordinator, follow, timeout_s);
+      },
+      "coordinator"_a, "follow"_a = true, "timeout_s"_a = py::none(),
+      "Iterates over a cluster's scores: the newest 10 at once, then each new one. follow=True "
+      "runs until the run ends (TimeoutError after timeout_s without a score); follow=False stops "
+      "timeout_s (default 1 s) after subscribing.");
+}
+
+}  // namespace tandem::python

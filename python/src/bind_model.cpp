@@ -1,0 +1,178 @@
+// Models, checkpoints and single-process training for Python: tandem.Model, tandem.load,
+// tandem.train. Arrays come in through array_rows (read in place when the engine can), and the
+// GIL is released while the engine computes.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "array_rows.h"
+#include "tandem/tandem.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace tandem::python {
+
+namespace {
+
+ModelConfig model_config(const std::vector<int64_t>& layers) {
+  ModelConfig c;
+  c.layers = layers;
+  c.validate();
+  return c;
+}
+
+py::dict eval_dict(const EvalResult& e) {
+  return py::dict("loss_sum"_a = e.loss_sum, "loss_mean"_a = e.loss_mean, "accuracy"_a = e.accuracy,
+                  "correct"_a = e.correct, "samples"_a = e.samples);
+}
+
+py::dict parameters_dict(const Model& model) {
+  py::dict out;
+  for (const NamedTensor& t : model.parameters()) {
+    py::array_t<float> a(t.shape);
+    std::copy(t.values.begin(), t.values.end(), a.mutable_data());
+    out[py::str(t.name)] = a;
+  }
+  return out;
+}
+
+void set_parameters(Model& model, const py::dict& values) {
+  for (auto [key, value] : values) {
+    const std::string name = py::str(key);
+    NamedTensor* target = nullptr;
+    for (NamedTensor& t : model.parameters())
+      if (t.name == name) target = &t;
+    if (!target) throw InputError("model " + model.config().describe() + " has no parameter '" + name + "'");
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
+    if (!a) throw py::type_error("parameter '" + name + "' must be an array of numbers");
+    std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+    if (shape != target->shape)
+      throw InputError("parameter '" + name + "' has the wrong shape for model " +
+                       model.config().describe());
+    std::copy(a.data(), a.data() + a.size(), target->values.begin());
+  }
+}
+
+py::dict summary_dict(const TrainSummary& s) {
+  return py::dict("backend"_a = s.backend, "threads"_a = s.threads, "epochs"_a = s.epochs,
+                  "kept_epoch"_a = s.kept_epoch, "steps"_a = s.steps, "samples"_a = s.samples,
+                  "seconds"_a = s.seconds, "samples_per_s"_a = s.samples_per_s,
+                  "validation"_a = eval_dict(s.validation), "test"_a = eval_dict(s.test));
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<Model>(m, "Model", "A model's parameters: dense+ReLU layers and a softmax output.")
+      .def(py::init([](const std::vector<int64_t>& layers) { return Model(model_config(layers)); }),
+           "layers"_a = std::vector<int64_t>{784, 100, 10},
+           "Zero parameters for layer widths from input to output (784-100-10: the seed's).")
+      .def_static("initialized",
+                  [](const std::vector<int64_t>& layers, uint64_t seed) {
+                    return Model::initialized(model_config(layers), seed);
+                  },
+                  "layers"_a = std::vector<int64_t>{784, 100, 10}, "seed"_a = 1,
+                  "TensorFlow's initialisers; the same seed gives the same parameters everywhere.")
+      .def_property_readonly("layers", [](const Model& model) { return model.config().layers; })
+      .def("parameters", &parameters_dict, "The parameters by name (copies, float32).")
+      .def("set_parameters", &set_parameters, "values"_a, "Replaces the named parameters.")
+      .def("evaluate",
+           [](const Model& model, py::handle images, py::handle labels, int threads) {
+             const ArrayRows rows = array_rows(images, labels, true);
+             EvalResult result;
+             {
+               py::gil_scoped_release release;
+               result = evaluate_model(model, rows.block.rows, threads);
+             }
+             return eval_dict(result);
+           },
+           "images"_a, "labels"_a, "threads"_a = 0,
+           "Summed (the seed's score) and mean loss, and accuracy, on the CPU.")
+      .def("predict",
+           [](const Model& model, py::handle images, int threads) {
+             const ArrayRows rows = array_rows(images, py::none(), false);
+             std::vector<uint8_t> classes;
+             {
+               py::gil_scoped_release release;
+               classes = predict(model, rows.block.rows, threads);
+             }
+             py::array_t<uint8_t> out(py::ssize_t(classes.size()));
+             std::copy(classes.begin(), classes.end(), out.mutable_data());
+             return out;
+           },
+           "images"_a, "threads"_a = 0, "The predicted class of every row.")
+      .def("save",
+           [](const Model& model, const std::string& path) {
+             Checkpoint c;
+             c.model = model;
+             c.optimizer.kind = OptimizerKind::Sgd;  // parameters only: no moments to save
+             c.extra["source"] = "tandem (Python)";
+             save_checkpoint(path, c);
+           },
+           "path"_a, "Writes the parameters as a safetensors checkpoint (atomically).")
+      .def("__repr__", [](const Model& model) {
+        return "tandem.Model(" + model.config().describe() + ", " +
+               std::to_string(model.parameter_count()) + " parameters)";
+      });
+
+  m.def("load", [](const std::string& path) { return load_checkpoint(path).model; }, "path"_a,
+        "The model of a checkpoint (tandem train, tandem launch, Model.save).");
+
+  m.def(
+      "train",
+      [](py::tuple train, py::object validation, py::object test, const std::vector<int64_t>& layers,
+         int epochs, int64_t batch, float learning_rate, const std::string& optimizer,
+         const std::string& backend, int threads, uint64_t seed, bool shuffle, bool keep_best,
+         std::optional<std::function<void(py::dict)>> on_epoch) {
+        if (train.size() != 2) throw py::value_error("train must be (images, labels)");
+        auto pair = [](const py::object& o, const char* what) -> std::optional<ArrayRows> {
+          if (o.is_none()) return std::nullopt;
+          py::tuple t = o.cast<py::tuple>();
+          if (t.size() != 2) throw py::value_error(std::string(what) + " must be (images, labels)");
+          return array_rows(t[0], t[1], true);
+        };
+        const ArrayRows train_rows = array_rows(train[0], train[1], true);
+        const std::optional<ArrayRows> val_rows = pair(validation, "validation");
+        const std::optional<ArrayRows> test_rows = pair(test, "test");
+        TrainConfig config;
+        config.model = model_config(layers);
+        config.epochs = epochs;
+        config.batch = batch;
+        config.optimizer.learning_rate = learning_rate;
+        config.optimizer.kind = parse_optimizer(optimizer);
+        config.backend = parse_backend(backend);
+        config.threads = threads;
+        config.seed = seed;
+        config.shuffle = shuffle;
+        config.keep_best = keep_best && val_rows.has_value();
+        config.validate();
+        Trainer trainer(config);
+        if (on_epoch) {
+          trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
+            py::gil_scoped_acquire gil;
+            cb(py::dict("epoch"_a = r.epoch, "step"_a = r.step, "train_loss_mean"_a = r.train_loss_mean,
+                        "samples_per_s"_a = r.samples_per_s, "seconds"_a = r.seconds,
+                        "validation"_a = eval_dict(r.validation)));
+          };
+        }
+        TrainSummary summary;
+        {
+          py::gil_scoped_release release;
+          summary = trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
+                                test_rows ? test_rows->block.rows : DatasetView{});
+        }
+        return py::make_tuple(trainer.model(), summary_dict(summary));
+      },
+      "train"_a, "validation"_a = py::none(), "test"_a = py::none(),
+      "layers"_a = std::vector<int64_t>{784, 100, 10}, "epochs"_a = 15, "batch"_a = 1000,
+      "learning_rate"_a = 0.01f, "optimizer"_a = "adam", "backend"_a = "auto", "threads"_a = 0,
+      "seed"_a = 1, "shuffle"_a = true, "keep_best"_a = true, "on_epoch"_a = py::none(),
+      "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
+      "(model, summary). on_epoch(report) is called after every epoch.");
+}
+
+}  // namespace tandem::python

@@ -1,0 +1,42 @@
+// The `tandem._tandem` extension: the engine for Python. The package `tandem` (python/tandem/)
+// re-exports it and adds `tandem.dask`. Engine errors arrive as tandem.Error (a RuntimeError) or,
+// for bad input, tandem.InputError (also a ValueError), carrying the engine's own message.
+#include <pybind11/pybind11.h>
+
+#include "tandem/error.h"
+#include "tandem/version.h"
+
+namespace py = pybind11;
+
+namespace tandem::python {
+void bind_model(py::module_& m);
+void bind_cluster(py::module_& m);
+}  // namespace tandem::python
+
+PYBIND11_MODULE(_tandem, m) {
+  m.doc() = "Tandem: train models with parameter servers, on CPUs and GPUs (native engine)";
+  m.attr("__version__") = TANDEM_VERSION;
+
+  // Created by hand: InputError is both a tandem.Error and a ValueError.
+  static PyObject* error = PyErr_NewExceptionWithDoc(
+      "tandem.Error", "An engine error; the message names what failed and where.",
+      PyExc_RuntimeError, nullptr);
+  py::tuple input_bases = py::make_tuple(py::handle(error), py::handle(PyExc_ValueError));
+  static PyObject* input_error = PyErr_NewExceptionWithDoc(
+      "tandem.InputError", "Bad input: a file, shape, value or setting the engine cannot take.",
+      input_bases.ptr(), nullptr);
+  m.attr("Error") = py::handle(error);
+  m.attr("InputError") = py::handle(input_error);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tandem::InputError& e) {
+      PyErr_SetString(input_error, e.what());
+    } catch (const tandem::Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+
+  tandem::python::bind_model(m);
+  tandem::python::bind_cluster(m);
+}

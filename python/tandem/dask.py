@@ -1,0 +1,360 @@
+"""Tandem inside a Dask cluster: the seed's ``start_tensorflow`` workflow with Tandem's engine.
+
+Dask prepares the data and already runs processes on every node; Tandem's roles run inside them
+as long-running tasks (one role per Dask worker process), and training batches go from dask
+arrays straight into the queue of the Tandem worker living in the same process::
+
+    from tandem.dask import start, feed, stop
+    cluster, dask_spec = start(client, ps=1, worker=4, scorer=1,
+                               validation=(val_images, val_labels), target=1000, batch=1000)
+    while cluster.training:
+        feed(batches, cluster)          # futures of (images, labels) blocks
+    result = stop(cluster)              # final parameters, scores, the roles' summaries
+
+The coordinator runs in the client's process; the roles join it over ZeroMQ, so the client must
+be reachable from the Dask workers (as Dask's own client is).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import socket
+import time
+import uuid
+from urllib.parse import urlparse
+
+from ._tandem import (Coordinator, Error, InputError, ParameterServerRole, ScorerRole,
+                      WorkerRole, scores as _scores)
+
+__all__ = ["TandemCluster", "start", "feed", "stop", "local_worker"]
+
+# The roles running in this process, by the address of the Dask worker that runs them (a
+# LocalCluster with processes=False has several Dask workers in one process).
+_local_roles: dict = {}
+
+
+@atexit.register
+def _stop_local_roles():
+    """A Dask worker process that exits with roles still running (the run was never stopped)
+    ends them first: their threads must not outlive the interpreter."""
+    for _, role in list(_local_roles.values()):
+        role.stop()
+    for _, role in list(_local_roles.values()):
+        try:
+            role.join(timeout_s=10)
+        except Exception:  # noqa: BLE001 - exiting: the role's error was reported by its task
+            pass
+
+
+def _role_stopper():
+    """A Dask worker plugin whose teardown (the Dask worker closing) ends the Tandem roles in its
+    process: their task threads would otherwise hold the worker's close until it is killed."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class TandemRoleStopper(WorkerPlugin):
+        name = "tandem-role-stopper"
+
+        def teardown(self, worker):
+            _stop_local_roles()
+
+    return TandemRoleStopper()
+
+
+def _host_of(address: str) -> str:
+    return urlparse(address).hostname or "127.0.0.1"
+
+
+def _role_task(kind, coordinator, name, queue_blocks, validation):
+    """A Dask task: one Tandem role, for as long as the run lasts."""
+    from distributed import get_worker, secede
+
+    worker = get_worker()
+    # Out of Dask's thread pool: the role runs for the whole run, and the feeding tasks still
+    # need the worker's threads.
+    secede()
+    if kind == "ps":
+        role = ParameterServerRole(coordinator, name, bind=f"tcp://{_host_of(worker.address)}:*")
+    elif kind == "worker":
+        role = WorkerRole(coordinator, name, capacity=queue_blocks)
+    else:
+        role = ScorerRole(coordinator, name, validation=validation)
+    # Stays registered after the run: a transfer that comes after the role ended finds it, and
+    # learns that training is over (or the role's error), not that no worker runs here.
+    _local_roles[worker.address] = (kind, role)
+    started = time.time()
+    role.start()
+    role.join()  # raises the role's error with the engine's message
+    result = {"kind": kind, "name": name, "dask_worker": worker.address,
+              "seconds": time.time() - started}
+    if kind == "worker":
+        result.update(rows_fed=role.rows_fed, blocks_fed=role.blocks_fed)
+    return result
+
+
+def local_worker():
+    """The Tandem worker role running in this Dask worker process (for custom feeding tasks)."""
+    from distributed import get_worker
+
+    address = get_worker().address
+    kind, role = _local_roles.get(address, (None, None))
+    if kind != "worker":
+        raise RuntimeError(f"no Tandem worker runs in the Dask worker {address}: feed only the "
+                           "Dask workers listed in dask_spec['worker']")
+    return role
+
+
+def _transfer(batch, timeout_s=None):
+    """A Dask task: hands one (images, labels) block to this process's Tandem worker."""
+    images, labels = batch
+    role = local_worker()
+    try:
+        return role.feed(images, labels, timeout_s=timeout_s)
+    except Error:
+        # The worker closed its queue. If it stopped on an error, join raises that error here
+        # (the block's task fails with the worker's own message); if training is simply over,
+        # the block is not needed any more.
+        if role.join(timeout_s=1.0):
+            return {"rows": 0, "dropped": len(images)}
+        raise
+
+
+class TandemCluster:
+    """A Tandem run inside a Dask cluster (what start() returns first, like the seed's tf_spec).
+
+    ``as_dict()`` is the cluster spec: the coordinator, the scores channel, and each role's name,
+    address and host. ``coordinator`` is the tandem.Coordinator in this process.
+    """
+
+    def __init__(self, client, coordinator, futures, dask_spec):
+        self.client = client
+        self.coordinator = coordinator
+        self.futures = futures  # role name -> Dask future of its task
+        self.dask_spec = dask_spec
+        self.result = None
+        self.rounds = 0  # feed() calls so far
+
+    def as_dict(self):
+        return self.coordinator.training_spec() or self.coordinator.spec()
+
+    @property
+    def phase(self):
+        return "done" if self.result is not None else self.coordinator.phase
+
+    @property
+    def training(self):
+        """True while the stop rule has not held (and no role has failed)."""
+        if self.result is not None:
+            return False
+        self.check()
+        return self.coordinator.phase in ("starting", "training")
+
+    @property
+    def scores(self):
+        """The validation losses so far, oldest first (the seed's ``scores.data``)."""
+        if self.result is not None:
+            return [s["loss"] for s in self.result["scores"]]
+        return [s["loss"] for s in self.coordinator.scores()]
+
+    def follow_scores(self, timeout_s=None):
+        """Iterates over the scores channel: the newest 10, then each new one until the end."""
+        return _scores(self.coordinator.endpoint, follow=True, timeout_s=timeout_s)
+
+    def state(self):
+        return self.coordinator.state()
+
+    def check(self):
+        """Raises the error of the first role task that failed (the engine's message)."""
+        for name, future in self.futures.items():
+            if future.status == "error":
+                if self.coordinator.phase not in ("done", "failed"):
+                    self.coordinator.fail(f"{name} failed: {future.exception()}")
+                future.result()  # raises it
+            if future.status == "cancelled":
+                raise Error(f"the Dask task of {name} was cancelled")
+
+    def __repr__(self):
+        return f"TandemCluster({self.coordinator.endpoint}, phase={self.phase})"
+
+
+def _advertised_bind(addresses):
+    """Where the coordinator listens: loopback when every Dask worker is on this machine's
+    loopback, else every interface, advertised as the address that routes to the workers."""
+    hosts = {_host_of(a) for a in addresses}
+    if hosts <= {"127.0.0.1", "localhost"}:
+        return "tcp://127.0.0.1:*", ""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((next(iter(hosts)), 9))  # no packet is sent: only the route is looked up
+        return "tcp://0.0.0.0:*", probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _as_future(client, value):
+    """Dask collections are computed on the cluster; arrays and futures pass as they are."""
+    if value is not None and hasattr(value, "__dask_graph__"):
+        return client.compute(value)
+    return value
+
+
+def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max_seconds=0.0,
+          queue_blocks=4, startup_timeout=60.0, heartbeat_timeout=5.0, dask_workers=None,
+          **settings):
+    """Starts Tandem's roles inside the Dask cluster, one role per Dask worker process.
+
+    validation: (images, labels) for the scorer (arrays, dask arrays or futures); without it the
+        run's settings must name a store (``data=...``) whose validation split is scored.
+    target: training stops once the validation loss (summed, the seed's score) is below it.
+    queue_blocks: blocks each Tandem worker queues before feeding waits (0: no limit).
+    settings: the run's settings (batch, lr, model "784-100-10", ps_mode, backend, ...).
+
+    Returns (cluster, dask_spec): the TandemCluster and, for each kind of role, the Dask worker
+    addresses that run them (the seed's ``(tf_spec, dask_spec)``).
+    """
+    for name, count in (("ps", ps), ("worker", worker)):
+        if count < 1:
+            raise InputError(f"start needs at least one {name}, not {count}")
+    if scorer < 0:
+        raise InputError(f"scorer must be >= 0, not {scorer}")
+    if scorer and validation is None and not settings.get("data"):
+        raise InputError("the scorer needs rows to score on: validation=(images, labels), or a "
+                         "store with a validation split (data=PATH)")
+    addresses = sorted(dask_workers if dask_workers is not None else client.nthreads())
+    needed = ps + worker + scorer
+    if len(addresses) < needed:
+        raise InputError(f"start(ps={ps}, worker={worker}, scorer={scorer}) runs one role per Dask "
+                         f"worker process and needs {needed}; the cluster has {len(addresses)}")
+    plugin = _role_stopper()
+    if hasattr(client, "register_plugin"):
+        client.register_plugin(plugin)
+    else:  # distributed before 2023.9
+        client.register_worker_plugin(plugin)
+    dask_spec = {"ps": addresses[:ps], "worker": addresses[ps:ps + worker],
+                 "scorer": addresses[ps + worker:needed]}
+    settings = dict(settings, fed=True)
+    bind, advertise = _advertised_bind(addresses)
+    coordinator = Coordinator(settings, ps=ps, workers=worker, scorers=scorer,
+                              target=target or 0.0, max_seconds=max_seconds, bind=bind,
+                              advertise_host=advertise, startup_timeout_s=startup_timeout,
+                              heartbeat_timeout_s=heartbeat_timeout)
+    validation = None if validation is None else tuple(_as_future(client, v) for v in validation)
+    futures = {}
+    run = uuid.uuid4().hex[:8]
+    try:
+        for kind, where in dask_spec.items():
+            for index, address in enumerate(where):
+                name = f"{kind}{index}"
+                coordinator.expect(name, f"a task on the Dask worker {address}")
+                futures[name] = client.submit(
+                    _role_task, kind, coordinator.endpoint, name, queue_blocks,
+                    validation if kind == "scorer" else None, key=f"tandem-{name}-{run}",
+                    workers=[address], allow_other_workers=False, pure=False)
+        cluster = TandemCluster(client, coordinator, futures, dask_spec)
+        deadline = time.monotonic() + startup_timeout + 5
+        while coordinator.wait_for("training", 0.2) == "starting":
+            cluster.check()
+            if time.monotonic() > deadline:
+                break
+        cluster.check()
+        if coordinator.phase == "failed":
+            raise Error(coordinator.failure)
+        return cluster, dask_spec
+    except BaseException:
+        _abandon(coordinator, futures)
+        raise
+
+
+def _abandon(coordinator, futures):
+    """After a failed start: every role is told to stop, and their tasks end."""
+    if coordinator.phase not in ("done", "failed"):
+        coordinator.fail("the start was abandoned")
+    for future in futures.values():
+        try:
+            future.result(timeout=30)
+        except Exception:  # noqa: BLE001 - the start's own error is the one reported
+            pass
+    coordinator.close()
+
+
+def _placement(client, batches, workers, rotation=0):
+    """A Tandem worker for each batch: where its data already is when that keeps the shares
+    even, otherwise the worker with the fewest batches (ties broken in an order that rotates
+    from call to call, so the odd blocks of a round do not always go to the same worker)."""
+    share = math.ceil(len(batches) / len(workers))
+    n = len(workers)
+    workers = workers[rotation % n:] + workers[:rotation % n]
+    load = {w: 0 for w in workers}
+    where = {}
+    keys = [b.key for b in batches if hasattr(b, "key")]
+    if keys:
+        where = {k: set(v) for k, v in client.who_has(keys).items()}
+    placement = []
+    for b in batches:
+        holders = [w for w in where.get(getattr(b, "key", None), ()) if w in load and load[w] < share]
+        chosen = holders[0] if holders else min(workers, key=lambda w: load[w])
+        load[chosen] += 1
+        placement.append(chosen)
+    return placement
+
+
+def feed(batches, cluster, wait=True, timeout_s=None):
+    """Hands blocks of (images, labels) to the Tandem workers, in their own processes.
+
+    batches: Dask futures (``client.compute(list_of_delayed)``) or delayed objects of
+        (images, labels) pairs, or the pairs themselves. Each block goes to the Tandem worker in
+        the Dask worker process that holds it, when that keeps the shares even. The worker reads
+        uint8/float32 C-contiguous arrays where they lie (no copy) until it has trained on them.
+    wait: wait until every block is queued (raising a failed role's error).
+    Returns the Dask futures of the transfers (each gives {rows, pixels_copied, ...}).
+    """
+    cluster.check()
+    client = cluster.client
+    batches = [_as_future(client, b) for b in batches]
+    workers = cluster.dask_spec["worker"]
+    futures = [client.submit(_transfer, b, timeout_s, workers=[w], allow_other_workers=False,
+                             pure=False)
+               for b, w in zip(batches, _placement(client, batches, workers, cluster.rounds))]
+    cluster.rounds += 1
+    if wait:
+        from distributed import wait as dask_wait
+
+        dask_wait(futures)
+        cluster.check()
+        for f in futures:
+            if f.status == "error":
+                f.result()
+    return futures
+
+
+def stop(cluster, timeout=60.0):
+    """Ends the run: training stops (if the stop rule has not stopped it), the final parameters
+    are pulled from the servers, the servers exit and every role's task finishes. The Dask
+    workers stay usable. Raises the error of a role that failed.
+
+    Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters), roles}.
+    """
+    if cluster.result is not None:
+        return cluster.result
+    c = cluster.coordinator
+    try:
+        if c.phase in ("starting", "training"):
+            c.request_stop("requested")
+        c.wait_for("draining", timeout)
+        c.wait_workers_gone(timeout)
+        model = None
+        if c.phase != "failed":
+            model = c.pull_model()
+            c.finish()
+            c.wait_servers_gone(timeout)
+        roles = cluster.client.gather(list(cluster.futures.values()))  # raises a role's error
+        if c.phase == "failed":
+            raise Error(c.failure)
+        cluster.result = {"stop_reason": c.stop_reason, "scores": c.scores(), "model": model,
+                          "roles": roles, "state": c.state()}
+        return cluster.result
+    finally:
+        if cluster.result is None:
+            _abandon(c, cluster.futures)
+        else:
+            c.close()

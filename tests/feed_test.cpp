@@ -1,0 +1,816 @@
+// Fed runs: the FeedQueue that hands blocks of rows to a worker in its own process, whole fed
+// clusters with every role a thread (inproc), the failures a fed run can meet, the coordinator's
+// side of a fed run, and the scores channel's subscriber.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "cluster_link.h"
+#include "cluster_roles.h"
+#include "coordinator.h"
+#include "feed_queue.h"
+#include "ps_client.h"
+#include "score_subscriber.h"
+#include "tandem/error.h"
+#include "tandem/trainer.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// An owner that counts itself in `live` while it exists (id: what the block carries).
+std::shared_ptr<void> counted_owner(std::atomic<int>& live, int id = 0) {
+  ++live;
+  return std::shared_ptr<int>(new int(id), [&live](int* p) {
+    delete p;
+    --live;
+  });
+}
+
+// A block of `rows` rows (no pixels: the queue never reads them) owned by `owner`.
+FedBlock bare_block(int64_t rows, std::shared_ptr<void> owner) {
+  FedBlock b;
+  b.rows.rows = rows;
+  b.owner = std::move(owner);
+  return b;
+}
+
+// A block whose rows live in its owner, counted in `live` until released.
+FedBlock data_block(Dataset data, std::atomic<int>& live) {
+  ++live;
+  std::shared_ptr<Dataset> owner(new Dataset(std::move(data)), [&live](Dataset* p) {
+    delete p;
+    --live;
+  });
+  FedBlock b;
+  b.rows = owner->view();
+  b.owner = owner;
+  return b;
+}
+
+int id_of(const FedBlock& b) { return *std::static_pointer_cast<int>(b.owner); }
+
+TEST(FeedQueue, BlocksComeOutInTheOrderFedAndAreCounted) {
+  std::atomic<int> live{0};
+  FeedQueue q;
+  for (int i = 1; i <= 3; ++i) EXPECT_TRUE(q.push(bare_block(i * 10, counted_owner(live, i)), 0));
+  EXPECT_EQ(q.depth(), 3u);
+  EXPECT_EQ(q.blocks_fed(), 3);
+  EXPECT_EQ(q.rows_fed(), 60);
+  for (int i = 1; i <= 3; ++i) {
+    std::optional<FedBlock> b = q.pop(1000);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(id_of(*b), i);
+    EXPECT_EQ(b->rows.rows, i * 10);
+    EXPECT_EQ(q.depth(), size_t(3 - i));
+  }
+  // Counters are what was fed, not what is queued.
+  EXPECT_EQ(q.blocks_fed(), 3);
+  EXPECT_EQ(q.rows_fed(), 60);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(q.pop(50));  // empty: nothing after the timeout
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(40));
+  EXPECT_FALSE(q.closed());
+  EXPECT_EQ(live.load(), 0);
+}
+
+TEST(FeedQueue, AnOwnerIsReleasedOnceThePoppedBlockIsDropped) {
+  std::atomic<int> live{0};
+  FeedQueue q;
+  q.push(bare_block(5, counted_owner(live, 7)));
+  EXPECT_EQ(live.load(), 1);
+  std::optional<FedBlock> b = q.pop(1000);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(live.load(), 1);  // the worker still trains on it
+  b.reset();
+  EXPECT_EQ(live.load(), 0);
+}
+
+TEST(FeedQueue, CapacityMakesPushWaitTimeOutAndGoOnAfterAPop) {
+  std::atomic<int> live{0};
+  FeedQueue q(2);
+  EXPECT_TRUE(q.push(bare_block(1, counted_owner(live, 1)), 0));
+  EXPECT_TRUE(q.push(bare_block(1, counted_owner(live, 2)), 0));
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(q.push(bare_block(1, counted_owner(live, 3)), 50));  // full
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(40));
+  EXPECT_EQ(live.load(), 2);  // the refused block is not kept
+  EXPECT_EQ(q.blocks_fed(), 2);
+  EXPECT_EQ(q.depth(), 2u);
+  // A push that waits as long as it takes goes in once a block is popped.
+  std::atomic<bool> pushed{false};
+  std::thread feeder([&] { pushed = q.push(bare_block(1, counted_owner(live, 4)), -1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  std::optional<FedBlock> first = q.pop(1000);
+  feeder.join();
+  EXPECT_TRUE(pushed);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(id_of(*first), 1);
+  EXPECT_EQ(q.depth(), 2u);
+  EXPECT_EQ(q.blocks_fed(), 3);
+  std::optional<FedBlock> second = q.pop(1000), third = q.pop(1000);
+  ASSERT_TRUE(second);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(id_of(*second), 2);
+  EXPECT_EQ(id_of(*third), 4);
+}
+
+TEST(FeedQueue, CloseWakesABlockedPushWithTheReason) {
+  std::atomic<int> live{0};
+  FeedQueue q(1);
+  q.push(bare_block(1, counted_owner(live)));
+  std::string error;
+  std::thread feeder([&] {
+    try {
+      q.push(bare_block(1, counted_owner(live)), 60000);
+      error = "pushed";
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  const auto t0 = Clock::now();
+  q.close("worker3 has stopped");
+  feeder.join();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_NE(error.find("worker3 has stopped"), std::string::npos) << error;
+  EXPECT_TRUE(q.closed());
+  EXPECT_EQ(live.load(), 0);  // the queued block and the refused one
+  EXPECT_EQ(q.blocks_fed(), 1);
+  // Later pushes too; the first reason stays.
+  q.close("another reason");
+  try {
+    q.push(bare_block(1, counted_owner(live)), 0);
+    FAIL() << "a closed feed took a block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker3 has stopped"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(live.load(), 0);
+}
+
+TEST(FeedQueue, CloseWakesABlockedPop) {
+  FeedQueue q;
+  std::atomic<bool> got{true};
+  const auto t0 = Clock::now();
+  std::thread worker([&] { got = q.pop(60000).has_value(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  q.close("training is over");
+  worker.join();
+  EXPECT_FALSE(got);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_FALSE(q.pop(60000));  // closed and empty: at once
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(FeedQueue, CloseReleasesTheQueuedBlocksOwners) {
+  std::atomic<int> live{0};
+  FeedQueue q;
+  for (int i = 0; i < 3; ++i) q.push(bare_block(4, counted_owner(live, i)));
+  EXPECT_EQ(live.load(), 3);
+  q.close("worker0 stopped on an error");
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_EQ(q.depth(), 0u);
+  EXPECT_FALSE(q.pop(0));
+  EXPECT_EQ(q.blocks_fed(), 3);
+  EXPECT_EQ(q.rows_fed(), 12);
+}
+
+TEST(FeedQueue, TwoFeedersOneWorkerSeeEveryBlockExactlyOnceInEachFeedersOrder) {
+  std::atomic<int> live{0};
+  constexpr int kPerFeeder = 500;
+  FeedQueue q(4);
+  auto feed = [&](int feeder) {
+    for (int i = 0; i < kPerFeeder; ++i)
+      q.push(bare_block(1 + i % 3, counted_owner(live, feeder * kPerFeeder + i)));
+  };
+  std::thread a(feed, 0), b(feed, 1);
+  std::vector<int> seen;
+  int64_t rows = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (seen.size() < 2 * kPerFeeder && Clock::now() < deadline) {
+    std::optional<FedBlock> block = q.pop(100);
+    if (!block) continue;
+    seen.push_back(id_of(*block));
+    rows += block->rows.rows;
+    EXPECT_LE(q.depth(), 4u);
+  }
+  a.join();
+  b.join();
+  ASSERT_EQ(seen.size(), size_t(2 * kPerFeeder));
+  EXPECT_EQ(std::set<int>(seen.begin(), seen.end()).size(), seen.size());
+  int last[2] = {-1, -1};
+  for (int id : seen) {
+    const int feeder = id / kPerFeeder;
+    EXPECT_GT(id, last[feeder]) << "feeder " << feeder << "'s blocks out of order";
+    last[feeder] = id;
+  }
+  EXPECT_EQ(q.blocks_fed(), 2 * kPerFeeder);
+  EXPECT_EQ(q.rows_fed(), rows);
+  EXPECT_EQ(q.depth(), 0u);
+  EXPECT_EQ(live.load(), 0);
+}
+
+// Roles as threads of this process; what each threw is kept. When a test ends early (a failed
+// ASSERT), the run is failed so that every role returns, and the threads are joined.
+class RoleThreads {
+ public:
+  explicit RoleThreads(Coordinator& c) : coordinator_(c) {}
+  ~RoleThreads() {
+    if (!threads_.empty()) {
+      coordinator_.fail("the test ended");
+      join();
+    }
+  }
+  // Returns the thread's index, for join_one().
+  size_t start(void (*role)(const RoleOptions&), RoleOptions o) {
+    threads_.emplace_back([this, role, o] {
+      try {
+        role(o);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        errors_[o.name] = std::current_exception();
+      }
+    });
+    return threads_.size() - 1;
+  }
+  void join_one(size_t i) {
+    if (threads_[i].joinable()) threads_[i].join();
+  }
+  void join() {
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+  std::exception_ptr error(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = errors_.find(name);
+    return it == errors_.end() ? nullptr : it->second;
+  }
+  std::string errors() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string all;
+    for (const auto& [name, e] : errors_) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        all += name + ": " + x.what() + "\n";
+      }
+    }
+    return all;
+  }
+
+ private:
+  Coordinator& coordinator_;
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::map<std::string, std::exception_ptr> errors_;
+};
+
+// The text of the InputError a role threw, or a failure naming what it threw instead.
+::testing::AssertionResult threw_input_error(RoleThreads& roles, const std::string& name,
+                                             std::string& message) {
+  std::exception_ptr e = roles.error(name);
+  if (!e) return ::testing::AssertionFailure() << name << " threw nothing";
+  try {
+    std::rethrow_exception(e);
+  } catch (const InputError& x) {
+    message = x.what();
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& x) {
+    return ::testing::AssertionFailure() << name << " threw another error: " << x.what();
+  }
+}
+
+// A fed run's settings: no store, 40 features, 4 classes.
+RunSettings fed_settings() {
+  RunSettings s;
+  s.fed = true;
+  s.data = "";
+  s.model = ModelConfig::parse("40-16-4");
+  s.batch = 50;
+  s.score_interval_s = 0.1;
+  return s;
+}
+
+CoordinatorOptions fed_coordinator(zmq::context_t& context, const RunSettings& s, int ps,
+                                   int workers, int scorers) {
+  static std::atomic<int> counter{0};
+  const std::string n = std::to_string(counter++);
+  CoordinatorOptions o;
+  o.context = &context;
+  o.bind = "inproc://fed-coordinator-" + n;
+  o.scores_bind = "inproc://fed-scores-" + n;
+  o.expected_ps = ps;
+  o.expected_workers = workers;
+  o.expected_scorers = scorers;
+  o.run_config = to_json(s);
+  o.fed = true;
+  o.max_seconds = 60;  // a safety: a role that should fail and does not still returns
+  o.startup_timeout_ms = 30000;
+  return o;
+}
+
+RoleOptions role_options(const Coordinator& c, zmq::context_t& context, const std::string& name) {
+  RoleOptions o;
+  o.coordinator = c.endpoint();
+  o.name = name;
+  o.context = &context;
+  o.heartbeat_ms = 100;
+  return o;
+}
+
+// Ends a run whose workers and scorer are gone or failed: the servers are told to exit.
+void finish_run(Coordinator& c, RoleThreads& roles) {
+  c.request_stop("the test is over");
+  EXPECT_TRUE(c.wait_workers_gone(30000));
+  c.finish();
+  EXPECT_TRUE(c.wait_servers_gone(30000));
+  roles.join();
+}
+
+TEST(FedRun, WorkersTrainOnFedBlocksUntilTheTargetAndReleaseEveryBlock) {
+  test::TempDir dir;
+  std::atomic<int> live{0}, live_validation{0};
+  RunSettings s = fed_settings();
+  s.best_model_path = dir.file("best.safetensors");
+  zmq::context_t context(1);
+  CoordinatorOptions co = fed_coordinator(context, s, 1, 2, 1);
+  const double target = 4;  // summed over 400 validation rows: 0.01 per row
+  co.target = target;
+  co.max_seconds = 120;  // a safety: the target comes in seconds
+  Coordinator c(co);
+  RoleThreads roles(c);
+  std::vector<std::shared_ptr<FeedQueue>> feeds{std::make_shared<FeedQueue>(4),
+                                               std::make_shared<FeedQueue>(4)};
+  auto validation = std::make_shared<const FedBlock>(
+      data_block(test::separable_dataset(400, 40, 4, 2), live_validation));
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  for (int w = 0; w < 2; ++w) {
+    RoleOptions o = role_options(c, context, "worker" + std::to_string(w));
+    o.feed = feeds[size_t(w)];
+    roles.start(run_worker_role, o);
+  }
+  RoleOptions so = role_options(c, context, "scorer0");
+  so.validation = validation;
+  roles.start(run_scorer_role, so);
+
+  // Feed each worker blocks of 130 rows (batches of 50, 50 and 30) until training stops.
+  constexpr int64_t kRows = 130;
+  std::vector<int64_t> pushed(2, 0);
+  std::vector<bool> open(2, true);
+  std::vector<std::string> closed_why(2);
+  uint32_t seed = 100;
+  const auto deadline = Clock::now() + std::chrono::seconds(180);
+  for (;;) {
+    const ClusterPhase phase = c.phase();
+    if (phase != ClusterPhase::Starting && phase != ClusterPhase::Training) break;
+    ASSERT_LT(Clock::now(), deadline) << "no stop in 180 s; " << roles.errors();
+    ASSERT_TRUE(open[0] || open[1]) << "both feeds closed while training: " << roles.errors();
+    for (size_t w = 0; w < 2; ++w) {
+      if (!open[w]) continue;
+      try {
+        if (feeds[w]->push(data_block(test::separable_dataset(kRows, 40, 4, seed++), live), 20))
+          ++pushed[w];
+      } catch (const Error& e) {
+        open[w] = false;
+        closed_why[w] = e.what();
+      }
+    }
+  }
+  for (size_t w = 0; w < 2; ++w) {  // a feed closed under the feeder: by its worker, stopping
+    if (!closed_why[w].empty()) {
+      EXPECT_NE(closed_why[w].find("worker" + std::to_string(w) + " has stopped"),
+                std::string::npos) << closed_why[w];
+    }
+  }
+  ASSERT_EQ(c.phase(), ClusterPhase::Draining) << c.failure() << "; " << roles.errors();
+  EXPECT_EQ(c.stop_reason(), "target");
+  ASSERT_TRUE(c.wait_workers_gone(30000)) << roles.errors();
+  EXPECT_EQ(roles.errors(), "");
+
+  // Each worker closed its feed on the way out: feeding it now is an error that says so, and
+  // nothing fed is held any more.
+  for (size_t w = 0; w < 2; ++w) {
+    EXPECT_TRUE(feeds[w]->closed()) << w;
+    EXPECT_EQ(feeds[w]->depth(), 0u) << w;
+    EXPECT_EQ(feeds[w]->blocks_fed(), pushed[w]) << w;
+    EXPECT_EQ(feeds[w]->rows_fed(), pushed[w] * kRows) << w;
+    try {
+      feeds[w]->push(data_block(test::separable_dataset(4, 40, 4, 1), live), 0);
+      ADD_FAILURE() << "worker" << w << "'s feed took a block after it stopped";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("worker" + std::to_string(w) + " has stopped"),
+                std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(live.load(), 0) << "fed blocks still held after the workers stopped";
+
+  // Batches: both workers trained; the coordinator's count is the servers' (async: one step per
+  // pushed gradient), and no more than the rows fed make.
+  const json state = c.state();
+  ASSERT_EQ(state.at("workers").size(), 2u) << state.dump();
+  for (const json& w : state.at("workers"))
+    EXPECT_GT(w.at("batches_done").get<int64_t>(), 0) << state.dump();
+  const int64_t batches = c.batches_done();
+  EXPECT_GT(batches, 0);
+  EXPECT_LE(batches, (pushed[0] + pushed[1]) * 3);
+  EXPECT_EQ(state.at("cluster").at("batches_done").get<int64_t>(), batches);
+  Model model(s.model);
+  {
+    PsClient client(c.ps_endpoints(), cluster_client_options(s, &context));
+    PsResult result = client.init({}).wait();
+    model.parameters() = std::move(result.tensors);
+    EXPECT_EQ(int64_t(result.version), batches);
+  }
+  c.finish();
+  EXPECT_TRUE(c.wait_servers_gone(30000));
+  roles.join();
+  EXPECT_EQ(roles.errors(), "");
+
+  // The score that met the target, and the parameters the scorer kept for it.
+  const std::vector<ScoreRecord> scores = c.scores();
+  ASSERT_FALSE(scores.empty());
+  EXPECT_LT(scores.back().loss, target);
+  EXPECT_EQ(scores.back().samples, 400);
+  const Checkpoint best = load_checkpoint(s.best_model_path, &s.model);
+  const EvalResult kept = evaluate_model(best.model, validation->rows, 1);
+  EXPECT_LT(kept.loss_sum, target * (1 + 1e-3));
+  // The servers' final parameters: workers stepped on for a moment after that score.
+  const EvalResult last = evaluate_model(model, validation->rows, 1);
+  EXPECT_LT(last.loss_sum, 2 * target);
+  EXPECT_GT(last.accuracy, 0.95);
+  validation.reset();
+  so.validation.reset();
+  EXPECT_EQ(live_validation.load(), 0);
+}
+
+// Owners that a test can wait on: each block's owner counts itself until released.
+class Owners {
+ public:
+  FedBlock block(Dataset data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++live_;
+    }
+    std::shared_ptr<Dataset> owner(new Dataset(std::move(data)), [this](Dataset* p) {
+      delete p;
+      std::lock_guard<std::mutex> lock(mutex_);
+      --live_;
+      released_.notify_all();
+    });
+    FedBlock b;
+    b.rows = owner->view();
+    b.owner = owner;
+    return b;
+  }
+  bool wait_all_released(int timeout_ms) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return released_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return live_ == 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable released_;
+  int live_ = 0;
+};
+
+TEST(FedRun, EachBlockIsCutIntoBatchesOfTheRunsBatchSizeTheLastOneShorter) {
+  Owners owners;
+  RunSettings s = fed_settings();  // batch 50
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));
+  RoleThreads roles(c);
+  auto feed = std::make_shared<FeedQueue>();
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  roles.start(run_worker_role, o);
+  // 130 rows: 50, 50, 30; 20 rows: one batch; 100 rows: 50, 50.
+  for (int64_t rows : {130, 20, 100})
+    feed->push(owners.block(test::separable_dataset(rows, 40, 4, uint32_t(rows))));
+  // Each owner goes once its block's batches have been trained and pushed.
+  ASSERT_TRUE(owners.wait_all_released(60000)) << roles.errors();
+  EXPECT_EQ(feed->rows_fed(), 250);
+  c.request_stop("every block trained");
+  ASSERT_TRUE(c.wait_workers_gone(30000)) << roles.errors();
+  EXPECT_EQ(roles.errors(), "");
+  EXPECT_EQ(c.batches_done(), 6);
+  {
+    PsClient client(c.ps_endpoints(), cluster_client_options(s, &context));
+    EXPECT_EQ(client.init({}).wait().version, 6u);  // async: one step per batch
+  }
+  c.finish();
+  EXPECT_TRUE(c.wait_servers_gone(30000));
+  roles.join();
+}
+
+TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
+  std::atomic<int> live{0};
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  CoordinatorOptions co = fed_coordinator(context, s, 1, 1, 0);
+  co.max_seconds = 120;
+  co.heartbeat_timeout_ms = 1000;
+  Coordinator c(co);
+  RoleThreads roles(c);
+  auto feed = std::make_shared<FeedQueue>();
+  // A good block first (trained on), then one whose row 3 has label 7 in a 4-class model.
+  feed->push(data_block(test::separable_dataset(60, 40, 4, 5), live));
+  Dataset bad = test::separable_dataset(8, 40, 4, 6);
+  bad.label_data()[3] = 7;
+  feed->push(data_block(std::move(bad), live));
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  const size_t worker = roles.start(run_worker_role, o);
+  roles.join_one(worker);  // it stops on its own, on the bad block
+  std::string why;
+  ASSERT_TRUE(threw_input_error(roles, "worker0", why));
+  EXPECT_NE(why.find("worker0"), std::string::npos) << why;
+  EXPECT_NE(why.find("label 7 at row 3"), std::string::npos) << why;
+  EXPECT_NE(why.find("4 classes"), std::string::npos) << why;
+  EXPECT_TRUE(feed->closed());
+  try {
+    feed->push(data_block(test::separable_dataset(4, 40, 4, 1), live), 0);
+    ADD_FAILURE() << "the failed worker's feed took a block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker0 stopped on an error"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(live.load(), 0);
+  c.mark_lost("worker0", "it failed in the test");
+  finish_run(c, roles);
+}
+
+// Starts a server and `role` (named `name`, alone in its kind) in a fed run, and checks that the
+// role fails with an InputError naming it and containing each of `says`.
+void expect_fed_role_fails(void (*role)(const RoleOptions&), const std::string& name, int workers,
+                           int scorers, const std::vector<std::string>& says) {
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, workers, scorers));
+  RoleThreads roles(c);
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  roles.join_one(roles.start(role, role_options(c, context, name)));
+  std::string why;
+  ASSERT_TRUE(threw_input_error(roles, name, why));
+  EXPECT_NE(why.find(name), std::string::npos) << why;
+  for (const std::string& part : says) EXPECT_NE(why.find(part), std::string::npos) << why;
+  c.mark_lost(name, "it failed in the test");
+  finish_run(c, roles);
+}
+
+TEST(FedRun, AScorerWithoutAStoreOrValidationRowsFailsSayingSo) {
+  expect_fed_role_fails(run_scorer_role, "scorer0", 0, 1, {"no store", "no validation rows"});
+}
+
+TEST(FedRun, AWorkerWithoutAFeedFailsSayingSo) {
+  expect_fed_role_fails(run_worker_role, "worker0", 1, 0, {"without a feed"});
+}
+
+// A full feed (capacity 1) and a thread waiting up to 20 s to push one more block into it.
+struct BlockedFeeder {
+  explicit BlockedFeeder(std::atomic<int>& live) : feed(std::make_shared<FeedQueue>(1)) {
+    feed->push(data_block(test::separable_dataset(10, 40, 4, 1), live));
+    thread = std::thread([this, &live] {
+      try {
+        saw = feed->push(data_block(test::separable_dataset(10, 40, 4, 2), live), 20000)
+                  ? "pushed" : "timed out";
+      } catch (const Error& e) {
+        saw = e.what();
+      }
+    });
+  }
+  ~BlockedFeeder() {
+    if (thread.joinable()) thread.join();
+  }
+  std::string join() {  // what the push came to: "pushed", "timed out" or the error
+    thread.join();
+    return saw;
+  }
+  std::shared_ptr<FeedQueue> feed;
+  std::string saw;
+  std::thread thread;
+};
+
+// A feeder waiting for room in a worker's feed must not wait forever when the worker stops
+// before training: the feed is closed whichever way the worker leaves.
+TEST(FedRun, AWorkerThatStopsBeforeTrainingClosesItsFeed) {
+  std::atomic<int> live{0};
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));  // the server never comes
+  RoleThreads roles(c);
+  BlockedFeeder feeder(live);
+  const std::shared_ptr<FeedQueue>& feed = feeder.feed;
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  const size_t worker = roles.start(run_worker_role, o);
+  c.request_stop("stopped before it started");
+  roles.join_one(worker);
+  EXPECT_EQ(roles.errors(), "");
+  EXPECT_TRUE(feed->closed());
+  const std::string feeder_saw = feeder.join();
+  EXPECT_NE(feeder_saw.find("worker0"), std::string::npos) << feeder_saw;
+  EXPECT_EQ(live.load(), 0);
+  c.finish();
+  roles.join();
+}
+
+TEST(FedRun, AWorkerThatFailsBeforeTrainingClosesItsFeed) {
+  std::atomic<int> live{0};
+  RunSettings s = fed_settings();
+  s.backend = "abacus";
+  zmq::context_t context(1);
+  CoordinatorOptions co = fed_coordinator(context, s, 1, 1, 0);
+  co.heartbeat_timeout_ms = 1000;
+  Coordinator c(co);
+  RoleThreads roles(c);
+  BlockedFeeder feeder(live);
+  const std::shared_ptr<FeedQueue>& feed = feeder.feed;
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  const size_t worker = roles.start(run_worker_role, o);
+  roles.join_one(worker);
+  std::string why;
+  ASSERT_TRUE(threw_input_error(roles, "worker0", why));
+  EXPECT_NE(why.find("abacus"), std::string::npos) << why;
+  EXPECT_TRUE(feed->closed());
+  const std::string feeder_saw = feeder.join();
+  EXPECT_NE(feeder_saw.find("worker0 stopped on an error"), std::string::npos) << feeder_saw;
+  EXPECT_EQ(live.load(), 0);
+  c.mark_lost("worker0", "it failed in the test");
+  finish_run(c, roles);
+}
+
+TEST(RoleCancel, RolesStoppedFromTheirProcessEndAtOnceWhenTheCoordinatorIsGone) {
+  std::atomic<int> live{0};
+  const RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  auto coordinator = std::make_unique<Coordinator>(fed_coordinator(context, s, 1, 1, 1));
+  auto feed = std::make_shared<FeedQueue>();
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  auto start = [&](void (*role)(const RoleOptions&), RoleOptions o) {
+    o.cancel = cancel;
+    threads.emplace_back([&, role, o] {
+      try {
+        role(o);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(o.name + ": " + e.what());
+      }
+    });
+  };
+  start(run_ps_role, role_options(*coordinator, context, "ps0"));
+  RoleOptions wo = role_options(*coordinator, context, "worker0");
+  wo.feed = feed;
+  start(run_worker_role, wo);
+  RoleOptions so = role_options(*coordinator, context, "scorer0");
+  so.validation = std::make_shared<const FedBlock>(
+      data_block(test::separable_dataset(100, 40, 4, 3), live));
+  start(run_scorer_role, so);
+  ASSERT_EQ(coordinator->wait_for(ClusterPhase::Training, 30000), ClusterPhase::Training);
+  for (int i = 0; i < 20; ++i) feed->push(data_block(test::separable_dataset(200, 40, 4, i), live));
+  coordinator.reset();  // gone while the roles train: every request to it would time out (10 s)
+  const auto t0 = Clock::now();
+  *cancel = true;
+  for (std::thread& t : threads) t.join();
+  // Well under the coordinator's 10 s request timeout and its 15 s lost-after.
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_TRUE(feed->closed());
+  so.validation.reset();
+  wo.feed.reset();
+}
+
+TEST(FedCoordinator, RefusesMaxEpochs) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 0, 0);
+  o.max_epochs = 2;
+  try {
+    Coordinator c(o);
+    FAIL() << "a fed coordinator took max_epochs";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no epochs"), std::string::npos) << e.what();
+  }
+  o.max_epochs = 0;
+  o.max_seconds = 60;
+  Coordinator c(o);  // the same options less max_epochs: the sockets bind
+  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
+}
+
+TEST(FedCoordinator, HandsOutNoWorkAndCountsTheBatchesWorkersReport) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 2, 0);
+  o.heartbeat_timeout_ms = 60000;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  for (const char* name : {"worker0", "worker1"})
+    link.request({{"type", "register"}, {"role", "worker"}, {"name", name}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
+  try {
+    link.request({{"type", "work"}, {"name", "worker0"}});
+    FAIL() << "a fed run handed out work";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fed blocks"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.batches_done(), 0);
+  link.request({{"type", "heartbeat"}, {"name", "worker0"},
+                {"status", {{"batches_done", 5}, {"task", 0}, {"done", 5}}}});
+  link.request({{"type", "heartbeat"}, {"name", "worker1"},
+                {"status", {{"batches_done", 7}, {"task", 0}, {"done", 7}}}});
+  EXPECT_EQ(c.batches_done(), 12);
+  link.request({{"type", "heartbeat"}, {"name", "worker0"},
+                {"status", {{"batches_done", 6}, {"task", 0}, {"done", 6}}}});
+  EXPECT_EQ(c.batches_done(), 13);  // each worker's newest report, not their sum over time
+  EXPECT_EQ(c.state().at("cluster").at("batches_done").get<int64_t>(), 13);
+  EXPECT_EQ(c.epochs_completed(), 0);
+  EXPECT_EQ(c.phase(), ClusterPhase::Training);  // no epochs to run out of
+}
+
+// Reads a subscriber's scores until the one with seq `newest`; their seqs in order.
+std::vector<int64_t> read_scores_until(ScoreSubscriber& sub, int64_t newest) {
+  std::vector<int64_t> seqs;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while ((seqs.empty() || seqs.back() < newest) && Clock::now() < deadline) {
+    std::optional<json> m = sub.next(200);
+    if (!m) continue;
+    EXPECT_FALSE(m->value("end", false)) << m->dump();
+    if (m->value("end", false)) break;
+    seqs.push_back(m->at("seq").get<int64_t>());
+    EXPECT_DOUBLE_EQ(m->at("loss").get<double>(), 1000.0 - double(m->at("step").get<int64_t>()));
+  }
+  return seqs;
+}
+
+std::vector<int64_t> seq_range(int64_t first, int64_t last) {
+  std::vector<int64_t> v;
+  for (int64_t s = first; s <= last; ++s) v.push_back(s);
+  return v;
+}
+
+TEST(ScoreSubscriber, ALateSubscriberGetsTheHistoryOnceThenNewScoresThenTheEnd) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 0, 0);
+  o.fed = false;
+  Coordinator c(o);
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
+  CoordinatorLink link(c.endpoint(), context);
+  for (int i = 1; i <= 12; ++i)
+    link.request({{"type", "score"}, {"step", i}, {"loss", 1000.0 - i}, {"accuracy", 0.5}});
+  // The newest 10 come again for a new subscriber, oldest first. (Scores still being sent
+  // when it subscribed may reach it live as well: then it sees those once, and older ones too.)
+  ScoreSubscriber a(c.endpoint(), context);
+  EXPECT_EQ(a.endpoint(), c.scores_endpoint());
+  const std::vector<int64_t> first = read_scores_until(a, 12);
+  ASSERT_FALSE(first.empty());
+  EXPECT_TRUE(std::is_sorted(first.begin(), first.end()));
+  EXPECT_EQ(std::set<int64_t>(first.begin(), first.end()).size(), first.size());  // once each
+  EXPECT_LE(first.front(), 3);
+  EXPECT_EQ(first.back(), 12);
+  EXPECT_EQ(first.size(), size_t(13 - first.front()));  // nothing missing from the newest 10
+  // Another subscriber's replay (everything long sent: exactly the newest 10) goes to `a` too:
+  // `a` drops what it has seen.
+  ScoreSubscriber b(c.endpoint(), context);
+  EXPECT_EQ(read_scores_until(b, 12), seq_range(3, 12));
+  link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
+  EXPECT_EQ(read_scores_until(a, 13), std::vector<int64_t>{13});
+  EXPECT_EQ(read_scores_until(b, 13), std::vector<int64_t>{13});
+  c.request_stop("enough");
+  c.finish();
+  for (ScoreSubscriber* sub : {&a, &b}) {
+    std::optional<json> end = sub->next(10000);
+    ASSERT_TRUE(end);
+    EXPECT_TRUE(end->value("end", false)) << end->dump();
+    EXPECT_EQ(end->value("reason", std::string()), "enough");
+    EXPECT_TRUE(sub->ended());
+    EXPECT_FALSE(sub->next(100));  // nothing after the end
+  }
+  // After the run: the history, then the end at once.
+  ScoreSubscriber late(c.endpoint(), context);
+  EXPECT_EQ(read_scores_until(late, 13), seq_range(4, 13));
+  std::optional<json> end = late.next(10000);
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->value("end", false)) << end->dump();
+  EXPECT_FALSE(late.next(100));
+}
+
+}  // namespace
+}  // namespace tandem

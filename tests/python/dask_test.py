@@ -1,0 +1,131 @@
+"""tandem.dask on a real distributed.LocalCluster of separate worker processes: start the roles
+inside the Dask workers, feed them dask-array blocks in place, train to a target, stop, and the
+Dask cluster still runs tasks; errors of the roles reach the client with the engine's message."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dask.array as da  # noqa: E402
+from dask import delayed  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+
+import tandem  # noqa: E402
+import tandem.dask as tdask  # noqa: E402
+from synthetic_rows import make_rows  # noqa: E402
+
+SETTINGS = dict(batch=100, model="784-32-10", score_interval_s=0.2, worker_threads=1,
+                scorer_threads=1)
+
+
+def dask_blocks(client, count, rows, seed):
+    """Blocks of (images, labels) computed on the cluster, as the seed prepares them."""
+    parts = [delayed(make_rows)(rows, seed + i) for i in range(count)]
+    images = da.concatenate([da.from_delayed(p[0], (rows, 784), np.uint8) for p in parts])
+    labels = da.concatenate([da.from_delayed(p[1], (rows,), np.uint8) for p in parts])
+    images, labels = client.persist([images, labels])
+    blocks = [delayed(lambda a, b: (a, b))(i, l)
+              for i, l in zip(images.to_delayed().ravel(), labels.to_delayed().ravel())]
+    return client.compute(blocks)
+
+
+class DaskTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = LocalCluster(n_workers=4, threads_per_worker=2, processes=True,
+                                   dashboard_address=None)
+        cls.client = Client(cls.cluster)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.cluster.close()
+
+    def assert_cluster_healthy(self):
+        """Every Dask worker runs a task once the roles are gone."""
+        addresses = list(self.client.nthreads())
+        self.assertEqual(len(addresses), 4)
+        for address in addresses:
+            future = self.client.submit(lambda x: x + 1, 41, workers=[address], pure=False)
+            self.assertEqual(future.result(timeout=30), 42)
+
+    def test_start_feed_train_to_target_stop(self):
+        xv, yv = make_rows(500, 99)
+        cluster, dask_spec = tdask.start(self.client, ps=1, worker=2, scorer=1,
+                                         validation=(da.from_array(xv), yv), target=25.0,
+                                         max_seconds=120, **SETTINGS)
+        self.assertEqual(len(dask_spec["worker"]), 2)
+        self.assertEqual(len(set(sum(dask_spec.values(), []))), 4)  # one role per process
+        spec = cluster.as_dict()
+        self.assertEqual([r["name"] for r in spec["worker"]], ["worker0", "worker1"])
+        self.assertTrue(spec["ps"][0]["address"].startswith("tcp://127.0.0.1:"))
+        blocks = dask_blocks(self.client, 6, 1000, seed=0)
+        rounds, transfers = 0, []
+        while cluster.training and rounds < 40:
+            transfers += [f.result() for f in tdask.feed(blocks, cluster)]
+            rounds += 1
+        result = tdask.stop(cluster)
+        self.assertEqual(result["stop_reason"], "target")
+        self.assertLess(result["scores"][-1]["loss"], 25.0)
+        self.assertLess(result["model"].evaluate(xv, yv)["loss_sum"], 100.0)
+        # The blocks were read where Dask holds them: no copy of pixels or labels.
+        fed = [t for t in transfers if t["rows"] > 0]
+        self.assertTrue(fed)
+        self.assertFalse(any(t["pixels_copied"] or t["labels_copied"] for t in fed))
+        roles = {r["name"]: r for r in result["roles"]}
+        self.assertEqual(set(roles), {"ps0", "worker0", "worker1", "scorer0"})
+        self.assertGreater(roles["worker0"]["rows_fed"] + roles["worker1"]["rows_fed"], 0)
+        # Both workers got blocks (the shares are kept even).
+        self.assertGreater(roles["worker0"]["blocks_fed"], 0)
+        self.assertGreater(roles["worker1"]["blocks_fed"], 0)
+        self.assertEqual(cluster.phase, "done")
+        self.assertFalse(cluster.training)
+        self.assert_cluster_healthy()
+
+    def test_a_role_error_reaches_the_client(self):
+        xv, yv = make_rows(200, 98)
+        cluster, _ = tdask.start(self.client, ps=1, worker=2, scorer=1, validation=(xv, yv),
+                                 max_seconds=120, **SETTINGS)
+        x, y = make_rows(100, 1)
+        y[5] = 11
+        with self.assertRaisesRegex(tandem.InputError, "label 11 at row 5"):
+            tdask.feed([(x, y), (x, y)], cluster)
+            for _ in range(100):  # until the worker's failure is seen
+                tdask.feed([make_rows(100, 2)], cluster)
+        with self.assertRaisesRegex(tandem.Error, "label 11 at row 5"):
+            tdask.stop(cluster)
+        self.assert_cluster_healthy()
+
+    def test_start_errors(self):
+        xv, yv = make_rows(100, 3)
+        with self.assertRaisesRegex(tandem.InputError, "needs 7; the cluster has 4"):
+            tdask.start(self.client, ps=1, worker=5, scorer=1, validation=(xv, yv))
+        with self.assertRaisesRegex(tandem.InputError, "the scorer needs rows to score on"):
+            tdask.start(self.client, ps=1, worker=1, scorer=1, **SETTINGS)
+        # A role that fails while the cluster starts: the engine's message, from the Dask
+        # worker; the roles already started end.
+        with self.assertRaisesRegex(tandem.InputError, "device must be cpu, cuda or auto, not 'tpu'"):
+            tdask.start(self.client, ps=1, worker=2, scorer=1, validation=(xv, yv),
+                        ps_device="tpu", startup_timeout=30, **SETTINGS)
+        self.assert_cluster_healthy()
+
+
+class AbandonedRunTest(unittest.TestCase):
+    def test_closing_dask_with_roles_running_ends_them_cleanly(self):
+        """The run is never stopped and its coordinator goes away: closing the Dask cluster
+        ends the roles (tandem.dask's worker plugin), and no worker process has to be killed."""
+        script = os.path.join(os.path.dirname(__file__), "dask_abandon.py")
+        done = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ))
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn("closed", done.stdout)
+        self.assertNotIn("terminate called", done.stderr)
+        self.assertNotIn("still alive after", done.stderr)  # the nanny had to kill it
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

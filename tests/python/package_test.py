@@ -1,0 +1,234 @@
+"""The Python package without Dask: models, training, checkpoints, the roles on native threads,
+feeding without copies, the scores channel, and errors carrying the engine's messages."""
+
+import gc
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tandem  # noqa: E402
+from synthetic_rows import make_rows  # noqa: E402
+
+
+class ModelTest(unittest.TestCase):
+    def test_train_evaluate_predict_save_load(self):
+        x, y = make_rows(3000, 1)
+        xv, yv = make_rows(500, 2)
+        epochs = []
+        model, summary = tandem.train((x, y), validation=(xv, yv), layers=[784, 32, 10], epochs=3,
+                                      batch=100, backend="cpu", threads=1, on_epoch=epochs.append)
+        self.assertEqual([e["epoch"] for e in epochs], [1, 2, 3])
+        self.assertEqual(summary["steps"], 90)
+        result = model.evaluate(xv, yv)
+        self.assertGreater(result["accuracy"], 0.95)
+        self.assertAlmostEqual(result["loss_sum"], summary["validation"]["loss_sum"], places=3)
+        predicted = model.predict(xv)
+        self.assertEqual(predicted.dtype, np.uint8)
+        self.assertEqual(int((predicted == yv).sum()), result["correct"])
+        # float32 pixels in [0, 1] are what uint8 pixels become inside the engine.
+        as_float = model.evaluate((xv / np.float32(255)).astype(np.float32), yv)
+        self.assertAlmostEqual(as_float["loss_sum"], result["loss_sum"], delta=1e-3 * result["loss_sum"] + 1e-3)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.safetensors")
+            model.save(path)
+            loaded = tandem.load(path)
+            self.assertEqual(loaded.layers, [784, 32, 10])
+            for name, value in model.parameters().items():
+                np.testing.assert_array_equal(loaded.parameters()[name], value)
+
+    def test_parameters_round_trip_and_seeded_init(self):
+        a = tandem.Model.initialized([784, 16, 10], seed=7)
+        b = tandem.Model.initialized([784, 16, 10], seed=7)
+        c = tandem.Model([784, 16, 10])
+        for name, value in a.parameters().items():
+            np.testing.assert_array_equal(value, b.parameters()[name])
+        c.set_parameters(a.parameters())
+        np.testing.assert_array_equal(c.parameters()["hid_w"], a.parameters()["hid_w"])
+        with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
+            c.set_parameters({"nope": np.zeros(3, np.float32)})
+
+    def test_bad_input_names_the_problem(self):
+        model = tandem.Model()
+        x, y = make_rows(10, 3)
+        with self.assertRaisesRegex(TypeError, "not int64"):
+            model.evaluate(x.astype(np.int64), y)
+        with self.assertRaisesRegex(ValueError, "one entry per image"):
+            model.evaluate(x, y[:5])
+        # An engine InputError is a ValueError and a tandem.Error, with the engine's message.
+        with self.assertRaises(tandem.InputError) as caught:
+            model.evaluate(x[:, :100], y)
+        self.assertIsInstance(caught.exception, ValueError)
+        self.assertIsInstance(caught.exception, tandem.Error)
+        self.assertIn("100 features per row", str(caught.exception))
+        with self.assertRaisesRegex(tandem.InputError, "unknown run setting 'bacth'"):
+            tandem.Coordinator({"fed": True, "bacth": 10})
+        with self.assertRaises(tandem.Error):
+            tandem.load("/nonexistent/model.safetensors")
+
+
+def start_fed_cluster(test, workers=1, target=0.0, **settings):
+    settings = dict({"fed": True, "batch": 100, "model": "784-32-10", "score_interval_s": 0.1,
+                     "worker_threads": 1, "scorer_threads": 1}, **settings)
+    coordinator = tandem.Coordinator(settings, ps=1, workers=workers, scorers=1, target=target,
+                                     max_seconds=120)
+    test.addCleanup(coordinator.close)
+    xv, yv = make_rows(500, 99)
+    roles = [tandem.ParameterServerRole(coordinator.endpoint)]
+    roles += [tandem.WorkerRole(coordinator.endpoint) for _ in range(workers)]
+    roles.append(tandem.ScorerRole(coordinator.endpoint, validation=(xv, yv)))
+    for role in roles:
+        role.start()
+    test.assertEqual(coordinator.wait_for("training", 30), "training")
+    return coordinator, roles, (xv, yv)
+
+
+def end_cluster(test, coordinator, roles):
+    if coordinator.phase == "training":
+        coordinator.request_stop("test over")
+    test.assertTrue(coordinator.wait_workers_gone(30))
+    model = coordinator.pull_model()
+    coordinator.finish()
+    test.assertTrue(coordinator.wait_servers_gone(30))
+    for role in roles:
+        test.assertTrue(role.join(30))
+        test.assertFalse(role.running)
+    return model
+
+
+class RolesTest(unittest.TestCase):
+    def test_fed_training_reaches_the_target(self):
+        coordinator, roles, (xv, yv) = start_fed_cluster(self, workers=2, target=25.0)
+        workers = roles[1:3]
+        blocks = [make_rows(1000, seed) for seed in range(6)]
+        deadline = time.monotonic() + 90
+        while coordinator.phase == "training" and time.monotonic() < deadline:
+            for i, (x, y) in enumerate(blocks):
+                try:
+                    workers[i % 2].feed(x, y, timeout_s=5)
+                except tandem.Error:
+                    break  # the worker stopped: training is over
+            coordinator.wait_for("draining", 0.2)
+        self.assertEqual(coordinator.stop_reason, "target")
+        scores = coordinator.scores()
+        self.assertLess(scores[-1]["loss"], 25.0)
+        model = end_cluster(self, coordinator, roles)
+        # Every block fed before the stop was trained on or dropped; what the workers trained is
+        # what they reported (their goodbye carries their last count).
+        batches = coordinator.state()["cluster"]["batches_done"]
+        self.assertGreater(batches, 0)
+        self.assertLessEqual(batches, sum(w.rows_fed for w in workers) // 100)
+        # The servers' final parameters are at least as good as the score that met the target
+        # was, give or take the few steps after it.
+        self.assertLess(model.evaluate(xv, yv)["loss_sum"], 4 * 25.0)
+        # After the stop a worker's queue is closed: feeding says so.
+        with self.assertRaisesRegex(tandem.Error, "training is over"):
+            workers[0].feed(*blocks[0])
+
+    def test_feeding_reads_arrays_in_place(self):
+        coordinator, roles, _ = start_fed_cluster(self)
+        worker = roles[1]
+        x, y = make_rows(300, 5)
+        before = sys.getrefcount(x)
+        info = worker.feed(x, y)
+        self.assertEqual(info["rows"], 300)
+        self.assertFalse(info["pixels_copied"])
+        self.assertFalse(info["labels_copied"])
+        self.assertEqual(info["pixels_address"], x.ctypes.data)
+        # The engine holds the array until it has trained on it, then lets go.
+        deadline = time.monotonic() + 30
+        while sys.getrefcount(x) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(sys.getrefcount(x), before)
+        self.assertEqual(worker.rows_fed, 300)
+        # A view with strides, float64 pixels and one-hot labels are converted once, and said so.
+        info = worker.feed(x[::2], y[::2])
+        self.assertTrue(info["pixels_copied"])
+        info = worker.feed(x.astype(np.float64) / 255, np.eye(10, dtype=np.float32)[y])
+        self.assertTrue(info["pixels_copied"])
+        self.assertTrue(info["labels_copied"])
+        info = worker.feed(x.reshape(300, 28, 28), y.astype(np.int64))
+        self.assertFalse(info["pixels_copied"])
+        self.assertTrue(info["labels_copied"])
+        end_cluster(self, coordinator, roles)
+
+    def test_a_worker_error_surfaces_with_the_engine_message(self):
+        coordinator, roles, _ = start_fed_cluster(self)
+        worker = roles[1]
+        x, y = make_rows(100, 6)
+        y[37] = 12  # the model has 10 classes
+        worker.feed(x, y)
+        with self.assertRaisesRegex(tandem.InputError, "label 12 at row 37"):
+            worker.join(30)
+        with self.assertRaisesRegex(tandem.Error, "stopped on an error"):
+            worker.feed(*make_rows(10, 7))
+        coordinator.request_stop("test over")
+        self.assertTrue(coordinator.wait_workers_gone(30))
+        coordinator.finish()
+        self.assertTrue(coordinator.wait_servers_gone(30))
+        for role in (roles[0], roles[2]):
+            self.assertTrue(role.join(30))
+
+    def test_scores_channel_history_and_end(self):
+        coordinator, roles, _ = start_fed_cluster(self)
+        deadline = time.monotonic() + 30
+        while len(coordinator.scores()) < 12 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertGreaterEqual(len(coordinator.scores()), 12)
+        history = list(tandem.scores(coordinator.endpoint, follow=False, timeout_s=0.3))
+        seqs = [s["seq"] for s in history]
+        self.assertGreaterEqual(len(seqs), 10)
+        self.assertEqual(seqs, sorted(set(seqs)))  # in order, no duplicates
+        stream = tandem.scores(coordinator.endpoint, follow=True, timeout_s=30)
+        first = next(stream)
+        self.assertIn("loss", first)
+        coordinator.request_stop("test over")
+        end_cluster(self, coordinator, roles)
+        rest = list(stream)  # ends at the channel's end message
+        self.assertEqual(stream.end_reason, "test over")
+        self.assertTrue(all(s["seq"] > first["seq"] for s in rest))
+
+    def test_roles_stopped_from_their_process_end_at_once(self):
+        coordinator, roles, _ = start_fed_cluster(self)
+        roles[1].feed(*make_rows(2000, 4))
+        coordinator.close()  # the coordinator goes away while training
+        started = time.monotonic()
+        for role in roles:
+            role.stop()
+        for role in roles:
+            self.assertTrue(role.join(10))
+        # Well under the coordinator's and the servers' timeouts (15 s, 10 s).
+        self.assertLess(time.monotonic() - started, 5)
+
+    def test_a_role_ends_when_the_start_fails(self):
+        coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,
+                                         scorers=0, startup_timeout_s=1)
+        self.addCleanup(coordinator.close)
+        worker = tandem.WorkerRole(coordinator.endpoint)
+        worker.start()
+        self.assertEqual(coordinator.wait_for("failed", 10), "failed")
+        self.assertIn("ps0 (not registered)", coordinator.failure)
+        self.assertTrue(worker.join(10))  # it stops without training: nothing was wrong with it
+
+    def test_a_dropped_running_role_does_not_hang(self):
+        coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,
+                                         scorers=0, startup_timeout_s=60)
+        worker = tandem.WorkerRole(coordinator.endpoint, coordinator_lost_s=2)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while not coordinator.state()["roles"][1:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(worker.running)
+        started = time.monotonic()
+        del worker  # still waiting for the cluster: let go of it after a short wait
+        gc.collect()
+        self.assertLess(time.monotonic() - started, 5)
+        coordinator.close()  # the worker notices the coordinator is gone and ends on its own
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
