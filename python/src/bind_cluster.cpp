@@ -73,7 +73,10 @@ class PyCoordinator {
     o.expected_ps = ps;
     o.expected_workers = workers;
     o.expected_scorers = scorers;
-    if (settings_.replicas_to_aggregate == 0) settings_.replicas_to_aggregate = workers;
+    // Sync mode aggregates one gradient per worker unless told otherwise (the seed's
+    // replicas_to_aggregate = len(dask_spec['worker']); tandem launch's default too).
+    if (!settings.contains("replicas_to_aggregate") || settings_.replicas_to_aggregate == 0)
+      settings_.replicas_to_aggregate = workers;
     o.run_config = to_json(settings_);
     o.fed = settings_.fed;
     if (!settings_.fed) {

@@ -13,6 +13,10 @@ arrays straight into the queue of the Tandem worker living in the same process::
 
 The coordinator runs in the client's process; the roles join it over ZeroMQ, so the client must
 be reachable from the Dask workers (as Dask's own client is).
+
+The seed's simple parallelism is here too: ``search(client, configs, train, validation)`` trains
+a model per configuration on the Dask workers and ranks them, ``predict(model, images)`` applies
+a model to a dask array block by block.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from urllib.parse import urlparse
 from ._tandem import (Coordinator, Error, InputError, ParameterServerRole, ScorerRole,
                       WorkerRole, scores as _scores)
 
-__all__ = ["TandemCluster", "start", "feed", "stop", "local_worker"]
+from ._dask_parallel import expand_grid, predict, search  # noqa: F401 - the seed's simple parallelism
+
+__all__ = ["TandemCluster", "start", "feed", "stop", "local_worker", "search", "predict",
+           "expand_grid"]
 
 # The roles running in this process, by the address of the Dask worker that runs them (a
 # LocalCluster with processes=False has several Dask workers in one process).

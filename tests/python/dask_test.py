@@ -114,6 +114,50 @@ class DaskTest(unittest.TestCase):
         self.assert_cluster_healthy()
 
 
+class SimpleParallelismTest(unittest.TestCase):
+    """The seed's client.map(train_and_evaluate, ...) and map_partitions(predict)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                                   dashboard_address=None)
+        cls.client = Client(cls.cluster)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.cluster.close()
+
+    def test_search_ranks_the_trials_and_reports_a_crash(self):
+        train = make_rows(2000, 11)
+        validation = make_rows(400, 12)
+        # A learning rate of 1e-6 cannot learn in 2 epochs; 0.01 does: the known best. A model
+        # whose input width is wrong crashes its trial, and the search goes on.
+        grid = {"learning_rate": [1e-6, 0.01], "layers": [[784, 16, 10], [100, 16, 10]]}
+        self.assertEqual(len(tdask.expand_grid(grid)), 4)
+        results = tdask.search(self.client, grid, (da.from_array(train[0], chunks=500), train[1]),
+                               validation, epochs=2, batch=100)
+        self.assertEqual(len(results), 4)
+        self.assertEqual(results[0]["config"], {"learning_rate": 0.01, "layers": [784, 16, 10]})
+        self.assertGreater(results[0]["validation"]["accuracy"], 0.9)
+        self.assertGreater(results[1]["validation"]["loss_sum"], results[0]["validation"]["loss_sum"])
+        crashed = [r for r in results if "error" in r]
+        self.assertEqual(len(crashed), 2)
+        self.assertTrue(all("model 100-16-10 expects 100" in r["error"] for r in crashed), crashed)
+        self.assertEqual(results[2:], crashed)  # failures last
+        # The best model came back whole: it scores as its trial said.
+        best = results[0]["model"].evaluate(*validation)
+        self.assertAlmostEqual(best["loss_sum"], results[0]["validation"]["loss_sum"], places=2)
+
+    def test_predict_block_by_block_equals_predicting_at_once(self):
+        model, _ = tandem.train(make_rows(2000, 21), layers=[784, 16, 10], epochs=1, batch=100,
+                                backend="cpu", threads=1)
+        images, _ = make_rows(2500, 22)
+        lazy = tdask.predict(model, da.from_array(images.reshape(2500, 28, 28), chunks=(700, 14, 28)))
+        self.assertEqual(lazy.chunks, ((700, 700, 700, 400),))
+        np.testing.assert_array_equal(self.client.compute(lazy).result(), model.predict(images))
+
+
 class AbandonedRunTest(unittest.TestCase):
     def test_closing_dask_with_roles_running_ends_them_cleanly(self):
         """The run is never stopped and its coordinator goes away: closing the Dask cluster

@@ -3,6 +3,7 @@ feeding without copies, the scores channel, and errors carrying the engine's mes
 
 import gc
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -49,6 +50,10 @@ class ModelTest(unittest.TestCase):
             np.testing.assert_array_equal(value, b.parameters()[name])
         c.set_parameters(a.parameters())
         np.testing.assert_array_equal(c.parameters()["hid_w"], a.parameters()["hid_w"])
+        copy = pickle.loads(pickle.dumps(a))  # how a model travels to Dask workers
+        self.assertEqual(copy.layers, [784, 16, 10])
+        for name, value in a.parameters().items():
+            np.testing.assert_array_equal(copy.parameters()[name], value)
         with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
             c.set_parameters({"nope": np.zeros(3, np.float32)})
 
