@@ -135,7 +135,6 @@ def run_launch(args, workers, run_dir):
 
 def run_dask(args, client, blocks, validation, test, workers):
     import tandem.dask
-    from distributed import wait
 
     started = time.monotonic()
     cluster, _ = tandem.dask.start(client, ps=1, worker=workers, scorer=1, validation=validation,
@@ -161,19 +160,10 @@ def run_dask(args, client, blocks, validation, test, workers):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    rounds = late = 0
+    rounds = 0
     try:
         while cluster.training:
-            # feed(blocks, cluster) itself, less its final check: a transfer that starts after
-            # the run's stop has ended the worker's role task fails ("no Tandem worker runs in
-            # the Dask worker ...", a race in tandem.dask, reported); such blocks were not needed
-            # any more, so they are counted here, and any other failure is raised.
-            futures = tandem.dask.feed(blocks * args.epochs_per_feed, cluster, wait=False)
-            wait(futures)
-            failed = [f for f in futures if f.status == "error"]
-            if failed and (cluster.training or "no Tandem worker runs" not in str(failed[0].exception())):
-                failed[0].result()
-            late += len(failed)
+            tandem.dask.feed(blocks * args.epochs_per_feed, cluster)
             rounds += 1
     finally:
         done.set()
@@ -188,7 +178,7 @@ def run_dask(args, client, blocks, validation, test, workers):
         "steady_samples_per_s": steady_rate(samples, args.batch),
         "first_score_s": first_score[0][0] if first_score else None,
         "first_score_t": first_score[0][1] if first_score else None,
-        "start_s": start_s, "feed_rounds": rounds, "late_transfer_errors": late,
+        "start_s": start_s, "feed_rounds": rounds,
         "rows_fed": sum(r.get("rows_fed", 0) for r in result["roles"]),
         "scores": len(scores), "final_score": scores[-1]["loss"] if scores else None,
         "test_accuracy": result["model"].evaluate(*test)["accuracy"],
