@@ -48,7 +48,7 @@ cat "$work/BUILD_INFO" | tee -a "$OUT/device.txt"
 # The CUDA libraries the binaries link against, wherever this machine keeps them (the toolkit,
 # or the pip wheels PyTorch brought).
 lib_dirs=("$work/lib")
-for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9; do
+for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   found=""
   for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
              $(python3 -c 'import site, glob

@@ -33,6 +33,7 @@ done | sort -u | while read -r lib; do
     # libraries come from the device machine.
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
     libcublas*|libcudnn*|libcudart*|libcuda.so*) ;;
+    libnccl*) ;;  # 218 MB, over the carry's limit; PyTorch's wheels bring one (nvidia/nccl)
     *) cp -L "$lib" "$stage/lib/" ;;
   esac
 done

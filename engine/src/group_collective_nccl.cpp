@@ -1,0 +1,360 @@
+// The NCCL collective: a worker group whose members are GPUs of this process, one thread each.
+//
+// One communicator per device from ncclCommInitAll (single process, several devices) and one
+// non-blocking stream per rank. Rank r's thread is the only one that uses comms_[r] and
+// streams_[r] (the destructor aside), so no NCCL call is made concurrently on one communicator.
+// NCCL needs no group calls here: each rank's collective is issued by its own thread.
+//
+// Waiting: a rank's call enqueues its collective and then polls cudaStreamQuery (done?) and
+// ncclCommGetAsyncError (a network or peer failure?) until the stream is done, the group has
+// failed, or timeout_ms has passed. On a timeout it names the ranks that never entered this
+// collective (from host-side counters) or, when all did, says the collective hangs on its rank;
+// it marks the group failed, which every other rank's poll sees, and each waiting rank aborts its
+// own communicator (ncclCommAbort makes NCCL kernels waiting for a peer exit) and throws. Ranks
+// that never came have theirs aborted by the destructor. Every NCCL and CUDA call is checked by
+// the macros below, which name the call, the file and line, and the rank and GPU.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "group_collective.h"
+
+namespace tandem {
+
+namespace {
+
+[[noreturn]] void throw_group_error(const char* library, const char* call, const char* file,
+                                    int line, const std::string& where, int code,
+                                    const char* message) {
+  throw GroupError("worker group: " + std::string(library) + " error " + std::to_string(code) +
+                   " (" + message + ") in " + call + " at " + file + ":" + std::to_string(line) +
+                   " on " + where);
+}
+
+}  // namespace
+
+}  // namespace tandem
+
+// `where` is a std::string expression naming the rank and GPU ("rank 1 (GPU 3)"), evaluated
+// only on failure.
+#define TANDEM_GROUP_NCCL_CHECK(call, where)                                                   \
+  do {                                                                                         \
+    const ncclResult_t tandem_nccl_status_ = (call);                                           \
+    if (tandem_nccl_status_ != ncclSuccess)                                                    \
+      ::tandem::throw_group_error("NCCL", #call, __FILE__, __LINE__, (where),                  \
+                                  static_cast<int>(tandem_nccl_status_),                       \
+                                  ncclGetErrorString(tandem_nccl_status_));                    \
+  } while (0)
+
+#define TANDEM_GROUP_CUDA_CHECK(call, where)                                                   \
+  do {                                                                                         \
+    const cudaError_t tandem_cuda_status_ = (call);                                            \
+    if (tandem_cuda_status_ != cudaSuccess)                                                    \
+      ::tandem::throw_group_error("CUDA", #call, __FILE__, __LINE__, (where),                  \
+                                  static_cast<int>(tandem_cuda_status_),                       \
+                                  cudaGetErrorString(tandem_cuda_status_));                    \
+  } while (0)
+
+namespace tandem {
+
+namespace {
+
+class NcclCollective final : public GroupCollective {
+ public:
+  NcclCollective(std::vector<int> devices, int timeout_ms)
+      : devices_(std::move(devices)),
+        timeout_ms_(timeout_ms),
+        comms_(devices_.size(), nullptr),
+        streams_(devices_.size(), nullptr),
+        aborted_(devices_.size(), false),
+        calls_(devices_.size(), 0) {
+    const int n = size();
+    int available = 0;
+    TANDEM_GROUP_CUDA_CHECK(cudaGetDeviceCount(&available), group_text());
+    for (const int d : devices_)
+      if (d >= available)
+        throw InputError("worker group: GPU " + std::to_string(d) + " does not exist (" +
+                         std::to_string(available) + " visible)");
+    TANDEM_GROUP_NCCL_CHECK(ncclCommInitAll(comms_.data(), n, devices_.data()), group_text());
+    try {
+      for (int r = 0; r < n; ++r) {
+        TANDEM_GROUP_CUDA_CHECK(cudaSetDevice(device(r)), where(r));
+        TANDEM_GROUP_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[static_cast<size_t>(r)],
+                                                          cudaStreamNonBlocking),
+                                where(r));
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~NcclCollective() override { release(); }
+
+  NcclCollective(const NcclCollective&) = delete;
+  NcclCollective& operator=(const NcclCollective&) = delete;
+
+  int size() const override { return static_cast<int>(devices_.size()); }
+  Memory memory() const override { return Memory::Device; }
+
+  void all_reduce_sum(int rank, float* data, size_t count) override {
+    const int64_t number = enter(rank, "all_reduce", data, count, 0);
+    const size_t r = static_cast<size_t>(rank);
+    issue(rank, [&] {
+      TANDEM_GROUP_NCCL_CHECK(
+          ncclAllReduce(data, data, count, ncclFloat, ncclSum, comms_[r], streams_[r]), where(rank));
+    });
+    wait(rank, "all_reduce", number);
+  }
+
+  void broadcast(int rank, float* data, size_t count, int root) override {
+    if (root < 0 || root >= size())
+      throw InputError("worker group: broadcast root " + std::to_string(root) +
+                       " is outside the group's ranks 0.." + std::to_string(size() - 1));
+    const int64_t number = enter(rank, "broadcast", data, count, root);
+    const size_t r = static_cast<size_t>(rank);
+    issue(rank, [&] {
+      TANDEM_GROUP_NCCL_CHECK(
+          ncclBroadcast(data, data, count, ncclFloat, root, comms_[r], streams_[r]), where(rank));
+    });
+    wait(rank, "broadcast", number);
+  }
+
+  void abort(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail("worker group aborted: " + why);
+  }
+
+ private:
+  struct Call {
+    std::string kind;
+    size_t count = 0;
+    int root = 0;
+    int rank = 0;
+    int entered = 0;
+  };
+
+  int device(int rank) const { return devices_[static_cast<size_t>(rank)]; }
+
+  std::string where(int rank) const {
+    return "rank " + std::to_string(rank) + " (GPU " + std::to_string(device(rank)) + ")";
+  }
+
+  // NCCL's last error text for rank's communicator ("" when it has none).
+  std::string last_error(int rank) const {
+    const char* text = ncclGetLastError(comms_[static_cast<size_t>(rank)]);
+    return text != nullptr ? text : "";
+  }
+
+  std::string group_text() const {
+    std::string text = "the group of GPUs";
+    for (size_t i = 0; i < devices_.size(); ++i)
+      text += (i == 0 ? " " : ", ") + std::to_string(devices_[i]);
+    return text;
+  }
+
+  void fail(std::string message) {  // mutex_ held
+    if (failure_.empty()) failure_ = std::move(message);
+  }
+
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
+  }
+
+  // Checks the rank and buffer, counts the call and checks it against the other ranks' call of
+  // the same number. Any problem breaks the group (the others would wait for this rank).
+  int64_t enter(int rank, const char* kind, const float* data, size_t count, int root) {
+    if (rank < 0 || rank >= size())
+      throw InputError("worker group: rank " + std::to_string(rank) +
+                       " is outside the group's ranks 0.." + std::to_string(size() - 1));
+    std::string problem;
+    if (count > 0) {
+      cudaPointerAttributes attributes{};
+      const cudaError_t status = cudaPointerGetAttributes(&attributes, data);
+      if (status != cudaSuccess) {
+        problem = std::string("worker group: cudaPointerGetAttributes failed (") +
+                  cudaGetErrorString(status) + ") on " + where(rank);
+      } else if ((attributes.type != cudaMemoryTypeDevice &&
+                  attributes.type != cudaMemoryTypeManaged) ||
+                 attributes.device != device(rank)) {
+        problem = "worker group: " + where(rank) + " passed a buffer that is not memory of GPU " +
+                  std::to_string(device(rank)) + " to " + kind;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) throw GroupError(failure_);
+    const int64_t number = ++calls_[static_cast<size_t>(rank)];
+    auto it = pending_.find(number);
+    if (it == pending_.end()) {
+      it = pending_.emplace(number, Call{kind, count, root, rank, 0}).first;
+    } else if (it->second.kind != kind || it->second.count != count ||
+               (it->second.kind == "broadcast" && it->second.root != root)) {
+      problem = "worker group: " + where(rank) + " called " + kind + " of " +
+                std::to_string(count) + " floats as collective #" + std::to_string(number) +
+                " but rank " + std::to_string(it->second.rank) + " called " + it->second.kind +
+                " of " + std::to_string(it->second.count) + " floats";
+    }
+    if (++it->second.entered == size()) pending_.erase(it);
+    if (!problem.empty()) {
+      fail(problem);
+      throw GroupError(problem);
+    }
+    return number;
+  }
+
+  // Runs `enqueue` on rank's device; a failure breaks the group and aborts rank's communicator.
+  template <typename Enqueue>
+  void issue(int rank, Enqueue&& enqueue) {
+    try {
+      TANDEM_GROUP_CUDA_CHECK(cudaSetDevice(device(rank)), where(rank));
+      enqueue();
+    } catch (const GroupError& e) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fail(e.what());
+      }
+      abort_comm(rank);
+      throw;
+    }
+  }
+
+  void wait(int rank, const char* kind, int64_t number) {
+    const size_t r = static_cast<size_t>(rank);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    for (int polls = 0;; ++polls) {
+      std::string problem;
+      const cudaError_t status = cudaStreamQuery(streams_[r]);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) {
+        problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
+                  " failed on " + where(rank) + ": CUDA error " +
+                  std::to_string(static_cast<int>(status)) + " (" + cudaGetErrorString(status) +
+                  ") from cudaStreamQuery";
+      } else {
+        ncclResult_t async = ncclSuccess;
+        const ncclResult_t got = ncclCommGetAsyncError(comms_[r], &async);
+        if (got != ncclSuccess) {
+          problem = "worker group: NCCL error " + std::to_string(static_cast<int>(got)) + " (" +
+                    ncclGetErrorString(got) + ") in ncclCommGetAsyncError on " + where(rank);
+        } else if (async != ncclSuccess && async != ncclInProgress) {
+          problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
+                    " failed on " + where(rank) + ": NCCL error " +
+                    std::to_string(static_cast<int>(async)) + " (" + ncclGetErrorString(async) +
+                    "): " + last_error(rank);
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!problem.empty()) {
+          fail(problem);
+        } else if (!failure_.empty()) {
+          problem = failure_;
+        } else if (std::chrono::steady_clock::now() >= deadline) {
+          std::vector<int> missing;
+          for (int m = 0; m < size(); ++m)
+            if (calls_[static_cast<size_t>(m)] < number) missing.push_back(m);
+          if (!missing.empty()) {
+            problem = "worker group: rank";
+            if (missing.size() > 1) problem += "s";
+            for (size_t i = 0; i < missing.size(); ++i)
+              problem += (i == 0 ? " " : ", ") + std::to_string(missing[i]);
+            problem += std::string(" did not reach ") + kind + " #" + std::to_string(number) +
+                       " within " + std::to_string(timeout_ms_) + " ms";
+          } else {
+            problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
+                      " did not complete on " + where(rank) + " within " +
+                      std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link hangs)";
+          }
+          fail(problem);
+        }
+      }
+      if (!problem.empty()) {
+        abort_comm(rank);
+        throw GroupError(problem);
+      }
+      // Spin briefly (a collective of a few MB takes tens of microseconds), then back off.
+      if (polls < 200)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // Aborts rank's communicator once (from rank's thread, or the destructor); logs a failure.
+  void abort_comm(int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_[r] || comms_[r] == nullptr) return;
+      aborted_[r] = true;
+    }
+    const ncclResult_t status = ncclCommAbort(comms_[r]);
+    if (status != ncclSuccess)
+      std::fprintf(stderr, "tandem: ncclCommAbort failed on %s: %s\n", where(rank).c_str(),
+                   ncclGetErrorString(status));
+  }
+
+  // Destroys the communicators (aborting them if the group failed: a destroy could wait for
+  // a collective that never completes) and the streams; logs failures.
+  void release() noexcept {
+    const bool failed = !failure().empty();
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (comms_[i] != nullptr) {
+        if (failed) {
+          abort_comm(r);
+        } else if (!aborted_[i]) {
+          const ncclResult_t status = ncclCommDestroy(comms_[i]);
+          if (status != ncclSuccess)
+            std::fprintf(stderr, "tandem: ncclCommDestroy failed on %s: %s\n",
+                         where(r).c_str(), ncclGetErrorString(status));
+        }
+        comms_[i] = nullptr;
+      }
+      if (streams_[i] != nullptr) {
+        cudaSetDevice(device(r));
+        const cudaError_t status = cudaStreamDestroy(streams_[i]);
+        if (status != cudaSuccess)
+          std::fprintf(stderr, "tandem: cudaStreamDestroy failed on %s: %s\n", where(r).c_str(),
+                       cudaGetErrorString(status));
+        streams_[i] = nullptr;
+      }
+    }
+  }
+
+  const std::vector<int> devices_;
+  const int timeout_ms_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<cudaStream_t> streams_;
+  std::mutex mutex_;
+  // Under mutex_.
+  std::vector<bool> aborted_;
+  std::vector<int64_t> calls_;       // collectives each rank has entered
+  std::map<int64_t, Call> pending_;  // collectives some but not all ranks have entered
+  std::string failure_;              // non-empty: the group is broken, every call throws this
+};
+
+}  // namespace
+
+std::unique_ptr<GroupCollective> make_nccl_collective(std::vector<int> devices, int timeout_ms) {
+  if (devices.empty()) throw InputError("worker group: needs at least one GPU");
+  if (timeout_ms < 1)
+    throw InputError("worker group: timeout must be at least 1 ms, got " +
+                     std::to_string(timeout_ms));
+  const std::set<int> unique(devices.begin(), devices.end());
+  if (unique.size() != devices.size() || *unique.begin() < 0)
+    throw InputError("worker group: the GPUs must be distinct device numbers >= 0");
+  return std::make_unique<NcclCollective>(std::move(devices), timeout_ms);
+}
+
+}  // namespace tandem

@@ -1,0 +1,169 @@
+#include "worker_group.h"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace tandem {
+
+WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members,
+                         GroupCollective& collective)
+    : config_(model), members_(std::move(members)), collective_(collective), layout_(model) {
+  if (members_.empty()) throw InputError("worker group: needs at least one member backend");
+  if (static_cast<int>(members_.size()) != collective_.size())
+    throw InputError("worker group: " + std::to_string(members_.size()) +
+                     " backends for a collective of " + std::to_string(collective_.size()) +
+                     " members");
+  for (size_t r = 0; r < members_.size(); ++r)
+    if (members_[r] == nullptr)
+      throw InputError("worker group: rank " + std::to_string(r) + " has no backend");
+  if (collective_.memory() != GroupCollective::Memory::Host)
+    throw InputError("worker group: this group stages gradients through host memory and needs a "
+                     "host collective (make_thread_collective)");
+  total_ = layout_.parameter_count();
+  const size_t n = members_.size();
+  flat_.assign(n, std::vector<float>(static_cast<size_t>(total_)));
+  gradients_.resize(n);
+  models_.assign(n, Model(config_));
+  leader_gradients_ = layout_.parameters();
+}
+
+void WorkerGroup::flatten(int rank, const std::vector<NamedTensor>& tensors) {
+  const auto& expected = layout_.parameters();
+  if (tensors.size() != expected.size())
+    throw InputError("worker group: rank " + std::to_string(rank) + " has " +
+                     std::to_string(tensors.size()) + " tensors, the model " +
+                     config_.describe() + " has " + std::to_string(expected.size()));
+  float* out = flat_[static_cast<size_t>(rank)].data();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].name != expected[t].name ||
+        tensors[t].values.size() != expected[t].values.size())
+      throw InputError("worker group: rank " + std::to_string(rank) + "'s tensor " +
+                       std::to_string(t) + " is " + tensors[t].name + " of " +
+                       std::to_string(tensors[t].values.size()) + " values, expected " +
+                       expected[t].name + " of " + std::to_string(expected[t].values.size()));
+    std::copy(tensors[t].values.begin(), tensors[t].values.end(), out);
+    out += tensors[t].values.size();
+  }
+}
+
+namespace {
+
+void unflatten(const float* flat, std::vector<NamedTensor>& tensors) {
+  for (auto& tensor : tensors) {
+    std::copy(flat, flat + tensor.values.size(), tensor.values.begin());
+    flat += tensor.values.size();
+  }
+}
+
+}  // namespace
+
+BatchStats WorkerGroup::reduce_gradients(int rank, const DatasetView& batch) {
+  if (rank < 0 || rank >= size())
+    throw InputError("worker group: rank " + std::to_string(rank) + " is outside 0.." +
+                     std::to_string(size() - 1));
+  const size_t r = static_cast<size_t>(rank);
+  BatchStats stats;
+  try {
+    stats = members_[r]->compute_gradients(batch, nullptr, batch.rows);
+    members_[r]->get_gradients(gradients_[r]);
+    flatten(rank, gradients_[r]);
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  collective_.all_reduce_sum(rank, flat_[r].data(), flat_[r].size());
+  if (rank == 0) unflatten(flat_[0].data(), leader_gradients_);
+  return stats;
+}
+
+void WorkerGroup::broadcast_parameters(int rank, const Model* leader_parameters) {
+  if (rank < 0 || rank >= size())
+    throw InputError("worker group: rank " + std::to_string(rank) + " is outside 0.." +
+                     std::to_string(size() - 1));
+  const size_t r = static_cast<size_t>(rank);
+  try {
+    if (rank == 0) {
+      if (leader_parameters == nullptr)
+        throw InputError("worker group: the leader (rank 0) broadcast no parameters");
+      flatten(0, leader_parameters->parameters());
+    }
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  collective_.broadcast(rank, flat_[r].data(), flat_[r].size(), 0);
+  try {
+    Model& model = models_[r];
+    unflatten(flat_[r].data(), model.parameters());
+    members_[r]->set_parameters(model);
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+}
+
+template <typename Body>
+void WorkerGroup::run_members(Body&& body) {
+  const size_t n = members_.size();
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n - 1);
+  try {
+    for (size_t r = 1; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          body(static_cast<int>(r));
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+  } catch (const std::exception& e) {  // a thread could not start: release those that did
+    collective_.abort(std::string("a member thread could not start: ") + e.what());
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  try {
+    body(0);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (auto& t : threads) t.join();
+  // A member's own error first: the GroupErrors of the others are its consequence.
+  for (const auto& error : errors) {
+    if (!error) continue;
+    try {
+      std::rethrow_exception(error);
+    } catch (const GroupError&) {
+    }
+  }
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
+}
+
+std::vector<NamedTensor> WorkerGroup::step(const std::vector<DatasetView>& batches,
+                                           BatchStats* stats) {
+  if (static_cast<int>(batches.size()) != size())
+    throw InputError("worker group: " + std::to_string(batches.size()) + " batches for " +
+                     std::to_string(size()) + " members");
+  std::vector<BatchStats> member_stats(members_.size());
+  run_members([&](int rank) {
+    member_stats[static_cast<size_t>(rank)] =
+        reduce_gradients(rank, batches[static_cast<size_t>(rank)]);
+  });
+  if (stats != nullptr)
+    for (const auto& s : member_stats) {
+      stats->loss_sum += s.loss_sum;
+      stats->correct += s.correct;
+      stats->samples += s.samples;
+    }
+  return leader_gradients_;
+}
+
+void WorkerGroup::install(const Model& parameters) {
+  run_members([&](int rank) { broadcast_parameters(rank, rank == 0 ? &parameters : nullptr); });
+}
+
+}  // namespace tandem

@@ -1,0 +1,399 @@
+// A node's worker group on the CPU: the thread collective (sums in rank order, bit for bit the
+// same on every member; broadcasts; a missing member, an abort and mismatched calls ending every
+// member's wait with an error naming the rank) and the group's training step on CPU backends
+// against one backend over the combined batch (the test: groups of 1, 2 and 3).
+//
+// Every wait in these tests ends by the collective's own condition variable: no sleeps. Tests
+// that expect a wait to be woken early (abort) use a long timeout and check it was not reached.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/adam_cpu.h"
+#include "group_collective.h"
+#include "tandem/config.h"
+#include "tandem/dataset.h"
+#include "tandem/error.h"
+#include "tandem/model.h"
+#include "test_support.h"
+#include "worker_group.h"
+
+namespace tandem {
+namespace {
+
+// Runs body(rank) on a thread per rank; returns each rank's exception (null: none).
+template <typename Body>
+std::vector<std::exception_ptr> run_ranks(int members, Body body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(members));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < members; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// The message of a GroupError, or a failure naming what was thrown instead.
+std::string group_error_text(const std::exception_ptr& error) {
+  if (!error) return "(no exception)";
+  try {
+    std::rethrow_exception(error);
+  } catch (const GroupError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(not a GroupError) ") + e.what();
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- The thread collective ---------------------------------------------------------------------
+
+// Sizes: empty, one element (fewer elements than members), odd, and more than the summation's
+// 2048-float block in one member's slice.
+const size_t kCounts[] = {0, 1, 7, 1001, 5 * 2048 + 3};
+
+TEST(ThreadCollective, AllReduceSumsInRankOrderAndEveryMemberGetsTheSameBits) {
+  for (const int members : {1, 2, 3, 5}) {
+    auto group = make_thread_collective(members, 10000);
+    ASSERT_EQ(group->size(), members);
+    ASSERT_EQ(group->memory(), GroupCollective::Memory::Host);
+    for (const size_t count : kCounts) {
+      SCOPED_TRACE("members " + std::to_string(members) + ", count " + std::to_string(count));
+      // Three collectives back to back, each on fresh values (seed per member and round).
+      std::vector<std::vector<std::vector<float>>> data(3);
+      std::vector<std::vector<float>> expected(3);
+      for (size_t round = 0; round < 3; ++round) {
+        for (int r = 0; r < members; ++r)
+          data[round].push_back(test::random_floats(
+              count, static_cast<uint32_t>(100 * round + 10 * r + count), -100.0f, 100.0f));
+        expected[round] = data[round][0];
+        for (int r = 1; r < members; ++r)
+          for (size_t i = 0; i < count; ++i) expected[round][i] += data[round][static_cast<size_t>(r)][i];
+      }
+      const auto errors = run_ranks(members, [&](int rank) {
+        for (size_t round = 0; round < 3; ++round)
+          group->all_reduce_sum(rank, data[round][static_cast<size_t>(rank)].data(), count);
+      });
+      for (int r = 0; r < members; ++r) {
+        ASSERT_FALSE(errors[static_cast<size_t>(r)]) << group_error_text(errors[static_cast<size_t>(r)]);
+        for (size_t round = 0; round < 3; ++round)
+          EXPECT_TRUE(same_bits(data[round][static_cast<size_t>(r)], expected[round]))
+              << "rank " << r << ", round " << round;
+      }
+    }
+  }
+}
+
+TEST(ThreadCollective, BroadcastGivesEveryMemberTheRootsBits) {
+  for (const int members : {1, 2, 3, 5}) {
+    auto group = make_thread_collective(members, 10000);
+    for (const size_t count : kCounts) {
+      for (int root = 0; root < members; ++root) {
+        SCOPED_TRACE("members " + std::to_string(members) + ", count " + std::to_string(count) +
+                     ", root " + std::to_string(root));
+        std::vector<std::vector<float>> data;
+        for (int r = 0; r < members; ++r)
+          data.push_back(test::random_floats(count, static_cast<uint32_t>(7 * r + count + 1)));
+        const std::vector<float> expected = data[static_cast<size_t>(root)];
+        const auto errors = run_ranks(members, [&](int rank) {
+          group->broadcast(rank, data[static_cast<size_t>(rank)].data(), count, root);
+        });
+        for (int r = 0; r < members; ++r) {
+          ASSERT_FALSE(errors[static_cast<size_t>(r)]) << group_error_text(errors[static_cast<size_t>(r)]);
+          EXPECT_TRUE(same_bits(data[static_cast<size_t>(r)], expected)) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadCollective, AMemberThatNeverArrivesIsNamedByTheOthersTimeout) {
+  auto group = make_thread_collective(3, 200);
+  std::vector<std::vector<float>> data(3, std::vector<float>(5, 1.0f));
+  // Collective #1 with everyone, then #2 without rank 2.
+  auto errors = run_ranks(3, [&](int rank) {
+    group->all_reduce_sum(rank, data[static_cast<size_t>(rank)].data(), 5);
+    if (rank != 2) group->all_reduce_sum(rank, data[static_cast<size_t>(rank)].data(), 5);
+  });
+  const std::string expected = "worker group: rank 2 did not reach all_reduce #2 within 200 ms";
+  EXPECT_EQ(group_error_text(errors[0]), expected);
+  EXPECT_EQ(group_error_text(errors[1]), expected);
+  EXPECT_FALSE(errors[2]);
+  // The group is broken: rank 2 arriving late gets the same error at once.
+  try {
+    group->all_reduce_sum(2, data[2].data(), 5);
+    ADD_FAILURE() << "a late member's call did not throw";
+  } catch (const GroupError& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+  // Nobody wrote into another's buffer: the first sum (3) and nothing after it.
+  for (const auto& d : data) EXPECT_EQ(d, std::vector<float>(5, 3.0f));
+}
+
+TEST(ThreadCollective, TwoMissingMembersAreBothNamed) {
+  auto group = make_thread_collective(4, 100);
+  std::vector<float> data(3, 1.0f);
+  const auto errors = run_ranks(2, [&](int rank) { group->broadcast(rank * 2, data.data(), 0, 0); });
+  for (const auto& e : errors)
+    EXPECT_EQ(group_error_text(e), "worker group: ranks 1, 3 did not reach broadcast #1 within 100 ms");
+}
+
+TEST(ThreadCollective, AbortWakesEveryWaitingMemberWithTheReason) {
+  // The waiting members may or may not be asleep yet when abort() comes; either way they throw
+  // its reason, and long before the timeout. Repeated to see both orders.
+  for (int round = 0; round < 20; ++round) {
+    auto group = make_thread_collective(3, 60000);
+    const auto start = std::chrono::steady_clock::now();
+    const auto errors = run_ranks(3, [&](int rank) {
+      std::vector<float> data(4, 1.0f);
+      if (rank == 2)
+        group->abort("rank 2: cannot read batch 17");
+      else
+        group->all_reduce_sum(rank, data.data(), data.size());
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 30.0);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(group_error_text(errors[static_cast<size_t>(r)]),
+                "worker group aborted: rank 2: cannot read batch 17");
+    EXPECT_FALSE(errors[2]);
+  }
+}
+
+TEST(ThreadCollective, MembersCallingDifferentCollectivesFailTogether) {
+  auto group = make_thread_collective(2, 60000);
+  const auto errors = run_ranks(2, [&](int rank) {
+    std::vector<float> data(12, 1.0f);
+    group->all_reduce_sum(rank, data.data(), rank == 0 ? 10 : 12);
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(group_error_text(e).find("as collective #1 but rank"), std::string::npos)
+        << group_error_text(e);
+}
+
+TEST(ThreadCollective, RefusesBadSizesRanksAndRoots) {
+  EXPECT_THROW(make_thread_collective(0, 100), InputError);
+  EXPECT_THROW(make_thread_collective(2, 0), InputError);
+  auto group = make_thread_collective(2, 100);
+  float x = 0.0f;
+  EXPECT_THROW(group->all_reduce_sum(2, &x, 1), InputError);
+  EXPECT_THROW(group->all_reduce_sum(-1, &x, 1), InputError);
+  EXPECT_THROW(group->broadcast(0, &x, 1, 2), InputError);
+}
+
+#ifdef TANDEM_TEST_NO_NCCL
+TEST(NcclCollective, ABuildWithoutNcclSaysSo) {
+  try {
+    make_nccl_collective({0}, 1000);
+    ADD_FAILURE() << "made an NCCL group in a build without NCCL";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("this build has no NCCL"), std::string::npos) << e.what();
+  }
+}
+#endif
+
+// ---- The group's training step on CPU backends --------------------------------------------------
+
+// A small model and batch: 301 rows (not a multiple of the backend's 128-row blocks, and split
+// unevenly between members).
+const ModelConfig kModel{{64, 24, 10}};
+constexpr int64_t kRows = 301;
+
+OptimizerConfig adam() {
+  OptimizerConfig o;
+  o.learning_rate = 0.001f;
+  return o;
+}
+
+std::vector<float> flatten(const std::vector<NamedTensor>& tensors) {
+  std::vector<float> flat;
+  for (const auto& t : tensors) flat.insert(flat.end(), t.values.begin(), t.values.end());
+  return flat;
+}
+
+// The largest |x| of a tensor.
+double max_abs(const std::vector<float>& v) {
+  double m = 0.0;
+  for (const float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+// Group gradients against one backend's over the combined batch. Not bit for bit: the backend
+// adds the rows' contributions block by block (128 rows, sgemm) in one running sum, while a group
+// adds each member's slice on its own and then the members' sums, so the same terms are added in
+// another order and the float32 roundings differ (about half the elements differ in their last
+// bits). Measured on this data: at most 3.1e-7 of the tensor's largest |value| for 2 and 3
+// members; the bound leaves 30x room, and a missing or doubled row (~1/300 of a sum) is far
+// beyond it.
+constexpr double kGradientTol = 1e-5;  // of each tensor's largest |value|, and relative
+
+struct GroupRun {
+  std::vector<NamedTensor> gradients;
+  BatchStats stats;
+};
+
+GroupRun run_group(int members, const Dataset& data, const Model& initial) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+  for (int r = 0; r < members; ++r) {
+    backends.push_back(make_cpu_backend(kModel, adam(), 1));
+    pointers.push_back(backends.back().get());
+  }
+  auto collective = make_thread_collective(members, 10000);
+  WorkerGroup group(kModel, pointers, *collective);
+  group.install(initial);
+  std::vector<DatasetView> batches;
+  for (int r = 0; r < members; ++r)
+    batches.push_back(data.view().slice(kRows * r / members, kRows * (r + 1) / members));
+  GroupRun run;
+  run.gradients = group.step(batches, &run.stats);
+  return run;
+}
+
+TEST(WorkerGroup, SummedGradientsOfOneTwoAndThreeMembersEqualOneBackendOverTheCombinedBatch) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 21);
+  const Model initial = Model::initialized(kModel, 5);
+  auto single = make_cpu_backend(kModel, adam(), 1);
+  single->set_parameters(initial);
+  const BatchStats single_stats = single->compute_gradients(data.view(), nullptr, kRows);
+  std::vector<NamedTensor> expected;
+  single->get_gradients(expected);
+  ASSERT_GT(max_abs(flatten(expected)), 0.0);
+
+  for (const int members : {1, 2, 3}) {
+    SCOPED_TRACE("members " + std::to_string(members));
+    const GroupRun run = run_group(members, data, initial);
+    ASSERT_EQ(run.gradients.size(), expected.size());
+    for (size_t t = 0; t < expected.size(); ++t) {
+      EXPECT_EQ(run.gradients[t].name, expected[t].name);
+      EXPECT_EQ(run.gradients[t].shape, expected[t].shape);
+      if (members == 1) {
+        // The same backend, rows and thread count: the same bits.
+        EXPECT_TRUE(same_bits(run.gradients[t].values, expected[t].values)) << expected[t].name;
+      } else {
+        EXPECT_TRUE(test::all_close(run.gradients[t].values, expected[t].values,
+                                    kGradientTol * max_abs(expected[t].values), kGradientTol))
+            << expected[t].name;
+      }
+    }
+    EXPECT_EQ(run.stats.samples, kRows);
+    EXPECT_EQ(run.stats.correct, single_stats.correct);
+    EXPECT_NEAR(run.stats.loss_sum, single_stats.loss_sum, 1e-5 * std::fabs(single_stats.loss_sum));
+  }
+}
+
+TEST(WorkerGroup, AdamStepFromTheGroupsGradientEqualsTheStepFromTheCombinedBatch) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 22);
+  const Model initial = Model::initialized(kModel, 6);
+  // One backend over the combined batch, one Adam step (its own gradient).
+  auto single = make_cpu_backend(kModel, adam(), 1);
+  single->set_parameters(initial);
+  single->compute_gradients(data.view(), nullptr, kRows);
+  single->apply_gradients();
+  Model stepped(kModel);
+  single->get_parameters(stepped);
+  const std::vector<float> expected = flatten(stepped.parameters());
+
+  for (const int members : {1, 2, 3}) {
+    SCOPED_TRACE("members " + std::to_string(members));
+    const GroupRun run = run_group(members, data, initial);
+    // The leader's update as a parameter server applies it: the engine's Adam kernel, step 1,
+    // moments from zero, on the summed gradient.
+    std::vector<float> w = flatten(initial.parameters());
+    std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
+    const std::vector<float> g = flatten(run.gradients);
+    const float* grads[] = {g.data()};
+    const kernels::AdamHyper hyper{adam().learning_rate, adam().beta1, adam().beta2,
+                                   adam().epsilon};
+    kernels::adam_update_cpu(w.data(), m.data(), v.data(), grads, 1, 0,
+                             static_cast<int64_t>(w.size()), kernels::adam_step_size(hyper, 1),
+                             hyper);
+    if (members == 1) {
+      EXPECT_TRUE(same_bits(w, expected));
+    } else {
+      // Adam's first step moves each parameter by lr * g / (|g| + ~eps): a gradient that differs
+      // in its last bits moves it by the same amount, so the parameters agree to their own
+      // rounding (measured: at most 1.5e-8, one ulp of the weights, in ~25 of 1810). A gradient
+      // within rounding of zero could flip sign and move its parameter by 2 lr; on this data the
+      // smallest nonzero |g| is 1.3e-4, far above the ~3e-6 the gradients differ by.
+      EXPECT_TRUE(test::all_close(w, expected, 1e-4 * adam().learning_rate, 1e-6));
+    }
+  }
+}
+
+TEST(WorkerGroup, AfterTheBroadcastEveryMemberHoldsTheLeadersParametersBitForBit) {
+  constexpr int kMembers = 3;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+  for (int r = 0; r < kMembers; ++r) {
+    backends.push_back(make_cpu_backend(kModel, adam(), 1));
+    // Every member starts somewhere else.
+    backends.back()->set_parameters(Model::initialized(kModel, static_cast<uint64_t>(40 + r)));
+    pointers.push_back(backends.back().get());
+  }
+  auto collective = make_thread_collective(kMembers, 10000);
+  WorkerGroup group(kModel, pointers, *collective);
+  const Model leader = Model::initialized(kModel, 99);
+  group.install(leader);
+  const std::vector<float> expected = flatten(leader.parameters());
+  for (int r = 0; r < kMembers; ++r) {
+    Model held(kModel);
+    backends[static_cast<size_t>(r)]->get_parameters(held);
+    EXPECT_TRUE(same_bits(flatten(held.parameters()), expected)) << "rank " << r;
+  }
+}
+
+TEST(WorkerGroup, AMemberWhoseBatchFailsAbortsTheGroupAndItsErrorIsRethrown) {
+  constexpr int kMembers = 3;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+  for (int r = 0; r < kMembers; ++r) {
+    backends.push_back(make_cpu_backend(kModel, adam(), 1));
+    pointers.push_back(backends.back().get());
+  }
+  auto collective = make_thread_collective(kMembers, 60000);
+  WorkerGroup group(kModel, pointers, *collective);
+  group.install(Model::initialized(kModel, 3));
+  const Dataset good = test::random_dataset(PixelType::UInt8, 30, kModel.inputs(), 10, 23);
+  const Dataset bad = test::random_dataset(PixelType::UInt8, 30, kModel.inputs() - 1, 10, 24);
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1's batch is one feature short: its InputError, not the others' GroupError, comes out.
+  EXPECT_THROW(group.step({good.view(), bad.view(), good.view()}), InputError);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  // The group is broken now.
+  try {
+    group.step({good.view(), good.view(), good.view()});
+    ADD_FAILURE() << "a broken group stepped";
+  } catch (const GroupError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker group aborted: rank 1: "), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(WorkerGroup, RefusesAMismatchedCollective) {
+  auto backend = make_cpu_backend(kModel, adam(), 1);
+  auto collective = make_thread_collective(2, 100);
+  EXPECT_THROW(WorkerGroup(kModel, {backend.get()}, *collective), InputError);
+}
+
+}  // namespace
+}  // namespace tandem
