@@ -63,6 +63,18 @@ sys.exit(0 if len(loss) == n and 'score/validation_accuracy' in acc.Tags()['scal
 steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$out")
 check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
 
+# 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
+#     trains to the default target (about 3 s).
+out=$("$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1b" --workers 1 --group-members 2 \
+      --backend cpu --max-epochs 40 --score-interval 0.2 --dashboard -1 --json 2>"$dir/err1b"); rc=$?
+check "launch --group-members 2 exits 0" test $rc -eq 0
+check "a group of 2 trains to the target, one push per two batches" py_check "$out" \
+  "j['stop_reason']=='target' and j['steps'] < j['batches'] <= 2*j['steps']"
+check "no role process is left behind (worker group)" no_role_left
+check "launch names the group option for GPUs too" grep -q -- "--gpus-per-worker" \
+  <<<"$("$tandem" launch --help 2>&1)"
+check "a worker takes its group's GPUs" grep -q -- "--gpus" <<<"$("$tandem" worker --help 2>&1)"
+
 # 2. A worker SIGKILLed mid-run: noticed, its batches handed out again, training finishes.
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run2" --workers 2 --max-epochs $long \
   --target 0 --dashboard -1 --json >"$dir/out2" 2>"$dir/err2" &

@@ -3,7 +3,9 @@
 // ZeroMQ sockets, and whole runs with every role as a thread (inproc) on a small store.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -446,6 +448,121 @@ TEST(ClusterRun, OverlappedWorkersTrainEveryBatchOnce) {
   EXPECT_GT(s.test.accuracy, 0.9);
 }
 
+// A worker whose group has two CPU members: each step takes two batches (the epoch's 7 batches
+// of 300 rows, the last one 200: steps of 2, 2, 2 and 1), the members' gradients are summed and
+// pushed once. Every batch of each epoch is trained exactly once, and the coordinator counts
+// batches, the servers steps.
+TEST(ClusterRun, AWorkerGroupOfTwoTrainsEveryBatchOfEachEpochOnce) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.settings.batch = 300;
+  o.settings.worker_group = 2;
+  o.max_epochs = 3;
+  o.keep_best = false;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.stop_reason, "max-epochs");
+  EXPECT_EQ(s.epochs, 3);
+  EXPECT_EQ(s.batches, 3 * 7);
+  EXPECT_EQ(s.steps, 3 * 4);  // async: one step per push, a push per group step
+  EXPECT_GT(s.test.accuracy, 0.9);
+  const json state = run.coordinator().state();
+  ASSERT_EQ(state.at("workers").size(), 1u) << state.dump();
+  EXPECT_EQ(state.at("workers")[0].at("batches_done").get<int64_t>(), 3 * 7) << state.dump();
+  EXPECT_EQ(state.at("workers")[0].at("steps").get<int64_t>(), 3 * 4) << state.dump();
+}
+
+TEST(ClusterRun, AnOverlappedWorkerGroupAppliesEveryStep) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.settings.batch = 300;
+  o.settings.worker_group = 3;  // 7 batches an epoch: steps of 3, 3 and 1
+  o.settings.overlap = true;    // async (the library's default mode)
+  o.max_epochs = 2;
+  o.keep_best = false;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.batches, 2 * 7);
+  EXPECT_EQ(s.steps, 2 * 3);  // every group's push applied, the last one too
+  EXPECT_GT(s.test.accuracy, 0.8);
+}
+
+TEST(ClusterRun, AWorkerGroupOfTwoReachesTheTarget) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.settings.worker_group = 2;
+  o.target = 40;  // summed over 400 validation rows, as StopsAtTheTargetAndKeepsTheParametersThatMetIt
+  o.max_seconds = 60;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  EXPECT_EQ(s.stop_reason, "target");
+  ASSERT_FALSE(s.scores.empty());
+  EXPECT_LT(s.scores.back().loss, 40);
+  EXPECT_LE(s.validation.loss_sum, s.scores.back().loss * (1 + 1e-3));
+}
+
+// The parameters the servers hold after one run of one epoch over a store of 200 training rows.
+Model one_epoch_parameters(const test::TempDir& dir, const std::string& store, int64_t batch,
+                           int group, const std::string& name, ClusterSummary& summary) {
+  ClusterOptions o = small_run(dir, store);
+  o.settings.batch = batch;
+  o.settings.worker_group = group;
+  o.settings.optimizer.kind = OptimizerKind::Sgd;
+  o.settings.optimizer.learning_rate = 0.05f;
+  o.settings.checkpoint_dir = dir.file(name + "-checkpoints");
+  o.settings.best_model_path.clear();
+  o.scorers = 0;
+  o.max_epochs = 1;
+  o.keep_best = false;
+  o.model_out = dir.file(name + ".safetensors");
+  ClusterRun run(o);
+  summary = run.run(nullptr);
+  return load_checkpoint(o.model_out).model;
+}
+
+std::vector<float> flat_parameters(const Model& model) {
+  std::vector<float> flat;
+  for (const auto& t : model.parameters()) flat.insert(flat.end(), t.values.begin(), t.values.end());
+  return flat;
+}
+
+// One step of a group of two over batches A and B (100 rows each) gives the servers the update
+// of one plain worker pushing the gradient of one batch of 200 rows, A and B together (the
+// epoch's row order does not depend on the batch size). Not bit for bit: the group adds each
+// member's sum and then the two sums, the single backend one running sum (worker_group_test:
+// 3e-7 of the gradient's largest value); a batch lost or pushed twice would move the
+// parameters by about half the update.
+TEST(ClusterRun, AGroupStepGivesTheServersTheUpdateOfOneWorkerOverBothBatches) {
+  test::TempDir dir;
+  DataSplits splits;
+  splits.train = test::separable_dataset(200, 40, 4, 11);
+  splits.validation = test::separable_dataset(40, 40, 4, 12);
+  splits.test = test::separable_dataset(40, 40, 4, 13);
+  splits.source = "synthetic";
+  StoreWriteOptions w;
+  w.chunk_rows = 64;  // bands that do not line up with the batches
+  const std::string store = dir.file("two-batches.zarr");
+  write_dataset_store(splits, store, w, json{{"source", "cluster_test"}});
+
+  ClusterSummary group_summary, single_summary;
+  const std::vector<float> group = flat_parameters(
+      one_epoch_parameters(dir, store, 100, 2, "group", group_summary));
+  const std::vector<float> single = flat_parameters(
+      one_epoch_parameters(dir, store, 200, 1, "single", single_summary));
+  EXPECT_EQ(group_summary.batches, 2);
+  EXPECT_EQ(group_summary.steps, 1);
+  EXPECT_EQ(single_summary.batches, 1);
+  EXPECT_EQ(single_summary.steps, 1);
+
+  const std::vector<float> initial = flat_parameters(Model::initialized(ModelConfig::parse("40-16-4"), 1));
+  ASSERT_EQ(single.size(), initial.size());
+  double update = 0.0;  // the largest parameter change of the step
+  for (size_t i = 0; i < initial.size(); ++i)
+    update = std::max(update, double(std::fabs(single[i] - initial[i])));
+  ASSERT_GT(update, 1e-3);
+  EXPECT_TRUE(test::all_close(group, single, 1e-5 * update, 1e-6));
+}
+
 TEST(ClusterRun, RefusesSettingsThatCannotRun) {
   test::TempDir dir;
   const std::string store = write_small_store(dir);
@@ -462,6 +579,33 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
   o.settings.ps_mode = "sync";
   o.settings.overlap = true;  // every overlapped gradient would be stale
   EXPECT_THROW(ClusterRun{o}, InputError);
+  o = small_run(dir, store);
+  o.max_epochs = 1;
+  o.settings.worker_group = 0;
+  try {
+    ClusterRun{o};
+    ADD_FAILURE() << "a group of no members was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker_group"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunSettings, WorkerGroupTravelsAndOlderSettingsWithoutItParse) {
+  RunSettings s;
+  s.model = ModelConfig::parse("40-16-4");
+  s.worker_group = 3;
+  EXPECT_EQ(run_settings_from_json(to_json(s)).worker_group, 3);
+  json older = to_json(s);
+  older.erase("worker_group");
+  EXPECT_EQ(run_settings_from_json(older).worker_group, 1);
+  json bad = to_json(s);
+  bad["worker_group"] = 0;
+  try {
+    run_settings_from_json(bad);
+    ADD_FAILURE() << "worker_group 0 was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker_group"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ClusterRun, AWorkerThatCannotReadTheDataFailsTheRunWithItsReason) {

@@ -487,9 +487,13 @@ class Owners {
   int live_ = 0;
 };
 
-TEST(FedRun, EachBlockIsCutIntoBatchesOfTheRunsBatchSizeTheLastOneShorter) {
+// One worker (a group of `members`) trains on blocks of `block_rows` rows, batch 50, async;
+// the coordinator must count `batches` batches and the servers `steps` steps (one per push).
+void expect_fed_blocks_trained(int members, const std::vector<int64_t>& block_rows,
+                               int64_t batches, uint64_t steps) {
   Owners owners;
   RunSettings s = fed_settings();  // batch 50
+  s.worker_group = members;
   zmq::context_t context(1);
   Coordinator c(fed_coordinator(context, s, 1, 1, 0));
   RoleThreads roles(c);
@@ -498,23 +502,39 @@ TEST(FedRun, EachBlockIsCutIntoBatchesOfTheRunsBatchSizeTheLastOneShorter) {
   RoleOptions o = role_options(c, context, "worker0");
   o.feed = feed;
   roles.start(run_worker_role, o);
-  // 130 rows: 50, 50, 30; 20 rows: one batch; 100 rows: 50, 50.
-  for (int64_t rows : {130, 20, 100})
+  int64_t rows_fed = 0;
+  for (int64_t rows : block_rows) {
     feed->push(owners.block(test::separable_dataset(rows, 40, 4, uint32_t(rows))));
+    rows_fed += rows;
+  }
   // Each owner goes once its block's batches have been trained and pushed.
   ASSERT_TRUE(owners.wait_all_released(60000)) << roles.errors();
-  EXPECT_EQ(feed->rows_fed(), 250);
+  EXPECT_EQ(feed->rows_fed(), rows_fed);
   c.request_stop("every block trained");
   ASSERT_TRUE(c.wait_workers_gone(30000)) << roles.errors();
   EXPECT_EQ(roles.errors(), "");
-  EXPECT_EQ(c.batches_done(), 6);
+  EXPECT_EQ(c.batches_done(), batches);
   {
     PsClient client(c.ps_endpoints(), cluster_client_options(s, &context));
-    EXPECT_EQ(client.init({}).wait().version, 6u);  // async: one step per batch
+    EXPECT_EQ(client.init({}).wait().version, steps);
   }
   c.finish();
   EXPECT_TRUE(c.wait_servers_gone(30000));
   roles.join();
+}
+
+TEST(FedRun, EachBlockIsCutIntoBatchesOfTheRunsBatchSizeTheLastOneShorter) {
+  // 130 rows: 50, 50, 30; 20 rows: one batch; 100 rows: 50, 50. One step per batch.
+  expect_fed_blocks_trained(1, {130, 20, 100}, 6, 6);
+}
+
+// A worker whose group has three CPU members: a step takes up to three batches of a block, so a
+// block of 5 batches is 2 steps (3 + 2) and one of 1 batch is a step whose other two members have
+// none. The coordinator counts the batches, the servers one step per push.
+TEST(FedRun, AWorkerGroupOfThreeStepsOverBlocksWhoseBatchesAreNotAMultipleOfThree) {
+  // Batches (steps): 130 rows: 50, 50, 30 (1); 20 rows: 20 (1); 250 rows: 5 x 50 (2);
+  // 100 rows: 50, 50 (1). 11 batches, 5 steps.
+  expect_fed_blocks_trained(3, {130, 20, 250, 100}, 11, 5);
 }
 
 TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
@@ -579,6 +599,38 @@ TEST(FedRun, AScorerWithoutAStoreOrValidationRowsFailsSayingSo) {
 
 TEST(FedRun, AWorkerWithoutAFeedFailsSayingSo) {
   expect_fed_role_fails(run_worker_role, "worker0", 1, 0, {"without a feed"});
+}
+
+// `tandem worker --gpus`: a run on the CPU backend, or a GPU listed twice, is refused before any
+// device is touched (so this runs without GPUs), naming the worker and the problem.
+TEST(FedRun, AWorkerGivenGpusInACpuRunOrAGpuTwiceFailsSayingSo) {
+  struct Case {
+    const char* backend;
+    std::vector<int> gpus;
+    const char* says;
+  };
+  for (const Case& k : {Case{"cpu", {0, 1}, "--gpus needs a run on the cuda or auto backend"},
+                        Case{"auto", {1, 0, 1}, "--gpus lists GPU 1 twice"},
+                        Case{"cuda", {-1}, "--gpus lists GPU -1; GPUs are numbered from 0"}}) {
+    SCOPED_TRACE(k.says);
+    RunSettings s = fed_settings();
+    s.backend = k.backend;
+    zmq::context_t context(1);
+    Coordinator c(fed_coordinator(context, s, 1, 1, 0));
+    RoleThreads roles(c);
+    roles.start(run_ps_role, role_options(c, context, "ps0"));
+    RoleOptions o = role_options(c, context, "worker0");
+    o.feed = std::make_shared<FeedQueue>();
+    o.gpus = k.gpus;
+    roles.join_one(roles.start(run_worker_role, o));
+    std::string why;
+    ASSERT_TRUE(threw_input_error(roles, "worker0", why));
+    EXPECT_NE(why.find("worker0"), std::string::npos) << why;
+    EXPECT_NE(why.find(k.says), std::string::npos) << why;
+    EXPECT_TRUE(o.feed->closed());
+    c.mark_lost("worker0", "it failed in the test");
+    finish_run(c, roles);
+  }
 }
 
 // A full feed (capacity 1) and a thread waiting up to 20 s to push one more block into it.

@@ -61,7 +61,9 @@ std::string group_error_text(const std::exception_ptr& error) {
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // (memcmp with an empty vector's null data is undefined, even for 0 bytes)
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // ---- The thread collective ---------------------------------------------------------------------
@@ -387,6 +389,54 @@ TEST(WorkerGroup, AMemberWhoseBatchFailsAbortsTheGroupAndItsErrorIsRethrown) {
     EXPECT_NE(std::string(e.what()).find("worker group aborted: rank 1: "), std::string::npos)
         << e.what();
   }
+}
+
+// The end of a task: fewer batches than members. A member given an empty view adds zeros, even
+// right after a step in which it had a batch (its backend still holds that step's gradients),
+// and an empty view that does not fit the model (features 0) is not an error.
+TEST(WorkerGroup, AMemberWithoutABatchAddsZeroGradients) {
+  constexpr int kMembers = 3;
+  const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 25);
+  const Model initial = Model::initialized(kModel, 7);
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+  for (int r = 0; r < kMembers; ++r) {
+    backends.push_back(make_cpu_backend(kModel, adam(), 1));
+    pointers.push_back(backends.back().get());
+  }
+  auto collective = make_thread_collective(kMembers, 10000);
+  WorkerGroup group(kModel, pointers, *collective);
+  group.install(initial);
+  const DatasetView a = data.view().slice(0, 100), b = data.view().slice(100, 220),
+                    c = data.view().slice(220, kRows);
+  group.step({a, b, c});  // every member now holds a gradient
+
+  // Two members over a and b against a group of two over the same batches: the same sum, in the
+  // same order, plus zeros (x + 0 is x): the same values (exact; a -0 may come out +0).
+  BatchStats stats;
+  const std::vector<float> with_empty = flatten(group.step({a, b, DatasetView{}}, &stats));
+  const GroupRun pair = [&] {
+    std::vector<std::unique_ptr<Backend>> two;
+    for (int r = 0; r < 2; ++r) two.push_back(make_cpu_backend(kModel, adam(), 1));
+    auto pair_collective = make_thread_collective(2, 10000);
+    WorkerGroup pair_group(kModel, {two[0].get(), two[1].get()}, *pair_collective);
+    pair_group.install(initial);
+    GroupRun run;
+    run.gradients = pair_group.step({a, b}, &run.stats);
+    return run;
+  }();
+  ASSERT_GT(max_abs(with_empty), 0.0);
+  EXPECT_TRUE(test::all_close(with_empty, flatten(pair.gradients), 0.0, 0.0));
+  EXPECT_EQ(stats.samples, 220);
+  EXPECT_EQ(stats.correct, pair.stats.correct);
+  EXPECT_EQ(stats.loss_sum, pair.stats.loss_sum);
+
+  // The empty member may be any rank, the leader too: ((0 + a) + b) is (a + b) exactly.
+  const std::vector<float> leader_empty = flatten(group.step({DatasetView{}, a, b}));
+  EXPECT_TRUE(test::all_close(leader_empty, with_empty, 0.0, 0.0));
+  // No batch at all: zeros.
+  const std::vector<float> none = flatten(group.step({DatasetView{}, DatasetView{}, DatasetView{}}));
+  EXPECT_EQ(max_abs(none), 0.0);
 }
 
 TEST(WorkerGroup, RefusesAMismatchedCollective) {

@@ -94,9 +94,10 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& model, const Optim
                                            Precision precision, int device = 0);
 
 // Picks the backend: `Auto` is CUDA when a device is present, the CPU otherwise. Throws
-// InputError when CUDA is asked for and cannot be had, saying why.
+// InputError when CUDA is asked for and cannot be had, saying why. A CUDA backend runs on
+// `device` (a worker group's member m on its own GPU); the CPU backend ignores it.
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
                                       const OptimizerConfig& opt, int threads,
-                                      Precision precision = Precision::Fp32);
+                                      Precision precision = Precision::Fp32, int device = 0);
 
 }  // namespace tandem

@@ -24,7 +24,7 @@ void Backend::predict_logits(const DatasetView&, uint8_t*, float*) {
 
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
                                       const OptimizerConfig& opt, int threads,
-                                      Precision precision) {
+                                      Precision precision, int device) {
   if (kind == BackendKind::Cpu) {
     if (precision != Precision::Fp32)
       throw InputError(std::string("precision ") + to_string(precision) +
@@ -44,7 +44,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model
                                          "older than this build's CUDA runtime)"
                                        : "this build of tandem has no CUDA") +
                      "; use --backend cpu or auto");
-  return make_cuda_backend(model, opt, precision, 0);
+  return make_cuda_backend(model, opt, precision, device);
 }
 
 }  // namespace tandem

@@ -4,10 +4,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <optional>
 #include <cstdio>
+#include <set>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -17,11 +20,13 @@
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "dataset_store.h"
+#include "group_collective.h"
 #include "ps_client.h"
 #include "ps_server.h"
 #include "ps_shard_device.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
+#include "worker_group.h"
 #include "zmq_curve.h"
 
 namespace tandem {
@@ -34,6 +39,12 @@ void check_overlap(const RunSettings& s) {
     throw InputError("overlapping communication with compute needs --ps-mode async or "
                      "bounded_staleness: in sync mode every overlapped gradient would be one "
                      "version stale and dropped");
+}
+
+void check_worker_group(const RunSettings& s) {
+  if (s.worker_group < 1)
+    throw InputError("cluster settings: worker_group (members per worker) must be >= 1, not " +
+                     std::to_string(s.worker_group));
 }
 
 json to_json(const RunSettings& s) {
@@ -50,6 +61,7 @@ json to_json(const RunSettings& s) {
           {"backend", s.backend},
           {"precision", s.precision},
           {"worker_threads", s.worker_threads},
+          {"worker_group", s.worker_group},
           {"scorer_threads", s.scorer_threads},
           {"readers", s.readers},
           {"assemblers", s.assemblers},
@@ -87,6 +99,7 @@ RunSettings run_settings_from_json(const json& j) {
     s.backend = j.at("backend").get<std::string>();
     s.precision = j.at("precision").get<std::string>();
     s.worker_threads = j.at("worker_threads").get<int>();
+    s.worker_group = j.value("worker_group", 1);  // absent from older settings
     s.scorer_threads = j.at("scorer_threads").get<int>();
     s.readers = j.at("readers").get<int>();
     s.assemblers = j.at("assemblers").get<int>();
@@ -111,6 +124,7 @@ RunSettings run_settings_from_json(const json& j) {
   }
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
   check_overlap(s);
+  check_worker_group(s);
   return s;
 }
 
@@ -298,6 +312,48 @@ class FeedCloser {
   std::string who_;
 };
 
+// A group's members are threads of this process stepped together by WorkerGroup::step; one
+// that fails aborts the others at once, so this bound only ends a member stuck in its backend.
+constexpr int kGroupTimeoutMs = 60000;
+
+// The size of a worker's group: the GPUs it was given, or the settings' worker_group.
+int group_members(const RoleOptions& o, const RunSettings& s, const std::string& who) {
+  if (o.gpus.empty()) return s.worker_group;
+  if (s.backend == "cpu")
+    throw InputError(who + ": --gpus needs a run on the cuda or auto backend; this run's is cpu");
+  std::set<int> seen;
+  for (const int d : o.gpus)
+    if (d < 0 || !seen.insert(d).second)
+      throw InputError(who + ": --gpus lists GPU " + std::to_string(d) +
+                       (d < 0 ? "; GPUs are numbered from 0" : " twice"));
+  return int(o.gpus.size());
+}
+
+// Member m's backend: CUDA on gpus[m] when GPUs are given; otherwise the run's backend (a CUDA
+// one on device m), with worker_threads threads on the CPU.
+std::unique_ptr<Backend> make_member_backend(const RoleOptions& o, const RunSettings& s, int m) {
+  if (!o.gpus.empty())
+    return make_backend(BackendKind::Cuda, s.model, s.optimizer, s.worker_threads,
+                        parse_precision(s.precision), o.gpus[size_t(m)]);
+  return make_backend(parse_backend(s.backend), s.model, s.optimizer, s.worker_threads,
+                      parse_precision(s.precision), m);
+}
+
+// `batch` copied into `into` (reused: reallocated only when too small or of another shape);
+// returns the copy's view.
+DatasetView copy_batch(const DatasetView& batch, Dataset& into) {
+  if (into.rows() < batch.rows || into.features() != batch.features ||
+      into.pixel_type() != batch.pixel_type || into.num_classes() != std::max(batch.num_classes, 1))
+    into = Dataset(batch.pixel_type, batch.rows, batch.features, std::max(batch.num_classes, 1));
+  std::memcpy(into.pixel_data(), batch.pixels,
+              size_t(batch.rows) * size_t(batch.features) * batch.pixel_bytes());
+  if (batch.labels != nullptr) std::memcpy(into.label_data(), batch.labels, size_t(batch.rows));
+  DatasetView view = into.view().slice(0, batch.rows);
+  view.num_classes = batch.num_classes;
+  if (batch.labels == nullptr) view.labels = nullptr;
+  return view;
+}
+
 }  // namespace
 
 // The role itself; run_ps_role wraps it (run_cancellable).
@@ -400,8 +456,33 @@ static void worker_role(const RoleOptions& o) {
                        " features and " + std::to_string(store.num_classes) +
                        " classes, the model is " + s.model.describe());
   }
-  std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
-                                                  s.worker_threads, parse_precision(s.precision));
+  // One backend per member of this worker's group; a plain worker is a group of one, and
+  // backends[0] (the leader's) is its backend.
+  const int members = group_members(o, s, r.name);
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int m = 0; m < members; ++m) {
+    try {
+      backends.push_back(make_member_backend(o, s, m));
+    } catch (const InputError& e) {
+      if (members == 1) throw;
+      throw InputError(r.name + ": member " + std::to_string(m) + " of its group of " +
+                       std::to_string(members) + ": " + e.what());
+    }
+  }
+  Backend* const backend = backends[0].get();
+  // A group of more than one: WorkerGroup sums the members' gradients. It stages them through
+  // host memory, so it takes the thread collective on CPU and CUDA backends alike: on GPUs the
+  // gradients go device -> host, are summed there and the parameters go back. The next step
+  // for GPUs is make_nccl_collective on the backends' device gradient buffers (WorkerGroup is
+  // host-only for now).
+  std::unique_ptr<GroupCollective> collective;
+  std::unique_ptr<WorkerGroup> group;
+  if (members > 1) {
+    std::vector<Backend*> pointers;
+    for (const auto& b : backends) pointers.push_back(b.get());
+    collective = make_thread_collective(members, kGroupTimeoutMs);
+    group = std::make_unique<WorkerGroup>(s.model, pointers, *collective);
+  }
   ClientOptions client_settings = client_options(s, rc.context);
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
@@ -410,7 +491,12 @@ static void worker_role(const RoleOptions& o) {
     feed_closer.close(" has stopped: training ended before it began");
     return say_goodbye(link, r.name);
   }
-  backend->set_parameters(model);
+  // Every member gets the parameters `model` holds (a group's by the leader's broadcast).
+  auto install = [&] {
+    if (group) group->install(model);
+    else backend->set_parameters(model);
+  };
+  install();
 
   std::vector<NamedTensor> gradients;
   // With settings.overlap, the push_pull of batch k is answered while batch k+1's gradient is
@@ -426,13 +512,13 @@ static void worker_role(const RoleOptions& o) {
       std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
       if (!repull(client, link, o, r, model)) return false;
     }
-    backend->set_parameters(model);
+    install();
     return true;
   };
-  // One batch: its gradient, pushed; false when training ended while the servers were away.
-  auto train_batch = [&](const DatasetView& batch) {
-    backend->compute_gradients(batch, nullptr, batch.rows);
-    backend->get_gradients(gradients);
+  // Pushes `gradients` (this worker's, or its group's sum over `batches` batches of `rows` rows
+  // in all) and counts them done; false when training ended while the servers were away. In
+  // sync mode a push counts as one replica, a group's as much as a plain worker's.
+  auto push_gradients = [&](int64_t batches, int64_t rows) {
     bool answered;
     if (s.overlap) {
       // The previous batch's exchange has been in flight while this gradient was computed.
@@ -449,11 +535,53 @@ static void worker_role(const RoleOptions& o) {
       answered = exchange([&] { return client.push_pull(gradients).wait(); });
     }
     if (!answered) return false;
+    // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
+    // its last report), so a group's step counts each of its batches.
     status->steps += 1;
-    status->samples += batch.rows;
-    status->batches_done += 1;
-    status->done += 1;
+    status->samples += rows;
+    status->batches_done += batches;
+    status->done += batches;
     return true;
+  };
+  // One batch: its gradient, pushed; false when training ended while the servers were away.
+  auto train_batch = [&](const DatasetView& batch) {
+    backend->compute_gradients(batch, nullptr, batch.rows);
+    backend->get_gradients(gradients);
+    return push_gradients(1, batch.rows);
+  };
+  // A group's step: step_batches[m] to member m, the first `count` of them batches and the
+  // rest empty (fewer batches than members at the end of a task or block: those members add
+  // zeros). The leader pushes the sum.
+  std::vector<DatasetView> step_batches(static_cast<size_t>(members));
+  auto train_group_step = [&](int count) {
+    for (size_t m = size_t(count); m < step_batches.size(); ++m) step_batches[m] = DatasetView{};
+    gradients = group->step(step_batches);
+    int64_t rows = 0;
+    for (int m = 0; m < count; ++m) rows += step_batches[size_t(m)].rows;
+    return push_gradients(count, rows);
+  };
+  // A group's share of a task from the stream: steps of up to one batch per member, in the
+  // stream's order. next()'s view is valid only until the next call, so every batch of a step
+  // but its last is copied into its member's buffer (the last one is used in place: next() is
+  // not called again before the step is done). True once the task's batches are all trained,
+  // false when training ended.
+  std::vector<Dataset> member_buffers(static_cast<size_t>(members));
+  auto train_group_task = [&]() {
+    DatasetView batch;
+    for (;;) {
+      if (training_over(link.phase())) return false;
+      int count = 0;
+      bool more = true;
+      while (count < members && (more = stream->next(batch))) {
+        step_batches[size_t(count)] =
+            count + 1 < members ? copy_batch(batch, member_buffers[size_t(count)]) : batch;
+        ++count;
+      }
+      if (count == 0) return true;
+      status->queue_depth = int(stream->ready_batches());
+      if (!train_group_step(count)) return false;
+      if (!more) return true;
+    }
   };
 
   json finished = nullptr;
@@ -466,7 +594,7 @@ static void worker_role(const RoleOptions& o) {
         status->queue_depth = int(o.feed->depth());
         std::optional<FedBlock> block = o.feed->pop(100);
         if (!block) {
-          backend->rest();
+          for (const auto& b : backends) b->rest();
           continue;
         }
         const DatasetView& rows = block->rows;
@@ -482,9 +610,21 @@ static void worker_role(const RoleOptions& o) {
           throw InputError(r.name + ": a fed block: " + e.what());
         }
         bool go_on = true;
-        for (int64_t begin = 0; go_on && begin < rows.rows; begin += s.batch) {
-          if (training_over(link.phase())) break;
-          go_on = train_batch(rows.slice(begin, std::min(rows.rows, begin + s.batch)));
+        if (group) {
+          // Up to one batch per member a step; the block outlives the step (no copies). A
+          // block's last step may be short.
+          for (int64_t begin = 0; go_on && begin < rows.rows;) {
+            if (training_over(link.phase())) break;
+            int count = 0;
+            for (; count < members && begin < rows.rows; ++count, begin += s.batch)
+              step_batches[size_t(count)] = rows.slice(begin, std::min(rows.rows, begin + s.batch));
+            go_on = train_group_step(count);
+          }
+        } else {
+          for (int64_t begin = 0; go_on && begin < rows.rows; begin += s.batch) {
+            if (training_over(link.phase())) break;
+            go_on = train_batch(rows.slice(begin, std::min(rows.rows, begin + s.batch)));
+          }
         }
         if (!go_on) break;
       }
@@ -510,6 +650,11 @@ static void worker_role(const RoleOptions& o) {
       status->done = 0;
       status->task = task_id;
       stream->start_epoch(task.at("epoch").get<int64_t>(), task.at("batches").get<std::vector<int64_t>>());
+      if (group) {
+        if (train_group_task()) finished = task_id;
+        else stop = true;
+        continue;
+      }
       DatasetView batch;
       for (;;) {
         if (training_over(link.phase())) {

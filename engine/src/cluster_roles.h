@@ -10,7 +10,10 @@
 //           of batches of one epoch, streamed through the worker's own chunk manager from the
 //           store; for each batch it computes the gradient on its backend and pushes it with a
 //           push_pull that brings back the updated parameters. Progress goes out with every
-//           heartbeat so a lost worker's unfinished batches can be handed out again.
+//           heartbeat so a lost worker's unfinished batches can be handed out again. With a
+//           group (worker_group > 1, or RoleOptions::gpus), a step takes up to one batch per
+//           member, the members' gradients are summed, one push_pull sends the sum and every
+//           member gets the parameters it brings back.
 //   scorer  every score_interval_s pulls the parameters, evaluates the validation split (the
 //           seed's summed clipped cross-entropy, and accuracy) and sends the score to the
 //           coordinator, which publishes it on the scores channel and applies the stop rule. It
@@ -27,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "feed_queue.h"
 #include "tandem/config.h"
@@ -43,6 +47,10 @@ struct RunSettings {
   std::string backend = "cpu";  // for workers and the scorer: cpu, cuda or auto
   std::string precision = "fp32";
   int worker_threads = 1;
+  // Members of each worker's group (worker_group.h): each computes the gradient of its own batch
+  // on its own backend (worker_threads threads each on the CPU, one GPU each with CUDA), the
+  // group sums them, and the leader pushes the sum with one push_pull. 1: a plain worker.
+  int worker_group = 1;
   int scorer_threads = 1;
   int readers = 1;     // chunk manager threads per worker
   int assemblers = 1;
@@ -76,6 +84,7 @@ struct RunSettings {
 
 nlohmann::json to_json(const RunSettings& s);
 void check_overlap(const RunSettings& s);  // InputError for overlap with sync mode
+void check_worker_group(const RunSettings& s);  // InputError unless worker_group >= 1
 RunSettings run_settings_from_json(const nlohmann::json& j);  // InputError naming a bad field
 
 struct RoleOptions {
@@ -94,6 +103,10 @@ struct RoleOptions {
   // writes its final checkpoint), without waiting for the coordinator. Null: only the
   // coordinator ends it.
   std::shared_ptr<std::atomic<bool>> cancel;
+  // worker: the GPUs of this worker's group (a worker started by hand, `tandem worker --gpus
+  // 0,1`): member m on gpus[m], CUDA whatever the run's backend (not with --backend cpu); the
+  // group has gpus.size() members, whatever the settings' worker_group. Empty: the settings'.
+  std::vector<int> gpus;
   // scorer: score on these rows rather than the store's validation split.
   std::shared_ptr<const FedBlock> validation;
   int heartbeat_ms = 500;

@@ -36,6 +36,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   if (options_.scorers == 0 && options_.max_epochs == 0 && options_.max_seconds == 0)
     throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
   check_overlap(s);
+  check_worker_group(s);
   if (options_.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())

@@ -113,6 +113,9 @@ void CudaBackend::set_parameters(const Model& model) {
   if (model.config().layers != config_.layers)
     throw InputError("model " + model.config().describe() + " does not match the backend's " +
                      config_.describe());
+  // A worker group drives each member's backend from a thread of its own, started per step
+  // (worker_group.h): the calling thread's current device must be this backend's.
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
   std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
   copy_tensors_in(model.parameters(), layout_, arena.data(), "parameters");
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena.data(), params_.bytes(),
@@ -132,6 +135,7 @@ void CudaBackend::get_parameters(Model& model) const {
 void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
   // Once per step for a cluster worker: the staging buffer is kept, not allocated each time.
   gradient_staging_.resize(static_cast<size_t>(layout_.total));
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's thread: set_parameters
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(gradient_staging_.data(), grads_.data(), grads_.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -436,6 +440,7 @@ BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
   if (count == 0) return {};
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's thread: set_parameters
   ensure_capacity(count);
   Slot* slot = nullptr;
   const DeviceBatch batch = stage(data, rows, count, slot);

@@ -67,9 +67,16 @@ BatchStats WorkerGroup::reduce_gradients(int rank, const DatasetView& batch) {
   const size_t r = static_cast<size_t>(rank);
   BatchStats stats;
   try {
-    stats = members_[r]->compute_gradients(batch, nullptr, batch.rows);
-    members_[r]->get_gradients(gradients_[r]);
-    flatten(rank, gradients_[r]);
+    if (batch.rows == 0) {
+      // No batch for this member this step (the end of a task): it adds zeros. Its backend is
+      // not asked: an empty view need not fit the model, and a backend given no rows may keep
+      // the last step's gradients (the CUDA backend returns at once).
+      std::fill(flat_[r].begin(), flat_[r].end(), 0.0f);
+    } else {
+      stats = members_[r]->compute_gradients(batch, nullptr, batch.rows);
+      members_[r]->get_gradients(gradients_[r]);
+      flatten(rank, gradients_[r]);
+    }
   } catch (const std::exception& e) {
     collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
     throw;

@@ -44,7 +44,9 @@ class WorkerGroup {
   int size() const { return static_cast<int>(members_.size()); }
 
   // Member `rank`: compute_gradients over every row of `batch` on its backend, then the group
-  // all-reduce of the flattened gradients. Returns this member's own batch statistics.
+  // all-reduce of the flattened gradients. Returns this member's own batch statistics. A batch
+  // of no rows (a default DatasetView: fewer batches than members at the end of a task) adds
+  // zero gradients and zero statistics; the backend is not called.
   BatchStats reduce_gradients(int rank, const DatasetView& batch);
 
   // The group's summed gradients after the last reduce_gradients, one tensor per parameter in the
@@ -55,7 +57,8 @@ class WorkerGroup {
   // other ranks, which may pass null); every member's backend ends holding exactly those bits.
   void broadcast_parameters(int rank, const Model* leader_parameters);
 
-  // One step from the calling thread: batches[r] to rank r, each member on its own thread.
+  // One step from the calling thread: batches[r] to rank r (empty: none, as above), each member
+  // on its own thread.
   // Returns the summed gradients; `stats` (if given) gets the members' statistics added in rank
   // order. Rethrows a member's own error in preference to the GroupError it caused in the others.
   std::vector<NamedTensor> step(const std::vector<DatasetView>& batches, BatchStats* stats = nullptr);

@@ -104,6 +104,12 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
   cmd->add_option("--worker-threads", s.worker_threads, "Threads per worker")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  // One option, two names: the GPU name the issue asks for, and the general one that reads right
+  // on the CPU (there each member is a backend of --worker-threads threads).
+  cmd->add_option("--group-members,--gpus-per-worker", s.worker_group,
+                  "Members of each worker's group: their gradients are summed and pushed as one "
+                  "(GPUs 0..N-1 with cuda, backends of --worker-threads threads each with cpu)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
@@ -356,6 +362,11 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
       ->required();
   cmd->add_option("--name", o->role.name, "This role's name (default: the coordinator picks)");
   cmd->add_option("--data", o->role.data, "The store's path on this node, if not the coordinator's");
+  if (std::string(name) == "worker")
+    cmd->add_option("--gpus", o->role.gpus,
+                    "This worker's group on these GPUs, e.g. 0,1 (one member each; default: the "
+                    "run's --group-members, on GPUs from 0)")
+        ->delimiter(',');
   if (std::string(name) == "ps") {
     cmd->add_option("--bind", o->role.bind, "Where to serve (default tcp://127.0.0.1:*)");
     cmd->add_option("--advertise", o->role.advertise,
