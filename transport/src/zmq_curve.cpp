@@ -183,6 +183,7 @@ std::vector<std::string> read_curve_allowed_clients(const std::string& path) {
     const std::vector<std::string> lines = read_lines(path);
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string line = trim(lines[i]);
+      // '#' is a Z85 character, but never a key's first: a group starting with it overflows.
       if (line.empty() || line[0] == '#') continue;
       validate_curve_key(line, path + " line " + std::to_string(i + 1));
       keys.push_back(line);
