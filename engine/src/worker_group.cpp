@@ -150,18 +150,18 @@ void WorkerGroup::run_members(Body&& body) {
     if (error) std::rethrow_exception(error);
 }
 
-std::vector<NamedTensor> WorkerGroup::step(const std::vector<DatasetView>& batches,
-                                           BatchStats* stats) {
+const std::vector<NamedTensor>& WorkerGroup::step(const std::vector<DatasetView>& batches,
+                                                  BatchStats* stats) {
   if (static_cast<int>(batches.size()) != size())
     throw InputError("worker group: " + std::to_string(batches.size()) + " batches for " +
                      std::to_string(size()) + " members");
-  std::vector<BatchStats> member_stats(members_.size());
+  member_stats_.assign(members_.size(), BatchStats{});
   run_members([&](int rank) {
-    member_stats[static_cast<size_t>(rank)] =
+    member_stats_[static_cast<size_t>(rank)] =
         reduce_gradients(rank, batches[static_cast<size_t>(rank)]);
   });
   if (stats != nullptr)
-    for (const auto& s : member_stats) {
+    for (const auto& s : member_stats_) {
       stats->loss_sum += s.loss_sum;
       stats->correct += s.correct;
       stats->samples += s.samples;

@@ -59,9 +59,10 @@ class WorkerGroup {
 
   // One step from the calling thread: batches[r] to rank r (empty: none, as above), each member
   // on its own thread.
-  // Returns the summed gradients; `stats` (if given) gets the members' statistics added in rank
+  // Returns the summed gradients (the leader's, valid until the next step); `stats` (if given) gets the members' statistics added in rank
   // order. Rethrows a member's own error in preference to the GroupError it caused in the others.
-  std::vector<NamedTensor> step(const std::vector<DatasetView>& batches, BatchStats* stats = nullptr);
+  const std::vector<NamedTensor>& step(const std::vector<DatasetView>& batches,
+                                       BatchStats* stats = nullptr);
 
   // broadcast_parameters with `parameters` as the leader's, a thread per member.
   void install(const Model& parameters);
@@ -82,6 +83,7 @@ class WorkerGroup {
   std::vector<std::vector<float>> flat_;
   std::vector<std::vector<NamedTensor>> gradients_;
   std::vector<Model> models_;
+  std::vector<BatchStats> member_stats_;  // step()'s, one per rank
   std::vector<NamedTensor> leader_gradients_;
 };
 

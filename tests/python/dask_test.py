@@ -33,17 +33,25 @@ def dask_blocks(client, count, rows, seed):
     return client.compute(blocks)
 
 
-class DaskTest(unittest.TestCase):
+class LocalClusterTest(unittest.TestCase):
+    """A LocalCluster of `dask_workers` separate processes (2 threads each), shared by the
+    class's tests."""
+
+    dask_workers = 4
+
     @classmethod
     def setUpClass(cls):
-        cls.cluster = LocalCluster(n_workers=4, threads_per_worker=2, processes=True,
-                                   dashboard_address=None)
+        cls.cluster = LocalCluster(n_workers=cls.dask_workers, threads_per_worker=2,
+                                   processes=True, dashboard_address=None)
         cls.client = Client(cls.cluster)
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
         cls.cluster.close()
+
+
+class DaskTest(LocalClusterTest):
 
     def assert_cluster_healthy(self):
         """Every Dask worker runs a task once the roles are gone."""
@@ -114,19 +122,10 @@ class DaskTest(unittest.TestCase):
         self.assert_cluster_healthy()
 
 
-class SimpleParallelismTest(unittest.TestCase):
+class SimpleParallelismTest(LocalClusterTest):
     """The seed's client.map(train_and_evaluate, ...) and map_partitions(predict)."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                                   dashboard_address=None)
-        cls.client = Client(cls.cluster)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.cluster.close()
+    dask_workers = 2
 
     def test_search_ranks_the_trials_and_reports_a_crash(self):
         train = make_rows(2000, 11)
