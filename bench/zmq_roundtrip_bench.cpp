@@ -3,7 +3,13 @@
 // size of the default model's gradients, 79,510 float32 = 318,040 bytes, to a ROUTER thread that
 // answers with a frame of the same size), then Tandem's PsClient::push_pull of the 784-100-10
 // model's gradients against one ParameterServer (validation, Adam, the reply with the updated
-// parameters). One round trip at a time, as one worker does; tcp://127.0.0.1 and ipc://.
+// parameters), once copying the gradients into the request and once sending them zero-copy from
+// a held buffer as the worker role does. One round trip at a time, as one worker does;
+// tcp://127.0.0.1 and ipc://.
+//
+// The three run interleaved: all are set up first, then each gets a short slice in turn, round
+// after round (the order rotating), so a machine whose speed drifts (a shared VM) slows all three
+// alike. The share of raw is the median over rounds of each round's rate against raw's.
 //
 //   tandem_zmq_roundtrip_bench --seconds 2 --json
 #include <zmq.hpp>
@@ -13,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -29,76 +36,128 @@ using Clock = std::chrono::steady_clock;
 struct Result {
   double round_trips_per_s = 0;
   double p50_us = 0, p99_us = 0;
+  double median_share_of_raw = 1;  // median over rounds of (this slice's rate / raw's)
 };
 
-template <typename RoundTrip>
-Result time_round_trips(RoundTrip&& round_trip, double seconds) {
-  for (int i = 0; i < 50; ++i) round_trip();  // connect, warm the buffers
-  std::vector<double> latencies;
-  const auto start = Clock::now();
-  while (std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
-    const auto t = Clock::now();
-    round_trip();
-    latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
-  }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  std::sort(latencies.begin(), latencies.end());
-  Result r;
-  r.round_trips_per_s = static_cast<double>(latencies.size()) / elapsed;
-  r.p50_us = latencies[latencies.size() / 2];
-  r.p99_us = latencies[latencies.size() * 99 / 100];
-  return r;
-}
+// One way of doing a round trip, timed slice by slice.
+struct Contender {
+  std::function<void()> round_trip;
+  std::vector<double> latencies_us;
+  std::vector<double> slice_rates;
+  double seconds = 0;
 
-Result measure(const std::string& bind, size_t bytes, double seconds) {
-  zmq::context_t context(1);
-  zmq::socket_t router(context, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.bind(bind);
-  const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
-  std::atomic<bool> stop{false};
-  std::thread server([&] {
-    std::vector<uint8_t> reply(bytes, 0x5a);
-    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    while (!stop.load()) {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
-      zmq::message_t identity, request;
-      (void)router.recv(identity);
-      (void)router.recv(request);
-      router.send(identity, zmq::send_flags::sndmore);
-      router.send(zmq::buffer(reply), zmq::send_flags::none);
+  void run_slice(double slice_s) {
+    const auto start = Clock::now();
+    size_t count = 0;
+    while (std::chrono::duration<double>(Clock::now() - start).count() < slice_s) {
+      const auto t = Clock::now();
+      round_trip();
+      latencies_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+      ++count;
     }
-  });
-  zmq::socket_t dealer(context, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::linger, 0);
-  dealer.connect(endpoint);
-  std::vector<uint8_t> request(bytes, 0xa5);
-  auto round_trip = [&] {
-    dealer.send(zmq::buffer(request), zmq::send_flags::none);
-    zmq::message_t reply;
-    (void)dealer.recv(reply);
-    if (reply.size() != bytes) throw std::runtime_error("short reply");
-  };
-  const Result r = time_round_trips(round_trip, seconds);
-  stop = true;
-  server.join();
-  return r;
-}
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    seconds += elapsed;
+    slice_rates.push_back(double(count) / elapsed);
+  }
 
-// push_pull of the default model's gradients against one server bound to `bind`.
-Result measure_ps(const std::string& bind, double seconds) {
-  tandem::ServerOptions options;
-  options.bind = bind;
-  tandem::ParameterServer server(options);
-  tandem::PsClient client({server.endpoint()});
-  const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
-  client.init(model.parameters()).wait();
-  // Small gradients: the parameters stay finite however many steps the benchmark takes.
-  std::vector<tandem::NamedTensor> gradients = model.parameters();
-  for (auto& t : gradients)
-    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 1e-3f * static_cast<float>((i % 7) - 3);
-  return time_round_trips([&] { client.push_pull(gradients).wait(); }, seconds);
-}
+  Result result(const Contender& raw) const {
+    std::vector<double> sorted = latencies_us;
+    std::sort(sorted.begin(), sorted.end());
+    Result r;
+    r.round_trips_per_s = double(sorted.size()) / seconds;
+    r.p50_us = sorted[sorted.size() / 2];
+    r.p99_us = sorted[sorted.size() * 99 / 100];
+    std::vector<double> shares;
+    for (size_t i = 0; i < slice_rates.size(); ++i) shares.push_back(slice_rates[i] / raw.slice_rates[i]);
+    std::sort(shares.begin(), shares.end());
+    r.median_share_of_raw = shares[shares.size() / 2];
+    return r;
+  }
+};
+
+// The raw pair. The ROUTER and the DEALER each have their own context (one I/O thread each), as
+// two processes would and as the ParameterServer and PsClient below do: one shared context would
+// put both ends on one I/O thread and save the hand-offs between two, which no deployment has.
+class RawPair {
+ public:
+  RawPair(const std::string& bind, size_t bytes)
+      : router_(server_context_, zmq::socket_type::router),
+        dealer_(client_context_, zmq::socket_type::dealer),
+        request_(bytes, 0xa5),
+        bytes_(bytes) {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.bind(bind);
+    server_ = std::thread([this] {
+      std::vector<uint8_t> reply(bytes_, 0x5a);
+      zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+      while (!stop_.load()) {
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
+        zmq::message_t identity, request;
+        (void)router_.recv(identity);
+        (void)router_.recv(request);
+        router_.send(identity, zmq::send_flags::sndmore);
+        router_.send(zmq::buffer(reply), zmq::send_flags::none);
+      }
+    });
+    dealer_.set(zmq::sockopt::linger, 0);
+    dealer_.connect(router_.get(zmq::sockopt::last_endpoint));
+  }
+  ~RawPair() {
+    stop_ = true;
+    server_.join();
+  }
+  void round_trip() {
+    dealer_.send(zmq::buffer(request_), zmq::send_flags::none);
+    zmq::message_t reply;
+    (void)dealer_.recv(reply);
+    if (reply.size() != bytes_) throw std::runtime_error("short reply");
+  }
+
+ private:
+  zmq::context_t server_context_{1}, client_context_{1};
+  zmq::socket_t router_, dealer_;
+  std::vector<uint8_t> request_;
+  size_t bytes_;
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+};
+
+// push_pull of the default model's gradients against one server bound to `bind`. zero_copy: the
+// gradients go from a held buffer and the parameters into reused tensors (what the worker role
+// does); otherwise each push copies them and each reply allocates new tensors.
+class PsPair {
+ public:
+  PsPair(const std::string& bind, bool zero_copy)
+      : server_(options(bind)), client_({server_.endpoint()}), zero_copy_(zero_copy) {
+    const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
+    client_.init(model.parameters()).wait();
+    // Small gradients: the parameters stay finite however many steps the benchmark takes.
+    gradients_ = model.parameters();
+    for (auto& t : gradients_)
+      for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 1e-3f * static_cast<float>((i % 7) - 3);
+  }
+  void round_trip() {
+    if (!zero_copy_) return (void)client_.push_pull(gradients_).wait();
+    // As the worker role does: each step's gradient goes from a buffer no send holds (here the
+    // same numbers, so a buffer is filled once, when the pool makes it), and the reply's
+    // parameters into the model's tensors.
+    const auto buffer = buffers_.take();
+    if (buffer->value.empty()) buffer->value = gradients_;
+    client_.push_pull(buffer).wait_into(parameters_);
+  }
+
+ private:
+  static tandem::ServerOptions options(const std::string& bind) {
+    tandem::ServerOptions o;
+    o.bind = bind;
+    return o;
+  }
+  tandem::ParameterServer server_;
+  tandem::PsClient client_;
+  bool zero_copy_;
+  std::vector<tandem::NamedTensor> gradients_, parameters_;
+  tandem::transport::HeldPool<std::vector<tandem::NamedTensor>> buffers_;
+};
 
 }  // namespace
 
@@ -107,29 +166,50 @@ int main(int argc, char** argv) {
   double seconds = 2.0;
   size_t bytes = 79510 * sizeof(float);
   bool json = false;
-  app.add_option("--seconds", seconds, "Seconds per transport");
+  double slice = 0.2;
+  app.add_option("--seconds", seconds, "Seconds of each kind of round trip per transport");
+  app.add_option("--slice", slice, "Seconds of one kind before the next takes over");
   app.add_option("--bytes", bytes, "Bytes each way per round trip");
   app.add_flag("--json", json, "One JSON line per transport");
   CLI11_PARSE(app, argc, argv);
   const std::string ipc = "ipc:///tmp/tandem-zmq-bench-" + std::to_string(::getpid());
   for (const std::string& bind : {std::string("tcp://127.0.0.1:*"), ipc}) {
-    const Result raw = measure(bind, bytes, seconds);
-    const Result ps = measure_ps(bind, seconds);
+    const std::string ps_ipc = bind == ipc ? ipc + "-ps" : bind;
+    RawPair raw_pair(bind, bytes);
+    PsPair copied_pair(ps_ipc + (bind == ipc ? "-copied" : ""), false);
+    PsPair zero_pair(ps_ipc, true);
+    std::vector<Contender> contenders(3);
+    contenders[0].round_trip = [&] { raw_pair.round_trip(); };
+    contenders[1].round_trip = [&] { copied_pair.round_trip(); };
+    contenders[2].round_trip = [&] { zero_pair.round_trip(); };
+    for (auto& c : contenders)
+      for (int i = 0; i < 50; ++i) c.round_trip();  // connect, warm the buffers
+    const int rounds = std::max(1, int(seconds / slice + 0.5));
+    for (int round = 0; round < rounds; ++round)
+      for (int k = 0; k < 3; ++k) contenders[size_t((round + k) % 3)].run_slice(slice);
+    const Result raw = contenders[0].result(contenders[0]);
+    const Result copied = contenders[1].result(contenders[0]);
+    const Result ps = contenders[2].result(contenders[0]);
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
                                          {"raw_round_trips_per_s", raw.round_trips_per_s},
                                          {"raw_p50_us", raw.p50_us}, {"raw_p99_us", raw.p99_us},
+                                         {"ps_copied_round_trips_per_s", copied.round_trips_per_s},
+                                         {"ps_copied_p50_us", copied.p50_us},
                                          {"ps_round_trips_per_s", ps.round_trips_per_s},
                                          {"ps_p50_us", ps.p50_us}, {"ps_p99_us", ps.p99_us},
-                                         {"ps_over_raw", ps.round_trips_per_s / raw.round_trips_per_s}}
+                                         {"ps_copied_over_raw", copied.median_share_of_raw},
+                                         {"ps_over_raw", ps.median_share_of_raw}}
                               .dump()
                               .c_str());
     else
-      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  tandem push_pull %7.0f/s (p50 %5.0f us)  %.0f%% of raw\n",
-                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, ps.round_trips_per_s,
-                  ps.p50_us, 100 * ps.round_trips_per_s / raw.round_trips_per_s);
+      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  "
+                  "zero-copy %7.0f/s (p50 %5.0f us, %.0f%% of raw)\n",
+                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, copied.round_trips_per_s,
+                  copied.p50_us, 100 * copied.median_share_of_raw, ps.round_trips_per_s, ps.p50_us,
+                  100 * ps.median_share_of_raw);
   }
-  ::unlink(ipc.substr(6).c_str());
+  for (const std::string& path : {ipc, ipc + "-ps", ipc + "-ps-copied"}) ::unlink(path.substr(6).c_str());
   return 0;
 }

@@ -1,16 +1,27 @@
-# The installable library: one shared libtandem holding the engine and kernel layers whole, its
-# public headers, a CMake package (find_package(Tandem) -> Tandem::tandem) and a pkg-config file.
+# The installable library: one shared libtandem holding every layer whole (engine, kernels,
+# transport, the parameter server, the cluster and its dashboard), its public headers, a CMake
+# package (find_package(Tandem) -> Tandem::tandem) and a pkg-config file.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# libtandem.so is built from the layer libraries' object files, so it holds them whole.
+# libtandem.so is built from the layer libraries' object files, so it holds them whole. Their
+# own dependencies are linked privately: no public header includes ZeroMQ, cpp-httplib, NCCL or
+# nlohmann::json, so a consumer needs none of them to build, only the shared libraries at run
+# time (found where they were linked: INSTALL_RPATH_USE_LINK_PATH).
 add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>
-            $<TARGET_OBJECTS:tandem_transport>)
+            $<TARGET_OBJECTS:tandem_transport> $<TARGET_OBJECTS:tandem_transport_zmq>
+            $<TARGET_OBJECTS:tandem_ps> $<TARGET_OBJECTS:tandem_cluster>
+            $<TARGET_OBJECTS:tandem_dashboard>)
 add_library(Tandem::tandem ALIAS tandem)
 target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
+                      PkgConfig::ZMQ PkgConfig::HTTPLIB
                       Threads::Threads nlohmann_json::nlohmann_json
                       $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>
                       $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cublasLt>)
+# The worker group's NCCL collective, where engine/CMakeLists.txt found NCCL for tandem_cluster.
+if(TANDEM_WITH_NCCL)
+  target_link_libraries(tandem PRIVATE ${TANDEM_NCCL_LIBRARY})
+endif()
 target_include_directories(tandem INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/engine/include>
   $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/engine/include>

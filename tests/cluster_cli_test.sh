@@ -78,6 +78,48 @@ check "launch names the group option for GPUs too" grep -q -- "--gpus-per-worker
   <<<"$("$tandem" launch --help 2>&1)"
 check "a worker takes its group's GPUs" grep -q -- "--gpus" <<<"$("$tandem" worker --help 2>&1)"
 
+# 1c. GPUs per worker: launch gives worker i GPUs i*K..i*K+K-1 (--worker-gpus to choose), shown
+#     in the cluster spec. Refusals come before any role starts: a --worker-gpus that does not
+#     parse or fit (on any node), and a cuda run on a node without a GPU (the backend's error).
+expect_error "--worker-gpus that does not parse is refused, naming the worker" \
+  'worker 1 has no GPUs' "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1c" \
+  --workers 2 --backend cuda --worker-gpus "0;" --dashboard -1
+expect_error "--worker-gpus that shares a GPU is refused" 'workers do not share GPUs' \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1c" --workers 2 --backend cuda \
+  --worker-gpus "0;0" --dashboard -1
+expect_error "--worker-gpus with the cpu backend is refused" 'needs --backend cuda or auto' \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1c" --workers 1 --backend cpu \
+  --worker-gpus "0" --dashboard -1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$gpus" -eq 0 ]; then
+  for mode in "" --inproc; do
+    start=$SECONDS
+    expect_error "launch ${mode:+$mode }--backend cuda --gpus-per-worker 2 without a GPU: the CUDA error" \
+      "--backend cuda: " timeout 60 "$tandem" launch $mode --data "$dir/fm.zarr" \
+      --run-dir "$dir/run1c" --workers 2 --backend cuda --gpus-per-worker 2 --max-epochs 1 \
+      --target 0 --dashboard -1
+    check "... refused at once ($((SECONDS - start)) s), no role started" \
+      test $((SECONDS - start)) -lt 20 -a ! -e "$dir/run1c/cluster.json"
+  done
+else
+  need=$((gpus + 1))
+  expect_error "more GPUs than the node's $gpus refused with the counts" \
+    "need $need GPUs, each worker its own; this node has $gpus visible CUDA device" \
+    "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1c" --workers "$need" \
+    --backend cuda --gpus-per-worker 1 --dashboard -1
+  if [ "$gpus" -ge 2 ]; then
+    for mode in "" --inproc; do
+      "$tandem" launch $mode --data "$dir/fm.zarr" --run-dir "$dir/run1c" --workers 2 \
+        --backend cuda --gpus-per-worker 1 --max-epochs 1 --target 0 --dashboard -1 \
+        >"$dir/out1c" 2>"$dir/err1c"
+      out=$(head -1 "$dir/out1c")  # the cluster spec, printed when training starts
+      check "launch${mode:+ $mode}: worker i on GPU i in the spec" py_check "$out" \
+        "sorted((w['name'], w['gpus']) for w in j['worker'])==[('worker0',[0]),('worker1',[1])]"
+    done
+    check "no role process is left behind (GPUs per worker)" no_role_left
+  fi
+fi
+
 # 2. A worker SIGKILLed mid-run: noticed, its batches handed out again, training finishes.
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run2" --workers 2 --max-epochs $long \
   --target 0 --dashboard -1 --json >"$dir/out2" 2>"$dir/err2" &

@@ -2,7 +2,8 @@
 // prediction bit for bit across chunk boundaries and an edge chunk, the probabilities agree with
 // them, the thread count and process shares change nothing, and an interrupted run resumes
 // without rewriting or corrupting chunks. The backend choice: auto is the CPU without a device
-// and `cuda` is refused there; with a device, the GPU's output agrees with the CPU's.
+// and `cuda` is refused there; with a device, the GPU's output agrees with the CPU's. The output
+// group alone (tandem.dask.predict's): chunks written from elsewhere, its layout checked on reruns.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -308,6 +309,78 @@ TEST(Predictor, SoftmaxKeepsThePredictedClassTheFirstMaximum) {
   softmax_row(big, 2, 0, p);
   EXPECT_EQ(p[0], 1.0f);
   EXPECT_EQ(p[1], 0.0f);
+}
+
+// The group alone, for rows that come from elsewhere (tandem.dask.predict's dask blocks): written
+// chunk by chunk, read back with an edge chunk, its layout checked on a rerun, replaced only when
+// asked, and only when it is a predictions group.
+TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
+  test::TempDir dir;
+  const std::string out = dir.file("pred.zarr");
+  PredictionsLayout layout;
+  layout.rows = 5;
+  layout.chunk_rows = 2;
+  layout.classes = 3;
+  layout.fingerprint = "model:a;input:b";
+  const std::string hint = "pass overwrite=True to replace it";
+  prepare_predictions_output(out, layout, json{{"created_by", "test"}}, false, hint);
+  PredictionsOutput output(out, layout, hint);
+  ASSERT_EQ(layout.chunks(), 3);
+  EXPECT_EQ(layout.rows_in_chunk(2), 1);
+  for (int64_t c = 0; c < 3; ++c) {
+    EXPECT_FALSE(output.chunk_done(c));
+    const uint8_t ids[2] = {uint8_t(c), uint8_t(c + 1)};
+    std::vector<float> p(6);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = float(c * 10 + int64_t(i));
+    output.write_chunk(c, ids, p.data());
+    EXPECT_TRUE(output.chunk_done(c));
+  }
+  EXPECT_THROW(output.write_chunk(3, nullptr, nullptr), InputError);
+  uint8_t ids[2];
+  ASSERT_TRUE(output.read_classes(2, ids));
+  EXPECT_EQ(ids[0], 2);
+  const zarr::Array probabilities = zarr::Array::open(out + "/probabilities");
+  EXPECT_EQ(probabilities.meta().shape, (std::vector<int64_t>{5, 3}));
+  std::vector<float> p(6);
+  ASSERT_TRUE(probabilities.read_chunk({1, 0}, reinterpret_cast<uint8_t*>(p.data())));
+  EXPECT_EQ(p[5], 15.0f);
+  EXPECT_EQ(zarr::Group::open(out).second.value("created_by", ""), "test");
+
+  // A rerun with the same layout keeps the chunks and removes a killed write's temporary file.
+  const std::string stray = out + "/classes/c/1.tmp-99-99";
+  test::write_bytes(stray, std::string("xx"));
+  prepare_predictions_output(out, layout, json::object(), false, hint);
+  EXPECT_FALSE(fs::exists(stray));
+  EXPECT_TRUE(PredictionsOutput(out, layout, hint).chunk_done(1));
+
+  // Another chunking: refused naming the store, both layouts and the hint; then replaced.
+  PredictionsLayout other = layout;
+  other.chunk_rows = 3;
+  try {
+    prepare_predictions_output(out, other, json::object(), false, hint);
+    ADD_FAILURE() << "another chunking was accepted";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    for (const char* text : {"5 rows in chunks of 2", "5 rows in chunks of 3", "overwrite=True"})
+      EXPECT_NE(m.find(text), std::string::npos) << m;
+    EXPECT_EQ(m.rfind(out, 0), 0u) << m;
+  }
+  EXPECT_THROW(PredictionsOutput(out, other, hint), InputError);
+  PredictionsLayout renamed = layout;
+  renamed.fingerprint = "model:c;input:b";
+  EXPECT_THROW(PredictionsOutput(out, renamed, hint), InputError);
+  prepare_predictions_output(out, other, json::object(), true, hint);
+  EXPECT_FALSE(PredictionsOutput(out, other, hint).chunk_done(0));
+  remove_predictions_output(out);
+  EXPECT_FALSE(fs::exists(out));
+
+  // Something else is never written to nor removed.
+  const std::string data = dir.file("data");
+  fs::create_directories(data);
+  test::write_bytes(data + "/keep", std::string("keep me"));
+  EXPECT_THROW(prepare_predictions_output(data, layout, json::object(), true, hint), InputError);
+  EXPECT_THROW(remove_predictions_output(data), InputError);
+  EXPECT_EQ(test::read_bytes(data + "/keep"), "keep me");
 }
 
 }  // namespace

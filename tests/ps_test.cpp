@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <array>
 #include <cstring>
 #include <future>
@@ -17,6 +19,7 @@
 
 #include "aligned_buffer.h"
 #include "cpu/adam_cpu.h"
+#include "ps_checkpoint_writer.h"
 #include "ps_client.h"
 #include "ps_placement.h"
 #include "ps_server.h"
@@ -208,6 +211,177 @@ TEST(ParameterServer, PushPullOverTcpReturnsTheUpdatedParameters) {
     EXPECT_EQ(r.version, uint64_t(i));
     EXPECT_TRUE(bit_equal(r.tensors, ref.w));
   }
+}
+
+// ---- Zero-copy sends ------------------------------------------------------------------------
+
+// A float tensor big enough to go zero-copy (kZeroCopyMinBytes) and one small enough to be copied.
+std::vector<NamedTensor> zero_copy_params(uint32_t seed) {
+  return {{"w", {100, 20}, test::random_floats(2000, seed)}, {"b", {20}, test::random_floats(20, seed + 1)}};
+}
+
+bool wait_until_released(const transport::SendHold& hold) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (hold.in_use()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(ZeroCopy, LargeFramesTravelInPlaceUntilTheReceiverLetsGo) {
+  zmq::context_t ctx;
+  zmq::socket_t a(ctx, zmq::socket_type::pair), b(ctx, zmq::socket_type::pair);
+  b.bind("inproc://zero-copy-pair");
+  a.connect("inproc://zero-copy-pair");
+  auto held = std::make_shared<transport::Held<std::vector<NamedTensor>>>();
+  held->value = zero_copy_params(5);
+  const auto& big = held->value[0].values;
+  const auto& small = held->value[1].values;
+  const auto out = transport::encode_float_message(
+      MessageType::Push, 1, 0, {{"w", {100, 20}, big.data()}, {"b", {20}, small.data()}});
+  transport::send_message(a, out, nullptr, "test sender", held);
+  EXPECT_TRUE(held->in_use());
+  transport::Frames frames;
+  ASSERT_TRUE(transport::receive_frames(b, frames, 2000, "test receiver"));
+  ASSERT_EQ(frames.size(), 3u);
+  // Over inproc:// the receiver reads the sender's very bytes: the big frame is the tensor itself,
+  // the small one (and the header) a copy.
+  EXPECT_EQ(frames[1].data(), static_cast<const void*>(big.data()));
+  EXPECT_NE(frames[2].data(), static_cast<const void*>(small.data()));
+  EXPECT_EQ(std::memcmp(frames[2].data(), small.data(), small.size() * 4), 0);
+  EXPECT_TRUE(held->in_use());  // the receiver still holds the frame
+  frames.clear();
+  EXPECT_FALSE(held->in_use());
+
+  // Without a hold, every frame is a copy: the sender may change its tensors at once.
+  std::vector<float> values = big;
+  const auto copied = transport::encode_float_message(MessageType::Push, 2, 0,
+                                                      {{"w", {100, 20}, values.data()}});
+  transport::send_message(a, copied, nullptr, "test sender");
+  std::fill(values.begin(), values.end(), 0.0f);
+  ASSERT_TRUE(transport::receive_frames(b, frames, 2000, "test receiver"));
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_NE(frames[1].data(), static_cast<const void*>(values.data()));
+  EXPECT_EQ(std::memcmp(frames[1].data(), big.data(), big.size() * 4), 0);
+}
+
+TEST(ZeroCopy, OverTcpTheBytesArriveAndTheHoldEnds) {
+  zmq::context_t ctx;
+  zmq::socket_t a(ctx, zmq::socket_type::pair), b(ctx, zmq::socket_type::pair);
+  b.bind("tcp://127.0.0.1:*");
+  a.connect(b.get(zmq::sockopt::last_endpoint));
+  auto held = std::make_shared<transport::Held<std::vector<float>>>();
+  held->value = test::random_floats(100000, 9);  // 400 KB: several writes of the I/O thread
+  const auto out = transport::encode_float_message(MessageType::Push, 1, 0,
+                                                   {{"w", {100000}, held->value.data()}});
+  transport::send_message(a, out, nullptr, "test sender", held);
+  transport::Frames frames;
+  ASSERT_TRUE(transport::receive_frames(b, frames, 5000, "test receiver"));
+  ASSERT_EQ(frames.size(), 2u);
+  ASSERT_EQ(frames[1].size(), held->value.size() * 4);
+  EXPECT_EQ(std::memcmp(frames[1].data(), held->value.data(), frames[1].size()), 0);
+  // Once the bytes are on the wire the sender's I/O thread lets go (the receiver has its own).
+  EXPECT_TRUE(wait_until_released(*held));
+}
+
+TEST(ZeroCopy, HeldPoolHandsOutOnlyBuffersNoSendHolds) {
+  zmq::context_t ctx;
+  zmq::socket_t a(ctx, zmq::socket_type::pair), b(ctx, zmq::socket_type::pair);
+  b.bind("inproc://zero-copy-pool");
+  a.connect("inproc://zero-copy-pool");
+  transport::HeldPool<std::vector<float>> pool;
+  const auto first = pool.take();
+  first->value.assign(2000, 1.0f);
+  EXPECT_EQ(pool.take(), first);  // not sent: free
+  const auto out = transport::encode_float_message(MessageType::Push, 1, 0,
+                                                   {{"w", {2000}, first->value.data()}});
+  transport::send_message(a, out, nullptr, "test sender", first);
+  const auto second = pool.take();
+  EXPECT_NE(second, first);  // the first is the receiver's until it lets go
+  EXPECT_EQ(second->value.size(), 0u);
+  transport::Frames frames;
+  ASSERT_TRUE(transport::receive_frames(b, frames, 2000, "test receiver"));
+  frames.clear();
+  EXPECT_EQ(pool.take(), first);  // free again, its contents kept
+  EXPECT_EQ(first->value.size(), 2000u);
+  EXPECT_EQ(pool.size(), 2u);
+}
+
+TEST(ParameterServer, ReplyStillHeldIsNeverChangedByTheNextStep) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-copy-on-write"));
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = zero_copy_params(6);
+  client.init(params).wait();
+  // A peer pulls and keeps the reply's frames: over inproc:// they are the server's own
+  // parameter block, sent zero-copy.
+  RawPeer peer(ctx, server.endpoint());
+  peer.send(frames_of(MessageType::Pull, 7, {}));
+  transport::Frames held_reply;
+  ASSERT_TRUE(transport::receive_frames(peer.socket, held_reply, 2000, "raw peer"));
+  ASSERT_EQ(held_reply.size(), 3u);
+  const std::vector<uint8_t> before(held_reply[1].data<uint8_t>(),
+                                    held_reply[1].data<uint8_t>() + held_reply[1].size());
+  ASSERT_EQ(std::memcmp(before.data(), params[0].values.data(), before.size()), 0);
+  ReferenceAdam ref(params);
+  for (int i = 1; i <= 3; ++i) {
+    const auto g = gradients_like(params, 300 + uint32_t(i));
+    ref.apply(g);
+    const PsResult r = client.push_pull(g).wait();
+    EXPECT_TRUE(bit_equal(r.tensors, ref.w)) << "step " << i;
+    // The step went to a copy: the reply the peer holds still has the version it asked for.
+    EXPECT_EQ(std::memcmp(held_reply[1].data(), before.data(), before.size()), 0) << "step " << i;
+  }
+  held_reply.clear();
+  for (int i = 4; i <= 6; ++i) {  // nothing held: steps in place again, same numbers
+    const auto g = gradients_like(params, 300 + uint32_t(i));
+    ref.apply(g);
+    EXPECT_TRUE(bit_equal(client.push_pull(g).wait().tensors, ref.w)) << "step " << i;
+  }
+}
+
+void expect_zero_copy_pushes_match_adam(const std::string& bind, zmq::context_t* ctx) {
+  ServerOptions options;
+  options.bind = bind;
+  options.context = ctx;
+  ParameterServer server(options);
+  PsClient client({server.endpoint()}, client_options(ctx));
+  const auto params = zero_copy_params(8);
+  client.init(params).wait();
+  ReferenceAdam ref(params);
+  transport::HeldPool<std::vector<NamedTensor>> buffers;
+  std::vector<std::shared_ptr<PsClient::GradientBuffer>> sent;
+  // wait_into: tensors of the wrong name or size are replaced, the rest reuse their storage.
+  std::vector<NamedTensor> into = {{"x", {1}, {7.0f}}};
+  for (int i = 1; i <= 8; ++i) {
+    const auto buffer = buffers.take();
+    buffer->value = gradients_like(params, 400 + uint32_t(i));
+    ref.apply(buffer->value);
+    if (i % 4 == 1) {
+      EXPECT_TRUE(bit_equal(client.push_pull(buffer).wait().tensors, ref.w)) << bind << " step " << i;
+    } else if (i % 4 == 3) {
+      const float* storage = into.size() == 2 ? into[0].values.data() : nullptr;
+      const PsResult r = client.push_pull(buffer).wait_into(into);
+      EXPECT_TRUE(r.tensors.empty());
+      EXPECT_EQ(r.version, uint64_t(i));
+      EXPECT_TRUE(bit_equal(into, ref.w)) << bind << " step " << i;
+      if (storage != nullptr) {
+        EXPECT_EQ(into[0].values.data(), storage);
+      }
+    } else {
+      client.push(buffer);  // one-way
+    }
+    sent.push_back(buffer);
+  }
+  EXPECT_TRUE(bit_equal(client.pull().wait().tensors, ref.w)) << bind;
+  for (const auto& b : sent) EXPECT_TRUE(wait_until_released(*b)) << bind;
+}
+
+TEST(PsClient, ZeroCopyPushesEqualAdamUpdatesAndTheirBuffersComeBack) {
+  zmq::context_t ctx;
+  expect_zero_copy_pushes_match_adam("inproc://ps-zero-copy-push", &ctx);
+  expect_zero_copy_pushes_match_adam("tcp://127.0.0.1:*", nullptr);
 }
 
 TEST(PsClient, SeveralOutstandingRequestsAreMatchedByRequestId) {
@@ -861,12 +1035,74 @@ TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
   const auto params = small_params(41);
   client.init(params).wait();
   for (int i = 0; i < 7; ++i) client.push_pull(gradients_like(params, 4100 + uint32_t(i))).wait();
-  client.pull().wait();  // the tick after the 7th push has run
-  EXPECT_EQ(shard_files(dir),
-            (std::vector<std::string>{"shardA-step-4.safetensors", "shardA-step-6.safetensors"}));
-  server.stop();  // step 7 changed since step 6: a final checkpoint
+  // The writer thread writes and prunes behind the serving thread: wait for the step-6 file and
+  // the pruning after it. Snapshots at steps 2, 4 and 6 were taken; one that had not started
+  // when the next came is replaced by it, so the file before step 6 is step 2's or step 4's.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  auto written = [&] {
+    const auto files = shard_files(dir);
+    return files.size() == 2 && files[1] == "shardA-step-6.safetensors";
+  };
+  while (!written() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto files = shard_files(dir);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_TRUE(files[0] == "shardA-step-2.safetensors" || files[0] == "shardA-step-4.safetensors")
+      << files[0];
+  EXPECT_EQ(files[1], "shardA-step-6.safetensors");
+  for (const auto& f : files) EXPECT_NO_THROW(read_safetensors(dir.file(f))) << f;
+  server.stop();  // step 7 changed since step 6: a final checkpoint, written before stop returns
   EXPECT_EQ(shard_files(dir),
             (std::vector<std::string>{"shardA-step-6.safetensors", "shardA-step-7.safetensors"}));
+}
+
+SafeTensorsFile one_tensor_file(float value) {
+  SafeTensorsFile f;
+  SafeTensor t{"w", "F32", {1}, std::vector<uint8_t>(4)};
+  std::memcpy(t.data.data(), &value, 4);
+  f.tensors.push_back(t);
+  return f;
+}
+
+TEST(PsCheckpoint, WriterReplacesASnapshotThatHasNotStartedAndReportsFailures) {
+  test::TempDir dir;
+  std::mutex mutex;
+  std::condition_variable released_cv;
+  bool released = false, first_done = false;
+  std::vector<int64_t> written;
+  CheckpointWriter writer("test", [&](const std::string&, int64_t step) {
+    std::unique_lock<std::mutex> lock(mutex);
+    written.push_back(step);
+    if (step != 1) return;
+    first_done = true;
+    released_cv.notify_all();
+    released_cv.wait(lock, [&] { return released; });  // hold the writer inside job 1
+  });
+  writer.submit(dir.file("s-1.safetensors"), 1, one_tensor_file(1));
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    released_cv.wait(lock, [&] { return first_done; });
+  }
+  // Job 1 is being written: job 2 waits, and job 3 replaces it before it starts.
+  writer.submit(dir.file("s-2.safetensors"), 2, one_tensor_file(2));
+  writer.submit(dir.file("s-3.safetensors"), 3, one_tensor_file(3));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+  }
+  released_cv.notify_all();
+  EXPECT_EQ(writer.wait_idle(), "");
+  EXPECT_EQ(written, (std::vector<int64_t>{1, 3}));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("s-2.safetensors")));
+  EXPECT_EQ(read_safetensors(dir.file("s-3.safetensors")).tensors.at(0).data,
+            one_tensor_file(3).tensors[0].data);
+  // A write that fails (no such directory) is reported by wait_idle, and the next one works.
+  writer.submit(dir.file("missing/s-4.safetensors"), 4, one_tensor_file(4));
+  const std::string error = writer.wait_idle();
+  EXPECT_NE(error.find("missing/s-4.safetensors"), std::string::npos) << error;
+  writer.submit(dir.file("s-5.safetensors"), 5, one_tensor_file(5));
+  EXPECT_EQ(writer.wait_idle(), "");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("s-5.safetensors")));
 }
 
 TEST(PsCheckpoint, StopWritesAFinalCheckpointOnlyWhenSomethingChanged) {

@@ -439,6 +439,140 @@ TEST(WorkerGroup, AMemberWithoutABatchAddsZeroGradients) {
   EXPECT_EQ(max_abs(none), 0.0);
 }
 
+// ---- The member threads: started once, woken per step ------------------------------------------
+
+// A tiny model, so that 200 steps take well under a second.
+const ModelConfig kTiny{{6, 5, 3}};
+
+struct Members {
+  explicit Members(int members, const ModelConfig& model = kTiny) {
+    for (int r = 0; r < members; ++r) {
+      backends.push_back(make_cpu_backend(model, adam(), 1));
+      pointers.push_back(backends.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+};
+
+// 200 rounds of install + step on the same group (the same member threads every time), each
+// against the same arithmetic on one thread: every member's gradient on a backend of its own,
+// summed in rank order (the thread collective's order), bit for bit. The parameters move every
+// step (plain SGD on the summed gradient, on the host), the batches cycle through uneven slices
+// and now and then a member has none.
+TEST(WorkerGroup, TwoHundredStepsOnTheSameMemberThreadsMatchOneThreadBitForBit) {
+  constexpr int kMembers = 3, kSteps = 200;
+  const Dataset data = test::random_dataset(PixelType::UInt8, 40, kTiny.inputs(), 3, 31);
+  Members group_members(kMembers), reference(kMembers);
+  auto collective = make_thread_collective(kMembers, 10000);
+  WorkerGroup group(kTiny, group_members.pointers, *collective);
+  Model parameters = Model::initialized(kTiny, 8);
+  int64_t samples = 0, expected_samples = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<DatasetView> batches;
+    for (int r = 0; r < kMembers; ++r) {
+      const int64_t begin = (step * 7 + r * 11) % 30, rows = 1 + (step + r) % 10;
+      batches.push_back((step + r) % 17 == 0 ? DatasetView{} : data.view().slice(begin, begin + rows));
+    }
+    group.install(parameters);
+    BatchStats stats;
+    const std::vector<float> got = flatten(group.step(batches, &stats));
+    samples += stats.samples;
+
+    std::vector<float> expected(got.size(), 0.0f);
+    for (int r = 0; r < kMembers; ++r) {
+      const DatasetView& batch = batches[static_cast<size_t>(r)];
+      std::vector<float> g(got.size(), 0.0f);
+      if (batch.rows > 0) {
+        Backend& b = *reference.backends[static_cast<size_t>(r)];
+        b.set_parameters(parameters);
+        b.compute_gradients(batch, nullptr, batch.rows);
+        std::vector<NamedTensor> tensors;
+        b.get_gradients(tensors);
+        g = flatten(tensors);
+        expected_samples += batch.rows;
+      }
+      for (size_t i = 0; i < g.size(); ++i) expected[i] += g[i];
+    }
+    ASSERT_TRUE(same_bits(got, expected)) << "step " << step;
+
+    size_t i = 0;
+    for (auto& tensor : parameters.parameters())
+      for (float& w : tensor.values) w -= 0.01f * got[i++];
+  }
+  EXPECT_EQ(samples, expected_samples);
+  // And an install after all of it reaches every member.
+  group.install(parameters);
+  for (int r = 0; r < kMembers; ++r) {
+    Model held(kTiny);
+    group_members.backends[static_cast<size_t>(r)]->get_parameters(held);
+    EXPECT_TRUE(same_bits(flatten(held.parameters()), flatten(parameters.parameters())))
+        << "rank " << r;
+  }
+}
+
+// The semantics after a member fails mid-run (worker_group.h): the step that failed rethrows that
+// member's own error; from then on the group is broken, and every step() and install() throws at
+// once the GroupError that names the failed rank and its reason (not a hang, not a timeout), from
+// whichever rank reports it. The member threads survive all of it and the destructor joins them.
+// Both a member thread (rank 2) and the leader on the caller's thread (rank 0).
+TEST(WorkerGroup, AfterAMemberThrowsMidRunEveryLaterCallReportsItAtOnce) {
+  for (const int failing : {2, 0}) {
+    SCOPED_TRACE("failing rank " + std::to_string(failing));
+    constexpr int kMembers = 3;
+    const Dataset good = test::random_dataset(PixelType::UInt8, 30, kTiny.inputs(), 3, 32);
+    const Dataset bad = test::random_dataset(PixelType::UInt8, 30, kTiny.inputs() + 1, 3, 33);
+    Members members(kMembers);
+    auto collective = make_thread_collective(kMembers, 60000);
+    const auto start = std::chrono::steady_clock::now();
+    {
+      WorkerGroup group(kTiny, members.pointers, *collective);
+      group.install(Model::initialized(kTiny, 9));
+      const std::vector<DatasetView> goods(kMembers, good.view());
+      for (int step = 0; step < 20; ++step) group.step(goods);
+      std::vector<DatasetView> with_bad = goods;
+      with_bad[static_cast<size_t>(failing)] = bad.view();
+      try {
+        group.step(with_bad);
+        ADD_FAILURE() << "a step with a bad batch did not throw";
+      } catch (const GroupError& e) {
+        ADD_FAILURE() << "the others' GroupError came out, not the member's own: " << e.what();
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("features"), std::string::npos) << e.what();
+      }
+      const std::string expected = "worker group aborted: rank " + std::to_string(failing) + ": ";
+      for (int call = 0; call < 5; ++call) {
+        try {
+          if (call % 2 == 0) group.step(goods);
+          else group.install(Model::initialized(kTiny, 9));
+          ADD_FAILURE() << "a broken group ran call " << call;
+        } catch (const GroupError& e) {
+          EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+        }
+      }
+    }  // the destructor joins the member threads
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  }
+}
+
+// Groups made and dropped, with and without a step, one member or several: the member threads
+// start and stop cleanly every time (a leaked or detached thread would show under the sanitizers,
+// a lost wake-up as a hang).
+TEST(WorkerGroup, GroupsStartAndStopTheirMemberThreadsCleanly) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 8, kTiny.inputs(), 3, 34);
+  for (int round = 0; round < 30; ++round) {
+    const int n = 1 + round % 4;
+    Members members(n);
+    auto collective = make_thread_collective(n, 10000);
+    WorkerGroup group(kTiny, members.pointers, *collective);
+    EXPECT_EQ(group.size(), n);
+    if (round % 2 == 0) {
+      group.install(Model::initialized(kTiny, 10));
+      group.step(std::vector<DatasetView>(static_cast<size_t>(n), data.view()));
+    }
+  }
+}
+
 TEST(WorkerGroup, RefusesAMismatchedCollective) {
   auto backend = make_cpu_backend(kModel, adam(), 1);
   auto collective = make_thread_collective(2, 100);

@@ -83,6 +83,19 @@ json to_json(const RunSettings& s) {
           {"init_timeout_ms", s.init_timeout_ms}};
 }
 
+RunSettings run_settings_over_defaults(const json& overrides) {
+  json j = to_json(RunSettings{});
+  for (const auto& [key, value] : overrides.items()) {
+    if (!j.contains(key)) {
+      std::string known;
+      for (const auto& [k, v] : j.items()) known += (known.empty() ? "" : ", ") + k;
+      throw InputError("unknown run setting '" + key + "'; the settings are: " + known);
+    }
+    j[key] = value;
+  }
+  return run_settings_from_json(j);
+}
+
 RunSettings run_settings_from_json(const json& j) {
   RunSettings s;
   try {
@@ -498,16 +511,21 @@ static void worker_role(const RoleOptions& o) {
   };
   install();
 
-  std::vector<NamedTensor> gradients;
+  // The step's gradients, pushed zero-copy: ZeroMQ reads them in place after push_pull returns
+  // (and, with overlap, while the next gradient is computed), so each step fills a buffer from a
+  // pool that hands out only buffers no send holds any more.
+  transport::HeldPool<std::vector<NamedTensor>> gradient_buffers;
+  std::shared_ptr<PsClient::GradientBuffer> gradients;
   // With settings.overlap, the push_pull of batch k is answered while batch k+1's gradient is
   // computed (on parameters one exchange older): communication hidden behind compute.
   std::optional<PsClient::Handle> inflight;
   // Runs one exchange and installs the parameters it brings; when a server does not answer (it
   // died, or is restarting from its checkpoint) that gradient is lost and the parameters are
-  // pulled again once the servers answer. False when training ended meanwhile.
-  auto exchange = [&](const std::function<PsResult()>& run) {
+  // pulled again once the servers answer. False when training ended meanwhile. `run` waits for
+  // the exchange with the parameters going into the model (wait_into: no allocation per step).
+  auto exchange = [&](const std::function<void()>& run) {
     try {
-      model.parameters() = run().tensors;
+      run();
     } catch (const transport::TransportError& e) {
       std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
       if (!repull(client, link, o, r, model)) return false;
@@ -522,17 +540,17 @@ static void worker_role(const RoleOptions& o) {
     bool answered;
     if (s.overlap) {
       // The previous batch's exchange has been in flight while this gradient was computed.
-      answered = !inflight || exchange([&] { return inflight->wait(); });
+      answered = !inflight || exchange([&] { inflight->wait_into(model.parameters()); });
       inflight.reset();
       if (answered) {
         try {
           inflight = client.push_pull(gradients);
         } catch (const transport::TransportError& e) {
-          answered = exchange([&]() -> PsResult { throw e; });
+          answered = exchange([&] { throw e; });
         }
       }
     } else {
-      answered = exchange([&] { return client.push_pull(gradients).wait(); });
+      answered = exchange([&] { client.push_pull(gradients).wait_into(model.parameters()); });
     }
     if (!answered) return false;
     // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
@@ -546,7 +564,8 @@ static void worker_role(const RoleOptions& o) {
   // One batch: its gradient, pushed; false when training ended while the servers were away.
   auto train_batch = [&](const DatasetView& batch) {
     backend->compute_gradients(batch, nullptr, batch.rows);
-    backend->get_gradients(gradients);
+    gradients = gradient_buffers.take();
+    backend->get_gradients(gradients->value);
     return push_gradients(1, batch.rows);
   };
   // A group's step: step_batches[m] to member m, the first `count` of them batches and the
@@ -555,7 +574,8 @@ static void worker_role(const RoleOptions& o) {
   std::vector<DatasetView> step_batches(static_cast<size_t>(members));
   auto train_group_step = [&](int count) {
     for (size_t m = size_t(count); m < step_batches.size(); ++m) step_batches[m] = DatasetView{};
-    gradients = group->step(step_batches);
+    gradients = gradient_buffers.take();
+    gradients->value = group->step(step_batches);
     int64_t rows = 0;
     for (int m = 0; m < count; ++m) rows += step_batches[size_t(m)].rows;
     return push_gradients(count, rows);

@@ -86,6 +86,9 @@ nlohmann::json to_json(const RunSettings& s);
 void check_overlap(const RunSettings& s);  // InputError for overlap with sync mode
 void check_worker_group(const RunSettings& s);  // InputError unless worker_group >= 1
 RunSettings run_settings_from_json(const nlohmann::json& j);  // InputError naming a bad field
+// The defaults with `overrides`' keys (a JSON object) put over them: the settings a user gives
+// by name. InputError for an unknown key, listing the known ones.
+RunSettings run_settings_over_defaults(const nlohmann::json& overrides);
 
 struct RoleOptions {
   std::string coordinator;  // the coordinator's control endpoint

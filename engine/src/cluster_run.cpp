@@ -37,6 +37,9 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
   check_overlap(s);
   check_worker_group(s);
+  if (!options_.worker_gpus.empty() && int(options_.worker_gpus.size()) != options_.workers)
+    throw InputError("GPUs are given for " + std::to_string(options_.worker_gpus.size()) +
+                     " workers, the cluster has " + std::to_string(options_.workers));
   if (options_.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())
@@ -82,11 +85,13 @@ ClusterRun::~ClusterRun() {
 }
 
 void ClusterRun::start_threads() {
-  auto spawn = [this](void (*role)(const RoleOptions&), const std::string& name) {
+  auto spawn = [this](void (*role)(const RoleOptions&), const std::string& name,
+                      std::vector<int> gpus = {}) {
     RoleOptions o;
     o.coordinator = coordinator_->endpoint();
     o.name = name;
     o.context = context_.get();
+    o.gpus = std::move(gpus);
     threads_.emplace_back([this, role, o] {
       try {
         role(o);
@@ -97,7 +102,9 @@ void ClusterRun::start_threads() {
     });
   };
   for (int i = 0; i < options_.ps; ++i) spawn(run_ps_role, "ps" + std::to_string(i));
-  for (int i = 0; i < options_.workers; ++i) spawn(run_worker_role, "worker" + std::to_string(i));
+  for (int i = 0; i < options_.workers; ++i)
+    spawn(run_worker_role, "worker" + std::to_string(i),
+          options_.worker_gpus.empty() ? std::vector<int>{} : options_.worker_gpus[size_t(i)]);
   for (int i = 0; i < options_.scorers; ++i) spawn(run_scorer_role, "scorer" + std::to_string(i));
 }
 

@@ -45,6 +45,9 @@ struct ClusterOptions {
   std::string scores_bind = "tcp://127.0.0.1:*";
   std::string advertise_host;  // for addresses bound to tcp://0.0.0.0 (empty: this machine's name)
   bool inproc = false;      // every role a thread of this process, inproc:// endpoints
+  // Worker i's GPUs (RoleOptions::gpus) for the workers started as threads (inproc); empty: none
+  // given. `tandem launch` fills it (worker_gpus.h) and passes the same to its processes.
+  std::vector<std::vector<int>> worker_gpus;
   std::string model_out;    // the kept parameters (safetensors); empty: not saved
   // Keep the parameters of the lowest score (the scorer's settings.best_model_path) rather than
   // the servers' last ones: workers step on for a moment after the score that met the target,

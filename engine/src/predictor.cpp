@@ -52,6 +52,7 @@ struct Inputs {
   int64_t chunks = 0;
   int64_t classes = 0;
   std::string fingerprint;
+  PredictionsLayout layout;
 };
 
 uint32_t file_crc(const std::string& path) {
@@ -93,39 +94,39 @@ Inputs open_inputs(const std::string& model_path, const std::string& store_path,
                 file_crc(images_metadata_file(in.split.images)));
   in.fingerprint = std::string(text) + ";input:" + fs::absolute(in.split.images.path()).string() +
                    ";rows:" + std::to_string(in.split.rows);
+  in.layout.format = im.format;
+  in.layout.rows = in.split.rows;
+  in.layout.chunk_rows = in.chunk_rows;
+  in.layout.classes = in.classes;
+  in.layout.fingerprint = in.fingerprint;
   return in;
 }
 
-zarr::ArrayMeta output_meta(const Inputs& in, bool probabilities) {
+constexpr const char* kOverwriteHint = "pass --overwrite to replace it";
+
+zarr::ArrayMeta output_meta(const PredictionsLayout& layout, bool probabilities) {
   zarr::ArrayMeta m;
-  m.format = in.split.images.meta().format;
+  m.format = layout.format;
   m.separator = m.format == zarr::Format::V2 ? '.' : '/';
   m.dtype = probabilities ? zarr::DType::Float32 : zarr::DType::UInt8;
-  m.shape = {in.split.rows};
-  m.chunks = {in.chunk_rows};
+  m.shape = {layout.rows};
+  m.chunks = {layout.chunk_rows};
   if (probabilities) {
-    m.shape.push_back(in.classes);
-    m.chunks.push_back(in.classes);
+    m.shape.push_back(layout.classes);
+    m.chunks.push_back(layout.classes);
   }
   return m;
 }
 
-void create_output(const Inputs& in, const std::string& model_path, const std::string& store_path,
-                   const std::string& out, const std::string& split) {
-  const json attributes = {
-      {kMarker, 1},
-      {"created_by", "tandem predict"},
-      {"model", model_path},
-      {"model_config", in.checkpoint.model.config().describe()},
-      {"input_store", store_path},
-      {"split", split},
-      {"rows", in.split.rows},
-      {"fingerprint", in.fingerprint},
-      {"note", "classes: arg-max of the model's logits (first maximum), what tandem eval counts; "
-               "probabilities: their softmax. Chunked like the input's rows."}};
-  zarr::Group::create(out, in.split.images.meta().format, attributes);
-  zarr::Array::create(join(out, "classes"), output_meta(in, false));
-  zarr::Array::create(join(out, "probabilities"), output_meta(in, true));
+json output_attributes(const Inputs& in, const std::string& model_path,
+                       const std::string& store_path, const std::string& split) {
+  return {{"created_by", "tandem predict"},
+          {"model", model_path},
+          {"model_config", in.checkpoint.model.config().describe()},
+          {"input_store", store_path},
+          {"split", split},
+          {"note", "classes: arg-max of the model's logits (first maximum), what tandem eval "
+                   "counts; probabilities: their softmax. Chunked like the input's rows."}};
 }
 
 // Temporary chunk files (zarr_array.cpp's "KEY.tmp-PID-TID") that a killed run left behind.
@@ -141,41 +142,27 @@ void remove_stray_temporaries(const std::string& out) {
   for (const fs::path& p : stray) fs::remove(p);  // std::filesystem::filesystem_error names it
 }
 
-struct OutputArrays {
-  zarr::Array classes;
-  zarr::Array probabilities;
-};
-
-// Opens the output of `in`, refusing one made from another model or input.
-OutputArrays open_output(const Inputs& in, const std::string& out) {
-  if (!zarr::Group::exists(out))
-    throw InputError(out + ": no predictions group here (prepare_predictions makes it)");
-  const json attributes = zarr::Group::open(out).second;
-  if (!attributes.is_object() || !attributes.contains(kMarker))
-    throw InputError(out + ": a Zarr group not written by tandem predict");
-  const std::string found = attributes.value("fingerprint", std::string());
-  if (found != in.fingerprint)
-    throw InputError(out + ": written from another model or input (fingerprint " + found +
-                     ", now " + in.fingerprint + "); pass --overwrite to replace it");
-  OutputArrays a{zarr::Array::open(join(out, "classes")),
-                 zarr::Array::open(join(out, "probabilities"))};
-  const zarr::ArrayMeta want_c = output_meta(in, false), want_p = output_meta(in, true);
-  if (a.classes.meta().shape != want_c.shape || a.classes.meta().chunks != want_c.chunks ||
-      a.probabilities.meta().shape != want_p.shape ||
-      a.probabilities.meta().chunks != want_p.chunks)
-    throw InputError(out + ": its arrays' shapes or chunks do not match the input");
-  return a;
-}
-
 bool chunk_file_complete(const zarr::Array& array, const std::vector<int64_t>& index) {
   std::error_code ec;
   const auto size = fs::file_size(join(array.path(), array.chunk_key(index)), ec);
   return !ec && size == array.meta().chunk_bytes();
 }
 
-bool chunk_done(const OutputArrays& a, int64_t chunk) {
-  return chunk_file_complete(a.classes, {chunk}) &&
-         chunk_file_complete(a.probabilities, {chunk, 0});
+bool is_predictions_group(const std::string& path) {
+  if (!zarr::Group::exists(path)) return false;
+  const json a = zarr::Group::open(path).second;
+  return a.is_object() && a.contains(kMarker);
+}
+
+// What a predictions group's arrays hold, as PredictionsLayout::describe() says it.
+std::string found_layout(zarr::Format format, const zarr::ArrayMeta& classes,
+                         const zarr::ArrayMeta& probabilities) {
+  PredictionsLayout found;
+  found.format = format;
+  found.rows = classes.shape.empty() ? 0 : classes.shape[0];
+  found.chunk_rows = classes.chunks.empty() ? 0 : classes.chunks[0];
+  found.classes = probabilities.shape.size() == 2 ? probabilities.shape[1] : 0;
+  return found.describe();
 }
 
 // Row chunk `chunk` of `images` as a [chunk rows, features] matrix in `out` (every chunk along
@@ -239,6 +226,109 @@ std::vector<int64_t> read_labels(const zarr::Array& labels, int64_t rows) {
 
 }  // namespace
 
+int64_t PredictionsLayout::rows_in_chunk(int64_t chunk) const {
+  return std::min(chunk_rows, rows - chunk * chunk_rows);
+}
+
+std::string PredictionsLayout::describe() const {
+  return std::to_string(rows) + " rows in chunks of " + std::to_string(chunk_rows) + ", " +
+         std::to_string(classes) + " classes, Zarr v" + std::to_string(int(format));
+}
+
+void prepare_predictions_output(const std::string& out, const PredictionsLayout& layout,
+                                const json& attributes, bool overwrite,
+                                const std::string& overwrite_hint) {
+  if (layout.rows < 1 || layout.chunk_rows < 1 || layout.classes < 1 || layout.classes > 256)
+    throw InputError(out + ": cannot write predictions of " + layout.describe() +
+                     " (rows and chunk rows must be >= 1, classes from 1 to 256)");
+  if (!attributes.is_object())
+    throw InputError(out + ": the predictions' attributes must be a JSON object, got " +
+                     attributes.dump());
+  std::error_code ec;
+  const bool exists = fs::exists(out, ec);
+  const bool empty_dir = exists && fs::is_directory(out, ec) && fs::is_empty(out, ec);
+  if (exists && !empty_dir) {
+    if (!is_predictions_group(out))
+      throw InputError(out + ": exists and holds something other than tandem predict's "
+                       "output; refusing to write there");
+    try {
+      const PredictionsOutput existing(out, layout, overwrite_hint);  // same layout, fingerprint
+      remove_stray_temporaries(out);
+      return;
+    } catch (const InputError&) {
+      if (!overwrite) throw;
+    }
+    fs::remove_all(out);
+  } else if (empty_dir) {
+    fs::remove(out, ec);
+  }
+  json all = attributes;
+  all[kMarker] = 1;
+  all["rows"] = layout.rows;
+  all["fingerprint"] = layout.fingerprint;
+  zarr::Group::create(out, layout.format, all);
+  zarr::Array::create(join(out, "classes"), output_meta(layout, false));
+  zarr::Array::create(join(out, "probabilities"), output_meta(layout, true));
+}
+
+void remove_predictions_output(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec) || (fs::is_directory(out, ec) && fs::is_empty(out, ec))) return;
+  if (!is_predictions_group(out))
+    throw InputError(out + ": exists and holds something other than tandem predict's "
+                     "output; refusing to remove it");
+  fs::remove_all(out);
+}
+
+PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLayout& layout,
+                                     const std::string& overwrite_hint)
+    : path_(out), layout_(layout) {
+  if (!zarr::Group::exists(out))
+    throw InputError(out + ": no predictions group here (prepare_predictions makes it)");
+  const auto [format, attributes] = zarr::Group::open(out);
+  if (!attributes.is_object() || !attributes.contains(kMarker))
+    throw InputError(out + ": a Zarr group not written by tandem predict");
+  classes_ = zarr::Array::open(join(out, "classes"));
+  probabilities_ = zarr::Array::open(join(out, "probabilities"));
+  const zarr::ArrayMeta want_c = output_meta(layout, false), want_p = output_meta(layout, true);
+  const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
+  if (format != layout.format || c.shape != want_c.shape || c.chunks != want_c.chunks ||
+      c.dtype != want_c.dtype || p.shape != want_p.shape || p.chunks != want_p.chunks ||
+      p.dtype != want_p.dtype || c.compressor.kind != zarr::Compressor::Kind::None ||
+      p.compressor.kind != zarr::Compressor::Kind::None)
+    throw InputError(out + ": holds predictions of " + found_layout(format, c, p) +
+                     ", but this input needs " + layout.describe() + "; " + overwrite_hint);
+  const std::string found = attributes.value("fingerprint", std::string());
+  if (found != layout.fingerprint)
+    throw InputError(out + ": written from another model or input (fingerprint " + found +
+                     ", now " + layout.fingerprint + "); " + overwrite_hint);
+}
+
+bool PredictionsOutput::chunk_done(int64_t chunk) const {
+  return chunk_file_complete(classes_, {chunk}) && chunk_file_complete(probabilities_, {chunk, 0});
+}
+
+void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids,
+                                    const float* probabilities) const {
+  if (chunk < 0 || chunk >= layout_.chunks())
+    throw InputError(path_ + ": no chunk " + std::to_string(chunk) + " in predictions of " +
+                     layout_.describe());
+  // Probabilities first: a chunk counts as done once both files exist.
+  probabilities_.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probabilities));
+  classes_.write_chunk({chunk}, ids);
+}
+
+bool PredictionsOutput::read_classes(int64_t chunk, uint8_t* ids) const {
+  return classes_.read_chunk({chunk}, ids);
+}
+
+void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
+                  float* probabilities, float* logits) {
+  backend.predict_logits(view, ids, logits);
+  for (int64_t r = 0; r < view.rows; ++r)
+    softmax_row(logits + r * classes, classes, ids[size_t(r)], probabilities + r * classes);
+}
+
 void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* probabilities) {
   const float top = logits[argmax];
   double sum = 0.0;
@@ -258,29 +348,9 @@ void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* pr
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
                             const std::string& out_path, const PredictOptions& options) {
   const Inputs in = open_inputs(model_path, store_path, options.split);
-  std::error_code ec;
-  const bool exists = fs::exists(out_path, ec);
-  const bool empty_dir = exists && fs::is_directory(out_path, ec) && fs::is_empty(out_path, ec);
-  if (exists && !empty_dir) {
-    const bool ours = zarr::Group::exists(out_path) && [&] {
-      const json a = zarr::Group::open(out_path).second;
-      return a.is_object() && a.contains(kMarker);
-    }();
-    if (!ours)
-      throw InputError(out_path + ": exists and holds something other than tandem predict's "
-                       "output; refusing to write there");
-    const json a = zarr::Group::open(out_path).second;
-    if (a.value("fingerprint", std::string()) == in.fingerprint) {
-      open_output(in, out_path);  // checks the arrays
-      remove_stray_temporaries(out_path);
-      return in.chunks;
-    }
-    if (!options.overwrite) open_output(in, out_path);  // throws, naming both fingerprints
-    fs::remove_all(out_path);
-  } else if (empty_dir) {
-    fs::remove(out_path, ec);
-  }
-  create_output(in, model_path, store_path, out_path, options.split);
+  prepare_predictions_output(out_path, in.layout,
+                             output_attributes(in, model_path, store_path, options.split),
+                             options.overwrite, kOverwriteHint);
   return in.chunks;
 }
 
@@ -291,7 +361,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
                      std::to_string(options.shares) + " is not one of 0/N ... N-1/N");
   const auto start = std::chrono::steady_clock::now();
   const Inputs in = open_inputs(model_path, store_path, options.split);
-  const OutputArrays out = open_output(in, out_path);
+  const PredictionsOutput out(out_path, in.layout, kOverwriteHint);
   PredictSummary s;
   s.rows = in.split.rows;
   s.chunks = in.chunks;
@@ -299,7 +369,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   const int64_t end = in.chunks * (options.share + 1) / options.shares;
   std::vector<int64_t> chunks_to_write;
   for (int64_t c = begin; c < end; ++c) {
-    if (chunk_done(out, c)) {
+    if (out.chunk_done(c)) {
       ++s.chunks_skipped;
       s.rows_skipped += std::min(in.chunk_rows, in.split.rows - c * in.chunk_rows);
     } else {
@@ -368,12 +438,10 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
           if (on_device) turn.lock();
           backend->predict_logits(view, ids.data(), logits.data());
         }
-        for (int64_t r = 0; r < n; ++r)
+        for (int64_t r = 0; r < n; ++r)  // predict_rows' softmax, outside the device's turn
           softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
                       probs.data() + r * classes);
-        // Probabilities first: a chunk counts as done once both files exist.
-        out.probabilities.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probs.data()));
-        out.classes.write_chunk({chunk}, ids.data());
+        out.write_chunk(chunk, ids.data(), probs.data());
         written.fetch_add(1);
         predicted.fetch_add(n);
       }

@@ -12,11 +12,71 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tandem/config.h"
+#include "zarr/zarr_array.h"
 
 namespace tandem {
+
+class Backend;
+struct DatasetView;
+
+// The output group of a prediction, whatever its rows come from (a store's split for tandem
+// predict, a dask array's blocks for tandem.dask.predict through the Python module).
+struct PredictionsLayout {
+  zarr::Format format = zarr::Format::V3;
+  int64_t rows = 0;
+  int64_t chunk_rows = 0;
+  int64_t classes = 0;
+  std::string fingerprint;  // of the model and the input: a rerun resumes only when it matches
+  int64_t chunks() const { return chunk_rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 0; }
+  int64_t rows_in_chunk(int64_t chunk) const;  // chunk_rows, less at the edge
+  std::string describe() const;  // "10000 rows in chunks of 3000, 10 classes"
+};
+
+// Creates the predictions group at `out` (`attributes` plus the marker, the fingerprint and the
+// rows), or, when one is there, checks it was made for the same layout and fingerprint, and
+// removes the temporary files an interrupted run left. Anything else at `out` is refused
+// (InputError naming it); a predictions group with another layout or fingerprint too, naming
+// `overwrite_hint` ("pass --overwrite to replace it"), unless `overwrite`, which replaces it.
+void prepare_predictions_output(const std::string& out, const PredictionsLayout& layout,
+                                const nlohmann::json& attributes, bool overwrite,
+                                const std::string& overwrite_hint);
+
+// Removes the predictions group at `out`, if any; InputError naming `out` when something else is
+// there (an empty directory counts as nothing).
+void remove_predictions_output(const std::string& out);
+
+// A prepared predictions group: `classes` uint8 [rows] and `probabilities` float32 [rows,
+// classes], both chunked by rows. A chunk is done once both its files exist at full size.
+class PredictionsOutput {
+ public:
+  // InputError naming `out` when no predictions group is there, or one of another layout or
+  // fingerprint (with `overwrite_hint`).
+  PredictionsOutput(const std::string& out, const PredictionsLayout& layout,
+                    const std::string& overwrite_hint);
+  const PredictionsLayout& layout() const { return layout_; }
+  const std::string& path() const { return path_; }
+  bool chunk_done(int64_t chunk) const;
+  // ids[chunk_rows] and probabilities[chunk_rows * classes], zero beyond the chunk's rows: the
+  // probabilities' file first, then the classes', each through a temporary file and a rename.
+  void write_chunk(int64_t chunk, const uint8_t* ids, const float* probabilities) const;
+  // Reads chunk `chunk` of the classes into ids[chunk_rows]; false when it is missing.
+  bool read_classes(int64_t chunk, uint8_t* ids) const;
+
+ private:
+  std::string path_;
+  PredictionsLayout layout_;
+  zarr::Array classes_;
+  zarr::Array probabilities_;
+};
+
+// Class ids (the arg-max of the logits, first maximum: what tandem eval counts) and softmax
+// probabilities of every row of `view`; `logits` is scratch of view.rows * classes floats.
+void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
+                  float* probabilities, float* logits);
 
 struct PredictOptions {
   std::string split = "test";  // train, validation or test

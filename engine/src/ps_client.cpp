@@ -165,7 +165,8 @@ void PsClient::require_init(const char* what) const {
 PsClient::Handle PsClient::send_each(MessageType type,
                                      const std::vector<std::vector<FloatTensorRef>>& per_server,
                                      const std::vector<std::string>& extra,
-                                     const std::vector<bool>& involved) {
+                                     const std::vector<bool>& involved,
+                                     const std::shared_ptr<transport::SendHold>& hold) {
   // A stopping client sends nothing: a send to a server that has stopped with it (inproc, no
   // peer left) would wait out the whole timeout.
   if (options_.cancel && *options_.cancel)
@@ -184,7 +185,8 @@ PsClient::Handle PsClient::send_each(MessageType type,
     try {
       transport::send_message(server.socket, out, nullptr,
                               "parameter server " + server.endpoint + " (" +
-                                  transport::to_string(type) + ")");
+                                  transport::to_string(type) + ")",
+                              hold);
     } catch (const TransportError& e) {
       // libzmq drops a connection whose handshake failed for good (no reconnect), so a refused
       // client's later sends find no peer and time out: say why.
@@ -234,7 +236,8 @@ PsClient::Handle PsClient::pull() {
 }
 
 PsClient::Handle PsClient::send_gradients(MessageType type,
-                                          const std::vector<NamedTensor>& gradients) {
+                                          const std::vector<NamedTensor>& gradients,
+                                          const std::shared_ptr<transport::SendHold>& hold) {
   require_init(transport::to_string(type));
   // Every parameter exactly once, in its own shape (a split one could not be sliced otherwise).
   std::vector<const NamedTensor*> by_tensor(names_.size(), nullptr);
@@ -261,15 +264,23 @@ PsClient::Handle PsClient::send_gradients(MessageType type,
     per_server[size_t(part.server)].push_back(
         {part.name, part.shape, by_tensor[part.tensor]->values.data() + part.offset});
   return send_each(type, per_server, std::vector<std::string>(servers_.size()),
-                   holding(per_server));
+                   holding(per_server), hold);
 }
 
 PsClient::Handle PsClient::push(const std::vector<NamedTensor>& gradients) {
-  return send_gradients(MessageType::Push, gradients);
+  return send_gradients(MessageType::Push, gradients, nullptr);
 }
 
 PsClient::Handle PsClient::push_pull(const std::vector<NamedTensor>& gradients) {
-  return send_gradients(MessageType::PushPull, gradients);
+  return send_gradients(MessageType::PushPull, gradients, nullptr);
+}
+
+PsClient::Handle PsClient::push(const std::shared_ptr<GradientBuffer>& gradients) {
+  return send_gradients(MessageType::Push, gradients->value, gradients);
+}
+
+PsClient::Handle PsClient::push_pull(const std::shared_ptr<GradientBuffer>& gradients) {
+  return send_gradients(MessageType::PushPull, gradients->value, gradients);
 }
 
 Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline,
@@ -315,7 +326,7 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
   }
 }
 
-PsResult PsClient::collect(Handle& handle) {
+PsResult PsClient::collect(Handle& handle, std::vector<NamedTensor>* out) {
   PsResult result;
   result.version = UINT64_MAX;
   // Every reply kept until the end (an Init's layout is known only once all are in): frames in
@@ -353,9 +364,15 @@ PsResult PsClient::collect(Handle& handle) {
                                   handle.type_ == MessageType::Pull ||
                                   handle.type_ == MessageType::PushPull;
   if (!carries_parameters || names_.empty() || handle.parts_.empty()) return result;
-  // Assemble: each part's values into its rows of the whole tensor.
-  for (size_t t = 0; t < names_.size(); ++t)
-    result.tensors.push_back({names_[t], shapes_[t], std::vector<float>(size_t(element_count(shapes_[t])))});
+  // Assemble: each part's values into its rows of the whole tensor (every row is written: the
+  // parts tile it, checked below, so reused storage keeps nothing old).
+  std::vector<NamedTensor>& tensors = out != nullptr ? *out : result.tensors;
+  tensors.resize(names_.size());
+  for (size_t t = 0; t < names_.size(); ++t) {
+    if (tensors[t].name != names_[t]) tensors[t].name = names_[t];
+    if (tensors[t].shape != shapes_[t]) tensors[t].shape = shapes_[t];
+    tensors[t].values.resize(size_t(element_count(shapes_[t])));
+  }
   std::vector<bool> got(layout_.size(), false);
   for (size_t k = 0; k < replies.size(); ++k) {
     const DecodeResult& r = replies[k];
@@ -369,7 +386,7 @@ PsResult PsClient::collect(Handle& handle) {
       if (info.shape != p.shape || info.dtype != transport::DType::Float32)
         throw ServerError(where + " sent '" + info.name + "' in another shape or dtype than at init");
       // Frames may sit at any byte offset: memcpy copes with any alignment.
-      std::memcpy(result.tensors[p.tensor].values.data() + p.offset, r.tensor_data[i].data,
+      std::memcpy(tensors[p.tensor].values.data() + p.offset, r.tensor_data[i].data,
                   r.tensor_data[i].size);
       got[it->second] = true;
     }
@@ -460,7 +477,14 @@ PsResult PsClient::Handle::wait() {
   if (client_ == nullptr) return {};
   if (waited_) throw InputError("parameter server client: Handle::wait() called twice");
   waited_ = true;
-  return client_->collect(*this);
+  return client_->collect(*this, nullptr);
+}
+
+PsResult PsClient::Handle::wait_into(std::vector<NamedTensor>& parameters) {
+  if (client_ == nullptr) return {};
+  if (waited_) throw InputError("parameter server client: Handle::wait() called twice");
+  waited_ = true;
+  return client_->collect(*this, &parameters);
 }
 
 std::vector<ServerStats> PsClient::stats() {

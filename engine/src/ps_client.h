@@ -33,6 +33,7 @@
 
 #include "ps_placement.h"
 #include "ps_stats.h"
+#include "send_hold.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
 #include "wire_protocol.h"
@@ -84,6 +85,10 @@ class PsClient {
     // with version 0. Throws TransportError naming the endpoint that did not answer in time,
     // ServerError with a server's Error text. Call once.
     PsResult wait();
+    // The same, but the parameters go into `parameters` (the model's order; tensors of the
+    // right name and size keep their storage, so a worker's step allocates nothing) and the
+    // result's tensors stay empty. On an error `parameters` may be partly overwritten.
+    PsResult wait_into(std::vector<NamedTensor>& parameters);
 
    private:
     friend class PsClient;
@@ -105,8 +110,16 @@ class PsClient {
 
   Handle init(const std::vector<NamedTensor>& tensors);  // chief: the parameters; others: {}
   Handle pull();
+  // These copy the gradients into the messages: the caller may change them once the call returns.
   Handle push(const std::vector<NamedTensor>& gradients);
   Handle push_pull(const std::vector<NamedTensor>& gradients);
+  // Zero-copy (send_hold.h): ZeroMQ reads the gradients in place, after the call returns, so
+  // they must stay alive and unchanged while hold->in_use(). A worker takes its next gradient
+  // buffer from a transport::HeldPool<std::vector<NamedTensor>>, which hands out only buffers
+  // no send holds any more.
+  using GradientBuffer = transport::Held<std::vector<NamedTensor>>;
+  Handle push(const std::shared_ptr<GradientBuffer>& gradients);
+  Handle push_pull(const std::shared_ptr<GradientBuffer>& gradients);
   std::vector<ServerStats> stats();  // one per server, in endpoint order (synchronous)
   void shutdown_servers();           // asks every server to stop and waits for the replies
 
@@ -137,16 +150,20 @@ class PsClient {
     std::string handshake_problem;  // the latest failed handshake's explanation; "" after success
   };
 
+  // `hold`: send the tensors zero-copy, held by it (null: copied).
   Handle send_each(transport::MessageType type,
                    const std::vector<std::vector<transport::FloatTensorRef>>& per_server,
-                   const std::vector<std::string>& extra, const std::vector<bool>& involved);
+                   const std::vector<std::string>& extra, const std::vector<bool>& involved,
+                   const std::shared_ptr<transport::SendHold>& hold = nullptr);
   std::vector<bool> all_servers() const;
-  Handle send_gradients(transport::MessageType type, const std::vector<NamedTensor>& gradients);
+  Handle send_gradients(transport::MessageType type, const std::vector<NamedTensor>& gradients,
+                        const std::shared_ptr<transport::SendHold>& hold);
   void require_init(const char* what) const;
   transport::Frames await(size_t server, uint64_t request_id,
                           std::chrono::steady_clock::time_point deadline,
                           transport::MessageType type);
-  PsResult collect(Handle& handle);
+  // Waits for the handle's replies; the parameters go into `out` (result.tensors when null).
+  PsResult collect(Handle& handle, std::vector<NamedTensor>* out);
   // Validates the CURVE options, completes the client's pair; the server key per endpoint ("" =
   // no CURVE for that server).
   std::vector<std::string> curve_setup();

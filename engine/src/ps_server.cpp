@@ -107,6 +107,9 @@ ParameterServer::ParameterServer(ServerOptions options)
       throw IoError(where + ": cannot create checkpoint_dir '" + options_.checkpoint_dir +
                     "': " + ec.message());
     restore_newest();
+    writer_ = std::make_unique<CheckpointWriter>(
+        options_.shard_name,
+        [this](const std::string&, int64_t step) { prune_checkpoints(step); });
   }
   thread_ = std::thread([this] { serve(); });
 }
@@ -229,7 +232,7 @@ void ParameterServer::restore_newest() {
   }
 }
 
-std::string ParameterServer::write_checkpoint() {
+std::string ParameterServer::submit_checkpoint() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
   SafeTensorsFile file;
   shard_.fetch_moments();
@@ -249,19 +252,18 @@ std::string ParameterServer::write_checkpoint() {
       (std::filesystem::path(options_.checkpoint_dir) /
        (options_.shard_name + "-step-" + std::to_string(shard_.step()) + ".safetensors"))
           .string();
-  write_safetensors_atomic(path, file);  // tmp file, fsync, rename, fsync of the directory
+  writer_->submit(path, shard_.step(), std::move(file));
   checkpointed_step_ = shard_.step();
   checkpointed_at_ = Clock::now();
-  prune_checkpoints();
   return path;
 }
 
-void ParameterServer::prune_checkpoints() {
-  // Only files at or below the current step count: one with a higher step is not ours (a
+void ParameterServer::prune_checkpoints(int64_t written) const {
+  // Only files at or below the step written count: one with a higher step is not ours (a
   // corrupt leftover skipped at start, say) and deleting by number would drop the newest write.
   size_t kept = 0;
   for (const auto& [step, path] : list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
-    if (step > shard_.step()) continue;
+    if (step > written) continue;
     if (++kept <= 2) continue;
     std::error_code ec;
     std::filesystem::remove(path, ec);
@@ -281,12 +283,7 @@ void ParameterServer::maybe_checkpoint(bool final_one) {
           options_.checkpoint_every_seconds)
     due = true;
   if (!due) return;
-  try {
-    write_checkpoint();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem parameter server %s: checkpoint failed: %s\n",
-                 options_.shard_name.c_str(), e.what());
-  }
+  submit_checkpoint();  // the writer logs a failed write
 }
 
 ParameterServer::~ParameterServer() { stop(); }
@@ -333,6 +330,12 @@ void ParameterServer::serve() {
     }
   }
   maybe_checkpoint(true);  // the final one, if anything changed since the last
+  // Written before stop() returns. When the newest write failed (a periodic one, with nothing
+  // changed since, or this one), try once more: this is the last chance.
+  if (writer_ && !writer_->wait_idle().empty() && shard_.initialized()) {
+    submit_checkpoint();
+    writer_->wait_idle();
+  }
   socket_.close();  // the socket belongs to this thread; nothing uses it after this
 }
 
@@ -367,10 +370,11 @@ void ParameterServer::reply_tensors(const zmq::message_t& peer, uint64_t request
   std::vector<transport::FloatTensorRef> refs;
   refs.reserve(entries.size());
   for (const auto* e : entries) refs.push_back({e->name, e->shape, shard_.values(*e)});
-  // send_message copies the frames, so later pushes cannot change a queued reply.
+  // Zero-copy: the frames point into the shard's parameter block, which the next step leaves
+  // alone while ZeroMQ holds them (the shard copies on write).
   const auto out = transport::encode_float_message(MessageType::Reply, request_id,
                                                    uint64_t(shard_.step()), refs, std::move(extra));
-  transport::send_message(socket_, out, &peer, endpoint_);
+  transport::send_message(socket_, out, &peer, endpoint_, shard_.params_hold());
 }
 
 void ParameterServer::handle_malformed(const Frames& frames, const DecodeResult& r) {
@@ -441,7 +445,7 @@ void ParameterServer::handle(Frames& frames) {
     case MessageType::PushPull: {
       std::string kind = "not initialised";
       std::string problem = shard_.initialized()
-                                ? shard_.check_gradients(m, r.tensor_data, kind)
+                                ? shard_.stage_gradients(m, r.tensor_data, kind)
                                 : std::string("not initialised yet");
       if (!problem.empty()) {
         if (type == MessageType::PushPull) return reply_error(peer, type, id, problem, kind);
@@ -449,7 +453,7 @@ void ParameterServer::handle(Frames& frames) {
         log_once("Push: " + kind, problem + " (dropped)");
         return;
       }
-      return handle_push(peer, m, r.tensor_data);
+      return handle_push(peer, m);  // its gradients are staged in the shard
     }
     case MessageType::Stats:
       return reply_extra(peer, id, to_json(stats()));
@@ -459,13 +463,12 @@ void ParameterServer::handle(Frames& frames) {
                            "unsupported");
       if (!shard_.initialized())
         return reply_error(peer, type, id, "not initialised yet", "not initialised");
-      std::string path;
-      try {
-        path = write_checkpoint();
-      } catch (const std::exception& e) {
-        return reply_error(peer, type, id, std::string("checkpoint failed: ") + e.what(),
-                           "checkpoint failed");
-      }
+      // Answered once the file is written (the writer then has nothing older queued: a
+      // submission that had not started was replaced by this one).
+      const std::string path = submit_checkpoint();
+      const std::string error = writer_->wait_idle();
+      if (!error.empty())
+        return reply_error(peer, type, id, "checkpoint failed: " + error, "checkpoint failed");
       return reply_extra(peer, id, path);
     }
     case MessageType::Shutdown:
@@ -479,8 +482,7 @@ void ParameterServer::handle(Frames& frames) {
   }
 }
 
-void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
-                                  const std::vector<ByteSpan>& data) {
+void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m) {
   const bool reply = m.header.type == MessageType::PushPull;
   const uint64_t base = m.header.parameter_version;  // the version the gradient was computed on
   const uint64_t now_version = uint64_t(shard_.step());
@@ -494,7 +496,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
   }
   switch (options_.mode) {
     case PsMode::Async:
-      shard_.apply(m, data);
+      shard_.apply_staged();
       break;
     case PsMode::Sync: {
       // Every valid push, stale or not, says its worker is still pushing (replicas_needed).
@@ -512,7 +514,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
         return reply_tensors(peer, m.header.request_id, entries,
                              "stale (dropped: " + std::to_string(dropped) + ")");
       }
-      shard_.accumulate(m, data);
+      shard_.accumulate_staged();
       if (shard_.pending() == 1)
         step_deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
       if (reply) {
@@ -526,7 +528,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m,
     }
     case PsMode::BoundedStaleness:
       clocks_.pushed(std::string(peer.data<char>(), peer.size()), base, Clock::now());
-      shard_.apply(m, data);
+      shard_.apply_staged();
       break;
   }
   {

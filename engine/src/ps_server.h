@@ -46,11 +46,13 @@
 // fsync of the directory) when the step crosses a multiple of checkpoint_every_steps, when
 // checkpoint_every_seconds have passed since the last one, on a Checkpoint request, and when the
 // server stops (Shutdown or stop()) if anything changed since the last one. The newest 2 of the
-// shard at or below the current step are kept, older ones deleted. On start, the newest checkpoint of shard_name that reads
-// back completely is loaded (parameters, moments, step; unreadable ones are skipped and logged)
-// and the shard counts as initialised, so the chief's Init gets the restored values. Writing
-// happens on the serving thread, which pauses meanwhile: fine for small shards; a big model
-// would want a snapshot handed to a background writer.
+// shard at or below the step written are kept, older ones deleted. The serving thread only takes
+// a snapshot (a copy of the shard); a CheckpointWriter thread writes it (ps_checkpoint_writer.h),
+// so serving goes on during the write. A Checkpoint request is answered once its file is
+// written; the final checkpoint is written before the server's thread ends. On start, the newest
+// checkpoint of shard_name that reads back completely is loaded (parameters, moments, step;
+// unreadable ones are skipped and logged) and the shard counts as initialised, so the chief's
+// Init gets the restored values.
 // Every push is checked whole before anything changes. Malformed messages: an Error reply when
 // the request id can be read (magic right, frame 0 at least 16 bytes) and the message is not a
 // one-way Push; otherwise dropped and counted. Each kind of bad input is logged once to stderr.
@@ -74,6 +76,7 @@
 #include <string>
 #include <thread>
 
+#include "ps_checkpoint_writer.h"
 #include "ps_shard.h"
 #include "ps_stats.h"
 #include "ps_worker_clocks.h"
@@ -145,8 +148,8 @@ class ParameterServer {
 
   void serve();
   void handle(transport::Frames& frames);
-  void handle_push(const zmq::message_t& peer, const transport::Message& m,
-                   const std::vector<transport::ByteSpan>& data);
+  // A push whose gradients shard_.stage_gradients accepted.
+  void handle_push(const zmq::message_t& peer, const transport::Message& m);
   // Answers a Pull or PushPull now, or (bounded staleness) queues it.
   void answer_or_defer(const zmq::message_t& peer, uint64_t request_id,
                        std::vector<std::string> names);
@@ -165,12 +168,13 @@ class ParameterServer {
   void reply_extra(const zmq::message_t& peer, uint64_t request_id, std::string extra);
   void log_once(const std::string& kind, const std::string& text);
   void count(int64_t ServerStats::*field);
-  // Checkpoints: write one now (returns its path), write if a trigger fired (errors logged),
-  // load the newest complete one at start, delete all but the newest 2.
-  std::string write_checkpoint();
+  // Checkpoints: snapshot the shard and hand it to the writer (returns the file's path), do so
+  // if a trigger fired, load the newest complete one at start, and (on the writer's thread,
+  // after a write at `step`) delete all but the newest 2 at or below it.
+  std::string submit_checkpoint();
   void maybe_checkpoint(bool final_one);
   void restore_newest();
-  void prune_checkpoints();
+  void prune_checkpoints(int64_t step) const;
 
   ServerOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
@@ -194,6 +198,9 @@ class ParameterServer {
   ServerStats stats_;
   std::atomic<bool> stopping_{false};
   std::mutex stop_mutex_;
+  // With checkpoint_dir: writes the snapshots; its thread uses options_ (to prune), so it is
+  // destroyed first. Null without checkpoints.
+  std::unique_ptr<CheckpointWriter> writer_;
   std::thread thread_;
 };
 

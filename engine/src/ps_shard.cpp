@@ -43,68 +43,78 @@ std::string PsShard::check_initial(const Message& m, const std::vector<ByteSpan>
   return "";
 }
 
-void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
+void PsShard::lay_out(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
   entries_.clear();
   index_.clear();
   int64_t offset = 0;
-  for (const auto& t : m.tensors) {
-    const int64_t size = element_count(t.shape);
-    index_[t.name] = entries_.size();
-    entries_.push_back({t.name, t.shape, offset, size});
+  for (const auto& [name, shape] : tensors) {
+    const int64_t size = element_count(shape);
+    index_[name] = entries_.size();
+    entries_.push_back({name, shape, offset, size});
     offset += (size + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
   total_ = offset;
-  arena_ = AlignedBuffer<float>(size_t(3 * total_));  // zeroed: m = v = 0, padding = 0
+  // Blocks of the old layout may still be on the wire: they keep themselves alive until sent.
+  param_blocks_.clear();
+  params_ = param_blocks_.take();
+  params_->value = AlignedBuffer<float>(size_t(total_));  // zeroed: padding = 0
+  moments_ = AlignedBuffer<float>(size_t(2 * total_));    // m = v = 0
   gradients_ = AlignedBuffer<float>(size_t(total_));
   sum_ = AlignedBuffer<float>(size_t(total_));
   pending_ = 0;
-  for (size_t i = 0; i < entries_.size(); ++i)
-    std::memcpy(arena_.data() + entries_[i].offset, data[i].data, data[i].size);
   step_ = 0;
+}
+
+void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& t : m.tensors) shapes.push_back({t.name, t.shape});
+  lay_out(shapes);
+  for (size_t i = 0; i < entries_.size(); ++i)
+    std::memcpy(params_->value.data() + entries_[i].offset, data[i].data, data[i].size);
   initialized_ = true;
-  if (device_) device_->upload(arena_.data(), total_, step_);
+  if (device_) device_->upload(params_->value.data(), moments_.data(), total_, step_);
 }
 
 void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
-  entries_.clear();
-  index_.clear();
-  int64_t offset = 0;
-  for (const auto& t : tensors) {
-    const int64_t size = element_count(t.shape);
-    index_[t.name] = entries_.size();
-    entries_.push_back({t.name, t.shape, offset, size});
-    offset += (size + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-  }
-  total_ = offset;
-  arena_ = AlignedBuffer<float>(size_t(3 * total_));
-  gradients_ = AlignedBuffer<float>(size_t(total_));
-  sum_ = AlignedBuffer<float>(size_t(total_));
-  pending_ = 0;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& t : tensors) shapes.push_back({t.name, t.shape});
+  lay_out(shapes);
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     const auto& t = tensors[i];
-    std::memcpy(arena_.data() + e.offset, t.values.data(), size_t(e.size) * sizeof(float));
-    if (!t.m.empty())
-      std::memcpy(arena_.data() + total_ + e.offset, t.m.data(), size_t(e.size) * sizeof(float));
-    if (!t.v.empty())
-      std::memcpy(arena_.data() + 2 * total_ + e.offset, t.v.data(), size_t(e.size) * sizeof(float));
+    const size_t bytes = size_t(e.size) * sizeof(float);
+    std::memcpy(params_->value.data() + e.offset, t.values.data(), bytes);
+    if (!t.m.empty()) std::memcpy(moments_.data() + e.offset, t.m.data(), bytes);
+    if (!t.v.empty()) std::memcpy(moments_.data() + total_ + e.offset, t.v.data(), bytes);
   }
   step_ = step;
   initialized_ = true;
-  if (device_) device_->upload(arena_.data(), total_, step_);
+  if (device_) device_->upload(params_->value.data(), moments_.data(), total_, step_);
 }
 
 void PsShard::use_device(std::unique_ptr<ShardDevice> device) {
   device_ = std::move(device);
-  if (device_ && initialized_) device_->upload(arena_.data(), total_, step_);
+  if (device_ && initialized_)
+    device_->upload(params_->value.data(), moments_.data(), total_, step_);
 }
 
 void PsShard::fetch_moments() {
-  if (device_ && initialized_) device_->download_moments(arena_.data() + total_, arena_.data() + 2 * total_);
+  if (device_ && initialized_) device_->download_moments(moments_.data(), moments_.data() + total_);
 }
 
-std::string PsShard::check_gradients(const Message& m, const std::vector<ByteSpan>& data,
-                                     std::string& kind) const {
+float* PsShard::writable_params(bool keep_values) {
+  if (params_->in_use()) {
+    std::shared_ptr<ParamBlock> next = param_blocks_.take();  // not params_: that one is held
+    if (next->value.size() != size_t(total_)) next->value = AlignedBuffer<float>(size_t(total_));
+    if (keep_values)
+      std::memcpy(next->value.data(), params_->value.data(), size_t(total_) * sizeof(float));
+    params_ = std::move(next);
+  }
+  return params_->value.data();
+}
+
+std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpan>& data,
+                                     std::string& kind) {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
     const Entry* e = find(t.name);
@@ -121,11 +131,6 @@ std::string PsShard::check_gradients(const Message& m, const std::vector<ByteSpa
       return "gradient '" + t.name + "' has shape " + shape_text(t.shape) + ", expected " +
              shape_text(e->shape);
     }
-    if (!transport::all_finite(data[i])) {
-      kind = "non-finite";
-      return "gradient '" + t.name + "' holds a non-finite value at element " +
-             std::to_string(transport::first_non_finite(data[i]));
-    }
   }
   // Names are unique (the decoder checks), all known: every parameter is there iff counts match.
   if (m.tensors.size() != entries_.size()) {
@@ -136,27 +141,28 @@ std::string PsShard::check_gradients(const Message& m, const std::vector<ByteSpa
       if (!present) return "push lacks a gradient for '" + e.name + "' (a push carries all)";
     }
   }
+  // Gather into the aligned buffer (received frames may sit at any byte offset), then check the
+  // copy while it is still in cache. (One pass that checks each block as it copies it measured
+  // slower than these two: 18-20 us against 15 us for the default model's 313 KB.)
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Entry* e = find(m.tensors[i].name);
+    float* staged = gradients_.data() + e->offset;
+    std::memcpy(staged, data[i].data, data[i].size);
+    if (!transport::all_finite(transport::span_of(staged, size_t(e->size)))) {
+      kind = "non-finite";
+      return "gradient '" + m.tensors[i].name + "' holds a non-finite value at element " +
+             std::to_string(transport::first_non_finite(data[i]));
+    }
+  }
   return "";
 }
 
-void PsShard::apply(const Message& m, const std::vector<ByteSpan>& data) {
-  // Gather into an aligned buffer: received frames may sit at any byte offset.
-  for (size_t i = 0; i < m.tensors.size(); ++i)
-    std::memcpy(gradients_.data() + find(m.tensors[i].name)->offset, data[i].data, data[i].size);
-  step_with_gradients();
-}
+void PsShard::apply_staged() { step_with_gradients(); }
 
-void PsShard::accumulate(const Message& m, const std::vector<ByteSpan>& data) {
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const Entry* e = find(m.tensors[i].name);
-    float* dst = sum_.data() + e->offset;
-    // The frame may sit at any byte offset: read each float with memcpy.
-    for (int64_t k = 0; k < e->size; ++k) {
-      float g;
-      std::memcpy(&g, data[i].data + k * sizeof(float), sizeof(float));
-      dst[k] += g;
-    }
-  }
+void PsShard::accumulate_staged() {
+  float* sum = sum_.data();
+  const float* g = gradients_.data();
+  for (int64_t k = 0; k < total_; ++k) sum[k] += g[k];  // padding: 0 + 0
   ++pending_;
 }
 
@@ -172,17 +178,18 @@ void PsShard::apply_accumulated() {
 
 void PsShard::step_with_gradients() {
   ++step_;
-  if (device_) {  // the same update, by the CUDA twin of the kernel below
-    device_->step(gradients_.data(), arena_.data());
+  if (device_) {  // the same update, by the CUDA twin of the kernel below; it writes every value
+    device_->step(gradients_.data(), writable_params(false));
     return;
   }
-  float* w = arena_.data();
+  float* w = writable_params(true);
+  float* m = moments_.data();
   const float* g = gradients_.data();
   if (optimizer_.kind == OptimizerKind::Adam) {
     const kernels::AdamHyper h{optimizer_.learning_rate, optimizer_.beta1, optimizer_.beta2,
                                optimizer_.epsilon};
     const float lr_t = kernels::adam_step_size(h, step_);
-    kernels::adam_update_cpu(w, w + total_, w + 2 * total_, &g, 1, 0, total_, lr_t, h);
+    kernels::adam_update_cpu(w, m, m + total_, &g, 1, 0, total_, lr_t, h);
   } else {
     kernels::sgd_update_cpu(w, &g, 1, 0, total_, optimizer_.learning_rate);
   }

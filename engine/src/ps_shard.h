@@ -1,7 +1,11 @@
 // One parameter server's share of the parameters and their Adam state: the numbers, without
-// sockets. Parameters, m and v live in one 64-byte aligned arena (parameters | m | v, each
-// tensor at a 16-float boundary as in ParameterLayout) so one optimizer sweep covers the shard;
-// with use_device() the arena's numbers are kept and stepped on a GPU instead.
+// sockets. The parameters live in one 64-byte aligned block and Adam's moments in another
+// (m | v), each tensor at a 16-float boundary as in ParameterLayout, so one optimizer sweep
+// covers the shard; with use_device() the numbers are kept and stepped on a GPU instead.
+// Replies are sent zero-copy from the parameter block (params_hold()), so a step never writes
+// into a block ZeroMQ still reads: it steps in place when no reply holds the block (the usual
+// case: a reply is on the wire long before the next push arrives), and otherwise first copies
+// the parameters into a free block from a pool (copy on write).
 // Row-split parts of large tensors (ps_placement.h) arrive and are held as ordinary tensors.
 #pragma once
 
@@ -9,9 +13,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aligned_buffer.h"
+#include "send_hold.h"
 #include "ps_shard_device.h"
 #include "tandem/config.h"
 #include "wire_protocol.h"
@@ -23,7 +29,7 @@ class PsShard {
   struct Entry {
     std::string name;
     std::vector<int64_t> shape;
-    int64_t offset = 0;  // floats from the start of each third of the arena
+    int64_t offset = 0;  // floats from the start of the parameter block (and of m, of v)
     int64_t size = 0;
   };
 
@@ -32,10 +38,13 @@ class PsShard {
   bool initialized() const { return initialized_; }
   int64_t step() const { return step_; }
   const std::vector<Entry>& entries() const { return entries_; }
-  const float* values(const Entry& e) const { return arena_.data() + e.offset; }
+  const float* values(const Entry& e) const { return params_->value.data() + e.offset; }
+  // What a zero-copy send of values() must hold (transport::send_message's `hold`): the block
+  // stays unchanged while a frame sent from it is ZeroMQ's. Null before initialisation.
+  std::shared_ptr<transport::SendHold> params_hold() const { return params_; }
   // Adam's moments of an entry (zero under SGD).
-  const float* adam_m(const Entry& e) const { return arena_.data() + total_ + e.offset; }
-  const float* adam_v(const Entry& e) const { return arena_.data() + 2 * total_ + e.offset; }
+  const float* adam_m(const Entry& e) const { return moments_.data() + e.offset; }
+  const float* adam_v(const Entry& e) const { return moments_.data() + total_ + e.offset; }
 
   // One tensor restored from a checkpoint: parameters and moments (m, v empty: zero).
   struct Restored {
@@ -53,19 +62,21 @@ class PsShard {
   // Takes the (checked) tensors as the parameters; Adam's moments start at zero, step at 0.
   void initialize(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
 
-  // Checks one push: exactly this shard's tensors (every one: a push must carry a gradient for
-  // every parameter the server holds, so no gradient is silently taken as zero), exact shapes,
-  // float32, finite. Returns "" when fine, else the problem; `kind` gets a short category for
-  // logging once per kind ("unknown name", "wrong shape", "non-finite", ...).
-  std::string check_gradients(const transport::Message& m,
-                              const std::vector<transport::ByteSpan>& data,
-                              std::string& kind) const;
-  // One optimizer step with checked gradients: step += 1, then Adam (TensorFlow's form, the
-  // trainer's kernel) or SGD over the whole arena.
-  void apply(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
+  // Checks one push and stages its gradients: exactly this shard's tensors (every one: a push
+  // must carry a gradient for every parameter the server holds, so no gradient is silently taken
+  // as zero), exact shapes, float32, finite. The gradients are gathered into an aligned buffer
+  // and checked for finiteness there, so the frames are read once. Returns "" when fine, else
+  // the problem; `kind` gets a short category for logging once per kind ("unknown name",
+  // "wrong shape", "non-finite", ...). A push that fails leaves the state untouched (only the
+  // staging buffer, which nothing else reads, may hold part of it).
+  std::string stage_gradients(const transport::Message& m,
+                              const std::vector<transport::ByteSpan>& data, std::string& kind);
+  // One optimizer step with the staged gradients: step += 1, then Adam (TensorFlow's form, the
+  // trainer's kernel) or SGD over the whole shard.
+  void apply_staged();
 
-  // Sync mode (SyncReplicasOptimizer): add checked gradients into the step's running sum...
-  void accumulate(const transport::Message& m, const std::vector<transport::ByteSpan>& data);
+  // Sync mode (SyncReplicasOptimizer): add the staged gradients into the step's running sum...
+  void accumulate_staged();
   int64_t pending() const { return pending_; }  // gradients summed since the last step
   // ...then one step on sum / pending() (the mean of what arrived, as TensorFlow's
   // ConditionalAccumulator averages; pending() == replicas_to_aggregate unless the server's step
@@ -84,17 +95,26 @@ class PsShard {
   std::string select(const std::vector<std::string>& names, std::vector<const Entry*>& out) const;
 
  private:
+  using ParamBlock = transport::Held<AlignedBuffer<float>>;
+
   const Entry* find(const std::string& name) const;
-  void step_with_gradients();  // step += 1, one optimizer sweep over the arena with gradients_
+  // Lays out `entries_` for tensors of these shapes, allocates fresh blocks (zeroed), step 0.
+  void lay_out(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors);
+  // The parameter block, safe to write: the current one when no send holds it, else a copy of it
+  // in a free block (copying the values only when `keep_values`), which becomes the current one.
+  float* writable_params(bool keep_values);
+  void step_with_gradients();  // step += 1, one optimizer sweep with gradients_
 
   OptimizerConfig optimizer_;
   bool initialized_ = false;
   int64_t step_ = 0;
   std::vector<Entry> entries_;
   std::map<std::string, size_t> index_;
-  int64_t total_ = 0;                // floats per third of the arena, padding included
-  AlignedBuffer<float> arena_;       // parameters, then m, then v
-  AlignedBuffer<float> gradients_;   // the push's gradients gathered (aligned, zero padding)
+  int64_t total_ = 0;                // floats per block (per moment), padding included
+  transport::HeldPool<AlignedBuffer<float>> param_blocks_;
+  std::shared_ptr<ParamBlock> params_;  // the current parameters, one of param_blocks_
+  AlignedBuffer<float> moments_;        // Adam's m, then v
+  AlignedBuffer<float> gradients_;   // the push's gradients staged (aligned, zero padding)
   AlignedBuffer<float> sum_;         // sync mode: the step's gradients summed (zero padding)
   int64_t pending_ = 0;
   std::unique_ptr<ShardDevice> device_;

@@ -32,7 +32,7 @@ class CudaShardDevice final : public ShardDevice {
 
   int device() const override { return device_; }
 
-  void upload(const float* arena, int64_t total, int64_t step) override {
+  void upload(const float* params, const float* moments, int64_t total, int64_t step) override {
     TANDEM_CUDA_CHECK(cudaSetDevice(device_));
     total_ = total;
     const size_t n = static_cast<size_t>(total);
@@ -46,9 +46,9 @@ class CudaShardDevice final : public ShardDevice {
     // Gradients in and parameters out go through pinned memory: one copy engine transfer each.
     TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), 2 * n * sizeof(float)));
     const size_t bytes = n * sizeof(float);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena, bytes, cudaMemcpyHostToDevice, stream_));
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m_.data(), arena + total, bytes, cudaMemcpyHostToDevice, stream_));
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(v_.data(), arena + 2 * total, bytes, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), params, bytes, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m_.data(), moments, bytes, cudaMemcpyHostToDevice, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(v_.data(), moments + total, bytes, cudaMemcpyHostToDevice, stream_));
     const kernels::AdamDeviceStep device_step{
         step, step > 0 ? kernels::adam_step_size(hyper_of(optimizer_), step) : 0.0f};
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_.data(), &device_step, sizeof(device_step),

@@ -1,6 +1,6 @@
 // A parameter server's optimizer on a GPU: the shard's parameters and Adam's moments live in
 // device memory and each step is the fused Adam kernel (kernels/cuda/adam_cuda.h, one launch
-// over the whole arena, the step size computed on the device). The host arena keeps a copy of the
+// over the whole shard, the step size computed on the device). The host keeps a copy of the
 // parameters, refreshed after every step, because replies are sent from host memory; the moments
 // stay on the device and are copied back only when a checkpoint asks (download_moments).
 // Built without CUDA, make_shard_device throws InputError.
@@ -17,8 +17,9 @@ class ShardDevice {
  public:
   virtual ~ShardDevice() = default;
   virtual int device() const = 0;
-  // The arena: parameters | m | v, `total` floats each (padding included), and the step so far.
-  virtual void upload(const float* arena, int64_t total, int64_t step) = 0;
+  // The parameters (`total` floats, padding included), Adam's moments (m | v, `total` floats
+  // each) and the step so far.
+  virtual void upload(const float* params, const float* moments, int64_t total, int64_t step) = 0;
   // One step with `gradients` (total floats): step += 1, Adam (or SGD) on the device, then the
   // parameters are copied back into params_out (total floats).
   virtual void step(const float* gradients, float* params_out) = 0;

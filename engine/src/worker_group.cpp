@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <exception>
 #include <string>
-#include <thread>
 #include <utility>
 
 namespace tandem {
@@ -28,6 +27,55 @@ WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members
   gradients_.resize(n);
   models_.assign(n, Model(config_));
   leader_gradients_ = layout_.parameters();
+  errors_.resize(n);
+  threads_.reserve(n - 1);
+  try {
+    for (size_t r = 1; r < n; ++r)
+      threads_.emplace_back([this, r] { member_loop(static_cast<int>(r)); });
+  } catch (...) {  // a thread could not start: the destructor will not run, release those that did
+    stop_members();
+    throw;
+  }
+}
+
+WorkerGroup::~WorkerGroup() { stop_members(); }
+
+void WorkerGroup::stop_members() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void WorkerGroup::member_loop(int rank) {
+  uint64_t seen = 0;  // the last round this member ran
+  for (;;) {
+    const std::function<void(int)>* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || round_ != seen; });
+      // Only between rounds: run_members returns after every member reported.
+      if (stopping_) return;
+      seen = round_;
+      job = job_;
+    }
+    std::exception_ptr error;
+    try {
+      (*job)(rank);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      errors_[static_cast<size_t>(rank)] = error;
+      last = --pending_ == 0;
+    }
+    if (last) done_.notify_one();
+  }
 }
 
 void WorkerGroup::flatten(int rank, const std::vector<NamedTensor>& tensors) {
@@ -112,32 +160,31 @@ void WorkerGroup::broadcast_parameters(int rank, const Model* leader_parameters)
   }
 }
 
-template <typename Body>
-void WorkerGroup::run_members(Body&& body) {
-  const size_t n = members_.size();
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n - 1);
-  try {
-    for (size_t r = 1; r < n; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          body(static_cast<int>(r));
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-  } catch (const std::exception& e) {  // a thread could not start: release those that did
-    collective_.abort(std::string("a member thread could not start: ") + e.what());
-    for (auto& t : threads) t.join();
-    throw;
+void WorkerGroup::run_members(const std::function<void(int)>& body) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &body;
+    pending_ = size() - 1;
+    std::fill(errors_.begin(), errors_.end(), nullptr);
+    ++round_;
   }
+  wake_.notify_all();
+  std::exception_ptr leader_error;
   try {
     body(0);
   } catch (...) {
-    errors[0] = std::current_exception();
+    // The member threads are not left waiting: a failing member aborts the collective first
+    // (reduce_gradients, broadcast_parameters), which ends the others' waits in it.
+    leader_error = std::current_exception();
   }
-  for (auto& t : threads) t.join();
+  std::vector<std::exception_ptr> errors;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    errors = errors_;
+  }
+  errors[0] = leader_error;
   // A member's own error first: the GroupErrors of the others are its consequence.
   for (const auto& error : errors) {
     if (!error) continue;

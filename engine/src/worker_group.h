@@ -10,12 +10,21 @@
 // same order (they meet in the collective's all-reduce and broadcast):
 //   reduce_gradients(rank, batch)       every member; then rank 0 reads leader_gradients()
 //   broadcast_parameters(rank, model)   every member; rank 0 passes the new parameters
-// step() and install() do the same from one calling thread, with a thread per member (tests,
-// and callers that keep no threads of their own).
+// step() and install() do the same from one calling thread (tests, and callers that keep no
+// threads of their own): rank 0 runs on the caller's thread, ranks 1..size()-1 each on a member
+// thread of the group's own. Those threads are started once, by the constructor, and sleep on a
+// condition variable between calls: a step wakes them, runs rank 0 on the caller's thread and
+// waits until every member is done. Starting and joining a thread per member every step, as
+// step() once did, cost the caller 20-40 us of CPU per step on a 2-vCPU VM, about the compute of
+// a 16-row step of the 784-100-10 model (bench/group_step_bench.cpp, bench/RESULTS.md). The
+// destructor stops and joins them.
 //
 // A member whose backend throws (bad batch, CUDA error) aborts the collective with its rank and
 // reason before rethrowing, so the others throw GroupError instead of waiting for it; the group
-// is then broken (group_collective.h).
+// is then broken (group_collective.h). step() and install() rethrow that member's error; every
+// later step() or install() throws the collective's GroupError ("worker group aborted: rank R:
+// ...") at once, from every member, and the caller builds a new group. The member threads
+// outlive the error (they are parked again, not lost), and the destructor joins them as usual.
 //
 // This slice stages through host memory: gradients come out with Backend::get_gradients, are
 // flattened into one host buffer per member in the model's parameter order and all-reduced
@@ -23,7 +32,12 @@
 // all-reduce the backends' device gradient buffers directly with make_nccl_collective.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "backend.h"
@@ -38,8 +52,11 @@ class WorkerGroup {
  public:
   // members[r] is rank r's backend (not owned, kept alive by the caller), all built for `model`.
   // Throws InputError unless there is one backend per collective member and the collective works
-  // on host memory.
+  // on host memory. Starts the member threads of ranks 1..size()-1.
   WorkerGroup(const ModelConfig& model, std::vector<Backend*> members, GroupCollective& collective);
+  ~WorkerGroup();  // stops and joins the member threads
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   int size() const { return static_cast<int>(members_.size()); }
 
@@ -57,20 +74,23 @@ class WorkerGroup {
   // other ranks, which may pass null); every member's backend ends holding exactly those bits.
   void broadcast_parameters(int rank, const Model* leader_parameters);
 
-  // One step from the calling thread: batches[r] to rank r (empty: none, as above), each member
-  // on its own thread.
+  // One step from the calling thread: batches[r] to rank r (empty: none, as above), rank 0 on
+  // the calling thread and the others on their member threads. Not reentrant: one step() or
+  // install() at a time.
   // Returns the summed gradients (the leader's, valid until the next step); `stats` (if given) gets the members' statistics added in rank
   // order. Rethrows a member's own error in preference to the GroupError it caused in the others.
   const std::vector<NamedTensor>& step(const std::vector<DatasetView>& batches,
                                        BatchStats* stats = nullptr);
 
-  // broadcast_parameters with `parameters` as the leader's, a thread per member.
+  // broadcast_parameters with `parameters` as the leader's, on the member threads as step().
   void install(const Model& parameters);
 
  private:
-  // Runs body(rank) for every rank, rank 0 on the calling thread, and rethrows as step() says.
-  template <typename Body>
-  void run_members(Body&& body);
+  // Runs body(rank) for every rank, rank 0 on the calling thread and the others on their member
+  // threads, returns when all are done, and rethrows as step() says.
+  void run_members(const std::function<void(int)>& body);
+  void member_loop(int rank);  // a member thread: wait for a round, run it, report, repeat
+  void stop_members();         // wakes the member threads to exit and joins them
 
   void flatten(int rank, const std::vector<NamedTensor>& tensors);
 
@@ -85,6 +105,21 @@ class WorkerGroup {
   std::vector<Model> models_;
   std::vector<BatchStats> member_stats_;  // step()'s, one per rank
   std::vector<NamedTensor> leader_gradients_;
+
+  // The member threads and what they share with the caller, under mutex_. A round is one
+  // run_members call: the caller sets job_ and pending_, bumps round_ and wakes them; each
+  // member runs job_ once per round_ it sees, stores its error and counts pending_ down; the
+  // caller waits for 0. The caller waits for every member before the next round, so no member
+  // can miss one.
+  std::mutex mutex_;
+  std::condition_variable wake_;  // members: a new round, or stopping_
+  std::condition_variable done_;  // the caller: pending_ reached 0
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t round_ = 0;
+  int pending_ = 0;  // member threads not done with this round
+  bool stopping_ = false;
+  std::vector<std::exception_ptr> errors_;  // per rank, of the current round
+  std::vector<std::thread> threads_;        // ranks 1..size()-1
 };
 
 }  // namespace tandem

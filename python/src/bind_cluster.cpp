@@ -37,17 +37,7 @@ int to_ms(double seconds) { return seconds < 0 ? -1 : int(seconds * 1000.0); }
 // The run's settings from a dict over the defaults (keys as in RunSettings' JSON: batch, lr,
 // model "784-100-10", ps_mode, ...). An unknown key is an error naming the known ones.
 RunSettings settings_from(const py::dict& given) {
-  json j = to_json(RunSettings{});
-  const json user = from_python(given);
-  for (const auto& [key, value] : user.items()) {
-    if (!j.contains(key)) {
-      std::string known;
-      for (const auto& [k, v] : j.items()) known += (known.empty() ? "" : ", ") + k;
-      throw InputError("unknown run setting '" + key + "'; the settings are: " + known);
-    }
-    j[key] = value;
-  }
-  return run_settings_from_json(j);
+  return run_settings_over_defaults(from_python(given));
 }
 
 ClusterPhase parse_phase(const std::string& text) {

@@ -16,6 +16,9 @@ using namespace pybind11::literals;
 
 namespace tandem::python {
 
+// bind_predict.cpp: (classes, probabilities) of every row, as tandem predict computes them.
+py::tuple predict_with_probabilities(const Model& model, py::handle images, int threads);
+
 namespace {
 
 ModelConfig model_config(const std::vector<int64_t>& layers) {
@@ -93,7 +96,9 @@ void bind_model(py::module_& m) {
            "images"_a, "labels"_a, "threads"_a = 0,
            "Summed (the seed's score) and mean loss, and accuracy, on the CPU.")
       .def("predict",
-           [](const Model& model, py::handle images, int threads) {
+           [](const Model& model, py::handle images, int threads,
+              bool probabilities) -> py::object {
+             if (probabilities) return predict_with_probabilities(model, images, threads);
              const ArrayRows rows = array_rows(images, py::none(), false);
              std::vector<uint8_t> classes;
              {
@@ -102,9 +107,12 @@ void bind_model(py::module_& m) {
              }
              py::array_t<uint8_t> out(py::ssize_t(classes.size()));
              std::copy(classes.begin(), classes.end(), out.mutable_data());
-             return out;
+             return std::move(out);
            },
-           "images"_a, "threads"_a = 0, "The predicted class of every row.")
+           "images"_a, "threads"_a = 0, "probabilities"_a = false,
+           "The predicted class of every row; with probabilities=True, (classes, "
+           "probabilities): float32 [rows, classes], the logits' softmax as tandem predict "
+           "writes it, whose first maximum is the class.")
       .def("save",
            [](const Model& model, const std::string& path) {
              Checkpoint c;

@@ -11,6 +11,7 @@ namespace py = pybind11;
 namespace tandem::python {
 void bind_model(py::module_& m);
 void bind_cluster(py::module_& m);
+void bind_predict(py::module_& m);
 }  // namespace tandem::python
 
 PYBIND11_MODULE(_tandem, m) {
@@ -39,4 +40,5 @@ PYBIND11_MODULE(_tandem, m) {
 
   tandem::python::bind_model(m);
   tandem::python::bind_cluster(m);
+  tandem::python::bind_predict(m);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build into a fresh prefix, then builds and runs an outside program against it,
-# once through find_package(Tandem) and once through pkg-config.
+# once through find_package(Tandem) and once through pkg-config. The program trains on one thread,
+# then runs small parameter-server clusters through tandem/cluster.h (a few seconds each).
 # usage: run_consumer_test.sh BUILD_DIR CONSUMER_SOURCE_DIR CMAKE [CXXFLAGS]
 set -euo pipefail
 build=$1 source=$2 cmake=$3 flags=${4:-}
@@ -9,6 +10,13 @@ trap 'rm -rf "$work"' EXIT
 "$cmake" --install "$build" --prefix "$work/prefix" >/dev/null
 test -f "$work/prefix/include/tandem/tandem.h"
 test ! -e "$work/prefix/include/tandem/cpu_backend.h"   # internals stay internal
+test ! -e "$work/prefix/include/tandem/coordinator.h"
+test -f "$work/prefix/include/tandem/cluster.h"
+# The public headers stand alone: no ZeroMQ, JSON or HTTP library is needed to build against them.
+if grep -rnE '#include *[<"](zmq|nlohmann|httplib|nccl)' "$work/prefix/include/tandem"; then
+  echo "a public header includes a private dependency" >&2
+  exit 1
+fi
 
 echo "== find_package(Tandem)"
 "$cmake" -S "$source" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "backend.h"
 #include "cluster_commands.h"
 #include "cluster_link.h"
 #include "cluster_metrics.h"
@@ -29,6 +30,7 @@
 #include "score_subscriber.h"
 #include "tandem/tandem.h"
 #include "tensorboard_writer.h"
+#include "worker_gpus.h"
 #include "zmq_curve.h"
 
 namespace tandem::cli {
@@ -66,6 +68,8 @@ struct ClusterCommandOptions {
   std::string tensorboard_dir;  // default RUN_DIR/tensorboard
   std::string metrics_path;     // default RUN_DIR/metrics.jsonl
   int startup_timeout_s = 60;
+  std::string worker_gpus;                // launch --worker-gpus "0,1;2,3"
+  CLI::Option* group_option = nullptr;    // --group-members/--gpus-per-worker (was it given?)
   ClusterOptions cluster;
 };
 
@@ -106,10 +110,13 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   // One option, two names: the GPU name the issue asks for, and the general one that reads right
   // on the CPU (there each member is a backend of --worker-threads threads).
-  cmd->add_option("--group-members,--gpus-per-worker", s.worker_group,
-                  "Members of each worker's group: their gradients are summed and pushed as one "
-                  "(GPUs 0..N-1 with cuda, backends of --worker-threads threads each with cpu)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  o.group_option =
+      cmd->add_option("--group-members,--gpus-per-worker", s.worker_group,
+                      "Members of each worker's group: their gradients are summed and pushed as "
+                      "one (with cuda each member a GPU, and under launch each worker its own: "
+                      "worker i on GPUs i*N..i*N+N-1; with cpu a backend of --worker-threads "
+                      "threads each)")
+          ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
@@ -220,6 +227,28 @@ void resolve(ClusterCommandOptions& o) {
   o.cluster.startup_timeout_ms = o.startup_timeout_s * 1000;
 }
 
+// launch's GPUs for its workers (worker_gpus.h), into o.cluster.worker_gpus. Only when the
+// workers run on CUDA and --gpus-per-worker (--group-members) or --worker-gpus was given: then
+// worker i gets its own GPUs, refused at once when the node has too few. Otherwise nothing is
+// assigned and each worker's member m takes GPU m, as before. A cuda run on a node without a
+// usable CUDA device is refused here, with the backend's own error, rather than by every worker.
+void assign_worker_gpus(ClusterCommandOptions& o) {
+  RunSettings& s = o.cluster.settings;
+  const WorkerGpus lists = parse_worker_gpus(o.worker_gpus);  // its errors come first, GPU or not
+  const bool group_given = o.group_option != nullptr && o.group_option->count() > 0;
+  if (!lists.empty() && !group_given) s.worker_group = int(lists[0].size());
+  if (!lists.empty() && s.backend == "cpu")
+    throw InputError("--worker-gpus needs --backend cuda or auto; this run's is cpu");
+  const int devices = s.backend == "cpu" ? 0 : visible_cuda_devices();
+  if (s.backend == "cuda" && devices == 0)  // throws "--backend cuda: no usable CUDA device ..."
+    make_backend(BackendKind::Cuda, s.model, s.optimizer, 1, parse_precision(s.precision), 0);
+  if (!lists.empty() && devices == 0)
+    throw InputError("--worker-gpus: this node has no usable CUDA device (--backend auto would "
+                     "train on the CPU)");
+  if (devices == 0 || (!group_given && lists.empty())) return;
+  o.cluster.worker_gpus = tandem::assign_worker_gpus(o.cluster.workers, s.worker_group, devices, lists);
+}
+
 void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
   const double best = s.scores.empty() ? NAN : s.scores.back().loss;
   if (o.json_summary) {
@@ -268,12 +297,19 @@ std::unique_ptr<DashboardServer> start_dashboard(const ClusterCommandOptions& o,
 
 void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   resolve(o);
+  if (launch_roles) assign_worker_gpus(o);
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
   MetricsLog metrics(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path);
   auto last_metrics = std::chrono::steady_clock::now();
-  o.cluster.on_training = [&](const json& spec) {
+  o.cluster.on_training = [&](const json& announced) {
+    json spec = announced;
+    // Each worker's GPUs, where launch assigned them (worker i is named "worker<i>").
+    const WorkerGpus& gpus = o.cluster.worker_gpus;
+    for (json& w : spec["worker"])
+      for (size_t i = 0; i < gpus.size(); ++i)
+        if (w.value("name", std::string()) == "worker" + std::to_string(i)) w["gpus"] = gpus[i];
     if (!o.json_summary) std::printf("%s\n", spec.dump().c_str());
     std::fflush(stdout);
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
@@ -331,6 +367,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) throw Error("cannot find the tandem binary (/proc/self/exe) to start the roles");
     launcher = std::make_unique<ProcessLauncher>(std::string(self, size_t(n)));
+    for (size_t i = 0; i < o.cluster.worker_gpus.size(); ++i)
+      launcher->set_role_args("worker" + std::to_string(i),
+                              {"--gpus", gpu_list(o.cluster.worker_gpus[i])});
   }
   const ClusterSummary summary = run.run(launcher.get());
   progress.finish();
@@ -460,6 +499,9 @@ void add_cluster_commands(CLI::App& app) {
         "launch", "Train with a coordinator, parameter servers, workers and a scorer on this machine");
     add_cluster_options(cmd, *o);
     cmd->add_flag("--inproc", o->inproc, "Every role a thread of this process (inproc transport)");
+    cmd->add_option("--worker-gpus", o->worker_gpus,
+                    "With cuda: each worker's GPUs, one list per worker, e.g. \"0,1;2,3\" (default "
+                    "with --gpus-per-worker N: worker i on GPUs i*N..i*N+N-1)");
     cmd->callback([o] { run_cluster(*o, true); });
   }
   {

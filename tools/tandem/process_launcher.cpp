@@ -24,6 +24,8 @@ pid_t ProcessLauncher::spawn(const Child& c) const {
   std::vector<std::string> args{self_, c.kind, "--coordinator", c.coordinator, "--name", c.name};
   if (!c.bind.empty()) args.insert(args.end(), {"--bind", c.bind});
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  if (const auto it = role_args_.find(c.name); it != role_args_.end())
+    args.insert(args.end(), it->second.begin(), it->second.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -121,6 +123,10 @@ void ProcessLauncher::stop_all(int timeout_ms) {
       waitpid(c.pid, nullptr, 0);
       c.exited = true;
     }
+}
+
+void ProcessLauncher::set_role_args(const std::string& name, std::vector<std::string> args) {
+  role_args_[name] = std::move(args);
 }
 
 std::map<std::string, pid_t> ProcessLauncher::pids() const {

@@ -28,6 +28,10 @@ class ProcessLauncher final : public RoleLauncher {
   void watch(Coordinator& coordinator) override;
   void stop_all(int timeout_ms) override;
 
+  // More arguments for the role named `name` alone, from its next start on (launch gives each
+  // worker its GPUs: --gpus 2,3).
+  void set_role_args(const std::string& name, std::vector<std::string> args);
+
   // Process ids by role name (tests kill them).
   std::map<std::string, pid_t> pids() const;
 
@@ -42,6 +46,7 @@ class ProcessLauncher final : public RoleLauncher {
 
   std::string self_;
   std::vector<std::string> extra_args_;
+  std::map<std::string, std::vector<std::string>> role_args_;
   int max_restarts_;
   std::vector<Child> children_;
 };

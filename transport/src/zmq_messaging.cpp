@@ -1,5 +1,7 @@
 #include "zmq_messaging.h"
 
+#include <memory>
+
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
 #endif
@@ -31,12 +33,41 @@ inline void message_taken_over(const zmq::message_t& part) {
   throw TransportError(where + ": ZeroMQ " + op + " failed: " + e.what());
 }
 
+// ZeroMQ's free callback for a zero-copy frame: `hint` is the frame's own reference to its hold.
+void let_go(void* /*data*/, void* hint) {
+  auto* hold = static_cast<std::shared_ptr<SendHold>*>(hint);
+  SendHoldCount::remove(**hold);
+  delete hold;
+}
+
+zmq::message_t zero_copy_frame(const ByteSpan& f, const std::shared_ptr<SendHold>& hold) {
+  auto hint = std::make_unique<std::shared_ptr<SendHold>>(hold);
+  SendHoldCount::add(*hold);
+  try {
+    // ZeroMQ only reads the bytes; its API takes them as non-const.
+    zmq::message_t part(const_cast<uint8_t*>(f.data), f.size, &let_go, hint.get());
+    hint.release();  // the message owns it now: let_go deletes it
+    return part;
+  } catch (...) {
+    SendHoldCount::remove(*hold);
+    throw;
+  }
+}
+
+// frames[0] is the header frame, always copied; with `hold`, large tensor frames are not.
 void send_all(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
-              const zmq::message_t* routing_id, const std::string& where) {
+              const zmq::message_t* routing_id, const std::string& where,
+              const std::shared_ptr<SendHold>& hold) {
   std::vector<zmq::message_t> parts;
   parts.reserve(frames.size() + 1);
   if (routing_id != nullptr) parts.emplace_back(routing_id->data(), routing_id->size());
-  for (const ByteSpan& f : frames) parts.emplace_back(f.data, f.size);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const ByteSpan& f = frames[i];
+    if (hold && i > 0 && f.size >= kZeroCopyMinBytes)
+      parts.push_back(zero_copy_frame(f, hold));
+    else
+      parts.emplace_back(f.data, f.size);
+  }
   for (const zmq::message_t& part : parts) message_handed_over(part);
   try {
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -55,13 +86,14 @@ void send_all(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
 }  // namespace
 
 void send_message(zmq::socket_t& socket, const OutgoingMessage& message,
-                  const zmq::message_t* routing_id, const std::string& where) {
-  send_all(socket, message.frames(), routing_id, where);
+                  const zmq::message_t* routing_id, const std::string& where,
+                  const std::shared_ptr<SendHold>& hold) {
+  send_all(socket, message.frames(), routing_id, where, hold);
 }
 
 void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
                  const zmq::message_t* routing_id, const std::string& where) {
-  send_all(socket, frames, routing_id, where);
+  send_all(socket, frames, routing_id, where, nullptr);
 }
 
 bool receive_frames(zmq::socket_t& socket, Frames& out, long timeout_ms, const std::string& where) {

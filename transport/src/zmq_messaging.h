@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "send_hold.h"
 #include "tandem/error.h"
 #include "wire_protocol.h"
 
@@ -23,15 +24,19 @@ class TransportError : public Error {
 using Frames = std::vector<zmq::message_t>;
 
 // Sends `message` (header frame, then tensor frames), preceded by `routing_id` when given (a
-// ROUTER addressing a peer). Every frame is COPIED into a ZeroMQ message: ZeroMQ may keep a
-// zero-copy buffer past send() (an inproc receiver holds the sender's very buffer until it drops
-// the message), and the server's parameters change under a queued reply, so a copy is the only
-// lifetime that is always right. Zero-copy with an owned snapshot can come with the benchmarks.
+// ROUTER addressing a peer). Without `hold` every frame is COPIED into a ZeroMQ message, so the
+// caller may change the tensors as soon as this returns. With `hold`, tensor frames of at least
+// kZeroCopyMinBytes are sent zero-copy (send_hold.h): each counts on `hold` until ZeroMQ lets go
+// of it, and the caller must leave their bytes alone while hold->in_use(). Smaller frames and
+// the header frame are always copied (ZeroMQ keeps frames under 34 bytes inside the message, and
+// a copy of a few KiB costs less than the free callback's bookkeeping).
 // Throws TransportError naming `where` when ZeroMQ fails or the send would block (send timeout
 // or high-water mark: the send is abandoned, never half a message: ZeroMQ queues multipart
-// messages atomically).
+// messages atomically; frames not sent are let go at once).
+constexpr size_t kZeroCopyMinBytes = 4096;
 void send_message(zmq::socket_t& socket, const OutgoingMessage& message,
-                  const zmq::message_t* routing_id, const std::string& where);
+                  const zmq::message_t* routing_id, const std::string& where,
+                  const std::shared_ptr<SendHold>& hold = nullptr);
 
 // The same for raw frames (tests use it to send malformed messages).
 void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,

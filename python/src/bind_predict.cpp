@@ -1,0 +1,152 @@
+// tandem predict's output for Python: tandem._tandem._Predictions writes a dask array's blocks
+// (tandem.dask.predict) as the chunks of the same Zarr group `tandem predict` writes, through the
+// engine's own writer (engine/src/predictor.h): the same metadata, the same chunk files, each
+// written through a temporary file and a rename, and the same resume rule.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "array_rows.h"
+#include "backend.h"
+#include "gil.h"
+#include "predictor.h"
+#include "py_json.h"
+#include "tandem/tandem.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace tandem::python {
+
+namespace {
+
+PredictionsLayout layout_of(int format, int64_t rows, int64_t chunk_rows, int64_t classes,
+                            const std::string& fingerprint) {
+  if (format != 2 && format != 3)
+    throw InputError("zarr_format must be 2 or 3, not " + std::to_string(format));
+  PredictionsLayout l;
+  l.format = format == 2 ? zarr::Format::V2 : zarr::Format::V3;
+  l.rows = rows;
+  l.chunk_rows = chunk_rows;
+  l.classes = classes;
+  l.fingerprint = fingerprint;
+  return l;
+}
+
+// Class ids and probabilities of every row of `rows`, as tandem predict computes them.
+void predict_view(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
+                  float* probabilities) {
+  check_model_data(model.config(), view, false);
+  const int64_t classes = model.config().classes();
+  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
+  backend->set_parameters(model);
+  std::vector<float> logits(size_t(view.rows * classes));
+  predict_rows(*backend, view, classes, ids, probabilities, logits.data());
+}
+
+}  // namespace
+
+py::tuple predict_with_probabilities(const Model& model, py::handle images, int threads) {
+  const ArrayRows rows = array_rows(images, py::none(), false);
+  const DatasetView& view = rows.block.rows;
+  const int64_t classes = model.config().classes();
+  py::array_t<uint8_t> ids(py::ssize_t(view.rows));
+  py::array_t<float> probabilities({py::ssize_t(view.rows), py::ssize_t(classes)});
+  uint8_t* id_data = ids.mutable_data();
+  float* p_data = probabilities.mutable_data();
+  without_gil([&] { predict_view(model, view, threads, id_data, p_data); });
+  return py::make_tuple(ids, probabilities);
+}
+
+void bind_predict(py::module_& m) {
+  py::class_<PredictionsOutput>(
+      m, "_Predictions",
+      "A predictions group as tandem predict writes it (used by tandem.dask.predict).")
+      .def(py::init([](const std::string& out, int format, int64_t rows, int64_t chunk_rows,
+                       int64_t classes, const std::string& fingerprint,
+                       const std::string& overwrite_hint) {
+             return PredictionsOutput(out, layout_of(format, rows, chunk_rows, classes,
+                                                     fingerprint),
+                                      overwrite_hint);
+           }),
+           "out"_a, "zarr_format"_a, "rows"_a, "chunk_rows"_a, "classes"_a, "fingerprint"_a,
+           "overwrite_hint"_a,
+           "Opens a prepared group; InputError when it is missing or was made for another "
+           "layout or fingerprint.")
+      .def_static(
+          "prepare",
+          [](const std::string& out, int format, int64_t rows, int64_t chunk_rows,
+             int64_t classes, const std::string& fingerprint, py::dict attributes,
+             bool overwrite, const std::string& overwrite_hint) {
+            const PredictionsLayout layout =
+                layout_of(format, rows, chunk_rows, classes, fingerprint);
+            const nlohmann::json a = from_python(attributes);
+            without_gil([&] {
+              prepare_predictions_output(out, layout, a, overwrite, overwrite_hint);
+            });
+          },
+          "out"_a, "zarr_format"_a, "rows"_a, "chunk_rows"_a, "classes"_a, "fingerprint"_a,
+          "attributes"_a, "overwrite"_a, "overwrite_hint"_a,
+          "Creates the group, or checks the one there and removes an interrupted run's "
+          "temporary files.")
+      .def_static("remove", &remove_predictions_output, "out"_a,
+                  "Removes the predictions group at out (InputError if something else is "
+                  "there).")
+      .def_property_readonly("chunks", [](const PredictionsOutput& o) { return o.layout().chunks(); })
+      .def("chunk_done", &PredictionsOutput::chunk_done, "chunk"_a,
+           "Both of the chunk's files exist at full size.")
+      .def(
+          "predict_chunk",
+          [](const PredictionsOutput& o, int64_t chunk, const Model& model, py::handle images,
+             int threads) {
+            const PredictionsLayout& l = o.layout();
+            if (chunk < 0 || chunk >= l.chunks())
+              throw InputError("no chunk " + std::to_string(chunk) + " in predictions of " +
+                               l.describe());
+            const ArrayRows rows = array_rows(images, py::none(), false);
+            const DatasetView& view = rows.block.rows;
+            if (view.rows != l.rows_in_chunk(chunk))
+              throw InputError("chunk " + std::to_string(chunk) + " of predictions of " +
+                               l.describe() + " has " + std::to_string(l.rows_in_chunk(chunk)) +
+                               " rows; the block given has " + std::to_string(view.rows));
+            if (model.config().classes() != l.classes)
+              throw InputError("model " + model.config().describe() + " has " +
+                               std::to_string(model.config().classes()) +
+                               " outputs; the predictions have " + std::to_string(l.classes) +
+                               " classes");
+            without_gil([&] {
+              // Zeros beyond the rows of an edge chunk, as tandem predict writes them.
+              std::vector<uint8_t> ids(size_t(l.chunk_rows), 0);
+              std::vector<float> probabilities(size_t(l.chunk_rows * l.classes), 0.0f);
+              predict_view(model, view, threads, ids.data(), probabilities.data());
+              o.write_chunk(chunk, ids.data(), probabilities.data());
+            });
+            return view.rows;
+          },
+          "chunk"_a, "model"_a, "images"_a, "threads"_a = 1,
+          "Predicts the rows of chunk `chunk` and writes its two files; returns the rows.")
+      .def("classes",
+           [](const PredictionsOutput& o) {
+             const PredictionsLayout& l = o.layout();
+             py::array_t<uint8_t> out(py::ssize_t(l.rows));
+             uint8_t* data = out.mutable_data();
+             without_gil([&] {
+               std::vector<uint8_t> ids(size_t(l.chunk_rows));
+               for (int64_t c = 0; c < l.chunks(); ++c) {
+                 if (!o.read_classes(c, ids.data()))
+                   throw InputError(o.path() + ": chunk " + std::to_string(c) +
+                                  " of the classes is missing");
+                 std::copy(ids.begin(), ids.begin() + l.rows_in_chunk(c),
+                           data + c * l.chunk_rows);
+               }
+             });
+             return out;
+           },
+           "Every row's class, read back from the chunk files.");
+}
+
+}  // namespace tandem::python

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# tandem predict killed for real: a run over Fashion-MNIST's training split (28 chunks) gets
+# SIGKILL once some but not all of its chunks are complete; the rerun reports skipping exactly the
+# chunks that were complete, redoes the rest, removes what the killed write left, and its output
+# equals a clean run's byte for byte (every file, metadata included). Fails, rather than passing
+# vacuously, when the run ended before the kill could land.
+# usage: predict_kill_test.sh TANDEM
+set -uo pipefail
+tandem=$1
+dir=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
+
+store=$dir/fm.zarr model=$dir/wide.safetensors chunks=28
+# 55,000 training rows in chunks of 2,000 (the last an edge chunk of 1,000), through an untrained
+# 784-1024-1024-10 model on one thread: a few seconds, 0.1 to 0.2 s a chunk on the development
+# machine, so the kill lands long before the end.
+"$tandem" prepare --out "$store" --chunk-rows 2000 >/dev/null 2>&1
+"$tandem" train --data "$store" --epochs 0 --hidden 1024,1024 --checkpoint "$model" >/dev/null 2>&1
+check "prepared a store and saved a wide model" test -s "$model"
+
+predict() {
+  "$tandem" predict --model "$model" --data "$store" --split train --backend cpu --threads 1 \
+    "$@"
+}
+# Chunks whose two files are in place (they appear whole: each is renamed into place).
+complete() {
+  local n=0 c
+  for ((c = 0; c < chunks; c++)); do
+    [ -e "$1/classes/c/$c" ] && [ -e "$1/probabilities/c/$c/0" ] && n=$((n + 1))
+  done
+  echo $n
+}
+
+clean=$(predict --out "$dir/clean.zarr" --json)
+check "the clean run wrote all $chunks chunks ($(json_field "$clean" seconds) s)" \
+  test "$(json_field "$clean" chunks_written)" = $chunks
+
+out=$dir/killed.zarr
+# The binary itself in the background (not through the function: that would be a subshell, and
+# the kill would leave its tandem running).
+"$tandem" predict --model "$model" --data "$store" --split train --backend cpu --threads 1 \
+  --out "$out" >/dev/null 2>&1 &
+pid=$!
+while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+kill -9 "$pid" 2>/dev/null
+{ wait "$pid"; } 2>/dev/null; status=$?
+pid=
+check "the run was killed by SIGKILL while running (exit status $status, 137 expected)" \
+  test "$status" -eq 137
+done_before=$(complete "$out")
+check "some but not all chunks complete after the kill ($done_before of $chunks)" \
+  test "$done_before" -ge 2 -a "$done_before" -lt $chunks
+echo "left by the kill: $(find "$out" -name '*.tmp-*' | wc -l) temporary file(s)"
+
+again=$(predict --out "$out" --json)
+check "the rerun skipped the $done_before complete chunks ($(json_field "$again" chunks_skipped))" \
+  test "$(json_field "$again" chunks_skipped)" = "$done_before"
+check "the rerun wrote the other $((chunks - done_before))" \
+  test "$(json_field "$again" chunks_written)" = $((chunks - done_before))
+check "the rerun's accuracy is the clean run's" \
+  test "$(json_field "$again" correct)" = "$(json_field "$clean" correct)"
+text=$(predict --out "$out")
+check "a third run reports every chunk already done: $text" \
+  grep -q "$chunks chunks, 0 written, $chunks already done" <<<"$text"
+check "no temporary file left" test -z "$(find "$out" -name '*.tmp-*')"
+check "the output equals the clean run's, file for file and byte for byte" \
+  diff -r "$dir/clean.zarr" "$out"
+check "... with every chunk file there" \
+  test "$(find "$out" -type f | wc -l)" -eq $((2 * chunks + 3))
+summarize
