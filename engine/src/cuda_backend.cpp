@@ -113,8 +113,8 @@ void CudaBackend::set_parameters(const Model& model) {
   if (model.config().layers != config_.layers)
     throw InputError("model " + model.config().describe() + " does not match the backend's " +
                      config_.describe());
-  // A worker group drives each member's backend from a thread of its own, started per step
-  // (worker_group.h): the calling thread's current device must be this backend's.
+  // A worker group drives each member's backend from a member thread of its own, not the one
+  // that built it (worker_group.h): the calling thread's current device must be this backend's.
   TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
   std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
   copy_tensors_in(model.parameters(), layout_, arena.data(), "parameters");

@@ -131,6 +131,15 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
       return "gradient '" + t.name + "' has shape " + shape_text(t.shape) + ", expected " +
              shape_text(e->shape);
     }
+    // Gather into the aligned buffer (received frames may sit at any byte offset), then check
+    // the copy while it is in cache. The buffer is scratch: a push refused later leaves nothing.
+    float* staged = gradients_.data() + e->offset;
+    std::memcpy(staged, data[i].data, data[i].size);
+    if (!transport::all_finite(transport::span_of(staged, size_t(e->size)))) {
+      kind = "non-finite";
+      return "gradient '" + t.name + "' holds a non-finite value at element " +
+             std::to_string(transport::first_non_finite(data[i]));
+    }
   }
   // Names are unique (the decoder checks), all known: every parameter is there iff counts match.
   if (m.tensors.size() != entries_.size()) {
@@ -139,19 +148,6 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
       bool present = false;
       for (const auto& t : m.tensors) present |= t.name == e.name;
       if (!present) return "push lacks a gradient for '" + e.name + "' (a push carries all)";
-    }
-  }
-  // Gather into the aligned buffer (received frames may sit at any byte offset), then check the
-  // copy while it is still in cache. (One pass that checks each block as it copies it measured
-  // slower than these two: 18-20 us against 15 us for the default model's 313 KB.)
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const Entry* e = find(m.tensors[i].name);
-    float* staged = gradients_.data() + e->offset;
-    std::memcpy(staged, data[i].data, data[i].size);
-    if (!transport::all_finite(transport::span_of(staged, size_t(e->size)))) {
-      kind = "non-finite";
-      return "gradient '" + m.tensors[i].name + "' holds a non-finite value at element " +
-             std::to_string(transport::first_non_finite(data[i]));
     }
   }
   return "";

@@ -171,11 +171,11 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
         _Predictions.remove(out)  # refuses anything but a predictions group
     _Predictions.prepare(out, *layout, attributes, False, _OVERWRITE_HINT)
     output = _Predictions(out, *layout, _OVERWRITE_HINT)
-    todo = [c for c in range(output.chunks) if not output.chunk_done(c)]
+    missing = [c for c in range(output.chunks) if not output.chunk_done(c)]
     blocks = images.to_delayed().ravel()
     shared_model = dask.delayed(model)  # once in the graph, not once per task
     tasks = [dask.delayed(_predict_chunk_to, pure=False)(blocks[c], c, shared_model, out, layout,
-                                                         threads) for c in todo]
+                                                         threads) for c in missing]
     written = dask.compute(*tasks) if tasks else ()
     seconds = time.time() - started
     rows_predicted = int(sum(written))
