@@ -1,8 +1,10 @@
 // What a parameter server computes inside one push_pull, without the sockets: the default
-// model's gradients through PsShard::stage_gradients (checks, the copy into aligned memory, the
-// finite check) and apply_staged (the Adam sweep), and a plain memcpy of the parameters, the
-// copy a client makes of a reply (Handle::wait_into). The round trip's share of raw ZeroMQ
-// (tandem_zmq_roundtrip_bench) is read against these.
+// model's gradients through PsShard::stage_gradients (names, shapes and the finite check, read
+// from the frames in place) and apply_staged (the Adam sweep, reading the gradients from the
+// frames), and a plain memcpy of the parameters, the copy a client makes of a reply
+// (Handle::wait_into). The round trip's share of raw ZeroMQ (tandem_zmq_roundtrip_bench) is read
+// against these. The frames are hot in this thread's cache here; a server's come from ZeroMQ's
+// I/O thread.
 //
 //   tandem_ps_shard_bench --steps 2000
 #include <CLI/CLI.hpp>
@@ -67,7 +69,7 @@ int main(int argc, char** argv) {
     adam += micros(t1, t2);
     copy += micros(t2, t3);
   }
-  std::printf("per push (mean of %d): stage_gradients %.1f us, apply_staged (Adam) %.1f us, "
+  std::printf("per push (mean of %d): stage_gradients (checks) %.1f us, apply_staged (Adam) %.1f us, "
               "copy of the parameters %.1f us\n",
               steps, stage / steps, adam / steps, copy / steps);
   return 0;

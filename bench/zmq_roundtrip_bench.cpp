@@ -80,23 +80,28 @@ struct Contender {
 // put both ends on one I/O thread and save the hand-offs between two, which no deployment has.
 class RawPair {
  public:
-  RawPair(const std::string& bind, size_t bytes)
+  // One frame per entry of `frame_bytes`, each way (a multipart message when more than one).
+  RawPair(const std::string& bind, std::vector<size_t> frame_bytes)
       : router_(server_context_, zmq::socket_type::router),
         dealer_(client_context_, zmq::socket_type::dealer),
-        request_(bytes, 0xa5),
-        bytes_(bytes) {
+        sizes_(std::move(frame_bytes)) {
+    for (size_t n : sizes_) request_.emplace_back(n, 0xa5);
     router_.set(zmq::sockopt::linger, 0);
     router_.bind(bind);
     server_ = std::thread([this] {
-      std::vector<uint8_t> reply(bytes_, 0x5a);
+      std::vector<std::vector<uint8_t>> reply;
+      for (size_t n : sizes_) reply.emplace_back(n, 0x5a);
       zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
       while (!stop_.load()) {
         if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
-        zmq::message_t identity, request;
+        zmq::message_t identity, part;
         (void)router_.recv(identity);
-        (void)router_.recv(request);
+        do (void)router_.recv(part);
+        while (part.more());
         router_.send(identity, zmq::send_flags::sndmore);
-        router_.send(zmq::buffer(reply), zmq::send_flags::none);
+        for (size_t i = 0; i < reply.size(); ++i)
+          router_.send(zmq::buffer(reply[i]),
+                       i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       }
     });
     dealer_.set(zmq::sockopt::linger, 0);
@@ -107,17 +112,28 @@ class RawPair {
     server_.join();
   }
   void round_trip() {
-    dealer_.send(zmq::buffer(request_), zmq::send_flags::none);
-    zmq::message_t reply;
-    (void)dealer_.recv(reply);
-    if (reply.size() != bytes_) throw std::runtime_error("short reply");
+    for (size_t i = 0; i < request_.size(); ++i)
+      dealer_.send(zmq::buffer(request_[i]),
+                   i + 1 < request_.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    size_t got = 0;
+    zmq::message_t part;
+    do {
+      (void)dealer_.recv(part);
+      got += part.size();
+    } while (part.more());
+    if (got != total()) throw std::runtime_error("short reply");
   }
 
  private:
+  size_t total() const {
+    size_t n = 0;
+    for (size_t b : sizes_) n += b;
+    return n;
+  }
   zmq::context_t server_context_{1}, client_context_{1};
   zmq::socket_t router_, dealer_;
-  std::vector<uint8_t> request_;
-  size_t bytes_;
+  std::vector<size_t> sizes_;
+  std::vector<std::vector<uint8_t>> request_;
   std::atomic<bool> stop_{false};
   std::thread server_;
 };
@@ -171,25 +187,49 @@ int main(int argc, char** argv) {
   app.add_option("--slice", slice, "Seconds of one kind before the next takes over");
   app.add_option("--bytes", bytes, "Bytes each way per round trip");
   app.add_flag("--json", json, "One JSON line per transport");
+  std::string only;
+  app.add_option("--profile-only", only,
+                 "Run only this kind, with no comparison (for a profiler): raw, copied or zero-copy")
+      ->check(CLI::IsMember({"raw", "raw-frames", "copied", "zero-copy"}));
   CLI11_PARSE(app, argc, argv);
+  // The frames of Tandem's messages: a header frame (the tensor table) and one per tensor.
+  std::vector<size_t> frame_bytes;
+  {
+    const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
+    std::vector<tandem::transport::FloatTensorRef> refs;
+    for (const auto& t : model.parameters()) refs.push_back({t.name, t.shape, t.values.data()});
+    const auto out = tandem::transport::encode_float_message(tandem::transport::MessageType::PushPull,
+                                                             1, 0, refs);
+    for (const auto& f : out.frames()) frame_bytes.push_back(f.size);
+  }
   const std::string ipc = "ipc:///tmp/tandem-zmq-bench-" + std::to_string(::getpid());
   for (const std::string& bind : {std::string("tcp://127.0.0.1:*"), ipc}) {
     const std::string ps_ipc = bind == ipc ? ipc + "-ps" : bind;
-    RawPair raw_pair(bind, bytes);
+    RawPair raw_pair(bind, {bytes});
+    RawPair frames_pair(bind == ipc ? ipc + "-frames" : bind, frame_bytes);
     PsPair copied_pair(ps_ipc + (bind == ipc ? "-copied" : ""), false);
     PsPair zero_pair(ps_ipc, true);
-    std::vector<Contender> contenders(3);
+    std::vector<Contender> contenders(4);
     contenders[0].round_trip = [&] { raw_pair.round_trip(); };
     contenders[1].round_trip = [&] { copied_pair.round_trip(); };
     contenders[2].round_trip = [&] { zero_pair.round_trip(); };
+    contenders[3].round_trip = [&] { frames_pair.round_trip(); };
     for (auto& c : contenders)
       for (int i = 0; i < 50; ++i) c.round_trip();  // connect, warm the buffers
+    if (!only.empty()) {
+      Contender& c = contenders[only == "raw" ? 0 : only == "copied" ? 1 : only == "zero-copy" ? 2 : 3];
+      c.run_slice(seconds);
+      std::printf("%s %s: %zu round trips in %.2f s\n", bind.substr(0, bind.find(':')).c_str(),
+                  only.c_str(), c.latencies_us.size(), c.seconds);
+      continue;
+    }
     const int rounds = std::max(1, int(seconds / slice + 0.5));
     for (int round = 0; round < rounds; ++round)
-      for (int k = 0; k < 3; ++k) contenders[size_t((round + k) % 3)].run_slice(slice);
+      for (int k = 0; k < 4; ++k) contenders[size_t((round + k) % 4)].run_slice(slice);
     const Result raw = contenders[0].result(contenders[0]);
     const Result copied = contenders[1].result(contenders[0]);
     const Result ps = contenders[2].result(contenders[0]);
+    const Result frames = contenders[3].result(contenders[0]);
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
@@ -200,16 +240,22 @@ int main(int argc, char** argv) {
                                          {"ps_round_trips_per_s", ps.round_trips_per_s},
                                          {"ps_p50_us", ps.p50_us}, {"ps_p99_us", ps.p99_us},
                                          {"ps_copied_over_raw", copied.median_share_of_raw},
+                                         {"raw_frames_round_trips_per_s", frames.round_trips_per_s},
+                                         {"raw_frames_p50_us", frames.p50_us},
+                                         {"raw_frames_over_raw", frames.median_share_of_raw},
                                          {"ps_over_raw", ps.median_share_of_raw}}
                               .dump()
                               .c_str());
     else
-      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  "
-                  "zero-copy %7.0f/s (p50 %5.0f us, %.0f%% of raw)\n",
-                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, copied.round_trips_per_s,
-                  copied.p50_us, 100 * copied.median_share_of_raw, ps.round_trips_per_s, ps.p50_us,
-                  100 * ps.median_share_of_raw);
+      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  raw, Tandem's %zu frames %7.0f/s (p50 %5.0f us, "
+                  "%.0f%%)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  zero-copy %7.0f/s "
+                  "(p50 %5.0f us, %.0f%% of raw)\n",
+                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, frame_bytes.size(),
+                  frames.round_trips_per_s, frames.p50_us, 100 * frames.median_share_of_raw,
+                  copied.round_trips_per_s, copied.p50_us, 100 * copied.median_share_of_raw,
+                  ps.round_trips_per_s, ps.p50_us, 100 * ps.median_share_of_raw);
   }
-  for (const std::string& path : {ipc, ipc + "-ps", ipc + "-ps-copied"}) ::unlink(path.substr(6).c_str());
+  for (const std::string& path : {ipc, ipc + "-frames", ipc + "-ps", ipc + "-ps-copied"})
+    ::unlink(path.substr(6).c_str());
   return 0;
 }

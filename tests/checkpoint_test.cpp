@@ -1,6 +1,8 @@
 // Checkpoints: round trip, and refusal of truncated, corrupt or mismatched files.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -82,6 +84,35 @@ TEST(Checkpoint, RefusesAModelOfAnotherShape) {
   const std::string e = error_of(dir.file("c.safetensors"), &other);
   EXPECT_NE(e.find("784-100-10"), std::string::npos) << e;
   EXPECT_NE(e.find("784-128-10"), std::string::npos) << e;
+}
+
+// In memory (a search trial's state sent to another Dask worker): the very bytes of the file,
+// decoded with the file's checks.
+TEST(Checkpoint, EncodesTheFileBytesInMemory) {
+  test::TempDir dir;
+  const Checkpoint c = sample_checkpoint();
+  save_checkpoint(dir.file("c.safetensors"), c);
+  std::ifstream in(dir.file("c.safetensors"), std::ios::binary);
+  const std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), {});
+  const std::vector<uint8_t> bytes = encode_checkpoint(c);
+  EXPECT_EQ(bytes, file);
+  const Checkpoint r = decode_checkpoint(bytes.data(), bytes.size(), "state");
+  EXPECT_EQ(r.step, 1234);
+  EXPECT_EQ(r.epoch, 3);
+  for (size_t i = 0; i < c.model.parameters().size(); ++i) {
+    EXPECT_EQ(r.model.parameters()[i].values, c.model.parameters()[i].values);
+    EXPECT_EQ(r.state.v[i].values, c.state.v[i].values);
+  }
+  for (size_t cut : {bytes.size() - 1, bytes.size() / 2, size_t{100}, size_t{5}}) {
+    try {
+      decode_checkpoint(bytes.data(), cut, "state");
+      ADD_FAILURE() << "cut at " << cut << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
+    }
+  }
+  const ModelConfig other = ModelConfig::parse("784-128-10");
+  EXPECT_THROW(decode_checkpoint(bytes.data(), bytes.size(), "state", &other), InputError);
 }
 
 TEST(Checkpoint, RefusesMissingOptimizerState) {

@@ -23,6 +23,7 @@
 #include "ps_client.h"
 #include "ps_placement.h"
 #include "ps_server.h"
+#include "ps_shard.h"
 #include "safetensors.h"
 #include "tandem/model.h"
 #include "test_support.h"
@@ -1277,6 +1278,75 @@ void expect_parts_tile(const ModelShapes& m, const std::vector<TensorPart>& part
     EXPECT_EQ(offset, n) << m.names[t];
   }
   EXPECT_EQ(k, parts.size());
+}
+
+// The shard reads a push's gradients from the received frames themselves, and gathers a frame
+// at an odd byte offset (not readable as floats) into aligned memory first: either way each step
+// equals the trainer's Adam bit for bit, including the tensors whose length is not a multiple of
+// 16 floats (their last part group is swept from a zero-padded copy, as the trainer pads). A push
+// refused for a non-finite value in its last tensor, after the earlier ones passed, leaves the
+// parameters and moments as they were.
+TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
+  // The default model's shapes (784x100: whole groups of 16; 100, 100x10 and 10: a tail each).
+  std::vector<NamedTensor> params = Model::initialized(ModelConfig{}, 7).parameters();
+  for (size_t offset : {size_t(0), size_t(1)}) {
+    SCOPED_TRACE("frames at byte offset " + std::to_string(offset));
+    const auto init = transport::encode_float_message(MessageType::Init, 1, 0, [&] {
+      std::vector<transport::FloatTensorRef> refs;
+      for (const auto& t : params) refs.push_back({t.name, t.shape, t.values.data()});
+      return refs;
+    }());
+    const transport::DecodeResult init_in = transport::decode(init.frames());
+    ASSERT_TRUE(init_in.ok()) << init_in.error;
+    PsShard shard{OptimizerConfig{}};
+    shard.initialize(init_in.message, init_in.tensor_data);
+    ReferenceAdam ref(params);
+    for (int step = 0; step < 3; ++step) {
+      const auto g = gradients_like(params, 40 + 10 * uint32_t(step));
+      std::vector<transport::FloatTensorRef> refs;
+      for (const auto& t : g) refs.push_back({t.name, t.shape, t.values.data()});
+      const auto out = transport::encode_float_message(MessageType::Push, 2, 0, refs);
+      // The frames copied to `offset` bytes past a 64-byte boundary, back to back.
+      std::vector<transport::ByteSpan> frames = out.frames();
+      size_t bytes = 0;
+      for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size;
+      AlignedBuffer<uint8_t> moved(bytes + offset + 64);
+      uint8_t* at = moved.data() + offset;
+      for (size_t i = 1; i < frames.size(); ++i) {
+        std::memcpy(at, frames[i].data, frames[i].size);
+        frames[i].data = at;
+        at += frames[i].size;
+      }
+      const transport::DecodeResult in = transport::decode(frames);
+      ASSERT_TRUE(in.ok()) << in.error;
+      std::string kind;
+      ASSERT_EQ(shard.stage_gradients(in.message, in.tensor_data, kind), "");
+      shard.apply_staged();
+      ref.apply(g);
+      for (size_t i = 0; i < params.size(); ++i)
+        ASSERT_EQ(std::memcmp(shard.values(shard.entries()[i]), ref.w[i].values.data(),
+                              ref.w[i].values.size() * 4), 0)
+            << "step " << step << ", tensor " << params[i].name;
+    }
+    // A NaN in the last tensor: refused, nothing changed.
+    auto bad = gradients_like(params, 99);
+    bad.back().values[3] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<transport::FloatTensorRef> refs;
+    for (const auto& t : bad) refs.push_back({t.name, t.shape, t.values.data()});
+    const auto out = transport::encode_float_message(MessageType::Push, 3, 0, refs);
+    const transport::DecodeResult in = transport::decode(out.frames());
+    ASSERT_TRUE(in.ok()) << in.error;
+    const std::vector<float> m_before(shard.adam_m(shard.entries()[0]),
+                                      shard.adam_m(shard.entries()[0]) + 100);
+    std::string kind;
+    EXPECT_NE(shard.stage_gradients(in.message, in.tensor_data, kind), "");
+    EXPECT_EQ(kind, "non-finite");
+    EXPECT_EQ(shard.step(), 3);
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_EQ(std::memcmp(shard.values(shard.entries()[i]), ref.w[i].values.data(),
+                            ref.w[i].values.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(m_before.data(), shard.adam_m(shard.entries()[0]), 100 * 4), 0);
+  }
 }
 
 TEST(PsSharding, DefaultModelLoadIsEvenOnTwoAndThreeServers) {

@@ -69,9 +69,8 @@ std::string float_text(float x) {
   return buffer;
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+// The checkpoint as a safetensors file; `path` names it in errors.
+SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& checkpoint) {
   SafeTensorsFile file;
   const bool adam = checkpoint.optimizer.kind == OptimizerKind::Adam;
   const auto& params = checkpoint.model.parameters();
@@ -98,11 +97,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   file.metadata["epoch"] = std::to_string(checkpoint.epoch);
   file.metadata["seed"] = std::to_string(checkpoint.seed);
   file.metadata["batch"] = std::to_string(checkpoint.batch);
-  write_safetensors_atomic(path, file);
+  return file;
 }
 
-Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected) {
-  const SafeTensorsFile file = read_safetensors(path);
+// Checks a whole checkpoint file (read from `path`) and returns what it holds.
+Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
+                         const ModelConfig* expected) {
   if (metadata(file, path, "format") != kFormat)
     throw InputError(path + ": not a Tandem checkpoint (metadata format is '" +
                      metadata(file, path, "format") + "', expected '" + kFormat + "')");
@@ -155,6 +155,26 @@ Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected)
                      " needs " + std::to_string(expected_tensors));
   for (const auto& [key, value] : file.metadata) checkpoint.extra[key] = value;
   return checkpoint;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  write_safetensors_atomic(path, checkpoint_file(path, checkpoint));
+}
+
+Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected) {
+  return checkpoint_of(read_safetensors(path), path, expected);
+}
+
+std::vector<uint8_t> encode_checkpoint(const Checkpoint& checkpoint) {
+  const std::string name = "(checkpoint in memory)";
+  return encode_safetensors(checkpoint_file(name, checkpoint), name);
+}
+
+Checkpoint decode_checkpoint(const uint8_t* data, size_t size, const std::string& name,
+                             const ModelConfig* expected) {
+  return checkpoint_of(decode_safetensors(data, size, name), name, expected);
 }
 
 }  // namespace tandem

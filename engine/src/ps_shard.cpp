@@ -1,5 +1,6 @@
 #include "ps_shard.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "cpu/adam_cpu.h"
@@ -115,6 +116,7 @@ float* PsShard::writable_params(bool keep_values) {
 
 std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpan>& data,
                                      std::string& kind) {
+  staged_.clear();
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
     const Entry* e = find(t.name);
@@ -131,19 +133,27 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
       return "gradient '" + t.name + "' has shape " + shape_text(t.shape) + ", expected " +
              shape_text(e->shape);
     }
-    // Gather into the aligned buffer (received frames may sit at any byte offset), then check
-    // the copy while it is in cache. The buffer is scratch: a push refused later leaves nothing.
-    float* staged = gradients_.data() + e->offset;
-    std::memcpy(staged, data[i].data, data[i].size);
-    if (!transport::all_finite(transport::span_of(staged, size_t(e->size)))) {
+    // The optimizer reads the frame itself when it can; a device takes one contiguous upload,
+    // and a frame at an odd byte offset cannot be read as floats. The gathered copy is scratch:
+    // a push refused later leaves nothing behind.
+    const float* gradient = reinterpret_cast<const float*>(data[i].data);
+    if (device_ || reinterpret_cast<uintptr_t>(data[i].data) % alignof(float) != 0) {
+      float* gathered = gradients_.data() + e->offset;
+      std::memcpy(gathered, data[i].data, data[i].size);
+      gradient = gathered;
+    }
+    if (!transport::all_finite(transport::span_of(gradient, size_t(e->size)))) {
       kind = "non-finite";
+      staged_.clear();
       return "gradient '" + t.name + "' holds a non-finite value at element " +
              std::to_string(transport::first_non_finite(data[i]));
     }
+    staged_.push_back({e, gradient});
   }
   // Names are unique (the decoder checks), all known: every parameter is there iff counts match.
   if (m.tensors.size() != entries_.size()) {
     kind = "missing gradient";
+    staged_.clear();
     for (const auto& e : entries_) {
       bool present = false;
       for (const auto& t : m.tensors) present |= t.name == e.name;
@@ -153,12 +163,38 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
   return "";
 }
 
-void PsShard::apply_staged() { step_with_gradients(); }
+void PsShard::apply_staged() {
+  if (device_) {  // every gradient was gathered into gradients_
+    staged_.clear();
+    step_with_gradients();
+    return;
+  }
+  ++step_;
+  float* w = writable_params(true);
+  for (const Staged& s : staged_) {
+    // The kernel's vector body may contract to FMA where its scalar tail does not, so an
+    // element's bits depend on whether it falls in a whole vector. The trainer sweeps each tensor
+    // padded to 16 floats; so does this: whole 16-float groups straight from the frame, then the
+    // last part group from a zero-padded copy (the frame ends at the tensor's last float).
+    const int64_t whole = s.entry->size / kAlignFloats * kAlignFloats;
+    update(w, s.entry->offset, whole, s.gradient);
+    if (whole < s.entry->size) {
+      alignas(64) float tail[kAlignFloats] = {};
+      std::memcpy(tail, s.gradient + whole, size_t(s.entry->size - whole) * sizeof(float));
+      update(w, s.entry->offset + whole, kAlignFloats, tail);
+    }
+  }
+  staged_.clear();  // the frames are the caller's again
+}
 
 void PsShard::accumulate_staged() {
   float* sum = sum_.data();
-  const float* g = gradients_.data();
-  for (int64_t k = 0; k < total_; ++k) sum[k] += g[k];  // padding: 0 + 0
+  for (const Staged& s : staged_) {
+    float* into = sum + s.entry->offset;
+    const float* g = s.gradient;
+    for (int64_t k = 0; k < s.entry->size; ++k) into[k] += g[k];  // padding stays 0
+  }
+  staged_.clear();
   ++pending_;
 }
 
@@ -178,16 +214,18 @@ void PsShard::step_with_gradients() {
     device_->step(gradients_.data(), writable_params(false));
     return;
   }
-  float* w = writable_params(true);
-  float* m = moments_.data();
-  const float* g = gradients_.data();
+  update(writable_params(true), 0, total_, gradients_.data());
+}
+
+void PsShard::update(float* w, int64_t offset, int64_t n, const float* g) {
+  float* m = moments_.data() + offset;
+  float* v = moments_.data() + total_ + offset;
   if (optimizer_.kind == OptimizerKind::Adam) {
     const kernels::AdamHyper h{optimizer_.learning_rate, optimizer_.beta1, optimizer_.beta2,
                                optimizer_.epsilon};
-    const float lr_t = kernels::adam_step_size(h, step_);
-    kernels::adam_update_cpu(w, m, m + total_, &g, 1, 0, total_, lr_t, h);
+    kernels::adam_update_cpu(w + offset, m, v, &g, 1, 0, n, kernels::adam_step_size(h, step_), h);
   } else {
-    kernels::sgd_update_cpu(w, &g, 1, 0, total_, optimizer_.learning_rate);
+    kernels::sgd_update_cpu(w + offset, &g, 1, 0, n, optimizer_.learning_rate);
   }
 }
 

@@ -64,15 +64,19 @@ class PsShard {
 
   // Checks one push and stages its gradients: exactly this shard's tensors (every one: a push
   // must carry a gradient for every parameter the server holds, so no gradient is silently taken
-  // as zero), exact shapes, float32, finite. The gradients are gathered into an aligned buffer
-  // and checked for finiteness there, so the frames are read once. Returns "" when fine, else
-  // the problem; `kind` gets a short category for logging once per kind ("unknown name",
-  // "wrong shape", "non-finite", ...). A push that fails leaves the state untouched (only the
-  // staging buffer, which nothing else reads, may hold part of it).
+  // as zero), exact shapes, float32, finite. Returns "" when fine, else the problem; `kind` gets
+  // a short category for logging once per kind ("unknown name", "wrong shape", "non-finite",
+  // ...). A push that fails leaves the state untouched.
+  // Staging copies nothing when it can help it: on the CPU the optimizer later reads each
+  // gradient from its received frame, so `data` must stay alive and unchanged until
+  // apply_staged() or accumulate_staged() (the server calls both within one request). A frame
+  // that is not float-aligned, and every gradient for a device (one upload), is gathered into
+  // an aligned buffer instead.
   std::string stage_gradients(const transport::Message& m,
                               const std::vector<transport::ByteSpan>& data, std::string& kind);
   // One optimizer step with the staged gradients: step += 1, then Adam (TensorFlow's form, the
-  // trainer's kernel) or SGD over the whole shard.
+  // trainer's kernel) or SGD, tensor by tensor. Each element's update is the same arithmetic
+  // whether the sweep covers one tensor or the whole block, so the bits are the trainer's.
   void apply_staged();
 
   // Sync mode (SyncReplicasOptimizer): add the staged gradients into the step's running sum...
@@ -104,6 +108,13 @@ class PsShard {
   // in a free block (copying the values only when `keep_values`), which becomes the current one.
   float* writable_params(bool keep_values);
   void step_with_gradients();  // step += 1, one optimizer sweep with gradients_
+  // One optimizer sweep over `n` floats from `offset` (of the blocks) with gradients `g`.
+  void update(float* w, int64_t offset, int64_t n, const float* g);
+
+  struct Staged {
+    const Entry* entry;
+    const float* gradient;  // the received frame, or its copy in gradients_
+  };
 
   OptimizerConfig optimizer_;
   bool initialized_ = false;
@@ -114,7 +125,8 @@ class PsShard {
   transport::HeldPool<AlignedBuffer<float>> param_blocks_;
   std::shared_ptr<ParamBlock> params_;  // the current parameters, one of param_blocks_
   AlignedBuffer<float> moments_;        // Adam's m, then v
-  AlignedBuffer<float> gradients_;   // the push's gradients staged (aligned, zero padding)
+  std::vector<Staged> staged_;       // the staged push, tensor by tensor
+  AlignedBuffer<float> gradients_;   // gathered gradients (aligned, zero padding), when needed
   AlignedBuffer<float> sum_;         // sync mode: the step's gradients summed (zero padding)
   int64_t pending_ = 0;
   std::unique_ptr<ShardDevice> device_;

@@ -294,6 +294,41 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   return file;
 }
 
+std::vector<uint8_t> encode_safetensors(const SafeTensorsFile& file, const std::string& name) {
+  validate_for_write(name, file);
+  const std::string header = build_header(name, file);
+  size_t size = 8 + header.size();
+  for (const SafeTensor& t : file.tensors) size += t.data.size();
+  std::vector<uint8_t> out;
+  out.reserve(size);
+  for (int i = 0; i < 8; ++i) out.push_back(uint8_t(uint64_t(header.size()) >> (8 * i)));
+  out.insert(out.end(), header.begin(), header.end());
+  for (const SafeTensor& t : file.tensors) out.insert(out.end(), t.data.begin(), t.data.end());
+  return out;
+}
+
+SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::string& name) {
+  if (size < 8) {
+    input_error(name, std::to_string(size) + " bytes, shorter than 8 bytes (the header length)");
+  }
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | data[i];
+  if (header_size > kMaxHeaderBytes || header_size > size - 8) {
+    input_error(name, "header length " + std::to_string(header_size) + " is larger than the " +
+                          std::to_string(size - 8) + " bytes that follow the length field");
+  }
+  SafeTensorsFile file;
+  std::vector<HeaderEntry> entries = parse_header(
+      name, std::string(reinterpret_cast<const char*>(data) + 8, header_size), file.metadata);
+  const uint8_t* section = data + 8 + header_size;
+  check_layout(name, entries, size - 8 - header_size);
+  for (HeaderEntry& e : entries) {
+    e.tensor.data.assign(section + e.begin, section + e.end);
+    file.tensors.push_back(std::move(e.tensor));
+  }
+  return file;
+}
+
 void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& file) {
   validate_for_write(path, file);
   const std::string header = build_header(path, file);

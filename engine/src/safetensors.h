@@ -41,4 +41,10 @@ void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& fi
 // the path and the problem) for a malformed file, IoError when it cannot be opened or read.
 SafeTensorsFile read_safetensors(const std::string& path);
 
+// The same format as bytes in memory, for a file that travels between processes rather than
+// through a file system (a search trial's state moving to another Dask worker). The same checks
+// as writing and reading a file; `name` stands for the path in error messages.
+std::vector<uint8_t> encode_safetensors(const SafeTensorsFile& file, const std::string& name);
+SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::string& name);
+
 }  // namespace tandem

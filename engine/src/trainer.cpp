@@ -43,14 +43,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   backend_ = make_backend(config_.backend, config_.model, config_.optimizer, config_.threads,
                           config_.precision);
   if (!config_.resume_path.empty()) {
-    const Checkpoint ckpt = load_checkpoint(config_.resume_path, &config_.model);
-    if (ckpt.optimizer.kind != config_.optimizer.kind)
-      throw InputError(config_.resume_path + ": checkpoint was trained with " +
-                       to_string(ckpt.optimizer.kind) + ", this run asks for " +
-                       to_string(config_.optimizer.kind));
-    backend_->set_parameters(ckpt.model);
-    backend_->set_optimizer_state(ckpt.state, ckpt.step);
-    epoch_ = ckpt.epoch;
+    resume(load_checkpoint(config_.resume_path, &config_.model), config_.resume_path);
   } else if (!config_.init_path.empty()) {
     backend_->set_parameters(load_checkpoint(config_.init_path, &config_.model).model);
   } else {
@@ -59,6 +52,18 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
+  if (ckpt.model.config().layers != config_.model.layers)
+    throw InputError(source + ": checkpoint holds model " + ckpt.model.config().describe() +
+                     ", this run asks for " + config_.model.describe());
+  if (ckpt.optimizer.kind != config_.optimizer.kind)
+    throw InputError(source + ": checkpoint was trained with " + to_string(ckpt.optimizer.kind) +
+                     ", this run asks for " + to_string(config_.optimizer.kind));
+  backend_->set_parameters(ckpt.model);
+  backend_->set_optimizer_state(ckpt.state, ckpt.step);
+  epoch_ = ckpt.epoch;
+}
 
 std::string Trainer::backend_name() const { return backend_->name(); }
 int Trainer::threads() const { return backend_->threads(); }

@@ -143,7 +143,8 @@ void bind_model(py::module_& m) {
       [](py::tuple train, py::object validation, py::object test, const std::vector<int64_t>& layers,
          int epochs, int64_t batch, float learning_rate, const std::string& optimizer,
          const std::string& backend, int threads, uint64_t seed, bool shuffle, bool keep_best,
-         std::optional<std::function<void(py::dict)>> on_epoch) {
+         std::optional<std::function<void(py::dict)>> on_epoch, py::object resume,
+         bool return_state) -> py::tuple {
         if (train.size() != 2) throw py::value_error("train must be (images, labels)");
         auto pair = [](const py::object& o, const char* what) -> std::optional<ArrayRows> {
           if (o.is_none()) return std::nullopt;
@@ -167,6 +168,17 @@ void bind_model(py::module_& m) {
         config.keep_best = keep_best && val_rows.has_value();
         config.validate();
         Trainer trainer(config);
+        if (!resume.is_none()) {
+          if (!PyObject_CheckBuffer(resume.ptr()) || PyUnicode_Check(resume.ptr()))
+            throw py::type_error("resume must be the bytes of a training state (return_state=True)");
+          const py::buffer_info state = resume.cast<py::buffer>().request();
+          if (state.itemsize != 1 || state.ndim != 1 || state.strides[0] != 1)
+            throw py::type_error("resume must be a contiguous bytes-like object");
+          trainer.resume(decode_checkpoint(static_cast<const uint8_t*>(state.ptr),
+                                           static_cast<size_t>(state.size), "resume state",
+                                           &config.model),
+                         "resume state");
+        }
         if (on_epoch) {
           trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
             py::gil_scoped_acquire gil;
@@ -181,14 +193,24 @@ void bind_model(py::module_& m) {
           summary = trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
                                 test_rows ? test_rows->block.rows : DatasetView{});
         }
-        return py::make_tuple(trainer.model(), summary_dict(summary));
+        if (!return_state) return py::make_tuple(trainer.model(), summary_dict(summary));
+        const std::vector<uint8_t> state = encode_checkpoint(trainer.checkpoint());
+        return py::make_tuple(trainer.model(), summary_dict(summary),
+                              py::bytes(reinterpret_cast<const char*>(state.data()), state.size()));
       },
       "train"_a, "validation"_a = py::none(), "test"_a = py::none(),
       "layers"_a = std::vector<int64_t>{784, 100, 10}, "epochs"_a = 15, "batch"_a = 1000,
       "learning_rate"_a = 0.01f, "optimizer"_a = "adam", "backend"_a = "auto", "threads"_a = 0,
       "seed"_a = 1, "shuffle"_a = true, "keep_best"_a = true, "on_epoch"_a = py::none(),
+      "resume"_a = py::none(), "return_state"_a = false,
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
-      "(model, summary). on_epoch(report) is called after every epoch.");
+      "(model, summary). on_epoch(report) is called after every epoch.\n\n"
+      "return_state=True returns (model, summary, state): state is the run's whole training "
+      "state (parameters, optimizer moments, step, epochs done; the kept epoch's with "
+      "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "
+      "run (tandem train --resume): epochs counts the total, so only the missing epochs train, "
+      "and with the same settings (threads too) the result is the uninterrupted run's, bit for bit on the "
+      "CPU backend. Bytes travel anywhere a Python object does (pickle, Dask).");
 }
 
 }  // namespace tandem::python

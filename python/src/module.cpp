@@ -12,6 +12,7 @@ namespace tandem::python {
 void bind_model(py::module_& m);
 void bind_cluster(py::module_& m);
 void bind_predict(py::module_& m);
+void bind_search(py::module_& m);
 }  // namespace tandem::python
 
 PYBIND11_MODULE(_tandem, m) {
@@ -41,4 +42,5 @@ PYBIND11_MODULE(_tandem, m) {
   tandem::python::bind_model(m);
   tandem::python::bind_cluster(m);
   tandem::python::bind_predict(m);
+  tandem::python::bind_search(m);
 }

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import os
 import time
 
 import numpy as np
 
-from ._tandem import Error, InputError, _Predictions, train as _train
+from ._tandem import Error, InputError, _Predictions, _SuccessiveHalving, train as _train
 
 
 def expand_grid(grid):
@@ -30,10 +31,124 @@ def _trial(index, config, train, validation, common):
     try:
         model, summary = _train(tuple(train), validation=tuple(validation), **settings)
     except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
-        return {"trial": index, "config": config, "error": f"{type(e).__name__}: {e}",
-                "seconds": time.time() - started}
-    return {"trial": index, "config": config, "validation": summary["validation"],
-            "epochs": summary["epochs"], "seconds": time.time() - started, "model": model}
+        return {"trial": index, "config": config, "status": "failed",
+                "error": f"{type(e).__name__}: {e}", "seconds": time.time() - started}
+    return {"trial": index, "config": config, "status": "completed",
+            "validation": summary["validation"], "epochs": summary["epochs"],
+            "seconds": time.time() - started, "model": model}
+
+
+def _rung_job(trial, config, epochs, final, state, train, validation, common):
+    """A Dask task: one trial trained from its last state (None: from the start) to `epochs` in
+    all. Between rungs the state must be the last epoch's, which the next rung continues; the
+    last rung keeps the best epoch (keep_best, as tandem search does). An error is a result."""
+    started = time.time()
+    settings = dict(common, **config)
+    keep_best = settings.pop("keep_best", True) and final
+    history = []
+    try:
+        model, summary, new_state = _train(
+            tuple(train), validation=tuple(validation), epochs=epochs, keep_best=keep_best,
+            resume=state, return_state=True,
+            on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
+            **settings)
+    except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - started}
+    return {"history": history, "validation": summary["validation"], "model": model,
+            "state": new_state, "kept_epoch": summary["kept_epoch"],
+            "seconds": time.time() - started}
+
+
+_ASHA_RESERVED = ("epochs", "resume", "return_state", "on_epoch")
+
+
+def _successive_halving(client, configs, train_data, validation_data, common, budget, min_epochs,
+                        eta, budget_seconds, slots):
+    """The driver of search(budget=...): tandem search's loop, with Dask tasks for processes."""
+    from distributed import as_completed
+
+    halving = _SuccessiveHalving(len(configs), min_epochs, budget, eta)
+    top = len(halving.rung_epochs) - 1
+    if slots is None:
+        slots = max(1, sum(client.nthreads().values()))
+    records = [{"trial": i, "config": c, "epochs": 0, "seconds": 0.0}
+               for i, c in enumerate(configs)]
+    losses = [[] for _ in configs]  # validation loss per sample of every epoch trained
+    states = [None] * len(configs)  # the last state of trials that may be promoted
+    running = {}
+    jobs = as_completed(loop=client.loop)
+    started = time.monotonic()
+    closed = False
+    while True:
+        if budget_seconds and not closed and time.monotonic() - started >= budget_seconds:
+            # Start nothing more. The running jobs finish and count: a Dask task cannot be
+            # interrupted inside the engine, so the search overruns by at most one job.
+            closed = True
+            for i in range(len(configs)):
+                if halving.status(i) in ("pending", "waiting", "running"):
+                    records[i]["stopped_by_time_budget"] = True
+            halving.close()
+        while not closed and len(running) < slots:
+            job = halving.next()
+            if job is None:
+                break
+            trial, rung, epochs = job
+            future = client.submit(_rung_job, trial, configs[trial], epochs, rung == top,
+                                   states[trial], train_data, validation_data, common,
+                                   pure=False)
+            running[future] = job
+            jobs.add(future)
+        for i, state in enumerate(states):  # only a trial that may go on needs its state
+            if state is not None and halving.status(i) in ("stopped", "failed"):
+                states[i] = None
+        if not running:
+            break
+        finished = jobs.next_batch(block=not budget_seconds or closed)
+        if not finished:
+            time.sleep(0.05)
+            continue
+        for future in finished:
+            trial, rung, epochs = running.pop(future)
+            record = records[trial]
+            try:
+                result = future.result()
+            except Exception as e:  # noqa: BLE001 - the task itself died (a lost worker)
+                result = {"error": f"{type(e).__name__}: {e}", "seconds": 0.0}
+            record["seconds"] += result["seconds"]
+            states[trial] = None
+            if "error" in result:
+                record["error"] = result["error"]
+                halving.fail(trial)
+                continue
+            losses[trial] += [math.inf if math.isnan(loss) else loss
+                              for _, loss in result["history"]]
+            record.update(epochs=len(losses[trial]), validation_losses=list(losses[trial]),
+                          validation=result["validation"],
+                          model=result["model"], kept_epoch=result["kept_epoch"])
+            # Ranked as tandem search ranks: the trial's best validation loss so far.
+            halving.report(trial, min(losses[trial], default=math.inf))
+            if closed:
+                halving.stop(trial)
+            states[trial] = result["state"]
+    for i, record in enumerate(records):
+        record.update(status=halving.status(i), rung=halving.rung(i))
+        if record["status"] != "stopped":
+            record.pop("stopped_by_time_budget", None)
+        if losses[i]:
+            record["best_validation_loss"] = min(losses[i])
+    ranked = _ranked(records)
+    if states[ranked[0]["trial"]] is not None:  # the best may go on training
+        ranked[0]["state"] = states[ranked[0]["trial"]]
+    return ranked
+
+
+def _ranked(records):
+    """By validation loss (the seed's score): with successive halving the trial's best per
+    sample, what ranked it at its rungs (a stopped trial's last epoch may be worse); failed
+    trials and trials that never finished a job last."""
+    return sorted(records, key=lambda r: ("error" in r, "validation" not in r,
+                                          r.get("best_validation_loss",
+                                                r.get("validation", {}).get("loss_sum", 0.0))))
 
 
 def _computed(value):
@@ -41,7 +156,8 @@ def _computed(value):
     return tuple(v.compute() if hasattr(v, "__dask_graph__") else np.asarray(v) for v in value)
 
 
-def search(client, configs, train, validation, **common):
+def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta=3,
+           budget_seconds=0, slots=None, **common):
     """Trains one model per configuration, in parallel on the Dask cluster's workers.
 
     configs: a list of dicts of tandem.train keywords (learning_rate, layers, batch, epochs, ...)
@@ -50,21 +166,60 @@ def search(client, configs, train, validation, **common):
         (broadcast) and shared by all the trials there, not copied per trial.
     common: keywords for every trial (threads defaults to 1: trials run side by side).
 
+    Without budget every trial trains its epochs. With budget (epochs), hopeless trials stop
+    early by asynchronous successive halving, tandem search's rule and code (ASHA): rungs at
+    min_epochs, min_epochs*eta, ... epochs up to budget; a trial that finishes a rung goes on
+    when its best validation loss so far ranks in the top 1/eta of the trials seen there, and
+    once a rung can get no more trials the rest of it is stopped (at least one trial trains
+    the whole budget). A promotion continues the trial from its training state (tandem.train's
+    resume), so a promoted trial ends as an uninterrupted run of its epochs would. At most
+    `slots` jobs run at once (default: the cluster's worker threads). budget_seconds: after
+    that many seconds no job starts and the waiting trials stop; the jobs already running
+    finish and count (a task cannot be interrupted inside the engine), so the search overruns
+    by at most one job. The rungs set epochs (not to be given); earlier rungs keep their last
+    epoch, which the next continues, and keep_best applies to the last rung (default: it keeps
+    its best epoch, as tandem search does).
+
     Returns the trials sorted by validation loss (the seed's score), each {trial, config,
-    validation, epochs, seconds, model}; trials that failed come last with their error.
+    status, validation, epochs, seconds, model}; trials that failed come last with their error.
+    With budget each also has rung (the highest finished, -1: none), best_validation_loss (per
+    sample, what ranked it), validation_losses (per sample, every epoch trained) and
+    kept_epoch; status is completed, stopped or failed; validation and model are of the trial's
+    last job (its last epoch, or the last rung's kept epoch). Training states are dropped as
+    trials stop or fail; the best trial, when it completed, has state (tandem.train's resume
+    bytes) to go on training; every trial that finished a job has its model.
     """
     if isinstance(configs, dict):
         configs = expand_grid(configs)
     if not configs:
         raise InputError("search needs at least one configuration")
+    if budget is None:
+        if (min_epochs, eta, budget_seconds, slots) != (1, 3, 0, None):
+            raise InputError("min_epochs, eta, budget_seconds and slots are successive "
+                             "halving's: give budget (the most epochs a trial trains) too")
+    else:
+        if eta < 2:
+            raise InputError(f"eta={eta}: expected >= 2 (rungs grow by eta, the top 1/eta go on)")
+        if min_epochs < 1:
+            raise InputError(f"min_epochs={min_epochs}: expected >= 1")
+        if budget < min_epochs:
+            raise InputError(f"budget={budget}: expected >= min_epochs ({min_epochs})")
+        if budget_seconds < 0 or (slots is not None and slots < 1):
+            raise InputError(f"budget_seconds={budget_seconds}, slots={slots}: expected "
+                             "budget_seconds >= 0 and slots >= 1")
+        given = set(common).union(*map(set, configs)).intersection(_ASHA_RESERVED)
+        if given:
+            raise InputError(f"with budget, successive halving sets {', '.join(sorted(given))}"
+                             " itself; do not give them")
     common = dict({"threads": 1, "backend": "cpu"}, **common)
     train_data = client.scatter(_computed(train), broadcast=True)
     validation_data = client.scatter(_computed(validation), broadcast=True)
+    if budget is not None:
+        return _successive_halving(client, configs, train_data, validation_data, common, budget,
+                                   min_epochs, eta, budget_seconds, slots)
     futures = [client.submit(_trial, i, config, train_data, validation_data, common, pure=False)
                for i, config in enumerate(configs)]
-    results = client.gather(futures)
-    return sorted(results, key=lambda r: (r.get("error") is not None,
-                                          r.get("validation", {}).get("loss_sum", 0.0)))
+    return _ranked(client.gather(futures))
 
 
 def _predict_block(block, model):

@@ -15,7 +15,8 @@ The coordinator runs in the client's process; the roles join it over ZeroMQ, so 
 be reachable from the Dask workers (as Dask's own client is).
 
 The seed's simple parallelism is here too: ``search(client, configs, train, validation)`` trains
-a model per configuration on the Dask workers and ranks them, ``predict(model, images)`` applies
+a model per configuration on the Dask workers and ranks them (with ``budget=EPOCHS``, stopping
+hopeless trials early by tandem search's successive halving), ``predict(model, images)`` applies
 a model to a dask array block by block (``predict(model, images, out)`` writes the classes and
 probabilities as ``tandem predict`` does, a resumable Zarr group).
 """

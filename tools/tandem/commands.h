@@ -9,6 +9,7 @@ namespace tandem::cli {
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_search_command(CLI::App& app);
+void add_trial_slots_command(CLI::App& app);
 void add_predict_command(CLI::App& app);
 
 }  // namespace tandem::cli

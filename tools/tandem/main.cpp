@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_train_command(app);
   tandem::cli::add_eval_command(app);
   tandem::cli::add_search_command(app);
+  tandem::cli::add_trial_slots_command(app);
   tandem::cli::add_predict_command(app);
   tandem::cli::add_prepare_command(app);
   tandem::cli::add_inspect_command(app);

@@ -4,20 +4,22 @@
 // to --processes at once. Asynchronous successive halving (successive_halving.h) decides which
 // trials go on to more epochs: a promotion reruns the trial with --resume and a larger --epochs.
 // A trial whose process crashes is reported, with the tail of its log, and the search goes on.
+// With --slots the trials run on slot servers instead (tandem trial-slots, trial_slot_pool.h),
+// here or on other machines that share the search's filesystem.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -26,6 +28,9 @@
 #include "search_space.h"
 #include "successive_halving.h"
 #include "tandem/tandem.h"
+#include "trial_process.h"
+#include "trial_slot_pool.h"
+#include "zmq_curve.h"
 
 namespace tandem::cli {
 
@@ -46,6 +51,10 @@ struct SearchOptions {
   int threads_per_trial = 0;
   std::string out = "search";
   bool json = false;
+  std::vector<std::string> slots;  // slot server endpoints (tandem trial-slots); empty: local
+  double slots_timeout = 10;
+  std::string slots_curve_server;  // the servers' public key file
+  std::string slots_curve_client;  // this search's key file (default: a throwaway key)
   int crash_trial = -1;  // hidden test hook: this trial's process gets an invalid option
 };
 
@@ -60,6 +69,7 @@ struct TrialRecord {
   std::vector<EpochResult> epochs;
   double seconds = 0;
   std::string error;
+  std::string slot;  // where its last job ran: "local" or a slot server's endpoint
   bool cut = false;  // stopped by --budget-seconds while running
   const EpochResult* best() const {
     const EpochResult* b = nullptr;
@@ -71,25 +81,110 @@ struct TrialRecord {
 
 struct RunningJob {
   HalvingJob job;
-  pid_t pid = 0;
+  std::string key;  // the job's name for its runner
   Clock::time_point start;
 };
 
-std::string self_path() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("search: cannot find this program's path (/proc/self/exe): " + ec.message());
-  return p.string();
+// Where the trials run: processes of this search, or slots of tandem trial-slots servers. Jobs
+// are `tandem train` argument lists (without the program) named by a key.
+class TrialRunner {
+ public:
+  using Args = std::function<std::vector<std::string>(int threads)>;
+  virtual ~TrialRunner() = default;
+  virtual int free_slots() const = 0;
+  // False once no slot can ever free up again (every slot server is gone).
+  virtual bool any_slots() const { return true; }
+  // Why nothing can start any more.
+  virtual std::string why_no_slots() const { return "no trial slots"; }
+  // Starts the job, its output appended to `log`; returns where it runs.
+  virtual std::string start(const std::string& key, const Args& args, const std::string& log) = 0;
+  virtual void cancel(const std::string& key) = 0;  // SIGTERM; its end comes from wait()
+  // The jobs that ended within about timeout_ms.
+  virtual std::vector<SlotJobEnd> wait(long timeout_ms) = 0;
+};
+
+class LocalTrials final : public TrialRunner {
+ public:
+  LocalTrials(int processes, int threads) : processes_(processes), threads_(threads) {}
+  int free_slots() const override { return processes_ - static_cast<int>(pids_.size()); }
+  std::string start(const std::string& key, const Args& args, const std::string& log) override {
+    std::vector<std::string> argv{self_};
+    for (const std::string& a : args(threads_)) argv.push_back(a);
+    pids_[key] = start_trial_process(argv, log, "search: cannot start " + key);
+    return "local";
+  }
+  void cancel(const std::string& key) override {
+    if (const auto it = pids_.find(key); it != pids_.end()) kill(it->second, SIGTERM);
+  }
+  std::vector<SlotJobEnd> wait(long timeout_ms) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    std::vector<SlotJobEnd> ended;
+    for (auto it = pids_.begin(); it != pids_.end();) {
+      int status = 0;
+      if (waitpid(it->second, &status, WNOHANG) != it->second) {
+        ++it;
+        continue;
+      }
+      ended.push_back({it->first, WIFEXITED(status) && WEXITSTATUS(status) == 0, describe_exit(status)});
+      it = pids_.erase(it);
+    }
+    return ended;
+  }
+
+ private:
+  const std::string self_ = self_path();
+  int processes_, threads_;
+  std::map<std::string, pid_t> pids_;
+};
+
+class RemoteTrials final : public TrialRunner {
+ public:
+  RemoteTrials(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
+      : pool_(endpoints, std::move(options)) {}
+  int free_slots() const override { return pool_.free_slots(); }
+  bool any_slots() const override { return pool_.total_slots() > 0; }
+  std::string why_no_slots() const override {
+    return "every slot server is gone (" + pool_.lost_servers() + ")";
+  }
+  std::string start(const std::string& key, const Args& args, const std::string& log) override {
+    return pool_.start(key, args, log);
+  }
+  void cancel(const std::string& key) override { pool_.cancel(key); }
+  std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_.wait(timeout_ms); }
+  int total_slots() const { return pool_.total_slots(); }
+
+ private:
+  TrialSlotPool pool_;
+};
+
+// --slots-timeout and the CURVE keys of --slots-curve-server and --slots-curve-client.
+TrialSlotPoolOptions slot_pool_options(const SearchOptions& o) {
+  TrialSlotPoolOptions pool;
+  pool.timeout_ms = static_cast<int>(o.slots_timeout * 1000);
+  if (o.slots_curve_server.empty()) {
+    if (!o.slots_curve_client.empty())
+      throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
+    return pool;
+  }
+  pool.curve_server_key = transport::read_curve_key_file(o.slots_curve_server).public_key;
+  if (!o.slots_curve_client.empty()) {
+    const transport::CurveKeyPair mine = transport::read_curve_key_file(o.slots_curve_client);
+    if (mine.secret_key.empty())
+      throw InputError(o.slots_curve_client + " holds no secret key (give the .key_secret file)");
+    pool.curve_public_key = mine.public_key;
+    pool.curve_secret_key = mine.secret_key;
+  }
+  return pool;
 }
 
 std::string trial_file(const SearchOptions& o, int trial, const std::string& suffix) {
   return (fs::path(o.out) / ("trial-" + std::to_string(trial) + suffix)).string();
 }
 
-// Starts `tandem train` for the job, its stdout and stderr appended to the trial's log.
-pid_t spawn_trial(const std::string& self, const SearchOptions& o, const TrialConfig& config,
-                  const HalvingJob& job, int threads) {
-  std::vector<std::string> args{self, "train", "--data", o.data};
+// The arguments of `tandem train` for the job (without the program).
+std::vector<std::string> train_args(const SearchOptions& o, const TrialConfig& config,
+                                    const HalvingJob& job, int threads) {
+  std::vector<std::string> args{"train", "--data", o.data};
   for (const std::string& a : config.train_args()) args.push_back(a);
   args.insert(args.end(), {"--epochs", std::to_string(job.epochs), "--threads",
                            std::to_string(threads), "--checkpoint",
@@ -101,28 +196,7 @@ pid_t spawn_trial(const std::string& self, const SearchOptions& o, const TrialCo
   args.insert(args.end(), {"--keep", job.epochs == o.budget ? "best" : "last"});
   if (job.rung > 0) args.insert(args.end(), {"--resume", trial_file(o, job.trial, ".safetensors")});
   if (job.trial == o.crash_trial) args.push_back("--search-test-crash");
-  const std::string log = trial_file(o, job.trial, ".log");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw Error("search: cannot start trial " + std::to_string(job.trial) + ": fork: " +
-                           std::strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // trials die with the search, however it ends
-    if (getppid() != parent) _exit(1);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "tandem search: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  return pid;
+  return args;
 }
 
 // The epoch records of one job's metrics file (missing or partial files give what is there).
@@ -154,11 +228,6 @@ std::string log_tail(const std::string& path, size_t lines) {
   return out;
 }
 
-std::string describe_exit(int status) {
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "exited with status " + std::to_string(WEXITSTATUS(status));
-}
-
 std::string fixed(double x, int digits) {
   if (!std::isfinite(x)) return "inf";
   char text[64];
@@ -173,9 +242,30 @@ void run_search(SearchOptions& o) {
       o.trials_file.empty() ? parse_grid(o.grid) : load_trial_file(o.trials_file);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int processes = o.processes > 0 ? o.processes : cores;
-  const int threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / processes);
+  int threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / processes);
   SuccessiveHalving halving(static_cast<int>(configs.size()), o.min_epochs, o.budget, o.eta);
-  const std::string self = self_path();
+  std::unique_ptr<TrialRunner> runner;
+  RemoteTrials* remote = nullptr;
+  int slots_at_start = 0;
+  std::string where;
+  if (o.slots.empty()) {
+    runner = std::make_unique<LocalTrials>(processes, threads);
+    where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";
+  } else {
+    if (o.processes > 0)
+      throw InputError("search: --processes is for local trials; with --slots the servers' slot "
+                       "counts set how many run at once");
+    // The slot servers run the trials in their own working directories: every path absolute.
+    o.out = fs::absolute(o.out).string();
+    o.data = fs::absolute(o.data).string();
+    auto r = std::make_unique<RemoteTrials>(o.slots, slot_pool_options(o));
+    remote = r.get();
+    runner = std::move(r);
+    if (o.threads_per_trial == 0) threads = 0;  // each server's own
+    slots_at_start = remote->total_slots();
+    where = std::to_string(slots_at_start) + " slots on " + std::to_string(o.slots.size()) +
+            " slot server(s)";
+  }
   fs::create_directories(o.out);
   fs::remove(fs::path(o.out) / "best.safetensors");  // an earlier search's
   for (size_t i = 0; i < configs.size(); ++i)  // logs and metrics of an earlier search
@@ -189,15 +279,16 @@ void run_search(SearchOptions& o) {
   std::string rungs_text;
   for (int r : halving.rung_epochs()) rungs_text += (rungs_text.empty() ? "" : ", ") + std::to_string(r);
   std::fprintf(stderr,
-               "tandem search: %zu trials on %s, %d processes x %d threads, rungs at %s epochs "
-               "(eta %d)%s\n",
-               configs.size(), o.data.c_str(), processes, threads, rungs_text.c_str(), o.eta,
+               "tandem search: %zu trials on %s, %s, rungs at %s epochs (eta %d)%s\n",
+               configs.size(), o.data.c_str(), where.c_str(), rungs_text.c_str(), o.eta,
                o.budget_seconds > 0 ? (", at most " + fixed(o.budget_seconds, 0) + " s").c_str() : "");
 
   ProgressLine progress;
   const auto start = Clock::now();
   std::vector<RunningJob> running;
+  std::deque<HalvingJob> refused;  // a busy slot server refused them: they start again first
   bool closed = false;
+  std::string no_slots;  // set when the slot servers are all gone with work left
   int best_trial = -1;
   auto best_loss = [&](int t) {
     const EpochResult* b = records[t].best();
@@ -221,31 +312,67 @@ void run_search(SearchOptions& o) {
       // The time budget is spent: start nothing more, end the running trials where they are.
       closed = true;
       halving.close();
-      for (RunningJob& r : running) kill(r.pid, SIGTERM);
+      for (RunningJob& r : running) runner->cancel(r.key);
+      for (const HalvingJob& j : refused) {
+        records[j.trial].cut = true;
+        halving.stop(j.trial);
+      }
+      refused.clear();
       progress.print_line("tandem search: --budget-seconds reached; stopping " +
                           std::to_string(running.size()) + " running trial(s)");
     }
-    while (!closed && static_cast<int>(running.size()) < processes) {
-      const std::optional<HalvingJob> job = halving.next();
+    while (!closed && runner->free_slots() > 0) {
+      std::optional<HalvingJob> job;
+      if (!refused.empty()) {
+        job = refused.front();
+        refused.pop_front();
+      } else {
+        job = halving.next();
+      }
       if (!job) break;
-      running.push_back({*job, spawn_trial(self, o, configs[job->trial], *job, threads), Clock::now()});
+      const std::string key = "trial-" + std::to_string(job->trial) + ".r" + std::to_string(job->rung);
+      const TrialConfig& config = configs[job->trial];
+      const int given_threads = threads;
+      records[job->trial].slot = runner->start(
+          key,
+          [&, job](int slot_threads) {
+            return train_args(o, config, *job, given_threads > 0 ? given_threads : slot_threads);
+          },
+          trial_file(o, job->trial, ".log"));
+      running.push_back({*job, key, Clock::now()});
     }
-    if (running.empty()) break;
+    if (running.empty() && refused.empty() && halving.done()) break;
+    // Nothing runs and nothing can (every slot server is gone): end with what is there. (Slot
+    // servers that are only busy with another search's trials are waited for.)
+    if (running.empty() && !runner->any_slots()) {
+      no_slots = runner->why_no_slots();
+      for (const HalvingJob& j : refused) {
+        records[j.trial].error = "never started: " + no_slots;
+        halving.fail(j.trial);
+      }
+      refused.clear();
+      halving.close();
+      progress.print_line("tandem search: " + no_slots);
+      break;
+    }
     progress.update(status_line());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (size_t i = 0; i < running.size();) {
-      int status = 0;
-      if (waitpid(running[i].pid, &status, WNOHANG) != running[i].pid) {
-        ++i;
+    for (const SlotJobEnd& end : runner->wait(50)) {
+      const auto it = std::find_if(running.begin(), running.end(),
+                                   [&](const RunningJob& r) { return r.key == end.job; });
+      if (it == running.end()) continue;
+      const RunningJob r = *it;
+      running.erase(it);
+      TrialRecord& rec = records[r.job.trial];
+      if (end.retry) {
+        refused.push_back(r.job);
+        progress.print_line("trial " + std::to_string(r.job.trial) + ": " + end.how +
+                            "; it waits for a free slot");
         continue;
       }
-      const RunningJob r = running[i];
-      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-      TrialRecord& rec = records[r.job.trial];
       rec.seconds += std::chrono::duration<double>(Clock::now() - r.start).count();
       for (const EpochResult& e : read_epochs(trial_file(o, r.job.trial, ".r" + std::to_string(r.job.rung) + ".jsonl")))
         rec.epochs.push_back(e);
-      const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      const bool clean = end.clean;
       const std::string name = "trial " + std::to_string(r.job.trial) + " [" + rec.config.describe() + "]";
       if (closed) {
         rec.cut = true;
@@ -253,8 +380,8 @@ void run_search(SearchOptions& o) {
         progress.print_line(name + ": stopped by the time budget after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else if (!clean || rec.epochs.empty() || rec.epochs.back().epoch < r.job.epochs) {
-        rec.error = (clean ? std::string("exited 0 without its epochs") : describe_exit(status)) +
-                    ": " + log_tail(trial_file(o, r.job.trial, ".log"), 3);
+        rec.error = (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
+                    log_tail(trial_file(o, r.job.trial, ".log"), 3);
         halving.fail(r.job.trial);
         progress.print_line(name + ": FAILED, " + rec.error);
       } else {
@@ -280,7 +407,7 @@ void run_search(SearchOptions& o) {
   nlohmann::json trials = nlohmann::json::array();
   std::ofstream csv(fs::path(o.out) / "results.csv");
   csv << "rank,trial,status,rung,epochs,best_validation_loss,validation_accuracy,best_epoch,"
-         "seconds,lr,hidden,batch,optimizer,seed,error\n";
+         "seconds,lr,hidden,batch,optimizer,seed,error,slot\n";
   int succeeded = 0;
   for (size_t rank = 0; rank < order.size(); ++rank) {
     const int t = order[rank];
@@ -291,6 +418,7 @@ void run_search(SearchOptions& o) {
     nlohmann::json j{{"rank", rank + 1}, {"trial", t}, {"status", status},
                      {"rung", halving.rung(t)}, {"epochs", rec.epochs.size()},
                      {"seconds", rec.seconds}, {"config", rec.config.to_json()}};
+    if (!rec.slot.empty()) j["slot"] = rec.slot;
     if (b) {
       j["best_validation_loss"] = b->loss;
       j["validation_accuracy"] = b->accuracy;
@@ -307,13 +435,13 @@ void run_search(SearchOptions& o) {
         << (b ? fixed(b->accuracy, 4) : "") << ',' << (b ? std::to_string(b->epoch) : "") << ','
         << fixed(rec.seconds, 2) << ',' << c["lr"].dump() << ','
         << c["hidden"].get<std::string>() << ',' << rec.config.batch << ',' << rec.config.optimizer
-        << ',' << rec.config.seed << ",\"" << error << "\"\n";
+        << ',' << rec.config.seed << ",\"" << error << "\"," << rec.slot << "\n";
   }
   nlohmann::json summary{{"data", o.data},
                          {"trials", configs.size()},
                          {"succeeded", succeeded},
                          {"failed", halving.count(TrialStatus::Failed)},
-                         {"processes", processes},
+                         {"processes", remote ? slots_at_start : processes},
                          {"threads_per_trial", threads},
                          {"eta", o.eta},
                          {"rung_epochs", halving.rung_epochs()},
@@ -332,6 +460,7 @@ void run_search(SearchOptions& o) {
       summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
     }
   }
+  if (remote) summary["slot_servers"] = o.slots;
   nlohmann::json results = summary;
   results["results"] = trials;
   std::ofstream(fs::path(o.out) / "results.json") << results.dump(2) << "\n";
@@ -356,6 +485,8 @@ void run_search(SearchOptions& o) {
                   records[best].config.describe().c_str(), best_loss(best),
                   summary.value("best_checkpoint", std::string("(none)")).c_str());
   }
+  if (!no_slots.empty())
+    throw Error("search: " + no_slots + "; the results so far are in " + o.out);
   if (succeeded == 0) throw Error("search: every trial failed; their logs are in " + o.out);
 }
 
@@ -382,7 +513,25 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--min-epochs", o->min_epochs, "Epochs of the first rung")->capture_default_str();
   cmd->add_option("--processes", o->processes, "Trials at once (0: one per core)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--threads-per-trial", o->threads_per_trial, "Threads per trial (0: cores / processes)")
+  cmd->add_option("--slots", o->slots,
+                  "Run the trials on slot servers (tandem trial-slots) at these endpoints instead "
+                  "of local processes; concurrency is the sum of their slots. --data and --out "
+                  "must be on a filesystem the servers share (the same paths there)")
+      ->delimiter(',');
+  cmd->add_option("--slots-timeout", o->slots_timeout,
+                  "Seconds a slot server may stay silent before its running trials are failed "
+                  "(the search goes on with the others)")
+      ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
+  cmd->add_option("--slots-curve-server", o->slots_curve_server,
+                  "The slot servers' CURVE public key file (tandem keygen; servers run with "
+                  "--curve-secret)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--slots-curve-client", o->slots_curve_client,
+                  "This search's CURVE key file (.key_secret) for servers with --curve-allowed "
+                  "(default: a throwaway key)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--threads-per-trial", o->threads_per_trial,
+                  "Threads per trial (0: cores / processes; with --slots, each server's own)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--out", o->out, "Directory for logs, checkpoints, results.csv and results.json")
       ->capture_default_str();

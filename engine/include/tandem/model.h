@@ -71,4 +71,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 // the model's layers must match it.
 Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected = nullptr);
 
+// The same as the bytes of that safetensors file, for a checkpoint that travels between
+// processes (a search trial resumed on another machine); decoding checks it as loading does,
+// naming it `name`.
+std::vector<uint8_t> encode_checkpoint(const Checkpoint& checkpoint);
+Checkpoint decode_checkpoint(const uint8_t* data, size_t size, const std::string& name,
+                             const ModelConfig* expected = nullptr);
+
 }  // namespace tandem

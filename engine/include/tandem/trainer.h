@@ -62,6 +62,11 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
+  // Continues the run saved in `checkpoint` instead (what resume_path does, for a checkpoint
+  // already in memory): parameters, optimizer state, step and epochs done. `source` names it in
+  // errors: InputError when its model or optimizer differs from this run's.
+  void resume(const Checkpoint& checkpoint, const std::string& source);
+
   std::function<void(const StepReport&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
 

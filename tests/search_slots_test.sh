@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# tandem search --slots: trials on slot servers (tandem trial-slots) instead of local processes,
+# end to end on this machine (the search and the servers share the temporary directory):
+#   - the grid of search_cli_test.sh on two servers (one slot each; one on tcp, one on ipc) ranks
+#     the trials as the local search does, stops the same ones, reports the crashing trial and
+#     names each trial's server;
+#   - a search killed with SIGKILL: the servers kill its trials within their heartbeat timeout
+#     and keep serving (the comparison search runs on them afterwards); while it held a server's
+#     only slot, another search's trials went to the other server, and a search on that server
+#     alone waited for the slot;
+#   - a server killed with SIGKILL mid-search: its trial dies with it, is reported failed, and
+#     the search ends with the other server's results;
+#   - --budget-seconds cancels the remote trials and ends on time;
+#   - a CURVE server admits a search that knows its public key and answers no other;
+#   - the last server stopped (SIGTERM: it ends its trial and exits 0): the search ends with an
+#     error naming the server; an endpoint nobody serves is an error at once.
+# Bad messages to a server are tested in trial_slots_test.cpp.
+# Usage: search_slots_test.sh TANDEM_BINARY PYTHON
+set -u
+tandem=$(readlink -f "$1")
+py=$2
+source "$(dirname "$0")/test_helpers.sh"
+dir=$(mktemp -d)
+background=()
+cleanup() {
+  for p in "${background[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+py_check() { "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
+
+# The servers' heartbeat timeout and the search's --slots-timeout, in seconds; trials that run
+# until killed; trials long enough for a kill mid-run. Sanitized binaries run 5 to 20 times slower.
+hb=2 long=100000 epochs=15
+if [ -n "${TANDEM_TEST_SLOW:-}" ]; then hb=4 epochs=6; fi
+
+# start_server NAME ARGS...: a slot server in the background; sets $NAME (its endpoint) and
+# NAME_pid. Its log (stderr) is $dir/NAME.log.
+start_server() {
+  local name=$1; shift
+  "$tandem" trial-slots --heartbeat-timeout $hb --endpoint-file "$dir/$name.ep" "$@" \
+      >/dev/null 2>"$dir/$name.log" &
+  local pid=$!
+  background+=("$pid")
+  eval "${name}_pid=$pid"
+  for _ in $(seq 300); do [ -s "$dir/$name.ep" ] && break; sleep 0.1; done
+  eval "$name=\$(cat \"$dir/$name.ep\")"
+}
+# job_pids NAME: the pids of the trials server NAME started, oldest first.
+job_pids() { sed -n 's/.* started: pid \([0-9]*\) .*/\1/p' "$dir/$1.log"; }
+# wait_started NAME N: until server NAME has started N trials (60 s at most).
+wait_started() {
+  for _ in $(seq 600); do [ "$(job_pids "$1" | wc -l)" -ge "$2" ] && return 0; sleep 0.1; done
+  echo "server $1 started no trial in time: $(tail -3 "$dir/$1.log")"; return 1
+}
+# finish PID SECONDS: waits for the background PID, killing it after SECONDS; its exit status.
+finish() {
+  for _ in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null
+  wait "$1"
+}
+# running PID: the process exists and is not a zombie (an orphaned zombie may wait for a reaper).
+running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; }
+# gone_within SECONDS PID...: every PID has ended within SECONDS.
+gone_within() {
+  local t=$1; shift
+  for _ in $(seq $((t * 10))); do
+    local any=0
+    for p in "$@"; do running "$p" && any=1; done
+    [ $any -eq 0 ] && return 0
+    sleep 0.1
+  done
+  echo "still running after $t s: $*"; return 1
+}
+
+"$tandem" prepare --out "$dir/fm.zarr" >/dev/null 2>&1
+check "prepared Fashion-MNIST" test -d "$dir/fm.zarr"
+start_server A --slots 1
+start_server B --slots 1 --bind "ipc://$dir/b.sock"
+check "slot server A listens on an ephemeral loopback port" grep -q '^tcp://127.0.0.1:[0-9]*$' "$dir/A.ep"
+check "slot server B listens on ipc" test "$B" = "ipc://$dir/b.sock"
+
+# 1. A search holds server A's only slot; a second search on A and B sees A busy (its hello
+# answer) and runs its trials on B. Then the first search is killed outright: its trial must not outlive it
+# by more than the servers' heartbeat timeout.
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$A" --slots-timeout $hb --out "$dir/killed" \
+    >/dev/null 2>"$dir/killed.err" &
+search=$!
+background+=("$search")
+wait_started A 1
+apid=$(job_pids A | head -1)
+check "the first search's trial runs on server A" running "$apid"
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2 --budget 1 --threads-per-trial 1 \
+    --slots "$A,$B" --slots-timeout $hb --out "$dir/busy" >/dev/null 2>"$dir/busy.err"; rc=$?
+check "a second search on a busy server and a free one exits 0" test $rc -eq 0
+check "... its trials ran on the free server" py_check "$dir/busy/results.json" \
+    "[(t['slot'], t['status']) for t in r['results']] == [('$B', 'completed')] * 2"
+# A search on the busy server alone waits for its slot.
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --threads-per-trial 1 \
+    --slots "$A" --slots-timeout $hb --out "$dir/wait" >/dev/null 2>"$dir/wait.err" &
+waiter=$!
+background+=("$waiter")
+sleep 1
+check "a search on a busy server waits for it" running "$waiter"
+{ kill -9 $search; wait $search; } 2>/dev/null
+check "the servers kill a SIGKILLed search's trial within the heartbeat timeout" \
+    gone_within $((hb + 3)) "$apid"
+check "server A says the search went silent" grep -q "silent for .* killed its 1 job" "$dir/A.log"
+check "both servers still run" running "$A_pid"
+check "... (B too)" running "$B_pid"
+finish $waiter 120; rc=$?
+check "the waiting search runs its trial on A once A's slot is free" test $rc -eq 0
+check "... there" py_check "$dir/wait/results.json" \
+    "[(t['slot'], t['status']) for t in r['results']] == [('$A', 'completed')]"
+
+# 2. The grid of search_cli_test.sh, locally and on the two servers (which keep serving after
+# the killed search): the same ranking, the same stopped trials, the same losses.
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.00001 seed=1,2,3 --budget 3 --eta 3 \
+    --min-epochs 1 --processes 2 --threads-per-trial 1 --out "$dir/local" --crash-trial 4 \
+    >"$dir/local.out" 2>"$dir/local.err"
+check "local search exits 0" test $? -eq 0
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.00001 seed=1,2,3 --budget 3 --eta 3 \
+    --min-epochs 1 --threads-per-trial 1 --out "$dir/remote" --crash-trial 4 --slots "$A,$B" \
+    --slots-timeout $hb >"$dir/remote.out" 2>"$dir/remote.err"; rc=$?
+check "search on the slot servers exits 0" test $rc -eq 0
+[ $rc -eq 0 ] || tail -5 "$dir/remote.err"
+r="$dir/remote/results.json"
+check "the same ranking, statuses, rungs, epochs and losses as the local search" \
+    "$py" -c "
+import json, sys
+local, remote = (json.load(open(f'$dir/{d}/results.json'))['results'] for d in ('local', 'remote'))
+key = lambda r: [(t['trial'], t['status'], t['rung'], t['epochs'], t.get('best_validation_loss')) for t in r]
+sys.exit(0 if key(local) == key(remote) else 1)"
+check "best trial has lr=0.001 and the full budget" py_check "$r" \
+    "r['best']['config']['lr'] == 0.001 and r['best']['rung'] == 1 and r['best']['epochs'] == 3"
+check "halving: the four other finished trials stopped at rung 0" py_check "$r" \
+    "sorted((t['status'], t['rung'], t['epochs']) for t in r['results'][1:] if t['trial'] != 4) == [('stopped', 0, 1)] * 4"
+check "the crashing remote trial is reported failed with its exit status" py_check "$r" \
+    "r['results'][-1]['trial'] == 4 and r['results'][-1]['status'] == 'failed' and 'exited with status' in r['results'][-1]['error']"
+check "the crash is on stderr" grep -q "trial 4 .*FAILED" "$dir/remote.err"
+check "results.json names each trial's server, and both ran trials" py_check "$r" \
+    "{t['slot'] for t in r['results']} == {'$A', '$B'} and r['slot_servers'] == ['$A', '$B'] and r['processes'] == 2"
+check "results.csv has a slot column naming the servers" \
+    grep -q "^1,0,completed,.*,\(tcp://127.0.0.1:[0-9]*\|ipc://.*\)$" "$dir/remote/results.csv"
+check "local results say local" py_check "$dir/local/results.json" \
+    "{t['slot'] for t in r['results']} == {'local'}"
+check "best checkpoint kept" test -s "$dir/remote/best.safetensors"
+
+# 3. A server killed (SIGKILL) mid-search: its trial dies with it and is reported failed; the
+# others finish on the remaining server.
+start_server C --slots 1
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2,3 --budget $epochs \
+    --min-epochs $epochs --threads-per-trial 1 --slots "$A,$C" --slots-timeout $hb \
+    --out "$dir/lost" >"$dir/lost.out" 2>"$dir/lost.err" &
+search=$!
+background+=("$search")
+wait_started C 1
+cpid=$(job_pids C | head -1)
+check "a trial runs on server C" running "$cpid"
+{ kill -9 "$C_pid"; wait "$C_pid"; } 2>/dev/null
+check "the killed server's trial dies with it" gone_within 3 "$cpid"
+finish $search 300; rc=$?
+check "the search goes on without the lost server and exits 0" test $rc -eq 0
+[ $rc -eq 0 ] || tail -5 "$dir/lost.err"
+check "the lost server's trial failed, naming it" py_check "$dir/lost/results.json" \
+    "[(t['slot'], t['status']) for t in r['results'] if t['status'] == 'failed'] == [('$C', 'failed')] and 'slot server $C stopped answering' in r['results'][-1]['error']"
+check "the other trials completed on server A" py_check "$dir/lost/results.json" \
+    "[(t['slot'], t['status'], t['epochs']) for t in r['results'][:-1]] == [('$A', 'completed', $epochs)] * 2"
+check "stderr says the search goes on" grep -q "slot server $C stopped answering.*going on with the others" "$dir/lost.err"
+
+# 4. --budget-seconds cancels the remote trials (SIGTERM through the server) and ends on time.
+seconds=3 on_time=15
+if [ -n "${TANDEM_TEST_SLOW:-}" ]; then seconds=15 on_time=45; fi
+before=$(job_pids A | wc -l)
+start=$(date +%s)
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$A" --slots-timeout $hb --budget-seconds $seconds \
+    --out "$dir/budget" >/dev/null 2>"$dir/budget.err"; rc=$?
+check "--budget-seconds with --slots exits 0 on time" test $rc -eq 0 -a $(( $(date +%s) - start )) -lt $on_time
+check "... the remote trial is stopped by the time budget" grep -q "stopped by the time budget" "$dir/budget.err"
+check "... the server ended it with SIGTERM" grep -q "job trial-0.r0 (pid $(job_pids A | sed -n "$((before + 1))p")) killed by signal 15" "$dir/A.log"
+
+# 5. CURVE: a server with a secret key serves only searches that know its public key.
+"$tandem" keygen --out "$dir/slots" >/dev/null
+start_server K --slots 1 --curve-secret "$dir/slots.key_secret"
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --threads-per-trial 1 --slots "$K" \
+    --slots-curve-server "$dir/slots.key" --out "$dir/curve" >/dev/null 2>"$dir/curve.err"
+check "CURVE: a search with the server's public key runs its trial there" py_check \
+    "$dir/curve/results.json" "r['results'][0]['status'] == 'completed' and r['results'][0]['slot'] == '$K'"
+expect_error "CURVE: a search without the key gets no answer" "did not answer within" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --slots "$K" --slots-timeout 1 \
+    --out "$dir/curve2"
+
+# 6. The last server stopped with SIGTERM: it ends its trial and exits 0; the search ends with
+# an error naming it (and writes what it has).
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$B" --slots-timeout $hb --out "$dir/none" \
+    >"$dir/none.out" 2>"$dir/none.err" &
+search=$!
+background+=("$search")
+before=$(job_pids B | wc -l)
+wait_started B $((before + 1))
+bpid=$(job_pids B | tail -1)
+kill -TERM "$B_pid"
+finish "$B_pid" 30; rc=$?
+check "SIGTERM: the slot server exits 0" test $rc -eq 0
+check "SIGTERM: its trial is ended" gone_within 3 "$bpid"
+finish $search 120; rc=$?
+check "with no server left the search fails" test $rc -ne 0
+check "... naming the server" grep -q "every slot server is gone ($B stopped answering" "$dir/none.err"
+check "... and still writes results.json" test -s "$dir/none/results.json"
+
+expect_error "an endpoint nobody serves" "did not answer within" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --slots "ipc://$dir/nobody.sock" \
+    --slots-timeout 0.5 --out "$dir/nobody"
+expect_error "--processes with --slots" "--processes is for local trials" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --slots "$A" --processes 2 --out "$dir/x"
+kill -TERM "$A_pid"
+finish "$A_pid" 30
+check "server A exits 0 on SIGTERM" test $? -eq 0
+summarize

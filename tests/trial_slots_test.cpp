@@ -1,0 +1,297 @@
+// tandem trial-slots' protocol (trial_slot_protocol.h) and server (trial_slot_server.h): every
+// message type through encode and decode, the errors for bad frames, and a server on an
+// ephemeral loopback port that answers garbage, unknown types, refused commands and a start
+// beyond its slots with an error and keeps serving; cancels a job; reports exit statuses; and
+// kills the jobs of a client that goes silent. The server's jobs here are /bin/sh -c SCRIPT
+// (its allowed command is "-c"), not tandem train.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "trial_slot_protocol.h"
+#include "trial_slot_server.h"
+
+namespace tandem::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+SlotMessage round_trip(const SlotMessage& m) { return decode_slot_message(encode_slot_message(m)); }
+
+TEST(TrialSlotProtocol, EveryTypeRoundTrips) {
+  SlotMessage hello(SlotMessageType::Hello);
+  hello.slots = 3;
+  hello.running = 1;
+  hello.threads = 2;
+  hello.heartbeat_timeout_ms = 2500;
+  const SlotMessage h = round_trip(hello);
+  EXPECT_EQ(h.type, SlotMessageType::Hello);
+  EXPECT_EQ(h.slots, 3);
+  EXPECT_EQ(h.running, 1);
+  EXPECT_EQ(h.threads, 2);
+  EXPECT_EQ(h.heartbeat_timeout_ms, 2500);
+  EXPECT_EQ(round_trip(SlotMessage(SlotMessageType::Hello)).slots, 0);  // the search's hello
+
+  SlotMessage start(SlotMessageType::Start);
+  start.job = "trial-3.r1";
+  start.args = {"train", "--data", "/d/store with spaces", "--lr", "0.001", "\"quoted\""};
+  start.log = "/out/trial-3.log";
+  const SlotMessage s = round_trip(start);
+  EXPECT_EQ(s.type, SlotMessageType::Start);
+  EXPECT_EQ(s.job, start.job);
+  EXPECT_EQ(s.args, start.args);
+  EXPECT_EQ(s.log, start.log);
+
+  SlotMessage started(SlotMessageType::Started);
+  started.job = "j";
+  started.pid = 4242;
+  EXPECT_EQ(round_trip(started).pid, 4242);
+
+  SlotMessage exited(SlotMessageType::Exited);
+  exited.job = "j";
+  exited.exit_code = 3;
+  EXPECT_EQ(round_trip(exited).exit_code, 3);
+  EXPECT_EQ(round_trip(exited).signal, 0);
+  exited.exit_code = -1;
+  exited.signal = SIGTERM;
+  EXPECT_EQ(round_trip(exited).signal, SIGTERM);
+  EXPECT_EQ(round_trip(exited).exit_code, -1);
+
+  SlotMessage cancel(SlotMessageType::Cancel);
+  cancel.job = "j";
+  EXPECT_EQ(round_trip(cancel).job, "j");
+
+  SlotMessage beat(SlotMessageType::Heartbeat);
+  beat.running = 2;
+  EXPECT_EQ(round_trip(beat).running, 2);
+  EXPECT_EQ(round_trip(SlotMessage(SlotMessageType::Bye)).type, SlotMessageType::Bye);
+
+  SlotMessage error(SlotMessageType::Error);
+  error.error = "all 1 slot(s) busy";
+  error.job = "j";
+  EXPECT_EQ(round_trip(error).error, error.error);
+  EXPECT_EQ(round_trip(error).job, "j");
+  EXPECT_FALSE(round_trip(error).busy);
+  error.busy = true;
+  EXPECT_TRUE(round_trip(error).busy);
+}
+
+void expect_refused(const std::string& frame, const std::string& text) {
+  try {
+    decode_slot_message(frame);
+    ADD_FAILURE() << "decoded: " << frame;
+  } catch (const SlotProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what() << " for " << frame;
+  }
+}
+
+TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
+  expect_refused(std::string("\xff\x00garbage", 9), "not a JSON object");
+  expect_refused("[1, 2]", "not a JSON object");
+  expect_refused(R"({"type": "hello"})", "no protocol version");
+  expect_refused(R"({"v": 2, "type": "hello"})", "protocol version 2; this program speaks version 1");
+  expect_refused(R"({"v": 1})", "missing field \"type\"");
+  expect_refused(R"({"v": 1, "type": "launch"})", "unknown message type \"launch\"");
+  expect_refused(R"({"v": 1, "type": "start", "job": "j", "log": "l"})", "\"args\" must be");
+  expect_refused(R"({"v": 1, "type": "start", "job": "j", "log": "l", "args": []})", "\"args\" must be");
+  expect_refused(R"({"v": 1, "type": "start", "job": "j", "log": "l", "args": ["train", 3]})",
+                 "list of strings");
+  expect_refused(R"({"v": 1, "type": "start", "job": 7, "log": "l", "args": ["train"]})",
+                 "\"job\" is not a string");
+  expect_refused(R"({"v": 1, "type": "start", "job": "", "log": "l", "args": ["train"]})", "empty \"job\"");
+  expect_refused(R"({"v": 1, "type": "cancel"})", "missing field \"job\"");
+  expect_refused(R"({"v": 1, "type": "exited", "job": "j"})", "either \"exit_code\" or \"signal\"");
+  expect_refused(R"({"v": 1, "type": "error", "error": "e", "busy": 1})", "\"busy\" is not a boolean");
+  expect_refused(R"({"v": 1, "type": "started", "job": "j", "pid": 1e30})", "\"pid\" is not an integer");
+  expect_refused(R"({"v": 1, "type": "heartbeat", "running": 99999999999})", "out of range");
+}
+
+bool process_running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  return !text.empty() && text.find(") Z ") == std::string::npos;
+}
+
+// A search's side, by hand: a DEALER that sends raw frames and reads the answers.
+class Client {
+ public:
+  Client(zmq::context_t& context, const std::string& endpoint)
+      : socket_(context, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+  void send_raw(const std::vector<std::string>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i)
+      socket_.send(zmq::buffer(frames[i]),
+                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  void send(const SlotMessage& m) { send_raw({encode_slot_message(m)}); }
+  // The next message that is not a heartbeat, within 10 s.
+  SlotMessage next() {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      zmq::message_t frame;
+      if (!socket_.recv(frame, zmq::recv_flags::dontwait)) continue;
+      const SlotMessage m = decode_slot_message(frame.to_string());
+      if (m.type != SlotMessageType::Heartbeat) return m;
+    }
+    ADD_FAILURE() << "no answer within 10 s";
+    return SlotMessage(SlotMessageType::Bye);
+  }
+  SlotMessage start(const std::string& job, const std::string& script) {
+    SlotMessage m(SlotMessageType::Start);
+    m.job = job;
+    m.args = {"-c", script};
+    m.log = log_;
+    send(m);
+    return next();
+  }
+  std::string log_ = "/dev/null";
+
+ private:
+  zmq::socket_t socket_;
+};
+
+class TrialSlotServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TrialSlotServerOptions o;
+    o.slots = 1;
+    o.program = "/bin/sh";
+    o.allowed_commands = {"-c"};
+    o.heartbeat_timeout_ms = 1500;
+    o.log = [](const std::string&) {};
+    server_ = std::make_unique<TrialSlotServer>(o);
+    thread_ = std::thread([this] { server_->serve(stop_); });
+  }
+  void TearDown() override {
+    stop_.store(true);
+    thread_.join();
+  }
+  zmq::context_t context_{1};
+  std::unique_ptr<TrialSlotServer> server_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
+  ASSERT_EQ(server_->endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << server_->endpoint();
+  Client c(context_, server_->endpoint());
+  c.send_raw({std::string("\x01\x02 not json", 11)});
+  SlotMessage m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_NE(m.error.find("bad message: not a JSON object"), std::string::npos) << m.error;
+  c.send_raw({"{}", "{}"});
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_NE(m.error.find("expected one frame"), std::string::npos) << m.error;
+  c.send_raw({R"({"v": 1, "type": "reboot"})"});
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_NE(m.error.find("unknown message type \"reboot\""), std::string::npos) << m.error;
+  c.send_raw({R"({"v": 7, "type": "hello"})"});
+  EXPECT_NE(c.next().error.find("protocol version 7"), std::string::npos);
+  SlotMessage exited(SlotMessageType::Exited);  // a server's message, sent to a server
+  exited.job = "j";
+  exited.exit_code = 0;
+  c.send(exited);
+  EXPECT_NE(c.next().error.find("does not take \"exited\""), std::string::npos);
+  SlotMessage cancel(SlotMessageType::Cancel);
+  cancel.job = "nothing";
+  c.send(cancel);
+  EXPECT_NE(c.next().error.find("no running job nothing"), std::string::npos);
+
+  // Only the allowed command runs.
+  SlotMessage start(SlotMessageType::Start);
+  start.job = "evil";
+  start.args = {"rm", "-rf", "/tmp/x"};
+  start.log = "/dev/null";
+  c.send(start);
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_EQ(m.job, "evil");
+  EXPECT_NE(m.error.find("runs only `tandem -c ...`, not `rm`"), std::string::npos) << m.error;
+
+  // Still serving: hello answers with the slot count.
+  c.send(SlotMessage(SlotMessageType::Hello));
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Hello);
+  EXPECT_EQ(m.slots, 1);
+  EXPECT_EQ(m.heartbeat_timeout_ms, 1500);
+}
+
+TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
+  Client c(context_, server_->endpoint());
+  const std::string log = ::testing::TempDir() + "trial_slots_test.log";
+  std::remove(log.c_str());
+  c.log_ = log;
+  SlotMessage m = c.start("a", "echo hello from a; exec sleep 30");
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  EXPECT_EQ(m.job, "a");
+  const pid_t a = m.pid;
+  EXPECT_TRUE(process_running(a));
+  // The job's output goes to its log.
+  std::string first;
+  for (const auto deadline = Clock::now() + std::chrono::seconds(10);
+       first.empty() && Clock::now() < deadline;
+       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    std::ifstream in(log);
+    std::getline(in, first);
+  }
+  EXPECT_EQ(first, "hello from a");
+  m = c.start("b", "exit 0");  // one slot, taken
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_EQ(m.job, "b");
+  EXPECT_NE(m.error.find("all 1 slot(s) of this server are busy"), std::string::npos) << m.error;
+  EXPECT_TRUE(m.busy);  // the search may try again later
+  m = c.start("a", "exit 0");
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  SlotMessage beat(SlotMessageType::Heartbeat);
+  c.send(beat);
+  SlotMessage cancel(SlotMessageType::Cancel);
+  cancel.job = "a";
+  c.send(cancel);
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Exited);
+  EXPECT_EQ(m.job, "a");
+  EXPECT_EQ(m.signal, SIGTERM);
+  EXPECT_FALSE(process_running(a));
+  // The slot is free again; an exit status comes back as it is.
+  m = c.start("c", "exit 3");
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Exited);
+  EXPECT_EQ(m.job, "c");
+  EXPECT_EQ(m.exit_code, 3);
+}
+
+TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClient) {
+  pid_t pid = 0;
+  {
+    Client silent(context_, server_->endpoint());
+    const SlotMessage m = silent.start("long", "exec sleep 30");
+    ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+    pid = m.pid;
+  }  // the client says nothing more (its socket is closed, as a killed search's would be)
+  EXPECT_TRUE(process_running(pid));
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (process_running(pid) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(process_running(pid)) << "the silent client's job outlived the 1.5 s timeout by 10 s";
+  // The slot is free for the next client.
+  Client next(context_, server_->endpoint());
+  EXPECT_EQ(next.start("after", "exit 0").type, SlotMessageType::Started);
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,67 @@
+#include "trial_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+pid_t start_trial_process(const std::vector<std::string>& args, const std::string& log,
+                          const std::string& what) {
+  if (args.empty()) throw InputError(what + ": no command to run");
+  // Everything the child needs is built before fork: between fork and exec only
+  // async-signal-safe calls are allowed (other threads may hold the allocator's locks).
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // trials die with their parent, however it ends
+    if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    // A slot server's SIGINT/SIGTERM handler must not stay in the trial (exec resets handlers,
+    // but not a blocked mask).
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(argv[0], argv.data());
+    const char* prefix = "tandem: cannot run the trial: ";
+    (void)!write(STDERR_FILENO, prefix, std::strlen(prefix));
+    const char* reason = std::strerror(errno);
+    (void)!write(STDERR_FILENO, reason, std::strlen(reason));
+    (void)!write(STDERR_FILENO, "\n", 1);
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+std::string self_path() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot find this program's path (/proc/self/exe): " + ec.message());
+  return p.string();
+}
+
+}  // namespace tandem::cli

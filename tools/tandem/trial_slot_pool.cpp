@@ -1,0 +1,268 @@
+#include "trial_slot_pool.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "zmq_curve.h"
+
+namespace tandem::cli {
+
+struct TrialSlotPool::Server {
+  std::string endpoint;
+  zmq::socket_t socket;
+  int slots = 0;
+  int threads = 1;
+  int heartbeat_ms = 0;  // how often we send one
+  bool answered = false;
+  bool busy = false;  // refused a start for want of slots; free again when a heartbeat says so
+  bool alive = true;
+  std::string lost;       // why it was dropped
+  std::string send_error;  // a failed send, handled by wait()
+  Clock::time_point last_heard, last_sent;
+  std::vector<std::string> jobs;
+};
+
+namespace {
+
+std::string seconds_text(int ms) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", ms / 1000.0);
+  return text;
+}
+
+}  // namespace
+
+TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
+    : options_(std::move(options)) {
+  if (endpoints.empty()) throw InputError("--slots: no slot server endpoints");
+  if (!options_.curve_server_key.empty()) {
+    transport::validate_curve_key(options_.curve_server_key, "--slots: the servers' CURVE key");
+    if (options_.curve_secret_key.empty()) {
+      const transport::CurveKeyPair pair = transport::generate_curve_keypair();
+      options_.curve_public_key = pair.public_key;
+      options_.curve_secret_key = pair.secret_key;
+    }
+  }
+  // One identity for this search on every server, kept across reconnections.
+  std::random_device random;
+  char id[64];
+  std::snprintf(id, sizeof id, "search-%d-%08x", static_cast<int>(getpid()), random());
+  const auto now = Clock::now();
+  for (const std::string& endpoint : endpoints) {
+    auto s = std::make_unique<Server>();
+    s->endpoint = endpoint;
+    try {
+      s->socket = zmq::socket_t(context_, zmq::socket_type::dealer);
+      s->socket.set(zmq::sockopt::routing_id, std::string(id));
+      s->socket.set(zmq::sockopt::linger, 200);  // a bye still leaves; a dead server is not waited on
+      s->socket.set(zmq::sockopt::sndtimeo, 1000);
+      if (!options_.curve_server_key.empty()) {
+        s->socket.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
+        s->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+        s->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      }
+      s->socket.connect(endpoint);
+    } catch (const zmq::error_t& e) {
+      throw transport::TransportError("slot server " + endpoint + ": cannot connect: " + e.what());
+    }
+    s->last_heard = now;
+    servers_.push_back(std::move(s));
+  }
+  for (auto& s : servers_) send(*s, SlotMessage{SlotMessageType::Hello});
+  // Every server must answer hello before the search starts.
+  const auto deadline = now + std::chrono::milliseconds(options_.timeout_ms);
+  while (Clock::now() < deadline &&
+         std::any_of(servers_.begin(), servers_.end(), [](const auto& s) { return !s->answered; })) {
+    wait(50);  // no jobs yet: only hello answers
+  }
+  std::string missing;
+  for (const auto& s : servers_) {
+    if (!s->lost.empty()) throw Error("slot server " + s->endpoint + ": " + s->lost);
+    if (!s->answered) missing += (missing.empty() ? "" : ", ") + s->endpoint;
+  }
+  if (!missing.empty())
+    throw Error("slot server(s) " + missing + " did not answer within " +
+                seconds_text(options_.timeout_ms) + " s (is tandem trial-slots running there?" +
+                (options_.curve_server_key.empty() ? "" : " is the CURVE key right?") + ")");
+}
+
+TrialSlotPool::~TrialSlotPool() {
+  for (auto& s : servers_)
+    if (s->alive) send(*s, SlotMessage{SlotMessageType::Bye});
+}
+
+void TrialSlotPool::send(Server& s, const SlotMessage& m) {
+  const std::string text = encode_slot_message(m);
+  try {
+    transport::send_frames(s.socket, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
+                           nullptr, "slot server " + s.endpoint);
+    s.last_sent = Clock::now();
+  } catch (const transport::TransportError& e) {
+    s.send_error = e.what();
+  }
+}
+
+int TrialSlotPool::total_slots() const {
+  int n = 0;
+  for (const auto& s : servers_)
+    if (s->alive) n += s->slots;
+  return n;
+}
+
+int TrialSlotPool::free_slots() const {
+  int n = 0;
+  for (const auto& s : servers_)
+    if (s->alive && !s->busy) n += std::max(0, s->slots - static_cast<int>(s->jobs.size()));
+  return n;
+}
+
+std::vector<std::string> TrialSlotPool::endpoints() const {
+  std::vector<std::string> out;
+  for (const auto& s : servers_) out.push_back(s->endpoint);
+  return out;
+}
+
+std::string TrialSlotPool::start(const std::string& job,
+                                 const std::function<std::vector<std::string>(int)>& args,
+                                 const std::string& log) {
+  Server* best = nullptr;
+  int best_free = 0;
+  for (auto& s : servers_) {
+    const int free = s->slots - static_cast<int>(s->jobs.size());
+    if (s->alive && !s->busy && free > best_free) {
+      best = s.get();
+      best_free = free;
+    }
+  }
+  if (best == nullptr) throw Error("search: no free trial slot (internal error)");
+  SlotMessage m{SlotMessageType::Start};
+  m.job = job;
+  m.args = args(best->threads);
+  m.log = log;
+  send(*best, m);
+  best->jobs.push_back(job);
+  return best->endpoint;
+}
+
+void TrialSlotPool::cancel(const std::string& job) {
+  for (auto& s : servers_)
+    if (s->alive && std::find(s->jobs.begin(), s->jobs.end(), job) != s->jobs.end()) {
+      SlotMessage m{SlotMessageType::Cancel};
+      m.job = job;
+      send(*s, m);
+    }
+}
+
+void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJobEnd>& ended) {
+  s.alive = false;
+  s.lost = reason;
+  for (const std::string& job : s.jobs)
+    ended.push_back({job, false, "slot server " + s.endpoint + " " + reason});
+  s.jobs.clear();
+  s.socket.set(zmq::sockopt::linger, 0);
+  s.socket.close();
+  const bool others = total_slots() > 0;
+  std::fprintf(stderr, "tandem search: slot server %s %s; %s\n", s.endpoint.c_str(), reason.c_str(),
+               others ? "going on with the others" : "no slot server is left");
+}
+
+std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
+  std::vector<SlotJobEnd> ended;
+  std::vector<zmq::pollitem_t> items;
+  std::vector<Server*> polled;
+  for (auto& s : servers_)
+    if (s->alive) {
+      items.push_back({s->socket.handle(), 0, ZMQ_POLLIN, 0});
+      polled.push_back(s.get());
+    }
+  if (items.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    return ended;
+  }
+  try {
+    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw transport::TransportError(std::string("slot servers: poll: ") + e.what());
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if ((items[i].revents & ZMQ_POLLIN) == 0) continue;
+    Server& s = *polled[i];
+    for (;;) {
+      zmq::message_t frame;
+      if (!s.socket.recv(frame, zmq::recv_flags::dontwait)) break;
+      s.last_heard = Clock::now();
+      if (frame.more()) continue;  // not ours: a server sends one frame; skip to its last
+      SlotMessage m;
+      try {
+        m = decode_slot_message(frame.to_string());
+      } catch (const SlotProtocolError& e) {
+        std::fprintf(stderr, "tandem search: bad message from slot server %s: %s\n",
+                     s.endpoint.c_str(), e.what());
+        continue;
+      }
+      const auto job = std::find(s.jobs.begin(), s.jobs.end(), m.job);
+      switch (m.type) {
+        case SlotMessageType::Hello:
+          if (m.slots < 1) {
+            s.lost = "answered hello without slots";
+            break;
+          }
+          s.answered = true;
+          s.busy = m.running >= m.slots;  // another search's trials fill it
+          s.slots = m.slots;
+          s.threads = std::max(1, m.threads);
+          s.heartbeat_ms = std::max(
+              50, std::min(options_.timeout_ms, m.heartbeat_timeout_ms > 0 ? m.heartbeat_timeout_ms
+                                                                         : options_.timeout_ms) / 4);
+          break;
+        case SlotMessageType::Exited:
+          if (job == s.jobs.end()) break;
+          s.jobs.erase(job);
+          ended.push_back({m.job, m.exit_code == 0,
+                           m.signal > 0 ? "killed by signal " + std::to_string(m.signal)
+                                        : "exited with status " + std::to_string(m.exit_code)});
+          break;
+        case SlotMessageType::Error:
+          if (job != s.jobs.end()) {
+            s.jobs.erase(job);
+            if (m.busy) s.busy = true;
+            ended.push_back(
+                {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});
+          } else {
+            std::fprintf(stderr, "tandem search: slot server %s: %s\n", s.endpoint.c_str(),
+                         m.error.c_str());
+          }
+          break;
+        case SlotMessageType::Heartbeat:
+          if (m.running < s.slots) s.busy = false;
+          break;
+        default: break;  // started: being heard is what counts
+      }
+    }
+  }
+  const auto now = Clock::now();
+  for (auto& s : servers_) {
+    if (!s->alive) continue;
+    if (s->answered && now - s->last_sent >= std::chrono::milliseconds(s->heartbeat_ms))
+      send(*s, SlotMessage{SlotMessageType::Heartbeat});
+    if (!s->send_error.empty()) {
+      drop(*s, "failed: " + s->send_error, ended);
+    } else if (s->answered && now - s->last_heard > std::chrono::milliseconds(options_.timeout_ms)) {
+      drop(*s, "stopped answering (nothing for " + seconds_text(options_.timeout_ms) + " s)", ended);
+    }
+  }
+  return ended;
+}
+
+std::string TrialSlotPool::lost_servers() const {
+  std::string out;
+  for (const auto& s : servers_)
+    out += (out.empty() ? "" : "; ") + s->endpoint + (s->alive ? " still there" : " " + s->lost);
+  return out;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,74 @@
+// tandem search --slots: the search's side of trial_slot_protocol.h. One DEALER per slot server
+// (tandem trial-slots); jobs go to the server with the most free slots. Heartbeats go to each
+// server every quarter of the timeout (the smaller of ours and its own); a server that answers
+// nothing for timeout_ms is dropped and its running jobs are reported failed, naming it (they
+// are not re-queued: a server that is merely cut off may still be running them, writing the
+// trial's files on the shared filesystem). The other servers go on. A start refused because
+// the server's slots are all taken (another search uses them) comes back with `retry`: the
+// server takes no more of our jobs until a heartbeat answer says it has a free slot.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trial_slot_protocol.h"
+
+namespace tandem::cli {
+
+struct TrialSlotPoolOptions {
+  int timeout_ms = 10000;          // silence before a server counts as gone
+  std::string curve_server_key;    // Z85 public key of the servers; empty: no CURVE
+  std::string curve_public_key;    // this search's key pair (empty: a throwaway one)
+  std::string curve_secret_key;
+};
+
+// A job that ended: `clean` when it exited 0; `how` says how it ended otherwise. `retry`: it
+// never started (the server was busy); start it again when there is a free slot.
+struct SlotJobEnd {
+  std::string job;
+  bool clean = false;
+  std::string how;
+  bool retry = false;
+};
+
+class TrialSlotPool {
+ public:
+  // Connects and says hello to every server; throws Error naming each one that does not answer
+  // within timeout_ms (or answers with an error).
+  TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options);
+  ~TrialSlotPool();  // says bye to the servers still there
+  TrialSlotPool(const TrialSlotPool&) = delete;
+  TrialSlotPool& operator=(const TrialSlotPool&) = delete;
+
+  int total_slots() const;  // of the servers still answering
+  int free_slots() const;
+  // Starts a job on the server with the most free slots; `args(threads)` gives `train ...` for
+  // that server's threads per trial. Returns the server's endpoint. Needs free_slots() > 0.
+  std::string start(const std::string& job, const std::function<std::vector<std::string>(int)>& args,
+                    const std::string& log);
+  // Asks the job's server to end it (SIGTERM); its end comes from wait() as usual.
+  void cancel(const std::string& job);
+  // Waits up to timeout_ms for messages; sends heartbeats; returns the jobs that ended, those of
+  // a server gone silent included.
+  std::vector<SlotJobEnd> wait(long timeout_ms);
+  // Why there are no servers left: each endpoint and what happened to it.
+  std::string lost_servers() const;
+  std::vector<std::string> endpoints() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Server;
+  void send(Server& server, const SlotMessage& m);
+  void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
+
+  TrialSlotPoolOptions options_;
+  zmq::context_t context_{1};
+  std::vector<std::unique_ptr<Server>> servers_;
+};
+
+}  // namespace tandem::cli

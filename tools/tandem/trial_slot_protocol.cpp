@@ -1,0 +1,162 @@
+#include "trial_slot_protocol.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::cli {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr SlotMessageType kTypes[] = {
+    SlotMessageType::Hello,  SlotMessageType::Start,     SlotMessageType::Started,
+    SlotMessageType::Exited, SlotMessageType::Cancel,    SlotMessageType::Heartbeat,
+    SlotMessageType::Bye,    SlotMessageType::Error};
+
+std::string string_field(const json& j, const char* key, bool required) {
+  const auto it = j.find(key);
+  if (it == j.end()) {
+    if (required) throw SlotProtocolError(std::string("missing field \"") + key + "\"");
+    return {};
+  }
+  if (!it->is_string()) throw SlotProtocolError(std::string("field \"") + key + "\" is not a string");
+  return it->get<std::string>();
+}
+
+int int_field(const json& j, const char* key, bool required, int fallback = 0) {
+  const auto it = j.find(key);
+  if (it == j.end()) {
+    if (required) throw SlotProtocolError(std::string("missing field \"") + key + "\"");
+    return fallback;
+  }
+  if (!it->is_number_integer())
+    throw SlotProtocolError(std::string("field \"") + key + "\" is not an integer");
+  const auto v = it->get<int64_t>();
+  if (v < -(int64_t{1} << 31) || v >= (int64_t{1} << 31))
+    throw SlotProtocolError(std::string("field \"") + key + "\" is out of range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+const char* to_string(SlotMessageType type) {
+  switch (type) {
+    case SlotMessageType::Hello: return "hello";
+    case SlotMessageType::Start: return "start";
+    case SlotMessageType::Started: return "started";
+    case SlotMessageType::Exited: return "exited";
+    case SlotMessageType::Cancel: return "cancel";
+    case SlotMessageType::Heartbeat: return "heartbeat";
+    case SlotMessageType::Bye: return "bye";
+    case SlotMessageType::Error: return "error";
+  }
+  return "?";
+}
+
+std::string encode_slot_message(const SlotMessage& m) {
+  json j{{"v", kTrialSlotProtocolVersion}, {"type", to_string(m.type)}};
+  switch (m.type) {
+    case SlotMessageType::Hello:
+      if (m.slots > 0) {  // the server's answer
+        j["slots"] = m.slots;
+        j["running"] = m.running;
+        j["threads"] = m.threads;
+        j["heartbeat_timeout_ms"] = m.heartbeat_timeout_ms;
+      }
+      break;
+    case SlotMessageType::Start:
+      j["job"] = m.job;
+      j["args"] = m.args;
+      j["log"] = m.log;
+      break;
+    case SlotMessageType::Started:
+      j["job"] = m.job;
+      j["pid"] = m.pid;
+      break;
+    case SlotMessageType::Exited:
+      j["job"] = m.job;
+      if (m.signal > 0) j["signal"] = m.signal;
+      else j["exit_code"] = m.exit_code;
+      break;
+    case SlotMessageType::Cancel: j["job"] = m.job; break;
+    case SlotMessageType::Heartbeat: j["running"] = m.running; break;
+    case SlotMessageType::Bye: break;
+    case SlotMessageType::Error:
+      j["error"] = m.error;
+      if (!m.job.empty()) j["job"] = m.job;
+      if (m.busy) j["busy"] = true;
+      break;
+  }
+  return j.dump();
+}
+
+SlotMessage decode_slot_message(const std::string& frame) {
+  const json j = json::parse(frame, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw SlotProtocolError("not a JSON object (" + std::to_string(frame.size()) + " bytes)");
+  const auto v = j.find("v");
+  if (v == j.end() || !v->is_number_integer())
+    throw SlotProtocolError("no protocol version (\"v\")");
+  if (v->get<int64_t>() != kTrialSlotProtocolVersion)
+    throw SlotProtocolError("protocol version " + v->dump() + "; this program speaks version " +
+                            std::to_string(kTrialSlotProtocolVersion));
+  const std::string type = string_field(j, "type", true);
+  SlotMessage m;
+  bool known = false;
+  for (SlotMessageType t : kTypes)
+    if (type == to_string(t)) {
+      m.type = t;
+      known = true;
+    }
+  if (!known) throw SlotProtocolError("unknown message type \"" + type + "\"");
+  switch (m.type) {
+    case SlotMessageType::Hello:
+      m.slots = int_field(j, "slots", false);
+      m.running = int_field(j, "running", false);
+      m.threads = int_field(j, "threads", false);
+      m.heartbeat_timeout_ms = int_field(j, "heartbeat_timeout_ms", false);
+      break;
+    case SlotMessageType::Start: {
+      m.job = string_field(j, "job", true);
+      m.log = string_field(j, "log", true);
+      const auto args = j.find("args");
+      if (args == j.end() || !args->is_array() || args->empty())
+        throw SlotProtocolError("start: \"args\" must be a non-empty list of strings");
+      for (const json& a : *args) {
+        if (!a.is_string()) throw SlotProtocolError("start: \"args\" must be a list of strings");
+        m.args.push_back(a.get<std::string>());
+      }
+      if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
+      if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
+      break;
+    }
+    case SlotMessageType::Started:
+      m.job = string_field(j, "job", true);
+      m.pid = int_field(j, "pid", true);
+      break;
+    case SlotMessageType::Exited:
+      m.job = string_field(j, "job", true);
+      m.exit_code = int_field(j, "exit_code", false, -1);
+      m.signal = int_field(j, "signal", false);
+      if ((m.exit_code < 0) == (m.signal <= 0))
+        throw SlotProtocolError("exited: give either \"exit_code\" or \"signal\"");
+      break;
+    case SlotMessageType::Cancel:
+      m.job = string_field(j, "job", true);
+      if (m.job.empty()) throw SlotProtocolError("cancel: empty \"job\"");
+      break;
+    case SlotMessageType::Heartbeat: m.running = int_field(j, "running", false); break;
+    case SlotMessageType::Bye: break;
+    case SlotMessageType::Error:
+      m.error = string_field(j, "error", true);
+      m.job = string_field(j, "job", false);
+      if (const auto busy = j.find("busy"); busy != j.end()) {
+        if (!busy->is_boolean()) throw SlotProtocolError("field \"busy\" is not a boolean");
+        m.busy = busy->get<bool>();
+      }
+      break;
+  }
+  return m;
+}
+
+}  // namespace tandem::cli

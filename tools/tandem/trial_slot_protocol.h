@@ -1,0 +1,63 @@
+// The messages between tandem search --slots and tandem trial-slots: one JSON object per
+// ZeroMQ frame (a ROUTER prefixes the peer's routing-id frame), each with the protocol version
+// "v" and a "type". The search (a DEALER per slot server) sends hello, start, cancel, heartbeat
+// and bye; the server answers hello, started, exited, heartbeat and error:
+//
+//   hello      search -> server  {}                       (its answer is a hello too)
+//   hello      server -> search  {slots, running, threads, heartbeat_timeout_ms}
+//   start      search -> server  {job, args, log}          args: `tandem train ...` without the
+//                                                          program; the server runs its own binary
+//   started    server -> search  {job, pid}
+//   exited     server -> search  {job, exit_code | signal}
+//   cancel     search -> server  {job}                     SIGTERM; its exited follows
+//   heartbeat  both ways         {running}                 the server answers each one
+//   bye        search -> server  {}                        the search ends: its jobs are ended
+//   error      server -> search  {error, job?, busy?}      a refused start names its job;
+//                                                          busy: every slot was taken
+//
+// Decoding checks the version, the type and each field's JSON type, and throws
+// SlotProtocolError with what is wrong, so a server answers bad input with an error message.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+constexpr int kTrialSlotProtocolVersion = 1;
+
+class SlotProtocolError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+enum class SlotMessageType { Hello, Start, Started, Exited, Cancel, Heartbeat, Bye, Error };
+const char* to_string(SlotMessageType type);
+
+struct SlotMessage {
+  SlotMessage() = default;
+  explicit SlotMessage(SlotMessageType message_type) : type(message_type) {}
+
+  SlotMessageType type = SlotMessageType::Heartbeat;
+  std::string job;                // start, started, exited, cancel; error (when about a job)
+  std::vector<std::string> args;  // start
+  std::string log;                // start
+  int slots = 0;                  // hello (server)
+  int running = 0;                // hello (server), heartbeat
+  int threads = 0;                // hello (server): threads per trial it suggests
+  int heartbeat_timeout_ms = 0;   // hello (server)
+  int pid = 0;                    // started
+  int exit_code = -1;             // exited: the status of a normal exit, else -1
+  int signal = 0;                 // exited: the signal that killed it, else 0
+  std::string error;              // error
+  bool busy = false;              // error: a start refused because every slot was taken
+};
+
+// One frame's bytes. A Start needs a job, args (args[0] the subcommand) and a log path.
+std::string encode_slot_message(const SlotMessage& message);
+// Throws SlotProtocolError for anything but a valid message of this version.
+SlotMessage decode_slot_message(const std::string& frame);
+
+}  // namespace tandem::cli

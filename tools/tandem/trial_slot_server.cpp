@@ -1,0 +1,286 @@
+#include "trial_slot_server.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "trial_process.h"
+
+namespace tandem::cli {
+
+namespace {
+
+std::string printable(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std::move(options)) {
+  const std::string where = "trial slots at " + options_.bind;
+  if (options_.slots < 1) throw InputError(where + ": --slots must be at least 1");
+  if (options_.program.empty()) throw InputError(where + ": no program to run");
+  if (options_.heartbeat_timeout_ms < 100)
+    throw InputError(where + ": the heartbeat timeout must be at least 0.1 s");
+  const bool curve = !options_.curve_secret_key.empty();
+  if (curve) {
+    if (options_.bind.rfind("inproc://", 0) == 0)
+      throw InputError(where + ": CURVE does not apply to inproc:// endpoints");
+    transport::validate_curve_key(options_.curve_secret_key, where + ": curve secret key");
+    for (const std::string& key : options_.curve_allowed_clients)
+      transport::validate_curve_key(key, where + ": allowed client key");
+    curve_public_key_ = transport::curve_public_from_secret(options_.curve_secret_key);
+  } else if (!options_.curve_allowed_clients.empty()) {
+    throw InputError(where + ": allowed client keys without a CURVE secret key");
+  }
+  try {
+    if (curve) {
+      char domain[64];
+      std::snprintf(domain, sizeof domain, "tandem-trial-slots-%p", static_cast<void*>(this));
+      zap_ = transport::ZapAuthenticator::allow(context_, domain, options_.curve_allowed_clients);
+    }
+    socket_ = zmq::socket_t(context_, zmq::socket_type::router);
+    if (curve) {  // before bind: a connection accepted earlier would not be CURVE
+      socket_.set(zmq::sockopt::curve_server, 1);
+      socket_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      socket_.set(zmq::sockopt::zap_domain, zap_.domain());
+    }
+    socket_.set(zmq::sockopt::linger, 200);
+    // Messages are small JSON objects: a peer sending more is dropped by ZeroMQ.
+    socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);
+    socket_.bind(options_.bind);
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    throw transport::TransportError(where + ": cannot bind: " + e.what());
+  }
+}
+
+TrialSlotServer::~TrialSlotServer() { stop_jobs(2000); }
+
+void TrialSlotServer::say(const std::string& line) const {
+  if (options_.log) options_.log(line);
+  else std::fprintf(stderr, "tandem trial-slots: %s\n", line.c_str());
+}
+
+std::vector<pid_t> TrialSlotServer::pids() const {
+  std::vector<pid_t> out;
+  for (const Job& j : jobs_) out.push_back(j.pid);
+  return out;
+}
+
+void TrialSlotServer::serve(const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    try {
+      serve_once(50);
+    } catch (const transport::TransportError&) {
+      if (stop.load()) break;  // a signal interrupted the poll
+      throw;
+    }
+  }
+  stop_jobs(2000);
+}
+
+void TrialSlotServer::serve_once(long timeout_ms) {
+  transport::Frames frames;
+  if (transport::receive_frames(socket_, frames, timeout_ms, "trial slots at " + endpoint_)) {
+    const std::string client(static_cast<const char*>(frames[0].data()), frames[0].size());
+    if (frames.size() != 2) {
+      SlotMessage error{SlotMessageType::Error};
+      error.error = "expected one frame (a JSON message), got " + std::to_string(frames.size() - 1);
+      reply(client, error);
+    } else {
+      handle(client, std::string(static_cast<const char*>(frames[1].data()), frames[1].size()));
+    }
+  }
+  reap();
+  expire();
+}
+
+void TrialSlotServer::reply(const std::string& client, const SlotMessage& m) {
+  const std::string text = encode_slot_message(m);
+  const zmq::message_t id(client.data(), client.size());
+  // A ROUTER drops messages to peers that are gone (or whose queue is full): never blocks.
+  transport::send_frames(socket_, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
+                         &id, "trial slots at " + endpoint_);
+}
+
+void TrialSlotServer::handle(const std::string& client, const std::string& frame) {
+  auto known = clients_.find(client);
+  if (known == clients_.end()) {
+    known = clients_.emplace(client, Client{Clock::now(), "search " + std::to_string(++client_count_) +
+                                                              " (" + printable(client) + ")"})
+                .first;
+  }
+  known->second.last_heard = Clock::now();
+  SlotMessage m;
+  try {
+    m = decode_slot_message(frame);
+  } catch (const SlotProtocolError& e) {
+    say("bad message from " + known->second.name + ": " + e.what());
+    SlotMessage error{SlotMessageType::Error};
+    error.error = std::string("bad message: ") + e.what();
+    reply(client, error);
+    return;
+  }
+  SlotMessage answer;
+  switch (m.type) {
+    case SlotMessageType::Hello:
+      answer.type = SlotMessageType::Hello;
+      answer.slots = options_.slots;
+      answer.running = running();
+      answer.threads = options_.threads;
+      answer.heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
+      say(known->second.name + " connected");
+      reply(client, answer);
+      return;
+    case SlotMessageType::Heartbeat:
+      answer.type = SlotMessageType::Heartbeat;
+      answer.running = running();
+      reply(client, answer);
+      return;
+    case SlotMessageType::Start: start_job(client, m); return;
+    case SlotMessageType::Cancel:
+      for (Job& j : jobs_)
+        if (j.client == client && j.id == m.job) {
+          say("cancelling job " + j.id + " (pid " + std::to_string(j.pid) + ")");
+          kill(j.pid, SIGTERM);
+          return;
+        }
+      answer.type = SlotMessageType::Error;
+      answer.job = m.job;
+      answer.error = "cancel: no running job " + m.job;
+      reply(client, answer);
+      return;
+    case SlotMessageType::Bye: {
+      int ended = 0;
+      for (Job& j : jobs_)
+        if (j.client == client && !j.orphaned) {
+          kill(j.pid, SIGTERM);
+          j.orphaned = true;
+          ++ended;
+        }
+      say(known->second.name + " said bye" +
+          (ended ? "; ending its " + std::to_string(ended) + " job(s)" : std::string()));
+      clients_.erase(known);
+      return;
+    }
+    default:
+      answer.type = SlotMessageType::Error;
+      answer.job = m.job;
+      answer.error = std::string("a slot server does not take \"") + to_string(m.type) + "\" messages";
+      reply(client, answer);
+      return;
+  }
+}
+
+void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m) {
+  reap();  // a job that just ended frees its slot
+  SlotMessage answer{SlotMessageType::Error};
+  answer.job = m.job;
+  if (std::find(options_.allowed_commands.begin(), options_.allowed_commands.end(), m.args[0]) ==
+      options_.allowed_commands.end()) {
+    answer.error = "job " + m.job + ": this server runs only `tandem " +
+                   options_.allowed_commands.front() + " ...`, not `" + m.args[0] + "`";
+  } else if (running() >= options_.slots) {
+    answer.error = "job " + m.job + " refused: all " + std::to_string(options_.slots) +
+                   " slot(s) of this server are busy";
+    answer.busy = true;
+  } else {
+    for (const Job& j : jobs_)
+      if (j.client == client && j.id == m.job) answer.error = "job " + m.job + " is already running";
+  }
+  if (answer.error.empty()) {
+    std::vector<std::string> argv{options_.program};
+    argv.insert(argv.end(), m.args.begin(), m.args.end());
+    try {
+      const pid_t pid = start_trial_process(argv, m.log, "job " + m.job);
+      jobs_.push_back({client, m.job, pid, false});
+      say("job " + m.job + " started: pid " + std::to_string(pid) + " (" +
+          std::to_string(running()) + "/" + std::to_string(options_.slots) + " slots), log " + m.log);
+      answer.type = SlotMessageType::Started;
+      answer.pid = pid;
+    } catch (const Error& e) {
+      answer.error = e.what();
+    }
+  }
+  if (answer.type == SlotMessageType::Error) say(answer.error);
+  reply(client, answer);
+}
+
+void TrialSlotServer::reap() {
+  for (size_t i = 0; i < jobs_.size();) {
+    int status = 0;
+    if (waitpid(jobs_[i].pid, &status, WNOHANG) != jobs_[i].pid) {
+      ++i;
+      continue;
+    }
+    const Job job = jobs_[i];
+    jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+    say("job " + job.id + " (pid " + std::to_string(job.pid) + ") " + describe_exit(status));
+    if (job.orphaned || clients_.count(job.client) == 0) continue;
+    SlotMessage exited{SlotMessageType::Exited};
+    exited.job = job.id;
+    if (WIFSIGNALED(status)) exited.signal = WTERMSIG(status);
+    else exited.exit_code = WEXITSTATUS(status);
+    reply(job.client, exited);
+  }
+}
+
+void TrialSlotServer::expire() {
+  const auto now = Clock::now();
+  const auto timeout = std::chrono::milliseconds(options_.heartbeat_timeout_ms);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (now - it->second.last_heard < timeout) {
+      ++it;
+      continue;
+    }
+    int killed = 0;
+    for (Job& j : jobs_)
+      if (j.client == it->first && !j.orphaned) {
+        kill(j.pid, SIGKILL);  // nobody waits for its results any more
+        j.orphaned = true;
+        ++killed;
+      }
+    if (killed > 0) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f", options_.heartbeat_timeout_ms / 1000.0);
+      say(it->second.name + " silent for " + seconds + " s: killed its " + std::to_string(killed) +
+          " job(s)");
+    }
+    it = clients_.erase(it);
+  }
+}
+
+void TrialSlotServer::stop_jobs(int grace_ms) {
+  if (jobs_.empty()) return;
+  for (const Job& j : jobs_) kill(j.pid, SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
+  auto reap_all = [&] {
+    for (size_t i = 0; i < jobs_.size();) {
+      if (waitpid(jobs_[i].pid, nullptr, WNOHANG) == jobs_[i].pid) jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+      else ++i;
+    }
+    return jobs_.empty();
+  };
+  while (!reap_all() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const Job& j : jobs_) {
+    kill(j.pid, SIGKILL);
+    waitpid(j.pid, nullptr, 0);
+  }
+  jobs_.clear();
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,98 @@
+// tandem trial-slots: runs a search's trials on this machine for tandem search --slots. A ZeroMQ
+// ROUTER serves the messages of trial_slot_protocol.h; each started job is this program run as
+// `tandem train ...` (trial_process.h), at most `slots` at once across every search.
+//
+// A search sends a heartbeat at least every quarter of the timeout and the server answers each
+// one. A search silent for heartbeat_timeout_ms (killed, its machine gone) has its jobs killed,
+// so nothing it started outlives it by more than the timeout; the server keeps serving others.
+// Stopping the server (stop flag, destructor) ends every job: SIGTERM, then SIGKILL after 2 s;
+// a server killed outright takes its jobs with it (PR_SET_PDEATHSIG).
+//
+// Only `program` is ever run, with args[0] one of allowed_commands: a peer cannot make the
+// server run anything else. Paths in a job (data, checkpoints, metrics, the log) are the
+// search's, so the search and the servers share a filesystem.
+#pragma once
+
+#include <sys/types.h>
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trial_slot_protocol.h"
+#include "zmq_curve.h"
+
+namespace tandem::cli {
+
+struct TrialSlotServerOptions {
+  std::string bind = "tcp://127.0.0.1:*";
+  int slots = 1;
+  int threads = 1;                   // threads per trial the server suggests (hello)
+  std::string program;               // the binary each job runs (this tandem)
+  std::vector<std::string> allowed_commands{"train"};
+  int heartbeat_timeout_ms = 10000;  // a search silent this long has its jobs killed
+  std::string curve_secret_key;      // Z85; empty: no CURVE
+  std::vector<std::string> curve_allowed_clients;  // Z85 public keys; empty: any key holder
+  std::function<void(const std::string&)> log;     // event lines (default: stderr)
+};
+
+class TrialSlotServer {
+ public:
+  // Binds; throws TransportError when it cannot, InputError for bad options.
+  explicit TrialSlotServer(TrialSlotServerOptions options);
+  ~TrialSlotServer();  // ends every job (stop_jobs)
+  TrialSlotServer(const TrialSlotServer&) = delete;
+  TrialSlotServer& operator=(const TrialSlotServer&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& curve_public_key() const { return curve_public_key_; }
+
+  // Serves until `stop` is true, then ends every job. Call from one thread only (the one that
+  // lives as long as the jobs should: their PR_SET_PDEATHSIG follows it).
+  void serve(const std::atomic<bool>& stop);
+  // One round: a message if one arrives within timeout_ms, then reaps jobs and expires silent
+  // searches.
+  void serve_once(long timeout_ms);
+  // SIGTERM to every job, SIGKILL after grace_ms, every one reaped.
+  void stop_jobs(int grace_ms);
+
+  int running() const { return static_cast<int>(jobs_.size()); }
+  // The pids of the running jobs (tests).
+  std::vector<pid_t> pids() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Job {
+    std::string client;  // routing id
+    std::string id;
+    pid_t pid = 0;
+    bool orphaned = false;  // its search went silent; killed, not reported
+  };
+  struct Client {
+    Clock::time_point last_heard;
+    std::string name;  // for log lines
+  };
+  void handle(const std::string& client, const std::string& frame);
+  void start_job(const std::string& client, const SlotMessage& m);
+  void reply(const std::string& client, const SlotMessage& m);
+  void reap();
+  void expire();
+  void say(const std::string& line) const;
+
+  TrialSlotServerOptions options_;
+  zmq::context_t context_{1};
+  transport::ZapAuthenticator::Registration zap_;
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  std::string curve_public_key_;
+  std::map<std::string, Client> clients_;
+  std::vector<Job> jobs_;
+  int client_count_ = 0;
+};
+
+}  // namespace tandem::cli
