@@ -83,7 +83,8 @@ class SuccessiveHalvingSearchTest(LocalClusterTest):
         self.assertEqual(best["trial"], 4, [(r["trial"], r.get("best_validation_loss")) for r in results])
         self.assertEqual((best["status"], best["rung"], best["epochs"]), ("completed", 2, 9))
         self.assertGreater(best["validation"]["accuracy"], 0.9)
-        losses = [r["validation"]["loss_sum"] for r in results if "validation" in r]
+        # Ranked by the loss the halving ranked them by: each trial's best so far.
+        losses = [r["best_validation_loss"] for r in results if "validation" in r]
         self.assertEqual(losses, sorted(losses))
 
         # (c) The crash is reported with the engine's message, last, and the rest went on.
