@@ -1038,19 +1038,21 @@ TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
   for (int i = 0; i < 7; ++i) client.push_pull(gradients_like(params, 4100 + uint32_t(i))).wait();
   // The writer thread writes and prunes behind the serving thread: wait for the step-6 file and
   // the pruning after it. Snapshots at steps 2, 4 and 6 were taken; one that had not started
-  // when the next came is replaced by it, so the file before step 6 is step 2's or step 4's.
+  // when the next came is replaced by it, so the file before step 6 is step 2's or step 4's, or
+  // there is none when the writer had started neither (a loaded machine: both were replaced).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   auto written = [&] {
     const auto files = shard_files(dir);
-    return files.size() == 2 && files[1] == "shardA-step-6.safetensors";
+    return !files.empty() && files.size() <= 2 && files.back() == "shardA-step-6.safetensors";
   };
   while (!written() && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const auto files = shard_files(dir);
-  ASSERT_EQ(files.size(), 2u);
-  EXPECT_TRUE(files[0] == "shardA-step-2.safetensors" || files[0] == "shardA-step-4.safetensors")
-      << files[0];
-  EXPECT_EQ(files[1], "shardA-step-6.safetensors");
+  ASSERT_TRUE(files.size() == 1 || files.size() == 2) << files.size() << " files";
+  if (files.size() == 2)
+    EXPECT_TRUE(files[0] == "shardA-step-2.safetensors" || files[0] == "shardA-step-4.safetensors")
+        << files[0];
+  EXPECT_EQ(files.back(), "shardA-step-6.safetensors");
   for (const auto& f : files) EXPECT_NO_THROW(read_safetensors(dir.file(f))) << f;
   server.stop();  // step 7 changed since step 6: a final checkpoint, written before stop returns
   EXPECT_EQ(shard_files(dir),
