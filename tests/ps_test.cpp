@@ -1049,9 +1049,10 @@ TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const auto files = shard_files(dir);
   ASSERT_TRUE(files.size() == 1 || files.size() == 2) << files.size() << " files";
-  if (files.size() == 2)
+  if (files.size() == 2) {
     EXPECT_TRUE(files[0] == "shardA-step-2.safetensors" || files[0] == "shardA-step-4.safetensors")
         << files[0];
+  }
   EXPECT_EQ(files.back(), "shardA-step-6.safetensors");
   for (const auto& f : files) EXPECT_NO_THROW(read_safetensors(dir.file(f))) << f;
   server.stop();  // step 7 changed since step 6: a final checkpoint, written before stop returns
@@ -1293,33 +1294,32 @@ TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
   std::vector<NamedTensor> params = Model::initialized(ModelConfig{}, 7).parameters();
   for (size_t offset : {size_t(0), size_t(1)}) {
     SCOPED_TRACE("frames at byte offset " + std::to_string(offset));
-    const auto init = transport::encode_float_message(MessageType::Init, 1, 0, [&] {
-      std::vector<transport::FloatTensorRef> refs;
-      for (const auto& t : params) refs.push_back({t.name, t.shape, t.values.data()});
-      return refs;
-    }());
-    const transport::DecodeResult init_in = transport::decode(init.frames());
-    ASSERT_TRUE(init_in.ok()) << init_in.error;
+    // A message decoded as the server decodes what it receives, its tensor frames copied back to
+    // back to `offset` bytes past a 64-byte boundary (the header frame stays where it is).
+    AlignedBuffer<uint8_t> storage;
+    auto decoded_at_offset = [&](const std::vector<std::vector<uint8_t>>& frames) {
+      size_t bytes = 0;
+      for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
+      storage = AlignedBuffer<uint8_t>(bytes + offset);
+      std::vector<transport::ByteSpan> spans{{frames[0].data(), frames[0].size()}};
+      uint8_t* at = storage.data() + offset;
+      for (size_t i = 1; i < frames.size(); ++i) {
+        std::memcpy(at, frames[i].data(), frames[i].size());
+        spans.push_back({at, frames[i].size()});
+        at += frames[i].size();
+      }
+      return transport::decode(spans);
+    };
     PsShard shard{OptimizerConfig{}};
-    shard.initialize(init_in.message, init_in.tensor_data);
+    {
+      const transport::DecodeResult init = decoded_at_offset(frames_of(MessageType::Init, 1, params));
+      ASSERT_TRUE(init.ok()) << init.error;
+      shard.initialize(init.message, init.tensor_data);
+    }
     ReferenceAdam ref(params);
     for (int step = 0; step < 3; ++step) {
       const auto g = gradients_like(params, 40 + 10 * uint32_t(step));
-      std::vector<transport::FloatTensorRef> refs;
-      for (const auto& t : g) refs.push_back({t.name, t.shape, t.values.data()});
-      const auto out = transport::encode_float_message(MessageType::Push, 2, 0, refs);
-      // The frames copied to `offset` bytes past a 64-byte boundary, back to back.
-      std::vector<transport::ByteSpan> frames = out.frames();
-      size_t bytes = 0;
-      for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size;
-      AlignedBuffer<uint8_t> moved(bytes + offset + 64);
-      uint8_t* at = moved.data() + offset;
-      for (size_t i = 1; i < frames.size(); ++i) {
-        std::memcpy(at, frames[i].data, frames[i].size);
-        frames[i].data = at;
-        at += frames[i].size;
-      }
-      const transport::DecodeResult in = transport::decode(frames);
+      const transport::DecodeResult in = decoded_at_offset(frames_of(MessageType::Push, 2, g));
       ASSERT_TRUE(in.ok()) << in.error;
       std::string kind;
       ASSERT_EQ(shard.stage_gradients(in.message, in.tensor_data, kind), "");
@@ -1333,10 +1333,7 @@ TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
     // A NaN in the last tensor: refused, nothing changed.
     auto bad = gradients_like(params, 99);
     bad.back().values[3] = std::numeric_limits<float>::quiet_NaN();
-    std::vector<transport::FloatTensorRef> refs;
-    for (const auto& t : bad) refs.push_back({t.name, t.shape, t.values.data()});
-    const auto out = transport::encode_float_message(MessageType::Push, 3, 0, refs);
-    const transport::DecodeResult in = transport::decode(out.frames());
+    const transport::DecodeResult in = decoded_at_offset(frames_of(MessageType::Push, 3, bad));
     ASSERT_TRUE(in.ok()) << in.error;
     const std::vector<float> m_before(shard.adam_m(shard.entries()[0]),
                                       shard.adam_m(shard.entries()[0]) + 100);

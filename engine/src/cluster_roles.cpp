@@ -238,9 +238,7 @@ ClientOptions cluster_client_options(const RunSettings& s, zmq::context_t* conte
   if (!s.curve_server_public.empty()) {
     c.curve_server_key = s.curve_server_public;
     if (!s.curve_client_file.empty()) {
-      const transport::CurveKeyPair pair = transport::read_curve_key_file(s.curve_client_file);
-      if (pair.secret_key.empty())
-        throw InputError(s.curve_client_file + " holds no secret key: a client needs its secret key file");
+      const transport::CurveKeyPair pair = transport::read_curve_secret_key_file(s.curve_client_file);
       c.curve_public_key = pair.public_key;
       c.curve_secret_key = pair.secret_key;
     }
@@ -394,9 +392,8 @@ static void ps_role(const RoleOptions& o) {
   else if (device != "cpu")
     throw InputError("parameter server device must be cpu, cuda or auto, not '" + device + "'");
   if (!r.settings.curve_secret_file.empty()) {
-    const transport::CurveKeyPair pair = transport::read_curve_key_file(r.settings.curve_secret_file);
-    if (pair.secret_key.empty())
-      throw InputError(r.settings.curve_secret_file + " holds no secret key: a server needs its secret key file");
+    const transport::CurveKeyPair pair =
+        transport::read_curve_secret_key_file(r.settings.curve_secret_file);
     so.curve_secret_key = pair.secret_key;
     if (!r.settings.curve_allowed_path.empty())
       so.curve_allowed_clients = transport::read_curve_allowed_clients(r.settings.curve_allowed_path);

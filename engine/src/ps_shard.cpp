@@ -171,17 +171,18 @@ void PsShard::apply_staged() {
   }
   ++step_;
   float* w = writable_params(true);
+  const float rate = step_size();
   for (const Staged& s : staged_) {
     // The kernel's vector body may contract to FMA where its scalar tail does not, so an
     // element's bits depend on whether it falls in a whole vector. The trainer sweeps each tensor
     // padded to 16 floats; so does this: whole 16-float groups straight from the frame, then the
     // last part group from a zero-padded copy (the frame ends at the tensor's last float).
     const int64_t whole = s.entry->size / kAlignFloats * kAlignFloats;
-    update(w, s.entry->offset, whole, s.gradient);
+    update(w, s.entry->offset, whole, s.gradient, rate);
     if (whole < s.entry->size) {
       alignas(64) float tail[kAlignFloats] = {};
       std::memcpy(tail, s.gradient + whole, size_t(s.entry->size - whole) * sizeof(float));
-      update(w, s.entry->offset + whole, kAlignFloats, tail);
+      update(w, s.entry->offset + whole, kAlignFloats, tail, rate);
     }
   }
   staged_.clear();  // the frames are the caller's again
@@ -214,18 +215,24 @@ void PsShard::step_with_gradients() {
     device_->step(gradients_.data(), writable_params(false));
     return;
   }
-  update(writable_params(true), 0, total_, gradients_.data());
+  update(writable_params(true), 0, total_, gradients_.data(), step_size());
 }
 
-void PsShard::update(float* w, int64_t offset, int64_t n, const float* g) {
-  float* m = moments_.data() + offset;
-  float* v = moments_.data() + total_ + offset;
+kernels::AdamHyper PsShard::adam_hyper() const {
+  return {optimizer_.learning_rate, optimizer_.beta1, optimizer_.beta2, optimizer_.epsilon};
+}
+
+float PsShard::step_size() const {
+  return optimizer_.kind == OptimizerKind::Adam ? kernels::adam_step_size(adam_hyper(), step_)
+                                                : optimizer_.learning_rate;
+}
+
+void PsShard::update(float* w, int64_t offset, int64_t n, const float* g, float rate) {
   if (optimizer_.kind == OptimizerKind::Adam) {
-    const kernels::AdamHyper h{optimizer_.learning_rate, optimizer_.beta1, optimizer_.beta2,
-                               optimizer_.epsilon};
-    kernels::adam_update_cpu(w + offset, m, v, &g, 1, 0, n, kernels::adam_step_size(h, step_), h);
+    kernels::adam_update_cpu(w + offset, moments_.data() + offset,
+                             moments_.data() + total_ + offset, &g, 1, 0, n, rate, adam_hyper());
   } else {
-    kernels::sgd_update_cpu(w + offset, &g, 1, 0, n, optimizer_.learning_rate);
+    kernels::sgd_update_cpu(w + offset, &g, 1, 0, n, rate);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "aligned_buffer.h"
+#include "cpu/adam_cpu.h"
 #include "send_hold.h"
 #include "ps_shard_device.h"
 #include "tandem/config.h"
@@ -108,8 +109,11 @@ class PsShard {
   // in a free block (copying the values only when `keep_values`), which becomes the current one.
   float* writable_params(bool keep_values);
   void step_with_gradients();  // step += 1, one optimizer sweep with gradients_
+  kernels::AdamHyper adam_hyper() const;
+  // This step's rate: Adam's bias-corrected step size at step_, or SGD's learning rate.
+  float step_size() const;
   // One optimizer sweep over `n` floats from `offset` (of the blocks) with gradients `g`.
-  void update(float* w, int64_t offset, int64_t n, const float* g);
+  void update(float* w, int64_t offset, int64_t n, const float* g, float rate);
 
   struct Staged {
     const Entry* entry;

@@ -192,9 +192,7 @@ void resolve(ClusterCommandOptions& o) {
   }
   s.data = std::filesystem::absolute(store_path).string();
   if (!s.curve_secret_file.empty()) {
-    const transport::CurveKeyPair servers = transport::read_curve_key_file(s.curve_secret_file);
-    if (servers.secret_key.empty())
-      throw InputError(s.curve_secret_file + " holds no secret key (give the .key_secret file)");
+    const transport::CurveKeyPair servers = transport::read_curve_secret_key_file(s.curve_secret_file);
     s.curve_server_public = servers.public_key;
     s.curve_secret_file = std::filesystem::absolute(s.curve_secret_file).string();
   } else if (!s.curve_allowed_path.empty() || !s.curve_client_file.empty()) {

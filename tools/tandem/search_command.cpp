@@ -168,9 +168,7 @@ TrialSlotPoolOptions slot_pool_options(const SearchOptions& o) {
   }
   pool.curve_server_key = transport::read_curve_key_file(o.slots_curve_server).public_key;
   if (!o.slots_curve_client.empty()) {
-    const transport::CurveKeyPair mine = transport::read_curve_key_file(o.slots_curve_client);
-    if (mine.secret_key.empty())
-      throw InputError(o.slots_curve_client + " holds no secret key (give the .key_secret file)");
+    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(o.slots_curve_client);
     pool.curve_public_key = mine.public_key;
     pool.curve_secret_key = mine.secret_key;
   }

@@ -42,9 +42,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   options.program = self_path();
   options.heartbeat_timeout_ms = static_cast<int>(o.heartbeat_timeout * 1000);
   if (!o.curve_secret.empty()) {
-    const transport::CurveKeyPair keys = transport::read_curve_key_file(o.curve_secret);
-    if (keys.secret_key.empty())
-      throw InputError(o.curve_secret + " holds no secret key (give the .key_secret file)");
+    const transport::CurveKeyPair keys = transport::read_curve_secret_key_file(o.curve_secret);
     options.curve_secret_key = keys.secret_key;
     if (!o.curve_allowed.empty())
       options.curve_allowed_clients = transport::read_curve_allowed_clients(o.curve_allowed);

@@ -621,8 +621,8 @@ inline uint32_t largest_exponent(const uint8_t* p, size_t n) {
 }  // namespace
 
 // Every push's gradients pass through here: built for AVX-512, AVX2 and baseline x86-64 and
-// picked at load time, as the optimizer kernel is (kernels/cpu/adam_cpu.cpp), which makes the
-// check of the default model's 318 KB about three times faster than the baseline build.
+// picked at load time, as the optimizer kernel is (kernels/cpu/adam_cpu.cpp).
+// tandem_ps_shard_bench times it (stage_gradients).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -168,6 +168,13 @@ CurveKeyPair read_curve_key_file(const std::string& path) {
   return pair;
 }
 
+CurveKeyPair read_curve_secret_key_file(const std::string& path) {
+  CurveKeyPair pair = read_curve_key_file(path);
+  if (pair.secret_key.empty())
+    throw InputError(path + " holds no secret key (give the .key_secret file)");
+  return pair;
+}
+
 std::vector<std::string> read_curve_allowed_clients(const std::string& path) {
   std::vector<std::string> keys;
   std::error_code ec;

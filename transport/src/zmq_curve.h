@@ -57,6 +57,9 @@ void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& p
 // public key. IoError when the file cannot be read, TransportError naming the file (and line)
 // when its content is wrong.
 CurveKeyPair read_curve_key_file(const std::string& path);
+// The same for a file that must hold the secret key (a server's, or a client's own): InputError
+// naming the file when it is a public key file.
+CurveKeyPair read_curve_secret_key_file(const std::string& path);
 
 // The client keys a server admits, from `path`: a directory (every *.key file in it, by name,
 // read as above) or a file with one Z85 public key per line (blank lines and '#' comments
