@@ -11,6 +11,7 @@
 #   feed.json           the chunk manager feeding the GPU from a store: pinned H2D bandwidth,
 #                       stream-to-device bandwidth, steps fed by the stream vs resident data
 #   cluster_*.json      tandem launch with 1, 2, 4 CUDA workers and the single-process trainer
+#   group_step.json     a worker group of one GPU (NCCL; host-staged) against the plain worker
 #   table.md            the summary table (bench/gpu_table.py)
 #
 # The device machine has CUDA, PyTorch and CMake but none of the Debian packages the engine
@@ -128,6 +129,11 @@ for w in (1, 2, 4):
     except Exception as e:
         print(f"launch, {w} workers: no result ({e})")
 PY
+echo "exit status $?"
+
+stage "worker group of one GPU (NCCL, host-staged) against the plain GPU worker"
+timeout 60 "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
+  --json "$OUT/group_step.json"
 echo "exit status $?"
 
 stage "kernels and ceilings"

@@ -16,14 +16,16 @@ build=${TANDEM_BUILD_DIR:-build}
 generator=()
 [ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-targets=(tandem_cuda_tests tandem_kernels_cuda_bench tandem_train_step_cuda_bench tandem_cli)
+targets=(tandem_cuda_tests tandem_kernels_cuda_bench tandem_train_step_cuda_bench
+         tandem_group_step_cuda_bench tandem_cli)
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/tests/tandem_cuda_tests" "$build/bench/tandem_kernels_cuda_bench" \
-   "$build/bench/tandem_train_step_cuda_bench" "$build/tools/tandem" "$stage/bin/"
+   "$build/bench/tandem_train_step_cuda_bench" "$build/bench/tandem_group_step_cuda_bench" \
+   "$build/tools/tandem" "$stage/bin/"
 strip --strip-unneeded "$stage"/bin/*
 for binary in "$stage"/bin/*; do
   ldd "$binary" | awk '/=> \// {print $3}'

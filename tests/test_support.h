@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "tandem/dataset.h"
+#include "tandem/model.h"
 
 namespace tandem::test {
 
@@ -49,6 +51,19 @@ template <typename A, typename B>
 }
 
 // Uniform values in [lo, hi) from a fixed seed; asserts the draw is not all zeros.
+// Bit-for-bit equality (memcmp; an empty vector's null data is never passed to it).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// The tensors' values end to end, in order.
+inline std::vector<float> flatten(const std::vector<NamedTensor>& tensors) {
+  std::vector<float> flat;
+  for (const auto& t : tensors) flat.insert(flat.end(), t.values.begin(), t.values.end());
+  return flat;
+}
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(lo, hi);

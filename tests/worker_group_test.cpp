@@ -31,6 +31,9 @@
 namespace tandem {
 namespace {
 
+using test::flatten;
+using test::same_bits;
+
 // Runs body(rank) on a thread per rank; returns each rank's exception (null: none).
 template <typename Body>
 std::vector<std::exception_ptr> run_ranks(int members, Body body) {
@@ -60,11 +63,6 @@ std::string group_error_text(const std::exception_ptr& error) {
   }
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  // (memcmp with an empty vector's null data is undefined, even for 0 bytes)
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 // ---- The thread collective ---------------------------------------------------------------------
 
@@ -202,6 +200,59 @@ TEST(ThreadCollective, RefusesBadSizesRanksAndRoots) {
   EXPECT_THROW(group->broadcast(0, &x, 1, 2), InputError);
 }
 
+// The stream-ordered all-reduce on a host collective: with no event it is all_reduce_sum (the
+// same bits, every member), an event is refused, and finish checks the rank and returns.
+TEST(ThreadCollective, AllReduceAfterNoEventIsTheBlockingSumAndAnEventIsRefused) {
+  constexpr int kMembers = 3;
+  auto group = make_thread_collective(kMembers, 10000);
+  std::vector<std::vector<float>> data(kMembers), expected(kMembers);
+  for (int r = 0; r < kMembers; ++r) data[size_t(r)] = test::random_floats(1001, 60 + uint32_t(r));
+  std::vector<float> sum(1001, 0.0f);
+  for (int r = 0; r < kMembers; ++r)
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += data[size_t(r)][i];
+  const auto errors = run_ranks(kMembers, [&](int r) {
+    group->all_reduce_sum_after(r, data[size_t(r)].data(), data[size_t(r)].size(), nullptr);
+    group->finish(r);
+  });
+  for (int r = 0; r < kMembers; ++r) {
+    EXPECT_FALSE(errors[size_t(r)]) << group_error_text(errors[size_t(r)]);
+    EXPECT_TRUE(same_bits(data[size_t(r)], sum)) << "rank " << r;
+  }
+  int not_an_event = 0;
+  EXPECT_THROW(group->all_reduce_sum_after(0, sum.data(), sum.size(), &not_an_event), InputError);
+  EXPECT_THROW(group->finish(kMembers), InputError);
+}
+
+// A collective that sums on GPUs, for the group's refusal of host backends: it reports device
+// memory and is never called (the group refuses before any collective).
+class DeviceMemoryCollective final : public GroupCollective {
+ public:
+  int size() const override { return 2; }
+  Memory memory() const override { return Memory::Device; }
+  void all_reduce_sum(int, float*, size_t) override { ADD_FAILURE() << "all_reduce_sum called"; }
+  void broadcast(int, float*, size_t, int) override { ADD_FAILURE() << "broadcast called"; }
+  void abort(const std::string&) override {}
+};
+
+TEST(WorkerGroup, ACollectiveOnGpuMemoryRefusesHostBackendsNamingTheRank) {
+  auto cpu0 = make_cpu_backend(ModelConfig{{64, 24, 10}}, OptimizerConfig{}, 1);
+  auto cpu1 = make_cpu_backend(ModelConfig{{64, 24, 10}}, OptimizerConfig{}, 1);
+  // A host backend has no device arenas, and cannot queue gradients for a GPU collective.
+  EXPECT_EQ(cpu0->device_buffers().device, -1);
+  const Dataset data = test::random_dataset(PixelType::UInt8, 8, 64, 10, 61);
+  EXPECT_THROW(cpu0->enqueue_gradients(data.view(), nullptr, 8), InputError);
+  EXPECT_THROW(cpu0->finish_gradients(), InputError);
+  DeviceMemoryCollective collective;
+  try {
+    WorkerGroup group(ModelConfig{{64, 24, 10}}, {cpu0.get(), cpu1.get()}, collective);
+    ADD_FAILURE() << "a GPU collective took host backends";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0's backend (cpu) keeps its numbers in host memory"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 #ifdef TANDEM_TEST_NO_NCCL
 TEST(NcclCollective, ABuildWithoutNcclSaysSo) {
   try {
@@ -226,11 +277,6 @@ OptimizerConfig adam() {
   return o;
 }
 
-std::vector<float> flatten(const std::vector<NamedTensor>& tensors) {
-  std::vector<float> flat;
-  for (const auto& t : tensors) flat.insert(flat.end(), t.values.begin(), t.values.end());
-  return flat;
-}
 
 // The largest |x| of a tensor.
 double max_abs(const std::vector<float>& v) {

@@ -76,6 +76,38 @@ class Backend {
   // InputError naming the backend (the CPU and CUDA backends give logits).
   virtual void predict_logits(const DatasetView& data, uint8_t* classes, float* logits);
 
+  // For a worker group whose collective sums on GPU memory (NCCL, group_collective.h), so a
+  // group's gradients and parameters never leave the GPUs. Host backends keep the defaults:
+  // device_buffers() says device -1, the two gradient calls throw InputError naming the backend.
+  struct DeviceBuffers {
+    int device = -1;              // the GPU both arenas are on; -1: the backend is on the host
+    float* parameters = nullptr;  // flat arenas in ParameterLayout order, zero padding between
+    float* gradients = nullptr;   // tensors (a sum of arenas keeps the padding zero)
+    int64_t count = 0;            // floats in each
+  };
+  // Waits for the backend's queued work and returns its arenas: until the next call into the
+  // backend, the caller may read and write them from another stream of that device.
+  virtual DeviceBuffers device_buffers() { return {}; }
+  // A range of the gradient arena (in floats) and the event (a cudaEvent_t of the backend's
+  // device) that completes once the queued backward pass has written that range.
+  struct GradientPiece {
+    int64_t offset = 0;
+    int64_t count = 0;
+    void* ready = nullptr;
+  };
+  // compute_gradients without waiting for it: queues forward and backward over `count` rows of
+  // `data` (as compute_gradients) and returns the gradient arena's pieces in the order the
+  // backward pass finishes them, the last layer first, so that a collective can sum one piece
+  // while the earlier layers' backward still runs. The pieces cover the arena, and every call
+  // returns the same ranges (members of a group issue the same collectives). count 0 queues zero
+  // gradients (a member with no batch this step adds nothing). finish_gradients() then waits for
+  // the backend's work and returns the batch statistics; in between, the caller may read and
+  // write the gradient arena from its own stream once a piece's event has completed, and must
+  // not call anything else on the backend.
+  virtual std::vector<GradientPiece> enqueue_gradients(const DatasetView& data,
+                                                       const int32_t* rows, int64_t count);
+  virtual BatchStats finish_gradients();
+
  protected:
   BatchStats pending_;  // train_step's totals in the default implementation
 };

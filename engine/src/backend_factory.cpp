@@ -22,6 +22,17 @@ void Backend::predict_logits(const DatasetView&, uint8_t*, float*) {
                    "probabilities runs on the CPU and CUDA backends)");
 }
 
+std::vector<Backend::GradientPiece> Backend::enqueue_gradients(const DatasetView&, const int32_t*,
+                                                               int64_t) {
+  throw InputError("the " + name() + " backend keeps its gradients in host memory; a worker "
+                   "group summing on GPUs needs CUDA backends");
+}
+
+BatchStats Backend::finish_gradients() {
+  throw InputError("the " + name() + " backend keeps its gradients in host memory; a worker "
+                   "group summing on GPUs needs CUDA backends");
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
                                       const OptimizerConfig& opt, int threads,
                                       Precision precision, int device) {

@@ -480,17 +480,30 @@ static void worker_role(const RoleOptions& o) {
     }
   }
   Backend* const backend = backends[0].get();
-  // A group of more than one: WorkerGroup sums the members' gradients. It stages them through
-  // host memory, so it takes the thread collective on CPU and CUDA backends alike: on GPUs the
-  // gradients go device -> host, are summed there and the parameters go back. The next step
-  // for GPUs is make_nccl_collective on the backends' device gradient buffers (WorkerGroup is
-  // host-only for now).
+  // A group of more than one: WorkerGroup sums the members' gradients. GPU members sum them on
+  // the GPUs with NCCL (one communicator per GPU of this process, the sums overlapped with the
+  // backward pass); CPU members, and GPU members in a build without NCCL, through host memory
+  // with the thread collective.
   std::unique_ptr<GroupCollective> collective;
   std::unique_ptr<WorkerGroup> group;
   if (members > 1) {
     std::vector<Backend*> pointers;
-    for (const auto& b : backends) pointers.push_back(b.get());
-    collective = make_thread_collective(members, kGroupTimeoutMs);
+    std::vector<int> devices;
+    for (const auto& b : backends) {
+      pointers.push_back(b.get());
+      devices.push_back(b->device_buffers().device);
+    }
+    if (*std::min_element(devices.begin(), devices.end()) >= 0) {
+      try {
+        collective = make_nccl_collective(devices, kGroupTimeoutMs);
+      } catch (const GroupError&) {
+        throw;  // NCCL is there and failed to start: say so rather than run slower
+      } catch (const InputError& e) {
+        std::fprintf(stderr, "%s: its group of %d GPUs sums through host memory: %s\n",
+                     r.name.c_str(), members, e.what());
+      }
+    }
+    if (!collective) collective = make_thread_collective(members, kGroupTimeoutMs);
     group = std::make_unique<WorkerGroup>(s.model, pointers, *collective);
   }
   ClientOptions client_settings = client_options(s, rc.context);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "cpu/convert_cpu.h"
 #include "cuda/convert_cuda.h"
@@ -63,6 +64,9 @@ CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming));
   }
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_totals_), sizeof(kernels::DeviceStats)));
+  layer_ready_.assign(config_.layers.size() - 1, nullptr);
+  for (cudaEvent_t& event : layer_ready_)
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   dense_ = std::make_unique<kernels::DenseCuda>(stream_, matmul_precision(options_.precision));
 
   const size_t total = static_cast<size_t>(layout_.total);
@@ -97,6 +101,8 @@ CudaBackend::~CudaBackend() {
     if (slot.used) cudaEventDestroy(slot.used);
   }
   if (host_totals_) cudaFreeHost(host_totals_);
+  for (cudaEvent_t event : layer_ready_)
+    if (event) cudaEventDestroy(event);
   dense_.reset();
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -348,7 +354,8 @@ void CudaBackend::enqueue_forward(const DeviceBatch& batch) {
                     config_.layers[l], config_.layers[l + 1], l + 1 < num_layers);
 }
 
-void CudaBackend::enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals) {
+void CudaBackend::enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals,
+                                           const std::vector<cudaEvent_t>* layer_ready) {
   const size_t num_layers = config_.layers.size() - 1;
   enqueue_forward(batch);
   kernels::softmax_xent_cuda(activations_[num_layers].data(), batch_labels_.data(),
@@ -360,6 +367,7 @@ void CudaBackend::enqueue_forward_backward(const DeviceBatch& batch, kernels::De
                             grads + layout_.weight(l).offset, grads + layout_.bias(l).offset,
                             batch.n, config_.layers[l], config_.layers[l + 1],
                             /*accumulate=*/false);
+    if (layer_ready) TANDEM_CUDA_CHECK(cudaEventRecord((*layer_ready)[l], stream_));
     if (l > 0)
       dense_->backward_input_relu(deltas_[l + 1].data(), params_.data() + layout_.weight(l).offset,
                                   activations_[l].data(), deltas_[l].data(), batch.n,
@@ -448,6 +456,60 @@ BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t
   TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
   const kernels::DeviceStats totals = read_and_reset(call_totals_.data());
   return {totals.loss_sum, totals.correct, count};
+}
+
+Backend::DeviceBuffers CudaBackend::device_buffers() {
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  synchronize();
+  return {options_.device, params_.data(), grads_.data(), layout_.total};
+}
+
+std::vector<Backend::GradientPiece> CudaBackend::enqueue_gradients(const DatasetView& data,
+                                                                   const int32_t* rows,
+                                                                   int64_t count) {
+  if (count < 0 || (count > 0 && rows == nullptr && count > data.rows))
+    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
+                     std::to_string(data.rows));
+  if (queued_rows_ >= 0)
+    throw InputError("CUDA backend: enqueue_gradients called again before finish_gradients");
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's own thread
+  const size_t num_layers = layer_ready_.size();
+  if (count == 0) {
+    // No batch for this member: zero gradients, ready in the same pieces as a real step's.
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+    for (size_t l = num_layers; l-- > 0;) TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
+  } else {
+    check_data(data, true);
+    ensure_capacity(count);
+    Slot* slot = nullptr;
+    const DeviceBatch batch = stage(data, rows, count, slot);
+    enqueue_forward_backward(batch, call_totals_.data(), &layer_ready_);
+    TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_totals_, call_totals_.data(),
+                                      sizeof(kernels::DeviceStats), cudaMemcpyDeviceToHost,
+                                      stream_));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, sizeof(kernels::DeviceStats), stream_));
+  }
+  queued_rows_ = count;
+  // Layer l's piece runs from its weight to the next layer's weight (or the arena's end), so the
+  // pieces cover the arena, padding included; layer 0's starts at 0.
+  std::vector<GradientPiece> pieces;
+  for (size_t l = num_layers; l-- > 0;) {
+    const int64_t begin = l == 0 ? 0 : layout_.weight(l).offset;
+    const int64_t end = l + 1 < num_layers ? layout_.weight(l + 1).offset : layout_.total;
+    pieces.push_back({begin, end - begin, static_cast<void*>(layer_ready_[l])});
+  }
+  return pieces;
+}
+
+BatchStats CudaBackend::finish_gradients() {
+  if (queued_rows_ < 0)
+    throw InputError("CUDA backend: finish_gradients called with no enqueue_gradients before it");
+  const int64_t rows = std::exchange(queued_rows_, -1);
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (rows == 0) return {};
+  return {host_totals_->loss_sum, host_totals_->correct, rows};
 }
 
 void CudaBackend::apply_gradients() {

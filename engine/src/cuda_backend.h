@@ -59,6 +59,12 @@ class CudaBackend final : public Backend {
   // predict() plus the last layer's outputs, copied back beside the classes (one backend may be
   // called in turn from several threads; not at the same time).
   void predict_logits(const DatasetView& data, uint8_t* classes, float* logits) override;
+  // A worker group summing on GPUs (backend.h): the arenas, and the gradients queued with one
+  // event per layer recorded as the backward pass finishes that layer.
+  DeviceBuffers device_buffers() override;
+  std::vector<GradientPiece> enqueue_gradients(const DatasetView& data, const int32_t* rows,
+                                               int64_t count) override;
+  BatchStats finish_gradients() override;
 
   // Waits for all queued work (a benchmark's timer, or before reading results).
   void synchronize();
@@ -103,7 +109,10 @@ class CudaBackend final : public Backend {
   void enqueue_forward(const DeviceBatch& batch);
   // predict() and predict_logits(): the classes of every row, and its logits unless null.
   void predict_pieces(const DatasetView& data, uint8_t* classes, float* logits);
-  void enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals);
+  // With layer_ready (one event per layer), each is recorded once its layer's gradients are
+  // written (enqueue_gradients); null for the training step and its graphs.
+  void enqueue_forward_backward(const DeviceBatch& batch, kernels::DeviceStats* totals,
+                                const std::vector<cudaEvent_t>* layer_ready = nullptr);
   void enqueue_optimizer();
   void enqueue_train_step(const DeviceBatch& batch);
   void launch_train_step(const DeviceBatch& batch);
@@ -123,6 +132,10 @@ class CudaBackend final : public Backend {
   kernels::DeviceBuffer<kernels::AdamDeviceStep> adam_step_;
   kernels::DeviceBuffer<kernels::DeviceStats> train_totals_, call_totals_;
   kernels::DeviceStats* host_totals_ = nullptr;  // pinned, for reading totals back
+  // enqueue_gradients: per layer, recorded when the backward pass has written its gradients;
+  // the rows queued, for finish_gradients' statistics (-1: nothing queued).
+  std::vector<cudaEvent_t> layer_ready_;
+  int64_t queued_rows_ = -1;
 
   int64_t capacity_ = 0;  // rows the buffers below hold
   std::vector<kernels::DeviceBuffer<float>> activations_;  // [0] input, [l] layer l's output

@@ -24,6 +24,18 @@
 
 namespace tandem {
 
+void GroupCollective::all_reduce_sum_after(int rank, float* data, size_t count, void* after) {
+  if (after != nullptr)
+    throw InputError("worker group: a collective on host memory cannot wait for a GPU event");
+  all_reduce_sum(rank, data, count);
+}
+
+void GroupCollective::finish(int rank) {
+  if (rank < 0 || rank >= size())
+    throw InputError("worker group: rank " + std::to_string(rank) +
+                     " is outside the group's ranks 0.." + std::to_string(size() - 1));
+}
+
 namespace {
 
 enum class Kind { AllReduce, Broadcast };

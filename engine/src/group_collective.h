@@ -50,6 +50,16 @@ class GroupCollective {
   // InputError for a rank outside 0..size()-1.
   virtual void all_reduce_sum(int rank, float* data, size_t count) = 0;
 
+  // all_reduce_sum ordered on the GPU instead of the host: the collective starts once `after`
+  // (a cudaEvent_t recorded on rank's device, or null: at once) has completed, and the call
+  // returns without waiting for it, so a member can queue the sum of its last layer's gradients
+  // while its backward pass still computes the earlier layers'. finish(rank) waits for every
+  // collective rank has queued and throws as the blocking calls do; rank must not touch those
+  // buffers before it returns. A host collective has no events: all_reduce_sum_after is
+  // all_reduce_sum (it throws InputError for a non-null `after`) and finish returns at once.
+  virtual void all_reduce_sum_after(int rank, float* data, size_t count, void* after);
+  virtual void finish(int rank);
+
   // Every member's `data` ends holding root's `data` (root's is left as it is). Every member
   // passes the same count and root.
   virtual void broadcast(int rank, float* data, size_t count, int root) = 0;

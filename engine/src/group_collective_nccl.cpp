@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "group_collective.h"
@@ -75,7 +76,8 @@ class NcclCollective final : public GroupCollective {
         comms_(devices_.size(), nullptr),
         streams_(devices_.size(), nullptr),
         aborted_(devices_.size(), false),
-        calls_(devices_.size(), 0) {
+        calls_(devices_.size(), 0),
+        queued_(devices_.size(), 0) {
     const int n = size();
     int available = 0;
     TANDEM_GROUP_CUDA_CHECK(cudaGetDeviceCount(&available), group_text());
@@ -112,6 +114,27 @@ class NcclCollective final : public GroupCollective {
       TANDEM_GROUP_NCCL_CHECK(
           ncclAllReduce(data, data, count, ncclFloat, ncclSum, comms_[r], streams_[r]), where(rank));
     });
+    wait(rank, "all_reduce", number);
+  }
+
+  void all_reduce_sum_after(int rank, float* data, size_t count, void* after) override {
+    const int64_t number = enter(rank, "all_reduce", data, count, 0);
+    const size_t r = static_cast<size_t>(rank);
+    issue(rank, [&] {
+      if (after != nullptr)
+        TANDEM_GROUP_CUDA_CHECK(
+            cudaStreamWaitEvent(streams_[r], static_cast<cudaEvent_t>(after), 0), where(rank));
+      TANDEM_GROUP_NCCL_CHECK(
+          ncclAllReduce(data, data, count, ncclFloat, ncclSum, comms_[r], streams_[r]), where(rank));
+    });
+    queued_[r] = number;
+  }
+
+  void finish(int rank) override {
+    GroupCollective::finish(rank);  // the rank check
+    const size_t r = static_cast<size_t>(rank);
+    if (queued_[r] == 0) return;
+    const int64_t number = std::exchange(queued_[r], 0);
     wait(rank, "all_reduce", number);
   }
 
@@ -342,6 +365,9 @@ class NcclCollective final : public GroupCollective {
   std::vector<int64_t> calls_;       // collectives each rank has entered
   std::map<int64_t, Call> pending_;  // collectives some but not all ranks have entered
   std::string failure_;              // non-empty: the group is broken, every call throws this
+  // Per rank, touched only by its own thread: the number of the last collective queued by
+  // all_reduce_sum_after that finish() has not waited for yet (0: none).
+  std::vector<int64_t> queued_;
 };
 
 }  // namespace

@@ -18,9 +18,21 @@ WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members
   for (size_t r = 0; r < members_.size(); ++r)
     if (members_[r] == nullptr)
       throw InputError("worker group: rank " + std::to_string(r) + " has no backend");
-  if (collective_.memory() != GroupCollective::Memory::Host)
-    throw InputError("worker group: this group stages gradients through host memory and needs a "
-                     "host collective (make_thread_collective)");
+  if (collective_.memory() == GroupCollective::Memory::Device) {
+    for (size_t r = 0; r < members_.size(); ++r) {
+      device_.push_back(members_[r]->device_buffers());
+      const Backend::DeviceBuffers& d = device_.back();
+      if (d.device < 0)
+        throw InputError("worker group: rank " + std::to_string(r) + "'s backend (" +
+                         members_[r]->name() +
+                         ") keeps its numbers in host memory, and this group's collective sums "
+                         "on GPUs; use CUDA backends, or a host collective");
+      if (d.count != device_[0].count)
+        throw InputError("worker group: rank " + std::to_string(r) + "'s arenas hold " +
+                         std::to_string(d.count) + " floats, rank 0's " +
+                         std::to_string(device_[0].count) + " (the backends' models differ)");
+    }
+  }
   total_ = layout_.parameter_count();
   const size_t n = members_.size();
   flat_.assign(n, std::vector<float>(static_cast<size_t>(total_)));
@@ -112,6 +124,7 @@ BatchStats WorkerGroup::reduce_gradients(int rank, const DatasetView& batch) {
   if (rank < 0 || rank >= size())
     throw InputError("worker group: rank " + std::to_string(rank) + " is outside 0.." +
                      std::to_string(size() - 1));
+  if (!device_.empty()) return reduce_on_device(rank, batch);
   const size_t r = static_cast<size_t>(rank);
   BatchStats stats;
   try {
@@ -138,6 +151,7 @@ void WorkerGroup::broadcast_parameters(int rank, const Model* leader_parameters)
   if (rank < 0 || rank >= size())
     throw InputError("worker group: rank " + std::to_string(rank) + " is outside 0.." +
                      std::to_string(size() - 1));
+  if (!device_.empty()) return broadcast_on_device(rank, leader_parameters);
   const size_t r = static_cast<size_t>(rank);
   try {
     if (rank == 0) {
@@ -158,6 +172,65 @@ void WorkerGroup::broadcast_parameters(int rank, const Model* leader_parameters)
     collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
     throw;
   }
+}
+
+BatchStats WorkerGroup::reduce_on_device(int rank, const DatasetView& batch) {
+  const size_t r = static_cast<size_t>(rank);
+  Backend& backend = *members_[r];
+  std::vector<Backend::GradientPiece> pieces;
+  try {
+    // A member with no batch (rows 0) queues zero gradients in the same pieces.
+    pieces = backend.enqueue_gradients(batch, nullptr, batch.rows);
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  // Each piece's sum waits on the GPU for the backward pass to write it, not on this thread.
+  float* gradients = device_[r].gradients;
+  try {
+    for (const auto& piece : pieces)
+      collective_.all_reduce_sum_after(rank, gradients + piece.offset, size_t(piece.count),
+                                       piece.ready);
+    collective_.finish(rank);
+  } catch (...) {
+    // The collective is broken (the others have been told); wait for this backend's own work
+    // so that its next user finds its stream idle, and report the collective's error.
+    try {
+      backend.finish_gradients();
+    } catch (...) {
+    }
+    throw;
+  }
+  BatchStats stats;
+  try {
+    stats = backend.finish_gradients();
+    // The arena now holds the group's sum: the leader reads it as the push.
+    if (rank == 0) backend.get_gradients(leader_gradients_);
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  return stats;
+}
+
+void WorkerGroup::broadcast_on_device(int rank, const Model* leader_parameters) {
+  const size_t r = static_cast<size_t>(rank);
+  Backend::DeviceBuffers buffers;
+  try {
+    if (rank == 0) {
+      if (leader_parameters == nullptr)
+        throw InputError("worker group: the leader (rank 0) broadcast no parameters");
+      members_[0]->set_parameters(*leader_parameters);
+    }
+    // Waits for the backend's queued work: nothing of it reads the parameters the broadcast
+    // writes.
+    buffers = members_[r]->device_buffers();
+  } catch (const std::exception& e) {
+    collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  // Padding included: it is zero in every arena.
+  collective_.broadcast(rank, buffers.parameters, size_t(buffers.count), 0);
 }
 
 void WorkerGroup::run_members(const std::function<void(int)>& body) {

@@ -26,10 +26,17 @@
 // ...") at once, from every member, and the caller builds a new group. The member threads
 // outlive the error (they are parked again, not lost), and the destructor joins them as usual.
 //
-// This slice stages through host memory: gradients come out with Backend::get_gradients, are
-// flattened into one host buffer per member in the model's parameter order and all-reduced
-// there, so it needs a collective on host memory (make_thread_collective). The GPU path will
-// all-reduce the backends' device gradient buffers directly with make_nccl_collective.
+// Two ways, chosen by the collective's memory:
+//   host (make_thread_collective, CPU or CUDA backends): gradients come out with
+//     Backend::get_gradients, are flattened into one host buffer per member in the model's
+//     parameter order and all-reduced there; parameters are broadcast the same way and set.
+//   device (make_nccl_collective, CUDA backends on the collective's GPUs): nothing leaves the
+//     GPUs but the leader's summed gradient. Each member queues its forward and backward pass
+//     (Backend::enqueue_gradients) and, layer by layer from the last, queues the all-reduce of
+//     that layer's gradients in place in its backend's gradient arena, to start on the GPU as
+//     soon as the backward pass has written them: the sums of the later layers run while the
+//     earlier layers' backward still computes. The parameters are broadcast from the leader's
+//     backend's parameter arena into the others' in place.
 #pragma once
 
 #include <condition_variable>
@@ -51,8 +58,9 @@ namespace tandem {
 class WorkerGroup {
  public:
   // members[r] is rank r's backend (not owned, kept alive by the caller), all built for `model`.
-  // Throws InputError unless there is one backend per collective member and the collective works
-  // on host memory. Starts the member threads of ranks 1..size()-1.
+  // Throws InputError unless there is one backend per collective member and, for a collective on
+  // device memory, every backend is a GPU backend (Backend::device_buffers) with arenas of one
+  // size. Starts the member threads of ranks 1..size()-1.
   WorkerGroup(const ModelConfig& model, std::vector<Backend*> members, GroupCollective& collective);
   ~WorkerGroup();  // stops and joins the member threads
   WorkerGroup(const WorkerGroup&) = delete;
@@ -93,12 +101,17 @@ class WorkerGroup {
   void stop_members();         // wakes the member threads to exit and joins them
 
   void flatten(int rank, const std::vector<NamedTensor>& tensors);
+  // The device way's halves of reduce_gradients and broadcast_parameters.
+  BatchStats reduce_on_device(int rank, const DatasetView& batch);
+  void broadcast_on_device(int rank, const Model* leader_parameters);
 
   ModelConfig config_;
   std::vector<Backend*> members_;
   GroupCollective& collective_;
   Model layout_;  // names and shapes, in order
   int64_t total_ = 0;
+  // The device way: each member's arenas (the collective's memory is Device); empty otherwise.
+  std::vector<Backend::DeviceBuffers> device_;
   // Per rank, touched only by that rank's thread.
   std::vector<std::vector<float>> flat_;
   std::vector<std::vector<NamedTensor>> gradients_;
