@@ -103,7 +103,9 @@ class Backend {
   // gradients (a member with no batch this step adds nothing). finish_gradients() then waits for
   // the backend's work and returns the batch statistics; in between, the caller may read and
   // write the gradient arena from its own stream once a piece's event has completed, and must
-  // not call anything else on the backend.
+  // not call anything else on the backend. A caller whose collective failed may skip
+  // finish_gradients (its wait could hang on a GPU that hangs): the next enqueue_gradients is
+  // ordered after the unfinished one.
   virtual std::vector<GradientPiece> enqueue_gradients(const DatasetView& data,
                                                        const int32_t* rows, int64_t count);
   virtual BatchStats finish_gradients();

@@ -470,8 +470,8 @@ std::vector<Backend::GradientPiece> CudaBackend::enqueue_gradients(const Dataset
   if (count < 0 || (count > 0 && rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
-  if (queued_rows_ >= 0)
-    throw InputError("CUDA backend: enqueue_gradients called again before finish_gradients");
+  // A call after one that was never finished (its group failed, and a hung GPU must not hang
+  // the caller in a wait) is ordered after it on the stream; finish_gradients reports this one.
   TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's own thread
   const size_t num_layers = layer_ready_.size();
   if (count == 0) {

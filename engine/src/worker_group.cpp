@@ -186,21 +186,14 @@ BatchStats WorkerGroup::reduce_on_device(int rank, const DatasetView& batch) {
     throw;
   }
   // Each piece's sum waits on the GPU for the backward pass to write it, not on this thread.
+  // When the collective fails (the others have been told) its error goes out as it is, and this
+  // member's backward pass is not waited for: a GPU that hangs is why a collective times out,
+  // and that wait would hang too. The backend's next work queues behind the unfinished pass.
   float* gradients = device_[r].gradients;
-  try {
-    for (const auto& piece : pieces)
-      collective_.all_reduce_sum_after(rank, gradients + piece.offset, size_t(piece.count),
-                                       piece.ready);
-    collective_.finish(rank);
-  } catch (...) {
-    // The collective is broken (the others have been told); wait for this backend's own work
-    // so that its next user finds its stream idle, and report the collective's error.
-    try {
-      backend.finish_gradients();
-    } catch (...) {
-    }
-    throw;
-  }
+  for (const auto& piece : pieces)
+    collective_.all_reduce_sum_after(rank, gradients + piece.offset, size_t(piece.count),
+                                     piece.ready);
+  collective_.finish(rank);
   BatchStats stats;
   try {
     stats = backend.finish_gradients();
