@@ -12,6 +12,7 @@
 // alike. The share of raw is the median over rounds of each round's rate against raw's.
 //
 //   tandem_zmq_roundtrip_bench --seconds 2 --json
+//   tandem_zmq_roundtrip_bench --seconds 2 --optimizer sgd   # the server updates by SGD
 #include <zmq.hpp>
 
 #include <CLI/CLI.hpp>
@@ -143,8 +144,8 @@ class RawPair {
 // does); otherwise each push copies them and each reply allocates new tensors.
 class PsPair {
  public:
-  PsPair(const std::string& bind, bool zero_copy)
-      : server_(options(bind)), client_({server_.endpoint()}), zero_copy_(zero_copy) {
+  PsPair(const std::string& bind, bool zero_copy, tandem::OptimizerKind optimizer)
+      : server_(options(bind, optimizer)), client_({server_.endpoint()}), zero_copy_(zero_copy) {
     const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
     client_.init(model.parameters()).wait();
     // Small gradients: the parameters stay finite however many steps the benchmark takes.
@@ -163,9 +164,10 @@ class PsPair {
   }
 
  private:
-  static tandem::ServerOptions options(const std::string& bind) {
+  static tandem::ServerOptions options(const std::string& bind, tandem::OptimizerKind optimizer) {
     tandem::ServerOptions o;
     o.bind = bind;
+    o.optimizer.kind = optimizer;
     return o;
   }
   tandem::ParameterServer server_;
@@ -191,7 +193,14 @@ int main(int argc, char** argv) {
   app.add_option("--profile-only", only,
                  "Run only this kind, with no comparison (for a profiler): raw, copied or zero-copy")
       ->check(CLI::IsMember({"raw", "raw-frames", "copied", "zero-copy"}));
+  std::string optimizer = "adam";
+  app.add_option("--optimizer", optimizer,
+                 "The server's update: adam (the default's) or sgd (no square root or division "
+                 "per parameter: how much of the gap to raw is Adam's arithmetic)")
+      ->check(CLI::IsMember({"adam", "sgd"}));
   CLI11_PARSE(app, argc, argv);
+  const tandem::OptimizerKind kind =
+      optimizer == "sgd" ? tandem::OptimizerKind::Sgd : tandem::OptimizerKind::Adam;
   // The frames of Tandem's messages: a header frame (the tensor table) and one per tensor.
   std::vector<size_t> frame_bytes;
   {
@@ -207,8 +216,8 @@ int main(int argc, char** argv) {
     const std::string ps_ipc = bind == ipc ? ipc + "-ps" : bind;
     RawPair raw_pair(bind, {bytes});
     RawPair frames_pair(bind == ipc ? ipc + "-frames" : bind, frame_bytes);
-    PsPair copied_pair(ps_ipc + (bind == ipc ? "-copied" : ""), false);
-    PsPair zero_pair(ps_ipc, true);
+    PsPair copied_pair(ps_ipc + (bind == ipc ? "-copied" : ""), false, kind);
+    PsPair zero_pair(ps_ipc, true, kind);
     std::vector<Contender> contenders(4);
     contenders[0].round_trip = [&] { raw_pair.round_trip(); };
     contenders[1].round_trip = [&] { copied_pair.round_trip(); };
@@ -233,6 +242,7 @@ int main(int argc, char** argv) {
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
+                                         {"optimizer", optimizer},
                                          {"raw_round_trips_per_s", raw.round_trips_per_s},
                                          {"raw_p50_us", raw.p50_us}, {"raw_p99_us", raw.p99_us},
                                          {"ps_copied_round_trips_per_s", copied.round_trips_per_s},
@@ -247,10 +257,10 @@ int main(int argc, char** argv) {
                               .dump()
                               .c_str());
     else
-      std::printf("%-4s raw zmq %7.0f/s (p50 %5.0f us)  raw, Tandem's %zu frames %7.0f/s (p50 %5.0f us, "
+      std::printf("%-4s %s  raw zmq %7.0f/s (p50 %5.0f us)  raw, Tandem's %zu frames %7.0f/s (p50 %5.0f us, "
                   "%.0f%%)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  zero-copy %7.0f/s "
                   "(p50 %5.0f us, %.0f%% of raw)\n",
-                  transport.c_str(), raw.round_trips_per_s, raw.p50_us, frame_bytes.size(),
+                  transport.c_str(), optimizer.c_str(), raw.round_trips_per_s, raw.p50_us, frame_bytes.size(),
                   frames.round_trips_per_s, frames.p50_us, 100 * frames.median_share_of_raw,
                   copied.round_trips_per_s, copied.p50_us, 100 * copied.median_share_of_raw,
                   ps.round_trips_per_s, ps.p50_us, 100 * ps.median_share_of_raw);
