@@ -11,6 +11,8 @@
 #   feed.json           the chunk manager feeding the GPU from a store: pinned H2D bandwidth,
 #                       stream-to-device bandwidth, steps fed by the stream vs resident data
 #   cluster_*.json      tandem launch with 1, 2, 4 CUDA workers and the single-process trainer
+#   search_*_p*.json    tandem search with trials on the GPU and on the CPU, 1 and 2 at a time
+#   predict.json        tandem predict on the GPU and the CPU (1 and 2 processes) and tandem eval
 #   group_step.json     a worker group of one GPU (NCCL; host-staged) against the plain worker
 #   table.md            the summary table (bench/gpu_table.py)
 #
@@ -128,6 +130,84 @@ for w in (1, 2, 4):
         print(f"launch, {w} workers: {j['samples_per_s']:,.0f} samples/s ({j['samples_per_s'] / single:.2f} of single)")
     except Exception as e:
         print(f"launch, {w} workers: no result ({e})")
+PY
+echo "exit status $?"
+
+stage "search and predict: GPU against CPU (issue 7)"
+# tandem search on a one-copy store of the same synthetic data (8 trials, rungs at 1 and 3
+# epochs), trials on the GPU or the CPU, 1 and 2 at a time; tandem predict of the test split and
+# the 4-copy training split on the GPU and the CPU with 1 and 2 processes, against tandem eval
+# (CPU) of the test split, end to end (process start, model load, output written), best of 2.
+sp_dir=/tmp/tandem-search-predict
+rm -rf "$sp_dir" && mkdir -p "$sp_dir"
+timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$sp_dir/one.zarr" \
+  --compressor none >/dev/null
+for backend in cuda cpu; do
+  for p in 1 2; do
+    timeout 120 "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
+      hidden=100,300 seed=1,2 --budget 3 --eta 3 --processes "$p" --threads-per-trial 2 \
+      --backend "$backend" --out "$sp_dir/search-$backend-$p" --json \
+      >"$OUT/search_${backend}_p$p.json" 2>"$sp_dir/search-$backend-$p.err"
+    echo "search --backend $backend --processes $p: exit status $?"
+  done
+done
+timeout 60 "$bin/tandem" train --data "$sp_dir/one.zarr" --backend cuda --epochs 1 \
+  --checkpoint "$sp_dir/m.safetensors" >/dev/null
+echo "model for predict: exit status $?"
+timings=$OUT/predict_timings.tsv
+: >"$timings"
+timed() {  # timed NAME SPLIT COMMAND...: one line "NAME SPLIT SECONDS STATUS" in $timings
+  local name=$1 split=$2; shift 2
+  local t0 t1; t0=$(date +%s.%N); timeout 120 "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
+  t1=$(date +%s.%N)
+  echo "$name $split $(python3 -c "print(f'{$t1 - $t0:.3f}')") $rc" >>"$timings"
+  [ $rc -eq 0 ] || { echo "$name $split failed ($rc):"; tail -3 "$sp_dir/last.err"; }
+}
+for round in 1 2; do
+  timed eval test "$bin/tandem" eval --model "$sp_dir/m.safetensors" --data "$feed_dir/store.zarr" \
+    --split test
+  for split in test train; do
+    for backend in cuda cpu; do
+      for p in 1 2; do
+        rm -rf "$sp_dir/out.zarr"
+        timed "predict-$backend-p$p" "$split" "$bin/tandem" predict --model "$sp_dir/m.safetensors" \
+          --data "$feed_dir/store.zarr" --split "$split" --out "$sp_dir/out.zarr" \
+          --backend "$backend" --processes "$p"
+      done
+    done
+  done
+done
+python3 - "$OUT" "$feed_dir/store.zarr" <<'PY'
+import json, sys
+out, store = sys.argv[1], sys.argv[2]
+rows = json.load(open(f"{store}/zarr.json"))["attributes"]["rows"]
+for backend in ("cuda", "cpu"):
+    for p in (1, 2):
+        try:
+            j = json.load(open(f"{out}/search_{backend}_p{p}.json"))
+            print(f"search {backend} x{p}: {j['trials']} trials ({j['succeeded']} succeeded), "
+                  f"{j['epochs_trained']} epochs, "
+                  f"{j['seconds']:.1f} s, {j['trials_per_hour']:,.0f} trials/hour")
+        except Exception as e:
+            print(f"search {backend} x{p}: no result ({e})")
+best = {}
+for line in open(f"{out}/predict_timings.tsv"):
+    name, split, seconds, rc = line.split()
+    if rc == "0":
+        key = (name, split)
+        best[key] = min(best.get(key, float("inf")), float(seconds))
+summary = []
+evaluation = best.get(("eval", "test"))
+for (name, split), seconds in sorted(best.items()):
+    n = rows[split]
+    entry = {"command": name, "split": split, "rows": n, "best_seconds": seconds,
+             "samples_per_s": n / seconds}
+    if split == "test" and evaluation:
+        entry["eval_seconds_over_this"] = evaluation / seconds
+    summary.append(entry)
+    extra = f", {evaluation / seconds:.2f}x eval's rate" if "eval_seconds_over_this" in entry else ""
+    print(f"{name:16s} {split:5s} {n:7d} rows  {seconds:6.2f} s  {n / seconds:12,.0f} samples/s{extra}")
+json.dump(summary, open(f"{out}/predict.json", "w"), indent=1)
 PY
 echo "exit status $?"
 

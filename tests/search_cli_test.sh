@@ -56,8 +56,8 @@ seconds=3 on_time=15
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then seconds=15 on_time=45; fi
 start=$(date +%s)
 "$tandem" search --data "$dir/fm.zarr" --trials "$dir/trials.json" --budget 1000 \
-    --budget-seconds $seconds --processes 2 --threads-per-trial 1 --out "$dir/s4" --json \
-    >"$dir/out4" 2>"$dir/err4"; rc=$?
+    --budget-seconds $seconds --processes 2 --threads-per-trial 1 --backend cpu --out "$dir/s4" \
+    --json >"$dir/out4" 2>"$dir/err4"; rc=$?
 check "--trials with --budget-seconds exits 0" test $rc -eq 0
 [ $rc -eq 0 ] || tail -5 "$dir/err4"
 check "--budget-seconds ends the search on time" test $(( $(date +%s) - start )) -lt $on_time
@@ -66,10 +66,22 @@ check "--budget-seconds stops the running trials" \
     grep -q -E "stopped by the time budget|stopping 0 running trial" "$dir/err4"
 check "--trials configurations used" py_check "$dir/s4/results.json" \
     "sorted(t['config']['hidden'] for t in r['results']) == ['256x128', '50'] and r['trials'] == 2"
+check "--backend cpu in the summary" py_check "$dir/s4/results.json" "r['backend'] == 'cpu'"
+check "--backend cpu reaches every trial's tandem train" \
+    test "$(grep -l '"backend":"cpu"' "$dir"/s4/trial-*.log | wc -l)" -eq 2
 
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --out "$dir/s2" --crash-trial 0
+expect_error "unknown backend refused" "backend" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --backend tpu --out "$dir/s5"
+if ! nvidia-smi >/dev/null 2>&1; then
+  # Each trial's train refuses CUDA without a device: every trial fails, saying why.
+  expect_error "--backend cuda without a device: every trial fails" "every trial failed" \
+      "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --backend cuda --out "$dir/s6"
+  check "the trial's failure says there is no CUDA device" \
+      grep -q "no usable CUDA device" "$dir/s6/trial-0.log"
+fi
 expect_error "unknown grid key named" "unknown key 'momentum'" \
     "$tandem" search --data "$dir/fm.zarr" --grid momentum=0.9 --out "$dir/s3"
 expect_error "bad grid value named" "batch=ten" \

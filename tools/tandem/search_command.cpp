@@ -49,6 +49,7 @@ struct SearchOptions {
   int min_epochs = 1;
   int processes = 0;
   int threads_per_trial = 0;
+  std::string backend = "auto";  // each trial's (tandem train --backend)
   std::string out = "search";
   bool json = false;
   std::vector<std::string> slots;  // slot server endpoints (tandem trial-slots); empty: local
@@ -184,8 +185,8 @@ std::vector<std::string> train_args(const SearchOptions& o, const TrialConfig& c
                                     const HalvingJob& job, int threads) {
   std::vector<std::string> args{"train", "--data", o.data};
   for (const std::string& a : config.train_args()) args.push_back(a);
-  args.insert(args.end(), {"--epochs", std::to_string(job.epochs), "--threads",
-                           std::to_string(threads), "--checkpoint",
+  args.insert(args.end(), {"--epochs", std::to_string(job.epochs), "--backend", o.backend,
+                           "--threads", std::to_string(threads), "--checkpoint",
                            trial_file(o, job.trial, ".safetensors"), "--metrics",
                            trial_file(o, job.trial, ".r" + std::to_string(job.rung) + ".jsonl"),
                            "--json"});
@@ -441,6 +442,7 @@ void run_search(SearchOptions& o) {
                          {"failed", halving.count(TrialStatus::Failed)},
                          {"processes", remote ? slots_at_start : processes},
                          {"threads_per_trial", threads},
+                         {"backend", o.backend},
                          {"eta", o.eta},
                          {"rung_epochs", halving.rung_epochs()},
                          {"seconds", seconds},
@@ -531,6 +533,10 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial (0: cores / processes; with --slots, each server's own)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--backend", o->backend,
+                  "Each trial's backend: cpu, cuda or auto (auto: the GPU where the trial runs "
+                  "has one; trials on one GPU share it)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
   cmd->add_option("--out", o->out, "Directory for logs, checkpoints, results.csv and results.json")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary instead of the table");
