@@ -21,8 +21,9 @@
 # development machine builds for sm_90 and packs the binaries and their non-CUDA libraries into
 # .gpu-carry/carry.tar.xz; the device call carries .gpu-carry and runs
 #   bash bench/gpu_check.sh
-# which unpacks that build, links it against the device's own cuBLAS/cuDNN and runs it. It needs
-# well under 6 minutes; each stage has its own time limit so one hang cannot eat the lease.
+# which unpacks that build, links it against the device's own cuBLAS/cuDNN and runs it. It ends
+# within GPU_CHECK_SECONDS (default 540; give the device call a timeout_s of 590): each stage has
+# its own time limit, cut to what is left, so one hang cannot eat the lease or the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -30,6 +31,14 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 started=$(date +%s)
 stage() { echo; echo "=== $1 ($(( $(date +%s) - started )) s) ==="; }
+# Every stage's time limit is cut to what is left of GPU_CHECK_SECONDS (default 540, under the
+# device call's 600 s limit), keeping 15 s for the summary: a slow stage costs the stages after
+# it, never the summary. Stages run most wanted first.
+deadline=$(( started + ${GPU_CHECK_SECONDS:-540} ))
+limit() {  # limit SECONDS: the smaller of SECONDS and what is left (at least 1)
+  local left=$(( deadline - $(date +%s) - 15 ))
+  if [ "$left" -lt "$1" ]; then echo $(( left > 1 ? left : 1 )); else echo "$1"; fi
+}
 
 stage "device"
 {
@@ -71,18 +80,28 @@ for b in "$bin"/*; do
 done
 
 stage "GPU tests"
-timeout 150 "$bin/tandem_cuda_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | \
+timeout "$(limit 150)" "$bin/tandem_cuda_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | \
   grep -v -E '^\[ +(RUN|OK) +\]' | tail -60
 echo "tandem_cuda_tests exit status ${PIPESTATUS[0]}"
 
 stage "whole training steps: tandem"
-timeout 90 "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
+timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
   --repeats 3 --precisions fp32,tf32,bf16 --eager --json "$OUT/tandem_steps.json"
 echo "exit status $?"
 
 stage "whole training steps: PyTorch eager and torch.compile"
-PYTHONUNBUFFERED=1 timeout 170 python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
+PYTHONUNBUFFERED=1 timeout "$(limit 170)" python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
   --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile --json "$OUT/torch_steps.json"
+echo "exit status $?"
+
+stage "kernels and ceilings"
+timeout "$(limit 120)" "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
+  --benchmark_out="$OUT/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
+echo "exit status ${PIPESTATUS[0]}"
+
+stage "worker group of one GPU (NCCL, host-staged) against the plain GPU worker"
+timeout "$(limit 60)" "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
+  --json "$OUT/group_step.json"
 echo "exit status $?"
 
 stage "data feed: chunk manager -> GPU"
@@ -102,35 +121,10 @@ for name, rows in (("train", 60000), ("t10k", 10000)):
         f.write(struct.pack(">II", 0x801, rows))
         f.write(bytes(rng.randrange(10) for _ in range(rows)))
 PY
-timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
+timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
   --compressor none && \
-timeout 90 "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
+timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
   --store "$feed_dir/store.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$OUT/feed.json"
-echo "exit status $?"
-
-stage "cluster: 1, 2 and 4 GPU workers (processes sharing the GPU) against the single process"
-# Same synthetic store; no scorer and no target (random labels): two epochs each, samples/s.
-cluster_dir=/tmp/tandem-cluster
-rm -rf "$cluster_dir"
-timeout 60 "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
-  >"$OUT/cluster_single.json"
-for w in 1 2 4; do
-  timeout 90 "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
-    --scorer 0 --max-epochs 2 --target 0 --dashboard -1 --run-dir "$cluster_dir/run-$w" --json \
-    >"$OUT/cluster_$w.json"
-done
-python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
-print(f"single process: {single:,.0f} samples/s")
-for w in (1, 2, 4):
-    try:
-        j = json.load(open(f"{out}/cluster_{w}.json"))
-        print(f"launch, {w} workers: {j['samples_per_s']:,.0f} samples/s ({j['samples_per_s'] / single:.2f} of single)")
-    except Exception as e:
-        print(f"launch, {w} workers: no result ({e})")
-PY
 echo "exit status $?"
 
 stage "search and predict: GPU against CPU (issue 7)"
@@ -140,25 +134,25 @@ stage "search and predict: GPU against CPU (issue 7)"
 # (CPU) of the test split, end to end (process start, model load, output written), best of 2.
 sp_dir=/tmp/tandem-search-predict
 rm -rf "$sp_dir" && mkdir -p "$sp_dir"
-timeout 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$sp_dir/one.zarr" \
+timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$sp_dir/one.zarr" \
   --compressor none >/dev/null
 for backend in cuda cpu; do
   for p in 1 2; do
-    timeout 120 "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
+    timeout "$(limit 120)" "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
       hidden=100,300 seed=1,2 --budget 3 --eta 3 --processes "$p" --threads-per-trial 2 \
       --backend "$backend" --out "$sp_dir/search-$backend-$p" --json \
       >"$OUT/search_${backend}_p$p.json" 2>"$sp_dir/search-$backend-$p.err"
     echo "search --backend $backend --processes $p: exit status $?"
   done
 done
-timeout 60 "$bin/tandem" train --data "$sp_dir/one.zarr" --backend cuda --epochs 1 \
+timeout "$(limit 60)" "$bin/tandem" train --data "$sp_dir/one.zarr" --backend auto --epochs 1 \
   --checkpoint "$sp_dir/m.safetensors" >/dev/null
 echo "model for predict: exit status $?"
 timings=$OUT/predict_timings.tsv
 : >"$timings"
 timed() {  # timed NAME SPLIT COMMAND...: one line "NAME SPLIT SECONDS STATUS" in $timings
   local name=$1 split=$2; shift 2
-  local t0 t1; t0=$(date +%s.%N); timeout 120 "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
+  local t0 t1; t0=$(date +%s.%N); timeout "$(limit 120)" "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
   t1=$(date +%s.%N)
   echo "$name $split $(python3 -c "print(f'{$t1 - $t0:.3f}')") $rc" >>"$timings"
   [ $rc -eq 0 ] || { echo "$name $split failed ($rc):"; tail -3 "$sp_dir/last.err"; }
@@ -211,15 +205,30 @@ json.dump(summary, open(f"{out}/predict.json", "w"), indent=1)
 PY
 echo "exit status $?"
 
-stage "worker group of one GPU (NCCL, host-staged) against the plain GPU worker"
-timeout 60 "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
-  --json "$OUT/group_step.json"
+stage "cluster: 1, 2 and 4 GPU workers (processes sharing the GPU) against the single process"
+# Same synthetic store; no scorer and no target (random labels): two epochs each, samples/s.
+cluster_dir=/tmp/tandem-cluster
+rm -rf "$cluster_dir"
+timeout "$(limit 60)" "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
+  >"$OUT/cluster_single.json"
+for w in 1 2 4; do
+  timeout "$(limit 90)" "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
+    --scorer 0 --max-epochs 2 --target 0 --dashboard -1 --run-dir "$cluster_dir/run-$w" --json \
+    >"$OUT/cluster_$w.json"
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
+print(f"single process: {single:,.0f} samples/s")
+for w in (1, 2, 4):
+    try:
+        j = json.load(open(f"{out}/cluster_{w}.json"))
+        print(f"launch, {w} workers: {j['samples_per_s']:,.0f} samples/s ({j['samples_per_s'] / single:.2f} of single)")
+    except Exception as e:
+        print(f"launch, {w} workers: no result ({e})")
+PY
 echo "exit status $?"
-
-stage "kernels and ceilings"
-timeout 120 "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
-  --benchmark_out="$OUT/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
-echo "exit status ${PIPESTATUS[0]}"
 
 stage "summary"
 python3 bench/gpu_table.py --kernels "$OUT/kernels_cuda.json" --tandem "$OUT/tandem_steps.json" \
