@@ -35,18 +35,7 @@ py_check() { "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit
 hb=2 long=100000 epochs=15
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then hb=4 epochs=6; fi
 
-# start_server NAME ARGS...: a slot server in the background; sets $NAME (its endpoint) and
-# NAME_pid. Its log (stderr) is $dir/NAME.log.
-start_server() {
-  local name=$1; shift
-  "$tandem" trial-slots --heartbeat-timeout $hb --endpoint-file "$dir/$name.ep" "$@" \
-      >/dev/null 2>"$dir/$name.log" &
-  local pid=$!
-  background+=("$pid")
-  eval "${name}_pid=$pid"
-  for _ in $(seq 300); do [ -s "$dir/$name.ep" ] && break; sleep 0.1; done
-  eval "$name=\$(cat \"$dir/$name.ep\")"
-}
+# (start_server NAME ARGS...: test_helpers.sh.)
 # job_pids NAME: the pids of the trials server NAME started, oldest first.
 job_pids() { sed -n 's/.* started: pid \([0-9]*\) .*/\1/p' "$dir/$1.log"; }
 # wait_started NAME N: until server NAME has started N trials (60 s at most).

@@ -22,6 +22,20 @@ expect_error() {
 # json_field JSON KEY: the first value of "KEY" in the JSON text, as written (up to a , or }).
 json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
 
+# start_server NAME ARGS...: a slot server (tandem trial-slots ARGS) in the background, for the
+# --slots tests; uses $tandem, $dir, $hb (its heartbeat timeout) and the array `background` (the
+# caller kills what is in it). Sets $NAME (its endpoint) and NAME_pid; its stderr is $dir/NAME.log.
+start_server() {
+  local name=$1; shift
+  "$tandem" trial-slots --heartbeat-timeout "$hb" --endpoint-file "$dir/$name.ep" "$@" \
+      >/dev/null 2>"$dir/$name.log" &
+  local pid=$!
+  background+=("$pid")
+  eval "${name}_pid=$pid"
+  for _ in $(seq 300); do [ -s "$dir/$name.ep" ] && break; sleep 0.1; done
+  eval "$name=\$(cat \"$dir/$name.ep\")"
+}
+
 summarize() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]

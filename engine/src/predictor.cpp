@@ -92,7 +92,9 @@ Inputs open_inputs(const std::string& model_path, const std::string& store_path,
   char text[64];
   std::snprintf(text, sizeof text, "model-crc32c:%08x;input-crc32c:%08x", file_crc(model_path),
                 file_crc(images_metadata_file(in.split.images)));
-  in.fingerprint = std::string(text) + ";input:" + fs::absolute(in.split.images.path()).string() +
+  // The place canonical (no "..", no symlinks): the same input named another way is the same.
+  in.fingerprint = std::string(text) + ";input:" +
+                   fs::weakly_canonical(fs::absolute(in.split.images.path())).string() +
                    ";rows:" + std::to_string(in.split.rows);
   in.layout.format = im.format;
   in.layout.rows = in.split.rows;

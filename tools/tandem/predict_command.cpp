@@ -1,6 +1,8 @@
 // tandem predict: class ids and probabilities of every row of a store's split, written as Zarr
 // arrays chunked like the input (engine/src/predictor.h). With --processes N the command runs
-// itself N times, each child with a share of the chunks (--chunks i/N), and waits for them.
+// itself N times, each child with a share of the chunks (--chunks i/N), and waits for them. With
+// --slots the shares run on slot servers (tandem trial-slots, trial_slot_pool.h) instead, one
+// per slot, on a filesystem the servers share: the cluster's machines predicting together.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,6 +12,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +25,7 @@
 #include "predictor.h"
 #include "tandem/config.h"
 #include "tandem/error.h"
+#include "trial_slot_pool.h"
 
 namespace tandem::cli {
 
@@ -33,7 +40,13 @@ struct PredictCliOptions {
   int processes = 1;
   bool json = false;
   PredictOptions engine;
+  std::vector<std::string> slots;  // slot server endpoints (tandem trial-slots); empty: local
+  double slots_timeout = 10;
+  std::string slots_curve_server;  // the servers' public key file
+  std::string slots_curve_client;  // this prediction's key file (default: a throwaway key)
 };
+
+namespace fs = std::filesystem;
 
 std::string self_path() {
   char self[4096] = {};
@@ -86,6 +99,85 @@ void run_processes(const PredictCliOptions& o) {
                 " rerun to finish the missing chunks (complete ones are kept)");
 }
 
+// The last lines of a share's log (what a failed share said), or "" when there is none.
+std::string log_tail(const fs::path& log) {
+  std::ifstream in(log);
+  std::deque<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    lines.push_back(line);
+    if (lines.size() > 3) lines.pop_front();
+  }
+  std::string tail;
+  for (const auto& line : lines) tail += (tail.empty() ? "" : " | ") + line;
+  return tail;
+}
+
+// The shares on slot servers: as many shares as the servers have slots, each a `tandem predict
+// --chunks i/N` job; a start refused because a server is busy (another client uses its slots)
+// waits for a free slot. A share that fails, or whose server goes silent, is reported and not
+// started again elsewhere (a server merely cut off may still be writing its chunks); its chunks
+// are finished by a rerun, which keeps the complete ones. Returns the number of shares.
+int run_on_slots(const PredictCliOptions& o) {
+  TrialSlotPool pool(o.slots, slot_pool_options(o.slots_timeout, o.slots_curve_server,
+                                                o.slots_curve_client));
+  const int shares = pool.total_slots();
+  // The servers' logs of the shares, beside the output (removed when every share succeeded).
+  const fs::path logs = o.out + ".logs";
+  fs::create_directories(logs);
+  auto log_of = [&](int share) {
+    return logs / ("share-" + std::to_string(share) + "-of-" + std::to_string(shares) + ".log");
+  };
+  std::deque<int> waiting;
+  for (int i = 0; i < shares; ++i) waiting.push_back(i);
+  std::map<std::string, int> running;  // job -> share
+  std::string failures;
+  while (!waiting.empty() || !running.empty()) {
+    while (!waiting.empty() && pool.free_slots() > 0) {
+      const int share = waiting.front();
+      waiting.pop_front();
+      const std::string job = "share-" + std::to_string(share);
+      pool.start(
+          job,
+          [&](int server_threads) {
+            const int threads = o.engine.threads > 0 ? o.engine.threads : server_threads;
+            return std::vector<std::string>{
+                "predict", "--model", o.model, "--data", o.data, "--split", o.engine.split,
+                "--out", o.out, "--backend", o.backend, "--threads", std::to_string(threads),
+                "--chunks", std::to_string(share) + "/" + std::to_string(shares)};
+          },
+          log_of(share).string());
+      running[job] = share;
+    }
+    if (running.empty() && pool.total_slots() == 0) {
+      for (const int share : waiting)
+        failures += " share " + std::to_string(share) + "/" + std::to_string(shares) +
+                    " never started;";
+      failures += " every slot server is gone (" + pool.lost_servers() + ");";
+      break;
+    }
+    for (const SlotJobEnd& end : pool.wait(200)) {
+      const auto it = running.find(end.job);
+      if (it == running.end()) continue;
+      const int share = it->second;
+      running.erase(it);
+      if (end.retry) {
+        waiting.push_front(share);
+      } else if (!end.clean) {
+        const std::string tail = log_tail(log_of(share));
+        failures += " share " + std::to_string(share) + "/" + std::to_string(shares) + " " +
+                    end.how + (tail.empty() ? "" : " (" + tail + ")") + ";";
+      }
+    }
+  }
+  if (!failures.empty())
+    throw Error("prediction shares on slot servers failed:" + failures + " logs in " +
+                logs.string() + "; rerun to finish the missing chunks (complete ones are kept)");
+  std::error_code ignored;
+  fs::remove_all(logs, ignored);
+  return shares;
+}
+
 void print(const PredictCliOptions& o, const PredictSummary& s) {
   if (o.json) {
     nlohmann::json j = {{"rows", s.rows},
@@ -99,6 +191,7 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
                         {"processes", o.processes},
                         {"split", o.engine.split},
                         {"out", o.out}};
+    if (!o.slots.empty()) j["slot_servers"] = o.slots;
     if (s.has_labels) {
       j["accuracy"] = s.accuracy;
       j["correct"] = s.correct;
@@ -124,7 +217,19 @@ void run_predict(PredictCliOptions& o) {
     predict_chunks(o.model, o.data, o.out, o.engine);
     return;
   }
-  if (o.processes <= 1) {
+  if (!o.slots.empty()) {
+    if (o.processes != 1)
+      throw InputError("predict: --processes is for this machine; with --slots the servers' "
+                       "slots set the shares");
+    // The servers run the shares in their own working directories: every path absolute.
+    o.model = fs::weakly_canonical(fs::absolute(o.model)).string();
+    o.data = fs::weakly_canonical(fs::absolute(o.data)).string();
+    o.out = fs::weakly_canonical(fs::absolute(o.out)).string();
+  } else if (o.slots_timeout != 10 || !o.slots_curve_server.empty() ||
+             !o.slots_curve_client.empty()) {
+    throw InputError("predict: --slots-timeout and --slots-curve-* need --slots");
+  }
+  if (o.processes <= 1 && o.slots.empty()) {
     print(o, predict_store(o.model, o.data, o.out, o.engine));
     return;
   }
@@ -134,10 +239,15 @@ void run_predict(PredictCliOptions& o) {
   PredictOptions probe = o.engine;
   probe.stop_after_chunks = 0;
   const PredictSummary before = predict_chunks(o.model, o.data, o.out, probe);
-  run_processes(o);
   PredictSummary s;
+  if (o.slots.empty()) {
+    run_processes(o);
+    s.backend = before.backend;  // what the children's --backend resolves to here
+  } else {
+    o.processes = run_on_slots(o);
+    s.backend = o.backend;  // each server resolves it on its own machine
+  }
   s.rows = before.rows;
-  s.backend = before.backend;  // what the children's --backend resolves to here
   s.chunks = chunks;
   s.chunks_skipped = before.chunks_skipped;
   s.chunks_written = chunks - before.chunks_skipped;
@@ -169,6 +279,21 @@ void add_predict_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--slots", o->slots,
+                  "Run the shares on slot servers (tandem trial-slots) at these endpoints, one "
+                  "share per slot, instead of on this machine. The model, --data and --out must "
+                  "be on a filesystem the servers share (the same paths there)")
+      ->delimiter(',');
+  cmd->add_option("--slots-timeout", o->slots_timeout,
+                  "Seconds a slot server may stay silent before its shares are failed")
+      ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
+  cmd->add_option("--slots-curve-server", o->slots_curve_server,
+                  "The slot servers' CURVE public key file (servers run with --curve-secret)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--slots-curve-client", o->slots_curve_client,
+                  "This prediction's CURVE key file (.key_secret) for servers with "
+                  "--curve-allowed (default: a throwaway key)")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--overwrite", o->engine.overwrite,
                 "Replace an output written from another model or input");
   cmd->add_option("--chunks", o->chunks, "This process's share of the chunks, i/N")

@@ -30,7 +30,6 @@
 #include "tandem/tandem.h"
 #include "trial_process.h"
 #include "trial_slot_pool.h"
-#include "zmq_curve.h"
 
 namespace tandem::cli {
 
@@ -158,23 +157,6 @@ class RemoteTrials final : public TrialRunner {
   TrialSlotPool pool_;
 };
 
-// --slots-timeout and the CURVE keys of --slots-curve-server and --slots-curve-client.
-TrialSlotPoolOptions slot_pool_options(const SearchOptions& o) {
-  TrialSlotPoolOptions pool;
-  pool.timeout_ms = static_cast<int>(o.slots_timeout * 1000);
-  if (o.slots_curve_server.empty()) {
-    if (!o.slots_curve_client.empty())
-      throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
-    return pool;
-  }
-  pool.curve_server_key = transport::read_curve_key_file(o.slots_curve_server).public_key;
-  if (!o.slots_curve_client.empty()) {
-    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(o.slots_curve_client);
-    pool.curve_public_key = mine.public_key;
-    pool.curve_secret_key = mine.secret_key;
-  }
-  return pool;
-}
 
 std::string trial_file(const SearchOptions& o, int trial, const std::string& suffix) {
   return (fs::path(o.out) / ("trial-" + std::to_string(trial) + suffix)).string();
@@ -257,7 +239,8 @@ void run_search(SearchOptions& o) {
     // The slot servers run the trials in their own working directories: every path absolute.
     o.out = fs::absolute(o.out).string();
     o.data = fs::absolute(o.data).string();
-    auto r = std::make_unique<RemoteTrials>(o.slots, slot_pool_options(o));
+    auto r = std::make_unique<RemoteTrials>(
+        o.slots, slot_pool_options(o.slots_timeout, o.slots_curve_server, o.slots_curve_client));
     remote = r.get();
     runner = std::move(r);
     if (o.threads_per_trial == 0) threads = 0;  // each server's own

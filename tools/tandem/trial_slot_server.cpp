@@ -192,8 +192,10 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
   answer.job = m.job;
   if (std::find(options_.allowed_commands.begin(), options_.allowed_commands.end(), m.args[0]) ==
       options_.allowed_commands.end()) {
-    answer.error = "job " + m.job + ": this server runs only `tandem " +
-                   options_.allowed_commands.front() + " ...`, not `" + m.args[0] + "`";
+    std::string allowed;
+    for (const std::string& c : options_.allowed_commands)
+      allowed += (allowed.empty() ? "`tandem " : " or `tandem ") + c + " ...`";
+    answer.error = "job " + m.job + ": this server runs only " + allowed + ", not `" + m.args[0] + "`";
   } else if (running() >= options_.slots) {
     answer.error = "job " + m.job + " refused: all " + std::to_string(options_.slots) +
                    " slot(s) of this server are busy";

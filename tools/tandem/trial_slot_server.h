@@ -1,6 +1,7 @@
 // tandem trial-slots: runs a search's trials on this machine for tandem search --slots. A ZeroMQ
 // ROUTER serves the messages of trial_slot_protocol.h; each started job is this program run as
-// `tandem train ...` (trial_process.h), at most `slots` at once across every search.
+// `tandem train ...` (a search's trial) or `tandem predict ...` (a share of a prediction's
+// chunks, tandem predict --slots) (trial_process.h), at most `slots` at once across every client.
 //
 // A search sends a heartbeat at least every quarter of the timeout and the server answers each
 // one. A search silent for heartbeat_timeout_ms (killed, its machine gone) has its jobs killed,
@@ -34,7 +35,7 @@ struct TrialSlotServerOptions {
   int slots = 1;
   int threads = 1;                   // threads per trial the server suggests (hello)
   std::string program;               // the binary each job runs (this tandem)
-  std::vector<std::string> allowed_commands{"train"};
+  std::vector<std::string> allowed_commands{"train", "predict"};
   int heartbeat_timeout_ms = 10000;  // a search silent this long has its jobs killed
   std::string curve_secret_key;      // Z85; empty: no CURVE
   std::vector<std::string> curve_allowed_clients;  // Z85 public keys; empty: any key holder

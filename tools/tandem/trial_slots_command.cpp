@@ -75,8 +75,8 @@ void add_trial_slots_command(CLI::App& app) {
   auto o = std::make_shared<TrialSlotsOptions>();
   CLI::App* cmd = app.add_subcommand(
       "trial-slots",
-      "Run trials for tandem search --slots on this machine (data, --out and logs on a "
-      "filesystem shared with the search)");
+      "Run trials for tandem search --slots, and shares of tandem predict --slots, on this "
+      "machine (data, outputs and logs on a filesystem shared with the search or prediction)");
   cmd->add_option("--bind", o->bind, "Where to serve: tcp://HOST:PORT (PORT * for any), ipc://PATH")
       ->capture_default_str();
   cmd->add_option("--slots", o->slots, "Trials at once")->check(CLI::PositiveNumber)

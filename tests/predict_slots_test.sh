@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tandem predict --slots: the shares of a prediction on slot servers (tandem trial-slots), end to
+# end on this machine (the prediction and the servers share the temporary directory):
+#   - two servers (one slot on tcp, two on ipc) predict a split in three shares, from relative
+#     paths in another working directory, bit for bit what one local process writes, with the
+#     same accuracy, and the servers' logs removed after success;
+#   - a rerun on the servers skips every chunk;
+#   - a server that goes silent mid-prediction (SIGSTOP) has its shares reported failed, naming
+#     the rerun; the rerun on the other server finishes the missing chunks, keeping the complete
+#     ones, and the output is again bit for bit the local one;
+#   - bad combinations and an endpoint nobody serves are refused.
+# Usage: predict_slots_test.sh TANDEM_BINARY PYTHON
+set -u
+tandem=$(readlink -f "$1")
+source "$(dirname "$0")/test_helpers.sh"
+dir=$(mktemp -d)
+background=()
+cleanup() {
+  for p in "${background[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# The servers' heartbeat timeout and the prediction's --slots-timeout, in seconds (sanitized
+# binaries run 5 to 20 times slower).
+hb=2
+if [ -n "${TANDEM_TEST_SLOW:-}" ]; then hb=4; fi
+
+# (start_server NAME ARGS...: test_helpers.sh.)
+same_output() {  # same_output A B: both predictions' arrays hold the same bytes
+  diff -r "$1/classes" "$2/classes" >/dev/null && diff -r "$1/probabilities" "$2/probabilities" >/dev/null
+}
+
+# Two copies of Fashion-MNIST's training split in 3,000-row chunks: 110,000 rows, 37 chunks (an
+# edge chunk of 2,000 rows last).
+"$tandem" prepare --out "$dir/fm.zarr" --copies 2 --chunk-rows 3000 >/dev/null 2>&1
+"$tandem" train --data "$dir/fm.zarr" --epochs 1 --checkpoint "$dir/m.safetensors" >/dev/null 2>&1
+check "prepared a store and trained a model" test -s "$dir/m.safetensors"
+local=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/local.zarr" --backend cpu --json)
+check "the local prediction for comparison" test -d "$dir/local.zarr/classes"
+
+start_server a --slots 1
+start_server b --slots 2 --bind "ipc://$dir/b.sock"
+check "two slot servers started" test -n "$a" -a -n "$b"
+
+mkdir -p "$dir/elsewhere"
+r1=$(cd "$dir/elsewhere" && "$tandem" predict --model ../m.safetensors --data ../fm.zarr \
+    --split train --out ../remote.zarr --backend cpu --slots "$a,$b" --json 2>"$dir/err1")
+check "predict --slots exits 0 ($(tail -c 300 "$dir/err1"))" test -n "$r1"
+check "three shares, one per slot" test "$(json_field "$r1" processes)" = 3
+check "every chunk written" test "$(json_field "$r1" chunks_written)/$(json_field "$r1" chunks)" = 37/37
+check "the output is bit for bit the local prediction's" same_output "$dir/remote.zarr" "$dir/local.zarr"
+check "the same accuracy as the local prediction" \
+    test "$(json_field "$r1" correct)" = "$(json_field "$local" correct)"
+check "the servers ran the shares (their logs name each job)" \
+    grep -q "share-" "$dir/a.log" "$dir/b.log"
+check "the shares' logs are removed after success" test ! -e "$dir/remote.zarr.logs"
+
+r2=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/remote.zarr" --backend cpu --slots "$a,$b" --json 2>/dev/null)
+check "a rerun on the servers skips every chunk" \
+    test "$(json_field "$r2" chunks_written)/$(json_field "$r2" chunks_skipped)" = 0/37
+
+# Server b stops answering while its shares run: frozen as soon as the shares are handed out
+# (their log directory appears first). Its jobs are separate processes and may still finish
+# their chunks, but b cannot report them: after --slots-timeout they count as failed.
+"$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/cut.zarr" --backend cpu --slots "$a,$b" --slots-timeout $hb --json \
+    >"$dir/out3" 2>"$dir/err3" &
+predict_pid=$!
+for _ in $(seq 1000); do [ -d "$dir/cut.zarr.logs" ] && break; sleep 0.01; done
+kill -STOP "$b_pid"
+wait "$predict_pid"; rc=$?
+kill -CONT "$b_pid"
+rm -f "$dir/cut.zarr/classes/c/5"  # a chunk the rerun must write
+check "a silent server's shares fail the prediction" test $rc -ne 0
+check "the error names the rerun and keeps the logs" \
+    grep -q "rerun to finish the missing chunks" "$dir/err3"
+check "the failed shares' logs are kept" test -d "$dir/cut.zarr.logs"
+r4=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/cut.zarr" --backend cpu --slots "$a" --json 2>"$dir/err4")
+check "the rerun on the other server succeeds" test -n "$r4"
+check "the rerun wrote only what was missing ($(json_field "$r4" chunks_written) written)" \
+    test "$(( $(json_field "$r4" chunks_written) + $(json_field "$r4" chunks_skipped) ))" -eq 37 \
+    -a "$(json_field "$r4" chunks_skipped)" -gt 0 -a "$(json_field "$r4" chunks_written)" -gt 0
+check "after the rerun the output is bit for bit the local one" same_output "$dir/cut.zarr" "$dir/local.zarr"
+
+expect_error "--processes with --slots refused" "with --slots the servers' slots set the shares" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "$a" --processes 2
+expect_error "--slots-timeout without --slots refused" "need --slots" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots-timeout 3
+expect_error "an endpoint nobody serves is named" "ipc://$dir/nobody" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "ipc://$dir/nobody" --slots-timeout 1
+summarize
