@@ -4,11 +4,20 @@
 # load, reading the split and, for predict, writing classes and probabilities (fresh output each
 # time). tandem eval cannot read a store's training split (it loads a split into memory), so the
 # train split is measured for predict alone.
+# The training split is also predicted on two slot servers of one slot each (tandem trial-slots,
+# on this machine: `predict --slots`), against --processes 2: what the slot protocol costs.
 # usage: bench/predict_bench.sh TANDEM [STORE=/tmp/fm20.zarr] [REPEATS=3]
 set -euo pipefail
-tandem=$1 store=${2:-/tmp/fm20.zarr} repeats=${3:-3}
+tandem=$(readlink -f "$1") store=$(readlink -f "${2:-/tmp/fm20.zarr}") repeats=${3:-3}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+servers=()
+trap 'kill "${servers[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+for s in a b; do
+  "$tandem" trial-slots --slots 1 --endpoint-file "$work/$s.ep" >/dev/null 2>&1 &
+  servers+=($!)
+done
+for _ in $(seq 100); do [ -s "$work/a.ep" ] && [ -s "$work/b.ep" ] && break; sleep 0.1; done
+slots="$(cat "$work/a.ep"),$(cat "$work/b.ep")"
 "$tandem" train --epochs 1 --checkpoint "$work/m.safetensors" >/dev/null  # IDX files, 784-100-10
 now() { date +%s.%N; }
 declare -A best rows
@@ -33,12 +42,18 @@ for ((r = 0; r < repeats; ++r)); do
       measure "predict $split --processes $p" "$n" "$tandem" predict --model "$work/m.safetensors" \
         --data "$store" --split "$split" --out "$work/out.zarr" --processes "$p"
     done
+    if [ "$split" = train ]; then
+      rm -rf "$work/out.zarr"
+      measure "predict $split --slots (2 x 1)" "$n" "$tandem" predict --model "$work/m.safetensors" \
+        --data "$store" --split "$split" --out "$work/out.zarr" --slots "$slots"
+    fi
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '| %-32s | %9s | %8s | %10s |\n' command rows "best s" "samples/s"
 for key in "eval test" "predict test --processes 1" "predict test --processes 2" \
-           "predict train --processes 1" "predict train --processes 2"; do
+           "predict train --processes 1" "predict train --processes 2" \
+           "predict train --slots (2 x 1)"; do
   printf '| %-32s | %9s | %8s | %10.0f |\n' "$key" "${rows[$key]}" "${best[$key]}" \
     "$(awk -v n="${rows[$key]}" -v s="${best[$key]}" 'BEGIN{print n / s}')"
 done
