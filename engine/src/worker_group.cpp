@@ -35,9 +35,11 @@ WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members
   }
   total_ = layout_.parameter_count();
   const size_t n = members_.size();
-  flat_.assign(n, std::vector<float>(static_cast<size_t>(total_)));
-  gradients_.resize(n);
-  models_.assign(n, Model(config_));
+  if (device_.empty()) {  // the host way's staging; the device way stages nothing on the host
+    flat_.assign(n, std::vector<float>(static_cast<size_t>(total_)));
+    gradients_.resize(n);
+    models_.assign(n, Model(config_));
+  }
   leader_gradients_ = layout_.parameters();
   errors_.resize(n);
   threads_.reserve(n - 1);
