@@ -14,7 +14,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +24,7 @@
 #include "predictor.h"
 #include "tandem/config.h"
 #include "tandem/error.h"
+#include "trial_process.h"
 #include "trial_slot_pool.h"
 
 namespace tandem::cli {
@@ -47,13 +47,6 @@ struct PredictCliOptions {
 };
 
 namespace fs = std::filesystem;
-
-std::string self_path() {
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) throw Error("cannot find the tandem binary (/proc/self/exe) to start processes");
-  return std::string(self, size_t(n));
-}
 
 pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share, int threads) {
   std::vector<std::string> args = {self, "predict", "--model", o.model, "--data", o.data,
@@ -97,20 +90,6 @@ void run_processes(const PredictCliOptions& o) {
   if (!failures.empty())
     throw Error("prediction processes failed:" + failures +
                 " rerun to finish the missing chunks (complete ones are kept)");
-}
-
-// The last lines of a share's log (what a failed share said), or "" when there is none.
-std::string log_tail(const fs::path& log) {
-  std::ifstream in(log);
-  std::deque<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    lines.push_back(line);
-    if (lines.size() > 3) lines.pop_front();
-  }
-  std::string tail;
-  for (const auto& line : lines) tail += (tail.empty() ? "" : " | ") + line;
-  return tail;
 }
 
 // The shares on slot servers: as many shares as the servers have slots, each a `tandem predict
@@ -164,7 +143,7 @@ int run_on_slots(const PredictCliOptions& o) {
       if (end.retry) {
         waiting.push_front(share);
       } else if (!end.clean) {
-        const std::string tail = log_tail(log_of(share));
+        const std::string tail = log_tail(log_of(share).string(), 3);
         failures += " share " + std::to_string(share) + "/" + std::to_string(shares) + " " +
                     end.how + (tail.empty() ? "" : " (" + tail + ")") + ";";
       }

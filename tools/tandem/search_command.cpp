@@ -198,17 +198,6 @@ std::vector<EpochResult> read_epochs(const std::string& path) {
   return out;
 }
 
-std::string log_tail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  std::string line;
-  while (std::getline(in, line)) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
-    out += (out.empty() ? "" : " | ") + all[i];
-  return out;
-}
-
 std::string fixed(double x, int digits) {
   if (!std::isfinite(x)) return "inf";
   char text[64];

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "tandem/error.h"
 
@@ -62,6 +63,17 @@ std::string self_path() {
   const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) throw Error("cannot find this program's path (/proc/self/exe): " + ec.message());
   return p.string();
+}
+
+std::string log_tail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  std::string line;
+  while (std::getline(in, line)) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
+    out += (out.empty() ? "" : " | ") + all[i];
+  return out;
 }
 
 }  // namespace tandem::cli

@@ -22,7 +22,11 @@ pid_t start_trial_process(const std::vector<std::string>& argv, const std::strin
 // "exited with status N" or "killed by signal N", for a waitpid status.
 std::string describe_exit(int status);
 
-// This program's path (/proc/self/exe), to run it again as `tandem train`.
+// This program's path (/proc/self/exe), to run it again as `tandem train` (or predict).
 std::string self_path();
+
+// The last `lines` lines of a log joined by " | " (what a failed process said last), or "" when
+// the file is missing or empty.
+std::string log_tail(const std::string& path, size_t lines);
 
 }  // namespace tandem::cli
