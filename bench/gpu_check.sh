@@ -232,5 +232,6 @@ echo "exit status $?"
 
 stage "summary"
 python3 bench/gpu_table.py --kernels "$OUT/kernels_cuda.json" --tandem "$OUT/tandem_steps.json" \
-  --torch "$OUT/torch_steps.json" --feed "$OUT/feed.json" --markdown "$OUT/table.md"
+  --torch "$OUT/torch_steps.json" --feed "$OUT/feed.json" --group "$OUT/group_step.json" \
+  --search-dir "$OUT" --markdown "$OUT/table.md"
 echo "gpu_check: done in $(( $(date +%s) - started )) s"

@@ -22,6 +22,13 @@ missing key, is reported in the output and never stops the script):
                   with its mode; other precisions are listed in the notes.
   --torch PATH    bench/torch_gpu_bench.py's JSON (impls eager, eager_fused,
                   compile).
+  --feed PATH     tandem_train_step_cuda_bench --store's JSON (the data feed).
+  --group PATH    tandem_group_step_cuda_bench's JSON: {"results": [{"batch",
+                  "way": plain | group-host | group-nccl, "us_per_step",
+                  "ratio_to_plain"}]}.
+  --search-dir D  the GPU check's $OUT holding search_{cuda,cpu}_p{1,2}.json
+                  (tandem search --json) and predict.json (a list of {"command",
+                  "split", "rows", "best_seconds", "samples_per_s"}).
 
 What it prints (the last thing bench/gpu_check.sh prints):
 
@@ -513,6 +520,44 @@ def build(args):
                                fmt(fed, ".2f", "x"), None if fed is None else fed >= 0.95,
                                "no figure"))
 
+    # ---- Table 4: a worker group of one GPU against the plain worker (issue 8)
+    gdoc = load_json(getattr(args, "group", None), "group", notes)
+    t4_head = ["batch", "way", "us/step", "x plain"]
+    t4_right = [True, False, True, True]
+    t4_rows = []
+    for r in (gdoc.get("results") if isinstance(gdoc, dict) else None) or []:
+        if isinstance(r, dict):
+            t4_rows.append([fmt(num(r.get("batch")), ",.0f"), str(r.get("way", "?")),
+                            fmt(num(r.get("us_per_step")), ",.1f"),
+                            fmt(num(r.get("ratio_to_plain")), ".2f", "x")])
+
+    # ---- Table 5: search and predict on the GPU and the CPU (issue 7)
+    t5_head = ["command", "backend", "x", "figure"]
+    t5_right = [False, False, True, True]
+    t5_rows = []
+    search_dir = getattr(args, "search_dir", None)
+    if search_dir:
+        for backend in ("cuda", "cpu"):
+            for p in (1, 2):
+                doc = load_json(os.path.join(search_dir, "search_%s_p%d.json" % (backend, p)),
+                                "search %s x%d" % (backend, p), notes)
+                if isinstance(doc, dict):
+                    t5_rows.append(["search (%s of %s trials ok)" % (doc.get("succeeded", "?"),
+                                                                     doc.get("trials", "?")),
+                                    backend, str(p),
+                                    fmt(num(doc.get("trials_per_hour")), ",.0f", " trials/h")])
+        pred = load_json(os.path.join(search_dir, "predict.json"), "predict", notes)
+        for e in pred if isinstance(pred, list) else []:
+            if not isinstance(e, dict):
+                continue
+            name = str(e.get("command", "?"))
+            parts = name.split("-")  # eval, or predict-BACKEND-pN
+            backend = parts[1] if len(parts) == 3 else "cpu"
+            procs = parts[2][1:] if len(parts) == 3 else "1"
+            t5_rows.append(["%s %s (%s rows)" % (parts[0], e.get("split", "?"),
+                                                 fmt(num(e.get("rows")), ",.0f")),
+                            backend, procs, fmt(num(e.get("samples_per_s")), ",.0f", " samples/s")])
+
     ceilings = "ceilings: copy %s GB/s, sgemm fp32 %s TFLOP/s" % (
         fmt(copy_gbps, ",.1f"), fmt(sgemm_tflops, ".2f"))
     others = []
@@ -527,7 +572,13 @@ def build(args):
         ceilings += " (also: %s)" % ", ".join(others)
     return {"devices": devices, "ceilings": ceilings, "notes": notes, "errors": errors,
             "goals": goals, "t1": (t1_head, t1_rows, t1_right),
-            "t2": (t2_head, t2_rows, t2_right), "t3": (t3_head, t3_rows, t3_right)}
+            "t2": (t2_head, t2_rows, t2_right), "t3": (t3_head, t3_rows, t3_right),
+            "t4": (t4_head, t4_rows, t4_right), "t5": (t5_head, t5_rows, t5_right)}
+
+
+# The optional tables after the data feed: (key, title).
+EXTRA_TABLES = (("t4", "Worker group of one GPU against the plain GPU worker (step up to the push)"),
+                ("t5", "Search and predict on the GPU and the CPU (x: processes)"))
 
 
 def text_report(rep):
@@ -543,6 +594,10 @@ def text_report(rep):
     if rows:
         out += ["", "Data feed: chunk manager -> GPU (uint8 store, uncompressed)",
                 render_text(head, rows, right)]
+    for key, title in EXTRA_TABLES:
+        head, rows, right = rep[key]
+        if rows:
+            out += ["", title, render_text(head, rows, right)]
     if rep["errors"]:
         out += ["", "Errors:"] + ["  " + short_error(e) for e in rep["errors"]]
     if rep["notes"]:
@@ -568,6 +623,10 @@ def md_report(rep):
     head, rows, right = rep["t3"]
     if rows:
         out += ["## Data feed: chunk manager -> GPU", "", render_md(head, rows, right), ""]
+    for key, title in EXTRA_TABLES:
+        head, rows, right = rep[key]
+        if rows:
+            out += ["## " + title, "", render_md(head, rows, right), ""]
     if rep["errors"]:
         out += ["## Errors", ""] + ["- `%s`" % short_error(e).replace("`", "'")
                                  for e in rep["errors"]] + [""]
@@ -583,6 +642,9 @@ def main(argv=None):
     p.add_argument("--tandem", metavar="PATH", help="tandem's step benchmark JSON")
     p.add_argument("--torch", metavar="PATH", help="bench/torch_gpu_bench.py JSON")
     p.add_argument("--feed", metavar="PATH", help="tandem_train_step_cuda_bench --store JSON")
+    p.add_argument("--group", metavar="PATH", help="tandem_group_step_cuda_bench JSON")
+    p.add_argument("--search-dir", metavar="DIR",
+                   help="the GPU check's output: search_*_p*.json and predict.json")
     p.add_argument("--markdown", metavar="PATH", help="also write the summary as Markdown")
     args = p.parse_args(argv)
 
