@@ -7,10 +7,12 @@
 // I/O thread.
 //
 //   tandem_ps_shard_bench --steps 2000
+//   tandem_ps_shard_bench --steps 2000 --optimizer sgd   # the update without Adam's arithmetic
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ps_shard.h"
@@ -40,12 +42,17 @@ int main(int argc, char** argv) {
   CLI::App app{"A parameter server's work per push, without the sockets"};
   int steps = 2000;
   app.add_option("--steps", steps, "Pushes to time")->check(CLI::PositiveNumber);
+  std::string optimizer = "adam";
+  app.add_option("--optimizer", optimizer, "The shard's update: adam or sgd")
+      ->check(CLI::IsMember({"adam", "sgd"}));
   CLI11_PARSE(app, argc, argv);
+  tandem::OptimizerConfig config;
+  config.kind = optimizer == "sgd" ? tandem::OptimizerKind::Sgd : tandem::OptimizerKind::Adam;
 
   const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
   tandem::transport::OutgoingMessage init_out, push_out;
   const auto init = decoded(tandem::transport::MessageType::Init, model.parameters(), init_out);
-  tandem::PsShard shard{tandem::OptimizerConfig{}};
+  tandem::PsShard shard{config};
   shard.initialize(init.message, init.tensor_data);
   std::vector<tandem::NamedTensor> gradients = model.parameters();
   for (auto& t : gradients)
@@ -69,8 +76,8 @@ int main(int argc, char** argv) {
     adam += micros(t1, t2);
     copy += micros(t2, t3);
   }
-  std::printf("per push (mean of %d): stage_gradients (checks) %.1f us, apply_staged (Adam) %.1f us, "
+  std::printf("per push (mean of %d): stage_gradients (checks) %.1f us, apply_staged (%s) %.1f us, "
               "copy of the parameters %.1f us\n",
-              steps, stage / steps, adam / steps, copy / steps);
+              steps, stage / steps, optimizer.c_str(), adam / steps, copy / steps);
   return 0;
 }

@@ -191,7 +191,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "One JSON line per transport");
   std::string only;
   app.add_option("--profile-only", only,
-                 "Run only this kind, with no comparison (for a profiler): raw, copied or zero-copy")
+                 "Run only this kind, with no comparison (for a profiler): raw, raw-frames, copied or "
+                 "zero-copy")
       ->check(CLI::IsMember({"raw", "raw-frames", "copied", "zero-copy"}));
   std::string optimizer = "adam";
   app.add_option("--optimizer", optimizer,

@@ -74,5 +74,23 @@ TEST(SgdCpu, StepsAgainstTheGradient) {
   EXPECT_FLOAT_EQ(w[2], 3.1f);
 }
 
+// The one-buffer path (vectorised) against the general one (the same gradient plus a zero
+// buffer, summed element by element): the same update, on a range with ragged ends.
+TEST(SgdCpu, OneBufferPathStepsAsTheGeneralSum) {
+  const size_t n = 1037;
+  const auto w0 = test::random_floats(n, 11);
+  const auto g = test::random_floats(n, 12);
+  const std::vector<float> zeros(n, 0.0f);
+  std::vector<float> one = w0, general = w0;
+  const float* single[] = {g.data()};
+  const float* pair[] = {g.data(), zeros.data()};
+  kernels::sgd_update_cpu(one.data(), single, 1, 3, 1030, 0.03f);
+  kernels::sgd_update_cpu(general.data(), pair, 2, 3, 1030, 0.03f);
+  EXPECT_TRUE(test::all_close(one, general, 1e-7, 1e-6));
+  EXPECT_EQ(one[2], w0[2]) << "outside [begin, end) nothing changes";
+  EXPECT_EQ(one[1030], w0[1030]);
+  EXPECT_NE(one[500], w0[500]);
+}
+
 }  // namespace
 }  // namespace tandem

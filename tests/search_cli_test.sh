@@ -74,6 +74,8 @@ check "--trials configurations used" py_check "$dir/s4/results.json" \
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --out "$dir/s2" --crash-trial 0
+expect_error "--slots-timeout without --slots refused" "need --slots" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --slots-timeout 3 --out "$dir/s7"
 expect_error "unknown backend refused" "backend" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --backend tpu --out "$dir/s5"
 if ! nvidia-smi >/dev/null 2>&1; then

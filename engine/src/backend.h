@@ -106,8 +106,9 @@ class Backend {
   // not call anything else on the backend. A caller whose collective failed may skip
   // finish_gradients (its wait could hang on a GPU that hangs): the next enqueue_gradients is
   // ordered after the unfinished one.
-  virtual std::vector<GradientPiece> enqueue_gradients(const DatasetView& data,
-                                                       const int32_t* rows, int64_t count);
+  // The pieces stay valid as long as the backend (they are the same every call).
+  virtual const std::vector<GradientPiece>& enqueue_gradients(const DatasetView& data,
+                                                              const int32_t* rows, int64_t count);
   virtual BatchStats finish_gradients();
 
  protected:

@@ -22,8 +22,8 @@ void Backend::predict_logits(const DatasetView&, uint8_t*, float*) {
                    "probabilities runs on the CPU and CUDA backends)");
 }
 
-std::vector<Backend::GradientPiece> Backend::enqueue_gradients(const DatasetView&, const int32_t*,
-                                                               int64_t) {
+const std::vector<Backend::GradientPiece>& Backend::enqueue_gradients(const DatasetView&,
+                                                                      const int32_t*, int64_t) {
   throw InputError("the " + name() + " backend keeps its gradients in host memory; a worker "
                    "group summing on GPUs needs CUDA backends");
 }

@@ -494,10 +494,10 @@ static void worker_role(const RoleOptions& o) {
       devices.push_back(b->device_buffers().device);
     }
     if (*std::min_element(devices.begin(), devices.end()) >= 0) {
+      // (NCCL there but failing to start is a GroupError, not caught: better an error than a
+      // slower run.)
       try {
         collective = make_nccl_collective(devices, kGroupTimeoutMs);
-      } catch (const GroupError&) {
-        throw;  // NCCL is there and failed to start: say so rather than run slower
       } catch (const InputError& e) {
         std::fprintf(stderr, "%s: its group of %d GPUs sums through host memory: %s\n",
                      r.name.c_str(), members, e.what());

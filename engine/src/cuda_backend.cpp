@@ -67,6 +67,13 @@ CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
   layer_ready_.assign(config_.layers.size() - 1, nullptr);
   for (cudaEvent_t& event : layer_ready_)
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  // enqueue_gradients' pieces, last layer first: layer l's runs from its weight to the next
+  // layer's weight (or the arena's end), so they cover the arena, padding included.
+  for (size_t l = layer_ready_.size(); l-- > 0;) {
+    const int64_t begin = l == 0 ? 0 : layout_.weight(l).offset;
+    const int64_t end = l + 1 < layer_ready_.size() ? layout_.weight(l + 1).offset : layout_.total;
+    gradient_pieces_.push_back({begin, end - begin, static_cast<void*>(layer_ready_[l])});
+  }
   dense_ = std::make_unique<kernels::DenseCuda>(stream_, matmul_precision(options_.precision));
 
   const size_t total = static_cast<size_t>(layout_.total);
@@ -433,27 +440,40 @@ void CudaBackend::clear_graphs() {
   eager_runs_.clear();
 }
 
-kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
+void CudaBackend::queue_read_and_reset(kernels::DeviceStats* totals) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals, sizeof(kernels::DeviceStats),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(totals, 0, sizeof(kernels::DeviceStats), stream_));
+}
+
+kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
+  queue_read_and_reset(totals);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *host_totals_;
 }
 
-BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
-                                          int64_t count) {
-  check_data(data, true);
+void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int64_t count) const {
+  if (count > 0) check_data(data, true);  // an empty batch need not fit (a group's idle member)
   if (count < 0 || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
-  if (count == 0) return {};
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's thread: set_parameters
+}
+
+void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,
+                                  const std::vector<cudaEvent_t>* layer_ready) {
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's own thread
   ensure_capacity(count);
   Slot* slot = nullptr;
   const DeviceBatch batch = stage(data, rows, count, slot);
-  enqueue_forward_backward(batch, call_totals_.data());
+  enqueue_forward_backward(batch, call_totals_.data(), layer_ready);
   TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
+}
+
+BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
+                                          int64_t count) {
+  check_batch(data, rows, count);
+  if (count == 0) return {};
+  queue_gradients(data, rows, count, nullptr);
   const kernels::DeviceStats totals = read_and_reset(call_totals_.data());
   return {totals.loss_sum, totals.correct, count};
 }
@@ -464,42 +484,24 @@ Backend::DeviceBuffers CudaBackend::device_buffers() {
   return {options_.device, params_.data(), grads_.data(), layout_.total};
 }
 
-std::vector<Backend::GradientPiece> CudaBackend::enqueue_gradients(const DatasetView& data,
-                                                                   const int32_t* rows,
-                                                                   int64_t count) {
-  if (count < 0 || (count > 0 && rows == nullptr && count > data.rows))
-    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
-                     std::to_string(data.rows));
+const std::vector<Backend::GradientPiece>& CudaBackend::enqueue_gradients(const DatasetView& data,
+                                                                          const int32_t* rows,
+                                                                          int64_t count) {
+  check_batch(data, rows, count);
   // A call after one that was never finished (its group failed, and a hung GPU must not hang
   // the caller in a wait) is ordered after it on the stream; finish_gradients reports this one.
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's own thread
-  const size_t num_layers = layer_ready_.size();
   if (count == 0) {
     // No batch for this member: zero gradients, ready in the same pieces as a real step's.
+    TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
     TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-    for (size_t l = num_layers; l-- > 0;) TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
+    for (size_t l = layer_ready_.size(); l-- > 0;)
+      TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
   } else {
-    check_data(data, true);
-    ensure_capacity(count);
-    Slot* slot = nullptr;
-    const DeviceBatch batch = stage(data, rows, count, slot);
-    enqueue_forward_backward(batch, call_totals_.data(), &layer_ready_);
-    TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_totals_, call_totals_.data(),
-                                      sizeof(kernels::DeviceStats), cudaMemcpyDeviceToHost,
-                                      stream_));
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, sizeof(kernels::DeviceStats), stream_));
+    queue_gradients(data, rows, count, &layer_ready_);
+    queue_read_and_reset(call_totals_.data());
   }
   queued_rows_ = count;
-  // Layer l's piece runs from its weight to the next layer's weight (or the arena's end), so the
-  // pieces cover the arena, padding included; layer 0's starts at 0.
-  std::vector<GradientPiece> pieces;
-  for (size_t l = num_layers; l-- > 0;) {
-    const int64_t begin = l == 0 ? 0 : layout_.weight(l).offset;
-    const int64_t end = l + 1 < num_layers ? layout_.weight(l + 1).offset : layout_.total;
-    pieces.push_back({begin, end - begin, static_cast<void*>(layer_ready_[l])});
-  }
-  return pieces;
+  return gradient_pieces_;
 }
 
 BatchStats CudaBackend::finish_gradients() {

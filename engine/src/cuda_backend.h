@@ -62,8 +62,9 @@ class CudaBackend final : public Backend {
   // A worker group summing on GPUs (backend.h): the arenas, and the gradients queued with one
   // event per layer recorded as the backward pass finishes that layer.
   DeviceBuffers device_buffers() override;
-  std::vector<GradientPiece> enqueue_gradients(const DatasetView& data, const int32_t* rows,
-                                               int64_t count) override;
+  const std::vector<GradientPiece>& enqueue_gradients(const DatasetView& data,
+                                                      const int32_t* rows,
+                                                      int64_t count) override;
   BatchStats finish_gradients() override;
 
   // Waits for all queued work (a benchmark's timer, or before reading results).
@@ -117,7 +118,15 @@ class CudaBackend final : public Backend {
   void enqueue_train_step(const DeviceBatch& batch);
   void launch_train_step(const DeviceBatch& batch);
   void clear_graphs();
+  // Queues the copy of `totals` into host_totals_ and their reset; read_and_reset also waits.
+  void queue_read_and_reset(kernels::DeviceStats* totals);
   kernels::DeviceStats read_and_reset(kernels::DeviceStats* totals);
+  // compute_gradients' checks of a batch (an empty one need not fit the model).
+  void check_batch(const DatasetView& data, const int32_t* rows, int64_t count) const;
+  // Stages `count` (> 0) rows and queues their forward and backward pass (layer_ready: as in
+  // enqueue_forward_backward), the batch's statistics added to call_totals_.
+  void queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,
+                       const std::vector<cudaEvent_t>* layer_ready);
 
   ModelConfig config_;
   OptimizerConfig optimizer_;
@@ -135,6 +144,7 @@ class CudaBackend final : public Backend {
   // enqueue_gradients: per layer, recorded when the backward pass has written its gradients;
   // the rows queued, for finish_gradients' statistics (-1: nothing queued).
   std::vector<cudaEvent_t> layer_ready_;
+  std::vector<GradientPiece> gradient_pieces_;  // what enqueue_gradients returns, set up once
   int64_t queued_rows_ = -1;
 
   int64_t capacity_ = 0;  // rows the buffers below hold

@@ -144,7 +144,6 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
     }
     if (!transport::all_finite(transport::span_of(gradient, size_t(e->size)))) {
       kind = "non-finite";
-      staged_.clear();
       return "gradient '" + t.name + "' holds a non-finite value at element " +
              std::to_string(transport::first_non_finite(data[i]));
     }
@@ -153,7 +152,6 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
   // Names are unique (the decoder checks), all known: every parameter is there iff counts match.
   if (m.tensors.size() != entries_.size()) {
     kind = "missing gradient";
-    staged_.clear();
     for (const auto& e : entries_) {
       bool present = false;
       for (const auto& t : m.tensors) present |= t.name == e.name;

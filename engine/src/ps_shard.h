@@ -129,7 +129,8 @@ class PsShard {
   transport::HeldPool<AlignedBuffer<float>> param_blocks_;
   std::shared_ptr<ParamBlock> params_;  // the current parameters, one of param_blocks_
   AlignedBuffer<float> moments_;        // Adam's m, then v
-  std::vector<Staged> staged_;       // the staged push, tensor by tensor
+  std::vector<Staged> staged_;       // the staged push, tensor by tensor (meaningful only
+                                     // after stage_gradients returned "")
   AlignedBuffer<float> gradients_;   // gathered gradients (aligned, zero padding), when needed
   AlignedBuffer<float> sum_;         // sync mode: the step's gradients summed (zero padding)
   int64_t pending_ = 0;

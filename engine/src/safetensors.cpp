@@ -235,6 +235,42 @@ std::string build_header(const std::string& path, const SafeTensorsFile& file) {
   return text;
 }
 
+// What comes before the data section, checked: the header's length (8 bytes, little-endian),
+// then the header. Writing a file and encoding bytes both start with it.
+std::string file_prefix(const std::string& path, const SafeTensorsFile& file) {
+  validate_for_write(path, file);
+  const std::string header = build_header(path, file);
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[size_t(i)] = char(uint8_t(uint64_t(header.size()) >> (8 * i)));
+  return prefix + header;
+}
+
+// ---- the length field (a file, or bytes in memory) ----
+
+// The header length from the first 8 bytes, checked against the limit and against the
+// `available` bytes that follow them.
+uint64_t header_length(const std::string& path, const uint8_t* length_bytes, uint64_t available) {
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  if (header_size > kMaxHeaderBytes) {
+    input_error(path, "header length " + std::to_string(header_size) + " is absurd (limit " +
+                          std::to_string(kMaxHeaderBytes) + " bytes)");
+  }
+  if (header_size > available) {
+    input_error(path, "header length " + std::to_string(header_size) +
+                          " is larger than the file (" + std::to_string(available) +
+                          " bytes follow the length field)");
+  }
+  return header_size;
+}
+
+void check_at_least_length_field(const std::string& path, uint64_t size) {
+  if (size < 8) {
+    input_error(path, "file is " + std::to_string(size) +
+                          " bytes, shorter than 8 bytes (the header length)");
+  }
+}
+
 }  // namespace
 
 const SafeTensor* SafeTensorsFile::find(const std::string& name) const {
@@ -260,24 +296,11 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   if (::fstat(fd.get(), &st) != 0) io_error("stat", path, errno);
   if (!S_ISREG(st.st_mode)) input_error(path, "not a regular file");
   const uint64_t file_size = uint64_t(st.st_size);
-  if (file_size < 8) {
-    input_error(path, "file is " + std::to_string(file_size) +
-                          " bytes, shorter than 8 bytes (the header length)");
-  }
+  check_at_least_length_field(path, file_size);
 
   uint8_t length_bytes[8];
   read_exact(fd.get(), length_bytes, 8, path, truncated);
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
-  if (header_size > kMaxHeaderBytes) {
-    input_error(path, "header length " + std::to_string(header_size) + " is absurd (limit " +
-                          std::to_string(kMaxHeaderBytes) + " bytes)");
-  }
-  if (header_size > file_size - 8) {
-    input_error(path, "header length " + std::to_string(header_size) +
-                          " is larger than the file (" + std::to_string(file_size - 8) +
-                          " bytes follow the length field)");
-  }
+  const uint64_t header_size = header_length(path, length_bytes, file_size - 8);
   std::string header(header_size, '\0');
   read_exact(fd.get(), header.data(), header.size(), path, truncated);
 
@@ -295,28 +318,19 @@ SafeTensorsFile read_safetensors(const std::string& path) {
 }
 
 std::vector<uint8_t> encode_safetensors(const SafeTensorsFile& file, const std::string& name) {
-  validate_for_write(name, file);
-  const std::string header = build_header(name, file);
-  size_t size = 8 + header.size();
+  const std::string prefix = file_prefix(name, file);
+  size_t size = prefix.size();
   for (const SafeTensor& t : file.tensors) size += t.data.size();
   std::vector<uint8_t> out;
   out.reserve(size);
-  for (int i = 0; i < 8; ++i) out.push_back(uint8_t(uint64_t(header.size()) >> (8 * i)));
-  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), prefix.begin(), prefix.end());
   for (const SafeTensor& t : file.tensors) out.insert(out.end(), t.data.begin(), t.data.end());
   return out;
 }
 
 SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::string& name) {
-  if (size < 8) {
-    input_error(name, std::to_string(size) + " bytes, shorter than 8 bytes (the header length)");
-  }
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | data[i];
-  if (header_size > kMaxHeaderBytes || header_size > size - 8) {
-    input_error(name, "header length " + std::to_string(header_size) + " is larger than the " +
-                          std::to_string(size - 8) + " bytes that follow the length field");
-  }
+  check_at_least_length_field(name, size);
+  const uint64_t header_size = header_length(name, data, size - 8);
   SafeTensorsFile file;
   std::vector<HeaderEntry> entries = parse_header(
       name, std::string(reinterpret_cast<const char*>(data) + 8, header_size), file.metadata);
@@ -330,14 +344,9 @@ SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::
 }
 
 void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& file) {
-  validate_for_write(path, file);
-  const std::string header = build_header(path, file);
-  uint8_t length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
-
+  const std::string prefix = file_prefix(path, file);
   AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
-  out.write(length_bytes, sizeof length_bytes);
-  out.write(header.data(), header.size());
+  out.write(prefix.data(), prefix.size());
   for (const SafeTensor& t : file.tensors) out.write(t.data.data(), t.data.size());
   out.commit();
   fsync_parent_directory(path, "replacing");

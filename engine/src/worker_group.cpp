@@ -179,10 +179,10 @@ void WorkerGroup::broadcast_parameters(int rank, const Model* leader_parameters)
 BatchStats WorkerGroup::reduce_on_device(int rank, const DatasetView& batch) {
   const size_t r = static_cast<size_t>(rank);
   Backend& backend = *members_[r];
-  std::vector<Backend::GradientPiece> pieces;
+  const std::vector<Backend::GradientPiece>* pieces = nullptr;
   try {
     // A member with no batch (rows 0) queues zero gradients in the same pieces.
-    pieces = backend.enqueue_gradients(batch, nullptr, batch.rows);
+    pieces = &backend.enqueue_gradients(batch, nullptr, batch.rows);
   } catch (const std::exception& e) {
     collective_.abort("rank " + std::to_string(rank) + ": " + e.what());
     throw;
@@ -192,7 +192,7 @@ BatchStats WorkerGroup::reduce_on_device(int rank, const DatasetView& batch) {
   // member's backward pass is not waited for: a GPU that hangs is why a collective times out,
   // and that wait would hang too. The backend's next work queues behind the unfinished pass.
   float* gradients = device_[r].gradients;
-  for (const auto& piece : pieces)
+  for (const auto& piece : *pieces)
     collective_.all_reduce_sum_after(rank, gradients + piece.offset, size_t(piece.count),
                                      piece.ready);
   collective_.finish(rank);

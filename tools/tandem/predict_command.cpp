@@ -24,6 +24,7 @@
 #include "predictor.h"
 #include "tandem/config.h"
 #include "tandem/error.h"
+#include "slot_client_options.h"
 #include "trial_process.h"
 #include "trial_slot_pool.h"
 
@@ -40,10 +41,7 @@ struct PredictCliOptions {
   int processes = 1;
   bool json = false;
   PredictOptions engine;
-  std::vector<std::string> slots;  // slot server endpoints (tandem trial-slots); empty: local
-  double slots_timeout = 10;
-  std::string slots_curve_server;  // the servers' public key file
-  std::string slots_curve_client;  // this prediction's key file (default: a throwaway key)
+  SlotClientOptions slots;  // --slots ...: shares on tandem trial-slots servers
 };
 
 namespace fs = std::filesystem;
@@ -98,8 +96,7 @@ void run_processes(const PredictCliOptions& o) {
 // started again elsewhere (a server merely cut off may still be writing its chunks); its chunks
 // are finished by a rerun, which keeps the complete ones. Returns the number of shares.
 int run_on_slots(const PredictCliOptions& o) {
-  TrialSlotPool pool(o.slots, slot_pool_options(o.slots_timeout, o.slots_curve_server,
-                                                o.slots_curve_client));
+  TrialSlotPool pool(o.slots.endpoints, o.slots.pool_options());
   const int shares = pool.total_slots();
   // The servers' logs of the shares, beside the output (removed when every share succeeded).
   const fs::path logs = o.out + ".logs";
@@ -170,7 +167,7 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
                         {"processes", o.processes},
                         {"split", o.engine.split},
                         {"out", o.out}};
-    if (!o.slots.empty()) j["slot_servers"] = o.slots;
+    if (o.slots.remote()) j["slot_servers"] = o.slots.endpoints;
     if (s.has_labels) {
       j["accuracy"] = s.accuracy;
       j["correct"] = s.correct;
@@ -196,19 +193,16 @@ void run_predict(PredictCliOptions& o) {
     predict_chunks(o.model, o.data, o.out, o.engine);
     return;
   }
-  if (!o.slots.empty()) {
+  o.slots.check("predict");
+  if (o.slots.remote()) {
     if (o.processes != 1)
       throw InputError("predict: --processes is for this machine; with --slots the servers' "
                        "slots set the shares");
-    // The servers run the shares in their own working directories: every path absolute.
-    o.model = fs::weakly_canonical(fs::absolute(o.model)).string();
-    o.data = fs::weakly_canonical(fs::absolute(o.data)).string();
-    o.out = fs::weakly_canonical(fs::absolute(o.out)).string();
-  } else if (o.slots_timeout != 10 || !o.slots_curve_server.empty() ||
-             !o.slots_curve_client.empty()) {
-    throw InputError("predict: --slots-timeout and --slots-curve-* need --slots");
+    o.model = shared_path(o.model);
+    o.data = shared_path(o.data);
+    o.out = shared_path(o.out);
   }
-  if (o.processes <= 1 && o.slots.empty()) {
+  if (o.processes <= 1 && !o.slots.remote()) {
     print(o, predict_store(o.model, o.data, o.out, o.engine));
     return;
   }
@@ -219,7 +213,7 @@ void run_predict(PredictCliOptions& o) {
   probe.stop_after_chunks = 0;
   const PredictSummary before = predict_chunks(o.model, o.data, o.out, probe);
   PredictSummary s;
-  if (o.slots.empty()) {
+  if (!o.slots.remote()) {
     run_processes(o);
     s.backend = before.backend;  // what the children's --backend resolves to here
   } else {
@@ -258,21 +252,7 @@ void add_predict_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--slots", o->slots,
-                  "Run the shares on slot servers (tandem trial-slots) at these endpoints, one "
-                  "share per slot, instead of on this machine. The model, --data and --out must "
-                  "be on a filesystem the servers share (the same paths there)")
-      ->delimiter(',');
-  cmd->add_option("--slots-timeout", o->slots_timeout,
-                  "Seconds a slot server may stay silent before its shares are failed")
-      ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
-  cmd->add_option("--slots-curve-server", o->slots_curve_server,
-                  "The slot servers' CURVE public key file (servers run with --curve-secret)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--slots-curve-client", o->slots_curve_client,
-                  "This prediction's CURVE key file (.key_secret) for servers with "
-                  "--curve-allowed (default: a throwaway key)")
-      ->check(CLI::ExistingFile);
+  add_slot_client_options(cmd, o->slots, "shares", "prediction", "The model, --data and --out");
   cmd->add_flag("--overwrite", o->engine.overwrite,
                 "Replace an output written from another model or input");
   cmd->add_option("--chunks", o->chunks, "This process's share of the chunks, i/N")

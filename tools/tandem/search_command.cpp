@@ -29,6 +29,7 @@
 #include "successive_halving.h"
 #include "tandem/tandem.h"
 #include "trial_process.h"
+#include "slot_client_options.h"
 #include "trial_slot_pool.h"
 
 namespace tandem::cli {
@@ -51,10 +52,7 @@ struct SearchOptions {
   std::string backend = "auto";  // each trial's (tandem train --backend)
   std::string out = "search";
   bool json = false;
-  std::vector<std::string> slots;  // slot server endpoints (tandem trial-slots); empty: local
-  double slots_timeout = 10;
-  std::string slots_curve_server;  // the servers' public key file
-  std::string slots_curve_client;  // this search's key file (default: a throwaway key)
+  SlotClientOptions slots;  // --slots ...: trials on tandem trial-slots servers
   int crash_trial = -1;  // hidden test hook: this trial's process gets an invalid option
 };
 
@@ -218,7 +216,8 @@ void run_search(SearchOptions& o) {
   RemoteTrials* remote = nullptr;
   int slots_at_start = 0;
   std::string where;
-  if (o.slots.empty()) {
+  o.slots.check("search");
+  if (!o.slots.remote()) {
     runner = std::make_unique<LocalTrials>(processes, threads);
     where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";
   } else {
@@ -226,15 +225,14 @@ void run_search(SearchOptions& o) {
       throw InputError("search: --processes is for local trials; with --slots the servers' slot "
                        "counts set how many run at once");
     // The slot servers run the trials in their own working directories: every path absolute.
-    o.out = fs::absolute(o.out).string();
-    o.data = fs::absolute(o.data).string();
-    auto r = std::make_unique<RemoteTrials>(
-        o.slots, slot_pool_options(o.slots_timeout, o.slots_curve_server, o.slots_curve_client));
+    o.out = shared_path(o.out);
+    o.data = shared_path(o.data);
+    auto r = std::make_unique<RemoteTrials>(o.slots.endpoints, o.slots.pool_options());
     remote = r.get();
     runner = std::move(r);
     if (o.threads_per_trial == 0) threads = 0;  // each server's own
     slots_at_start = remote->total_slots();
-    where = std::to_string(slots_at_start) + " slots on " + std::to_string(o.slots.size()) +
+    where = std::to_string(slots_at_start) + " slots on " + std::to_string(o.slots.endpoints.size()) +
             " slot server(s)";
   }
   fs::create_directories(o.out);
@@ -432,7 +430,7 @@ void run_search(SearchOptions& o) {
       summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
     }
   }
-  if (remote) summary["slot_servers"] = o.slots;
+  if (remote) summary["slot_servers"] = o.slots.endpoints;
   nlohmann::json results = summary;
   results["results"] = trials;
   std::ofstream(fs::path(o.out) / "results.json") << results.dump(2) << "\n";
@@ -485,23 +483,7 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--min-epochs", o->min_epochs, "Epochs of the first rung")->capture_default_str();
   cmd->add_option("--processes", o->processes, "Trials at once (0: one per core)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--slots", o->slots,
-                  "Run the trials on slot servers (tandem trial-slots) at these endpoints instead "
-                  "of local processes; concurrency is the sum of their slots. --data and --out "
-                  "must be on a filesystem the servers share (the same paths there)")
-      ->delimiter(',');
-  cmd->add_option("--slots-timeout", o->slots_timeout,
-                  "Seconds a slot server may stay silent before its running trials are failed "
-                  "(the search goes on with the others)")
-      ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
-  cmd->add_option("--slots-curve-server", o->slots_curve_server,
-                  "The slot servers' CURVE public key file (tandem keygen; servers run with "
-                  "--curve-secret)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--slots-curve-client", o->slots_curve_client,
-                  "This search's CURVE key file (.key_secret) for servers with --curve-allowed "
-                  "(default: a throwaway key)")
-      ->check(CLI::ExistingFile);
+  add_slot_client_options(cmd, o->slots, "trials", "search", "--data and --out");
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial (0: cores / processes; with --slots, each server's own)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();

@@ -36,24 +36,6 @@ std::string seconds_text(int ms) {
 
 }  // namespace
 
-TrialSlotPoolOptions slot_pool_options(double timeout_s, const std::string& curve_server_file,
-                                       const std::string& curve_client_file) {
-  TrialSlotPoolOptions pool;
-  pool.timeout_ms = static_cast<int>(timeout_s * 1000);
-  if (curve_server_file.empty()) {
-    if (!curve_client_file.empty())
-      throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
-    return pool;
-  }
-  pool.curve_server_key = transport::read_curve_key_file(curve_server_file).public_key;
-  if (!curve_client_file.empty()) {
-    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(curve_client_file);
-    pool.curve_public_key = mine.public_key;
-    pool.curve_secret_key = mine.secret_key;
-  }
-  return pool;
-}
-
 TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
     : options_(std::move(options)) {
   if (endpoints.empty()) throw InputError("--slots: no slot server endpoints");

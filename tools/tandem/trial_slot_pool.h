@@ -27,12 +27,6 @@ struct TrialSlotPoolOptions {
   std::string curve_secret_key;
 };
 
-// The options of a client's --slots-timeout (seconds), --slots-curve-server (the servers'
-// public key file) and --slots-curve-client (its own key file; empty: a throwaway key). Throws
-// InputError for a client key without the servers' key, and the key files' errors.
-TrialSlotPoolOptions slot_pool_options(double timeout_s, const std::string& curve_server_file,
-                                       const std::string& curve_client_file);
-
 // A job that ended: `clean` when it exited 0; `how` says how it ended otherwise. `retry`: it
 // never started (the server was busy); start it again when there is a free slot.
 struct SlotJobEnd {

@@ -1,0 +1,42 @@
+// The options of a client of tandem trial-slots servers, one set for tandem search --slots and
+// tandem predict --slots: where the servers are, how long one may stay silent, the CURVE keys.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trial_slot_pool.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace tandem::cli {
+
+struct SlotClientOptions {
+  std::vector<std::string> endpoints;  // --slots; empty: run on this machine
+  double timeout_s = 10;               // --slots-timeout
+  std::string curve_server;            // --slots-curve-server: the servers' public key file
+  std::string curve_client;            // --slots-curve-client: own key file (default: throwaway)
+  const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
+
+  bool remote() const { return !endpoints.empty(); }
+  // Throws InputError naming `command` for --slots-timeout or a key without --slots, and for a
+  // client key without the servers' key.
+  void check(const std::string& command) const;
+  // The pool's options: the timeout and the keys read from their files.
+  TrialSlotPoolOptions pool_options() const;
+};
+
+// Adds --slots, --slots-timeout, --slots-curve-server and --slots-curve-client to `cmd`. `jobs`
+// names what runs on the servers ("trials", "shares"), `client` the command ("search",
+// "prediction"), `paths` the paths the servers must share ("--data and --out").
+void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::string& jobs,
+                             const std::string& client, const std::string& paths);
+
+// A path as every server must see it: absolute and canonical (no "..", no symlinks), since the
+// servers run in working directories of their own.
+std::string shared_path(const std::string& path);
+
+}  // namespace tandem::cli
