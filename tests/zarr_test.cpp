@@ -511,6 +511,44 @@ INSTANTIATE_TEST_SUITE_P(Compressors, BadChunk,
                                                               "blosc-zstd")),
                          bad_chunk_name);
 
+// Large compressed chunk files are mapped instead of read (Array::kMapChunkFilesFrom): the same
+// bytes, and the same errors for a bad file, as the read path above.
+TEST(Zarr, LargeCompressedChunksAreMappedAndCheckedAsSmallOnes) {
+  for (const std::string compressor : {"zstd", "blosc-lz4"}) {
+    SCOPED_TRACE(compressor);
+    TempDir dir;
+    // Random bytes barely compress: every chunk file is over the mapping threshold.
+    const ArrayMeta meta = make_meta(Format::V3, DType::UInt8, {40, 65536}, {20, 65536}, compressor);
+    const Array a = Array::create(dir.file("a"), meta);
+    std::mt19937 gen(11);
+    std::vector<uint8_t> data(40 * 65536);
+    for (auto& b : data) b = uint8_t(gen());
+    a.write_chunk({1, 0}, data.data() + meta.chunk_bytes());
+    const std::string key = a.chunk_key({1, 0});
+    const std::string file = dir.file("a/" + key);
+    const std::string good = read_bytes(file);
+    ASSERT_GE(good.size() / 2, Array::kMapChunkFilesFrom);  // even the truncated one is mapped
+    std::vector<uint8_t> out(meta.chunk_bytes());
+    EXPECT_TRUE(a.read_chunk({1, 0}, out.data()));
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + long(meta.chunk_bytes())));
+    const auto expect_bad = [&](const std::string& bytes, const std::string& why) {
+      SCOPED_TRACE(why);
+      write_bytes(file, bytes);
+      expect_input_error([&] { a.read_chunk({1, 0}, out.data()); },
+                         {"zarr store '" + dir.file("a") + "'", "chunk '" + key + "'"});
+    };
+    expect_bad(good.substr(0, good.size() / 2), "truncated");
+    expect_bad(good.substr(0, good.size() - 1), "one byte short");
+    std::string bad_header = good;
+    for (size_t i = 0; i < 8; ++i) bad_header[i] = char(~bad_header[i]);
+    expect_bad(bad_header, "corrupt header");
+    write_bytes(file, good);
+    std::fill(out.begin(), out.end(), 0);
+    EXPECT_TRUE(a.read_chunk({1, 0}, out.data()));
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + long(meta.chunk_bytes())));
+  }
+}
+
 TEST(Zarr, BloscHeaderClaimingAnotherSizeIsRefused) {
   const std::vector<uint8_t> data = make_values(DType::Float32, 256, 4);
   const Compressor c = Compressor::parse("blosc-lz4");

@@ -115,9 +115,15 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count)
     rows_per_epoch_ += std::min(options_.batch_rows, split_.rows - b * options_.batch_rows);
   ring_.resize(static_cast<size_t>(options_.ring_slots));
-  for (auto& slot : ring_) {
-    slot.pixels = kernels::pinned_alloc(static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_);
-    slot.labels.resize(static_cast<size_t>(options_.batch_rows));
+  try {
+    for (auto& slot : ring_) {
+      slot.pixels = kernels::pinned_alloc(static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_);
+      slot.labels.resize(static_cast<size_t>(options_.batch_rows));
+    }
+  } catch (...) {
+    // The destructor does not run for a constructor that throws: free the slots made so far.
+    for (auto& slot : ring_) kernels::pinned_free(slot.pixels);
+    throw;
   }
 }
 

@@ -97,7 +97,9 @@ CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
 }
 
 CudaBackend::~CudaBackend() {
-  // Destructors log instead of throwing.
+  // Destructors log instead of throwing. The device first: a group member's backend may be
+  // destroyed by a thread whose current device is another member's.
+  cudaSetDevice(options_.device);
   if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess)
     std::fprintf(stderr, "tandem: CUDA backend: work failed before shutdown\n");
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
@@ -117,7 +119,17 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::name() const { return "cuda"; }
 
+void CudaBackend::use_device() const {
+  // Every entry point sets its device first: the thread that calls may not be the one that built
+  // the backend (a worker group's member threads, the predictor's workers, a server's thread), or
+  // may have used another GPU since (a group worker builds one backend per GPU in a loop). A
+  // launch into this backend's streams, or an allocation, from another current device would fail
+  // or land on the wrong GPU. cudaSetDevice to the current device costs next to nothing.
+  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+}
+
 void CudaBackend::synchronize() {
+  use_device();
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -126,9 +138,7 @@ void CudaBackend::set_parameters(const Model& model) {
   if (model.config().layers != config_.layers)
     throw InputError("model " + model.config().describe() + " does not match the backend's " +
                      config_.describe());
-  // A worker group drives each member's backend from a member thread of its own, not the one
-  // that built it (worker_group.h): the calling thread's current device must be this backend's.
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  use_device();
   std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
   copy_tensors_in(model.parameters(), layout_, arena.data(), "parameters");
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena.data(), params_.bytes(),
@@ -137,6 +147,7 @@ void CudaBackend::set_parameters(const Model& model) {
 }
 
 void CudaBackend::get_parameters(Model& model) const {
+  use_device();
   if (model.config().layers != config_.layers) model = Model(config_);
   std::vector<float> arena(static_cast<size_t>(layout_.total));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(arena.data(), params_.data(), params_.bytes(),
@@ -148,7 +159,7 @@ void CudaBackend::get_parameters(Model& model) const {
 void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
   // Once per step for a cluster worker: the staging buffer is kept, not allocated each time.
   gradient_staging_.resize(static_cast<size_t>(layout_.total));
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's thread: set_parameters
+  use_device();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(gradient_staging_.data(), grads_.data(), grads_.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -156,6 +167,7 @@ void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
 }
 
 void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
+  use_device();
   if (step < 0) throw InputError("optimizer step must be >= 0, got " + std::to_string(step));
   std::vector<float> m, v;
   if (optimizer_.kind == OptimizerKind::Adam) {
@@ -177,6 +189,7 @@ void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step)
 }
 
 void CudaBackend::get_optimizer_state(OptimizerState& state) const {
+  use_device();
   state = OptimizerState{};
   if (optimizer_.kind != OptimizerKind::Adam) return;
   std::vector<float> m(static_cast<size_t>(layout_.total)), v(static_cast<size_t>(layout_.total));
@@ -235,6 +248,7 @@ const CudaBackend::Resident* CudaBackend::find_resident(const DatasetView& data,
 }
 
 void CudaBackend::keep_resident(const DatasetView& data) {
+  use_device();
   if (data.rows == 0) return;
   int64_t first = 0;
   const Resident* existing = find_resident(data, first);
@@ -461,7 +475,7 @@ void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int6
 
 void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,
                                   const std::vector<cudaEvent_t>* layer_ready) {
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));  // a group member's own thread
+  use_device();
   ensure_capacity(count);
   Slot* slot = nullptr;
   const DeviceBatch batch = stage(data, rows, count, slot);
@@ -479,7 +493,6 @@ BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t
 }
 
 Backend::DeviceBuffers CudaBackend::device_buffers() {
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
   synchronize();
   return {options_.device, params_.data(), grads_.data(), layout_.total};
 }
@@ -492,7 +505,7 @@ const std::vector<Backend::GradientPiece>& CudaBackend::enqueue_gradients(const 
   // the caller in a wait) is ordered after it on the stream; finish_gradients reports this one.
   if (count == 0) {
     // No batch for this member: zero gradients, ready in the same pieces as a real step's.
-    TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+    use_device();
     TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
     for (size_t l = layer_ready_.size(); l-- > 0;)
       TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
@@ -508,18 +521,20 @@ BatchStats CudaBackend::finish_gradients() {
   if (queued_rows_ < 0)
     throw InputError("CUDA backend: finish_gradients called with no enqueue_gradients before it");
   const int64_t rows = std::exchange(queued_rows_, -1);
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  use_device();
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (rows == 0) return {};
   return {host_totals_->loss_sum, host_totals_->correct, rows};
 }
 
 void CudaBackend::apply_gradients() {
+  use_device();
   enqueue_optimizer();
   ++step_;
 }
 
 void CudaBackend::train_step(const DatasetView& data, const int32_t* rows, int64_t count) {
+  use_device();
   check_data(data, true);
   if (count < 1 || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
@@ -534,11 +549,13 @@ void CudaBackend::train_step(const DatasetView& data, const int32_t* rows, int64
 }
 
 BatchStats CudaBackend::take_stats() {
+  use_device();
   const kernels::DeviceStats totals = read_and_reset(train_totals_.data());
   return {totals.loss_sum, totals.correct, std::exchange(pending_samples_, 0)};
 }
 
 BatchStats CudaBackend::evaluate(const DatasetView& data) {
+  use_device();
   check_data(data, true);
   ensure_capacity(std::min(data.rows, kEvalChunkRows));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, sizeof(kernels::DeviceStats), stream_));
@@ -567,9 +584,7 @@ void CudaBackend::predict_logits(const DatasetView& data, uint8_t* classes, floa
 
 void CudaBackend::predict_pieces(const DatasetView& data, uint8_t* classes, float* logits) {
   check_data(data, false);
-  // The predictor's worker threads call in turn on one backend: the calling thread's current
-  // device must be the backend's.
-  TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
+  use_device();
   ensure_capacity(std::min(data.rows, kEvalChunkRows));
   const size_t num_layers = config_.layers.size() - 1;
   const auto num_classes = static_cast<size_t>(config_.classes());

@@ -73,6 +73,7 @@ class CudaBackend final : public Backend {
   size_t graphs_captured() const { return graphs_.size(); }
 
  private:
+  void use_device() const;  // makes options_.device the calling thread's current device
   // Where a batch's pixels and labels are on the device, and which rows to take.
   struct DeviceBatch {
     PixelType pixel_type = PixelType::UInt8;

@@ -118,13 +118,18 @@ MappedFile MappedFile::map_if_exists(const std::string& path) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) io_error("stat", path, errno);
   if (!S_ISREG(st.st_mode)) io_error("map", path, EINVAL);
-  mapped.size_ = static_cast<size_t>(st.st_size);
-  if (mapped.size_ == 0) {
+  return map_open(fd.get(), static_cast<size_t>(st.st_size), path);
+}
+
+MappedFile MappedFile::map_open(int fd, size_t size, const std::string& path) {
+  MappedFile mapped;
+  mapped.size_ = size;
+  if (size == 0) {
     static const uint8_t empty = 0;
     mapped.data_ = &empty;  // nothing to map; a non-null pointer still says "the file exists"
     return mapped;
   }
-  void* p = ::mmap(nullptr, mapped.size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd.get(), 0);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) io_error("map", path, errno);
   mapped.data_ = static_cast<const uint8_t*>(p);
   return mapped;

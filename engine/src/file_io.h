@@ -72,6 +72,9 @@ class MappedFile {
   // Maps `path`; an empty mapping (data() == nullptr) when the file does not exist, IoError for
   // any other failure.
   static MappedFile map_if_exists(const std::string& path);
+  // Maps the first `size` bytes of the regular file open as `fd` (the descriptor may be closed
+  // afterwards; `path` is for the error). IoError when the map fails.
+  static MappedFile map_open(int fd, size_t size, const std::string& path);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;

@@ -5,11 +5,22 @@
 // streams_[r] (the destructor aside), so no NCCL call is made concurrently on one communicator.
 // NCCL needs no group calls here: each rank's collective is issued by its own thread.
 //
+// Entering: a rank's collective is issued only once every rank has entered it on the host (a
+// barrier with the timeout). Otherwise one rank's NCCL kernel could be spinning on its GPU,
+// waiting for a peer, while that peer's thread still allocates device memory for its step; a
+// cudaMalloc or cudaFree may synchronise every GPU it has peer access to (NVIDIA/nccl#744), and
+// the two would wait for each other until the timeout broke the group. The barrier costs a
+// wake-up per collective; the GPU-side overlap of all_reduce_sum_after (the sum waits on an
+// event, not on the host) is kept. The connections between ranks are made by ncclCommInitAll
+// (NCCL_RUNTIME_CONNECT=0, unless the user set it): with NCCL's default of connecting lazily in
+// the first collective, that call itself would block on the host until every peer made it, so a
+// rank that never comes would hang the others inside NCCL, out of reach of the timeout.
+//
 // Waiting: a rank's call enqueues its collective and then polls cudaStreamQuery (done?) and
 // ncclCommGetAsyncError (a network or peer failure?) until the stream is done, the group has
-// failed, or timeout_ms has passed. On a timeout it names the ranks that never entered this
-// collective (from host-side counters) or, when all did, says the collective hangs on its rank;
-// it marks the group failed, which every other rank's poll sees, and each waiting rank aborts its
+// failed, or timeout_ms has passed. A timeout in enter() names the ranks that never entered the
+// collective (from host-side counters); one after it says the collective hangs on the rank's GPU.
+// Either marks the group failed, which every other rank's poll sees, and each waiting rank aborts its
 // own communicator (ncclCommAbort makes NCCL kernels waiting for a peer exit) and throws. Ranks
 // that never came have theirs aborted by the destructor. Every NCCL and CUDA call is checked by
 // the macros below, which name the call, the file and line, and the rank and GPU.
@@ -17,7 +28,9 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,6 +51,14 @@ namespace {
   throw GroupError("worker group: " + std::string(library) + " error " + std::to_string(code) +
                    " (" + message + ") in " + call + " at " + file + ":" + std::to_string(line) +
                    " on " + where);
+}
+
+// Asks NCCL to connect the ranks in ncclCommInitAll rather than in the first collective (see the
+// top of this file). NCCL reads the variable once, at its first initialisation; a value the user
+// set is kept.
+void connect_at_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
 }
 
 }  // namespace
@@ -85,6 +106,7 @@ class NcclCollective final : public GroupCollective {
       if (d >= available)
         throw InputError("worker group: GPU " + std::to_string(d) + " does not exist (" +
                          std::to_string(available) + " visible)");
+    connect_at_init();
     TANDEM_GROUP_NCCL_CHECK(ncclCommInitAll(comms_.data(), n, devices_.data()), group_text());
     try {
       for (int r = 0; r < n; ++r) {
@@ -186,6 +208,7 @@ class NcclCollective final : public GroupCollective {
 
   void fail(std::string message) {  // mutex_ held
     if (failure_.empty()) failure_ = std::move(message);
+    entered_.notify_all();  // ranks waiting in enter() leave with the error
   }
 
   std::string failure() {
@@ -193,8 +216,11 @@ class NcclCollective final : public GroupCollective {
     return failure_;
   }
 
-  // Checks the rank and buffer, counts the call and checks it against the other ranks' call of
-  // the same number. Any problem breaks the group (the others would wait for this rank).
+  // Checks the rank and buffer, counts the call, checks it against the other ranks' call of the
+  // same number, and waits until every rank has entered it (see the top of this file). Any
+  // problem breaks the group (the others would wait for this rank); a rank that leaves with the
+  // group broken aborts its communicator first, so no sum it queued earlier keeps spinning on
+  // its GPU for peers that have given up.
   int64_t enter(int rank, const char* kind, const float* data, size_t count, int root) {
     if (rank < 0 || rank >= size())
       throw InputError("worker group: rank " + std::to_string(rank) +
@@ -204,6 +230,7 @@ class NcclCollective final : public GroupCollective {
       cudaPointerAttributes attributes{};
       const cudaError_t status = cudaPointerGetAttributes(&attributes, data);
       if (status != cudaSuccess) {
+        (void)cudaGetLastError();  // not left for the next launch check to report
         problem = std::string("worker group: cudaPointerGetAttributes failed (") +
                   cudaGetErrorString(status) + ") on " + where(rank);
       } else if ((attributes.type != cudaMemoryTypeDevice &&
@@ -213,25 +240,58 @@ class NcclCollective final : public GroupCollective {
                   std::to_string(device(rank)) + " to " + kind;
       }
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_.empty()) throw GroupError(failure_);
-    const int64_t number = ++calls_[static_cast<size_t>(rank)];
-    auto it = pending_.find(number);
-    if (it == pending_.end()) {
-      it = pending_.emplace(number, Call{kind, count, root, rank, 0}).first;
-    } else if (it->second.kind != kind || it->second.count != count ||
-               (it->second.kind == "broadcast" && it->second.root != root)) {
-      problem = "worker group: " + where(rank) + " called " + kind + " of " +
-                std::to_string(count) + " floats as collective #" + std::to_string(number) +
-                " but rank " + std::to_string(it->second.rank) + " called " + it->second.kind +
-                " of " + std::to_string(it->second.count) + " floats";
+    std::unique_lock<std::mutex> lock(mutex_);
+    int64_t number = 0;
+    if (failure_.empty()) {
+      number = ++calls_[static_cast<size_t>(rank)];
+      auto it = pending_.find(number);
+      if (it == pending_.end()) {
+        it = pending_.emplace(number, Call{kind, count, root, rank, 0}).first;
+      } else if (problem.empty() &&
+                 (it->second.kind != kind || it->second.count != count ||
+                  (it->second.kind == "broadcast" && it->second.root != root))) {
+        problem = "worker group: " + where(rank) + " called " + kind + " of " +
+                  std::to_string(count) + " floats as collective #" + std::to_string(number) +
+                  " but rank " + std::to_string(it->second.rank) + " called " + it->second.kind +
+                  " of " + std::to_string(it->second.count) + " floats";
+      }
+      if (++it->second.entered == size()) {
+        pending_.erase(it);
+        entered_.notify_all();
+      }
+      if (!problem.empty()) {
+        fail(problem);
+      } else {
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+        const bool all_in = entered_.wait_until(lock, deadline, [&] {
+          return pending_.count(number) == 0 || !failure_.empty();
+        });
+        if (!all_in) fail(missing_ranks(kind, number));
+      }
     }
-    if (++it->second.entered == size()) pending_.erase(it);
-    if (!problem.empty()) {
-      fail(problem);
-      throw GroupError(problem);
+    const std::string error = failure_;
+    lock.unlock();
+    if (!error.empty()) {
+      abort_comm(rank);
+      throw GroupError(error);
     }
     return number;
+  }
+
+  // "worker group: ranks 1, 2 did not reach all_reduce #7 within 5000 ms", or "" when every
+  // rank has entered collective `number`. mutex_ held.
+  std::string missing_ranks(const char* kind, int64_t number) const {
+    std::vector<int> missing;
+    for (int m = 0; m < size(); ++m)
+      if (calls_[static_cast<size_t>(m)] < number) missing.push_back(m);
+    if (missing.empty()) return "";
+    std::string text = "worker group: rank";
+    if (missing.size() > 1) text += "s";
+    for (size_t i = 0; i < missing.size(); ++i)
+      text += (i == 0 ? " " : ", ") + std::to_string(missing[i]);
+    return text + " did not reach " + kind + " #" + std::to_string(number) + " within " +
+           std::to_string(timeout_ms_) + " ms";
   }
 
   // Runs `enqueue` on rank's device; a failure breaks the group and aborts rank's communicator.
@@ -283,21 +343,10 @@ class NcclCollective final : public GroupCollective {
         } else if (!failure_.empty()) {
           problem = failure_;
         } else if (std::chrono::steady_clock::now() >= deadline) {
-          std::vector<int> missing;
-          for (int m = 0; m < size(); ++m)
-            if (calls_[static_cast<size_t>(m)] < number) missing.push_back(m);
-          if (!missing.empty()) {
-            problem = "worker group: rank";
-            if (missing.size() > 1) problem += "s";
-            for (size_t i = 0; i < missing.size(); ++i)
-              problem += (i == 0 ? " " : ", ") + std::to_string(missing[i]);
-            problem += std::string(" did not reach ") + kind + " #" + std::to_string(number) +
-                       " within " + std::to_string(timeout_ms_) + " ms";
-          } else {
-            problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
-                      " did not complete on " + where(rank) + " within " +
-                      std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link hangs)";
-          }
+          // Every rank entered it before it was issued (enter), so it is the GPU or the link.
+          problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
+                    " did not complete on " + where(rank) + " within " +
+                    std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link hangs)";
           fail(problem);
         }
       }
@@ -360,6 +409,7 @@ class NcclCollective final : public GroupCollective {
   std::vector<ncclComm_t> comms_;
   std::vector<cudaStream_t> streams_;
   std::mutex mutex_;
+  std::condition_variable entered_;  // a collective's last rank entered, or the group failed
   // Under mutex_.
   std::vector<bool> aborted_;
   std::vector<int64_t> calls_;       // collectives each rank has entered

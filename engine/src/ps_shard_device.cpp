@@ -26,6 +26,7 @@ class CudaShardDevice final : public ShardDevice {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaShardDevice() override {
+    cudaSetDevice(device_);  // the server's thread, or the one that built it: either may differ
     if (pinned_ != nullptr) cudaFreeHost(pinned_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -56,7 +57,10 @@ class CudaShardDevice final : public ShardDevice {
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  // The device is set on every call: a server restored from a checkpoint uploads on the thread
+  // that built it and steps on its serving thread, whose current device may be another.
   void step(const float* gradients, float* params_out) override {
+    TANDEM_CUDA_CHECK(cudaSetDevice(device_));
     const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
     float* in = pinned_;
     float* out = pinned_ + total_;
@@ -77,6 +81,7 @@ class CudaShardDevice final : public ShardDevice {
   }
 
   void download_moments(float* m_out, float* v_out) override {
+    TANDEM_CUDA_CHECK(cudaSetDevice(device_));
     const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(m_out, m_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(v_out, v_.data(), bytes, cudaMemcpyDeviceToHost, stream_));

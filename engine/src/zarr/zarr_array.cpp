@@ -286,6 +286,16 @@ bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
     read_exact(fd.get(), out, size, file, ended_early(what));
     return true;
   }
+  // A large chunk's file is mapped, not read: the decompressor reads it straight from the page
+  // cache instead of from a copy in a fresh buffer. The chunk manager's stream of a zstd store
+  // went from 74-83% of the bare decompressor's speed to 81-89% (bench/RESULTS.md). Small files
+  // are cheaper to read than to map. Store files are replaced by rename, never rewritten in
+  // place, so a mapped file does not shrink under the decompressor.
+  if (stored >= kMapChunkFilesFrom) {
+    const MappedFile mapped = MappedFile::map_open(fd.get(), size_t(stored), file);
+    decompress(meta_.compressor, mapped.data(), mapped.size(), out, size, what);
+    return true;
+  }
   std::vector<uint8_t> data(stored);
   read_exact(fd.get(), data.data(), data.size(), file, ended_early(what));
   decompress(meta_.compressor, data.data(), data.size(), out, size, what);

@@ -71,7 +71,10 @@ class Array {
   // Decompresses chunk `index` into `out` (chunk_bytes(), C order, the full chunk even at the
   // edge). A missing chunk is filled with fill_value and false returned. InputError naming the
   // store and key for a corrupt chunk or one of the wrong decompressed size. Thread-safe.
+  // A compressed chunk's file of at least kMapChunkFilesFrom bytes is mapped (mmap) and
+  // decompressed from the page cache, not read into a buffer first; smaller ones are read.
   bool read_chunk(const std::vector<int64_t>& index, uint8_t* out) const;
+  static constexpr uint64_t kMapChunkFilesFrom = uint64_t{256} << 10;
   // Uncompressed arrays only: the chunk's file mapped read-only (chunk_bytes(), C order), so a
   // reader copies straight out of the page cache; an empty mapping when the chunk is missing
   // (read_chunk gives its fill value). InputError naming the store and key for a file of the
