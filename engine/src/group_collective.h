@@ -17,6 +17,13 @@
 // read, a CUDA error) calls abort(why) so the others throw GroupError with `why` instead of
 // waiting out the timeout. Either way the group is broken from then on: every later call throws
 // the same error at once, and the caller builds a new group.
+//
+// What the timeout cannot cover: a GPU that hangs outside a collective, in a wait of its own
+// backend (finishing its backward pass, synchronising before a broadcast). The other members
+// time out in their next collective and throw, naming the rank, but that member's thread stays
+// in the CUDA call, and WorkerGroup::step() waits for it. The CUDA runtime offers no way to
+// abandon such a wait, so the worker process must be ended from outside. Its heartbeats come
+// from another thread and go on, so the coordinator does not see it as gone: not covered yet.
 #pragma once
 
 #include <cstddef>
