@@ -4,10 +4,13 @@
 #   - two servers (one slot on tcp, two on ipc) predict a split in three shares, from relative
 #     paths in another working directory, bit for bit what one local process writes, with the
 #     same accuracy, and the servers' logs removed after success;
-#   - a rerun on the servers skips every chunk;
+#   - a rerun on the servers, found through the directory they list themselves in
+#     (trial-slots --endpoint-dir, predict --slots DIR), skips every chunk; a server that stops
+#     takes its entry out of the directory;
 #   - a server that goes silent mid-prediction (SIGSTOP) has its shares reported failed, naming
 #     the rerun; the rerun on the other server finishes the missing chunks, keeping the complete
 #     ones, and the output is again bit for bit the local one;
+#   - a server bound to every interface gives the endpoint clients reach it by (--advertise);
 #   - bad combinations and an endpoint nobody serves are refused.
 # Usage: predict_slots_test.sh TANDEM_BINARY PYTHON
 set -u
@@ -41,8 +44,8 @@ local=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --s
     --out "$dir/local.zarr" --backend cpu --json)
 check "the local prediction for comparison" test -d "$dir/local.zarr/classes"
 
-start_server a --slots 1
-start_server b --slots 2 --bind "ipc://$dir/b.sock"
+start_server a --slots 1 --endpoint-dir "$dir/slots"
+start_server b --slots 2 --bind "ipc://$dir/b.sock" --endpoint-dir "$dir/slots"
 check "two slot servers started" test -n "$a" -a -n "$b"
 
 mkdir -p "$dir/elsewhere"
@@ -58,10 +61,12 @@ check "the servers ran the shares (their logs name each job)" \
     grep -q "share-" "$dir/a.log" "$dir/b.log"
 check "the shares' logs are removed after success" test ! -e "$dir/remote.zarr.logs"
 
+check "both servers listed themselves" test "$(ls "$dir/slots" | grep -c '\.endpoint$')" = 2
 r2=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
-    --out "$dir/remote.zarr" --backend cpu --slots "$a,$b" --json 2>/dev/null)
-check "a rerun on the servers skips every chunk" \
+    --out "$dir/remote.zarr" --backend cpu --slots "$dir/slots" --json 2>"$dir/err2")
+check "a rerun on the servers of --slots DIR skips every chunk ($(tail -c 300 "$dir/err2"))" \
     test "$(json_field "$r2" chunks_written)/$(json_field "$r2" chunks_skipped)" = 0/37
+check "--slots DIR found both servers' three slots" test "$(json_field "$r2" processes)" = 3
 
 # Server b stops answering while its shares run: frozen as soon as the shares are handed out
 # (their log directory appears first). Its jobs are separate processes and may still finish
@@ -93,6 +98,29 @@ expect_error "--processes with --slots refused" "with --slots the servers' slots
 expect_error "--slots-timeout without --slots refused" "need --slots" \
     "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
     --slots-timeout 3
+mkdir -p "$dir/no-servers"
+expect_error "--slots with a directory where no server is listed is refused" \
+    "no *.endpoint files there" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "$dir/no-servers"
+expect_error "--slots with neither an endpoint nor a directory is refused" \
+    "neither an endpoint" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "$dir/not-there"
+listed() { ls "$dir/slots"/*-"$1".endpoint >/dev/null 2>&1; }  # listed PID
+check "server a is listed while it runs" listed "$a_pid"
+kill -TERM "$a_pid"
+wait "$a_pid" 2>/dev/null
+check "a server stopped by SIGTERM takes its entry out of the directory" \
+    test "$(ls "$dir/slots")" = "$(basename "$(ls "$dir/slots"/*-"$b_pid".endpoint)")"
+# Bound to every interface, a server gives its endpoint by name (--advertise), as clients reach it.
+start_server c --slots 1 --bind "tcp://0.0.0.0:*" --advertise 127.0.0.1
+check "a server bound to 0.0.0.0 gives the advertised host ($c)" \
+    grep -qE '^tcp://127\.0\.0\.1:[0-9]+$' "$dir/c.ep"
+r5=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/remote.zarr" --backend cpu --slots "$c" --json 2>"$dir/err5")
+check "... and is reached there ($(tail -c 300 "$dir/err5"))" \
+    test "$(json_field "$r5" chunks_skipped)" = 37
 expect_error "an endpoint nobody serves is named" "ipc://$dir/nobody" \
     "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
     --slots "ipc://$dir/nobody" --slots-timeout 1

@@ -65,8 +65,8 @@ gone_within() {
 
 "$tandem" prepare --out "$dir/fm.zarr" >/dev/null 2>&1
 check "prepared Fashion-MNIST" test -d "$dir/fm.zarr"
-start_server A --slots 1
-start_server B --slots 1 --bind "ipc://$dir/b.sock"
+start_server A --slots 1 --endpoint-dir "$dir/slots"
+start_server B --slots 1 --bind "ipc://$dir/b.sock" --endpoint-dir "$dir/slots"
 check "slot server A listens on an ephemeral loopback port" grep -q '^tcp://127.0.0.1:[0-9]*$' "$dir/A.ep"
 check "slot server B listens on ipc" test "$B" = "ipc://$dir/b.sock"
 
@@ -104,14 +104,15 @@ check "the waiting search runs its trial on A once A's slot is free" test $rc -e
 check "... there" py_check "$dir/wait/results.json" \
     "[(t['slot'], t['status']) for t in r['results']] == [('$A', 'completed')]"
 
-# 2. The grid of search_cli_test.sh, locally and on the two servers (which keep serving after
+# 2. The grid of search_cli_test.sh, locally and on the two servers (found through the directory
+# they list themselves in: --endpoint-dir, --slots DIR) (which keep serving after
 # the killed search): the same ranking, the same stopped trials, the same losses.
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.00001 seed=1,2,3 --budget 3 --eta 3 \
     --min-epochs 1 --processes 2 --threads-per-trial 1 --out "$dir/local" --crash-trial 4 \
     >"$dir/local.out" 2>"$dir/local.err"
 check "local search exits 0" test $? -eq 0
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.00001 seed=1,2,3 --budget 3 --eta 3 \
-    --min-epochs 1 --threads-per-trial 1 --out "$dir/remote" --crash-trial 4 --slots "$A,$B" \
+    --min-epochs 1 --threads-per-trial 1 --out "$dir/remote" --crash-trial 4 --slots "$dir/slots" \
     --slots-timeout $hb >"$dir/remote.out" 2>"$dir/remote.err"; rc=$?
 check "search on the slot servers exits 0" test $rc -eq 0
 [ $rc -eq 0 ] || tail -5 "$dir/remote.err"
@@ -129,8 +130,8 @@ check "halving: the four other finished trials stopped at rung 0" py_check "$r" 
 check "the crashing remote trial is reported failed with its exit status" py_check "$r" \
     "r['results'][-1]['trial'] == 4 and r['results'][-1]['status'] == 'failed' and 'exited with status' in r['results'][-1]['error']"
 check "the crash is on stderr" grep -q "trial 4 .*FAILED" "$dir/remote.err"
-check "results.json names each trial's server, and both ran trials" py_check "$r" \
-    "{t['slot'] for t in r['results']} == {'$A', '$B'} and r['slot_servers'] == ['$A', '$B'] and r['processes'] == 2"
+check "--slots DIR found both servers; results.json names each trial's server, and both ran trials" \
+    py_check "$r" "{t['slot'] for t in r['results']} == {'$A', '$B'} and sorted(r['slot_servers']) == sorted(['$A', '$B']) and r['processes'] == 2"
 check "results.csv has a slot column naming the servers" \
     grep -q "^1,0,completed,.*,\(tcp://127.0.0.1:[0-9]*\|ipc://.*\)$" "$dir/remote/results.csv"
 check "local results say local" py_check "$dir/local/results.json" \

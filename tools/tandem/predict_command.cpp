@@ -194,6 +194,7 @@ void run_predict(PredictCliOptions& o) {
     return;
   }
   o.slots.check("predict");
+  if (o.slots.remote()) o.slots.endpoints = o.slots.servers();
   if (o.slots.remote()) {
     if (o.processes != 1)
       throw InputError("predict: --processes is for this machine; with --slots the servers' "

@@ -217,6 +217,7 @@ void run_search(SearchOptions& o) {
   int slots_at_start = 0;
   std::string where;
   o.slots.check("search");
+  if (o.slots.remote()) o.slots.endpoints = o.slots.servers();
   if (!o.slots.remote()) {
     runner = std::make_unique<LocalTrials>(processes, threads);
     where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";

@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "tandem/error.h"
 #include "zmq_curve.h"
@@ -15,6 +17,41 @@ void SlotClientOptions::check(const std::string& command) const {
     throw InputError(command + ": --slots-timeout and --slots-curve-* need --slots");
   if (!curve_client.empty() && curve_server.empty())
     throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
+}
+
+std::vector<std::string> SlotClientOptions::servers() const {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  const auto add = [&out](const std::string& endpoint) {
+    if (std::find(out.begin(), out.end(), endpoint) == out.end()) out.push_back(endpoint);
+  };
+  for (const std::string& entry : endpoints) {
+    if (entry.find("://") != std::string::npos) {
+      add(entry);
+      continue;
+    }
+    std::error_code error;
+    if (!fs::is_directory(entry, error))
+      throw InputError("--slots " + entry + ": neither an endpoint (tcp://HOST:PORT, ipc://PATH) "
+                       "nor a directory of endpoint files (tandem trial-slots --endpoint-dir)");
+    std::vector<std::string> files;
+    for (const auto& file : fs::directory_iterator(entry))
+      if (file.path().extension() == ".endpoint" && file.is_regular_file())
+        files.push_back(file.path().string());
+    if (files.empty())
+      throw InputError("--slots " + entry + ": no *.endpoint files there (start the servers with "
+                       "tandem trial-slots --endpoint-dir " + entry + ")");
+    std::sort(files.begin(), files.end());
+    for (const std::string& file : files) {
+      std::ifstream in(file);
+      std::string endpoint;
+      std::getline(in, endpoint);
+      if (endpoint.find("://") == std::string::npos)
+        throw InputError("--slots " + entry + ": " + file + " holds no endpoint");
+      add(endpoint);
+    }
+  }
+  return out;
 }
 
 TrialSlotPoolOptions SlotClientOptions::pool_options() const {
@@ -34,8 +71,9 @@ void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::str
                              const std::string& client, const std::string& paths) {
   cmd->add_option("--slots", o.endpoints,
                   "Run the " + jobs + " on slot servers (tandem trial-slots) at these endpoints "
-                  "instead of on this machine, one per slot. " + paths + " must be on a "
-                  "filesystem the servers share (the same paths there)")
+                  "instead of on this machine, one per slot; a directory stands for every server "
+                  "that wrote its endpoint there (trial-slots --endpoint-dir). " + paths +
+                  " must be on a filesystem the servers share (the same paths there)")
       ->delimiter(',');
   o.timeout_option =
       cmd->add_option("--slots-timeout", o.timeout_s,

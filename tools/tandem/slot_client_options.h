@@ -15,13 +15,20 @@ class Option;
 namespace tandem::cli {
 
 struct SlotClientOptions {
-  std::vector<std::string> endpoints;  // --slots; empty: run on this machine
+  // --slots as given: endpoints, or directories where tandem trial-slots --endpoint-dir servers
+  // left their endpoints; empty: run on this machine. servers() resolves them.
+  std::vector<std::string> endpoints;
   double timeout_s = 10;               // --slots-timeout
   std::string curve_server;            // --slots-curve-server: the servers' public key file
   std::string curve_client;            // --slots-curve-client: own key file (default: throwaway)
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
 
   bool remote() const { return !endpoints.empty(); }
+  // The servers' endpoints: each endpoint of --slots, and for each directory the endpoint in
+  // each of its *.endpoint files (sorted by name), without repeats. InputError for an entry that
+  // is neither an endpoint (SCHEME://...) nor a directory, a directory without endpoint files,
+  // or a file that holds no endpoint.
+  std::vector<std::string> servers() const;
   // Throws InputError naming `command` for --slots-timeout or a key without --slots, and for a
   // client key without the servers' key.
   void check(const std::string& command) const;

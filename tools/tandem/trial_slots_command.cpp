@@ -2,14 +2,17 @@
 // (loopback by default, like the cluster's roles), prints its endpoint, and runs the trials a
 // search sends it until SIGINT or SIGTERM, which end its trials too.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <thread>
 
+#include "cluster_ranks.h"
 #include "commands.h"
 #include "tandem/error.h"
 #include "trial_process.h"
@@ -29,9 +32,34 @@ struct TrialSlotsOptions {
   int threads_per_trial = 0;
   double heartbeat_timeout = 10;
   std::string endpoint_file;
+  std::string endpoint_dir;
+  std::string advertise;  // the host clients reach this server by, for a wildcard bind
   std::string curve_secret;
   std::string curve_allowed;
 };
+
+// Whole or not at all (a temporary file renamed): readers poll for it.
+void write_endpoint_file(const std::string& path, const std::string& endpoint) {
+  {
+    std::ofstream out(path + ".tmp");
+    out << endpoint << "\n";
+    if (!out.flush()) throw InputError("cannot write the endpoint file " + path + ".tmp");
+  }
+  std::filesystem::rename(path + ".tmp", path);
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
+  return name;
+}
+
+// Letters, digits, '.', '-' and '_' kept; anything else becomes '_'.
+std::string file_safe(std::string text) {
+  for (char& c : text)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return text;
+}
 
 void run_trial_slots(const TrialSlotsOptions& o) {
   TrialSlotServerOptions options;
@@ -54,18 +82,35 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   TrialSlotServer server(options);
+  // Bound to every interface (tcp://0.0.0.0:PORT), the server is reached by a name: what it
+  // prints and lists is tcp://HOST:PORT, as for the cluster's roles.
+  const std::string endpoint = advertised_endpoint(server.endpoint(), o.advertise);
   std::fprintf(stderr, "tandem trial-slots: %d slot(s) at %s, %d thread(s) per trial%s\n", o.slots,
-               server.endpoint().c_str(), options.threads,
+               endpoint.c_str(), options.threads,
                server.curve_public_key().empty()
                    ? ""
                    : (", CURVE key " + server.curve_public_key()).c_str());
-  std::printf("%s\n", server.endpoint().c_str());
+  std::printf("%s\n", endpoint.c_str());
   std::fflush(stdout);
-  if (!o.endpoint_file.empty()) {  // whole or not at all: readers poll for it
-    std::ofstream(o.endpoint_file + ".tmp") << server.endpoint() << "\n";
-    std::filesystem::rename(o.endpoint_file + ".tmp", o.endpoint_file);
+  if (!o.endpoint_file.empty()) write_endpoint_file(o.endpoint_file, endpoint);
+  // In the directory the server's file is its own (host and process id) and goes when it stops,
+  // so the directory lists the servers running: what a client's --slots DIR finds. A server
+  // killed outright (SIGKILL) leaves its file; the client then names that endpoint as silent.
+  std::string listed;
+  if (!o.endpoint_dir.empty()) {
+    std::filesystem::create_directories(o.endpoint_dir);
+    listed = (std::filesystem::path(o.endpoint_dir) /
+              (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
+                 .string();
+    write_endpoint_file(listed, endpoint);
   }
-  server.serve(g_stop);
+  try {
+    server.serve(g_stop);
+  } catch (...) {
+    if (!listed.empty()) std::filesystem::remove(listed);
+    throw;
+  }
+  if (!listed.empty()) std::filesystem::remove(listed);
   std::fprintf(stderr, "tandem trial-slots: stopped\n");
 }
 
@@ -87,7 +132,14 @@ void add_trial_slots_command(CLI::App& app) {
   cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
                   "Seconds a search may stay silent before its trials are killed")
       ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
+  cmd->add_option("--advertise", o->advertise,
+                  "With --bind tcp://0.0.0.0:PORT: the host name or address clients reach this "
+                  "server by (default: this machine's name)");
   cmd->add_option("--endpoint-file", o->endpoint_file, "Also write the bound endpoint to this file");
+  cmd->add_option("--endpoint-dir", o->endpoint_dir,
+                  "Also list this server in a directory (its endpoint in HOST-PID.endpoint, "
+                  "removed when it stops): a search or prediction given --slots DIR uses every "
+                  "server listed there");
   cmd->add_option("--curve-secret", o->curve_secret,
                   "Secure the server with CURVE: its secret key file (tandem keygen); searches "
                   "give its public key with --slots-curve-server")
