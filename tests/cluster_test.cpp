@@ -229,12 +229,19 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   zmq::socket_t sub(context, zmq::socket_type::sub);
   sub.set(zmq::sockopt::subscribe, "scores");
   sub.connect(c.scores_endpoint());
-  // Scores queued before the subscription took effect may come live as well as replayed:
-  // subscribers drop a seq they have seen, as this one does.
+  // Scores queued before the subscription took effect may come live as well as replayed, and
+  // before the replay: the coordinator answers a score before it publishes it, so the newest one
+  // may still be on its way live when the subscriber connects. Subscribers drop a seq they have
+  // seen, as this one does, and it waits for every seq it expects, not only the newest.
   std::set<int64_t> seqs;
   auto receive_until = [&](int64_t newest) {
+    const auto all_in = [&] {
+      for (int64_t seq = std::max<int64_t>(1, newest - 9); seq <= newest; ++seq)
+        if (!seqs.count(seq)) return false;
+      return true;
+    };
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while ((seqs.empty() || *seqs.rbegin() < newest) && std::chrono::steady_clock::now() < deadline) {
+    while (!all_in() && std::chrono::steady_clock::now() < deadline) {
       zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
       if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
       zmq::message_t topic, body;

@@ -5,8 +5,8 @@
 #     paths in another working directory, bit for bit what one local process writes, with the
 #     same accuracy, and the servers' logs removed after success;
 #   - a rerun on the servers, found through the directory they list themselves in
-#     (trial-slots --endpoint-dir, predict --slots DIR), skips every chunk; a server that stops
-#     takes its entry out of the directory;
+#     (trial-slots --endpoint-dir, predict --slots DIR), skips every chunk; a stale entry (a
+#     server killed outright) is left out; a server that stops takes its entry out;
 #   - a server that goes silent mid-prediction (SIGSTOP) has its shares reported failed, naming
 #     the rerun; the rerun on the other server finishes the missing chunks, keeping the complete
 #     ones, and the output is again bit for bit the local one;
@@ -67,6 +67,23 @@ r2=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --spli
 check "a rerun on the servers of --slots DIR skips every chunk ($(tail -c 300 "$dir/err2"))" \
     test "$(json_field "$r2" chunks_written)/$(json_field "$r2" chunks_skipped)" = 0/37
 check "--slots DIR found both servers' three slots" test "$(json_field "$r2" processes)" = 3
+# A server killed outright leaves its entry: a listed server that does not answer is left out.
+echo "ipc://$dir/ghost.sock" >"$dir/slots/ghost-1.endpoint"
+rg=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/remote.zarr" --backend cpu --slots "$dir/slots" --slots-timeout 1 --json \
+    2>"$dir/err_ghost")
+check "a stale entry is left out and the listed servers that answer do the work" \
+    test "$(json_field "$rg" chunks_skipped)/$(json_field "$rg" processes)" = 37/3
+check "... the stale entry is named on stderr" \
+    grep -q "left out slot server ipc://$dir/ghost.sock" "$dir/err_ghost"
+check "... and not in the results" test -z "$(grep -o ghost <<<"$rg")"
+rm "$dir/slots/ghost-1.endpoint"
+mkdir -p "$dir/ghosts"
+echo "ipc://$dir/ghost.sock" >"$dir/ghosts/ghost-1.endpoint"
+expect_error "a directory whose listed servers all stay silent is an error naming them" \
+    "no listed slot server answered: ipc://$dir/ghost.sock" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "$dir/ghosts" --slots-timeout 1
 
 # Server b stops answering while its shares run: frozen as soon as the shares are handed out
 # (their log directory appears first). Its jobs are separate processes and may still finish
@@ -121,6 +138,8 @@ r5=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --spli
     --out "$dir/remote.zarr" --backend cpu --slots "$c" --json 2>"$dir/err5")
 check "... and is reached there ($(tail -c 300 "$dir/err5"))" \
     test "$(json_field "$r5" chunks_skipped)" = 37
+expect_error "--advertise without a wildcard bind is refused" "--advertise is for a server bound" \
+    "$tandem" trial-slots --advertise 127.0.0.1
 expect_error "an endpoint nobody serves is named" "ipc://$dir/nobody" \
     "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
     --slots "ipc://$dir/nobody" --slots-timeout 1

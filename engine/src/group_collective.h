@@ -19,11 +19,12 @@
 // the same error at once, and the caller builds a new group.
 //
 // What the timeout cannot cover: a GPU that hangs outside a collective, in a wait of its own
-// backend (finishing its backward pass, synchronising before a broadcast). The other members
-// time out in their next collective and throw, naming the rank, but that member's thread stays
-// in the CUDA call, and WorkerGroup::step() waits for it. The CUDA runtime offers no way to
-// abandon such a wait, so the worker process must be ended from outside. Its heartbeats come
-// from another thread and go on, so the coordinator does not see it as gone: not covered yet.
+// backend (reading the step's statistics after the sum, synchronising before a broadcast). That
+// member's thread stays in the CUDA call, and WorkerGroup::step() or install() waits for it;
+// the other members either finish the step or time out in their next collective, naming the
+// rank. The CUDA runtime offers no way to abandon such a wait, so the worker process must be
+// ended from outside. Its heartbeats come from another thread and go on, so the coordinator
+// does not see it as gone: not covered yet.
 #pragma once
 
 #include <cstddef>

@@ -58,7 +58,14 @@ namespace {
 // set is kept.
 void connect_at_init() {
   static std::once_flag once;
-  std::call_once(once, [] { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
+  std::call_once(once, [] {
+    ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    const char* value = std::getenv("NCCL_RUNTIME_CONNECT");
+    if (value != nullptr && std::string(value) != "0")
+      std::fprintf(stderr, "tandem: NCCL_RUNTIME_CONNECT=%s: NCCL connects in the first collective, "
+                   "where a rank that never comes hangs the others past the group's timeout\n",
+                   value);
+  });
 }
 
 }  // namespace
@@ -267,7 +274,12 @@ class NcclCollective final : public GroupCollective {
         const bool all_in = entered_.wait_until(lock, deadline, [&] {
           return pending_.count(number) == 0 || !failure_.empty();
         });
-        if (!all_in) fail(missing_ranks(kind, number));
+        if (!all_in) {
+          const std::string missing = missing_ranks(kind, number);
+          fail(missing.empty() ? "worker group: " + std::string(kind) + " #" +
+                                     std::to_string(number) + " timed out on entry"
+                               : missing);
+        }
       }
     }
     const std::string error = failure_;

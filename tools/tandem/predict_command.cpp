@@ -95,8 +95,9 @@ void run_processes(const PredictCliOptions& o) {
 // waits for a free slot. A share that fails, or whose server goes silent, is reported and not
 // started again elsewhere (a server merely cut off may still be writing its chunks); its chunks
 // are finished by a rerun, which keeps the complete ones. Returns the number of shares.
-int run_on_slots(const PredictCliOptions& o) {
+int run_on_slots(PredictCliOptions& o) {
   TrialSlotPool pool(o.slots.endpoints, o.slots.pool_options());
+  o.slots.leave_out(pool, "predict");
   const int shares = pool.total_slots();
   // The servers' logs of the shares, beside the output (removed when every share succeeded).
   const fs::path logs = o.out + ".logs";
@@ -194,7 +195,7 @@ void run_predict(PredictCliOptions& o) {
     return;
   }
   o.slots.check("predict");
-  if (o.slots.remote()) o.slots.endpoints = o.slots.servers();
+  if (o.slots.remote()) o.slots.resolve();
   if (o.slots.remote()) {
     if (o.processes != 1)
       throw InputError("predict: --processes is for this machine; with --slots the servers' "

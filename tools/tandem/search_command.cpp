@@ -150,6 +150,7 @@ class RemoteTrials final : public TrialRunner {
   void cancel(const std::string& key) override { pool_.cancel(key); }
   std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_.wait(timeout_ms); }
   int total_slots() const { return pool_.total_slots(); }
+  const TrialSlotPool& pool() const { return pool_; }
 
  private:
   TrialSlotPool pool_;
@@ -217,7 +218,7 @@ void run_search(SearchOptions& o) {
   int slots_at_start = 0;
   std::string where;
   o.slots.check("search");
-  if (o.slots.remote()) o.slots.endpoints = o.slots.servers();
+  if (o.slots.remote()) o.slots.resolve();
   if (!o.slots.remote()) {
     runner = std::make_unique<LocalTrials>(processes, threads);
     where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";
@@ -229,6 +230,7 @@ void run_search(SearchOptions& o) {
     o.out = shared_path(o.out);
     o.data = shared_path(o.data);
     auto r = std::make_unique<RemoteTrials>(o.slots.endpoints, o.slots.pool_options());
+    o.slots.leave_out(r->pool(), "search");
     remote = r.get();
     runner = std::move(r);
     if (o.threads_per_trial == 0) threads = 0;  // each server's own

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -19,15 +20,15 @@ void SlotClientOptions::check(const std::string& command) const {
     throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
 }
 
-std::vector<std::string> SlotClientOptions::servers() const {
+void SlotClientOptions::resolve() {
   namespace fs = std::filesystem;
-  std::vector<std::string> out;
-  const auto add = [&out](const std::string& endpoint) {
-    if (std::find(out.begin(), out.end(), endpoint) == out.end()) out.push_back(endpoint);
+  std::vector<std::string> named, found;
+  const auto add = [](std::vector<std::string>& to, const std::string& endpoint) {
+    if (std::find(to.begin(), to.end(), endpoint) == to.end()) to.push_back(endpoint);
   };
   for (const std::string& entry : endpoints) {
     if (entry.find("://") != std::string::npos) {
-      add(entry);
+      add(named, entry);
       continue;
     }
     std::error_code error;
@@ -36,27 +37,49 @@ std::vector<std::string> SlotClientOptions::servers() const {
                        "nor a directory of endpoint files (tandem trial-slots --endpoint-dir)");
     std::vector<std::string> files;
     for (const auto& file : fs::directory_iterator(entry))
-      if (file.path().extension() == ".endpoint" && file.is_regular_file())
-        files.push_back(file.path().string());
-    if (files.empty())
-      throw InputError("--slots " + entry + ": no *.endpoint files there (start the servers with "
-                       "tandem trial-slots --endpoint-dir " + entry + ")");
+      if (file.path().extension() == ".endpoint") files.push_back(file.path().string());
     std::sort(files.begin(), files.end());
+    bool any = false;
     for (const std::string& file : files) {
       std::ifstream in(file);
+      if (!in) {
+        if (!fs::exists(file, error)) continue;  // its server stopped while we looked
+        throw InputError("--slots " + entry + ": cannot read " + file);
+      }
       std::string endpoint;
       std::getline(in, endpoint);
       if (endpoint.find("://") == std::string::npos)
         throw InputError("--slots " + entry + ": " + file + " holds no endpoint");
-      add(endpoint);
+      add(found, endpoint);
+      any = true;
     }
+    if (!any)
+      throw InputError("--slots " + entry + ": no *.endpoint files there (start the servers with "
+                       "tandem trial-slots --endpoint-dir " + entry + ")");
   }
-  return out;
+  endpoints = named;
+  listed.clear();
+  for (const std::string& endpoint : found) {
+    if (std::find(named.begin(), named.end(), endpoint) != named.end()) continue;
+    endpoints.push_back(endpoint);
+    listed.push_back(endpoint);
+  }
+}
+
+void SlotClientOptions::leave_out(const TrialSlotPool& pool, const std::string& command) {
+  for (const auto& [endpoint, why] : pool.skipped()) {
+    std::fprintf(stderr,
+                 "tandem %s: left out slot server %s, listed in a --slots directory: %s (a server "
+                 "killed outright leaves its entry behind; remove its file)\n",
+                 command.c_str(), endpoint.c_str(), why.c_str());
+    endpoints.erase(std::remove(endpoints.begin(), endpoints.end(), endpoint), endpoints.end());
+  }
 }
 
 TrialSlotPoolOptions SlotClientOptions::pool_options() const {
   TrialSlotPoolOptions pool;
   pool.timeout_ms = static_cast<int>(timeout_s * 1000);
+  pool.optional_endpoints = listed;
   if (curve_server.empty()) return pool;
   pool.curve_server_key = transport::read_curve_key_file(curve_server).public_key;
   if (!curve_client.empty()) {

@@ -24,11 +24,18 @@ struct SlotClientOptions {
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
 
   bool remote() const { return !endpoints.empty(); }
-  // The servers' endpoints: each endpoint of --slots, and for each directory the endpoint in
-  // each of its *.endpoint files (sorted by name), without repeats. InputError for an entry that
-  // is neither an endpoint (SCHEME://...) nor a directory, a directory without endpoint files,
-  // or a file that holds no endpoint.
-  std::vector<std::string> servers() const;
+  // Resolves --slots in place: each directory becomes the endpoints in its *.endpoint files
+  // (sorted by name; a file that goes while being read, its server stopping, is passed over),
+  // and repeats are dropped. Endpoints found only in directories become the pool's optional
+  // ones (pool_options()): a server killed outright leaves its file, and the pool leaves out a
+  // listed server that does not answer. InputError for an entry that is neither an endpoint
+  // (SCHEME://...) nor a directory, a directory without endpoint files, or a file that holds no
+  // endpoint.
+  void resolve();
+  std::vector<std::string> listed;  // after resolve(): the endpoints found only in directories
+  // Says on stderr which listed servers the pool left out, and why, and takes them out of
+  // `endpoints` (what the results name). `command`: "search", "predict".
+  void leave_out(const TrialSlotPool& pool, const std::string& command);
   // Throws InputError naming `command` for --slots-timeout or a key without --slots, and for a
   // client key without the servers' key.
   void check(const std::string& command) const;

@@ -79,15 +79,31 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
          std::any_of(servers_.begin(), servers_.end(), [](const auto& s) { return !s->answered; })) {
     wait(50);  // no jobs yet: only hello answers
   }
+  const auto optional = [this](const std::string& endpoint) {
+    const auto& o = options_.optional_endpoints;
+    return std::find(o.begin(), o.end(), endpoint) != o.end();
+  };
+  const std::string silence = " did not answer within " + seconds_text(options_.timeout_ms) + " s";
   std::string missing;
-  for (const auto& s : servers_) {
-    if (!s->lost.empty()) throw Error("slot server " + s->endpoint + ": " + s->lost);
-    if (!s->answered) missing += (missing.empty() ? "" : ", ") + s->endpoint;
+  for (auto it = servers_.begin(); it != servers_.end();) {
+    const Server& s = **it;
+    if (optional(s.endpoint) && (!s.answered || !s.lost.empty())) {
+      skipped_.emplace_back(s.endpoint, s.lost.empty() ? silence.substr(1) : s.lost);
+      it = servers_.erase(it);
+      continue;
+    }
+    if (!s.lost.empty()) throw Error("slot server " + s.endpoint + ": " + s.lost);
+    if (!s.answered) missing += (missing.empty() ? "" : ", ") + s.endpoint;
+    ++it;
   }
-  if (!missing.empty())
-    throw Error("slot server(s) " + missing + " did not answer within " +
-                seconds_text(options_.timeout_ms) + " s (is tandem trial-slots running there?" +
-                (options_.curve_server_key.empty() ? "" : " is the CURVE key right?") + ")");
+  const std::string hint = std::string(" (is tandem trial-slots running there?") +
+                           (options_.curve_server_key.empty() ? "" : " is the CURVE key right?") + ")";
+  if (!missing.empty()) throw Error("slot server(s) " + missing + silence + hint);
+  if (servers_.empty()) {
+    std::string all;
+    for (const auto& [endpoint, why] : skipped_) all += (all.empty() ? "" : "; ") + endpoint + " " + why;
+    throw Error("no listed slot server answered: " + all + hint);
+  }
 }
 
 TrialSlotPool::~TrialSlotPool() {

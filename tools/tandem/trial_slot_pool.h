@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trial_slot_protocol.h"
@@ -25,6 +26,10 @@ struct TrialSlotPoolOptions {
   std::string curve_server_key;    // Z85 public key of the servers; empty: no CURVE
   std::string curve_public_key;    // this search's key pair (empty: a throwaway one)
   std::string curve_secret_key;
+  // Endpoints found listed in a directory (--slots DIR) rather than named: one that does not
+  // answer hello is left out (skipped()) instead of failing the pool, since a server killed
+  // outright leaves its entry behind. The pool still needs one server that answers.
+  std::vector<std::string> optional_endpoints;
 };
 
 // A job that ended: `clean` when it exited 0; `how` says how it ended otherwise. `retry`: it
@@ -39,8 +44,11 @@ struct SlotJobEnd {
 class TrialSlotPool {
  public:
   // Connects and says hello to every server; throws Error naming each one that does not answer
-  // within timeout_ms (or answers with an error).
+  // within timeout_ms (or answers with an error), optional endpoints aside (see
+  // TrialSlotPoolOptions).
   TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options);
+  // The optional endpoints left out at the start, each with why ("did not answer within ...").
+  const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
   ~TrialSlotPool();  // says bye to the servers still there
   TrialSlotPool(const TrialSlotPool&) = delete;
   TrialSlotPool& operator=(const TrialSlotPool&) = delete;
@@ -67,6 +75,7 @@ class TrialSlotPool {
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 
   TrialSlotPoolOptions options_;
+  std::vector<std::pair<std::string, std::string>> skipped_;  // endpoint, why
   zmq::context_t context_{1};
   std::vector<std::unique_ptr<Server>> servers_;
 };

@@ -38,16 +38,6 @@ struct TrialSlotsOptions {
   std::string curve_allowed;
 };
 
-// Whole or not at all (a temporary file renamed): readers poll for it.
-void write_endpoint_file(const std::string& path, const std::string& endpoint) {
-  {
-    std::ofstream out(path + ".tmp");
-    out << endpoint << "\n";
-    if (!out.flush()) throw InputError("cannot write the endpoint file " + path + ".tmp");
-  }
-  std::filesystem::rename(path + ".tmp", path);
-}
-
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
@@ -60,6 +50,44 @@ std::string file_safe(std::string text) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
   return text;
 }
+
+// Whole or not at all (a temporary file renamed): readers poll for it.
+void write_endpoint_file(const std::string& path, const std::string& endpoint) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << endpoint << "\n";
+    if (!out.flush()) throw IoError("cannot write the endpoint file " + tmp);
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) {
+    std::filesystem::remove(tmp, error);
+    throw IoError("cannot rename " + tmp + " to " + path);
+  }
+}
+
+// A server's entry in an --endpoint-dir, removed when it stops (however serve() ends).
+class DirectoryEntry {
+ public:
+  DirectoryEntry(const std::string& dir, const std::string& endpoint) {
+    if (dir.empty()) return;
+    std::filesystem::create_directories(dir);
+    path_ = (std::filesystem::path(dir) /
+             (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
+                .string();
+    write_endpoint_file(path_, endpoint);
+  }
+  ~DirectoryEntry() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove(path_, ignored);
+  }
+  DirectoryEntry(const DirectoryEntry&) = delete;
+  DirectoryEntry& operator=(const DirectoryEntry&) = delete;
+
+ private:
+  std::string path_;
+};
 
 void run_trial_slots(const TrialSlotsOptions& o) {
   TrialSlotServerOptions options;
@@ -81,6 +109,10 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   sa.sa_handler = on_stop_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  const bool wildcard = o.bind.rfind("tcp://0.0.0.0:", 0) == 0;
+  if (!o.advertise.empty() && !wildcard)
+    throw InputError("--advertise is for a server bound to every interface (--bind "
+                     "tcp://0.0.0.0:PORT); this one binds " + o.bind);
   TrialSlotServer server(options);
   // Bound to every interface (tcp://0.0.0.0:PORT), the server is reached by a name: what it
   // prints and lists is tcp://HOST:PORT, as for the cluster's roles.
@@ -90,27 +122,19 @@ void run_trial_slots(const TrialSlotsOptions& o) {
                server.curve_public_key().empty()
                    ? ""
                    : (", CURVE key " + server.curve_public_key()).c_str());
-  std::printf("%s\n", endpoint.c_str());
-  std::fflush(stdout);
-  if (!o.endpoint_file.empty()) write_endpoint_file(o.endpoint_file, endpoint);
   // In the directory the server's file is its own (host and process id) and goes when it stops,
   // so the directory lists the servers running: what a client's --slots DIR finds. A server
-  // killed outright (SIGKILL) leaves its file; the client then names that endpoint as silent.
-  std::string listed;
-  if (!o.endpoint_dir.empty()) {
-    std::filesystem::create_directories(o.endpoint_dir);
-    listed = (std::filesystem::path(o.endpoint_dir) /
-              (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
-                 .string();
-    write_endpoint_file(listed, endpoint);
-  }
-  try {
-    server.serve(g_stop);
-  } catch (...) {
-    if (!listed.empty()) std::filesystem::remove(listed);
-    throw;
-  }
-  if (!listed.empty()) std::filesystem::remove(listed);
+  // killed outright (SIGKILL) leaves its file, and clients leave it out when it does not answer.
+  // Written first: whoever waits for the endpoint below then finds the entry too.
+  if (!o.endpoint_dir.empty() && !wildcard)
+    std::fprintf(stderr, "tandem trial-slots: note: %s is listed in %s but only this machine can "
+                 "reach it (bind tcp://0.0.0.0:* to serve other machines)\n",
+                 endpoint.c_str(), o.endpoint_dir.c_str());
+  const DirectoryEntry entry(o.endpoint_dir, endpoint);
+  if (!o.endpoint_file.empty()) write_endpoint_file(o.endpoint_file, endpoint);
+  std::printf("%s\n", endpoint.c_str());
+  std::fflush(stdout);
+  server.serve(g_stop);
   std::fprintf(stderr, "tandem trial-slots: stopped\n");
 }
 
