@@ -130,6 +130,9 @@ kill -TERM "$a_pid"
 wait "$a_pid" 2>/dev/null
 check "a server stopped by SIGTERM takes its entry out of the directory" \
     test "$(ls "$dir/slots")" = "$(basename "$(ls "$dir/slots"/*-"$b_pid".endpoint)")"
+kill -HUP "$b_pid"
+wait "$b_pid" 2>/dev/null
+check "so does a server stopped by SIGHUP (its terminal gone)" test -z "$(ls "$dir/slots")"
 # Bound to every interface, a server gives its endpoint by name (--advertise), as clients reach it.
 start_server c --slots 1 --bind "tcp://0.0.0.0:*" --advertise 127.0.0.1
 check "a server bound to 0.0.0.0 gives the advertised host ($c)" \

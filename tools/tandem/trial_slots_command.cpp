@@ -1,6 +1,6 @@
 // tandem trial-slots: a slot server for tandem search --slots (trial_slot_server.h). It binds
 // (loopback by default, like the cluster's roles), prints its endpoint, and runs the trials a
-// search sends it until SIGINT or SIGTERM, which end its trials too.
+// search sends it until SIGINT, SIGTERM or SIGHUP (its terminal gone), which end its trials too.
 #include <signal.h>
 #include <unistd.h>
 
@@ -109,6 +109,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   sa.sa_handler = on_stop_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: stop as cleanly
   const bool wildcard = o.bind.rfind("tcp://0.0.0.0:", 0) == 0;
   if (!o.advertise.empty() && !wildcard)
     throw InputError("--advertise is for a server bound to every interface (--bind "
