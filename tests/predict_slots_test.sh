@@ -6,7 +6,8 @@
 #     same accuracy, and the servers' logs removed after success;
 #   - a rerun on the servers, found through the directory they list themselves in
 #     (trial-slots --endpoint-dir, predict --slots DIR), skips every chunk; a stale entry (a
-#     server killed outright) is left out; a server that stops takes its entry out;
+#     server killed outright) is left out; a server that stops takes its entry out; a prediction
+#     started before its servers waits for them (--slots-expect);
 #   - a server that goes silent mid-prediction (SIGSTOP) has its shares reported failed, naming
 #     the rerun; the rerun on the other server finishes the missing chunks, keeping the complete
 #     ones, and the output is again bit for bit the local one;
@@ -133,6 +134,23 @@ check "a server stopped by SIGTERM takes its entry out of the directory" \
 kill -HUP "$b_pid"
 wait "$b_pid" 2>/dev/null
 check "so does a server stopped by SIGHUP (its terminal gone)" test -z "$(ls "$dir/slots")"
+
+# A prediction started with its servers (as in one batch script): --slots-expect waits for them.
+"$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+    --out "$dir/remote.zarr" --backend cpu --slots "$dir/later" --slots-expect 2 --slots-timeout 20 \
+    --json >"$dir/out_later" 2>"$dir/err_later" &
+later=$!
+background+=("$later")
+sleep 1
+start_server d --slots 1 --endpoint-dir "$dir/later"
+start_server e --slots 1 --bind "ipc://$dir/e.sock" --endpoint-dir "$dir/later"
+wait "$later"; rc=$?
+check "--slots-expect 2 waited for two servers that started after it ($(tail -c 300 "$dir/err_later"))" \
+    test $rc -eq 0 -a "$(json_field "$(cat "$dir/out_later")" processes)" = 2
+expect_error "--slots-expect with fewer servers listed is an error saying how many came" \
+    "--slots-expect 3: only 2 server(s) listed after 1 s" \
+    "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
+    --slots "$dir/later" --slots-expect 3 --slots-timeout 1
 # Bound to every interface, a server gives its endpoint by name (--advertise), as clients reach it.
 start_server c --slots 1 --bind "tcp://0.0.0.0:*" --advertise 127.0.0.1
 check "a server bound to 0.0.0.0 gives the advertised host ($c)" \

@@ -3,9 +3,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tandem/error.h"
 #include "zmq_curve.h"
@@ -14,56 +16,93 @@ namespace tandem::cli {
 
 void SlotClientOptions::check(const std::string& command) const {
   if (!remote() && ((timeout_option != nullptr && timeout_option->count() > 0) ||
-                    !curve_server.empty() || !curve_client.empty()))
-    throw InputError(command + ": --slots-timeout and --slots-curve-* need --slots");
+                    !curve_server.empty() || !curve_client.empty() || expect > 0))
+    throw InputError(command + ": --slots-timeout, --slots-expect and --slots-curve-* need --slots");
   if (!curve_client.empty() && curve_server.empty())
     throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
 }
 
-void SlotClientOptions::resolve() {
+namespace {
+
+// The endpoints in DIR's *.endpoint files, sorted by file name; a file that goes while being
+// read (its server stopping) is passed over. `may_be_missing`: a DIR not there yet lists none
+// (its servers make it).
+std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing) {
   namespace fs = std::filesystem;
-  std::vector<std::string> named, found;
-  const auto add = [](std::vector<std::string>& to, const std::string& endpoint) {
-    if (std::find(to.begin(), to.end(), endpoint) == to.end()) to.push_back(endpoint);
-  };
+  std::error_code error;
+  if (may_be_missing && !fs::exists(dir, error)) return {};
+  if (!fs::is_directory(dir, error))
+    throw InputError("--slots " + dir + ": neither an endpoint (tcp://HOST:PORT, ipc://PATH) "
+                     "nor a directory of endpoint files (tandem trial-slots --endpoint-dir)");
+  std::vector<std::string> files;
+  for (const auto& file : fs::directory_iterator(dir))
+    if (file.path().extension() == ".endpoint") files.push_back(file.path().string());
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> endpoints;
+  for (const std::string& file : files) {
+    std::ifstream in(file);
+    if (!in) {
+      if (!fs::exists(file, error)) continue;
+      throw InputError("--slots " + dir + ": cannot read " + file);
+    }
+    std::string endpoint;
+    std::getline(in, endpoint);
+    if (endpoint.find("://") == std::string::npos)
+      throw InputError("--slots " + dir + ": " + file + " holds no endpoint");
+    endpoints.push_back(endpoint);
+  }
+  return endpoints;
+}
+
+}  // namespace
+
+void SlotClientOptions::resolve() {
+  std::vector<std::string> named, dirs;
   for (const std::string& entry : endpoints) {
-    if (entry.find("://") != std::string::npos) {
-      add(named, entry);
-      continue;
+    if (entry.find("://") == std::string::npos) {
+      dirs.push_back(entry);
+    } else if (std::find(named.begin(), named.end(), entry) == named.end()) {
+      named.push_back(entry);
     }
-    std::error_code error;
-    if (!fs::is_directory(entry, error))
-      throw InputError("--slots " + entry + ": neither an endpoint (tcp://HOST:PORT, ipc://PATH) "
-                       "nor a directory of endpoint files (tandem trial-slots --endpoint-dir)");
-    std::vector<std::string> files;
-    for (const auto& file : fs::directory_iterator(entry))
-      if (file.path().extension() == ".endpoint") files.push_back(file.path().string());
-    std::sort(files.begin(), files.end());
-    bool any = false;
-    for (const std::string& file : files) {
-      std::ifstream in(file);
-      if (!in) {
-        if (!fs::exists(file, error)) continue;  // its server stopped while we looked
-        throw InputError("--slots " + entry + ": cannot read " + file);
+  }
+  if (expect > 0 && dirs.empty())
+    throw InputError("--slots-expect counts the servers listed in --slots directories; none given");
+  // Read the directories until they list `expect` servers (or, without it, once).
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  std::vector<std::string> found;
+  for (;;) {
+    found.clear();
+    bool every_dir_lists_one = true;
+    for (const std::string& dir : dirs) {
+      const std::vector<std::string> here = listed_in(dir, expect > 0);
+      every_dir_lists_one = every_dir_lists_one && !here.empty();
+      for (const std::string& endpoint : here)
+        if (std::find(named.begin(), named.end(), endpoint) == named.end() &&
+            std::find(found.begin(), found.end(), endpoint) == found.end())
+          found.push_back(endpoint);
+    }
+    if (expect == 0 || int(found.size()) >= expect || std::chrono::steady_clock::now() >= deadline) {
+      if (expect > 0 && int(found.size()) < expect) {
+        char waited[32];
+        std::snprintf(waited, sizeof waited, "%g", timeout_s);
+        throw InputError("--slots-expect " + std::to_string(expect) + ": only " +
+                         std::to_string(found.size()) + " server(s) listed after " + waited +
+                         " s (--slots-timeout)");
       }
-      std::string endpoint;
-      std::getline(in, endpoint);
-      if (endpoint.find("://") == std::string::npos)
-        throw InputError("--slots " + entry + ": " + file + " holds no endpoint");
-      add(found, endpoint);
-      any = true;
+      if (expect == 0 && !every_dir_lists_one) {
+        for (const std::string& dir : dirs)
+          if (listed_in(dir, false).empty())
+            throw InputError("--slots " + dir + ": no *.endpoint files there (start the servers "
+                             "with tandem trial-slots --endpoint-dir " + dir + ")");
+      }
+      break;
     }
-    if (!any)
-      throw InputError("--slots " + entry + ": no *.endpoint files there (start the servers with "
-                       "tandem trial-slots --endpoint-dir " + entry + ")");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   endpoints = named;
-  listed.clear();
-  for (const std::string& endpoint : found) {
-    if (std::find(named.begin(), named.end(), endpoint) != named.end()) continue;
-    endpoints.push_back(endpoint);
-    listed.push_back(endpoint);
-  }
+  endpoints.insert(endpoints.end(), found.begin(), found.end());
+  listed = found;
 }
 
 void SlotClientOptions::leave_out(const TrialSlotPool& pool, const std::string& command) {
@@ -104,6 +143,10 @@ void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::str
                           " are failed (the " + client + " goes on with the others)")
           ->check(CLI::Range(0.2, 3600.0))
           ->capture_default_str();
+  cmd->add_option("--slots-expect", o.expect,
+                  "With --slots DIR: wait (up to --slots-timeout) until the directories list this "
+                  "many servers, for servers started with the " + client + " (as under srun)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--slots-curve-server", o.curve_server,
                   "The slot servers' CURVE public key file (tandem keygen; servers run with "
                   "--curve-secret)")

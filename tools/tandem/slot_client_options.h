@@ -19,6 +19,7 @@ struct SlotClientOptions {
   // left their endpoints; empty: run on this machine. servers() resolves them.
   std::vector<std::string> endpoints;
   double timeout_s = 10;               // --slots-timeout
+  int expect = 0;  // --slots-expect: listed servers to wait for in the directories (0: those there)
   std::string curve_server;            // --slots-curve-server: the servers' public key file
   std::string curve_client;            // --slots-curve-client: own key file (default: throwaway)
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
@@ -30,7 +31,9 @@ struct SlotClientOptions {
   // ones (pool_options()): a server killed outright leaves its file, and the pool leaves out a
   // listed server that does not answer. InputError for an entry that is neither an endpoint
   // (SCHEME://...) nor a directory, a directory without endpoint files, or a file that holds no
-  // endpoint.
+  // endpoint. With `expect`, the directories are read again until they list that many servers
+  // between them, for up to timeout_s (servers starting with the client, as under srun);
+  // InputError naming how many came when fewer did.
   void resolve();
   std::vector<std::string> listed;  // after resolve(): the endpoints found only in directories
   // Says on stderr which listed servers the pool left out, and why, and takes them out of
