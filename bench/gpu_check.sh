@@ -167,58 +167,41 @@ timeout "$(limit 60)" "$bin/tandem" train --data "$sp_dir/one.zarr" --backend au
 echo "model for predict: exit status $?"
 timings=$OUT/predict_timings.tsv
 : >"$timings"
-timed() {  # timed NAME SPLIT COMMAND...: one line "NAME SPLIT SECONDS STATUS" in $timings
-  local name=$1 split=$2; shift 2
+timed() {  # timed COMMAND BACKEND PROCESSES SPLIT ARGS...: "COMMAND BACKEND PROCESSES SPLIT SECONDS STATUS"
+  local command=$1 backend=$2 processes=$3 split=$4; shift 4
   local t0 t1; t0=$(date +%s.%N); timeout "$(limit 120)" "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
   t1=$(date +%s.%N)
-  echo "$name $split $(python3 -c "print(f'{$t1 - $t0:.3f}')") $rc" >>"$timings"
-  [ $rc -eq 0 ] || { echo "$name $split failed ($rc):"; tail -3 "$sp_dir/last.err"; }
+  echo "$command $backend $processes $split $(python3 -c "print(f'{$t1 - $t0:.3f}')") $rc" >>"$timings"
+  [ $rc -eq 0 ] || { echo "$command --backend $backend x$processes $split failed ($rc):"; tail -3 "$sp_dir/last.err"; }
 }
 for round in 1 2; do
-  timed eval test "$bin/tandem" eval --model "$sp_dir/m.safetensors" --data "$feed_dir/store.zarr" \
+  timed eval cpu 1 test "$bin/tandem" eval --model "$sp_dir/m.safetensors" --data "$feed_dir/store.zarr" \
     --split test
   for split in test train; do
     for backend in cuda cpu; do
       for p in 1 2; do
         rm -rf "$sp_dir/out.zarr"
-        timed "predict-$backend-p$p" "$split" "$bin/tandem" predict --model "$sp_dir/m.safetensors" \
+        timed predict "$backend" "$p" "$split" "$bin/tandem" predict --model "$sp_dir/m.safetensors" \
           --data "$feed_dir/store.zarr" --split "$split" --out "$sp_dir/out.zarr" \
           --backend "$backend" --processes "$p"
       done
     done
   done
 done
+# predict.json, for the summary (gpu_table.py): the best of the two rounds of each.
 python3 - "$OUT" "$feed_dir/store.zarr" <<'PY'
 import json, sys
 out, store = sys.argv[1], sys.argv[2]
 rows = json.load(open(f"{store}/zarr.json"))["attributes"]["rows"]
-for backend in ("cuda", "cpu"):
-    for p in (1, 2):
-        try:
-            j = json.load(open(f"{out}/search_{backend}_p{p}.json"))
-            print(f"search {backend} x{p}: {j['trials']} trials ({j['succeeded']} succeeded), "
-                  f"{j['epochs_trained']} epochs, "
-                  f"{j['seconds']:.1f} s, {j['trials_per_hour']:,.0f} trials/hour")
-        except Exception as e:
-            print(f"search {backend} x{p}: no result ({e})")
 best = {}
 for line in open(f"{out}/predict_timings.tsv"):
-    name, split, seconds, rc = line.split()
+    command, backend, processes, split, seconds, rc = line.split()
     if rc == "0":
-        key = (name, split)
+        key = (command, backend, int(processes), split)
         best[key] = min(best.get(key, float("inf")), float(seconds))
-summary = []
-evaluation = best.get(("eval", "test"))
-for (name, split), seconds in sorted(best.items()):
-    n = rows[split]
-    entry = {"command": name, "split": split, "rows": n, "best_seconds": seconds,
-             "samples_per_s": n / seconds}
-    if split == "test" and evaluation:
-        entry["eval_seconds_over_this"] = evaluation / seconds
-    summary.append(entry)
-    extra = f", {evaluation / seconds:.2f}x eval's rate" if "eval_seconds_over_this" in entry else ""
-    print(f"{name:16s} {split:5s} {n:7d} rows  {seconds:6.2f} s  {n / seconds:12,.0f} samples/s{extra}")
-json.dump(summary, open(f"{out}/predict.json", "w"), indent=1)
+json.dump([{"command": c, "backend": b, "processes": p, "split": s, "rows": rows[s],
+            "best_seconds": t, "samples_per_s": rows[s] / t}
+           for (c, b, p, s), t in sorted(best.items())], open(f"{out}/predict.json", "w"), indent=1)
 PY
 echo "exit status $?"
 

@@ -28,7 +28,8 @@ missing key, is reported in the output and never stops the script):
                   "ratio_to_plain"}]}.
   --search-dir D  the GPU check's $OUT holding search_{cuda,cpu}_p{1,2}.json
                   (tandem search --json) and predict.json (a list of {"command",
-                  "split", "rows", "best_seconds", "samples_per_s"}).
+                  "backend", "processes", "split", "rows", "best_seconds",
+                  "samples_per_s"}).
 
 What it prints (the last thing bench/gpu_check.sh prints):
 
@@ -532,8 +533,8 @@ def build(args):
                             fmt(num(r.get("ratio_to_plain")), ".2f", "x")])
 
     # ---- Table 5: search and predict on the GPU and the CPU (issue 7)
-    t5_head = ["command", "backend", "x", "figure"]
-    t5_right = [False, False, True, True]
+    t5_head = ["command", "backend", "x", "figure", "x eval"]
+    t5_right = [False, False, True, True, True]
     t5_rows = []
     search_dir = getattr(args, "search_dir", None)
     if search_dir:
@@ -545,18 +546,23 @@ def build(args):
                     t5_rows.append(["search (%s of %s trials ok)" % (doc.get("succeeded", "?"),
                                                                      doc.get("trials", "?")),
                                     backend, str(p),
-                                    fmt(num(doc.get("trials_per_hour")), ",.0f", " trials/h")])
+                                    # no figure from a search whose trials all failed
+                                    fmt(num(doc.get("trials_per_hour")) if doc.get("succeeded")
+                                        else None, ",.0f", " trials/h"), ""])
         pred = load_json(os.path.join(search_dir, "predict.json"), "predict", notes)
-        for e in pred if isinstance(pred, list) else []:
-            if not isinstance(e, dict):
-                continue
-            name = str(e.get("command", "?"))
-            parts = name.split("-")  # eval, or predict-BACKEND-pN
-            backend = parts[1] if len(parts) == 3 else "cpu"
-            procs = parts[2][1:] if len(parts) == 3 else "1"
-            t5_rows.append(["%s %s (%s rows)" % (parts[0], e.get("split", "?"),
+        entries = [e for e in (pred if isinstance(pred, list) else []) if isinstance(e, dict)]
+        # tandem eval of the test split, measured in the same run: each test-split rate against it.
+        evals = [num(e.get("samples_per_s")) for e in entries
+                 if e.get("command") == "eval" and e.get("split") == "test"]
+        eval_rate = evals[0] if evals else None
+        for e in entries:
+            rate = num(e.get("samples_per_s"))
+            t5_rows.append(["%s %s (%s rows)" % (e.get("command", "?"), e.get("split", "?"),
                                                  fmt(num(e.get("rows")), ",.0f")),
-                            backend, procs, fmt(num(e.get("samples_per_s")), ",.0f", " samples/s")])
+                            str(e.get("backend", "?")), str(e.get("processes", "?")),
+                            fmt(rate, ",.0f", " samples/s"),
+                            fmt(ratio(rate, eval_rate), ".2f", "x")
+                            if e.get("split") == "test" else ""])
 
     ceilings = "ceilings: copy %s GB/s, sgemm fp32 %s TFLOP/s" % (
         fmt(copy_gbps, ",.1f"), fmt(sgemm_tflops, ".2f"))

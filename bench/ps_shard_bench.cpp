@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ps_shard.h"
+#include "tandem/config.h"
 #include "tandem/model.h"
 
 namespace {
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"adam", "sgd"}));
   CLI11_PARSE(app, argc, argv);
   tandem::OptimizerConfig config;
-  config.kind = optimizer == "sgd" ? tandem::OptimizerKind::Sgd : tandem::OptimizerKind::Adam;
+  config.kind = tandem::parse_optimizer(optimizer);
 
   const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
   tandem::transport::OutgoingMessage init_out, push_out;

@@ -28,6 +28,7 @@
 
 #include "ps_client.h"
 #include "ps_server.h"
+#include "tandem/config.h"
 #include "tandem/model.h"
 
 namespace {
@@ -200,8 +201,7 @@ int main(int argc, char** argv) {
                  "per parameter: how much of the gap to raw is Adam's arithmetic)")
       ->check(CLI::IsMember({"adam", "sgd"}));
   CLI11_PARSE(app, argc, argv);
-  const tandem::OptimizerKind kind =
-      optimizer == "sgd" ? tandem::OptimizerKind::Sgd : tandem::OptimizerKind::Adam;
+  const tandem::OptimizerKind kind = tandem::parse_optimizer(optimizer);
   // The frames of Tandem's messages: a header frame (the tensor table) and one per tensor.
   std::vector<size_t> frame_bytes;
   {

@@ -70,16 +70,24 @@ RankRole role_for_rank(int rank, int size, int ps, int scorers) {
   return {"worker", rank - 1 - ps - scorers, workers};
 }
 
+namespace {
+constexpr const char* kEveryInterface = "tcp://0.0.0.0:";
+}  // namespace
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+bool binds_every_interface(const std::string& endpoint) {
+  return endpoint.rfind(kEveryInterface, 0) == 0;
+}
+
 std::string advertised_endpoint(const std::string& bound, const std::string& host) {
-  const std::string any = "tcp://0.0.0.0:";
-  if (bound.compare(0, any.size(), any) != 0) return bound;
-  std::string name = host;
-  if (name.empty()) {
-    char text[256] = {};
-    if (gethostname(text, sizeof(text) - 1) != 0) return bound;
-    name = text;
-  }
-  return "tcp://" + name + ":" + bound.substr(any.size());
+  if (!binds_every_interface(bound)) return bound;
+  return "tcp://" + (host.empty() ? host_name() : host) + ":" +
+         bound.substr(std::string(kEveryInterface).size());
 }
 
 void write_rendezvous(const std::string& path, const std::string& address, const std::string& job) {

@@ -31,6 +31,12 @@ struct RankRole {
 // InputError when the job is too small: it needs 1 + ps + scorers + at least one worker ranks.
 RankRole role_for_rank(int rank, int size, int ps, int scorers);
 
+// This machine's name (gethostname), or "localhost" when it has none.
+std::string host_name();
+
+// True for tcp://0.0.0.0:PORT: a socket bound to every interface, which peers reach by a name.
+bool binds_every_interface(const std::string& endpoint);
+
 // tcp://0.0.0.0:PORT (a socket bound to every interface) as peers can reach it: tcp://HOST:PORT,
 // HOST being `host` or, when empty, this machine's name. Other endpoints are returned as given.
 std::string advertised_endpoint(const std::string& bound, const std::string& host = "");

@@ -143,12 +143,6 @@ RunSettings run_settings_from_json(const json& j) {
 
 namespace {
 
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
-}
-
 // A role's context: the caller's (inproc) or its own.
 struct RoleContext {
   explicit RoleContext(zmq::context_t* shared)

@@ -466,9 +466,10 @@ kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
   return *host_totals_;
 }
 
-void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int64_t count) const {
+void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int64_t count,
+                              int64_t min_count) const {
   if (count > 0) check_data(data, true);  // an empty batch need not fit (a group's idle member)
-  if (count < 0 || (rows == nullptr && count > data.rows))
+  if (count < min_count || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
 }
@@ -535,10 +536,7 @@ void CudaBackend::apply_gradients() {
 
 void CudaBackend::train_step(const DatasetView& data, const int32_t* rows, int64_t count) {
   use_device();
-  check_data(data, true);
-  if (count < 1 || (rows == nullptr && count > data.rows))
-    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
-                     std::to_string(data.rows));
+  check_batch(data, rows, count, 1);
   ensure_capacity(count);
   Slot* slot = nullptr;
   const DeviceBatch batch = stage(data, rows, count, slot);

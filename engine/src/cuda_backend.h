@@ -122,8 +122,10 @@ class CudaBackend final : public Backend {
   // Queues the copy of `totals` into host_totals_ and their reset; read_and_reset also waits.
   void queue_read_and_reset(kernels::DeviceStats* totals);
   kernels::DeviceStats read_and_reset(kernels::DeviceStats* totals);
-  // compute_gradients' checks of a batch (an empty one need not fit the model).
-  void check_batch(const DatasetView& data, const int32_t* rows, int64_t count) const;
+  // The checks of a batch of `count` rows (at least `min_count`; an empty one need not fit the
+  // model): compute_gradients, enqueue_gradients and train_step.
+  void check_batch(const DatasetView& data, const int32_t* rows, int64_t count,
+                   int64_t min_count = 0) const;
   // Stages `count` (> 0) rows and queues their forward and backward pass (layer_ready: as in
   // enqueue_forward_backward), the batch's statistics added to call_totals_.
   void queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,

@@ -274,12 +274,7 @@ class NcclCollective final : public GroupCollective {
         const bool all_in = entered_.wait_until(lock, deadline, [&] {
           return pending_.count(number) == 0 || !failure_.empty();
         });
-        if (!all_in) {
-          const std::string missing = missing_ranks(kind, number);
-          fail(missing.empty() ? "worker group: " + std::string(kind) + " #" +
-                                     std::to_string(number) + " timed out on entry"
-                               : missing);
-        }
+        if (!all_in) fail(missing_ranks(kind, number));
       }
     }
     const std::string error = failure_;
@@ -291,13 +286,12 @@ class NcclCollective final : public GroupCollective {
     return number;
   }
 
-  // "worker group: ranks 1, 2 did not reach all_reduce #7 within 5000 ms", or "" when every
-  // rank has entered collective `number`. mutex_ held.
+  // "worker group: ranks 1, 2 did not reach all_reduce #7 within 5000 ms", for a collective
+  // still pending (some rank has not entered it, so the list is never empty). mutex_ held.
   std::string missing_ranks(const char* kind, int64_t number) const {
     std::vector<int> missing;
     for (int m = 0; m < size(); ++m)
       if (calls_[static_cast<size_t>(m)] < number) missing.push_back(m);
-    if (missing.empty()) return "";
     std::string text = "worker group: rank";
     if (missing.size() > 1) text += "s";
     for (size_t i = 0; i < missing.size(); ++i)

@@ -96,9 +96,8 @@ void run_processes(const PredictCliOptions& o) {
 // started again elsewhere (a server merely cut off may still be writing its chunks); its chunks
 // are finished by a rerun, which keeps the complete ones. Returns the number of shares.
 int run_on_slots(PredictCliOptions& o) {
-  TrialSlotPool pool(o.slots.endpoints, o.slots.pool_options());
-  o.slots.leave_out(pool, "predict");
-  const int shares = pool.total_slots();
+  const std::unique_ptr<TrialSlotPool> pool = o.slots.connect("predict");
+  const int shares = pool->total_slots();
   // The servers' logs of the shares, beside the output (removed when every share succeeded).
   const fs::path logs = o.out + ".logs";
   fs::create_directories(logs);
@@ -110,11 +109,11 @@ int run_on_slots(PredictCliOptions& o) {
   std::map<std::string, int> running;  // job -> share
   std::string failures;
   while (!waiting.empty() || !running.empty()) {
-    while (!waiting.empty() && pool.free_slots() > 0) {
+    while (!waiting.empty() && pool->free_slots() > 0) {
       const int share = waiting.front();
       waiting.pop_front();
       const std::string job = "share-" + std::to_string(share);
-      pool.start(
+      pool->start(
           job,
           [&](int server_threads) {
             const int threads = o.engine.threads > 0 ? o.engine.threads : server_threads;
@@ -126,14 +125,14 @@ int run_on_slots(PredictCliOptions& o) {
           log_of(share).string());
       running[job] = share;
     }
-    if (running.empty() && pool.total_slots() == 0) {
+    if (running.empty() && pool->total_slots() == 0) {
       for (const int share : waiting)
         failures += " share " + std::to_string(share) + "/" + std::to_string(shares) +
                     " never started;";
-      failures += " every slot server is gone (" + pool.lost_servers() + ");";
+      failures += " every slot server is gone (" + pool->lost_servers() + ");";
       break;
     }
-    for (const SlotJobEnd& end : pool.wait(200)) {
+    for (const SlotJobEnd& end : pool->wait(200)) {
       const auto it = running.find(end.job);
       if (it == running.end()) continue;
       const int share = it->second;
@@ -194,8 +193,7 @@ void run_predict(PredictCliOptions& o) {
     predict_chunks(o.model, o.data, o.out, o.engine);
     return;
   }
-  o.slots.check("predict");
-  if (o.slots.remote()) o.slots.resolve();
+  o.slots.prepare("predict");
   if (o.slots.remote()) {
     if (o.processes != 1)
       throw InputError("predict: --processes is for this machine; with --slots the servers' "

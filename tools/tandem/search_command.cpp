@@ -137,23 +137,21 @@ class LocalTrials final : public TrialRunner {
 
 class RemoteTrials final : public TrialRunner {
  public:
-  RemoteTrials(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
-      : pool_(endpoints, std::move(options)) {}
-  int free_slots() const override { return pool_.free_slots(); }
-  bool any_slots() const override { return pool_.total_slots() > 0; }
+  explicit RemoteTrials(std::unique_ptr<TrialSlotPool> pool) : pool_(std::move(pool)) {}
+  int free_slots() const override { return pool_->free_slots(); }
+  bool any_slots() const override { return pool_->total_slots() > 0; }
   std::string why_no_slots() const override {
-    return "every slot server is gone (" + pool_.lost_servers() + ")";
+    return "every slot server is gone (" + pool_->lost_servers() + ")";
   }
   std::string start(const std::string& key, const Args& args, const std::string& log) override {
-    return pool_.start(key, args, log);
+    return pool_->start(key, args, log);
   }
-  void cancel(const std::string& key) override { pool_.cancel(key); }
-  std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_.wait(timeout_ms); }
-  int total_slots() const { return pool_.total_slots(); }
-  const TrialSlotPool& pool() const { return pool_; }
+  void cancel(const std::string& key) override { pool_->cancel(key); }
+  std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_->wait(timeout_ms); }
+  int total_slots() const { return pool_->total_slots(); }
 
  private:
-  TrialSlotPool pool_;
+  std::unique_ptr<TrialSlotPool> pool_;
 };
 
 
@@ -217,8 +215,7 @@ void run_search(SearchOptions& o) {
   RemoteTrials* remote = nullptr;
   int slots_at_start = 0;
   std::string where;
-  o.slots.check("search");
-  if (o.slots.remote()) o.slots.resolve();
+  o.slots.prepare("search");
   if (!o.slots.remote()) {
     runner = std::make_unique<LocalTrials>(processes, threads);
     where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";
@@ -229,8 +226,7 @@ void run_search(SearchOptions& o) {
     // The slot servers run the trials in their own working directories: every path absolute.
     o.out = shared_path(o.out);
     o.data = shared_path(o.data);
-    auto r = std::make_unique<RemoteTrials>(o.slots.endpoints, o.slots.pool_options());
-    o.slots.leave_out(r->pool(), "search");
+    auto r = std::make_unique<RemoteTrials>(o.slots.connect("search"));
     remote = r.get();
     runner = std::move(r);
     if (o.threads_per_trial == 0) threads = 0;  // each server's own

@@ -14,14 +14,6 @@
 
 namespace tandem::cli {
 
-void SlotClientOptions::check(const std::string& command) const {
-  if (!remote() && ((timeout_option != nullptr && timeout_option->count() > 0) ||
-                    !curve_server.empty() || !curve_client.empty() || expect > 0))
-    throw InputError(command + ": --slots-timeout, --slots-expect and --slots-curve-* need --slots");
-  if (!curve_client.empty() && curve_server.empty())
-    throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
-}
-
 namespace {
 
 // The endpoints in DIR's *.endpoint files, sorted by file name; a file that goes while being
@@ -54,9 +46,29 @@ std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing) 
   return endpoints;
 }
 
+// The pool's options: the timeout, the optional (listed) endpoints, the keys from their files.
+TrialSlotPoolOptions pool_options(const SlotClientOptions& o) {
+  TrialSlotPoolOptions pool;
+  pool.timeout_ms = static_cast<int>(o.timeout_s * 1000);
+  pool.optional_endpoints = o.listed;
+  if (o.curve_server.empty()) return pool;
+  pool.curve_server_key = transport::read_curve_key_file(o.curve_server).public_key;
+  if (!o.curve_client.empty()) {
+    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(o.curve_client);
+    pool.curve_public_key = mine.public_key;
+    pool.curve_secret_key = mine.secret_key;
+  }
+  return pool;
+}
+
 }  // namespace
 
-void SlotClientOptions::resolve() {
+void SlotClientOptions::prepare(const std::string& command) {
+  if (!remote() && ((timeout_option != nullptr && timeout_option->count() > 0) ||
+                    !curve_server.empty() || !curve_client.empty() || expect > 0))
+    throw InputError(command + ": --slots-timeout, --slots-expect and --slots-curve-* need --slots");
+  if (!curve_client.empty() && curve_server.empty())
+    throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
   std::vector<std::string> named, dirs;
   for (const std::string& entry : endpoints) {
     if (entry.find("://") == std::string::npos) {
@@ -70,61 +82,40 @@ void SlotClientOptions::resolve() {
   // Read the directories until they list `expect` servers (or, without it, once).
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
-  std::vector<std::string> found;
   for (;;) {
-    found.clear();
-    bool every_dir_lists_one = true;
+    listed.clear();
     for (const std::string& dir : dirs) {
       const std::vector<std::string> here = listed_in(dir, expect > 0);
-      every_dir_lists_one = every_dir_lists_one && !here.empty();
+      if (here.empty() && expect == 0)
+        throw InputError("--slots " + dir + ": no *.endpoint files there (start the servers with "
+                         "tandem trial-slots --endpoint-dir " + dir + ")");
       for (const std::string& endpoint : here)
         if (std::find(named.begin(), named.end(), endpoint) == named.end() &&
-            std::find(found.begin(), found.end(), endpoint) == found.end())
-          found.push_back(endpoint);
+            std::find(listed.begin(), listed.end(), endpoint) == listed.end())
+          listed.push_back(endpoint);
     }
-    if (expect == 0 || int(found.size()) >= expect || std::chrono::steady_clock::now() >= deadline) {
-      if (expect > 0 && int(found.size()) < expect) {
-        char waited[32];
-        std::snprintf(waited, sizeof waited, "%g", timeout_s);
-        throw InputError("--slots-expect " + std::to_string(expect) + ": only " +
-                         std::to_string(found.size()) + " server(s) listed after " + waited +
-                         " s (--slots-timeout)");
-      }
-      if (expect == 0 && !every_dir_lists_one) {
-        for (const std::string& dir : dirs)
-          if (listed_in(dir, false).empty())
-            throw InputError("--slots " + dir + ": no *.endpoint files there (start the servers "
-                             "with tandem trial-slots --endpoint-dir " + dir + ")");
-      }
-      break;
+    if (int(listed.size()) >= expect) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      char waited[32];
+      std::snprintf(waited, sizeof waited, "%g", timeout_s);
+      throw InputError("--slots-expect " + std::to_string(expect) + ": only " +
+                       std::to_string(listed.size()) + " server(s) listed after " + waited +
+                       " s (--slots-timeout)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   endpoints = named;
-  endpoints.insert(endpoints.end(), found.begin(), found.end());
-  listed = found;
+  endpoints.insert(endpoints.end(), listed.begin(), listed.end());
 }
 
-void SlotClientOptions::leave_out(const TrialSlotPool& pool, const std::string& command) {
-  for (const auto& [endpoint, why] : pool.skipped()) {
+std::unique_ptr<TrialSlotPool> SlotClientOptions::connect(const std::string& command) {
+  auto pool = std::make_unique<TrialSlotPool>(endpoints, pool_options(*this));
+  for (const auto& [endpoint, why] : pool->skipped()) {
     std::fprintf(stderr,
                  "tandem %s: left out slot server %s, listed in a --slots directory: %s (a server "
                  "killed outright leaves its entry behind; remove its file)\n",
                  command.c_str(), endpoint.c_str(), why.c_str());
     endpoints.erase(std::remove(endpoints.begin(), endpoints.end(), endpoint), endpoints.end());
-  }
-}
-
-TrialSlotPoolOptions SlotClientOptions::pool_options() const {
-  TrialSlotPoolOptions pool;
-  pool.timeout_ms = static_cast<int>(timeout_s * 1000);
-  pool.optional_endpoints = listed;
-  if (curve_server.empty()) return pool;
-  pool.curve_server_key = transport::read_curve_key_file(curve_server).public_key;
-  if (!curve_client.empty()) {
-    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(curve_client);
-    pool.curve_public_key = mine.public_key;
-    pool.curve_secret_key = mine.secret_key;
   }
   return pool;
 }

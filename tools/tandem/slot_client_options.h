@@ -2,6 +2,7 @@
 // tandem predict --slots: where the servers are, how long one may stay silent, the CURVE keys.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,35 +16,31 @@ class Option;
 namespace tandem::cli {
 
 struct SlotClientOptions {
-  // --slots as given: endpoints, or directories where tandem trial-slots --endpoint-dir servers
-  // left their endpoints; empty: run on this machine. servers() resolves them.
+  // --slots: endpoints, or directories where tandem trial-slots --endpoint-dir servers list
+  // themselves; empty: run on this machine. After prepare(), the endpoints only.
   std::vector<std::string> endpoints;
-  double timeout_s = 10;               // --slots-timeout
-  int expect = 0;  // --slots-expect: listed servers to wait for in the directories (0: those there)
-  std::string curve_server;            // --slots-curve-server: the servers' public key file
-  std::string curve_client;            // --slots-curve-client: own key file (default: throwaway)
+  double timeout_s = 10;  // --slots-timeout
+  int expect = 0;         // --slots-expect: listed servers to wait for (0: those listed now)
+  std::string curve_server;  // --slots-curve-server: the servers' public key file
+  std::string curve_client;  // --slots-curve-client: own key file (default: throwaway)
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
+  std::vector<std::string> listed;  // after prepare(): the endpoints found only in directories
 
   bool remote() const { return !endpoints.empty(); }
-  // Resolves --slots in place: each directory becomes the endpoints in its *.endpoint files
-  // (sorted by name; a file that goes while being read, its server stopping, is passed over),
-  // and repeats are dropped. Endpoints found only in directories become the pool's optional
-  // ones (pool_options()): a server killed outright leaves its file, and the pool leaves out a
-  // listed server that does not answer. InputError for an entry that is neither an endpoint
-  // (SCHEME://...) nor a directory, a directory without endpoint files, or a file that holds no
-  // endpoint. With `expect`, the directories are read again until they list that many servers
-  // between them, for up to timeout_s (servers starting with the client, as under srun);
-  // InputError naming how many came when fewer did.
-  void resolve();
-  std::vector<std::string> listed;  // after resolve(): the endpoints found only in directories
-  // Says on stderr which listed servers the pool left out, and why, and takes them out of
-  // `endpoints` (what the results name). `command`: "search", "predict".
-  void leave_out(const TrialSlotPool& pool, const std::string& command);
-  // Throws InputError naming `command` for --slots-timeout or a key without --slots, and for a
-  // client key without the servers' key.
-  void check(const std::string& command) const;
-  // The pool's options: the timeout and the keys read from their files.
-  TrialSlotPoolOptions pool_options() const;
+  // Checks the options: InputError naming `command` for --slots-timeout, --slots-expect or a key
+  // without --slots, and for a client key without the servers' key. Then, with --slots, resolves
+  // the directories in place: each becomes the endpoints in its *.endpoint files (sorted by
+  // name; a file that goes while being read, its server stopping, is passed over), repeats
+  // dropped. With `expect`, the directories are read again until they list that many servers
+  // between them, for up to timeout_s (servers starting with the client, as under srun).
+  // InputError for an entry that is neither an endpoint (SCHEME://...) nor a directory, a
+  // directory without endpoint files, a file that holds no endpoint, or fewer servers than
+  // expected.
+  void prepare(const std::string& command);
+  // The pool of the servers. Endpoints found only in directories are optional there (a server
+  // killed outright leaves its file): those that do not answer are said on stderr and taken out
+  // of `endpoints` (what the results name).
+  std::unique_ptr<TrialSlotPool> connect(const std::string& command);
 };
 
 // Adds --slots, --slots-timeout, --slots-curve-server and --slots-curve-client to `cmd`. `jobs`

@@ -8,12 +8,12 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <thread>
 
 #include "cluster_ranks.h"
 #include "commands.h"
+#include "file_io.h"
 #include "tandem/error.h"
 #include "trial_process.h"
 #include "trial_slot_server.h"
@@ -38,12 +38,6 @@ struct TrialSlotsOptions {
   std::string curve_allowed;
 };
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
-  return name;
-}
-
 // Letters, digits, '.', '-' and '_' kept; anything else becomes '_'.
 std::string file_safe(std::string text) {
   for (char& c : text)
@@ -51,20 +45,14 @@ std::string file_safe(std::string text) {
   return text;
 }
 
-// Whole or not at all (a temporary file renamed): readers poll for it.
+// Whole or not at all (AtomicFile: a temporary file renamed), so readers polling for it never
+// see part of it. The temporary name does not end in .endpoint: clients reading a directory
+// pass it over.
 void write_endpoint_file(const std::string& path, const std::string& endpoint) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << endpoint << "\n";
-    if (!out.flush()) throw IoError("cannot write the endpoint file " + tmp);
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  if (error) {
-    std::filesystem::remove(tmp, error);
-    throw IoError("cannot rename " + tmp + " to " + path);
-  }
+  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
+  const std::string line = endpoint + "\n";
+  out.write(line.data(), line.size());
+  out.commit();
 }
 
 // A server's entry in an --endpoint-dir, removed when it stops (however serve() ends).
@@ -110,7 +98,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: stop as cleanly
-  const bool wildcard = o.bind.rfind("tcp://0.0.0.0:", 0) == 0;
+  const bool wildcard = binds_every_interface(o.bind);
   if (!o.advertise.empty() && !wildcard)
     throw InputError("--advertise is for a server bound to every interface (--bind "
                      "tcp://0.0.0.0:PORT); this one binds " + o.bind);
