@@ -3,7 +3,9 @@
 # SIGKILL once some but not all of its chunks are complete; the rerun reports skipping exactly the
 # chunks that were complete, redoes the rest, removes what the killed write left, and its output
 # equals a clean run's byte for byte (every file, metadata included). Fails, rather than passing
-# vacuously, when the run ended before the kill could land.
+# vacuously, when the run ended before the kill could land. Then SIGTERM, to one process and to
+# the parent of --processes 2: the run stops between chunks, says so, and leaves no temporary
+# file; its rerun finishes the output.
 # usage: predict_kill_test.sh TANDEM
 set -uo pipefail
 tandem=$1
@@ -69,4 +71,32 @@ check "the output equals the clean run's, file for file and byte for byte" \
   diff -r "$dir/clean.zarr" "$out"
 check "... with every chunk file there" \
   test "$(find "$out" -type f | wc -l)" -eq $((2 * chunks + 3))
+
+# SIGTERM (what a shell's kill, a batch system or a slot server sends) stops the run between two
+# chunks instead: the chunks in flight are finished, so it leaves no temporary file. Once in one
+# process, once through --processes 2, whose parent passes the signal on to its children.
+for how in "one process" "--processes 2"; do
+  out=$dir/term-${how// /-}.zarr
+  extra=()
+  [ "$how" = "--processes 2" ] && extra=(--processes 2)
+  "$tandem" predict --model "$model" --data "$store" --split train --backend cpu --threads 2 \
+    --out "$out" "${extra[@]}" >/dev/null 2>"$dir/term.err" &
+  pid=$!
+  while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+  kill -TERM "$pid" 2>/dev/null
+  { wait "$pid"; } 2>/dev/null; status=$?
+  pid=
+  done_before=$(complete "$out")
+  check "$how: SIGTERM ends the run with an error (exit status $status)" test "$status" -eq 1
+  check "$how: ... that names the signal and the rerun ($(tail -1 "$dir/term.err"))" \
+    grep -q "prediction stopped by SIGTERM.*rerun to finish the missing chunks" "$dir/term.err"
+  check "$how: some but not all chunks complete ($done_before of $chunks)" \
+    test "$done_before" -ge 2 -a "$done_before" -lt $chunks
+  check "$how: no temporary file left" test -z "$(find "$out" -name '*.tmp-*')"
+  again=$(predict --out "$out" --json)
+  check "$how: the rerun skipped the $done_before complete chunks and wrote the rest" \
+    test "$(json_field "$again" chunks_skipped)/$(json_field "$again" chunks_written)" = \
+    "$done_before/$((chunks - done_before))"
+  check "$how: ... and the output equals the clean run's" diff -r "$dir/clean.zarr" "$out"
+done
 summarize

@@ -9,8 +9,9 @@
 #     server killed outright) is left out; a server that stops takes its entry out; a prediction
 #     started before its servers waits for them (--slots-expect);
 #   - a server that goes silent mid-prediction (SIGSTOP) has its shares reported failed, naming
-#     the rerun; the rerun on the other server finishes the missing chunks, keeping the complete
-#     ones, and the output is again bit for bit the local one;
+#     the rerun; let go on (SIGCONT), it reads the prediction's bye and ends those shares, which
+#     leave no temporary file; the rerun on the other server finishes the missing chunks,
+#     keeping the complete ones, and the output is again bit for bit the local one;
 #   - a server bound to every interface gives the endpoint clients reach it by (--advertise);
 #   - bad combinations and an endpoint nobody serves are refused.
 # Usage: predict_slots_test.sh TANDEM_BINARY PYTHON
@@ -88,7 +89,9 @@ expect_error "a directory whose listed servers all stay silent is an error namin
 
 # Server b stops answering while its shares run: frozen as soon as the shares are handed out
 # (their log directory appears first). Its jobs are separate processes and may still finish
-# their chunks, but b cannot report them: after --slots-timeout they count as failed.
+# their chunks, but b cannot report them: after --slots-timeout they count as failed. The
+# prediction says bye to b as it gives it up; b, let go on, reads the bye after any start still
+# queued to it, and ends those shares (SIGTERM: a share finishes the chunk it is writing).
 "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
     --out "$dir/cut.zarr" --backend cpu --slots "$a,$b" --slots-timeout $hb --json \
     >"$dir/out3" 2>"$dir/err3" &
@@ -96,12 +99,20 @@ predict_pid=$!
 for _ in $(seq 1000); do [ -d "$dir/cut.zarr.logs" ] && break; sleep 0.01; done
 kill -STOP "$b_pid"
 wait "$predict_pid"; rc=$?
+b_lines=$(wc -l <"$dir/b.log")
 kill -CONT "$b_pid"
-rm -f "$dir/cut.zarr/classes/c/5"  # a chunk the rerun must write
 check "a silent server's shares fail the prediction" test $rc -ne 0
 check "the error names the rerun and keeps the logs" \
     grep -q "rerun to finish the missing chunks" "$dir/err3"
 check "the failed shares' logs are kept" test -d "$dir/cut.zarr.logs"
+said_bye() { tail -n +"$((b_lines + 1))" "$dir/b.log" | grep -q "said bye"; }
+for _ in $(seq 500); do said_bye && break; sleep 0.02; done
+check "the server, let go on, reads the prediction's bye ($(tail -n +"$((b_lines + 1))" \
+    "$dir/b.log" | grep -o 'said bye.*'))" said_bye
+for _ in $(seq 500); do [ -z "$(pgrep -P "$b_pid")" ] && break; sleep 0.02; done
+check "... and ends the shares it was given" test -z "$(pgrep -P "$b_pid")"
+check "... which leave no temporary file" test -z "$(find "$dir/cut.zarr" -name '*.tmp-*')"
+rm -f "$dir/cut.zarr/classes/c/5"  # a chunk the rerun must write
 r4=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
     --out "$dir/cut.zarr" --backend cpu --slots "$a" --json 2>"$dir/err4")
 check "the rerun on the other server succeeds" test -n "$r4"

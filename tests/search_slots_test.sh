@@ -96,7 +96,7 @@ check "a search on a busy server waits for it" running "$waiter"
 { kill -9 $search; wait $search; } 2>/dev/null
 check "the servers kill a SIGKILLed search's trial within the heartbeat timeout" \
     gone_within $((hb + 3)) "$apid"
-check "server A says the search went silent" grep -q "silent for .* killed its 1 job" "$dir/A.log"
+check "server A says the search went silent" grep -q "silent for .* ending its 1 job" "$dir/A.log"
 check "both servers still run" running "$A_pid"
 check "... (B too)" running "$B_pid"
 finish $waiter 120; rc=$?

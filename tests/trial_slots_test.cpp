@@ -1,9 +1,10 @@
 // tandem trial-slots' protocol (trial_slot_protocol.h) and server (trial_slot_server.h): every
 // message type through encode and decode, the errors for bad frames, and a server on an
 // ephemeral loopback port that answers garbage, unknown types, refused commands and a start
-// beyond its slots with an error and keeps serving; cancels a job; reports exit statuses; and
-// kills the jobs of a client that goes silent. The server's jobs here are /bin/sh -c SCRIPT
-// (its allowed command is "-c"), not tandem train.
+// beyond its slots with an error and keeps serving; cancels a job; reports exit statuses; ends
+// the jobs of a client that says bye or goes silent, killing one that ignores SIGTERM after the
+// grace. The server's jobs here are /bin/sh -c SCRIPT (its allowed command is "-c"), not tandem
+// train.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <zmq.hpp>
@@ -170,6 +171,7 @@ class TrialSlotServerTest : public ::testing::Test {
     o.program = "/bin/sh";
     o.allowed_commands = {"-c"};
     o.heartbeat_timeout_ms = 1500;
+    o.kill_grace_ms = 500;
     o.log = [](const std::string&) {};
     server_ = std::make_unique<TrialSlotServer>(o);
     thread_ = std::thread([this] { server_->serve(stop_); });
@@ -230,6 +232,18 @@ TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
   EXPECT_EQ(m.heartbeat_timeout_ms, 1500);
 }
 
+// The first line a job writes to its log, once there (within 10 s).
+std::string first_line_of(const std::string& log) {
+  std::string first;
+  for (const auto deadline = Clock::now() + std::chrono::seconds(10);
+       first.empty() && Clock::now() < deadline;
+       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+    std::ifstream in(log);
+    std::getline(in, first);
+  }
+  return first;
+}
+
 TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
   Client c(context_, server_->endpoint());
   const std::string log = ::testing::TempDir() + "trial_slots_test.log";
@@ -240,15 +254,7 @@ TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
   EXPECT_EQ(m.job, "a");
   const pid_t a = m.pid;
   EXPECT_TRUE(process_running(a));
-  // The job's output goes to its log.
-  std::string first;
-  for (const auto deadline = Clock::now() + std::chrono::seconds(10);
-       first.empty() && Clock::now() < deadline;
-       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
-    std::ifstream in(log);
-    std::getline(in, first);
-  }
-  EXPECT_EQ(first, "hello from a");
+  EXPECT_EQ(first_line_of(log), "hello from a");  // the job's output goes to its log
   m = c.start("b", "exit 0");  // one slot, taken
   ASSERT_EQ(m.type, SlotMessageType::Error);
   EXPECT_EQ(m.job, "b");
@@ -275,22 +281,70 @@ TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
   EXPECT_EQ(m.exit_code, 3);
 }
 
-TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClient) {
+// A job that ignores SIGTERM (sleep inherits the ignored signal across exec), started once its
+// log says the trap is set, so that SIGTERM cannot land before it.
+const char* kStubbornJob = "trap '' TERM; echo ready; exec sleep 30";
+
+void wait_until_ready(const std::string& log) { ASSERT_EQ(first_line_of(log), "ready"); }
+
+bool ends_within(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (process_running(pid) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return !process_running(pid);
+}
+
+TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClientEvenWhenTheyIgnoreSigterm) {
   pid_t pid = 0;
   {
     Client silent(context_, server_->endpoint());
-    const SlotMessage m = silent.start("long", "exec sleep 30");
+    silent.log_ = ::testing::TempDir() + "trial_slots_silent.log";
+    std::remove(silent.log_.c_str());
+    const SlotMessage m = silent.start("long", kStubbornJob);
     ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
     pid = m.pid;
+    wait_until_ready(silent.log_);
   }  // the client says nothing more (its socket is closed, as a killed search's would be)
   EXPECT_TRUE(process_running(pid));
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (process_running(pid) && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_FALSE(process_running(pid)) << "the silent client's job outlived the 1.5 s timeout by 10 s";
+  EXPECT_TRUE(ends_within(pid, std::chrono::seconds(10)))
+      << "the silent client's job outlived the 1.5 s timeout and the 0.5 s grace by 10 s";
   // The slot is free for the next client.
   Client next(context_, server_->endpoint());
   EXPECT_EQ(next.start("after", "exit 0").type, SlotMessageType::Started);
+}
+
+TEST_F(TrialSlotServerTest, ACancelledJobThatIgnoresSigtermIsKilledAfterTheGrace) {
+  Client c(context_, server_->endpoint());
+  c.log_ = ::testing::TempDir() + "trial_slots_cancel.log";
+  std::remove(c.log_.c_str());
+  SlotMessage m = c.start("stubborn", kStubbornJob);
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  wait_until_ready(c.log_);
+  SlotMessage cancel(SlotMessageType::Cancel);
+  cancel.job = "stubborn";
+  const auto sent = Clock::now();
+  c.send(cancel);
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Exited);
+  EXPECT_EQ(m.job, "stubborn");
+  EXPECT_EQ(m.signal, SIGKILL);  // SIGTERM was ignored
+  EXPECT_GE(Clock::now() - sent, std::chrono::milliseconds(500)) << "killed before its grace";
+}
+
+TEST_F(TrialSlotServerTest, ByeEndsTheClientsJobs) {
+  // The client goes on sending heartbeats after its bye, so only the bye can end the job (a
+  // silent client's jobs end too, but this one is never silent).
+  Client c(context_, server_->endpoint());
+  SlotMessage m = c.start("plain", "exec sleep 30");
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  const pid_t pid = m.pid;
+  c.send(SlotMessage(SlotMessageType::Bye));
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (process_running(pid) && Clock::now() < deadline) {
+    c.send(SlotMessage(SlotMessageType::Heartbeat));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(process_running(pid)) << "the job outlived its client's bye by 10 s";
 }
 
 }  // namespace

@@ -403,7 +403,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
     device_backend->set_parameters(in.checkpoint.model);
   }
   std::atomic<int64_t> next{0}, written{0}, predicted{0};
-  std::atomic<bool> failed{false};
+  std::atomic<bool> failed{false}, stopped{false};
   ThreadPool pool(workers);
   pool.run([&](int w) {
     try {
@@ -424,6 +424,10 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
         if (failed.load() || j >= int64_t(chunks_to_write.size()) ||
             (options.stop_after_chunks >= 0 && j >= options.stop_after_chunks))
           break;
+        if (options.stop != nullptr && options.stop->load()) {
+          stopped.store(true);
+          break;
+        }
         const int64_t chunk = chunks_to_write[size_t(j)];
         const int64_t n = std::min(chunk_rows, in.split.rows - chunk * chunk_rows);
         read_row_chunk(in.split.images, chunk, features, pixels, buffer);
@@ -454,6 +458,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   });
   s.chunks_written = written.load();
   s.rows_predicted = predicted.load();
+  s.stopped = stopped.load();
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.samples_per_s = s.seconds > 0.0 ? double(s.rows_predicted) / s.seconds : 0.0;
   return s;

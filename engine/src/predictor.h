@@ -11,6 +11,7 @@
 // overwrite.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -89,6 +90,10 @@ struct PredictOptions {
   int shares = 1;
   bool overwrite = false;      // replace an output made from another model or input
   int64_t stop_after_chunks = -1;  // tests: stop taking chunks once this many were written
+  // When it turns true (a signal handler: tandem predict on SIGTERM), no chunk is started any
+  // more; the chunks being predicted are finished and renamed into place, so the run leaves no
+  // temporary file and a rerun finishes the rest.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct PredictSummary {
@@ -98,6 +103,7 @@ struct PredictSummary {
   int64_t chunks_skipped = 0;  // already complete (of this call's share)
   int64_t rows_skipped = 0;    // in the skipped chunks
   int64_t rows_predicted = 0;  // by this call
+  bool stopped = false;        // options.stop ended the call with chunks of its share left
   double seconds = 0.0;
   double samples_per_s = 0.0;  // rows_predicted / seconds
   std::string backend;         // "cpu" or "cuda": what options.backend chose here

@@ -18,6 +18,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -25,6 +26,7 @@
 #include "tandem/config.h"
 #include "tandem/error.h"
 #include "slot_client_options.h"
+#include "stop_signals.h"
 #include "trial_process.h"
 #include "trial_slot_pool.h"
 
@@ -65,8 +67,12 @@ pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share
   return pid;
 }
 
-// Runs the shares in child processes; throws naming every child that failed.
+// Runs the shares in child processes; throws naming every child that failed. A stop signal
+// (SIGINT, SIGTERM, SIGHUP) is passed on to the children as SIGTERM, and the parent waits for
+// them to finish their chunks in flight: dying at once would take them along (PR_SET_PDEATHSIG)
+// in the middle of a write.
 void run_processes(const PredictCliOptions& o) {
+  const std::atomic<bool>& stop = stop_on_signals();
   const std::string self = self_path();
   const int total = o.engine.threads > 0 ? o.engine.threads
                                          : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
@@ -74,20 +80,46 @@ void run_processes(const PredictCliOptions& o) {
   for (int i = 0; i < o.processes; ++i)
     pids.push_back(spawn_share(self, o, i,
                                std::max(1, total / o.processes + (i < total % o.processes))));
+  std::vector<int> statuses(pids.size());
+  std::vector<bool> ended(pids.size(), false);
+  size_t left = pids.size();
+  bool passed_on = false;
+  while (left > 0) {
+    if (stop.load() && !passed_on) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (!ended[i]) kill(pids[i], SIGTERM);
+      passed_on = true;
+    }
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (!ended[i] && waitpid(pids[i], &statuses[i], WNOHANG) == pids[i]) {
+        ended[i] = true;
+        --left;
+      }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   std::string failures;
   for (int i = 0; i < o.processes; ++i) {
-    int status = 0;
-    while (waitpid(pids[size_t(i)], &status, 0) < 0 && errno == EINTR) {
-    }
+    const int status = statuses[size_t(i)];
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     failures += " share " + std::to_string(i) + "/" + std::to_string(o.processes) +
                 (WIFSIGNALED(status) ? " killed by signal " + std::to_string(WTERMSIG(status))
                                      : " exited with status " +
                                            std::to_string(WEXITSTATUS(status))) + ";";
   }
+  if (stop.load())
+    throw Error(std::string("prediction stopped by ") + stop_signal_name() +
+                "; rerun to finish the missing chunks (complete ones are kept)");
   if (!failures.empty())
     throw Error("prediction processes failed:" + failures +
                 " rerun to finish the missing chunks (complete ones are kept)");
+}
+
+// A run of this process's chunks that a signal ended: the chunks in flight were finished, so no
+// temporary file is left, and the error says what to do.
+void stopped_by_signal(const PredictSummary& s) {
+  throw Error(std::string("prediction stopped by ") + stop_signal_name() + " after writing " +
+              std::to_string(s.chunks_written) + " chunk(s); rerun to finish the missing chunks " +
+              "(complete ones are kept)");
 }
 
 // The shares on slot servers: as many shares as the servers have slots, each a `tandem predict
@@ -96,6 +128,9 @@ void run_processes(const PredictCliOptions& o) {
 // started again elsewhere (a server merely cut off may still be writing its chunks); its chunks
 // are finished by a rerun, which keeps the complete ones. Returns the number of shares.
 int run_on_slots(PredictCliOptions& o) {
+  // On a stop signal the prediction leaves: the pool's bye has the servers end the shares
+  // (SIGTERM, which a share takes between two chunks).
+  const std::atomic<bool>& stop = stop_on_signals();
   const std::unique_ptr<TrialSlotPool> pool = o.slots.connect("predict");
   const int shares = pool->total_slots();
   // The servers' logs of the shares, beside the output (removed when every share succeeded).
@@ -109,6 +144,10 @@ int run_on_slots(PredictCliOptions& o) {
   std::map<std::string, int> running;  // job -> share
   std::string failures;
   while (!waiting.empty() || !running.empty()) {
+    if (stop.load())
+      throw Error(std::string("prediction stopped by ") + stop_signal_name() + "; the slot " +
+                  "servers end its shares; rerun to finish the missing chunks (complete ones " +
+                  "are kept)");
     while (!waiting.empty() && pool->free_slots() > 0) {
       const int share = waiting.front();
       waiting.pop_front();
@@ -190,7 +229,11 @@ void run_predict(PredictCliOptions& o) {
   if (!o.chunks.empty()) {  // a child: its share only, no summary beyond its own counts
     if (std::sscanf(o.chunks.c_str(), "%d/%d", &o.engine.share, &o.engine.shares) != 2)
       throw InputError("--chunks takes i/N, got '" + o.chunks + "'");
-    predict_chunks(o.model, o.data, o.out, o.engine);
+    // A share ends between two chunks on SIGTERM: what its parent, or a slot server whose
+    // client is gone, sends it.
+    o.engine.stop = &stop_on_signals();
+    const PredictSummary s = predict_chunks(o.model, o.data, o.out, o.engine);
+    if (s.stopped) stopped_by_signal(s);
     return;
   }
   o.slots.prepare("predict");
@@ -203,7 +246,10 @@ void run_predict(PredictCliOptions& o) {
     o.out = shared_path(o.out);
   }
   if (o.processes <= 1 && !o.slots.remote()) {
-    print(o, predict_store(o.model, o.data, o.out, o.engine));
+    o.engine.stop = &stop_on_signals();
+    const PredictSummary s = predict_store(o.model, o.data, o.out, o.engine);
+    if (s.stopped) stopped_by_signal(s);
+    print(o, s);
     return;
   }
   const auto start = std::chrono::steady_clock::now();

@@ -179,7 +179,11 @@ void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJ
   for (const std::string& job : s.jobs)
     ended.push_back({job, false, "slot server " + s.endpoint + " " + reason});
   s.jobs.clear();
-  s.socket.set(zmq::sockopt::linger, 0);
+  // A server that is only frozen or cut off for a while reads this bye when it comes back (after
+  // any start still queued to it) and ends the jobs nobody waits for any more, rather than
+  // running them, or starting them, beside the rerun that finishes their work. The socket's
+  // linger (200 ms) lets the bye leave without waiting on a server that is gone.
+  if (s.send_error.empty()) send(s, SlotMessage{SlotMessageType::Bye});
   s.socket.close();
   const bool others = total_slots() > 0;
   std::fprintf(stderr, "tandem search: slot server %s %s; %s\n", s.endpoint.c_str(), reason.c_str(),

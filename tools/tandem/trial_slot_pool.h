@@ -3,7 +3,8 @@
 // server every quarter of the timeout (the smaller of ours and its own); a server that answers
 // nothing for timeout_ms is dropped and its running jobs are reported failed, naming it (they
 // are not re-queued: a server that is merely cut off may still be running them, writing the
-// trial's files on the shared filesystem). The other servers go on. A start refused because
+// trial's files on the shared filesystem; it is sent a bye, so that if it comes back it ends
+// them within its kill grace). The other servers go on. A start refused because
 // the server's slots are all taken (another search uses them) comes back with `retry`: the
 // server takes no more of our jobs until a heartbeat answer says it has a free slot.
 #pragma once

@@ -35,6 +35,7 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
   if (options_.program.empty()) throw InputError(where + ": no program to run");
   if (options_.heartbeat_timeout_ms < 100)
     throw InputError(where + ": the heartbeat timeout must be at least 0.1 s");
+  if (options_.kill_grace_ms < 0) throw InputError(where + ": a negative kill grace");
   const bool curve = !options_.curve_secret_key.empty();
   if (curve) {
     if (options_.bind.rfind("inproc://", 0) == 0)
@@ -68,7 +69,7 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
   }
 }
 
-TrialSlotServer::~TrialSlotServer() { stop_jobs(2000); }
+TrialSlotServer::~TrialSlotServer() { stop_jobs(options_.kill_grace_ms); }
 
 void TrialSlotServer::say(const std::string& line) const {
   if (options_.log) options_.log(line);
@@ -90,7 +91,7 @@ void TrialSlotServer::serve(const std::atomic<bool>& stop) {
       throw;
     }
   }
-  stop_jobs(2000);
+  stop_jobs(options_.kill_grace_ms);
 }
 
 void TrialSlotServer::serve_once(long timeout_ms) {
@@ -107,6 +108,7 @@ void TrialSlotServer::serve_once(long timeout_ms) {
   }
   reap();
   expire();
+  kill_overdue();
 }
 
 void TrialSlotServer::reply(const std::string& client, const SlotMessage& m) {
@@ -156,7 +158,7 @@ void TrialSlotServer::handle(const std::string& client, const std::string& frame
       for (Job& j : jobs_)
         if (j.client == client && j.id == m.job) {
           say("cancelling job " + j.id + " (pid " + std::to_string(j.pid) + ")");
-          kill(j.pid, SIGTERM);
+          end_job(j);
           return;
         }
       answer.type = SlotMessageType::Error;
@@ -168,7 +170,7 @@ void TrialSlotServer::handle(const std::string& client, const std::string& frame
       int ended = 0;
       for (Job& j : jobs_)
         if (j.client == client && !j.orphaned) {
-          kill(j.pid, SIGTERM);
+          end_job(j);
           j.orphaned = true;
           ++ended;
         }
@@ -249,21 +251,38 @@ void TrialSlotServer::expire() {
       ++it;
       continue;
     }
-    int killed = 0;
+    int ended = 0;
     for (Job& j : jobs_)
       if (j.client == it->first && !j.orphaned) {
-        kill(j.pid, SIGKILL);  // nobody waits for its results any more
+        end_job(j);  // nobody waits for its results any more
         j.orphaned = true;
-        ++killed;
+        ++ended;
       }
-    if (killed > 0) {
+    if (ended > 0) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%.1f", options_.heartbeat_timeout_ms / 1000.0);
-      say(it->second.name + " silent for " + seconds + " s: killed its " + std::to_string(killed) +
+      say(it->second.name + " silent for " + seconds + " s: ending its " + std::to_string(ended) +
           " job(s)");
     }
     it = clients_.erase(it);
   }
+}
+
+void TrialSlotServer::end_job(Job& job) {
+  kill(job.pid, SIGTERM);
+  if (job.kill_at == Clock::time_point::max())  // a second request does not extend the grace
+    job.kill_at = Clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
+}
+
+void TrialSlotServer::kill_overdue() {
+  const auto now = Clock::now();
+  for (Job& j : jobs_)
+    if (j.kill_at <= now) {
+      say("job " + j.id + " (pid " + std::to_string(j.pid) + ") still there " +
+          std::to_string(options_.kill_grace_ms) + " ms after SIGTERM: SIGKILL");
+      kill(j.pid, SIGKILL);  // reaped by the next reap()
+      j.kill_at = Clock::time_point::max();
+    }
 }
 
 void TrialSlotServer::stop_jobs(int grace_ms) {

@@ -4,10 +4,14 @@
 // chunks, tandem predict --slots) (trial_process.h), at most `slots` at once across every client.
 //
 // A search sends a heartbeat at least every quarter of the timeout and the server answers each
-// one. A search silent for heartbeat_timeout_ms (killed, its machine gone) has its jobs killed,
-// so nothing it started outlives it by more than the timeout; the server keeps serving others.
-// Stopping the server (stop flag, destructor) ends every job: SIGTERM, then SIGKILL after 2 s;
-// a server killed outright takes its jobs with it (PR_SET_PDEATHSIG).
+// one. A search silent for heartbeat_timeout_ms (killed, its machine gone) has its jobs ended,
+// so nothing it started outlives it by more than the timeout and the grace below; the server
+// keeps serving others. A search that says bye (it ended, or gave this server up as silent: a
+// server frozen for a while reads that bye when it comes back, after any start still queued to
+// it) has its jobs ended at once. Ending a job is SIGTERM, then SIGKILL after kill_grace_ms if it
+// is still there, so a job can finish what it is writing (tandem predict ends between two
+// chunks). Stopping the server (stop flag, destructor) ends every job the same way; a server
+// killed outright takes its jobs with it (PR_SET_PDEATHSIG).
 //
 // Only `program` is ever run, with args[0] one of allowed_commands: a peer cannot make the
 // server run anything else. Paths in a job (data, checkpoints, metrics, the log) are the
@@ -36,7 +40,8 @@ struct TrialSlotServerOptions {
   int threads = 1;                   // threads per trial the server suggests (hello)
   std::string program;               // the binary each job runs (this tandem)
   std::vector<std::string> allowed_commands{"train", "predict"};
-  int heartbeat_timeout_ms = 10000;  // a search silent this long has its jobs killed
+  int heartbeat_timeout_ms = 10000;  // a search silent this long has its jobs ended
+  int kill_grace_ms = 2000;          // a job sent SIGTERM is sent SIGKILL this long after
   std::string curve_secret_key;      // Z85; empty: no CURVE
   std::vector<std::string> curve_allowed_clients;  // Z85 public keys; empty: any key holder
   std::function<void(const std::string&)> log;     // event lines (default: stderr)
@@ -56,8 +61,8 @@ class TrialSlotServer {
   // Serves until `stop` is true, then ends every job. Call from one thread only (the one that
   // lives as long as the jobs should: their PR_SET_PDEATHSIG follows it).
   void serve(const std::atomic<bool>& stop);
-  // One round: a message if one arrives within timeout_ms, then reaps jobs and expires silent
-  // searches.
+  // One round: a message if one arrives within timeout_ms, then reaps jobs, expires silent
+  // searches and kills the jobs whose grace after SIGTERM is over.
   void serve_once(long timeout_ms);
   // SIGTERM to every job, SIGKILL after grace_ms, every one reaped.
   void stop_jobs(int grace_ms);
@@ -72,7 +77,8 @@ class TrialSlotServer {
     std::string client;  // routing id
     std::string id;
     pid_t pid = 0;
-    bool orphaned = false;  // its search went silent; killed, not reported
+    bool orphaned = false;  // its search went silent or said bye; ended, not reported
+    Clock::time_point kill_at = Clock::time_point::max();  // set by end_job: SIGKILL then
   };
   struct Client {
     Clock::time_point last_heard;
@@ -83,6 +89,9 @@ class TrialSlotServer {
   void reply(const std::string& client, const SlotMessage& m);
   void reap();
   void expire();
+  // SIGTERM now, SIGKILL at kill_at (kill_overdue) if the job has not ended by then.
+  void end_job(Job& job);
+  void kill_overdue();
   void say(const std::string& line) const;
 
   TrialSlotServerOptions options_;

@@ -1,7 +1,6 @@
 // tandem trial-slots: a slot server for tandem search --slots (trial_slot_server.h). It binds
 // (loopback by default, like the cluster's roles), prints its endpoint, and runs the trials a
 // search sends it until SIGINT, SIGTERM or SIGHUP (its terminal gone), which end its trials too.
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +13,7 @@
 #include "cluster_ranks.h"
 #include "commands.h"
 #include "file_io.h"
+#include "stop_signals.h"
 #include "tandem/error.h"
 #include "trial_process.h"
 #include "trial_slot_server.h"
@@ -22,9 +22,6 @@
 namespace tandem::cli {
 
 namespace {
-
-std::atomic<bool> g_stop{false};
-void on_stop_signal(int) { g_stop.store(true); }
 
 struct TrialSlotsOptions {
   std::string bind = "tcp://127.0.0.1:*";
@@ -93,11 +90,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   } else if (!o.curve_allowed.empty()) {
     throw InputError("--curve-allowed needs --curve-secret (this server's key)");
   }
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: stop as cleanly
+  const std::atomic<bool>& stop = stop_on_signals();  // SIGHUP too: a closed terminal or ssh
   const bool wildcard = binds_every_interface(o.bind);
   if (!o.advertise.empty() && !wildcard)
     throw InputError("--advertise is for a server bound to every interface (--bind "
@@ -123,7 +116,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   if (!o.endpoint_file.empty()) write_endpoint_file(o.endpoint_file, endpoint);
   std::printf("%s\n", endpoint.c_str());
   std::fflush(stdout);
-  server.serve(g_stop);
+  server.serve(stop);
   std::fprintf(stderr, "tandem trial-slots: stopped\n");
 }
 
