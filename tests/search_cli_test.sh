@@ -3,7 +3,8 @@
 # better (1e-3 against 1e-5), trials as two parallel processes, successive halving (rungs at 1 and
 # 3 epochs, eta 3: of the five trials that finish rung 0 only the best goes on), a trial made to
 # crash (hidden --crash-trial: its process gets an option `tandem train` rejects) reported as
-# failed while the others finish, and the results table, CSV, JSON and best checkpoint.
+# failed while the others finish, and the results table, CSV, JSON and best checkpoint. Then a
+# time budget, and SIGTERM, each ending a search with trials still running.
 # Usage: search_cli_test.sh TANDEM_BINARY PYTHON
 set -u
 tandem=$(readlink -f "$1")
@@ -70,6 +71,27 @@ check "--budget-seconds stops the running trials" \
     grep -q -E "stopped by the time budget|stopping 0 running trial" "$dir/err4"
 check "--trials configurations used" py_check "$dir/s4/results.json" \
     "sorted(t['config']['hidden'] for t in r['results']) == ['256x128', '50'] and r['trials'] == 2"
+
+# SIGTERM (or a terminal's SIGINT) closes the search as the time budget does, once both trials
+# have scored an epoch of their single 1000-epoch rung: the running trials are stopped, the
+# results so far written, and the search exits 1 naming the signal.
+"$tandem" search --data "$dir/fm.zarr" --trials "$dir/trials.json" --budget 1000 --min-epochs 1000 \
+    --processes 2 --threads-per-trial 1 --backend cpu --out "$dir/s8" --json >"$dir/out8" \
+    2>"$dir/err8" &
+search=$!
+scored() { grep -q '"type":"epoch"' "$dir/s8/trial-$1.r0.jsonl" 2>/dev/null; }
+for _ in $(seq 1200); do scored 0 && scored 1 && break; sleep 0.1; done
+kill -TERM "$search"
+wait "$search"; rc=$?
+check "SIGTERM ends the search with an error (exit status $rc)" test $rc -eq 1
+check "... naming the signal and where the results are" \
+    grep -q "search: stopped by SIGTERM; the results so far are in" "$dir/err8"
+check "... after stopping both running trials" grep -q "SIGTERM; stopping 2 running trial" "$dir/err8"
+check "the results so far are written, each trial stopped by SIGTERM with its epochs" \
+    py_check "$dir/s8/results.json" "r['stopped_by_signal'] == 'SIGTERM' and len(r['results']) == 2 \
+    and all(t['stopped_by_signal'] == 'SIGTERM' and t['epochs'] >= 1 for t in r['results'])"
+check "... and the best checkpoint kept" test -s "$dir/s8/best.safetensors"
+check "no trial outlives the search" test -z "$(pgrep -f -- "$dir/s8/trial-")"
 
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \

@@ -30,6 +30,7 @@
 #include "tandem/tandem.h"
 #include "trial_process.h"
 #include "slot_client_options.h"
+#include "stop_signals.h"
 #include "trial_slot_pool.h"
 
 namespace tandem::cli {
@@ -255,7 +256,12 @@ void run_search(SearchOptions& o) {
   const auto start = Clock::now();
   std::vector<RunningJob> running;
   std::deque<HalvingJob> refused;  // a busy slot server refused them: they start again first
-  bool closed = false;
+  bool closed = false;        // nothing more starts: the time budget is spent or a signal came
+  std::string closed_by;      // "the time budget", "SIGINT", ...
+  bool closed_by_signal = false;
+  // SIGINT, SIGTERM or SIGHUP close the search as the time budget does, and the results so far
+  // are written (then the search exits 1).
+  const std::atomic<bool>& stop = stop_on_signals();
   std::string no_slots;  // set when the slot servers are all gone with work left
   int best_trial = -1;
   auto best_loss = [&](int t) {
@@ -276,9 +282,13 @@ void run_search(SearchOptions& o) {
 
   while (true) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    if (o.budget_seconds > 0 && elapsed >= o.budget_seconds && !closed) {
-      // The time budget is spent: start nothing more, end the running trials where they are.
+    const bool out_of_time = o.budget_seconds > 0 && elapsed >= o.budget_seconds;
+    if ((out_of_time || stop.load()) && !closed) {
+      // The time budget is spent, or a signal came: start nothing more, end the running trials
+      // where they are.
       closed = true;
+      closed_by_signal = stop.load();
+      closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
       halving.close();
       for (RunningJob& r : running) runner->cancel(r.key);
       for (const HalvingJob& j : refused) {
@@ -286,8 +296,9 @@ void run_search(SearchOptions& o) {
         halving.stop(j.trial);
       }
       refused.clear();
-      progress.print_line("tandem search: --budget-seconds reached; stopping " +
-                          std::to_string(running.size()) + " running trial(s)");
+      progress.print_line("tandem search: " +
+                          (closed_by_signal ? closed_by : std::string("--budget-seconds reached")) +
+                          "; stopping " + std::to_string(running.size()) + " running trial(s)");
     }
     while (!closed && runner->free_slots() > 0) {
       std::optional<HalvingJob> job;
@@ -345,7 +356,7 @@ void run_search(SearchOptions& o) {
       if (closed) {
         rec.cut = true;
         halving.stop(r.job.trial);
-        progress.print_line(name + ": stopped by the time budget after " +
+        progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else if (!clean || rec.epochs.empty() || rec.epochs.back().epoch < r.job.epochs) {
         rec.error = (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
@@ -392,7 +403,8 @@ void run_search(SearchOptions& o) {
       j["validation_accuracy"] = b->accuracy;
       j["best_epoch"] = b->epoch;
     }
-    if (rec.cut) j["stopped_by_time_budget"] = true;
+    if (rec.cut && closed_by_signal) j["stopped_by_signal"] = closed_by;
+    else if (rec.cut) j["stopped_by_time_budget"] = true;
     if (!rec.error.empty()) j["error"] = rec.error;
     trials.push_back(j);
     std::string error = rec.error;
@@ -430,6 +442,7 @@ void run_search(SearchOptions& o) {
     }
   }
   if (remote) summary["slot_servers"] = o.slots.endpoints;
+  if (stop.load()) summary["stopped_by_signal"] = stop_signal_name();
   nlohmann::json results = summary;
   results["results"] = trials;
   std::ofstream(fs::path(o.out) / "results.json") << results.dump(2) << "\n";
@@ -454,6 +467,9 @@ void run_search(SearchOptions& o) {
                   records[best].config.describe().c_str(), best_loss(best),
                   summary.value("best_checkpoint", std::string("(none)")).c_str());
   }
+  if (stop.load())
+    throw Error(std::string("search: stopped by ") + stop_signal_name() +
+                "; the results so far are in " + o.out);
   if (!no_slots.empty())
     throw Error("search: " + no_slots + "; the results so far are in " + o.out);
   if (succeeded == 0) throw Error("search: every trial failed; their logs are in " + o.out);
