@@ -279,15 +279,17 @@ TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   CoordinatorOptions o = bare_options(context);
   o.expected_ps = 2;
   o.expected_workers = 1;
-  o.startup_timeout_ms = 300;
+  // (2 s: ps0's registration must land before it on a loaded machine, or ps0 is named as not
+  // registered.)
+  o.startup_timeout_ms = 2000;
   Coordinator c(o);
+  c.expect("ps1", "pid 4242 on this machine");
+  c.expect("worker0", "pid 4343 on this machine");
   CoordinatorLink link(c.endpoint(), context);
   const json reply = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}, {"pid", 42}});
   EXPECT_EQ(reply.at("name"), "ps0");
   link.start_heartbeats("ps0", nullptr, 50);
-  c.expect("ps1", "pid 4242 on this machine");
-  c.expect("worker0", "pid 4343 on this machine");
-  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 3000), ClusterPhase::Failed);
+  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 20000), ClusterPhase::Failed);
   const std::string why = c.failure();
   EXPECT_NE(why.find("ps0 (registered, not serving, pid 42)"), std::string::npos) << why;
   EXPECT_NE(why.find("ps1 (not registered; expected from pid 4242 on this machine)"),
@@ -317,7 +319,7 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   zmq::context_t context(1);
   CoordinatorOptions o = bare_options(context);
   o.expected_workers = 2;
-  o.heartbeat_timeout_ms = 300;
+  o.heartbeat_timeout_ms = 1000;  // the live worker's 50 ms heartbeats never leave such a gap
   Coordinator c(o);
   CoordinatorLink silent(c.endpoint(), context), alive(c.endpoint(), context);
   silent.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
@@ -326,13 +328,23 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   const json task = silent.request({{"type", "work"}, {"name", "worker0"}}).at("task");
   EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 5));
-  // worker0 sends nothing more: lost after 300 ms; its batches come to worker1 first.
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  const json state = c.state();
+  // worker0 sends nothing more: lost after 1 s (waited for, up to 20 s); its batches come to
+  // worker1 first.
+  json state;
   bool lost = false;
-  for (const json& r : state.at("roles"))
-    if (r.at("name") == "worker0") lost = r.at("state") == "lost";
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       !lost && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    state = c.state();
+    for (const json& r : state.at("roles"))
+      if (r.at("name") == "worker0") lost = r.at("state") == "lost";
+  }
   EXPECT_TRUE(lost) << state.dump();
+  for (const json& r : state.at("roles")) {
+    if (r.at("name") == "worker1") {
+      EXPECT_EQ(r.at("state"), "running") << state.dump();
+    }
+  }
   const json orphans = alive.request({{"type", "work"}, {"name", "worker1"}}).at("task");
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
 }

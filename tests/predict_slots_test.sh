@@ -72,7 +72,7 @@ check "--slots DIR found both servers' three slots" test "$(json_field "$r2" pro
 # A server killed outright leaves its entry: a listed server that does not answer is left out.
 echo "ipc://$dir/ghost.sock" >"$dir/slots/ghost-1.endpoint"
 rg=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
-    --out "$dir/remote.zarr" --backend cpu --slots "$dir/slots" --slots-timeout 1 --json \
+    --out "$dir/remote.zarr" --backend cpu --slots "$dir/slots" --slots-timeout $hb --json \
     2>"$dir/err_ghost")
 check "a stale entry is left out and the listed servers that answer do the work" \
     test "$(json_field "$rg" chunks_skipped)/$(json_field "$rg" processes)" = 37/3

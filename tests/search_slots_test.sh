@@ -185,12 +185,12 @@ expect_error "CURVE: a search without the key gets no answer" "did not answer wi
 
 # 6. The last server stopped with SIGTERM: it ends its trial and exits 0; the search ends with
 # an error naming it (and writes what it has).
+before=$(job_pids B | wc -l)  # counted before the search starts one more
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2 --budget $long --min-epochs $long \
     --threads-per-trial 1 --slots "$B" --slots-timeout $hb --out "$dir/none" \
     >"$dir/none.out" 2>"$dir/none.err" &
 search=$!
 background+=("$search")
-before=$(job_pids B | wc -l)
 wait_started B $((before + 1))
 bpid=$(job_pids B | tail -1)
 kill -TERM "$B_pid"

@@ -232,12 +232,14 @@ TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
   EXPECT_EQ(m.heartbeat_timeout_ms, 1500);
 }
 
-// The first line a job writes to its log, once there (within 10 s).
-std::string first_line_of(const std::string& log) {
+// The first line a job of `client` writes to its log, once there (within 10 s). The client
+// sends heartbeats meanwhile: a slow start must not make it a silent client whose jobs end.
+std::string first_line_of(Client& client, const std::string& log) {
   std::string first;
   for (const auto deadline = Clock::now() + std::chrono::seconds(10);
        first.empty() && Clock::now() < deadline;
        std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+    client.send(SlotMessage(SlotMessageType::Heartbeat));
     std::ifstream in(log);
     std::getline(in, first);
   }
@@ -254,7 +256,7 @@ TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
   EXPECT_EQ(m.job, "a");
   const pid_t a = m.pid;
   EXPECT_TRUE(process_running(a));
-  EXPECT_EQ(first_line_of(log), "hello from a");  // the job's output goes to its log
+  EXPECT_EQ(first_line_of(c, log), "hello from a");  // the job's output goes to its log
   m = c.start("b", "exit 0");  // one slot, taken
   ASSERT_EQ(m.type, SlotMessageType::Error);
   EXPECT_EQ(m.job, "b");
@@ -285,7 +287,7 @@ TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
 // log says the trap is set, so that SIGTERM cannot land before it.
 const char* kStubbornJob = "trap '' TERM; echo ready; exec sleep 30";
 
-void wait_until_ready(const std::string& log) { ASSERT_EQ(first_line_of(log), "ready"); }
+void wait_until_ready(Client& client) { ASSERT_EQ(first_line_of(client, client.log_), "ready"); }
 
 bool ends_within(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = Clock::now() + limit;
@@ -303,7 +305,7 @@ TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClientEvenWhenTheyIgnoreSigterm
     const SlotMessage m = silent.start("long", kStubbornJob);
     ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
     pid = m.pid;
-    wait_until_ready(silent.log_);
+    wait_until_ready(silent);
   }  // the client says nothing more (its socket is closed, as a killed search's would be)
   EXPECT_TRUE(process_running(pid));
   EXPECT_TRUE(ends_within(pid, std::chrono::seconds(10)))
@@ -319,7 +321,7 @@ TEST_F(TrialSlotServerTest, ACancelledJobThatIgnoresSigtermIsKilledAfterTheGrace
   std::remove(c.log_.c_str());
   SlotMessage m = c.start("stubborn", kStubbornJob);
   ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
-  wait_until_ready(c.log_);
+  wait_until_ready(c);
   SlotMessage cancel(SlotMessageType::Cancel);
   cancel.job = "stubborn";
   const auto sent = Clock::now();

@@ -155,8 +155,11 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
         if name not in table_text:
             fail(f"role name {name!r} is not visible in the role table: {table_text!r}")
 
-    first = points()
-    declared = settled(lambda: driver.find_element(By.ID, "score-curve").get_attribute("data-points"))
+    # Both read in one script: the page re-renders every second with more scores, and one could
+    # land between two separate reads.
+    first, declared = driver.execute_script(
+        "const s = document.getElementById('score-curve');"
+        "return [s.querySelectorAll('circle').length, s.getAttribute('data-points')];")
     if declared != str(first):
         fail(f"score-curve data-points={declared!r} but it draws {first} circles")
     if not driver.find_elements(By.CSS_SELECTOR, "#score-curve polyline.loss"):
