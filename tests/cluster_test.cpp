@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "cluster_work_queue.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "score_subscriber.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "test_support.h"
@@ -249,6 +251,7 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
       ASSERT_TRUE(sub.recv(body));
       EXPECT_EQ(topic.to_string(), "scores");
       const json m = json::parse(body.to_string());
+      if (m.value("replayed", false)) continue;  // the replay's closing message
       seqs.insert(m.at("seq").get<int64_t>());
       EXPECT_DOUBLE_EQ(m.at("loss").get<double>(), 1000.0 - double(m.at("step").get<int64_t>()));
     }
@@ -258,6 +261,80 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
   receive_until(13);
   EXPECT_TRUE(seqs.count(13));
+}
+
+// The coordinator's side of the scores channel by hand, to make an interleaving that a real
+// coordinator produces only by chance: a live score reaching a new subscriber before its replay.
+class ScoreChannelByHand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    control_.bind("inproc://scores-by-hand-control");
+    scores_.set(zmq::sockopt::rcvtimeo, 5000);
+    scores_.bind("inproc://scores-by-hand");
+    std::thread answer([&] {  // the subscriber's one request: where the channel is
+      zmq::message_t id, body;
+      if (!control_.recv(id) || !control_.recv(body)) return;
+      const json request = json::parse(body.to_string());
+      const json reply{{"spec", {{"scores", "inproc://scores-by-hand"}}}, {"seq", request.at("seq")}};
+      control_.send(id, zmq::send_flags::sndmore);
+      control_.send(zmq::buffer(reply.dump()));
+    });
+    subscriber_ = std::make_unique<ScoreSubscriber>("inproc://scores-by-hand-control", context_);
+    answer.join();
+    zmq::message_t subscription;  // published messages reach the subscriber from here on
+    ASSERT_TRUE(scores_.recv(subscription));
+  }
+  void publish(const json& m) {
+    scores_.send(zmq::str_buffer("scores"), zmq::send_flags::sndmore);
+    scores_.send(zmq::buffer(m.dump()));
+  }
+  static json score(int64_t seq, bool replay) {
+    json m{{"seq", seq}, {"step", seq}, {"loss", 100.0 - double(seq)}};
+    if (replay) m["replay"] = true;
+    return m;
+  }
+  void replay(int64_t first, int64_t last) {
+    for (int64_t seq = first; seq <= last; ++seq) publish(score(seq, true));
+    publish({{"replayed", true}});
+  }
+  // The seqs given until the end message (which must come).
+  std::vector<int64_t> seqs_until_the_end() {
+    std::vector<int64_t> seqs;
+    while (auto m = subscriber_->next(10000)) {
+      if (m->value("end", false)) break;
+      EXPECT_FALSE(m->contains("replay")) << m->dump();
+      EXPECT_DOUBLE_EQ(m->at("loss").get<double>(), 100.0 - double(m->at("seq").get<int64_t>()));
+      seqs.push_back(m->at("seq").get<int64_t>());
+    }
+    EXPECT_TRUE(subscriber_->ended());
+    return seqs;
+  }
+  static std::vector<int64_t> seq_range(int64_t first, int64_t last) {
+    std::vector<int64_t> out;
+    for (int64_t s = first; s <= last; ++s) out.push_back(s);
+    return out;
+  }
+  zmq::context_t context_{1};
+  zmq::socket_t control_{context_, zmq::socket_type::router};
+  zmq::socket_t scores_{context_, zmq::socket_type::xpub};
+  std::unique_ptr<ScoreSubscriber> subscriber_;
+};
+
+TEST_F(ScoreChannelByHand, ALiveScoreBeforeTheReplayComesAfterItInOrder) {
+  publish(score(12, false));  // live, before the subscriber's replay
+  replay(3, 12);
+  publish(score(13, false));
+  replay(4, 13);  // a later subscriber's replay: nothing new in it
+  publish(score(14, false));
+  publish({{"end", true}, {"reason", "test over"}});
+  EXPECT_EQ(seqs_until_the_end(), seq_range(3, 14));
+}
+
+TEST_F(ScoreChannelByHand, WithoutAReplayLiveScoresComeAfterAHold) {
+  publish(score(1, false));
+  publish(score(2, false));
+  publish({{"end", true}, {"reason", "test over"}});
+  EXPECT_EQ(seqs_until_the_end(), seq_range(1, 2));  // after the 2 s hold for a replay
 }
 
 TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {

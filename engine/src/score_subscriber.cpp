@@ -21,26 +21,61 @@ ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t&
   socket_.connect(endpoint_);
 }
 
+namespace {
+// How long live messages are held back for a replay that does not come (a subscription the
+// coordinator never answered): then they are given as they are.
+constexpr auto kReplayWait = std::chrono::seconds(2);
+}  // namespace
+
+std::optional<json> ScoreSubscriber::take(json m) {
+  if (m.value("end", false)) {
+    ended_ = true;
+    return m;
+  }
+  const int64_t seq = m.value("seq", int64_t{0});
+  if (seq <= newest_) return std::nullopt;  // given already (a replay for another subscriber)
+  newest_ = seq;
+  m.erase("replay");
+  return m;
+}
+
 std::optional<json> ScoreSubscriber::next(int timeout_ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!ended_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
+    if (replayed_ && !held_.empty()) {
+      json m = std::move(held_.front());
+      held_.pop_front();
+      if (auto out = take(std::move(m))) return out;
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!replayed_ && !held_.empty() && now - first_held_ >= kReplayWait) {
+      replayed_ = true;
+      continue;
+    }
+    auto wait_until = until;
+    if (!replayed_ && !held_.empty()) wait_until = std::min(until, first_held_ + kReplayWait);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wait_until - now);
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(std::max<int64_t>(0, left.count())));
-    if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
+    if (!(item.revents & ZMQ_POLLIN)) {
+      if (std::chrono::steady_clock::now() < until) continue;  // the hold ran out: give them
+      return std::nullopt;
+    }
     zmq::message_t topic, body;
     if (!socket_.recv(topic) || !socket_.recv(body)) continue;
     json m = json::parse(body.to_string_view(), nullptr, false);
-    if (m.is_discarded()) continue;
-    if (m.value("end", false)) {
-      ended_ = true;
-      return m;
+    if (m.is_discarded() || !m.is_object()) continue;
+    if (m.value("replayed", false)) {
+      replayed_ = true;
+      continue;
     }
-    const int64_t seq = m.value("seq", int64_t{0});
-    if (seq <= newest_) continue;  // replayed for another subscriber
-    newest_ = seq;
-    return m;
+    if (!replayed_ && !m.value("replay", false)) {  // live, before the replay is in
+      if (held_.empty()) first_held_ = std::chrono::steady_clock::now();
+      held_.push_back(std::move(m));
+      continue;
+    }
+    if (auto out = take(std::move(m))) return out;
   }
   return std::nullopt;
 }

@@ -1,12 +1,20 @@
 // A subscriber to a cluster's `scores` channel (the coordinator's XPUB): the newest scores at
-// once (the coordinator replays its last 10 to each new subscriber), then each new one, without
-// duplicates, until the "end" message. `tandem scores` and the Python package's tandem.scores()
-// read the channel through it.
+// once (the coordinator replays its last 10 to each new subscriber), then each new one, in order
+// and without duplicates, until the "end" message. `tandem scores` and the Python package's
+// tandem.scores() read the channel through it.
+//
+// The replay goes to every subscriber (a PUB socket cannot single one out), marked "replay" and
+// closed by a {"replayed": true} message. A new subscriber can be sent a live score before its
+// replay (ZeroMQ attaches it before the coordinator reads its subscription), so until a replay
+// is complete it holds live messages back, then gives them after the replay's older scores. A
+// seq already given is dropped (the replays meant for later subscribers).
 #pragma once
 
 #include <zmq.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -27,10 +35,16 @@ class ScoreSubscriber {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  // The message to give for `m` (a score newer than any given, or the end), if any.
+  std::optional<nlohmann::json> take(nlohmann::json m);
+
   zmq::socket_t socket_;
   std::string endpoint_;
   int64_t newest_ = 0;
   bool ended_ = false;
+  bool replayed_ = false;                 // a whole replay has come
+  std::deque<nlohmann::json> held_;       // live messages that came before it
+  std::chrono::steady_clock::time_point first_held_;
 };
 
 }  // namespace tandem
