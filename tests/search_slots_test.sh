@@ -10,6 +10,8 @@
 #     alone waited for the slot;
 #   - a server killed with SIGKILL mid-search: its trial dies with it, is reported failed, and
 #     the search ends with the other server's results;
+#   - a server listed in the search's --slots directory after the start joins it and takes a
+#     waiting trial; a stale entry listed meanwhile is left out;
 #   - --budget-seconds cancels the remote trials and ends on time;
 #   - a CURVE server admits a search that knows its public key and answers no other;
 #   - the last server stopped (SIGTERM: it ends its trial and exits 0): the search ends with an
@@ -159,6 +161,36 @@ check "the lost server's trial failed, naming it" py_check "$dir/lost/results.js
 check "the other trials completed on server A" py_check "$dir/lost/results.json" \
     "[(t['slot'], t['status'], t['epochs']) for t in r['results'][:-1]] == [('$A', 'completed', $epochs)] * 2"
 check "stderr says the search goes on" grep -q "slot server $C stopped answering.*going on with the others" "$dir/lost.err"
+
+# 3b. Servers listed in the --slots directory after the search started join it (the search reads
+# the directory again every 2 s): E, started once D's only slot is taken, runs the waiting trial;
+# a stale entry that appears meanwhile is left out, named. Trials run until the search is ended
+# with SIGTERM, so each server's part is certain.
+start_server D --slots 1 --endpoint-dir "$dir/later"
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$dir/later" --slots-timeout $hb --out "$dir/joined" \
+    >"$dir/joined.out" 2>"$dir/joined.err" &
+search=$!
+background+=("$search")
+wait_started D 1
+echo "ipc://$dir/nobody.sock" >"$dir/later/ghost-1.endpoint"
+start_server E --slots 1 --endpoint-dir "$dir/later"
+wait_started E 1
+for _ in $(seq 300); do grep -q "left out slot server ipc://$dir/nobody.sock" "$dir/joined.err" && break; sleep 0.1; done
+kill -TERM "$search"
+finish $search 60; rc=$?
+check "a server listed after the start joins the search, said on stderr" \
+    grep -q "slot server $E joined with 1 slot(s)" "$dir/joined.err"
+check "... and runs the trial that was waiting" py_check "$dir/joined/results.json" \
+    "sorted(t['slot'] for t in r['results']) == sorted(['$D', '$E'])"
+check "... and is among the search's slot servers" py_check "$dir/joined/results.json" \
+    "r['slot_servers'] == ['$D', '$E']"
+check "a stale entry listed meanwhile is left out, named" \
+    grep -q "left out slot server ipc://$dir/nobody.sock, listed in a --slots directory: did not answer" \
+    "$dir/joined.err"
+check "SIGTERM ended that search (exit status $rc), its trials stopped" py_check \
+    "$dir/joined/results.json" "all(t['stopped_by_signal'] == 'SIGTERM' for t in r['results'])"
+{ kill -TERM "$D_pid" "$E_pid"; wait "$D_pid" "$E_pid"; } 2>/dev/null
 
 # 4. --budget-seconds cancels the remote trials (SIGTERM through the server) and ends on time.
 seconds=3 on_time=15

@@ -150,6 +150,8 @@ class RemoteTrials final : public TrialRunner {
   void cancel(const std::string& key) override { pool_->cancel(key); }
   std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_->wait(timeout_ms); }
   int total_slots() const { return pool_->total_slots(); }
+  void add(const std::string& endpoint) { pool_->add(endpoint); }
+  std::vector<std::string> endpoints() const { return pool_->endpoints(); }
 
  private:
   std::unique_ptr<TrialSlotPool> pool_;
@@ -280,8 +282,16 @@ void run_search(SearchOptions& o) {
     return line;
   };
 
+  // Servers listed in the --slots directories after the start join the search (a cluster's
+  // machines added while it runs): the directories are read again every 2 s.
+  auto last_listing = Clock::now();
   while (true) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (remote && !o.slots.dirs.empty() && !closed &&
+        Clock::now() - last_listing >= std::chrono::seconds(2)) {
+      last_listing = Clock::now();
+      for (const std::string& endpoint : o.slots.newly_listed()) remote->add(endpoint);
+    }
     const bool out_of_time = o.budget_seconds > 0 && elapsed >= o.budget_seconds;
     if ((out_of_time || stop.load()) && !closed) {
       // The time budget is spent, or a signal came: start nothing more, end the running trials
@@ -441,7 +451,7 @@ void run_search(SearchOptions& o) {
       summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
     }
   }
-  if (remote) summary["slot_servers"] = o.slots.endpoints;
+  if (remote) summary["slot_servers"] = remote->endpoints();  // those that joined later too
   if (stop.load()) summary["stopped_by_signal"] = stop_signal_name();
   nlohmann::json results = summary;
   results["results"] = trials;

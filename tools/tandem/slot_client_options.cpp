@@ -69,7 +69,8 @@ void SlotClientOptions::prepare(const std::string& command) {
     throw InputError(command + ": --slots-timeout, --slots-expect and --slots-curve-* need --slots");
   if (!curve_client.empty() && curve_server.empty())
     throw InputError("--slots-curve-client needs --slots-curve-server (the servers' public key)");
-  std::vector<std::string> named, dirs;
+  std::vector<std::string> named;
+  dirs.clear();
   for (const std::string& entry : endpoints) {
     if (entry.find("://") == std::string::npos) {
       dirs.push_back(entry);
@@ -109,7 +110,9 @@ void SlotClientOptions::prepare(const std::string& command) {
 }
 
 std::unique_ptr<TrialSlotPool> SlotClientOptions::connect(const std::string& command) {
-  auto pool = std::make_unique<TrialSlotPool>(endpoints, pool_options(*this));
+  TrialSlotPoolOptions options = pool_options(*this);
+  options.client = command;
+  auto pool = std::make_unique<TrialSlotPool>(endpoints, std::move(options));
   for (const auto& [endpoint, why] : pool->skipped()) {
     std::fprintf(stderr,
                  "tandem %s: left out slot server %s, listed in a --slots directory: %s (a server "
@@ -118,6 +121,25 @@ std::unique_ptr<TrialSlotPool> SlotClientOptions::connect(const std::string& com
     endpoints.erase(std::remove(endpoints.begin(), endpoints.end(), endpoint), endpoints.end());
   }
   return pool;
+}
+
+std::vector<std::string> SlotClientOptions::newly_listed() {
+  std::vector<std::string> fresh;
+  for (const std::string& dir : dirs) {
+    std::vector<std::string> here;
+    try {
+      here = listed_in(dir, true);
+    } catch (const std::exception&) {
+      continue;  // unreadable for now (or an entry being rewritten): the next look may do
+    }
+    for (const std::string& endpoint : here)
+      if (std::find(listed.begin(), listed.end(), endpoint) == listed.end() &&
+          std::find(endpoints.begin(), endpoints.end(), endpoint) == endpoints.end()) {
+        listed.push_back(endpoint);
+        fresh.push_back(endpoint);
+      }
+  }
+  return fresh;
 }
 
 void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::string& jobs,

@@ -25,6 +25,7 @@ struct SlotClientOptions {
   std::string curve_client;  // --slots-curve-client: own key file (default: throwaway)
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
   std::vector<std::string> listed;  // after prepare(): the endpoints found only in directories
+  std::vector<std::string> dirs;    // after prepare(): the --slots directories
 
   bool remote() const { return !endpoints.empty(); }
   // Checks the options: InputError naming `command` for --slots-timeout, --slots-expect or a key
@@ -41,6 +42,10 @@ struct SlotClientOptions {
   // killed outright leaves its file): those that do not answer are said on stderr and taken out
   // of `endpoints` (what the results name).
   std::unique_ptr<TrialSlotPool> connect(const std::string& command);
+  // The endpoints the directories list now that were never listed or named before (servers
+  // started since), for TrialSlotPool::add. A directory that cannot be read now lists none: a
+  // long search does not end for a hiccup of its shared filesystem.
+  std::vector<std::string> newly_listed();
 };
 
 // Adds --slots, --slots-timeout, --slots-curve-server and --slots-curve-client to `cmd`. `jobs`

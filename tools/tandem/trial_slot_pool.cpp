@@ -20,6 +20,7 @@ struct TrialSlotPool::Server {
   bool answered = false;
   bool busy = false;  // refused a start for want of slots; free again when a heartbeat says so
   bool alive = true;
+  bool joining = false;   // added after the start (add()): its hello not answered yet
   std::string lost;       // why it was dropped
   std::string send_error;  // a failed send, handled by wait()
   Clock::time_point last_heard, last_sent;
@@ -51,27 +52,9 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
   std::random_device random;
   char id[64];
   std::snprintf(id, sizeof id, "search-%d-%08x", static_cast<int>(getpid()), random());
+  id_ = id;
   const auto now = Clock::now();
-  for (const std::string& endpoint : endpoints) {
-    auto s = std::make_unique<Server>();
-    s->endpoint = endpoint;
-    try {
-      s->socket = zmq::socket_t(context_, zmq::socket_type::dealer);
-      s->socket.set(zmq::sockopt::routing_id, std::string(id));
-      s->socket.set(zmq::sockopt::linger, 200);  // a bye still leaves; a dead server is not waited on
-      s->socket.set(zmq::sockopt::sndtimeo, 1000);
-      if (!options_.curve_server_key.empty()) {
-        s->socket.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-        s->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-        s->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-      }
-      s->socket.connect(endpoint);
-    } catch (const zmq::error_t& e) {
-      throw transport::TransportError("slot server " + endpoint + ": cannot connect: " + e.what());
-    }
-    s->last_heard = now;
-    servers_.push_back(std::move(s));
-  }
+  for (const std::string& endpoint : endpoints) servers_.push_back(connect_server(endpoint, now));
   for (auto& s : servers_) send(*s, SlotMessage{SlotMessageType::Hello});
   // Every server must answer hello before the search starts.
   const auto deadline = now + std::chrono::milliseconds(options_.timeout_ms);
@@ -111,6 +94,44 @@ TrialSlotPool::~TrialSlotPool() {
     if (s->alive) send(*s, SlotMessage{SlotMessageType::Bye});
 }
 
+std::unique_ptr<TrialSlotPool::Server> TrialSlotPool::connect_server(const std::string& endpoint,
+                                                                     Clock::time_point now) {
+  auto s = std::make_unique<Server>();
+  s->endpoint = endpoint;
+  try {
+    s->socket = zmq::socket_t(context_, zmq::socket_type::dealer);
+    s->socket.set(zmq::sockopt::routing_id, id_);
+    s->socket.set(zmq::sockopt::linger, 200);  // a bye still leaves; a dead server is not waited on
+    s->socket.set(zmq::sockopt::sndtimeo, 1000);
+    if (!options_.curve_server_key.empty()) {
+      s->socket.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
+      s->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+      s->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+    }
+    s->socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw transport::TransportError("slot server " + endpoint + ": cannot connect: " + e.what());
+  }
+  s->last_heard = now;
+  return s;
+}
+
+void TrialSlotPool::add(const std::string& endpoint) {
+  for (const auto& s : servers_)
+    if (s->endpoint == endpoint) return;
+  for (const auto& [skipped, why] : skipped_)
+    if (skipped == endpoint) return;
+  try {
+    servers_.push_back(connect_server(endpoint, Clock::now()));
+  } catch (const transport::TransportError& e) {
+    std::fprintf(stderr, "tandem %s: left out slot server %s: %s\n", options_.client.c_str(),
+                 endpoint.c_str(), e.what());
+    return;
+  }
+  servers_.back()->joining = true;
+  send(*servers_.back(), SlotMessage{SlotMessageType::Hello});
+}
+
 void TrialSlotPool::send(Server& s, const SlotMessage& m) {
   const std::string text = encode_slot_message(m);
   try {
@@ -138,7 +159,8 @@ int TrialSlotPool::free_slots() const {
 
 std::vector<std::string> TrialSlotPool::endpoints() const {
   std::vector<std::string> out;
-  for (const auto& s : servers_) out.push_back(s->endpoint);
+  for (const auto& s : servers_)
+    if (s->answered) out.push_back(s->endpoint);
   return out;
 }
 
@@ -186,7 +208,8 @@ void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJ
   if (s.send_error.empty()) send(s, SlotMessage{SlotMessageType::Bye});
   s.socket.close();
   const bool others = total_slots() > 0;
-  std::fprintf(stderr, "tandem search: slot server %s %s; %s\n", s.endpoint.c_str(), reason.c_str(),
+  std::fprintf(stderr, "tandem %s: slot server %s %s; %s\n", options_.client.c_str(),
+               s.endpoint.c_str(), reason.c_str(),
                others ? "going on with the others" : "no slot server is left");
 }
 
@@ -220,8 +243,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
       try {
         m = decode_slot_message(frame.to_string());
       } catch (const SlotProtocolError& e) {
-        std::fprintf(stderr, "tandem search: bad message from slot server %s: %s\n",
-                     s.endpoint.c_str(), e.what());
+        std::fprintf(stderr, "tandem %s: bad message from slot server %s: %s\n",
+                     options_.client.c_str(), s.endpoint.c_str(), e.what());
         continue;
       }
       const auto job = std::find(s.jobs.begin(), s.jobs.end(), m.job);
@@ -232,6 +255,11 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
             break;
           }
           s.answered = true;
+          if (s.joining) {
+            s.joining = false;
+            std::fprintf(stderr, "tandem %s: slot server %s joined with %d slot(s)\n",
+                         options_.client.c_str(), s.endpoint.c_str(), m.slots);
+          }
           s.busy = m.running >= m.slots;  // another search's trials fill it
           s.slots = m.slots;
           s.threads = std::max(1, m.threads);
@@ -253,8 +281,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
             ended.push_back(
                 {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});
           } else {
-            std::fprintf(stderr, "tandem search: slot server %s: %s\n", s.endpoint.c_str(),
-                         m.error.c_str());
+            std::fprintf(stderr, "tandem %s: slot server %s: %s\n", options_.client.c_str(),
+                         s.endpoint.c_str(), m.error.c_str());
           }
           break;
         case SlotMessageType::Heartbeat:
@@ -267,6 +295,17 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
   const auto now = Clock::now();
   for (auto& s : servers_) {
     if (!s->alive) continue;
+    if (s->joining && now - s->last_heard > std::chrono::milliseconds(options_.timeout_ms)) {
+      // Listed but silent (a server killed outright leaves its entry): left out, as at the start.
+      s->alive = false;
+      s->joining = false;
+      s->lost = "did not answer within " + seconds_text(options_.timeout_ms) + " s";
+      s->socket.set(zmq::sockopt::linger, 0);
+      s->socket.close();
+      std::fprintf(stderr, "tandem %s: left out slot server %s, listed in a --slots directory: %s\n",
+                   options_.client.c_str(), s->endpoint.c_str(), s->lost.c_str());
+      continue;
+    }
     if (s->answered && now - s->last_sent >= std::chrono::milliseconds(s->heartbeat_ms))
       send(*s, SlotMessage{SlotMessageType::Heartbeat});
     if (!s->send_error.empty()) {

@@ -31,6 +31,7 @@ struct TrialSlotPoolOptions {
   // answer hello is left out (skipped()) instead of failing the pool, since a server killed
   // outright leaves its entry behind. The pool still needs one server that answers.
   std::vector<std::string> optional_endpoints;
+  std::string client = "search";   // the command, for what it says on stderr
 };
 
 // A job that ended: `clean` when it exited 0; `how` says how it ended otherwise. `retry`: it
@@ -60,6 +61,10 @@ class TrialSlotPool {
   // that server's threads per trial. Returns the server's endpoint. Needs free_slots() > 0.
   std::string start(const std::string& job, const std::function<std::vector<std::string>(int)>& args,
                     const std::string& log);
+  // A server that came after the start (listed in a --slots directory since): it joins once it
+  // answers hello (said on stderr), and is left out, as a stale entry, if it does not within
+  // timeout_ms. An endpoint the pool already has, or had, is ignored.
+  void add(const std::string& endpoint);
   // Asks the job's server to end it (SIGTERM); its end comes from wait() as usual.
   void cancel(const std::string& job);
   // Waits up to timeout_ms for messages; sends heartbeats; returns the jobs that ended, those of
@@ -67,15 +72,18 @@ class TrialSlotPool {
   std::vector<SlotJobEnd> wait(long timeout_ms);
   // Why there are no servers left: each endpoint and what happened to it.
   std::string lost_servers() const;
+  // Every server that answered hello, in order: those of the start, then those that joined.
   std::vector<std::string> endpoints() const;
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Server;
+  std::unique_ptr<Server> connect_server(const std::string& endpoint, Clock::time_point now);
   void send(Server& server, const SlotMessage& m);
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 
   TrialSlotPoolOptions options_;
+  std::string id_;  // this client's routing id on every server
   std::vector<std::pair<std::string, std::string>> skipped_;  // endpoint, why
   zmq::context_t context_{1};
   std::vector<std::unique_ptr<Server>> servers_;
