@@ -299,7 +299,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
       // Listed but silent (a server killed outright leaves its entry): left out, as at the start.
       s->alive = false;
       s->joining = false;
-      s->lost = "did not answer within " + seconds_text(options_.timeout_ms) + " s";
+      if (s->lost.empty())
+        s->lost = "did not answer within " + seconds_text(options_.timeout_ms) + " s";
       s->socket.set(zmq::sockopt::linger, 0);
       s->socket.close();
       std::fprintf(stderr, "tandem %s: left out slot server %s, listed in a --slots directory: %s\n",
