@@ -251,7 +251,7 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
       ASSERT_TRUE(sub.recv(body));
       EXPECT_EQ(topic.to_string(), "scores");
       const json m = json::parse(body.to_string());
-      if (m.value("replayed", false)) continue;  // the replay's closing message
+      if (!m.contains("seq")) continue;  // a replay's opening or closing message
       seqs.insert(m.at("seq").get<int64_t>());
       EXPECT_DOUBLE_EQ(m.at("loss").get<double>(), 1000.0 - double(m.at("step").get<int64_t>()));
     }
@@ -288,14 +288,17 @@ class ScoreChannelByHand : public ::testing::Test {
     scores_.send(zmq::str_buffer("scores"), zmq::send_flags::sndmore);
     scores_.send(zmq::buffer(m.dump()));
   }
-  static json score(int64_t seq, bool replay) {
+  static json score(int64_t seq, int64_t replay = 0) {
     json m{{"seq", seq}, {"step", seq}, {"loss", 100.0 - double(seq)}};
-    if (replay) m["replay"] = true;
+    if (replay > 0) m["replay"] = replay;
     return m;
   }
-  void replay(int64_t first, int64_t last) {
-    for (int64_t seq = first; seq <= last; ++seq) publish(score(seq, true));
-    publish({{"replayed", true}});
+  // Replay number `id` of seqs first..last, as the coordinator sends one; `opened`: with its
+  // opening message (without: its tail, as a subscriber attached in its middle sees it).
+  void replay(int64_t id, int64_t first, int64_t last, bool opened = true) {
+    if (opened) publish({{"replaying", id}});
+    for (int64_t seq = first; seq <= last; ++seq) publish(score(seq, id));
+    publish({{"replayed", id}});
   }
   // The seqs given until the end message (which must come).
   std::vector<int64_t> seqs_until_the_end() {
@@ -321,18 +324,29 @@ class ScoreChannelByHand : public ::testing::Test {
 };
 
 TEST_F(ScoreChannelByHand, ALiveScoreBeforeTheReplayComesAfterItInOrder) {
-  publish(score(12, false));  // live, before the subscriber's replay
-  replay(3, 12);
-  publish(score(13, false));
-  replay(4, 13);  // a later subscriber's replay: nothing new in it
-  publish(score(14, false));
+  publish(score(12));  // live, before the subscriber's replay
+  replay(1, 3, 12);
+  publish(score(13));
+  replay(2, 4, 13);  // a later subscriber's replay: nothing new in it
+  publish(score(14));
   publish({{"end", true}, {"reason", "test over"}});
   EXPECT_EQ(seqs_until_the_end(), seq_range(3, 14));
 }
 
+TEST_F(ScoreChannelByHand, TheTailOfAnotherSubscribersReplayIsNotTakenForOnesOwn) {
+  // Attached in the middle of replay 1 (for another subscriber): its last scores and close come
+  // first, then a live score, then this subscriber's own replay.
+  replay(1, 10, 12, /*opened=*/false);
+  publish(score(13));
+  replay(2, 4, 13);
+  publish(score(14));
+  publish({{"end", true}, {"reason", "test over"}});
+  EXPECT_EQ(seqs_until_the_end(), seq_range(4, 14));
+}
+
 TEST_F(ScoreChannelByHand, WithoutAReplayLiveScoresComeAfterAHold) {
-  publish(score(1, false));
-  publish(score(2, false));
+  publish(score(1));
+  publish(score(2));
   publish({{"end", true}, {"reason", "test over"}});
   EXPECT_EQ(seqs_until_the_end(), seq_range(1, 2));  // after the 2 s hold for a replay
 }

@@ -5,7 +5,7 @@
 # equals a clean run's byte for byte (every file, metadata included). Fails, rather than passing
 # vacuously, when the run ended before the kill could land. Then SIGTERM, to one process and to
 # the parent of --processes 2: the run stops between chunks, says so, and leaves no temporary
-# file; its rerun finishes the output.
+# file; its rerun finishes the output. A run started with SIGHUP ignored (nohup) ignores it.
 # usage: predict_kill_test.sh TANDEM
 set -uo pipefail
 tandem=$1
@@ -99,4 +99,16 @@ for how in "one process" "--processes 2"; do
     "$done_before/$((chunks - done_before))"
   check "$how: ... and the output equals the clean run's" diff -r "$dir/clean.zarr" "$out"
 done
+
+# Started with SIGHUP ignored (nohup), a run keeps ignoring it: a closed terminal does not stop it.
+out=$dir/nohup.zarr
+(trap '' HUP; exec "$tandem" predict --model "$model" --data "$store" --split train --backend cpu \
+  --threads 1 --out "$out") >/dev/null 2>&1 &
+pid=$!
+while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+kill -HUP "$pid" 2>/dev/null
+{ wait "$pid"; } 2>/dev/null; status=$?
+pid=
+check "nohup: SIGHUP stays ignored; the run finishes (exit status $status, $(complete "$out") chunks)" \
+  test "$status" -eq 0 -a "$(complete "$out")" -eq $chunks
 summarize

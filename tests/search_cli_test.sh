@@ -92,6 +92,19 @@ check "the results so far are written, each trial stopped by SIGTERM with its ep
     and all(t['stopped_by_signal'] == 'SIGTERM' and t['epochs'] >= 1 for t in r['results'])"
 check "... and the best checkpoint kept" test -s "$dir/s8/best.safetensors"
 check "no trial outlives the search" test -z "$(pgrep -f -- "$dir/s8/trial-")"
+# The signal sent to the whole process group instead (a terminal's Ctrl-C, a batch system's
+# cancel): it reaches the trials too, which die of it at once; they are stopped, not failed.
+setsid "$tandem" search --data "$dir/fm.zarr" --trials "$dir/trials.json" --budget 1000 \
+    --min-epochs 1000 --processes 2 --threads-per-trial 1 --backend cpu --out "$dir/s9" --json \
+    >"$dir/out9" 2>"$dir/err9" &
+group=$!
+scored9() { grep -q '"type":"epoch"' "$dir/s9/trial-$1.r0.jsonl" 2>/dev/null; }
+for _ in $(seq 1200); do scored9 0 && scored9 1 && break; sleep 0.1; done
+kill -TERM -- -"$group"
+wait "$group"; rc=$?
+check "SIGTERM to the search's process group: exit status $rc, the trials stopped, not failed" \
+    py_check "$dir/s9/results.json" "r['failed'] == 0 and len(r['results']) == 2 and \
+    all(t['status'] == 'stopped' and t['stopped_by_signal'] == 'SIGTERM' for t in r['results'])"
 
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \

@@ -135,10 +135,16 @@ class Client {
                    i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   void send(const SlotMessage& m) { send_raw({encode_slot_message(m)}); }
-  // The next message that is not a heartbeat, within 10 s.
+  // The next message that is not a heartbeat, within 10 s. Heartbeats go out meanwhile (every
+  // 250 ms), so a slow answer does not make this client silent.
   SlotMessage next() {
     const auto deadline = Clock::now() + std::chrono::seconds(10);
+    auto beat = Clock::now();
     while (Clock::now() < deadline) {
+      if (Clock::now() - beat >= std::chrono::milliseconds(250)) {
+        send(SlotMessage(SlotMessageType::Heartbeat));
+        beat = Clock::now();
+      }
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(50));
       zmq::message_t frame;

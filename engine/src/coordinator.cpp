@@ -112,24 +112,25 @@ void Coordinator::serve() {
       while (scores_.recv(event, zmq::recv_flags::dontwait))
         if (event.size() > 0 && static_cast<const uint8_t*>(event.data())[0] == 1) replay = true;
       if (replay) {
-        // The newest scores, marked as a replay and closed by a "replayed" message: a new
-        // subscriber may already have been sent a live score (ZeroMQ attaches it before this
-        // loop reads its subscription), and it holds live scores back until the replay is in,
-        // so that it sees them in order (score_subscriber.h). The replay goes before the live
-        // scores still queued, which it already holds.
+        // The newest scores as replay number `id`: opened by {"replaying": id}, each score
+        // marked "replay": id, closed by {"replayed": id}. A new subscriber may be sent live
+        // scores before its replay (ZeroMQ attaches it before this loop reads its subscription),
+        // or only the tail of a replay meant for another (attached in the middle of one): it
+        // holds live scores back until it has a whole replay, then gives them after it, in order
+        // (score_subscriber.h). Queued after the live scores, which it already covers.
         std::lock_guard<std::mutex> lock(mutex_);
-        std::vector<json> replayed;
+        const int64_t id = ++replays_;
+        to_publish_.push_back({{"replaying", id}});
         const size_t n = std::min(options_.score_history, scores_log_.size());
         for (size_t i = scores_log_.size() - n; i < scores_log_.size(); ++i) {
           const ScoreRecord& s = scores_log_[i];
-          replayed.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
-                              {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
-                              {"samples", s.samples}, {"replay", true}});
+          to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
+                                 {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
+                                 {"samples", s.samples}, {"replay", id}});
         }
-        replayed.push_back({{"replayed", true}});
+        to_publish_.push_back({{"replayed", id}});
         if (phase_ == ClusterPhase::Done || phase_ == ClusterPhase::Failed)
-          replayed.push_back({{"end", true}, {"reason", stop_reason_.empty() ? failure_ : stop_reason_}});
-        to_publish_.insert(to_publish_.begin(), replayed.begin(), replayed.end());
+          to_publish_.push_back({{"end", true}, {"reason", stop_reason_.empty() ? failure_ : stop_reason_}});
       }
     }
     on_tick();

@@ -166,6 +166,7 @@ class Coordinator {
   WorkQueue work_;
   std::vector<ScoreRecord> scores_log_;
   std::vector<nlohmann::json> to_publish_;  // queued by any thread, sent by the serving thread
+  int64_t replays_ = 0;                      // replays of the newest scores sent (serve())
   std::string stop_reason_, failure_;
   nlohmann::json training_spec_;
   std::map<std::string, std::string> expected_;  // role name -> where it should come from

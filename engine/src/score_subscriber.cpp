@@ -25,6 +25,12 @@ namespace {
 // How long live messages are held back for a replay that does not come (a subscription the
 // coordinator never answered): then they are given as they are.
 constexpr auto kReplayWait = std::chrono::seconds(2);
+
+// The replay number under `key` (0 when it is not a positive integer).
+int64_t replay_id(const json& m, const char* key) {
+  const auto it = m.find(key);
+  return it != m.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
 }  // namespace
 
 std::optional<json> ScoreSubscriber::take(json m) {
@@ -66,14 +72,25 @@ std::optional<json> ScoreSubscriber::next(int timeout_ms) {
     if (!socket_.recv(topic) || !socket_.recv(body)) continue;
     json m = json::parse(body.to_string_view(), nullptr, false);
     if (m.is_discarded() || !m.is_object()) continue;
-    if (m.value("replayed", false)) {
-      replayed_ = true;
+    if (m.contains("replaying")) {
+      if (!replayed_) open_replay_ = replay_id(m, "replaying");
       continue;
     }
-    if (!replayed_ && !m.value("replay", false)) {  // live, before the replay is in
-      if (held_.empty()) first_held_ = std::chrono::steady_clock::now();
-      held_.push_back(std::move(m));
+    if (m.contains("replayed")) {
+      if (!replayed_ && open_replay_ != 0 && replay_id(m, "replayed") == open_replay_)
+        replayed_ = true;
       continue;
+    }
+    if (!replayed_) {
+      if (m.contains("replay")) {
+        // A score of the replay seen opening is given; one of a replay joined in its middle is
+        // not (its earlier scores were missed: the subscriber's own replay brings them all).
+        if (open_replay_ == 0 || replay_id(m, "replay") != open_replay_) continue;
+      } else {  // live (or the end), before a whole replay
+        if (held_.empty()) first_held_ = std::chrono::steady_clock::now();
+        held_.push_back(std::move(m));
+        continue;
+      }
     }
     if (auto out = take(std::move(m))) return out;
   }

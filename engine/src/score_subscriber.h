@@ -3,11 +3,13 @@
 // and without duplicates, until the "end" message. `tandem scores` and the Python package's
 // tandem.scores() read the channel through it.
 //
-// The replay goes to every subscriber (a PUB socket cannot single one out), marked "replay" and
-// closed by a {"replayed": true} message. A new subscriber can be sent a live score before its
-// replay (ZeroMQ attaches it before the coordinator reads its subscription), so until a replay
-// is complete it holds live messages back, then gives them after the replay's older scores. A
-// seq already given is dropped (the replays meant for later subscribers).
+// A replay goes to every subscriber (a PUB socket cannot single one out): {"replaying": ID},
+// the scores each marked "replay": ID, then {"replayed": ID}. A new subscriber can be sent live
+// scores before its replay (ZeroMQ attaches it before the coordinator reads its subscription),
+// or only the tail of a replay meant for another (attached in the middle of one). So until it
+// has seen a replay whole, from its opening to its close, it holds live messages back and takes
+// no partial replay; then it gives the replay's scores and, after them, the live ones. A seq
+// already given is dropped (the replays meant for later subscribers).
 #pragma once
 
 #include <zmq.hpp>
@@ -43,6 +45,7 @@ class ScoreSubscriber {
   int64_t newest_ = 0;
   bool ended_ = false;
   bool replayed_ = false;                 // a whole replay has come
+  int64_t open_replay_ = 0;               // the replay seen opening, before replayed_
   std::deque<nlohmann::json> held_;       // live messages that came before it
   std::chrono::steady_clock::time_point first_held_;
 };

@@ -57,10 +57,15 @@ pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const pid_t pid = fork();
+  pid_t pid;
+  {
+    const StopSignalsBlocked blocked;  // until the child has reset them (stop_signals.h)
+    pid = fork();
+  }
   if (pid < 0) throw IoError(std::string("cannot fork: ") + std::strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with the parent
+    reset_stop_signals_in_child();
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -108,6 +113,7 @@ void run_processes(const PredictCliOptions& o) {
   }
   if (stop.load())
     throw Error(std::string("prediction stopped by ") + stop_signal_name() +
+                (failures.empty() ? std::string() : " (its processes:" + failures + ")") +
                 "; rerun to finish the missing chunks (complete ones are kept)");
   if (!failures.empty())
     throw Error("prediction processes failed:" + failures +

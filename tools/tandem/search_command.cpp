@@ -140,7 +140,8 @@ class RemoteTrials final : public TrialRunner {
  public:
   explicit RemoteTrials(std::unique_ptr<TrialSlotPool> pool) : pool_(std::move(pool)) {}
   int free_slots() const override { return pool_->free_slots(); }
-  bool any_slots() const override { return pool_->total_slots() > 0; }
+  // (A server still joining may bring slots: it is waited for until it answers or is left out.)
+  bool any_slots() const override { return pool_->total_slots() > 0 || pool_->joining() > 0; }
   std::string why_no_slots() const override {
     return "every slot server is gone (" + pool_->lost_servers() + ")";
   }
@@ -285,31 +286,35 @@ void run_search(SearchOptions& o) {
   // Servers listed in the --slots directories after the start join the search (a cluster's
   // machines added while it runs): the directories are read again every 2 s.
   auto last_listing = Clock::now();
-  while (true) {
+  // When the time budget is spent, or a signal came: start nothing more, end the running trials
+  // where they are. Also checked as soon as trials end, before their ends are counted: a
+  // terminal's Ctrl-C reaches the local trials too (one process group), and those it killed are
+  // stopped, not failed.
+  auto close_if_due = [&] {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const bool out_of_time = o.budget_seconds > 0 && elapsed >= o.budget_seconds;
+    if (!(out_of_time || stop.load()) || closed) return;
+    closed = true;
+    closed_by_signal = stop.load();
+    closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
+    halving.close();
+    for (RunningJob& r : running) runner->cancel(r.key);
+    for (const HalvingJob& j : refused) {
+      records[j.trial].cut = true;
+      halving.stop(j.trial);
+    }
+    refused.clear();
+    progress.print_line("tandem search: " +
+                        (closed_by_signal ? closed_by : std::string("--budget-seconds reached")) +
+                        "; stopping " + std::to_string(running.size()) + " running trial(s)");
+  };
+  while (true) {
     if (remote && !o.slots.dirs.empty() && !closed &&
         Clock::now() - last_listing >= std::chrono::seconds(2)) {
       last_listing = Clock::now();
       for (const std::string& endpoint : o.slots.newly_listed()) remote->add(endpoint);
     }
-    const bool out_of_time = o.budget_seconds > 0 && elapsed >= o.budget_seconds;
-    if ((out_of_time || stop.load()) && !closed) {
-      // The time budget is spent, or a signal came: start nothing more, end the running trials
-      // where they are.
-      closed = true;
-      closed_by_signal = stop.load();
-      closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
-      halving.close();
-      for (RunningJob& r : running) runner->cancel(r.key);
-      for (const HalvingJob& j : refused) {
-        records[j.trial].cut = true;
-        halving.stop(j.trial);
-      }
-      refused.clear();
-      progress.print_line("tandem search: " +
-                          (closed_by_signal ? closed_by : std::string("--budget-seconds reached")) +
-                          "; stopping " + std::to_string(running.size()) + " running trial(s)");
-    }
+    close_if_due();
     while (!closed && runner->free_slots() > 0) {
       std::optional<HalvingJob> job;
       if (!refused.empty()) {
@@ -345,7 +350,9 @@ void run_search(SearchOptions& o) {
       break;
     }
     progress.update(status_line());
-    for (const SlotJobEnd& end : runner->wait(50)) {
+    const std::vector<SlotJobEnd> ended = runner->wait(50);
+    close_if_due();
+    for (const SlotJobEnd& end : ended) {
       const auto it = std::find_if(running.begin(), running.end(),
                                    [&](const RunningJob& r) { return r.key == end.job; });
       if (it == running.end()) continue;

@@ -18,8 +18,10 @@ namespace {
 
 // The endpoints in DIR's *.endpoint files, sorted by file name; a file that goes while being
 // read (its server stopping) is passed over. `may_be_missing`: a DIR not there yet lists none
-// (its servers make it).
-std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing) {
+// (its servers make it). `bad`: where a file that holds no endpoint goes, passed over, instead
+// of an InputError.
+std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing,
+                                   std::vector<std::string>* bad = nullptr) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (may_be_missing && !fs::exists(dir, error)) return {};
@@ -39,8 +41,11 @@ std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing) 
     }
     std::string endpoint;
     std::getline(in, endpoint);
-    if (endpoint.find("://") == std::string::npos)
-      throw InputError("--slots " + dir + ": " + file + " holds no endpoint");
+    if (endpoint.find("://") == std::string::npos) {
+      if (bad == nullptr) throw InputError("--slots " + dir + ": " + file + " holds no endpoint");
+      bad->push_back(file);
+      continue;
+    }
     endpoints.push_back(endpoint);
   }
   return endpoints;
@@ -126,12 +131,18 @@ std::unique_ptr<TrialSlotPool> SlotClientOptions::connect(const std::string& com
 std::vector<std::string> SlotClientOptions::newly_listed() {
   std::vector<std::string> fresh;
   for (const std::string& dir : dirs) {
-    std::vector<std::string> here;
+    std::vector<std::string> here, bad;
     try {
-      here = listed_in(dir, true);
+      here = listed_in(dir, true, &bad);
     } catch (const std::exception&) {
-      continue;  // unreadable for now (or an entry being rewritten): the next look may do
+      continue;  // unreadable for now: the next look may do
     }
+    for (const std::string& file : bad)  // said once; the other entries still count
+      if (std::find(passed_over.begin(), passed_over.end(), file) == passed_over.end()) {
+        passed_over.push_back(file);
+        std::fprintf(stderr, "tandem: --slots %s: %s holds no endpoint; passed over\n",
+                     dir.c_str(), file.c_str());
+      }
     for (const std::string& endpoint : here)
       if (std::find(listed.begin(), listed.end(), endpoint) == listed.end() &&
           std::find(endpoints.begin(), endpoints.end(), endpoint) == endpoints.end()) {

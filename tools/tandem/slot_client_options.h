@@ -26,6 +26,7 @@ struct SlotClientOptions {
   const CLI::Option* timeout_option = nullptr;  // set by add_slot_client_options
   std::vector<std::string> listed;  // after prepare(): the endpoints found only in directories
   std::vector<std::string> dirs;    // after prepare(): the --slots directories
+  std::vector<std::string> passed_over;  // entries newly_listed() found without an endpoint
 
   bool remote() const { return !endpoints.empty(); }
   // Checks the options: InputError naming `command` for --slots-timeout, --slots-expect or a key

@@ -1,8 +1,7 @@
 #include "stop_signals.h"
 
+#include <pthread.h>
 #include <signal.h>
-
-#include <initializer_list>
 
 namespace tandem::cli {
 
@@ -10,6 +9,8 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_handled[3] = {{false}, {false}, {false}};  // SIGINT, SIGTERM, SIGHUP
+constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
 
 void on_stop_signal(int sig) {
   int none = 0;
@@ -25,7 +26,11 @@ const std::atomic<bool>& stop_on_signals() {
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+    for (int i = 0; i < 3; ++i) {
+      struct sigaction old {};
+      if (sigaction(kStopSignals[i], nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+      if (sigaction(kStopSignals[i], &sa, nullptr) == 0) g_handled[i].store(true);
+    }
     return true;
   }();
   (void)installed;
@@ -41,6 +46,26 @@ const char* stop_signal_name() {
     case SIGHUP: return "SIGHUP";
     default: return "no signal";
   }
+}
+
+StopSignalsBlocked::StopSignalsBlocked() {
+  sigset_t block;
+  sigemptyset(&block);
+  for (const int sig : kStopSignals) sigaddset(&block, sig);
+  pthread_sigmask(SIG_BLOCK, &block, &old_);
+}
+
+StopSignalsBlocked::~StopSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+void reset_stop_signals_in_child() {
+  struct sigaction fallback {};
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  for (int i = 0; i < 3; ++i)
+    if (g_handled[i].load()) sigaction(kStopSignals[i], &fallback, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
 }  // namespace tandem::cli

@@ -4,16 +4,39 @@
 // (SA_RESTART), so a write in flight completes; poll-like waits still return early.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 
 namespace tandem::cli {
 
 // Installs the handlers (once; later calls only return the flag). The flag turns true at the
-// first of those signals.
+// first of those signals. A signal this process was started ignoring (nohup, a background job
+// of a non-interactive shell) stays ignored.
 const std::atomic<bool>& stop_on_signals();
 
 // The signal that set the flag (0: none yet), and its name ("SIGTERM").
 int stop_signal();
 const char* stop_signal_name();
+
+// Held around fork() by a parent that may have the handlers: the stop signals are blocked in
+// the calling thread, so the child cannot take one with the parent's handler before its exec
+// (it would only set the child's copy of the flag, and exec would drop it). The child calls
+// reset_stop_signals_in_child() before exec.
+class StopSignalsBlocked {
+ public:
+  StopSignalsBlocked();
+  ~StopSignalsBlocked();
+  StopSignalsBlocked(const StopSignalsBlocked&) = delete;
+  StopSignalsBlocked& operator=(const StopSignalsBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
+// In a forked child (async-signal-safe): the signals this process handles go back to their
+// default action, and every signal is unblocked, so one sent since the fork acts as it would on
+// the program exec'd next.
+void reset_stop_signals_in_child();
 
 }  // namespace tandem::cli

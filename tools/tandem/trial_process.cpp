@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "stop_signals.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
@@ -26,7 +27,11 @@ pid_t start_trial_process(const std::vector<std::string>& args, const std::strin
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t parent = getpid();
-  const pid_t pid = fork();
+  pid_t pid;
+  {
+    const StopSignalsBlocked blocked;  // until the child has reset them (stop_signals.h)
+    pid = fork();
+  }
   if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // trials die with their parent, however it ends
@@ -37,11 +42,9 @@ pid_t start_trial_process(const std::vector<std::string>& args, const std::strin
       dup2(fd, STDERR_FILENO);
       close(fd);
     }
-    // A slot server's SIGINT/SIGTERM handler must not stay in the trial (exec resets handlers,
-    // but not a blocked mask).
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The parent's stop-signal handlers and blocked mask must not reach the trial: a SIGTERM
+    // sent since the fork (a cancel right after the start) then ends it as it would the trial.
+    reset_stop_signals_in_child();
     execv(argv[0], argv.data());
     const char* prefix = "tandem: cannot run the trial: ";
     (void)!write(STDERR_FILENO, prefix, std::strlen(prefix));

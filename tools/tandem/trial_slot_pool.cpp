@@ -150,6 +150,11 @@ int TrialSlotPool::total_slots() const {
   return n;
 }
 
+int TrialSlotPool::joining() const {
+  return static_cast<int>(std::count_if(servers_.begin(), servers_.end(),
+                                        [](const auto& s) { return s->alive && s->joining; }));
+}
+
 int TrialSlotPool::free_slots() const {
   int n = 0;
   for (const auto& s : servers_)

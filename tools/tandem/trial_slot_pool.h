@@ -56,6 +56,7 @@ class TrialSlotPool {
   TrialSlotPool& operator=(const TrialSlotPool&) = delete;
 
   int total_slots() const;  // of the servers still answering
+  int joining() const;      // servers added (add()) that have not answered hello yet
   int free_slots() const;
   // Starts a job on the server with the most free slots; `args(threads)` gives `train ...` for
   // that server's threads per trial. Returns the server's endpoint. Needs free_slots() > 0.

@@ -28,6 +28,7 @@ struct TrialSlotsOptions {
   int slots = 1;
   int threads_per_trial = 0;
   double heartbeat_timeout = 10;
+  double kill_grace = 2;
   std::string endpoint_file;
   std::string endpoint_dir;
   std::string advertise;  // the host clients reach this server by, for a wildcard bind
@@ -82,6 +83,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   options.threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / o.slots);
   options.program = self_path();
   options.heartbeat_timeout_ms = static_cast<int>(o.heartbeat_timeout * 1000);
+  options.kill_grace_ms = static_cast<int>(o.kill_grace * 1000);
   if (!o.curve_secret.empty()) {
     const transport::CurveKeyPair keys = transport::read_curve_secret_key_file(o.curve_secret);
     options.curve_secret_key = keys.secret_key;
@@ -138,6 +140,10 @@ void add_trial_slots_command(CLI::App& app) {
   cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
                   "Seconds a search may stay silent before its trials are killed")
       ->check(CLI::Range(0.2, 3600.0))->capture_default_str();
+  cmd->add_option("--kill-grace", o->kill_grace,
+                  "Seconds a job has to end after SIGTERM (a prediction's share finishes the "
+                  "chunk it is writing) before SIGKILL")
+      ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
   cmd->add_option("--advertise", o->advertise,
                   "With --bind tcp://0.0.0.0:PORT: the host name or address clients reach this "
                   "server by (default: this machine's name)");
