@@ -505,6 +505,40 @@ TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
   EXPECT_EQ(shards, 2);
 }
 
+// A worker whose backend stays in a call past the step timeout says so in its heartbeats, and
+// the coordinator counts it lost, naming the call (a hung GPU would stay there; these steps end,
+// so the workers come back, and the run finishes). A timeout of a microsecond and heartbeats
+// every 5 ms make every step a stall that a heartbeat sees.
+TEST(ClusterRun, AWorkerStuckInItsBackendPastTheStepTimeoutIsLost) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.settings.model = ModelConfig::parse("40-256-256-4");  // steps of about a millisecond
+  o.settings.step_timeout_s = 1e-6;
+  o.heartbeat_ms = 5;
+  o.workers = 2;
+  o.max_epochs = 1;
+  o.keep_best = false;
+  testing::internal::CaptureStderr();
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(nullptr);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(s.stop_reason, "max-epochs");
+  EXPECT_NE(said.find(" lost: its backend has not returned from "), std::string::npos) << said;
+  EXPECT_NE(said.find("(step timeout 1e-06 s): a hung GPU?"), std::string::npos) << said;
+}
+
+TEST(RunSettings, TheStepTimeoutTravelsAndANegativeOneIsRefused) {
+  RunSettings s;
+  s.step_timeout_s = 42.5;
+  EXPECT_EQ(run_settings_from_json(to_json(s)).step_timeout_s, 42.5);
+  json older = to_json(s);
+  older.erase("step_timeout_s");
+  EXPECT_EQ(run_settings_from_json(older).step_timeout_s, 600.0);  // settings from before it
+  json bad = to_json(s);
+  bad["step_timeout_s"] = -1.0;
+  EXPECT_THROW(run_settings_from_json(bad), InputError);
+}
+
 TEST(ClusterRun, StopsAtTheTargetAndKeepsTheParametersThatMetIt) {
   test::TempDir dir;
   ClusterOptions o = small_run(dir, write_small_store(dir));

@@ -80,7 +80,8 @@ json to_json(const RunSettings& s) {
           {"curve_client_file", s.curve_client_file},
           {"fed", s.fed},
           {"ps_timeout_ms", s.ps_timeout_ms},
-          {"init_timeout_ms", s.init_timeout_ms}};
+          {"init_timeout_ms", s.init_timeout_ms},
+          {"step_timeout_s", s.step_timeout_s}};
 }
 
 RunSettings run_settings_over_defaults(const json& overrides) {
@@ -132,10 +133,13 @@ RunSettings run_settings_from_json(const json& j) {
     s.fed = j.value("fed", false);
     s.ps_timeout_ms = j.at("ps_timeout_ms").get<int>();
     s.init_timeout_ms = j.at("init_timeout_ms").get<int>();
+    s.step_timeout_s = j.value("step_timeout_s", 600.0);  // absent from older settings
   } catch (const json::exception& e) {
     throw InputError(std::string("cluster settings from the coordinator: ") + e.what());
   }
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
+  if (!(s.step_timeout_s >= 0))
+    throw InputError("cluster settings: step_timeout_s must be >= 0 (0: never)");
   check_overlap(s);
   check_worker_group(s);
   return s;
@@ -421,20 +425,54 @@ static void worker_role(const RoleOptions& o) {
   struct Status {
     std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, task{0}, done{0};
     std::atomic<int> queue_depth{0};
+    // Since when the backend has been in a call (steady-clock ns; 0: in none), and which: the
+    // heartbeats report a call older than the step timeout (RunSettings::step_timeout_s).
+    std::atomic<int64_t> busy_since_ns{0};
+    std::atomic<const char*> busy_in{""};
+    std::atomic<bool> stall_said{false};
   };
   auto status = std::make_shared<Status>();
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  };
   auto last = std::make_shared<std::pair<Clock::time_point, int64_t>>(Clock::now(), 0);
-  link.start_heartbeats(r.name, [status, last] {
+  const double step_timeout_s = r.settings.step_timeout_s;
+  link.start_heartbeats(r.name, [status, last, now_ns, step_timeout_s, name = r.name] {
     const auto now = Clock::now();
     const int64_t samples = status->samples.load();
     const double dt = std::chrono::duration<double>(now - last->first).count();
     const double rate = dt > 0 ? double(samples - last->second) / dt : 0.0;
     *last = {now, samples};
-    return json{{"steps", status->steps.load()}, {"samples", samples},
-                {"samples_per_s", rate}, {"batches_done", status->batches_done.load()},
-                {"task", status->task.load()}, {"done", status->done.load()},
-                {"queue_depth", status->queue_depth.load()}};
+    json beat{{"steps", status->steps.load()}, {"samples", samples},
+              {"samples_per_s", rate}, {"batches_done", status->batches_done.load()},
+              {"task", status->task.load()}, {"done", status->done.load()},
+              {"queue_depth", status->queue_depth.load()}};
+    const int64_t since = status->busy_since_ns.load();
+    const double busy_s = since != 0 ? double(now_ns() - since) / 1e9 : 0.0;
+    if (step_timeout_s > 0 && busy_s > step_timeout_s) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "its backend has not returned from %s for %.3g s (step timeout %g s): a hung "
+                    "GPU?", status->busy_in.load(), busy_s, step_timeout_s);
+      beat["stalled"] = text;
+      if (!status->stall_said.exchange(true)) std::fprintf(stderr, "%s: %s\n", name.c_str(), text);
+    } else if (since == 0) {
+      status->stall_said = false;  // returned: a later stall is said again
+    }
+    return beat;
   }, o.heartbeat_ms);
+  // Marks the backend as in a call, for the heartbeats' stall check.
+  struct InBackend {
+    InBackend(Status& s, const char* what, int64_t now) : status(s) {
+      status.busy_in = what;
+      status.busy_since_ns = now;
+    }
+    ~InBackend() { status.busy_since_ns = 0; }
+    InBackend(const InBackend&) = delete;
+    InBackend& operator=(const InBackend&) = delete;
+    Status& status;
+  };
 
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
   if (servers.empty()) {
@@ -510,6 +548,7 @@ static void worker_role(const RoleOptions& o) {
   }
   // Every member gets the parameters `model` holds (a group's by the leader's broadcast).
   auto install = [&] {
+    const InBackend in(*status, "installing the parameters", now_ns());
     if (group) group->install(model);
     else backend->set_parameters(model);
   };
@@ -567,9 +606,15 @@ static void worker_role(const RoleOptions& o) {
   };
   // One batch: its gradient, pushed; false when training ended while the servers were away.
   auto train_batch = [&](const DatasetView& batch) {
-    backend->compute_gradients(batch, nullptr, batch.rows);
-    gradients = gradient_buffers.take();
-    backend->get_gradients(gradients->value);
+    {
+      const InBackend in(*status, "a step", now_ns());
+      backend->compute_gradients(batch, nullptr, batch.rows);
+    }
+    gradients = gradient_buffers.take();  // (after the compute: a send may still hold one)
+    {
+      const InBackend in(*status, "a step's gradients", now_ns());
+      backend->get_gradients(gradients->value);
+    }
     return push_gradients(1, batch.rows);
   };
   // A group's step: step_batches[m] to member m, the first `count` of them batches and the
@@ -579,7 +624,10 @@ static void worker_role(const RoleOptions& o) {
   auto train_group_step = [&](int count) {
     for (size_t m = size_t(count); m < step_batches.size(); ++m) step_batches[m] = DatasetView{};
     gradients = gradient_buffers.take();
-    gradients->value = group->step(step_batches);
+    {
+      const InBackend in(*status, "its group's step", now_ns());
+      gradients->value = group->step(step_batches);
+    }
     int64_t rows = 0;
     for (int m = 0; m < count; ++m) rows += step_batches[size_t(m)].rows;
     return push_gradients(count, rows);

@@ -80,6 +80,11 @@ struct RunSettings {
   bool fed = false;
   int ps_timeout_ms = 10000;         // a parameter server request's deadline
   int init_timeout_ms = 60000;       // how long non-chief workers wait for the chief's init
+  // A worker whose backend has not returned from a call (a step, its group's step, installing
+  // parameters) for this long says so in its heartbeats, and the coordinator counts it lost and
+  // hands its batches to the others: a GPU hung in its own work, outside any timeout, would
+  // otherwise hold them while its heartbeats go on. 0: never.
+  double step_timeout_s = 600;
 };
 
 nlohmann::json to_json(const RunSettings& s);

@@ -92,6 +92,7 @@ void ClusterRun::start_threads() {
     o.name = name;
     o.context = context_.get();
     o.gpus = std::move(gpus);
+    o.heartbeat_ms = options_.heartbeat_ms;
     threads_.emplace_back([this, role, o] {
       try {
         role(o);

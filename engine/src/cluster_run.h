@@ -55,6 +55,7 @@ struct ClusterOptions {
   bool keep_best = true;
   int startup_timeout_ms = 60000;
   int heartbeat_timeout_ms = 3000;
+  int heartbeat_ms = 500;   // how often the in-process roles send one
   int test_threads = 0;     // final evaluation threads (0: all cores)
   std::function<void(const nlohmann::json& spec)> on_training;  // the cluster is complete
   std::function<void(const Coordinator&)> on_tick;              // about every 100 ms

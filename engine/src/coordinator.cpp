@@ -176,6 +176,14 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   Role& role = it->second;
   role.last_seen = Clock::now();
   if (type == "heartbeat") {
+    // A worker whose backend is stuck in a call (a hung GPU) still sends heartbeats: it says so,
+    // and counts as lost, its batches going to the others, until it is heard without it.
+    if (role.role == "worker" && r.contains("status") && r["status"].is_object() &&
+        r["status"].contains("stalled") && r["status"]["stalled"].is_string()) {
+      if (!gone(role.state)) lose(role, r["status"]["stalled"].get<std::string>());
+      role.status = r["status"];
+      return {{"phase", to_string(phase_)}};
+    }
     if (role.state == "lost") {
       std::fprintf(stderr, "coordinator: %s is back\n", name.c_str());
       role.state = role.role == "ps" && role.address.empty() ? "registered" : "running";

@@ -23,8 +23,9 @@
 // member's thread stays in the CUDA call, and WorkerGroup::step() or install() waits for it;
 // the other members either finish the step or time out in their next collective, naming the
 // rank. The CUDA runtime offers no way to abandon such a wait, so the worker process must be
-// ended from outside. Its heartbeats come from another thread and go on, so the coordinator
-// does not see it as gone: not covered yet.
+// ended from outside. Its heartbeats come from another thread and go on; they say how long the
+// step has been running, and past RunSettings::step_timeout_s the coordinator counts the worker
+// lost and hands its batches to the others (cluster_roles.cpp).
 #pragma once
 
 #include <cstddef>

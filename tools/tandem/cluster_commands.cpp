@@ -147,6 +147,10 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--ps-timeout", s.ps_timeout_ms,
                   "Milliseconds a worker waits for a parameter server's answer before it retries")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--step-timeout", s.step_timeout_s,
+                  "Seconds a worker's backend may stay in one call (a step; a hung GPU) before "
+                  "the coordinator counts the worker lost and hands its batches on (0: never)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--bind", o.bind, "The coordinator's control address")->capture_default_str();
   cmd->add_option("--scores-bind", o.scores_bind, "The scores channel's address")->capture_default_str();
   cmd->add_option("--startup-timeout", o.startup_timeout_s,
