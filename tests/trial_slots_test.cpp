@@ -291,7 +291,7 @@ TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {
 
 // A job that ignores SIGTERM (sleep inherits the ignored signal across exec), started once its
 // log says the trap is set, so that SIGTERM cannot land before it.
-const char* kStubbornJob = "trap '' TERM; echo ready; exec sleep 30";
+const char* kJobIgnoringSigterm = "trap '' TERM; echo ready; exec sleep 30";
 
 void wait_until_ready(Client& client) { ASSERT_EQ(first_line_of(client, client.log_), "ready"); }
 
@@ -308,7 +308,7 @@ TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClientEvenWhenTheyIgnoreSigterm
     Client silent(context_, server_->endpoint());
     silent.log_ = ::testing::TempDir() + "trial_slots_silent.log";
     std::remove(silent.log_.c_str());
-    const SlotMessage m = silent.start("long", kStubbornJob);
+    const SlotMessage m = silent.start("long", kJobIgnoringSigterm);
     ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
     pid = m.pid;
     wait_until_ready(silent);
@@ -325,16 +325,16 @@ TEST_F(TrialSlotServerTest, ACancelledJobThatIgnoresSigtermIsKilledAfterTheGrace
   Client c(context_, server_->endpoint());
   c.log_ = ::testing::TempDir() + "trial_slots_cancel.log";
   std::remove(c.log_.c_str());
-  SlotMessage m = c.start("stubborn", kStubbornJob);
+  SlotMessage m = c.start("ignores-term", kJobIgnoringSigterm);
   ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
   wait_until_ready(c);
   SlotMessage cancel(SlotMessageType::Cancel);
-  cancel.job = "stubborn";
+  cancel.job = "ignores-term";
   const auto sent = Clock::now();
   c.send(cancel);
   m = c.next();
   ASSERT_EQ(m.type, SlotMessageType::Exited);
-  EXPECT_EQ(m.job, "stubborn");
+  EXPECT_EQ(m.job, "ignores-term");
   EXPECT_EQ(m.signal, SIGKILL);  // SIGTERM was ignored
   EXPECT_GE(Clock::now() - sent, std::chrono::milliseconds(500)) << "killed before its grace";
 }

@@ -72,6 +72,16 @@ pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share
   return pid;
 }
 
+// What every error of an unfinished prediction ends with.
+const char* const kRerun = "rerun to finish the missing chunks (complete ones are kept)";
+
+// The error of a prediction that a stop signal ended (stop_signals.h), `detail` after the
+// signal's name.
+Error stopped_by_signal(const std::string& detail) {
+  return Error(std::string("prediction stopped by ") + stop_signal_name() + detail + "; " +
+               kRerun);
+}
+
 // Runs the shares in child processes; throws naming every child that failed. A stop signal
 // (SIGINT, SIGTERM, SIGHUP) is passed on to the children as SIGTERM, and the parent waits for
 // them to finish their chunks in flight: dying at once would take them along (PR_SET_PDEATHSIG)
@@ -112,20 +122,8 @@ void run_processes(const PredictCliOptions& o) {
                                            std::to_string(WEXITSTATUS(status))) + ";";
   }
   if (stop.load())
-    throw Error(std::string("prediction stopped by ") + stop_signal_name() +
-                (failures.empty() ? std::string() : " (its processes:" + failures + ")") +
-                "; rerun to finish the missing chunks (complete ones are kept)");
-  if (!failures.empty())
-    throw Error("prediction processes failed:" + failures +
-                " rerun to finish the missing chunks (complete ones are kept)");
-}
-
-// A run of this process's chunks that a signal ended: the chunks in flight were finished, so no
-// temporary file is left, and the error says what to do.
-void stopped_by_signal(const PredictSummary& s) {
-  throw Error(std::string("prediction stopped by ") + stop_signal_name() + " after writing " +
-              std::to_string(s.chunks_written) + " chunk(s); rerun to finish the missing chunks " +
-              "(complete ones are kept)");
+    throw stopped_by_signal(failures.empty() ? std::string() : " (its processes:" + failures + ")");
+  if (!failures.empty()) throw Error("prediction processes failed:" + failures + " " + kRerun);
 }
 
 // The shares on slot servers: as many shares as the servers have slots, each a `tandem predict
@@ -150,10 +148,7 @@ int run_on_slots(PredictCliOptions& o) {
   std::map<std::string, int> running;  // job -> share
   std::string failures;
   while (!waiting.empty() || !running.empty()) {
-    if (stop.load())
-      throw Error(std::string("prediction stopped by ") + stop_signal_name() + "; the slot " +
-                  "servers end its shares; rerun to finish the missing chunks (complete ones " +
-                  "are kept)");
+    if (stop.load()) throw stopped_by_signal("; the slot servers end its shares");
     while (!waiting.empty() && pool->free_slots() > 0) {
       const int share = waiting.front();
       waiting.pop_front();
@@ -193,7 +188,7 @@ int run_on_slots(PredictCliOptions& o) {
   }
   if (!failures.empty())
     throw Error("prediction shares on slot servers failed:" + failures + " logs in " +
-                logs.string() + "; rerun to finish the missing chunks (complete ones are kept)");
+                logs.string() + "; " + kRerun);
   std::error_code ignored;
   fs::remove_all(logs, ignored);
   return shares;
@@ -239,7 +234,8 @@ void run_predict(PredictCliOptions& o) {
     // client is gone, sends it.
     o.engine.stop = &stop_on_signals();
     const PredictSummary s = predict_chunks(o.model, o.data, o.out, o.engine);
-    if (s.stopped) stopped_by_signal(s);
+    if (s.stopped)  // the chunks in flight were finished: no temporary file is left
+      throw stopped_by_signal(" after writing " + std::to_string(s.chunks_written) + " chunk(s)");
     return;
   }
   o.slots.prepare("predict");
@@ -254,7 +250,8 @@ void run_predict(PredictCliOptions& o) {
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     const PredictSummary s = predict_store(o.model, o.data, o.out, o.engine);
-    if (s.stopped) stopped_by_signal(s);
+    if (s.stopped)  // the chunks in flight were finished: no temporary file is left
+      throw stopped_by_signal(" after writing " + std::to_string(s.chunks_written) + " chunk(s)");
     print(o, s);
     return;
   }

@@ -37,8 +37,6 @@ const std::atomic<bool>& stop_on_signals() {
   return g_stop;
 }
 
-int stop_signal() { return g_signal.load(); }
-
 const char* stop_signal_name() {
   switch (g_signal.load()) {
     case SIGINT: return "SIGINT";

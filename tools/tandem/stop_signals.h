@@ -15,8 +15,7 @@ namespace tandem::cli {
 // of a non-interactive shell) stays ignored.
 const std::atomic<bool>& stop_on_signals();
 
-// The signal that set the flag (0: none yet), and its name ("SIGTERM").
-int stop_signal();
+// The name of the signal that set the flag ("SIGTERM"; "no signal" before one came).
 const char* stop_signal_name();
 
 // Held around fork() by a parent that may have the handlers: the stop signals are blocked in
