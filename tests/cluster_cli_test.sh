@@ -2,8 +2,9 @@
 # The cluster as separate processes on loopback, through the tandem binary: `tandem launch`
 # end to end, a worker SIGKILLed mid-run, the scorer killed (restarted), a parameter server
 # killed (restarted, resumes from its checkpoint), roles started one by one against
-# `tandem coordinator` (the multi-node way) with `tandem scores` listening, a start-up timeout that
-# names who is missing, and no role process left behind after any of it.
+# `tandem coordinator` (the multi-node way) with `tandem scores` listening, a run under CURVE
+# refusing keys it does not know, a start-up timeout that names who is missing, and no role
+# process left behind after any of it.
 # Usage: cluster_cli_test.sh TANDEM_BINARY PYTHON
 set -u
 tandem=$(readlink -f "$1")  # absolute, as the launcher starts its roles: no_role_left matches it
@@ -216,6 +217,47 @@ check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
 check "no role process is left behind (SLURM job)" no_role_left
 expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
   env -u SLURM_PROCID "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8"
+
+# 8. A run under CURVE: one key pair secures the parameter servers and the coordinator's control
+#    and scores channels, admitting only the listed client key. launch's roles get the keys; a
+#    `tandem scores` or a role with another key, or none, is refused and says why.
+for k in server client stranger; do "$tandem" keygen --out "$dir/$k" >/dev/null; done
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run9" --workers 2 --max-epochs $long \
+  --target 0 --dashboard -1 --json --curve-secret "$dir/server.key_secret" \
+  --curve-allowed "$dir/client.key" --curve-client-secret "$dir/client.key_secret" \
+  >"$dir/out9" 2>"$dir/err9" &
+launcher=$!
+wait_for "$dir/run9/cluster.json" '"curve_public_key"' 60
+check "the cluster spec names the run's public key" grep -qF "$(sed -n 's/.*public-key = "\(.*\)"/\1/p' \
+  "$dir/server.key" | head -1)" "$dir/run9/cluster.json"
+address9=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['coordinator'])" \
+  "$dir/run9/cluster.json")
+# Refused requests wait out their timeout (5 s for scores, 10 s for a role's register): in parallel.
+"$tandem" worker --coordinator "$dir/run9/cluster.json" --name intruder >/dev/null 2>"$dir/w9" &
+intruder=$!
+"$tandem" scores --coordinator "$dir/run9/cluster.json" --curve-client-secret \
+  "$dir/stranger.key_secret" --wait 1 >/dev/null 2>"$dir/s9-stranger" &
+stranger=$!
+"$tandem" scores --coordinator "$address9" --wait 1 >/dev/null 2>"$dir/s9-plain" &
+plain=$!
+scores=$("$tandem" scores --coordinator "$dir/run9/cluster.json" --curve-client-secret \
+  "$dir/client.key_secret" --wait 1 2>&1)
+check "tandem scores with the admitted key reads the scores" grep -q '"loss"' <<<"$scores"
+wait $stranger; rc=$?
+check "tandem scores with another key is refused, naming CURVE" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'CURVE authentication failed' '$dir/s9-stranger'"
+wait $plain; rc=$?
+check "tandem scores without a key is told the coordinator may be under CURVE" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'may be under CURVE' '$dir/s9-plain'"
+wait $intruder; rc=$?
+check "a worker with a throwaway key is refused, naming CURVE" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'CURVE authentication failed' '$dir/w9'"
+wait $launcher; rc=$?
+check "launch under CURVE exits 0 after $long epochs, and the intruder never joined" \
+  bash -c "[ $rc -eq 0 ] && grep -q '\"epochs\":$long,' '$dir/out9' && ! grep -q intruder '$dir/err9'"
+check "launch under CURVE: the model is accurate" py_check "$(cat "$dir/out9")" \
+  "j['test']['accuracy']>0.8"
+check "no role process is left behind (CURVE)" no_role_left
 
 # 7. Start-up timeout: nobody joins; the error names who is missing.
 expect_error "start-up timeout names the missing roles" \

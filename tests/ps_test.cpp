@@ -1590,24 +1590,8 @@ TEST(PsSharding, CheckpointAndRestartKeepsTheParts) {
 constexpr int kCurveRefusedMs = 400;   // how long a client that must be refused waits
 constexpr int kCurveAdmittedMs = 1500;  // an admitted client's requests (a loopback handshake)
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// The message of the E that f() throws; a test failure when it throws nothing or something else.
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "threw nothing";
-  return {};
-}
+using test::contains;
+using test::error_of;
 
 ServerOptions curve_server(const transport::CurveKeyPair& keys, std::vector<std::string> allowed,
                            zmq::context_t* ctx = nullptr) {
@@ -1709,7 +1693,7 @@ TEST(Curve, BadKeysAndOptionsAreRefusedWithAClearMessage) {
   c.curve_server_key = keys.public_key;
   c.curve_public_key = keys.public_key;  // a public key without its secret
   msg = error_of<InputError>([&] { PsClient client({"tcp://127.0.0.1:1"}, c); });
-  EXPECT_TRUE(contains(msg, "without curve_secret_key")) << msg;
+  EXPECT_TRUE(contains(msg, "without its secret key")) << msg;
   c.curve_secret_key = transport::generate_curve_keypair().secret_key;  // not its secret
   msg = error_of<InputError>([&] { PsClient client({"tcp://127.0.0.1:1"}, c); });
   EXPECT_TRUE(contains(msg, "does not belong")) << msg;

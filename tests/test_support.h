@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -149,6 +150,25 @@ inline Dataset random_dataset(PixelType type, int64_t rows, int64_t features, in
     for (int64_t i = 0; i < rows * features; ++i) px[i] = dist(gen);
   }
   return data;
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The message of the E that f() throws; a test failure when it throws nothing or something else.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "threw nothing";
+  return {};
 }
 
 }  // namespace tandem::test

@@ -20,18 +20,21 @@ bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::
   return socket.send(zmq::buffer(text), zmq::send_flags::dontwait).has_value();
 }
 
-namespace {
-
-zmq::socket_t make_dealer(zmq::context_t& context, const std::string& endpoint) {
-  zmq::socket_t socket(context, zmq::socket_type::dealer);
+zmq::socket_t connect_to_coordinator(zmq::context_t& context, const std::string& endpoint,
+                                     const transport::CurveClientKeys& curve,
+                                     zmq::socket_type type) {
+  zmq::socket_t socket(context, type);
   socket.set(zmq::sockopt::linger, 0);
   try {
+    transport::set_curve_client(socket, curve);  // before connect, as the handshake starts there
     socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
     throw TransportError("cannot connect to the coordinator at " + endpoint + ": " + e.what());
   }
   return socket;
 }
+
+namespace {
 
 // The next JSON frame within timeout_ms (false on timeout). A frame that is not JSON is dropped.
 bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
@@ -51,11 +54,26 @@ bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
 
 }  // namespace
 
-CoordinatorLink::CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms)
+CoordinatorLink::CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms,
+                                 transport::CurveClientKeys curve)
     : endpoint_(std::move(endpoint)),
       context_(context),
       timeout_ms_(timeout_ms),
-      socket_(make_dealer(context, endpoint_)) {}
+      curve_(transport::resolve_curve_client(std::move(curve), "coordinator " + endpoint_)) {
+  if (curve_.enabled() && endpoint_.rfind("inproc://", 0) == 0)
+    throw InputError("coordinator " + endpoint_ + ": CURVE does not apply to inproc:// endpoints");
+  socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+  // Watched from before the connect, to see the first handshake (with or without CURVE: a plain
+  // link to a coordinator under CURVE is told why it gets no answer).
+  handshakes_ = transport::CurveHandshakeWatch(context_, socket_, curve_.client.public_key);
+  socket_.set(zmq::sockopt::linger, 0);
+  try {
+    transport::set_curve_client(socket_, curve_);
+    socket_.connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw TransportError("cannot connect to the coordinator at " + endpoint_ + ": " + e.what());
+  }
+}
 
 CoordinatorLink::~CoordinatorLink() {
   stopping_ = true;
@@ -80,10 +98,13 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
     }
     const long left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0)
+    if (left <= 0) {
+      const std::string& why = handshakes_.problem();
       throw TransportError("the coordinator at " + endpoint_ + " did not answer a '" +
                            message.value("type", std::string("?")) + "' request within " +
-                           std::to_string(shortened ? 500 : timeout_ms) + " ms");
+                           std::to_string(shortened ? 500 : timeout_ms) + " ms" +
+                           (why.empty() ? "" : ": " + why));
+    }
     nlohmann::json reply;
     // In slices, to notice a cancel while waiting.
     if (!receive_json(socket_, reply, shortened ? left : std::min<long>(left, 100))) continue;
@@ -103,7 +124,7 @@ void CoordinatorLink::start_heartbeats(std::string name, std::function<nlohmann:
 
 void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::json()> status,
                                      int interval_ms) {
-  zmq::socket_t socket = make_dealer(context_, endpoint_);
+  zmq::socket_t socket = connect_to_coordinator(context_, endpoint_, curve_);
   uint64_t seq = 0;
   while (!stopping_) {
     nlohmann::json beat{{"type", "heartbeat"}, {"name", name}, {"seq", ++seq}};

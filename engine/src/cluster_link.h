@@ -21,16 +21,27 @@
 #include <string>
 #include <thread>
 
+#include "curve_client.h"
+
 namespace tandem {
 
 // One JSON frame, preceded by a routing id when `peer` is given (a ROUTER replying). Never
 // blocks: false when the message cannot be queued now.
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer);
 
+// A DEALER connected to the coordinator at `endpoint` (a CURVE client with `curve` when enabled).
+// TransportError naming the address when it cannot connect.
+zmq::socket_t connect_to_coordinator(zmq::context_t& context, const std::string& endpoint,
+                                     const transport::CurveClientKeys& curve,
+                                     zmq::socket_type type = zmq::socket_type::dealer);
+
 class CoordinatorLink {
  public:
   // Connects to the coordinator's control endpoint. `context`: share one for inproc://.
-  CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms = 10000);
+  // `curve`: the coordinator's public key and this role's pair, for a coordinator that serves
+  // under CURVE (resolved here: a throwaway pair when none is given).
+  CoordinatorLink(std::string endpoint, zmq::context_t& context, int timeout_ms = 10000,
+                  transport::CurveClientKeys curve = {});
   ~CoordinatorLink();  // stops heartbeats
   CoordinatorLink(const CoordinatorLink&) = delete;
   CoordinatorLink& operator=(const CoordinatorLink&) = delete;
@@ -55,6 +66,8 @@ class CoordinatorLink {
   void wait_phase_change(const std::string& from, int timeout_ms) const;
 
   const std::string& endpoint() const { return endpoint_; }
+  // The keys this link uses (resolved), for further sockets to the same coordinator.
+  const transport::CurveClientKeys& curve() const { return curve_; }
 
  private:
   void heartbeat_loop(std::string name, std::function<nlohmann::json()> status, int interval_ms);
@@ -62,7 +75,9 @@ class CoordinatorLink {
   std::string endpoint_;
   zmq::context_t& context_;
   int timeout_ms_;
+  transport::CurveClientKeys curve_;
   zmq::socket_t socket_;
+  transport::CurveHandshakeWatch handshakes_;  // socket_'s
   uint64_t next_seq_ = 1;
 
   mutable std::mutex mutex_;

@@ -246,8 +246,15 @@ ClientOptions cluster_client_options(const RunSettings& s, zmq::context_t* conte
 
 namespace {
 
-ClientOptions client_options(const RunSettings& s, zmq::context_t& context) {
-  return cluster_client_options(s, &context);
+// A role's parameter-server client: the settings', with the role's own CURVE pair when it was
+// given one (the settings' client key file names a path on the coordinator's node).
+ClientOptions client_options(const RunSettings& s, zmq::context_t& context, const RoleOptions& o) {
+  ClientOptions c = cluster_client_options(s, &context);
+  if (!c.curve_server_key.empty() && !o.coordinator_curve.client.secret_key.empty()) {
+    c.curve_public_key = o.coordinator_curve.client.public_key;
+    c.curve_secret_key = o.coordinator_curve.client.secret_key;
+  }
+  return c;
 }
 
 PsMode parse_mode(const std::string& text) {
@@ -369,7 +376,7 @@ DatasetView copy_batch(const DatasetView& batch, Dataset& into) {
 static void ps_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
-  CoordinatorLink link(o.coordinator, rc.context);
+  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "ps");
   ServerOptions so;
@@ -417,7 +424,7 @@ static void ps_role(const RoleOptions& o) {
 static void worker_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   FeedCloser feed_closer(o.feed, o.name.empty() ? "the worker" : o.name);
-  CoordinatorLink link(o.coordinator, rc.context);
+  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "worker");
   feed_closer.name(r.name);
@@ -538,7 +545,7 @@ static void worker_role(const RoleOptions& o) {
     if (!collective) collective = make_thread_collective(members, kGroupTimeoutMs);
     group = std::make_unique<WorkerGroup>(s.model, pointers, *collective);
   }
-  ClientOptions client_settings = client_options(s, rc.context);
+  ClientOptions client_settings = client_options(s, rc.context, o);
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
   Model model(s.model);
@@ -763,7 +770,7 @@ static void worker_role(const RoleOptions& o) {
 // The role itself; run_scorer_role wraps it (run_cancellable).
 static void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
-  CoordinatorLink link(o.coordinator, rc.context);
+  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const Registration r = register_role(link, o, "scorer");
   auto scores = std::make_shared<std::atomic<int64_t>>(0);
@@ -788,7 +795,7 @@ static void scorer_role(const RoleOptions& o) {
   std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
                                                   s.scorer_threads, parse_precision(s.precision));
   check_model_data(s.model, validation, true);
-  ClientOptions client_settings = client_options(s, rc.context);
+  ClientOptions client_settings = client_options(s, rc.context, o);
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
   Model model(s.model);

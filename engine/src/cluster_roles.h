@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "curve_client.h"
 #include "feed_queue.h"
 #include "tandem/config.h"
 
@@ -119,6 +120,10 @@ struct RoleOptions {
   std::shared_ptr<const FedBlock> validation;
   int heartbeat_ms = 500;
   int coordinator_lost_ms = 15000;  // no heartbeat reply this long: give up
+  // A coordinator under CURVE (the run's --curve-secret): its public key and this role's pair
+  // (empty secret: a throwaway pair, admitted only without an allowed list). The pair, when
+  // given, is also the role's key with the parameter servers.
+  transport::CurveClientKeys coordinator_curve;
 };
 
 // Each returns once the coordinator says training is over (workers and the scorer when the phase

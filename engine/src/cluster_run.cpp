@@ -10,6 +10,7 @@
 #include "dataset_store.h"
 #include "ps_client.h"
 #include "tandem/error.h"
+#include "zmq_curve.h"
 
 namespace tandem {
 
@@ -26,7 +27,33 @@ std::string inproc_name(const char* what) {
 
 }  // namespace
 
+void complete_curve_settings(RunSettings& s) {
+  if (s.curve_secret_file.empty()) {
+    if (!s.curve_server_public.empty() || !s.curve_allowed_path.empty() ||
+        !s.curve_client_file.empty())
+      throw InputError("the CURVE settings need the servers' secret key file (curve_secret_file, "
+                       "--curve-secret) as well");
+    return;
+  }
+  const std::string secret_public =
+      transport::read_curve_secret_key_file(s.curve_secret_file).public_key;
+  if (s.curve_server_public.empty()) s.curve_server_public = secret_public;
+  else if (s.curve_server_public != secret_public)
+    throw InputError("curve_server_public is not the public key of " + s.curve_secret_file);
+  if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())
+    throw InputError("an allowed-clients list needs the clients' key file too "
+                     "(--curve-client-secret), or no client would be admitted");
+}
+
+void secure_coordinator(CoordinatorOptions& o, const RunSettings& s) {
+  if (s.curve_secret_file.empty()) return;
+  o.curve_secret_key = transport::read_curve_secret_key_file(s.curve_secret_file).secret_key;
+  if (!s.curve_allowed_path.empty())
+    o.curve_allowed_clients = transport::read_curve_allowed_clients(s.curve_allowed_path);
+}
+
 ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
+  complete_curve_settings(options_.settings);
   const RunSettings& s = options_.settings;
   if (options_.ps < 1) throw InputError("a cluster needs at least one parameter server");
   if (options_.workers < 1) throw InputError("a cluster needs at least one worker");
@@ -42,9 +69,6 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
                      " workers, the cluster has " + std::to_string(options_.workers));
   if (options_.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
-  if (!s.curve_allowed_path.empty() && s.curve_client_file.empty())
-    throw InputError("an allowed-clients list needs the clients' key file too "
-                     "(--curve-client-secret), or no client would be admitted");
   if (!is_dataset_store(s.data))
     throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
   const DatasetStore store = DatasetStore::open(s.data);
@@ -74,6 +98,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   co.target = options_.target;
   co.heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
   co.startup_timeout_ms = options_.startup_timeout_ms;
+  secure_coordinator(co, s);
   coordinator_ = std::make_unique<Coordinator>(co);
 }
 

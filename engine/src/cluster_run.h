@@ -61,6 +61,14 @@ struct ClusterOptions {
   std::function<void(const Coordinator&)> on_tick;              // about every 100 ms
 };
 
+// The run's CURVE settings checked and completed (InputError naming what is wrong): the servers'
+// public key from their secret key file (a given one must belong to it), an allowed list only
+// with the clients' key file (or no client would be admitted), no CURVE key without the secret.
+void complete_curve_settings(RunSettings& settings);
+// The coordinator serves under the parameter servers' key pair and allowed list: with CURVE
+// on, one key secures the whole run. Nothing without CURVE.
+void secure_coordinator(CoordinatorOptions& options, const RunSettings& settings);
+
 struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop

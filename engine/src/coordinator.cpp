@@ -6,6 +6,7 @@
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "tandem/error.h"
+#include "curve_client.h"
 #include "zmq_messaging.h"
 
 namespace tandem {
@@ -61,6 +62,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
   if (options_.fed && options_.max_epochs > 0)
     throw InputError("a fed run has no epochs (whoever feeds decides how often the data comes "
                      "round): stop it by target, time or request, not max epochs");
+  if (!options_.curve_secret_key.empty()) secure_sockets();
+  else if (!options_.curve_allowed_clients.empty())
+    throw InputError("coordinator: curve_allowed_clients without curve_secret_key");
   control_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
@@ -69,6 +73,25 @@ Coordinator::Coordinator(CoordinatorOptions options)
   scores_endpoint_ = advertised_endpoint(bind_socket(scores_, options_.scores_bind, "scores"),
                                          options_.advertise_host);
   thread_ = std::thread(&Coordinator::serve, this);
+}
+
+void Coordinator::secure_sockets() {
+  for (const std::string* address : {&options_.bind, &options_.scores_bind})
+    if (address->rfind("inproc://", 0) == 0)
+      throw InputError("coordinator: CURVE does not apply to inproc:// endpoints (" + *address +
+                       "; libzmq secures only tcp:// and ipc://)");
+  transport::validate_curve_key(options_.curve_secret_key, "coordinator: curve_secret_key");
+  for (size_t i = 0; i < options_.curve_allowed_clients.size(); ++i)
+    transport::validate_curve_key(options_.curve_allowed_clients[i],
+                                  "coordinator: curve_allowed_clients[" + std::to_string(i) + "]");
+  // A domain of its own, so that servers sharing the context keep their own allowed lists.
+  char domain[64];
+  std::snprintf(domain, sizeof domain, "tandem-coordinator-%p", static_cast<void*>(this));
+  zap_ = transport::ZapAuthenticator::allow(options_.context ? *options_.context : *own_context_,
+                                            domain, options_.curve_allowed_clients);
+  // Before bind: a connection accepted earlier would not be CURVE.
+  transport::set_curve_server(control_, options_.curve_secret_key, zap_.domain());
+  transport::set_curve_server(scores_, options_.curve_secret_key, zap_.domain());
 }
 
 Coordinator::~Coordinator() {

@@ -23,6 +23,11 @@
 //            (subscribers drop a seq they have seen), so a late subscriber has the recent history
 //            at once (the seed's channel keeps its last 10 values).
 //
+// CURVE (CoordinatorOptions::curve_secret_key): both sockets are CURVE servers under that key,
+// admitting the keys of curve_allowed_clients (empty: any client that knows the public key), as a
+// parameter server does; a role, `tandem scores` or a subscriber without an admitted key gets no
+// answer and cannot register, ask for work, stop the run or read the scores.
+//
 // Phases: starting (until every expected role has registered and every parameter server is
 // ready; past startup_timeout_ms the run fails, naming who is missing) -> training -> draining
 // (the stop rule held: workers and the scorer are told to stop) -> done (set by finish(), after
@@ -46,6 +51,7 @@
 #include <vector>
 
 #include "cluster_work_queue.h"
+#include "zmq_curve.h"
 
 namespace tandem {
 
@@ -72,6 +78,10 @@ struct CoordinatorOptions {
   int heartbeat_timeout_ms = 3000;
   int startup_timeout_ms = 60000;
   size_t score_history = 10;
+  // CURVE for both sockets (Z85; empty: off). Not for inproc:// addresses (libzmq secures only
+  // tcp:// and ipc://).
+  std::string curve_secret_key;
+  std::vector<std::string> curve_allowed_clients;  // empty: any client with the public key
 };
 
 struct ScoreRecord {
@@ -136,6 +146,7 @@ class Coordinator {
     nlohmann::json status = nlohmann::json::object();
   };
 
+  void secure_sockets();  // CURVE on both sockets (constructor)
   void serve();
   nlohmann::json handle(const nlohmann::json& request, bool& subscribe_replay);
   nlohmann::json handle_register(const nlohmann::json& r);
@@ -154,6 +165,8 @@ class Coordinator {
 
   CoordinatorOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
+  // The CURVE admissions of both sockets; released after the sockets close, before the context.
+  transport::ZapAuthenticator::Registration zap_;
   zmq::socket_t control_;
   zmq::socket_t scores_;
   std::string endpoint_, scores_endpoint_;

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "ps_placement.h"
-#include "zmq_curve.h"
+#include "curve_client.h"
 
 namespace tandem {
 
@@ -65,7 +65,8 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
         server->socket.set(zmq::sockopt::curve_serverkey, server_keys[s]);
         server->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
         server->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-        watch_handshakes(*server);
+        server->handshakes = transport::CurveHandshakeWatch(*options_.context, server->socket,
+                                                            options_.curve_public_key);
       }
       server->socket.connect(endpoint);
     } catch (const zmq::error_t& e) {
@@ -83,75 +84,23 @@ std::vector<std::string> PsClient::curve_setup() {
     throw InputError("parameter server client: " + std::to_string(options_.curve_server_keys.size()) +
                      " curve_server_keys for " + std::to_string(n) + " endpoints");
   std::vector<std::string> keys(n, options_.curve_server_key);
-  bool any = false;
+  std::string any;  // one server's key, to check the client's pair against
   for (size_t s = 0; s < n; ++s) {
     if (!options_.curve_server_keys.empty() && !options_.curve_server_keys[s].empty())
       keys[s] = options_.curve_server_keys[s];
     if (keys[s].empty()) continue;
-    any = true;
+    any = keys[s];
     transport::validate_curve_key(keys[s], "parameter server " + endpoints_[s] +
                                                ": curve server key");
   }
-  const std::string where = "parameter server client: ";
-  if (!any) {
-    if (!options_.curve_public_key.empty() || !options_.curve_secret_key.empty())
-      throw InputError(where + "a CURVE client key pair without curve_server_key");
-    return keys;
-  }
-  if (options_.curve_secret_key.empty()) {
-    if (!options_.curve_public_key.empty())
-      throw InputError(where + "curve_public_key without curve_secret_key");
-    const transport::CurveKeyPair pair = transport::generate_curve_keypair();  // ephemeral
-    options_.curve_public_key = pair.public_key;
-    options_.curve_secret_key = pair.secret_key;
-  } else {
-    const std::string derived = transport::curve_public_from_secret(options_.curve_secret_key);
-    if (!options_.curve_public_key.empty() && options_.curve_public_key != derived)
-      throw InputError(where + "curve_public_key does not belong to curve_secret_key");
-    options_.curve_public_key = derived;
-  }
+  // Completes the client's pair (a throwaway one when none is given), or refuses a pair
+  // without any server key.
+  const transport::CurveClientKeys resolved = transport::resolve_curve_client(
+      {any, {options_.curve_public_key, options_.curve_secret_key}}, "parameter server client");
+  if (any.empty()) return keys;
+  options_.curve_public_key = resolved.client.public_key;
+  options_.curve_secret_key = resolved.client.secret_key;
   return keys;
-}
-
-void PsClient::watch_handshakes(Server& server) {
-  static std::atomic<uint64_t> next_monitor{0};
-  const std::string address = "inproc://tandem-ps-client-handshakes-" +
-                              std::to_string(next_monitor++);
-  if (zmq_socket_monitor(server.socket.handle(), address.c_str(),
-                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
-    throw zmq::error_t();
-  server.monitor = zmq::socket_t(*options_.context, zmq::socket_type::pair);
-  server.monitor.set(zmq::sockopt::linger, 0);
-  server.monitor.connect(address);
-}
-
-const std::string& PsClient::handshake_problem(Server& server) {
-  if (!server.monitor) return server.handshake_problem;
-  const std::string where = "parameter server " + server.endpoint + " (handshake events)";
-  Frames event;
-  // Events are two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
-  while (transport::receive_frames(server.monitor, event, 0, where)) {
-    if (event.empty() || event[0].size() < 6) continue;
-    uint16_t id = 0;
-    uint32_t value = 0;
-    std::memcpy(&id, event[0].data(), 2);
-    std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
-    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
-      server.handshake_problem.clear();
-    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-      server.handshake_problem = "CURVE authentication failed: the server refused this client's "
-                                 "key " + options_.curve_public_key + " (ZAP status " +
-                                 std::to_string(value) + ")";
-    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-      server.handshake_problem = "the CURVE handshake failed (ZeroMQ protocol error " +
-                                 std::to_string(value) + "; does the server use CURVE?)";
-    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-      server.handshake_problem = "the connection closed during the CURVE handshake (the wrong "
-                                 "server key?)";
-  }
-  return server.handshake_problem;
 }
 
 std::vector<bool> PsClient::all_servers() const { return std::vector<bool>(servers_.size(), true); }
@@ -190,7 +139,7 @@ PsClient::Handle PsClient::send_each(MessageType type,
     } catch (const TransportError& e) {
       // libzmq drops a connection whose handshake failed for good (no reconnect), so a refused
       // client's later sends find no peer and time out: say why.
-      const std::string& why = handshake_problem(server);
+      const std::string& why = server.handshakes.problem();
       if (why.empty()) throw;
       throw TransportError(std::string(e.what()) + ": " + why);
     }
@@ -299,7 +248,7 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       server.outstanding.erase(request_id);  // a late reply is dropped when it comes
-      const std::string& why = handshake_problem(server);
+      const std::string& why = server.handshakes.problem();
       throw TransportError(where + " did not answer " + transport::to_string(type) +
                            " request " + std::to_string(request_id) + " within " +
                            std::to_string(options_.timeout_ms) + " ms" +

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "curve_client.h"
 #include "ps_placement.h"
 #include "ps_stats.h"
 #include "send_hold.h"
@@ -143,11 +144,9 @@ class PsClient {
     // The newest parameter version a reply from this server carried: a push says its gradient
     // was computed on it (header parameter_version), for the server's staleness accounting.
     uint64_t last_version = 0;
-    // CURVE only: a PAIR socket receiving the DEALER's handshake events (ZeroMQ's socket
-    // monitor), so that a timeout can say "authentication failed" when that is why. Declared
-    // after `socket`, so it closes first.
-    zmq::socket_t monitor;
-    std::string handshake_problem;  // the latest failed handshake's explanation; "" after success
+    // CURVE only: the DEALER's handshake events, so that a timeout can say "authentication
+    // failed" when that is why. Declared after `socket`, so it closes first.
+    transport::CurveHandshakeWatch handshakes;
   };
 
   // `hold`: send the tensors zero-copy, held by it (null: copied).
@@ -167,9 +166,6 @@ class PsClient {
   // Validates the CURVE options, completes the client's pair; the server key per endpoint ("" =
   // no CURVE for that server).
   std::vector<std::string> curve_setup();
-  void watch_handshakes(Server& server);  // starts server.monitor
-  // Reads the monitor's pending events; the reason the handshake with `server` failed, or "".
-  const std::string& handshake_problem(Server& server);
   // From an Init's replies: the model's order (`order`, or the names seen) and the parts each
   // server holds (name, shape). Throws ServerError when they do not make whole tensors.
   void learn_layout(const std::string& order,

@@ -42,6 +42,18 @@ RunSettings parse_settings(const std::string& text, int workers) {
   return s;
 }
 
+// The internal form of a public ClusterCurveKeys: the client's key file read, the keys checked
+// (a throwaway pair is left to the coordinator link, so that a role without a key file of its
+// own keeps the settings' key for the parameter servers).
+transport::CurveClientKeys curve_client_keys(const ClusterCurveKeys& keys) {
+  transport::CurveClientKeys out;
+  out.server_public = keys.server_public_key;
+  if (!keys.client_key_file.empty())
+    out.client = transport::read_curve_secret_key_file(keys.client_key_file);
+  transport::resolve_curve_client(out, "ClusterCurveKeys");  // checks; the link completes them
+  return out;
+}
+
 // The scores channel's address beside the control socket's: the same host, any port.
 std::string scores_bind_beside(const std::string& bind) {
   const size_t colon = bind.rfind(':');
@@ -184,6 +196,7 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
                        *address + " (train_cluster runs every role as a thread)");
   Impl& d = *impl_;
   d.settings = parse_settings(options.settings, options.workers);
+  complete_curve_settings(d.settings);
   check_overlap(d.settings);
   check_worker_group(d.settings);
   CoordinatorOptions o;
@@ -211,12 +224,16 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
   o.target = options.target;
   o.startup_timeout_ms = to_ms(options.startup_timeout_s);
   o.heartbeat_timeout_ms = to_ms(options.heartbeat_timeout_s);
+  secure_coordinator(o, d.settings);
   d.coordinator = std::make_unique<Coordinator>(o);
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
 
 std::string ClusterCoordinator::address() const { return impl_->coordinator->endpoint(); }
+std::string ClusterCoordinator::curve_public_key() const {
+  return impl_->settings.curve_server_public;
+}
 std::string ClusterCoordinator::scores_address() const {
   return impl_->coordinator->scores_endpoint();
 }
@@ -352,6 +369,7 @@ ClusterRole ClusterRole::start(const std::string& kind, const std::string& coord
   o.data = options.data;
   o.gpus = options.gpus;
   o.coordinator_lost_ms = to_ms(options.coordinator_lost_s);
+  o.coordinator_curve = curve_client_keys(options.curve);
   o.cancel = std::make_shared<std::atomic<bool>>(false);
   // The thread holds the state, so a role object dropped while its thread still runs (stuck in
   // a request until its timeout) lets go of it safely.
@@ -439,10 +457,11 @@ struct ClusterScoreStream::Impl {
   std::string end_reason;
 };
 
-ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s)
+ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s,
+                                       const ClusterCurveKeys& curve)
     : impl_(std::make_unique<Impl>()) {
-  impl_->subscriber = std::make_unique<ScoreSubscriber>(coordinator, impl_->context,
-                                                        std::max(1, to_ms(timeout_s)));
+  impl_->subscriber = std::make_unique<ScoreSubscriber>(
+      coordinator, impl_->context, std::max(1, to_ms(timeout_s)), curve_client_keys(curve));
 }
 
 ClusterScoreStream::~ClusterScoreStream() {

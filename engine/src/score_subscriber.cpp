@@ -10,15 +10,11 @@ namespace tandem {
 using json = nlohmann::json;
 
 ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t& context,
-                                 int timeout_ms)
-    : socket_(context, zmq::socket_type::sub) {
-  {
-    CoordinatorLink link(coordinator, context, timeout_ms);
-    endpoint_ = link.request({{"type", "spec"}}).at("spec").at("scores").get<std::string>();
-  }
-  socket_.set(zmq::sockopt::linger, 0);
+                                 int timeout_ms, const transport::CurveClientKeys& curve) {
+  CoordinatorLink link(coordinator, context, timeout_ms, curve);
+  endpoint_ = link.request({{"type", "spec"}}).at("spec").at("scores").get<std::string>();
+  socket_ = connect_to_coordinator(context, endpoint_, link.curve(), zmq::socket_type::sub);
   socket_.set(zmq::sockopt::subscribe, "scores");
-  socket_.connect(endpoint_);
 }
 
 namespace {

@@ -21,13 +21,18 @@
 #include <optional>
 #include <string>
 
+#include "curve_client.h"
+
 namespace tandem {
 
 class ScoreSubscriber {
  public:
-  // `coordinator`: the coordinator's control address (asked for the channel's address) .
-  // Throws TransportError/Error when the coordinator does not answer within timeout_ms.
-  ScoreSubscriber(const std::string& coordinator, zmq::context_t& context, int timeout_ms = 5000);
+  // `coordinator`: the coordinator's control address (asked for the channel's address).
+  // `curve`: for a coordinator under CURVE, its public key and this subscriber's pair (both
+  // sockets use them). Throws TransportError/Error when the coordinator does not answer within
+  // timeout_ms (naming a refused key).
+  ScoreSubscriber(const std::string& coordinator, zmq::context_t& context, int timeout_ms = 5000,
+                  const transport::CurveClientKeys& curve = {});
 
   // The next score ({seq, t, step, loss, loss_mean, accuracy, samples}) or the end message
   // ({end: true, reason}); nothing when none came within timeout_ms. After the end message,

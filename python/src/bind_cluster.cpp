@@ -17,6 +17,7 @@
 #include "array_rows.h"
 #include "gil.h"
 #include "cluster_roles.h"
+#include "cluster_run.h"
 #include "coordinator.h"
 #include "dataset_store.h"
 #include "ps_client.h"
@@ -56,6 +57,7 @@ class PyCoordinator {
       : settings_(settings_from(settings)) {
     if (ps < 1 || workers < 1 || scorers < 0)
       throw InputError("a cluster needs at least one parameter server and one worker");
+    complete_curve_settings(settings_);
     CoordinatorOptions o;
     o.bind = bind;
     o.scores_bind = scores_bind.empty() ? bind : scores_bind;
@@ -80,6 +82,7 @@ class PyCoordinator {
     o.target = target;
     o.startup_timeout_ms = to_ms(startup_timeout_s);
     o.heartbeat_timeout_ms = to_ms(heartbeat_timeout_s);
+    secure_coordinator(o, settings_);
     coordinator_ = std::make_unique<Coordinator>(o);
   }
 
@@ -199,21 +202,35 @@ class PyRole {
   std::thread thread_;
 };
 
+// For a run under CURVE: the coordinator's public key (Z85) and this side's key file (empty: a
+// throwaway pair), checked.
+transport::CurveClientKeys curve_keys(const std::string& server_key, const std::string& key_file) {
+  transport::CurveClientKeys keys;
+  keys.server_public = server_key;
+  if (!key_file.empty()) keys.client = transport::read_curve_secret_key_file(key_file);
+  transport::resolve_curve_client(keys, "curve_server_key");
+  return keys;
+}
+
 RoleOptions role_options(const std::string& coordinator, const std::string& name,
-                         double coordinator_lost_s) {
+                         double coordinator_lost_s, const std::string& curve_server_key,
+                         const std::string& curve_key_file) {
   RoleOptions o;
   o.coordinator = coordinator;
   o.name = name;
   o.coordinator_lost_ms = to_ms(coordinator_lost_s);
+  o.coordinator_curve = curve_keys(curve_server_key, curve_key_file);
   return o;
 }
 
 class PyPsRole : public PyRole {
  public:
   PyPsRole(const std::string& coordinator, const std::string& name, const std::string& bind,
-           const std::string& advertise, double coordinator_lost_s)
+           const std::string& advertise, double coordinator_lost_s,
+           const std::string& curve_server_key, const std::string& curve_key_file)
       : PyRole(&run_ps_role, [&] {
-          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s, curve_server_key,
+                                       curve_key_file);
           o.bind = bind;
           o.advertise = advertise;
           return o;
@@ -223,9 +240,11 @@ class PyPsRole : public PyRole {
 class PyWorkerRole : public PyRole {
  public:
   PyWorkerRole(const std::string& coordinator, const std::string& name, size_t capacity,
-               double coordinator_lost_s)
+               double coordinator_lost_s, const std::string& curve_server_key,
+               const std::string& curve_key_file)
       : PyRole(&run_worker_role, [&] {
-          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s, curve_server_key,
+                                       curve_key_file);
           o.feed = std::make_shared<FeedQueue>(capacity);
           return o;
         }()) {}
@@ -251,9 +270,11 @@ class PyWorkerRole : public PyRole {
 class PyScorerRole : public PyRole {
  public:
   PyScorerRole(const std::string& coordinator, const std::string& name, py::object validation,
-               double coordinator_lost_s)
+               double coordinator_lost_s, const std::string& curve_server_key,
+               const std::string& curve_key_file)
       : PyRole(&run_scorer_role, [&] {
-          RoleOptions o = role_options(coordinator, name, coordinator_lost_s);
+          RoleOptions o = role_options(coordinator, name, coordinator_lost_s, curve_server_key,
+                                       curve_key_file);
           if (!validation.is_none()) {
             py::tuple pair = validation.cast<py::tuple>();
             if (pair.size() != 2) throw py::value_error("validation must be (images, labels)");
@@ -265,10 +286,11 @@ class PyScorerRole : public PyRole {
 
 class ScoreStream {
  public:
-  ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s)
+  ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s,
+              const transport::CurveClientKeys& curve)
       : follow_(follow), timeout_s_(timeout_s ? *timeout_s : (follow ? -1.0 : 1.0)) {
     py::gil_scoped_release release;
-    subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_);
+    subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
   }
 
   py::object next() {
@@ -321,6 +343,10 @@ void bind_cluster(py::module_& m) {
            "startup_timeout_s"_a = 60.0, "heartbeat_timeout_s"_a = 3.0)
       .def_property_readonly("endpoint", [](PyCoordinator& c) { return c.get().endpoint(); })
       .def_property_readonly("scores_endpoint", [](PyCoordinator& c) { return c.get().scores_endpoint(); })
+      .def_property_readonly(
+          "curve_public_key", [](PyCoordinator& c) { return c.settings().curve_server_public; },
+          "The run's CURVE public key (Z85) when its settings have curve_secret_file, else \"\": "
+          "roles and tandem.scores() joining it pass it as curve_server_key.")
       .def_property_readonly("phase", [](PyCoordinator& c) { return std::string(to_string(c.get().phase())); })
       .def_property_readonly("settings", [](PyCoordinator& c) { return to_python(to_json(c.settings())); })
       .def_property_readonly("stop_reason", [](PyCoordinator& c) { return c.get().stop_reason(); })
@@ -393,15 +419,17 @@ void bind_cluster(py::module_& m) {
                                "A parameter server: joins the coordinator, serves its shard at "
                                "`bind` (tcp://127.0.0.1:* unless told) until the run is done.")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
-                    double>(),
+                    double, const std::string&, const std::string&>(),
            "coordinator"_a, "name"_a = "", "bind"_a = "", "advertise"_a = "",
-           "coordinator_lost_s"_a = 15.0);
+           "coordinator_lost_s"_a = 15.0, "curve_server_key"_a = "", "curve_key_file"_a = "");
 
   py::class_<PyWorkerRole, PyRole>(m, "WorkerRole",
                                    "A worker of a fed run: trains on the blocks fed to it, cut "
                                    "into batches of the run's batch size, until the run stops.")
-      .def(py::init<const std::string&, const std::string&, size_t, double>(), "coordinator"_a,
-           "name"_a = "", "capacity"_a = 0, "coordinator_lost_s"_a = 15.0)
+      .def(py::init<const std::string&, const std::string&, size_t, double, const std::string&,
+                    const std::string&>(),
+           "coordinator"_a, "name"_a = "", "capacity"_a = 0, "coordinator_lost_s"_a = 15.0,
+           "curve_server_key"_a = "", "curve_key_file"_a = "")
       .def("feed", &PyWorkerRole::feed, "images"_a, "labels"_a, "timeout_s"_a = py::none(),
            "Queues a block for training: uint8 or float32 C-contiguous images are read in place "
            "(kept alive until trained on), as are uint8 class ids; other dtypes and one-hot labels "
@@ -414,23 +442,39 @@ void bind_cluster(py::module_& m) {
   py::class_<PyScorerRole, PyRole>(m, "ScorerRole",
                                    "The scorer: every score_interval_s evaluates the validation "
                                    "rows (given here, or the store's) and sends the score.")
-      .def(py::init<const std::string&, const std::string&, py::object, double>(),
+      .def(py::init<const std::string&, const std::string&, py::object, double, const std::string&,
+                    const std::string&>(),
            "coordinator"_a, "name"_a = "", "validation"_a = py::none(),
-           "coordinator_lost_s"_a = 15.0);
+           "coordinator_lost_s"_a = 15.0, "curve_server_key"_a = "", "curve_key_file"_a = "");
 
   py::class_<ScoreStream>(m, "ScoreStream")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &ScoreStream::next)
       .def_property_readonly("end_reason", &ScoreStream::end_reason);
   m.def(
-      "scores",
-      [](const std::string& coordinator, bool follow, std::optional<double> timeout_s) {
-        return std::make_unique<ScoreStream>(coordinator, follow, timeout_s);
+      "keygen",
+      [](const std::string& prefix) {
+        const transport::CurveKeyPair pair = transport::generate_curve_keypair();
+        transport::write_curve_key_files(prefix, pair);
+        return pair.public_key;
       },
-      "coordinator"_a, "follow"_a = true, "timeout_s"_a = py::none(),
+      "prefix"_a,
+      "Writes a CURVE key pair as `tandem keygen --out PREFIX` does: PREFIX.key (the public key, "
+      "to give the other side) and PREFIX.key_secret (mode 0600). Returns the public key (Z85).");
+  m.def(
+      "scores",
+      [](const std::string& coordinator, bool follow, std::optional<double> timeout_s,
+         const std::string& curve_server_key, const std::string& curve_key_file) {
+        return std::make_unique<ScoreStream>(coordinator, follow, timeout_s,
+                                             curve_keys(curve_server_key, curve_key_file));
+      },
+      "coordinator"_a, "follow"_a = true, "timeout_s"_a = py::none(), "curve_server_key"_a = "",
+      "curve_key_file"_a = "",
       "Iterates over a cluster's scores: the newest 10 at once, then each new one. follow=True "
       "runs until the run ends (TimeoutError after timeout_s without a score); follow=False stops "
-      "timeout_s (default 1 s) after subscribing.");
+      "timeout_s (default 1 s) after subscribing. For a run under CURVE: curve_server_key (the "
+      "coordinator's curve_public_key) and this side's key file, curve_key_file (default: a "
+      "throwaway key, admitted only by a run without curve_allowed_path).");
 }
 
 }  // namespace tandem::python

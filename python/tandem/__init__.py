@@ -19,6 +19,7 @@ from ._tandem import (  # noqa: F401
     ScorerRole,
     WorkerRole,
     __version__,
+    keygen,
     load,
     scores,
     train,
@@ -26,5 +27,5 @@ from ._tandem import (  # noqa: F401
 
 __all__ = [
     "Coordinator", "Error", "InputError", "Model", "ParameterServerRole", "Role", "ScorerRole",
-    "WorkerRole", "load", "scores", "train",
+    "WorkerRole", "keygen", "load", "scores", "train",
 ]

@@ -74,20 +74,35 @@ def _host_of(address: str) -> str:
     return urlparse(address).hostname or "127.0.0.1"
 
 
-def _role_task(kind, coordinator, name, queue_blocks, validation):
-    """A Dask task: one Tandem role, for as long as the run lasts."""
+def _curve_arguments(coordinator):
+    """For a run under CURVE (settings curve_secret_file=...): the keyword arguments that let a
+    role or a score stream join it, with the run's client key file (curve_client_file) when
+    there is one. None otherwise."""
+    if not coordinator.curve_public_key:
+        return None
+    return {"curve_server_key": coordinator.curve_public_key,
+            "curve_key_file": coordinator.settings.get("curve_client_file", "")}
+
+
+def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
+    """A Dask task: one Tandem role, for as long as the run lasts.
+
+    curve: for a run under CURVE, the roles' keyword arguments (curve_server_key, and
+    curve_key_file: the run's client key file, a path the Dask worker's node must see)."""
     from distributed import get_worker, secede
 
     worker = get_worker()
     # Out of Dask's thread pool: the role runs for the whole run, and the feeding tasks still
     # need the worker's threads.
     secede()
+    curve = curve or {}
     if kind == "ps":
-        role = ParameterServerRole(coordinator, name, bind=f"tcp://{_host_of(worker.address)}:*")
+        role = ParameterServerRole(coordinator, name, bind=f"tcp://{_host_of(worker.address)}:*",
+                                   **curve)
     elif kind == "worker":
-        role = WorkerRole(coordinator, name, capacity=queue_blocks)
+        role = WorkerRole(coordinator, name, capacity=queue_blocks, **curve)
     else:
-        role = ScorerRole(coordinator, name, validation=validation)
+        role = ScorerRole(coordinator, name, validation=validation, **curve)
     # Stays registered after the run: a transfer that comes after the role ended finds it, and
     # learns that training is over (or the role's error), not that no worker runs here.
     _local_roles[worker.address] = (kind, role)
@@ -167,7 +182,8 @@ class TandemCluster:
 
     def follow_scores(self, timeout_s=None):
         """Iterates over the scores channel: the newest 10, then each new one until the end."""
-        return _scores(self.coordinator.endpoint, follow=True, timeout_s=timeout_s)
+        return _scores(self.coordinator.endpoint, follow=True, timeout_s=timeout_s,
+                       **(_curve_arguments(self.coordinator) or {}))
 
     def state(self):
         return self.coordinator.state()
@@ -248,6 +264,7 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                               advertise_host=advertise, startup_timeout_s=startup_timeout,
                               heartbeat_timeout_s=heartbeat_timeout)
     validation = None if validation is None else tuple(_as_future(client, v) for v in validation)
+    curve = _curve_arguments(coordinator)
     futures = {}
     run = uuid.uuid4().hex[:8]
     try:
@@ -257,7 +274,7 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                 coordinator.expect(name, f"a task on the Dask worker {address}")
                 futures[name] = client.submit(
                     _role_task, kind, coordinator.endpoint, name, queue_blocks,
-                    validation if kind == "scorer" else None, key=f"tandem-{name}-{run}",
+                    validation if kind == "scorer" else None, curve, key=f"tandem-{name}-{run}",
                     workers=[address], allow_other_workers=False, pure=False)
         cluster = TandemCluster(client, coordinator, futures, dask_spec)
         deadline = time.monotonic() + startup_timeout + 5

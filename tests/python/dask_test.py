@@ -3,8 +3,10 @@ inside the Dask workers, feed them dask-array blocks in place, train to a target
 Dask cluster still runs tasks; errors of the roles reach the client with the engine's message."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import numpy as np
@@ -106,6 +108,25 @@ class DaskTest(LocalClusterTest):
                 tdask.feed([make_rows(100, 2)], cluster)
         with self.assertRaisesRegex(tandem.Error, "label 11 at row 5"):
             tdask.stop(cluster)
+        self.assert_cluster_healthy()
+
+    def test_a_run_under_curve_gives_its_roles_the_keys(self):
+        keys = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, keys)
+        for name in ("server", "client"):
+            tandem.keygen(os.path.join(keys, name))
+        xv, yv = make_rows(200, 97)
+        cluster, _ = tdask.start(
+            self.client, ps=1, worker=2, scorer=1, validation=(xv, yv), max_seconds=120,
+            curve_secret_file=os.path.join(keys, "server.key_secret"),
+            curve_allowed_path=os.path.join(keys, "client.key"),
+            curve_client_file=os.path.join(keys, "client.key_secret"), **SETTINGS)
+        self.assertTrue(cluster.coordinator.curve_public_key)
+        tdask.feed([make_rows(500, 4), make_rows(500, 5)], cluster)
+        self.assertIn("loss", next(cluster.follow_scores(timeout_s=30)))
+        result = tdask.stop(cluster)
+        self.assertEqual(result["stop_reason"], "requested")
+        self.assertEqual({r["name"] for r in result["roles"]}, {"ps0", "worker0", "worker1", "scorer0"})
         self.assert_cluster_healthy()
 
     def test_start_errors(self):

@@ -76,16 +76,17 @@ class ModelTest(unittest.TestCase):
             tandem.load("/nonexistent/model.safetensors")
 
 
-def start_fed_cluster(test, workers=1, target=0.0, **settings):
+def start_fed_cluster(test, workers=1, target=0.0, role_args=None, **settings):
     settings = dict({"fed": True, "batch": 100, "model": "784-32-10", "score_interval_s": 0.1,
                      "worker_threads": 1, "scorer_threads": 1}, **settings)
     coordinator = tandem.Coordinator(settings, ps=1, workers=workers, scorers=1, target=target,
                                      max_seconds=120)
     test.addCleanup(coordinator.close)
     xv, yv = make_rows(500, 99)
-    roles = [tandem.ParameterServerRole(coordinator.endpoint)]
-    roles += [tandem.WorkerRole(coordinator.endpoint) for _ in range(workers)]
-    roles.append(tandem.ScorerRole(coordinator.endpoint, validation=(xv, yv)))
+    role_args = role_args or {}
+    roles = [tandem.ParameterServerRole(coordinator.endpoint, **role_args)]
+    roles += [tandem.WorkerRole(coordinator.endpoint, **role_args) for _ in range(workers)]
+    roles.append(tandem.ScorerRole(coordinator.endpoint, validation=(xv, yv), **role_args))
     for role in roles:
         role.start()
     test.assertEqual(coordinator.wait_for("training", 30), "training")
@@ -196,6 +197,32 @@ class RolesTest(unittest.TestCase):
         rest = list(stream)  # ends at the channel's end message
         self.assertEqual(stream.end_reason, "test over")
         self.assertTrue(all(s["seq"] > first["seq"] for s in rest))
+
+    def test_a_run_under_curve_admits_only_its_client_key(self):
+        keys = tempfile.TemporaryDirectory()
+        self.addCleanup(keys.cleanup)
+        server = tandem.keygen(os.path.join(keys.name, "server"))
+        tandem.keygen(os.path.join(keys.name, "client"))
+        tandem.keygen(os.path.join(keys.name, "stranger"))
+        path = lambda name: os.path.join(keys.name, name)  # noqa: E731
+        client = {"curve_server_key": server, "curve_key_file": path("client.key_secret")}
+        coordinator, roles, _ = start_fed_cluster(
+            self, role_args=client, curve_secret_file=path("server.key_secret"),
+            curve_allowed_path=path("client.key"), curve_client_file=path("client.key_secret"))
+        self.assertEqual(coordinator.curve_public_key, server)
+        roles[1].feed(*make_rows(500, 8))
+        history = list(tandem.scores(coordinator.endpoint, follow=False, timeout_s=1, **client))
+        self.assertTrue(history and all("loss" in s for s in history))
+        # Another key, or none, gets no answer and is told why (after the 5 s request timeout).
+        with self.assertRaisesRegex(tandem.Error, "CURVE authentication failed"):
+            tandem.scores(coordinator.endpoint, curve_server_key=server,
+                          curve_key_file=path("stranger.key_secret"))
+        with self.assertRaisesRegex(tandem.Error, "may be under CURVE"):
+            tandem.scores(coordinator.endpoint)
+        with self.assertRaisesRegex(tandem.Error, "public key"):
+            tandem.scores(coordinator.endpoint, curve_server_key="not a key")
+        model = end_cluster(self, coordinator, roles)  # pull_model: the run's client key
+        self.assertEqual(len(model.parameters()), 4)
 
     def test_roles_stopped_from_their_process_end_at_once(self):
         coordinator, roles, _ = start_fed_cluster(self)

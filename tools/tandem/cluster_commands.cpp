@@ -165,13 +165,15 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--metrics", o.metrics_path,
                   "JSON lines: every score and a cluster line a second (default RUN_DIR/metrics.jsonl)");
   cmd->add_option("--curve-secret", s.curve_secret_file,
-                  "Secure the parameter servers with CURVE: their secret key file (tandem keygen)")
+                  "Secure the run with CURVE (the parameter servers and the coordinator's control "
+                  "and scores channels): the secret key file (tandem keygen)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--curve-allowed", s.curve_allowed_path,
-                  "Client public keys the servers admit: a file of keys or a directory of *.key")
+                  "Client public keys the servers and coordinator admit: a file of keys or a "
+                  "directory of *.key")
       ->check(CLI::ExistingPath);
   cmd->add_option("--curve-client-secret", s.curve_client_file,
-                  "The workers' and scorer's key file (default: a throwaway key each)")
+                  "The roles' key file (default: a throwaway key each; needed with --curve-allowed)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--resume", o.resume,
                 "Continue from the servers' newest checkpoints in RUN_DIR (default: start fresh)");
@@ -297,6 +299,19 @@ std::unique_ptr<DashboardServer> start_dashboard(const ClusterCommandOptions& o,
   }
 }
 
+// The arguments that let launch's role processes reach a coordinator under CURVE.
+std::vector<std::string> role_curve_args(const ClusterCommandOptions& o) {
+  const RunSettings& s = o.cluster.settings;
+  if (s.curve_secret_file.empty()) return {};
+  // The secret file gives its public half; the processes run on this machine.
+  std::vector<std::string> args{"--curve-server", s.curve_secret_file};
+  if (!s.curve_client_file.empty()) {
+    args.push_back("--curve-client-secret");
+    args.push_back(s.curve_client_file);
+  }
+  return args;
+}
+
 void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   resolve(o);
   if (launch_roles) assign_worker_gpus(o);
@@ -312,6 +327,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     for (json& w : spec["worker"])
       for (size_t i = 0; i < gpus.size(); ++i)
         if (w.value("name", std::string()) == "worker" + std::to_string(i)) w["gpus"] = gpus[i];
+    // Public: lets `tandem scores` and roles given this file find the run's key.
+    if (!o.cluster.settings.curve_server_public.empty())
+      spec["curve_public_key"] = o.cluster.settings.curve_server_public;
     if (!o.json_summary) std::printf("%s\n", spec.dump().c_str());
     std::fflush(stdout);
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
@@ -368,7 +386,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     char self[4096] = {};
     const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) throw Error("cannot find the tandem binary (/proc/self/exe) to start the roles");
-    launcher = std::make_unique<ProcessLauncher>(std::string(self, size_t(n)));
+    launcher = std::make_unique<ProcessLauncher>(std::string(self, size_t(n)), role_curve_args(o));
     for (size_t i = 0; i < o.cluster.worker_gpus.size(); ++i)
       launcher->set_role_args("worker" + std::to_string(i),
                               {"--gpus", gpu_list(o.cluster.worker_gpus[i])});
@@ -379,28 +397,69 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   print_summary(o, summary);
 }
 
-struct RoleCommandOptions {
-  RoleOptions role;
+// How a command outside the run reaches its coordinator: --coordinator, --curve-server and
+// --curve-client-secret.
+struct CoordinatorAccess {
+  std::string coordinator;  // an address, or a cluster-spec file
+  std::string curve_server;  // the run's public key file (or its secret one)
+  std::string curve_client;  // this side's secret key file; empty: a throwaway pair
+
+  void add_options(CLI::App* cmd) {
+    cmd->add_option("--coordinator", coordinator,
+                    "The coordinator's address, or a cluster-spec file (RUN_DIR/cluster.json)")
+        ->required();
+    cmd->add_option("--curve-server", curve_server,
+                    "For a run under CURVE: its public key file (tandem keygen's PREFIX.key; "
+                    "default: the key a cluster-spec file names)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--curve-client-secret", curve_client,
+                    "For a run under CURVE: this side's key file (PREFIX.key_secret; default: a "
+                    "throwaway key, admitted only by a run without --curve-allowed)")
+        ->check(CLI::ExistingFile);
+  }
+
+  // --coordinator takes an address or a cluster-spec file (RUN_DIR/cluster.json, the JSON that
+  // launch and coordinator print): its "coordinator" entry, and its "curve_public_key" when the
+  // run is under CURVE and no --curve-server is given.
+  std::string address(transport::CurveClientKeys* curve) const {
+    std::string spec_key;
+    std::string out = coordinator;
+    if (coordinator.find("://") == std::string::npos &&
+        std::filesystem::is_regular_file(coordinator)) {
+      std::ifstream in(coordinator);
+      const json spec = json::parse(in, nullptr, false);
+      if (spec.is_discarded() || !spec.contains("coordinator") || !spec["coordinator"].is_string())
+        throw InputError(coordinator +
+                         " is not a cluster spec: a JSON object with a \"coordinator\" address");
+      out = spec["coordinator"].get<std::string>();
+      spec_key = spec.value("curve_public_key", std::string());
+    }
+    if (curve == nullptr) return out;
+    curve->server_public =
+        curve_server.empty() ? spec_key : transport::read_curve_key_file(curve_server).public_key;
+    if (!curve_client.empty()) {
+      if (curve->server_public.empty())
+        throw InputError("--curve-client-secret needs --curve-server (the run's public key) or "
+                         "a cluster-spec file that names it");
+      curve->client = transport::read_curve_secret_key_file(curve_client);
+    }
+    // Checked here; completed (a throwaway pair when none is given) by the coordinator link, so
+    // a role without a key of its own keeps the run's client key for the parameter servers.
+    transport::resolve_curve_client(*curve, "--curve-server");
+    return out;
+  }
 };
 
-// --coordinator takes an address or a cluster-spec file (RUN_DIR/cluster.json, the JSON that
-// launch and coordinator print): its "coordinator" entry.
-std::string coordinator_address(const std::string& text) {
-  if (text.find("://") != std::string::npos || !std::filesystem::is_regular_file(text)) return text;
-  std::ifstream in(text);
-  const json spec = json::parse(in, nullptr, false);
-  if (spec.is_discarded() || !spec.contains("coordinator") || !spec["coordinator"].is_string())
-    throw InputError(text + " is not a cluster spec: a JSON object with a \"coordinator\" address");
-  return spec["coordinator"].get<std::string>();
-}
+struct RoleCommandOptions {
+  RoleOptions role;
+  CoordinatorAccess access;
+};
 
 void add_role_command(CLI::App& app, const char* name, const char* help,
                       void (*run)(const RoleOptions&)) {
   auto o = std::make_shared<RoleCommandOptions>();
   CLI::App* cmd = app.add_subcommand(name, help);
-  cmd->add_option("--coordinator", o->role.coordinator,
-                  "The coordinator's address, or a cluster-spec file (RUN_DIR/cluster.json)")
-      ->required();
+  o->access.add_options(cmd);
   cmd->add_option("--name", o->role.name, "This role's name (default: the coordinator picks)");
   cmd->add_option("--data", o->role.data, "The store's path on this node, if not the coordinator's");
   if (std::string(name) == "worker")
@@ -415,7 +474,7 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
                     "its name)");
   }
   cmd->callback([o, run] {
-    o->role.coordinator = coordinator_address(o->role.coordinator);
+    o->role.coordinator = o->access.address(&o->role.coordinator_curve);
     run(o->role);
   });
 }
@@ -454,6 +513,13 @@ void run_rank(RankCommandOptions& r) {
   role_options.coordinator =
       wait_for_rendezvous(rendezvous, rank->job, not_before, o.startup_timeout_s * 1000);
   role_options.name = role.kind + std::to_string(role.index);
+  const RunSettings& s = o.cluster.settings;  // every rank is given the same options
+  if (!s.curve_secret_file.empty()) {
+    role_options.coordinator_curve.server_public =
+        transport::read_curve_secret_key_file(s.curve_secret_file).public_key;
+    if (!s.curve_client_file.empty())
+      role_options.coordinator_curve.client = transport::read_curve_secret_key_file(s.curve_client_file);
+  }
   role_options.bind = "tcp://" + host + ":*";
   role_options.advertise = r.host;
   if (role.kind == "ps") return run_ps_role(role_options);
@@ -461,9 +527,11 @@ void run_rank(RankCommandOptions& r) {
   run_worker_role(role_options);
 }
 
-void run_scores(const std::string& coordinator, bool follow, double wait_s) {
+void run_scores(const CoordinatorAccess& access, bool follow, double wait_s) {
   zmq::context_t context(1);
-  ScoreSubscriber scores(coordinator_address(coordinator), context, 5000);
+  transport::CurveClientKeys curve;
+  const std::string coordinator = access.address(&curve);
+  ScoreSubscriber scores(coordinator, context, 5000, curve);
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<long>(wait_s * 1000));
   for (;;) {
@@ -543,14 +611,14 @@ void add_cluster_commands(CLI::App& app) {
     });
   }
   {
-    auto coordinator = std::make_shared<std::string>();
+    auto access = std::make_shared<CoordinatorAccess>();
     auto follow = std::make_shared<bool>(false);
     auto wait_s = std::make_shared<double>(1.5);
     CLI::App* cmd = app.add_subcommand("scores", "Print a cluster's scores (the last 10 at once)");
-    cmd->add_option("--coordinator", *coordinator, "The coordinator's address")->required();
+    access->add_options(cmd);
     cmd->add_flag("--follow", *follow, "Keep printing until training ends");
     cmd->add_option("--wait", *wait_s, "Without --follow: seconds to listen")->capture_default_str();
-    cmd->callback([=] { run_scores(*coordinator, *follow, *wait_s); });
+    cmd->callback([=] { run_scores(*access, *follow, *wait_s); });
   }
 }
 

@@ -188,6 +188,9 @@ std::vector<std::string> read_curve_allowed_clients(const std::string& path) {
     for (const auto& f : files) keys.push_back(read_curve_key_file(f).public_key);
   } else {
     const std::vector<std::string> lines = read_lines(path);
+    // One client's key file (tandem keygen's PREFIX.key) is a list of one.
+    for (const std::string& line : lines)
+      if (trim(line).rfind("public-key", 0) == 0) return {read_curve_key_file(path).public_key};
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string line = trim(lines[i]);
       // '#' is a Z85 character, but never a key's first: a group starting with it overflows.

@@ -62,9 +62,10 @@ CurveKeyPair read_curve_key_file(const std::string& path);
 CurveKeyPair read_curve_secret_key_file(const std::string& path);
 
 // The client keys a server admits, from `path`: a directory (every *.key file in it, by name,
-// read as above) or a file with one Z85 public key per line (blank lines and '#' comments
-// skipped). TransportError naming the file and line for a bad key, and when the list is empty:
-// an empty allowed list would admit every key holder, which a list file never means.
+// read as above), one key file (its public key), or a file with one Z85 public key per line
+// (blank lines and '#' comments skipped). TransportError naming the file and line for a bad key,
+// and when the list is empty: an empty allowed list would admit every key holder, which a list
+// file never means.
 std::vector<std::string> read_curve_allowed_clients(const std::string& path);
 
 // The ZAP handler of one ZeroMQ context. libzmq lets only one handler bind per context, while

@@ -63,6 +63,17 @@ struct ClusterScore {
   int64_t samples = 0;
 };
 
+// CURVE: with the settings' curve_secret_file, the run's parameter servers AND its coordinator
+// (control and scores) serve under that key pair, admitting only the client keys listed in
+// curve_allowed_path when it is set (else any client that knows the public key). A role or a
+// score stream joining such a run from outside train_cluster needs these.
+struct ClusterCurveKeys {
+  std::string server_public_key;  // the run's public key (Z85, 40 characters); empty: no CURVE
+  // This side's key file (tandem keygen's PREFIX.key_secret); empty: a throwaway pair, admitted
+  // only when the run has no allowed list. A role also uses it with the parameter servers.
+  std::string client_key_file;
+};
+
 // ---------------------------------------------------------------------------------------------
 // A whole run in one call.
 
@@ -159,6 +170,9 @@ class ClusterCoordinator {
   ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
 
   std::string address() const;         // where roles join (tcp://host:port)
+  // The public key (Z85) the coordinator and the servers serve under, for ClusterCurveKeys;
+  // empty when the settings have no curve_secret_file.
+  std::string curve_public_key() const;
   std::string scores_address() const;  // the scores channel (see ClusterScoreStream)
   // starting, training, draining (stopped; workers finishing), done (after finish()), failed.
   std::string phase() const;
@@ -199,6 +213,7 @@ struct ClusterRoleOptions {
   std::string data;         // overrides the settings' store path (mounted elsewhere here)
   std::vector<int> gpus;    // worker: its group's GPUs (member m on gpus[m]); empty: settings'
   double coordinator_lost_s = 15;  // no answer from the coordinator this long: the role fails
+  ClusterCurveKeys curve;          // for a run under CURVE (see ClusterCurveKeys)
 };
 
 // One role of a cluster, running on a thread of its own from the moment it is made: it
@@ -246,9 +261,10 @@ class ClusterRole {
 // then the end of the run. For watching a run from anywhere (another thread or process).
 class ClusterScoreStream {
  public:
-  // `coordinator`: the coordinator's address(). Throws Error when it does not answer within
-  // timeout_s.
-  explicit ClusterScoreStream(const std::string& coordinator, double timeout_s = 5);
+  // `coordinator`: the coordinator's address(); `curve`: for a run under CURVE. Throws Error
+  // when it does not answer within timeout_s (naming a refused key).
+  explicit ClusterScoreStream(const std::string& coordinator, double timeout_s = 5,
+                              const ClusterCurveKeys& curve = {});
   ~ClusterScoreStream();
   ClusterScoreStream(const ClusterScoreStream&) = delete;
   ClusterScoreStream& operator=(const ClusterScoreStream&) = delete;

@@ -1,0 +1,93 @@
+#include "curve_client.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "tandem/error.h"
+
+namespace tandem::transport {
+
+CurveClientKeys resolve_curve_client(CurveClientKeys keys, const std::string& where) {
+  const std::string at = where.empty() ? std::string() : where + ": ";
+  if (!keys.enabled()) {
+    if (!keys.client.public_key.empty() || !keys.client.secret_key.empty())
+      throw InputError(at + "a CURVE client key pair without the server's public key");
+    return keys;
+  }
+  validate_curve_key(keys.server_public, at + "the server's CURVE public key");
+  if (keys.client.secret_key.empty()) {
+    if (!keys.client.public_key.empty())
+      throw InputError(at + "a CURVE client public key without its secret key");
+    keys.client = generate_curve_keypair();  // throwaway: admitted only where any key is
+    return keys;
+  }
+  const std::string derived = curve_public_from_secret(keys.client.secret_key);
+  if (!keys.client.public_key.empty() && keys.client.public_key != derived)
+    throw InputError(at + "the CURVE client public key does not belong to its secret key");
+  keys.client.public_key = derived;
+  return keys;
+}
+
+void set_curve_client(zmq::socket_t& socket, const CurveClientKeys& keys) {
+  if (!keys.enabled()) return;
+  socket.set(zmq::sockopt::curve_serverkey, keys.server_public);
+  socket.set(zmq::sockopt::curve_publickey, keys.client.public_key);
+  socket.set(zmq::sockopt::curve_secretkey, keys.client.secret_key);
+}
+
+void set_curve_server(zmq::socket_t& socket, const std::string& secret_key,
+                      const std::string& zap_domain) {
+  socket.set(zmq::sockopt::curve_server, 1);
+  socket.set(zmq::sockopt::curve_secretkey, secret_key);
+  socket.set(zmq::sockopt::zap_domain, zap_domain);
+}
+
+CurveHandshakeWatch::CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t& socket,
+                                         std::string client_public_key)
+    : client_public_key_(std::move(client_public_key)) {
+  static std::atomic<uint64_t> next_monitor{0};
+  const std::string address = "inproc://tandem-curve-handshakes-" + std::to_string(next_monitor++);
+  if (zmq_socket_monitor(socket.handle(), address.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+    throw zmq::error_t();
+  monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
+  monitor_.set(zmq::sockopt::linger, 0);
+  monitor_.connect(address);
+}
+
+const std::string& CurveHandshakeWatch::problem() {
+  if (!monitor_) return problem_;
+  // Events are two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
+  for (;;) {
+    zmq::message_t event;
+    if (!monitor_.recv(event, zmq::recv_flags::dontwait)) break;
+    while (monitor_.get(zmq::sockopt::rcvmore)) {
+      zmq::message_t rest;
+      if (!monitor_.recv(rest, zmq::recv_flags::dontwait)) break;
+    }
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    uint32_t value = 0;
+    std::memcpy(&id, event.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+      problem_.clear();
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      problem_ = "CURVE authentication failed: the server refused this client's key " +
+                 client_public_key_ + " (ZAP status " + std::to_string(value) + ")";
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && client_public_key_.empty())
+      problem_ = "the ZeroMQ handshake failed (protocol error " + std::to_string(value) +
+                 "): the server may be under CURVE, and this client has no key for it";
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+      problem_ = "the CURVE handshake failed (ZeroMQ protocol error " + std::to_string(value) +
+                 "; does the server use CURVE?)";
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+      problem_ = "the connection closed during the CURVE handshake (the wrong server key?)";
+  }
+  return problem_;
+}
+
+}  // namespace tandem::transport

@@ -1,0 +1,62 @@
+// The client side of CURVE (zmq_curve.h has the keys and the server's ZAP handler): the keys one
+// client socket needs, put on it before it connects, and a watch on its handshakes, so that a
+// request that gets no answer can say why when a CURVE server refused it. Shared by every client
+// of Tandem's CURVE servers: parameter-server clients, the roles' line to the coordinator, the
+// scores channel's subscribers.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <string>
+
+#include "zmq_curve.h"
+
+namespace tandem::transport {
+
+// A CURVE client's keys: the server's public key (Z85) and this client's own pair.
+// server_public empty: no CURVE (the pair must be empty too).
+struct CurveClientKeys {
+  std::string server_public;
+  CurveKeyPair client;  // secret_key empty: a throwaway pair (only servers that admit any key)
+
+  bool enabled() const { return !server_public.empty(); }
+};
+
+// The keys made ready for use: each validated (TransportError naming `where` and the key), a
+// throwaway pair made when no secret key is given, the public key derived from the secret one
+// (InputError when a given public key does not belong to it, or a client pair comes without a
+// server key).
+CurveClientKeys resolve_curve_client(CurveClientKeys keys, const std::string& where);
+
+// Makes `socket` a CURVE client with resolved `keys`; nothing when they are not enabled. Call
+// before connect: the handshake starts there.
+void set_curve_client(zmq::socket_t& socket, const CurveClientKeys& keys);
+
+// Makes `socket` a CURVE server with `secret_key` whose connections ZAP checks in `zap_domain`
+// (a ZapAuthenticator registration on the socket's context). Call before bind.
+void set_curve_server(zmq::socket_t& socket, const std::string& secret_key,
+                      const std::string& zap_domain);
+
+// Reads a client socket's handshake events (ZeroMQ's socket monitor, on a PAIR socket of the
+// same context) and keeps the latest failure's explanation. A plain client (no key) is watched
+// too: its handshake with a CURVE server fails, and the explanation says so. Declare it after the socket it
+// watches, so that it closes first. Not thread-safe: use it from the thread that owns the socket.
+class CurveHandshakeWatch {
+ public:
+  CurveHandshakeWatch() = default;  // watches nothing: problem() is always ""
+  // Starts watching `socket` (before it connects). `client_public_key` is named in the message
+  // of a refused key; empty for a plain client.
+  CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t& socket, std::string client_public_key);
+
+  // The latest failed handshake's explanation ("CURVE authentication failed: the server refused
+  // this client's key ..."), after reading the events queued so far; "" when none failed since
+  // the last success.
+  const std::string& problem();
+
+ private:
+  zmq::socket_t monitor_;
+  std::string client_public_key_;
+  std::string problem_;
+};
+
+}  // namespace tandem::transport
