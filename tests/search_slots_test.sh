@@ -204,16 +204,29 @@ check "--budget-seconds with --slots exits 0 on time" test $rc -eq 0 -a $(( $(da
 check "... the remote trial is stopped by the time budget" grep -q "stopped by the time budget" "$dir/budget.err"
 check "... the server ended it with SIGTERM" grep -q "job trial-0.r0 (pid $(job_pids A | sed -n "$((before + 1))p")) killed by signal 15" "$dir/A.log"
 
-# 5. CURVE: a server with a secret key serves only searches that know its public key.
+# 5. CURVE: a server with a secret key serves only searches that know its public key (and, with
+#    --curve-allowed, hold an admitted key); the others are told why they get no answer.
 "$tandem" keygen --out "$dir/slots" >/dev/null
+"$tandem" keygen --out "$dir/searcher" >/dev/null
 start_server K --slots 1 --curve-secret "$dir/slots.key_secret"
+start_server KA --slots 1 --curve-secret "$dir/slots.key_secret" --curve-allowed "$dir/searcher.key"
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --threads-per-trial 1 --slots "$K" \
     --slots-curve-server "$dir/slots.key" --out "$dir/curve" >/dev/null 2>"$dir/curve.err"
 check "CURVE: a search with the server's public key runs its trial there" py_check \
     "$dir/curve/results.json" "r['results'][0]['status'] == 'completed' and r['results'][0]['slot'] == '$K'"
-expect_error "CURVE: a search without the key gets no answer" "did not answer within" \
+expect_error "CURVE: a search without the key gets no answer, and is told why" \
+    "the server may be under CURVE, and this client has no key for it" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --slots "$K" --slots-timeout 1 \
     --out "$dir/curve2"
+expect_error "CURVE: a search whose key the server does not admit is told so" \
+    "CURVE authentication failed: the server refused this client's key" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --slots "$KA" --slots-timeout 1 \
+    --slots-curve-server "$dir/slots.key" --out "$dir/curve3"
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --threads-per-trial 1 \
+    --slots "$KA" --slots-curve-server "$dir/slots.key" --slots-curve-client \
+    "$dir/searcher.key_secret" --out "$dir/curve4" >/dev/null 2>"$dir/curve4.err"
+check "CURVE: a search with an admitted key runs its trial there" py_check \
+    "$dir/curve4/results.json" "r['results'][0]['status'] == 'completed' and r['results'][0]['slot'] == '$KA'"
 
 # 6. The last server stopped with SIGTERM: it ends its trial and exits 0; the search ends with
 # an error naming it (and writes what it has).

@@ -7,13 +7,16 @@
 #include <random>
 #include <thread>
 
-#include "zmq_curve.h"
+#include "curve_client.h"
 
 namespace tandem::cli {
 
 struct TrialSlotPool::Server {
   std::string endpoint;
   zmq::socket_t socket;
+  // Its handshakes (after `socket`, so it closes first): why a server that never answers hello
+  // refused this client (its key, or no key for a CURVE server).
+  transport::CurveHandshakeWatch handshakes;
   int slots = 0;
   int threads = 1;
   int heartbeat_ms = 0;  // how often we send one
@@ -40,14 +43,9 @@ std::string seconds_text(int ms) {
 TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
     : options_(std::move(options)) {
   if (endpoints.empty()) throw InputError("--slots: no slot server endpoints");
-  if (!options_.curve_server_key.empty()) {
-    transport::validate_curve_key(options_.curve_server_key, "--slots: the servers' CURVE key");
-    if (options_.curve_secret_key.empty()) {
-      const transport::CurveKeyPair pair = transport::generate_curve_keypair();
-      options_.curve_public_key = pair.public_key;
-      options_.curve_secret_key = pair.secret_key;
-    }
-  }
+  curve_ = transport::resolve_curve_client(
+      {options_.curve_server_key, {options_.curve_public_key, options_.curve_secret_key}},
+      "--slots");
   // One identity for this search on every server, kept across reconnections.
   std::random_device random;
   char id[64];
@@ -68,6 +66,7 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
   };
   const std::string silence = " did not answer within " + seconds_text(options_.timeout_ms) + " s";
   std::string missing;
+  bool refused = false;  // a handshake failed: its reason is given instead of the hint
   for (auto it = servers_.begin(); it != servers_.end();) {
     const Server& s = **it;
     if (optional(s.endpoint) && (!s.answered || !s.lost.empty())) {
@@ -76,11 +75,15 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
       continue;
     }
     if (!s.lost.empty()) throw Error("slot server " + s.endpoint + ": " + s.lost);
-    if (!s.answered) missing += (missing.empty() ? "" : ", ") + s.endpoint;
+    if (!s.answered) {
+      const std::string& why = (*it)->handshakes.problem();
+      missing += (missing.empty() ? "" : ", ") + s.endpoint + (why.empty() ? "" : " (" + why + ")");
+      refused = refused || !why.empty();
+    }
     ++it;
   }
-  const std::string hint = std::string(" (is tandem trial-slots running there?") +
-                           (options_.curve_server_key.empty() ? "" : " is the CURVE key right?") + ")";
+  const std::string hint = refused ? "" : std::string(" (is tandem trial-slots running there?") +
+                           (curve_.enabled() ? " is the CURVE key right?" : "") + ")";
   if (!missing.empty()) throw Error("slot server(s) " + missing + silence + hint);
   if (servers_.empty()) {
     std::string all;
@@ -103,11 +106,8 @@ std::unique_ptr<TrialSlotPool::Server> TrialSlotPool::connect_server(const std::
     s->socket.set(zmq::sockopt::routing_id, id_);
     s->socket.set(zmq::sockopt::linger, 200);  // a bye still leaves; a dead server is not waited on
     s->socket.set(zmq::sockopt::sndtimeo, 1000);
-    if (!options_.curve_server_key.empty()) {
-      s->socket.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-      s->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-      s->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-    }
+    s->handshakes = transport::CurveHandshakeWatch(context_, s->socket, curve_.client.public_key);
+    transport::set_curve_client(s->socket, curve_);
     s->socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
     throw transport::TransportError("slot server " + endpoint + ": cannot connect: " + e.what());
@@ -304,8 +304,11 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
       // Listed but silent (a server killed outright leaves its entry): left out, as at the start.
       s->alive = false;
       s->joining = false;
-      if (s->lost.empty())
-        s->lost = "did not answer within " + seconds_text(options_.timeout_ms) + " s";
+      if (s->lost.empty()) {
+        const std::string& why = s->handshakes.problem();
+        s->lost = "did not answer within " + seconds_text(options_.timeout_ms) + " s" +
+                  (why.empty() ? "" : " (" + why + ")");
+      }
       s->socket.set(zmq::sockopt::linger, 0);
       s->socket.close();
       std::fprintf(stderr, "tandem %s: left out slot server %s, listed in a --slots directory: %s\n",

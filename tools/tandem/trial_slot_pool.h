@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "curve_client.h"
 #include "trial_slot_protocol.h"
 
 namespace tandem::cli {
@@ -84,6 +85,7 @@ class TrialSlotPool {
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 
   TrialSlotPoolOptions options_;
+  transport::CurveClientKeys curve_;  // resolved from the options (not enabled: plain)
   std::string id_;  // this client's routing id on every server
   std::vector<std::pair<std::string, std::string>> skipped_;  // endpoint, why
   zmq::context_t context_{1};

@@ -78,8 +78,14 @@ const std::string& CurveHandshakeWatch::problem() {
     else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
       problem_ = "CURVE authentication failed: the server refused this client's key " +
                  client_public_key_ + " (ZAP status " + std::to_string(value) + ")";
-    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && client_public_key_.empty())
-      problem_ = "the ZeroMQ handshake failed (protocol error " + std::to_string(value) +
+    else if (client_public_key_.empty() && (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                                             id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+      // The server closes a plain client's connection, or answers it with another mechanism,
+      // depending on which greeting is read first.
+      problem_ = "the ZeroMQ handshake failed (" +
+                 (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                      ? "protocol error " + std::to_string(value)
+                      : std::string("the connection closed")) +
                  "): the server may be under CURVE, and this client has no key for it";
     else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
       problem_ = "the CURVE handshake failed (ZeroMQ protocol error " + std::to_string(value) +
