@@ -201,17 +201,21 @@ check "its summary counts $by_hand epochs" grep -q "stopped (max-epochs).* $by_h
 check "no role process is left behind (roles started by hand)" no_role_left
 
 # 6. One command per task, as srun starts them (SLURM_PROCID/SLURM_NTASKS): rank 0 coordinates,
-#    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory.
+#    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory. Under
+#    CURVE with an allowed list: every rank takes its keys from the same options.
+for k in server client stranger; do "$tandem" keygen --out "$dir/$k" >/dev/null; done
 pids=()
 for rank in 0 1 2 3 4; do
   SLURM_PROCID=$rank SLURM_NTASKS=5 SLURM_JOB_ID=test-$$ "$tandem" rank --ps 1 --scorer 1 \
     --host 127.0.0.1 --data "$dir/fm.zarr" --run-dir "$dir/run7" --max-epochs 5 --target 0 \
+    --curve-secret "$dir/server.key_secret" --curve-allowed "$dir/client.key" \
+    --curve-client-secret "$dir/client.key_secret" \
     --dashboard -1 >"$dir/out7-$rank" 2>"$dir/err7-$rank" &
   pids+=($!)
 done
 rcs=""
 for pid in "${pids[@]}"; do wait "$pid"; rcs+="$? "; done
-check "every rank of a 5-task SLURM job exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
+check "every rank of a 5-task SLURM job under CURVE exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
 check "rank 0 coordinated 2 workers for 5 epochs" grep -q "stopped (max-epochs).* 5 epochs" "$dir/out7-0"
 check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
 check "no role process is left behind (SLURM job)" no_role_left
@@ -220,8 +224,7 @@ expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
 
 # 8. A run under CURVE: one key pair secures the parameter servers and the coordinator's control
 #    and scores channels, admitting only the listed client key. launch's roles get the keys; a
-#    `tandem scores` or a role with another key, or none, is refused and says why.
-for k in server client stranger; do "$tandem" keygen --out "$dir/$k" >/dev/null; done
+#    `tandem scores` or a role with another key, or none, is refused and says why (the keys of 6).
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run9" --workers 2 --max-epochs $long \
   --target 0 --dashboard -1 --json --curve-secret "$dir/server.key_secret" \
   --curve-allowed "$dir/client.key" --curve-client-secret "$dir/client.key_secret" \
