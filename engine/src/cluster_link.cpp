@@ -84,9 +84,13 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
   if (timeout_ms < 0) timeout_ms = timeout_ms_;
   const uint64_t seq = next_seq_++;
   message["seq"] = seq;
-  if (!send_json(socket_, message, nullptr))
+  if (!send_json(socket_, message, nullptr)) {
+    // libzmq drops a connection whose handshake failed for good: say why, when that is it.
+    const std::string& why = handshakes_.problem(200);
     throw TransportError("cannot queue a '" + message.value("type", std::string("?")) +
-                         "' request to the coordinator at " + endpoint_ + " (not reachable)");
+                         "' request to the coordinator at " + endpoint_ + " (not reachable" +
+                         (why.empty() ? ")" : "): " + why));
+  }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   bool shortened = false;
   for (;;) {

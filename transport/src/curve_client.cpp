@@ -1,6 +1,7 @@
 #include "curve_client.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -58,12 +59,20 @@ CurveHandshakeWatch::CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t&
   monitor_.connect(address);
 }
 
-const std::string& CurveHandshakeWatch::problem() {
+const std::string& CurveHandshakeWatch::problem(int wait_ms) {
   if (!monitor_) return problem_;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   // Events are two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
   for (;;) {
     zmq::message_t event;
-    if (!monitor_.recv(event, zmq::recv_flags::dontwait)) break;
+    if (!monitor_.recv(event, zmq::recv_flags::dontwait)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (!problem_.empty() || left.count() <= 0) break;
+      zmq::pollitem_t item{monitor_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, left);
+      continue;
+    }
     while (monitor_.get(zmq::sockopt::rcvmore)) {
       zmq::message_t rest;
       if (!monitor_.recv(rest, zmq::recv_flags::dontwait)) break;

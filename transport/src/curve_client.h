@@ -50,8 +50,9 @@ class CurveHandshakeWatch {
 
   // The latest failed handshake's explanation ("CURVE authentication failed: the server refused
   // this client's key ..."), after reading the events queued so far; "" when none failed since
-  // the last success.
-  const std::string& problem();
+  // the last success. With wait_ms > 0 and nothing known yet, waits up to that long for an
+  // event: the socket may drop a refused connection before its event reaches the watch.
+  const std::string& problem(int wait_ms = 0);
 
  private:
   zmq::socket_t monitor_;
