@@ -1734,7 +1734,8 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   msg = error_of<IoError>([&] { transport::read_curve_key_file(dir.file("missing.key")); });
   EXPECT_TRUE(contains(msg, dir.file("missing.key"))) << msg;
 
-  // Allowed lists: a file of keys, or a directory of *.key files (secret files are not read).
+  // Allowed lists: a file of keys, a key file, or a directory of *.key files (secret files are
+  // not read there).
   const std::string list = dir.file("allowed.txt");
   test::write_bytes(list, "# workers\n" + keys.public_key + "\n\n  " + other.public_key + "  \n");
   EXPECT_EQ(transport::read_curve_allowed_clients(list),
@@ -1752,6 +1753,12 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   transport::write_curve_key_files((dir.path() / "clients" / "a").string(), keys);
   EXPECT_EQ(transport::read_curve_allowed_clients((dir.path() / "clients").string()),
             (std::vector<std::string>{keys.public_key, other.public_key}));
+  // One client's key file is a list of one (its public key, from either file of the pair).
+  const std::string b = (dir.path() / "clients" / "b").string();
+  EXPECT_EQ(transport::read_curve_allowed_clients(b + ".key"),
+            std::vector<std::string>{other.public_key});
+  EXPECT_EQ(transport::read_curve_allowed_clients(b + ".key_secret"),
+            std::vector<std::string>{other.public_key});
 }
 
 TEST(Curve, AllowedClientTrainsAndAnotherKeyCannotPullOrPush) {

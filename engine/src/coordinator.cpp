@@ -5,8 +5,8 @@
 
 #include "cluster_link.h"
 #include "cluster_ranks.h"
-#include "tandem/error.h"
 #include "curve_client.h"
+#include "tandem/error.h"
 #include "zmq_messaging.h"
 
 namespace tandem {

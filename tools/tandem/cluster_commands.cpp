@@ -169,8 +169,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "and scores channels): the secret key file (tandem keygen)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--curve-allowed", s.curve_allowed_path,
-                  "Client public keys the servers and coordinator admit: a file of keys or a "
-                  "directory of *.key")
+                  "Client public keys the servers and coordinator admit: a key file, a file of "
+                  "keys, or a directory of *.key")
       ->check(CLI::ExistingPath);
   cmd->add_option("--curve-client-secret", s.curve_client_file,
                   "The roles' key file (default: a throwaway key each; needed with --curve-allowed)")
@@ -421,7 +421,7 @@ struct CoordinatorAccess {
   // --coordinator takes an address or a cluster-spec file (RUN_DIR/cluster.json, the JSON that
   // launch and coordinator print): its "coordinator" entry, and its "curve_public_key" when the
   // run is under CURVE and no --curve-server is given.
-  std::string address(transport::CurveClientKeys* curve) const {
+  std::string address(transport::CurveClientKeys& curve) const {
     std::string spec_key;
     std::string out = coordinator;
     if (coordinator.find("://") == std::string::npos &&
@@ -434,18 +434,17 @@ struct CoordinatorAccess {
       out = spec["coordinator"].get<std::string>();
       spec_key = spec.value("curve_public_key", std::string());
     }
-    if (curve == nullptr) return out;
-    curve->server_public =
+    curve.server_public =
         curve_server.empty() ? spec_key : transport::read_curve_key_file(curve_server).public_key;
     if (!curve_client.empty()) {
-      if (curve->server_public.empty())
+      if (curve.server_public.empty())
         throw InputError("--curve-client-secret needs --curve-server (the run's public key) or "
                          "a cluster-spec file that names it");
-      curve->client = transport::read_curve_secret_key_file(curve_client);
+      curve.client = transport::read_curve_secret_key_file(curve_client);
     }
     // Checked here; completed (a throwaway pair when none is given) by the coordinator link, so
     // a role without a key of its own keeps the run's client key for the parameter servers.
-    transport::resolve_curve_client(*curve, "--curve-server");
+    transport::resolve_curve_client(curve, "--curve-server");
     return out;
   }
 };
@@ -474,7 +473,7 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
                     "its name)");
   }
   cmd->callback([o, run] {
-    o->role.coordinator = o->access.address(&o->role.coordinator_curve);
+    o->role.coordinator = o->access.address(o->role.coordinator_curve);
     run(o->role);
   });
 }
@@ -530,7 +529,7 @@ void run_rank(RankCommandOptions& r) {
 void run_scores(const CoordinatorAccess& access, bool follow, double wait_s) {
   zmq::context_t context(1);
   transport::CurveClientKeys curve;
-  const std::string coordinator = access.address(&curve);
+  const std::string coordinator = access.address(curve);
   ScoreSubscriber scores(coordinator, context, 5000, curve);
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<long>(wait_s * 1000));

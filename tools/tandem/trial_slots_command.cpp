@@ -157,8 +157,8 @@ void add_trial_slots_command(CLI::App& app) {
                   "give its public key with --slots-curve-server")
       ->check(CLI::ExistingFile);
   cmd->add_option("--curve-allowed", o->curve_allowed,
-                  "Search public keys admitted: a file of keys or a directory of *.key (default: "
-                  "any search that knows the server's key)")
+                  "Search public keys admitted: a key file, a file of keys, or a directory of "
+                  "*.key (default: any search that knows the server's key)")
       ->check(CLI::ExistingPath);
   cmd->callback([o] { run_trial_slots(*o); });
 }
