@@ -70,7 +70,8 @@ TEST(CoordinatorCurve, AdmittedKeysAreAnsweredOthersAreToldWhyNot) {
   const transport::CurveKeyPair impostor = transport::generate_curve_keypair();
   CoordinatorLink misled(c.endpoint(), context, kRefusedMs, keys_for(impostor, admitted));
   msg = error_of<transport::TransportError>([&] { misled.request({{"type", "stop"}}); });
-  EXPECT_TRUE(contains(msg, "did not answer")) << msg;
+  // Timed out, or refused to queue when libzmq has already dropped the connection.
+  EXPECT_TRUE(contains(msg, "did not answer") || contains(msg, "not reachable")) << msg;
 
   // None of the refused "stop" requests reached the coordinator.
   EXPECT_EQ(c.phase(), ClusterPhase::Training);
