@@ -404,7 +404,11 @@ void bind_cluster(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyCoordinator& c, py::args) { c.close(); });
 
-  py::class_<PyRole>(m, "Role", "A cluster role running on a native thread.")
+  py::class_<PyRole>(m, "Role",
+                     "A cluster role running on a native thread. Each role's constructor takes "
+                     "curve_server_key (the coordinator's curve_public_key) and curve_key_file "
+                     "(this role's key file, tandem.keygen's PREFIX.key_secret; default: a "
+                     "throwaway key) to join a run under CURVE.")
       .def("start", &PyRole::start)
       .def("join", [](PyRole& r, std::optional<double> timeout_s) { return r.join(timeout_s ? *timeout_s : -1.0); },
            "timeout_s"_a = py::none(),
