@@ -246,15 +246,12 @@ plain=$!
 scores=$("$tandem" scores --coordinator "$dir/run9/cluster.json" --curve-client-secret \
   "$dir/client.key_secret" --wait 1 2>&1)
 check "tandem scores with the admitted key reads the scores" grep -q '"loss"' <<<"$scores"
-wait $stranger; rc=$?
 check "tandem scores with another key is refused, naming CURVE" \
-  bash -c "[ $rc -ne 0 ] && grep -q 'CURVE authentication failed' '$dir/s9-stranger'"
-wait $plain; rc=$?
+  failed_saying $stranger "$dir/s9-stranger" 'CURVE authentication failed'
 check "tandem scores without a key is told the coordinator may be under CURVE" \
-  bash -c "[ $rc -ne 0 ] && grep -q 'may be under CURVE' '$dir/s9-plain'"
-wait $intruder; rc=$?
+  failed_saying $plain "$dir/s9-plain" 'may be under CURVE'
 check "a worker with a throwaway key is refused, naming CURVE" \
-  bash -c "[ $rc -ne 0 ] && grep -q 'CURVE authentication failed' '$dir/w9'"
+  failed_saying $intruder "$dir/w9" 'CURVE authentication failed'
 wait $launcher; rc=$?
 check "launch under CURVE exits 0 after $long epochs, and the intruder never joined" \
   bash -c "[ $rc -eq 0 ] && grep -q '\"epochs\":$long,' '$dir/out9' && ! grep -q intruder '$dir/err9'"

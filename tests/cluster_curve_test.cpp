@@ -143,11 +143,7 @@ TEST(CoordinatorCurve, BadKeysAndInprocAreRefusedUpFront) {
 // the secret key, the roles join with the run's client key, and a stream of scores with it too.
 TEST(ClusterCurve, RolesJoiningByHandTrainUnderOneKey) {
   test::TempDir dir;
-  DataSplits splits;
-  splits.train = test::separable_dataset(1000, 40, 4, 1);
-  splits.validation = test::separable_dataset(200, 40, 4, 2);
-  splits.test = test::separable_dataset(200, 40, 4, 3);
-  splits.source = "synthetic";
+  const DataSplits splits = test::separable_splits(1000, 200, 1);
   const std::string store = dir.file("small.zarr");
   write_cluster_store(splits, store, 500);
   const transport::CurveKeyPair server = transport::generate_curve_keypair();

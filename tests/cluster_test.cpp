@@ -442,11 +442,7 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
 
 // A small store of separable data: 4 classes, 40 features; 2,000 training rows.
 std::string write_small_store(const test::TempDir& dir) {
-  DataSplits splits;
-  splits.train = test::separable_dataset(2000, 40, 4, 1);
-  splits.validation = test::separable_dataset(400, 40, 4, 2);
-  splits.test = test::separable_dataset(400, 40, 4, 3);
-  splits.source = "synthetic";
+  const DataSplits splits = test::separable_splits(2000, 400, 1);
   StoreWriteOptions w;
   w.chunk_rows = 500;
   const std::string path = dir.file("small.zarr");
@@ -679,11 +675,7 @@ std::vector<float> flat_parameters(const Model& model) {
 // parameters by about half the update.
 TEST(ClusterRun, AGroupStepGivesTheServersTheUpdateOfOneWorkerOverBothBatches) {
   test::TempDir dir;
-  DataSplits splits;
-  splits.train = test::separable_dataset(200, 40, 4, 11);
-  splits.validation = test::separable_dataset(40, 40, 4, 12);
-  splits.test = test::separable_dataset(40, 40, 4, 13);
-  splits.source = "synthetic";
+  const DataSplits splits = test::separable_splits(200, 40, 11);
   StoreWriteOptions w;
   w.chunk_rows = 64;  // bands that do not line up with the batches
   const std::string store = dir.file("two-batches.zarr");

@@ -10,6 +10,13 @@ check() {  # check NAME CONDITION...: passes when the condition command succeeds
   else failures=$((failures + 1)); echo "FAIL: $name"; fi
 }
 
+# failed_saying PID FILE TEXT: the background job PID exited non-zero, and FILE (its stderr)
+# holds TEXT.
+failed_saying() {
+  wait "$1"; local rc=$?
+  [ $rc -ne 0 ] && grep -qF -- "$3" "$2"
+}
+
 # expect_error NAME EXPECTED_TEXT COMMAND...: non-zero exit, stderr contains the text.
 expect_error() {
   local name=$1 text=$2; shift 2

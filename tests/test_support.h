@@ -136,6 +136,18 @@ inline Dataset separable_dataset(int64_t rows, int64_t features, int classes, ui
   return data;
 }
 
+// A store's three splits of separable_dataset with 40 features and 4 classes (a 40-16-4 model's
+// data): `train_rows` training rows, `eval_rows` each for validation and test, seeds seed,
+// seed + 1 and seed + 2.
+inline DataSplits separable_splits(int64_t train_rows, int64_t eval_rows, uint32_t seed) {
+  DataSplits splits;
+  splits.train = separable_dataset(train_rows, 40, 4, seed);
+  splits.validation = separable_dataset(eval_rows, 40, 4, seed + 1);
+  splits.test = separable_dataset(eval_rows, 40, 4, seed + 2);
+  splits.source = "synthetic";
+  return splits;
+}
+
 // Random pixels and labels (uint8 or float32 pixels).
 inline Dataset random_dataset(PixelType type, int64_t rows, int64_t features, int classes,
                               uint32_t seed) {

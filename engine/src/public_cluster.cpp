@@ -42,16 +42,11 @@ RunSettings parse_settings(const std::string& text, int workers) {
   return s;
 }
 
-// The internal form of a public ClusterCurveKeys: the client's key file read, the keys checked
-// (a throwaway pair is left to the coordinator link, so that a role without a key file of its
-// own keeps the settings' key for the parameter servers).
+// The internal form of a public ClusterCurveKeys, left unresolved: a role without a key file of
+// its own keeps the settings' key for the parameter servers (cluster_roles.cpp).
 transport::CurveClientKeys curve_client_keys(const ClusterCurveKeys& keys) {
-  transport::CurveClientKeys out;
-  out.server_public = keys.server_public_key;
-  if (!keys.client_key_file.empty())
-    out.client = transport::read_curve_secret_key_file(keys.client_key_file);
-  transport::resolve_curve_client(out, "ClusterCurveKeys");  // checks; the link completes them
-  return out;
+  return transport::curve_client_keys(keys.server_public_key, keys.client_key_file,
+                                      "ClusterCurveKeys");
 }
 
 // The scores channel's address beside the control socket's: the same host, any port.

@@ -205,11 +205,7 @@ class PyRole {
 // For a run under CURVE: the coordinator's public key (Z85) and this side's key file (empty: a
 // throwaway pair), checked.
 transport::CurveClientKeys curve_keys(const std::string& server_key, const std::string& key_file) {
-  transport::CurveClientKeys keys;
-  keys.server_public = server_key;
-  if (!key_file.empty()) keys.client = transport::read_curve_secret_key_file(key_file);
-  transport::resolve_curve_client(keys, "curve_server_key");
-  return keys;
+  return transport::curve_client_keys(server_key, key_file, "curve_server_key");
 }
 
 RoleOptions role_options(const std::string& coordinator, const std::string& name,

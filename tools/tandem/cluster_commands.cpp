@@ -2,7 +2,6 @@
 // processes or with --inproc as threads), `tandem coordinator` (the coordinator alone; roles join
 // from anywhere), the roles `tandem ps|worker|scorer --coordinator ADDR`, and `tandem scores`
 // (follow the scores channel).
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +27,7 @@
 #include "process_launcher.h"
 #include "progress_line.h"
 #include "score_subscriber.h"
+#include "stop_signals.h"
 #include "tandem/tandem.h"
 #include "tensorboard_writer.h"
 #include "worker_gpus.h"
@@ -42,9 +42,6 @@ using nlohmann::json;
 // The validation-loss target the default run stops at: the seed's model on Fashion-MNIST
 // (summed clipped cross-entropy over the 5,000 validation images). See README, "Choosing --target".
 constexpr double kDefaultTarget = 1750.0;
-
-std::atomic<int> g_interrupts{0};
-void on_interrupt(int) { g_interrupts.fetch_add(1); }
 
 struct ClusterCommandOptions {
   std::string data = default_data_dir();
@@ -197,15 +194,11 @@ void resolve(ClusterCommandOptions& o) {
     }
   }
   s.data = std::filesystem::absolute(store_path).string();
-  if (!s.curve_secret_file.empty()) {
-    const transport::CurveKeyPair servers = transport::read_curve_secret_key_file(s.curve_secret_file);
-    s.curve_server_public = servers.public_key;
-    s.curve_secret_file = std::filesystem::absolute(s.curve_secret_file).string();
-  } else if (!s.curve_allowed_path.empty() || !s.curve_client_file.empty()) {
-    throw InputError("--curve-allowed and --curve-client-secret need --curve-secret (the servers' key)");
-  }
-  for (std::string* path : {&s.curve_allowed_path, &s.curve_client_file})
+  // Absolute: the roles may run elsewhere; then checked, with the servers' public key derived
+  // (the cluster spec names it).
+  for (std::string* path : {&s.curve_secret_file, &s.curve_allowed_path, &s.curve_client_file})
     if (!path->empty()) *path = std::filesystem::absolute(*path).string();
+  complete_curve_settings(s);
   const DatasetStore store = DatasetStore::open(s.data);
   s.model = ModelConfig::parse(std::to_string(store.train.features) + "," + o.hidden + "," +
                                std::to_string(store.num_classes));
@@ -320,6 +313,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   TensorBoardWriter tensorboard(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
   MetricsLog metrics(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path);
   auto last_metrics = std::chrono::steady_clock::now();
+  // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
+  // rule (the final parameters saved and evaluated, the roles told to exit).
+  const std::atomic<bool>& stop = stop_on_signals();
   o.cluster.on_training = [&](const json& announced) {
     json spec = announced;
     // Each worker's GPUs, where launch assigned them (worker i is named "worker<i>").
@@ -338,7 +334,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     std::filesystem::rename(path + ".tmp", path);
   };
   o.cluster.on_tick = [&](const Coordinator& c) {
-    if (g_interrupts.load() > 0) const_cast<Coordinator&>(c).request_stop("interrupted");
+    if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
     const std::vector<ScoreRecord> scores = c.scores();
     const json state = c.state();
     const json& cl = state["cluster"];
@@ -369,10 +365,6 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
-  struct sigaction sa {};
-  sa.sa_handler = on_interrupt;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
   ClusterRun run(o.cluster);
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
@@ -434,17 +426,14 @@ struct CoordinatorAccess {
       out = spec["coordinator"].get<std::string>();
       spec_key = spec.value("curve_public_key", std::string());
     }
-    curve.server_public =
+    const std::string server_public =
         curve_server.empty() ? spec_key : transport::read_curve_key_file(curve_server).public_key;
-    if (!curve_client.empty()) {
-      if (curve.server_public.empty())
-        throw InputError("--curve-client-secret needs --curve-server (the run's public key) or "
-                         "a cluster-spec file that names it");
-      curve.client = transport::read_curve_secret_key_file(curve_client);
-    }
-    // Checked here; completed (a throwaway pair when none is given) by the coordinator link, so
-    // a role without a key of its own keeps the run's client key for the parameter servers.
-    transport::resolve_curve_client(curve, "--curve-server");
+    if (!curve_client.empty() && server_public.empty())
+      throw InputError("--curve-client-secret needs --curve-server (the run's public key) or "
+                       "a cluster-spec file that names it");
+    // Completed (a throwaway pair when none is given) by the coordinator link, so a role without
+    // a key of its own keeps the run's client key for the parameter servers.
+    curve = transport::curve_client_keys(server_public, curve_client, "--curve-server");
     return out;
   }
 };
@@ -513,12 +502,10 @@ void run_rank(RankCommandOptions& r) {
       wait_for_rendezvous(rendezvous, rank->job, not_before, o.startup_timeout_s * 1000);
   role_options.name = role.kind + std::to_string(role.index);
   const RunSettings& s = o.cluster.settings;  // every rank is given the same options
-  if (!s.curve_secret_file.empty()) {
-    role_options.coordinator_curve.server_public =
-        transport::read_curve_secret_key_file(s.curve_secret_file).public_key;
-    if (!s.curve_client_file.empty())
-      role_options.coordinator_curve.client = transport::read_curve_secret_key_file(s.curve_client_file);
-  }
+  if (!s.curve_secret_file.empty())
+    role_options.coordinator_curve = transport::curve_client_keys(
+        transport::read_curve_secret_key_file(s.curve_secret_file).public_key, s.curve_client_file,
+        "--curve-client-secret");
   role_options.bind = "tcp://" + host + ":*";
   role_options.advertise = r.host;
   if (role.kind == "ps") return run_ps_role(role_options);

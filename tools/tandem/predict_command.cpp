@@ -4,7 +4,6 @@
 // --slots the shares run on slot servers (tandem trial-slots, trial_slot_pool.h) instead, one
 // per slot, on a filesystem the servers share: the cluster's machines predicting together.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,22 +53,7 @@ pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share
                                    "--backend", o.backend,
                                    "--threads", std::to_string(threads), "--chunks",
                                    std::to_string(share) + "/" + std::to_string(o.processes)};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid;
-  {
-    const StopSignalsBlocked blocked;  // until the child has reset them (stop_signals.h)
-    pid = fork();
-  }
-  if (pid < 0) throw IoError(std::string("cannot fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with the parent
-    reset_stop_signals_in_child();
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  return start_child_process(args, "", "predict: cannot start share " + std::to_string(share));
 }
 
 // What every error of an unfinished prediction ends with.
@@ -80,6 +64,14 @@ const char* const kRerun = "rerun to finish the missing chunks (complete ones ar
 Error stopped_by_signal(const std::string& detail) {
   return Error(std::string("prediction stopped by ") + stop_signal_name() + detail + "; " +
                kRerun);
+}
+
+// `s`, unless a stop signal ended the prediction it sums up (PredictOptions::stop): then the
+// error saying so (the chunks in flight were finished: no temporary file is left).
+const PredictSummary& unless_stopped(const PredictSummary& s) {
+  if (s.stopped)
+    throw stopped_by_signal(" after writing " + std::to_string(s.chunks_written) + " chunk(s)");
+  return s;
 }
 
 // Runs the shares in child processes; throws naming every child that failed. A stop signal
@@ -233,9 +225,7 @@ void run_predict(PredictCliOptions& o) {
     // A share ends between two chunks on SIGTERM: what its parent, or a slot server whose
     // client is gone, sends it.
     o.engine.stop = &stop_on_signals();
-    const PredictSummary s = predict_chunks(o.model, o.data, o.out, o.engine);
-    if (s.stopped)  // the chunks in flight were finished: no temporary file is left
-      throw stopped_by_signal(" after writing " + std::to_string(s.chunks_written) + " chunk(s)");
+    unless_stopped(predict_chunks(o.model, o.data, o.out, o.engine));
     return;
   }
   o.slots.prepare("predict");
@@ -249,10 +239,7 @@ void run_predict(PredictCliOptions& o) {
   }
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
-    const PredictSummary s = predict_store(o.model, o.data, o.out, o.engine);
-    if (s.stopped)  // the chunks in flight were finished: no temporary file is left
-      throw stopped_by_signal(" after writing " + std::to_string(s.chunks_written) + " chunk(s)");
-    print(o, s);
+    print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));
     return;
   }
   const auto start = std::chrono::steady_clock::now();

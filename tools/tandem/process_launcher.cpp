@@ -1,7 +1,6 @@
 #include "process_launcher.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "tandem/error.h"
+#include "trial_process.h"
 
 namespace tandem::cli {
 
@@ -26,21 +26,8 @@ pid_t ProcessLauncher::spawn(const Child& c) const {
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   if (const auto it = role_args_.find(c.name); it != role_args_.end())
     args.insert(args.end(), it->second.begin(), it->second.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw Error(std::string("cannot start ") + c.name + ": fork: " + std::strerror(errno));
-  if (pid == 0) {
-    // The child: die with the launcher, whatever kills it (a SIGKILL'd launcher included).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);  // the launcher died before prctl took effect
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "tandem launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  return pid;
+  // Dies with the launcher, whatever kills it (a SIGKILL'd launcher included).
+  return start_child_process(args, "", "cannot start " + c.name);
 }
 
 std::string ProcessLauncher::start(const std::string& kind, const std::string& name,

@@ -109,7 +109,7 @@ class LocalTrials final : public TrialRunner {
   std::string start(const std::string& key, const Args& args, const std::string& log) override {
     std::vector<std::string> argv{self_};
     for (const std::string& a : args(threads_)) argv.push_back(a);
-    pids_[key] = start_trial_process(argv, log, "search: cannot start " + key);
+    pids_[key] = start_child_process(argv, log, "search: cannot start " + key);
     return "local";
   }
   void cancel(const std::string& key) override {

@@ -57,12 +57,8 @@ TrialSlotPoolOptions pool_options(const SlotClientOptions& o) {
   pool.timeout_ms = static_cast<int>(o.timeout_s * 1000);
   pool.optional_endpoints = o.listed;
   if (o.curve_server.empty()) return pool;
-  pool.curve_server_key = transport::read_curve_key_file(o.curve_server).public_key;
-  if (!o.curve_client.empty()) {
-    const transport::CurveKeyPair mine = transport::read_curve_secret_key_file(o.curve_client);
-    pool.curve_public_key = mine.public_key;
-    pool.curve_secret_key = mine.secret_key;
-  }
+  pool.curve = transport::curve_client_keys(transport::read_curve_key_file(o.curve_server).public_key,
+                                            o.curve_client, "--slots-curve-server");
   return pool;
 }
 

@@ -17,7 +17,7 @@
 
 namespace tandem::cli {
 
-pid_t start_trial_process(const std::vector<std::string>& args, const std::string& log,
+pid_t start_child_process(const std::vector<std::string>& args, const std::string& log,
                           const std::string& what) {
   if (args.empty()) throw InputError(what + ": no command to run");
   // Everything the child needs is built before fork: between fork and exec only
@@ -26,6 +26,7 @@ pid_t start_trial_process(const std::vector<std::string>& args, const std::strin
   std::vector<char*> argv;
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const std::string failure = "tandem: cannot run " + args[0] + ": ";
   const pid_t parent = getpid();
   pid_t pid;
   {
@@ -34,20 +35,20 @@ pid_t start_trial_process(const std::vector<std::string>& args, const std::strin
   }
   if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // trials die with their parent, however it ends
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with their parent, however it ends
     if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int fd =
+        log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
       close(fd);
     }
-    // The parent's stop-signal handlers and blocked mask must not reach the trial: a SIGTERM
-    // sent since the fork (a cancel right after the start) then ends it as it would the trial.
+    // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
+    // sent since the fork (a cancel right after the start) then ends it as it would the program.
     reset_stop_signals_in_child();
     execv(argv[0], argv.data());
-    const char* prefix = "tandem: cannot run the trial: ";
-    (void)!write(STDERR_FILENO, prefix, std::strlen(prefix));
+    (void)!write(STDERR_FILENO, failure.data(), failure.size());
     const char* reason = std::strerror(errno);
     (void)!write(STDERR_FILENO, reason, std::strlen(reason));
     (void)!write(STDERR_FILENO, "\n", 1);

@@ -1,6 +1,6 @@
-// One trial process: `tandem train ...` started as a child of this process, its stdout and stderr
-// appended to the trial's log. Both ways of running trials use it: tandem search's own processes
-// (--processes) and a slot server's (tandem trial-slots, for tandem search --slots).
+// Child processes of this tandem: a search's trials (`tandem train ...`, from tandem search's own
+// processes or a slot server's), a prediction's shares and launch's roles, all started the same
+// way by start_child_process.
 #pragma once
 
 #include <sys/types.h>
@@ -10,13 +10,14 @@
 
 namespace tandem::cli {
 
-// Forks and execs argv[0] with argv, stdout and stderr appended to `log` (created if missing).
-// The child gets PR_SET_PDEATHSIG SIGKILL: it dies with this process however that ends (a
-// SIGKILL included), so a dead search or slot server leaves no trial behind. Call it from the
-// thread that lives as long as the process (the kernel ties the signal to the forking thread).
-// Throws Error naming `what` when fork fails; an exec failure is written to the log and the
-// child exits with status 127.
-pid_t start_trial_process(const std::vector<std::string>& argv, const std::string& log,
+// Forks and execs argv[0] with argv, stdout and stderr appended to `log` (created if missing;
+// empty: the child keeps this process's). The child gets PR_SET_PDEATHSIG SIGKILL: it dies with
+// this process however that ends (a SIGKILL included), so a dead search, slot server or
+// launcher leaves nothing behind. The stop signals' handlers (stop_signals.h) do not reach it.
+// Call it from the thread that lives as long as the process (the kernel ties the signal to the
+// forking thread). Throws Error naming `what` when fork fails; an exec failure is written to the
+// child's stderr and it exits with status 127.
+pid_t start_child_process(const std::vector<std::string>& argv, const std::string& log,
                           const std::string& what);
 
 // "exited with status N" or "killed by signal N", for a waitpid status.

@@ -43,9 +43,7 @@ std::string seconds_text(int ms) {
 TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlotPoolOptions options)
     : options_(std::move(options)) {
   if (endpoints.empty()) throw InputError("--slots: no slot server endpoints");
-  curve_ = transport::resolve_curve_client(
-      {options_.curve_server_key, {options_.curve_public_key, options_.curve_secret_key}},
-      "--slots");
+  options_.curve = transport::resolve_curve_client(options_.curve, "--slots");
   // One identity for this search on every server, kept across reconnections.
   std::random_device random;
   char id[64];
@@ -83,7 +81,7 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
     ++it;
   }
   const std::string hint = refused ? "" : std::string(" (is tandem trial-slots running there?") +
-                           (curve_.enabled() ? " is the CURVE key right?" : "") + ")";
+                           (options_.curve.enabled() ? " is the CURVE key right?" : "") + ")";
   if (!missing.empty()) throw Error("slot server(s) " + missing + silence + hint);
   if (servers_.empty()) {
     std::string all;
@@ -106,8 +104,9 @@ std::unique_ptr<TrialSlotPool::Server> TrialSlotPool::connect_server(const std::
     s->socket.set(zmq::sockopt::routing_id, id_);
     s->socket.set(zmq::sockopt::linger, 200);  // a bye still leaves; a dead server is not waited on
     s->socket.set(zmq::sockopt::sndtimeo, 1000);
-    s->handshakes = transport::CurveHandshakeWatch(context_, s->socket, curve_.client.public_key);
-    transport::set_curve_client(s->socket, curve_);
+    s->handshakes =
+        transport::CurveHandshakeWatch(context_, s->socket, options_.curve.client.public_key);
+    transport::set_curve_client(s->socket, options_.curve);
     s->socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
     throw transport::TransportError("slot server " + endpoint + ": cannot connect: " + e.what());

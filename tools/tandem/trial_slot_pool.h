@@ -25,9 +25,9 @@ namespace tandem::cli {
 
 struct TrialSlotPoolOptions {
   int timeout_ms = 10000;          // silence before a server counts as gone
-  std::string curve_server_key;    // Z85 public key of the servers; empty: no CURVE
-  std::string curve_public_key;    // this search's key pair (empty: a throwaway one)
-  std::string curve_secret_key;
+  // The servers' public key and this client's pair (no secret key: a throwaway pair); not
+  // enabled: no CURVE.
+  transport::CurveClientKeys curve;
   // Endpoints found listed in a directory (--slots DIR) rather than named: one that does not
   // answer hello is left out (skipped()) instead of failing the pool, since a server killed
   // outright leaves its entry behind. The pool still needs one server that answers.
@@ -84,8 +84,7 @@ class TrialSlotPool {
   void send(Server& server, const SlotMessage& m);
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 
-  TrialSlotPoolOptions options_;
-  transport::CurveClientKeys curve_;  // resolved from the options (not enabled: plain)
+  TrialSlotPoolOptions options_;  // its keys resolved
   std::string id_;  // this client's routing id on every server
   std::vector<std::pair<std::string, std::string>> skipped_;  // endpoint, why
   zmq::context_t context_{1};

@@ -210,7 +210,7 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
     std::vector<std::string> argv{options_.program};
     argv.insert(argv.end(), m.args.begin(), m.args.end());
     try {
-      const pid_t pid = start_trial_process(argv, m.log, "job " + m.job);
+      const pid_t pid = start_child_process(argv, m.log, "job " + m.job);
       jobs_.push_back({client, m.job, pid, false});
       say("job " + m.job + " started: pid " + std::to_string(pid) + " (" +
           std::to_string(running()) + "/" + std::to_string(options_.slots) + " slots), log " + m.log);

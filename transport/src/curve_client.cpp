@@ -30,6 +30,15 @@ CurveClientKeys resolve_curve_client(CurveClientKeys keys, const std::string& wh
   return keys;
 }
 
+CurveClientKeys curve_client_keys(const std::string& server_public,
+                                  const std::string& client_key_file, const std::string& where) {
+  CurveClientKeys keys;
+  keys.server_public = server_public;
+  if (!client_key_file.empty()) keys.client = read_curve_secret_key_file(client_key_file);
+  resolve_curve_client(keys, where);  // the checks only
+  return keys;
+}
+
 void set_curve_client(zmq::socket_t& socket, const CurveClientKeys& keys) {
   if (!keys.enabled()) return;
   socket.set(zmq::sockopt::curve_serverkey, keys.server_public);

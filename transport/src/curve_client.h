@@ -28,6 +28,13 @@ struct CurveClientKeys {
 // server key).
 CurveClientKeys resolve_curve_client(CurveClientKeys keys, const std::string& where);
 
+// The keys of a client that knows the server's public key (Z85; empty: no CURVE) and has its
+// own pair in `client_key_file` (a .key_secret file; empty: none, a throwaway pair is made when
+// the keys are resolved). Checked (errors name `where`), not resolved: whoever resolves them
+// can still tell a given pair from none.
+CurveClientKeys curve_client_keys(const std::string& server_public,
+                                  const std::string& client_key_file, const std::string& where);
+
 // Makes `socket` a CURVE client with resolved `keys`; nothing when they are not enabled. Call
 // before connect: the handshake starts there.
 void set_curve_client(zmq::socket_t& socket, const CurveClientKeys& keys);
