@@ -36,6 +36,9 @@ long=40 longer=60
 # a browser among them, 5 s or more): under AddressSanitizer 8 epochs were over too soon.
 by_hand=$longer
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then long=6 longer=8 by_hand=24; fi
+# The most a run in the background may take (wait_within): far more than any of them needs, well
+# under CTest's timeout for the script.
+bound=300
 
 "$tandem" prepare --out "$dir/fm.zarr" >/dev/null 2>&1
 check "prepared Fashion-MNIST (55,000 training rows)" test -d "$dir/fm.zarr"
@@ -129,7 +132,7 @@ wait_for "$dir/run2/metrics.jsonl" '"type":"score"' 60
 victim=$(role_pid $launcher worker1)
 check "worker1 is running" test -n "$victim"
 kill -9 $victim
-wait $launcher; rc=$?
+wait_within $launcher $bound; rc=$?
 check "launch with a killed worker exits 0" test $rc -eq 0
 check "the coordinator noticed the worker" grep -q "worker1 lost" "$dir/err2"
 check "every epoch was trained in full" py_check "$(cat "$dir/out2")" \
@@ -142,7 +145,7 @@ check "no role process is left behind (killed worker)" no_role_left
 launcher=$!
 wait_for "$dir/run3/metrics.jsonl" '"type":"score"' 60
 kill -9 "$(role_pid $launcher scorer0)"
-wait $launcher; rc=$?
+wait_within $launcher $bound; rc=$?
 check "launch with a killed scorer exits 0" test $rc -eq 0
 check "the scorer was restarted" grep -q "scorer0 killed by signal 9; restarting it" "$dir/err3"
 check "no role process is left behind (killed scorer)" no_role_left
@@ -156,7 +159,7 @@ launcher=$!
 wait_for "$dir/run4/metrics.jsonl" '"type":"score"' 60
 for _ in $(seq 50); do ls "$dir/run4/checkpoints" 2>/dev/null | grep -q '^ps0-step-' && break; sleep 0.1; done
 kill -9 "$(role_pid $launcher ps0)"
-wait $launcher; rc=$?
+wait_within $launcher $bound; rc=$?
 check "launch with a killed parameter server exits 0" test $rc -eq 0
 check "the parameter server was restarted" grep -q "ps0 killed by signal 9; restarting it" "$dir/err4"
 check "every epoch was trained" py_check "$(cat "$dir/out4")" "j['epochs']==$longer"
@@ -194,7 +197,7 @@ for _ in range(50):
 sys.exit(1)" "$url"
 check "the dashboard renders the live cluster in headless Chromium" \
   "$py" "$(dirname "$0")/python/dashboard_browser_test.py" --url "$url" --grow-seconds 3
-wait $coordinator; rc=$?
+wait_within $coordinator $bound; rc=$?
 wait
 check "the coordinator with roles started by hand exits 0" test $rc -eq 0
 check "its summary counts $by_hand epochs" grep -q "stopped (max-epochs).* $by_hand epochs" "$dir/out5"
@@ -214,7 +217,7 @@ for rank in 0 1 2 3 4; do
   pids+=($!)
 done
 rcs=""
-for pid in "${pids[@]}"; do wait "$pid"; rcs+="$? "; done
+for pid in "${pids[@]}"; do wait_within "$pid" $bound; rcs+="$? "; done
 check "every rank of a 5-task SLURM job under CURVE exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
 check "rank 0 coordinated 2 workers for 5 epochs" grep -q "stopped (max-epochs).* 5 epochs" "$dir/out7-0"
 check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
@@ -252,7 +255,7 @@ check "tandem scores without a key is told the coordinator may be under CURVE" \
   failed_saying $plain "$dir/s9-plain" 'may be under CURVE'
 check "a worker with a throwaway key is refused, naming CURVE" \
   failed_saying $intruder "$dir/w9" 'CURVE authentication failed'
-wait $launcher; rc=$?
+wait_within $launcher $bound; rc=$?
 check "launch under CURVE exits 0 after $long epochs, and the intruder never joined" \
   bash -c "[ $rc -eq 0 ] && grep -q '\"epochs\":$long,' '$dir/out9' && ! grep -q intruder '$dir/err9'"
 check "launch under CURVE: the model is accurate" py_check "$(cat "$dir/out9")" \

@@ -1,5 +1,7 @@
 // The CPU backend's own contracts: bit-identical results for the same thread count, agreement
 // across thread counts and block sizes, uint8 data equal to its float form, shuffled row lists.
+#include <cstring>
+
 #include "cpu_backend.h"
 #include "tandem/error.h"
 #include "test_support.h"
@@ -92,6 +94,36 @@ TEST(CpuBackend, PredictAgreesWithEvaluateAccuracy) {
   backend.predict(unlabelled, again.data());
   EXPECT_EQ(again, predicted);
   EXPECT_THROW(backend.evaluate(unlabelled), InputError);
+}
+
+// A row's logits must not depend on how many threads share the rows: tandem predict splits a
+// chunk across its threads only when it has fewer chunks than threads (a rerun of one lost
+// chunk), and its output must be the same bits as the first run's. With OpenBLAS's AVX2 kernels
+// a row's sgemm result depends on its place in the block (the block's row count and the row's
+// offset in it), so the threads' shares start on whole blocks: every row is computed in the same
+// block at the same offset whatever the thread count. The default model's shapes, 1,000 rows (the
+// last block short).
+TEST(CpuBackend, LogitsOfARowDoNotDependOnTheThreadCount) {
+  const ModelConfig model = ModelConfig::parse("784-100-10");
+  const int64_t rows = 1000;
+  const Dataset data = test::random_dataset(PixelType::UInt8, rows, 784, 10, 12);
+  auto logits_with = [&](int threads) {
+    CpuBackend backend(model, OptimizerConfig{}, threads);
+    backend.set_parameters(Model::initialized(model, 5));
+    std::vector<uint8_t> classes(rows);
+    std::vector<float> logits(rows * 10);
+    backend.predict_logits(data.view(), classes.data(), logits.data());
+    return logits;
+  };
+  const std::vector<float> one = logits_with(1);
+  for (int threads : {2, 3, 4}) {
+    const std::vector<float> many = logits_with(threads);
+    int64_t first_different = -1;
+    for (int64_t i = 0; i < rows * 10 && first_different < 0; ++i)
+      if (std::memcmp(&one[i], &many[i], sizeof(float)) != 0) first_different = i / 10;
+    EXPECT_EQ(first_different, -1) << threads << " threads: row " << first_different
+                                   << " differs from one thread's";
+  }
 }
 
 TEST(CpuBackend, RefusesDataOfTheWrongWidth) {

@@ -17,6 +17,21 @@ failed_saying() {
   [ $rc -ne 0 ] && grep -qF -- "$3" "$2"
 }
 
+# wait_within PID SECONDS: the background job PID's exit status, as `wait` gives it; one still
+# running after SECONDS is SIGKILLed and 124 returned, so a hang fails its own checks, named,
+# instead of running into CTest's timeout for the whole script.
+wait_within() {
+  local pid=$1 seconds=$2
+  for _ in $(seq $((seconds * 10))); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid"; return; }
+    sleep 0.1
+  done
+  echo "wait_within: pid $pid ($(ps -o args= -p "$pid" | cut -c1-80)) still running after $seconds s; killed"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 124
+}
+
 # expect_error NAME EXPECTED_TEXT COMMAND...: non-zero exit, stderr contains the text.
 expect_error() {
   local name=$1 text=$2; shift 2

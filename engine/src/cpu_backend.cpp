@@ -154,12 +154,20 @@ BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t*
 BatchStats CpuBackend::run_partitioned(const DatasetView& data, const int32_t* rows, int64_t count,
                                        bool backward, uint8_t* predictions, float* logits) {
   const int parts = pool_.size();
+  // Without a backward pass the shares start on whole blocks, so each row is computed in the same
+  // block, at the same offset, whatever the thread count: OpenBLAS's sgemm (its AVX2 kernels at
+  // least) gives a row bits that depend on the block's row count and the row's place in it, and a
+  // prediction must not change with the threads (a rerun of one chunk splits it, the first run
+  // did not). Training keeps row-exact shares: its gradient sums depend on the thread count
+  // anyway, and a batch of a block or two must still use every thread.
+  const int64_t unit = backward ? 1 : block_rows_;
+  const int64_t units = (count + unit - 1) / unit;
+  auto share_begin = [&](int t) { return std::min(count, split_begin(units, parts, t) * unit); };
   pool_.run([&](int t) {
     Workspace& ws = workspaces_[static_cast<size_t>(t)];
     ws.stats = BatchStats{};
     if (backward) std::fill(ws.gradients.data(), ws.gradients.data() + layout_.total, 0.0f);
-    run_rows(ws, data, rows, split_begin(count, parts, t), split_begin(count, parts, t + 1),
-             backward, predictions, logits);
+    run_rows(ws, data, rows, share_begin(t), share_begin(t + 1), backward, predictions, logits);
   });
   // Summed in member order, so the same thread count gives the same bits.
   BatchStats total;

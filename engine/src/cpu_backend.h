@@ -5,7 +5,8 @@
 // its own gradient arena with single-threaded sgemm calls. A block's inputs are still in cache
 // when its weight gradient is taken, no thread ever waits on another inside a step, and the
 // partial gradients are summed inside the optimizer's one sweep over the parameters. Threads are
-// joined in a fixed order, so the same thread count gives the same bits.
+// joined in a fixed order, so the same thread count gives the same bits. Evaluation and prediction
+// share out whole blocks, so a row's logits are the same bits whatever the thread count.
 #pragma once
 
 #include <memory>

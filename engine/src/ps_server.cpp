@@ -580,18 +580,24 @@ void ParameterServer::finish_sync_step() {
 }
 
 int ParameterServer::replicas_needed(Clock::time_point now) const {
-  // Until replicas_to_aggregate workers have pushed at all, wait for all of them (the start).
-  // After that, when fewer are still pushing (one left for good), wait only for those, or every
-  // later step would wait out step_timeout_ms.
-  if (clocks_.known() < options_.replicas_to_aggregate) return options_.replicas_to_aggregate;
+  // Until replicas_to_aggregate workers have pushed at all, wait for all of them (the start),
+  // but only until a step times out doing so: a worker killed before its first push would
+  // otherwise make every step of the run wait out step_timeout_ms. After that, when fewer are
+  // still pushing (one left for good, or never came), wait only for those; a late worker counts
+  // again from its first push.
+  if (clocks_.known() < options_.replicas_to_aggregate && !start_waited_out_)
+    return options_.replicas_to_aggregate;
   return std::max(1, std::min(options_.replicas_to_aggregate, clocks_.active(now)));
 }
 
 void ParameterServer::on_tick() {
   const auto now = Clock::now();
-  if (options_.mode == PsMode::Sync && shard_.pending() > 0 &&
-      (now >= step_deadline_ || shard_.pending() >= replicas_needed(now)))
-    finish_sync_step();  // a worker left mid-step (or is very slow): do not hang the others
+  if (options_.mode == PsMode::Sync && shard_.pending() > 0) {
+    const bool timed_out = now >= step_deadline_;
+    if (timed_out && clocks_.known() < options_.replicas_to_aggregate) start_waited_out_ = true;
+    // A worker left mid-step (or is very slow, or never came): do not hang the others.
+    if (timed_out || shard_.pending() >= replicas_needed(now)) finish_sync_step();
+  }
   maybe_checkpoint(false);
   if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {
     // Answer, in arrival order, every deferred request whose worker is now within the bound.

@@ -13,7 +13,9 @@
 //                     gradient is applied on the mean of the gradients that did arrive (a partial
 //                     step, counted) and the held replies are sent. When fewer workers than
 //                     replicas_to_aggregate have pushed within worker_timeout_ms (one left for
-//                     good), a step needs only as many gradients as there are workers pushing.
+//                     good), a step needs only as many gradients as there are workers pushing;
+//                     likewise once a step timed out before all of them had ever pushed (one
+//                     never came): only the first step waits for the missing worker.
 //   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (the
 //                     version its latest push was computed on) is more than staleness_bound ahead
 //                     of the slowest active worker's is deferred, queued, and sent from this
@@ -191,6 +193,10 @@ class ParameterServer {
   std::string restored_from_;
   std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
   std::chrono::steady_clock::time_point step_deadline_;
+  // Sync: a step timed out before replicas_to_aggregate workers had ever pushed. From then on
+  // only the workers that have pushed count (replicas_needed): one that never shows up (killed
+  // while starting) must not make every later step wait out the step timeout.
+  bool start_waited_out_ = false;
   std::deque<Pending> deferred_;    // BoundedStaleness: replies waiting for the slowest worker
   WorkerClocks clocks_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
