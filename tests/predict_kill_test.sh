@@ -84,7 +84,7 @@ for how in "one process" "--processes 2"; do
   pid=$!
   while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
   kill -TERM "$pid" 2>/dev/null
-  { wait "$pid"; } 2>/dev/null; status=$?
+  { wait_within "$pid" 120; } 2>/dev/null; status=$?
   pid=
   done_before=$(complete "$out")
   check "$how: SIGTERM ends the run with an error (exit status $status)" test "$status" -eq 1
@@ -107,7 +107,7 @@ out=$dir/nohup.zarr
 pid=$!
 while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
 kill -HUP "$pid" 2>/dev/null
-{ wait "$pid"; } 2>/dev/null; status=$?
+{ wait_within "$pid" 120; } 2>/dev/null; status=$?
 pid=
 check "nohup: SIGHUP stays ignored; the run finishes (exit status $status, $(complete "$out") chunks)" \
   test "$status" -eq 0 -a "$(complete "$out")" -eq $chunks

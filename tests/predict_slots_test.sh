@@ -98,7 +98,7 @@ expect_error "a directory whose listed servers all stay silent is an error namin
 predict_pid=$!
 for _ in $(seq 1000); do [ -d "$dir/cut.zarr.logs" ] && break; sleep 0.01; done
 kill -STOP "$b_pid"
-wait "$predict_pid"; rc=$?
+wait_within "$predict_pid" 120; rc=$?
 b_lines=$(wc -l <"$dir/b.log")
 kill -CONT "$b_pid"
 check "a silent server's shares fail the prediction" test $rc -ne 0
@@ -139,11 +139,11 @@ expect_error "--slots with neither an endpoint nor a directory is refused" \
 listed() { ls "$dir/slots"/*-"$1".endpoint >/dev/null 2>&1; }  # listed PID
 check "server a is listed while it runs" listed "$a_pid"
 kill -TERM "$a_pid"
-wait "$a_pid" 2>/dev/null
+wait_within "$a_pid" 60 2>/dev/null
 check "a server stopped by SIGTERM takes its entry out of the directory" \
     test "$(ls "$dir/slots")" = "$(basename "$(ls "$dir/slots"/*-"$b_pid".endpoint)")"
 kill -HUP "$b_pid"
-wait "$b_pid" 2>/dev/null
+wait_within "$b_pid" 60 2>/dev/null
 check "so does a server stopped by SIGHUP (its terminal gone)" test -z "$(ls "$dir/slots")"
 
 # A prediction started with its servers (as in one batch script): --slots-expect waits for them.
@@ -155,7 +155,7 @@ background+=("$later")
 sleep 1
 start_server d --slots 1 --endpoint-dir "$dir/later"
 start_server e --slots 1 --bind "ipc://$dir/e.sock" --endpoint-dir "$dir/later"
-wait "$later"; rc=$?
+wait_within "$later" 120; rc=$?
 check "--slots-expect 2 waited for two servers that started after it ($(tail -c 300 "$dir/err_later"))" \
     test $rc -eq 0 -a "$(json_field "$(cat "$dir/out_later")" processes)" = 2
 expect_error "--slots-expect with fewer servers listed is an error saying how many came" \

@@ -82,7 +82,7 @@ search=$!
 scored() { grep -q '"type":"epoch"' "$dir/s8/trial-$1.r0.jsonl" 2>/dev/null; }
 for _ in $(seq 1200); do scored 0 && scored 1 && break; sleep 0.1; done
 kill -TERM "$search"
-wait "$search"; rc=$?
+wait_within "$search" 120; rc=$?
 check "SIGTERM ends the search with an error (exit status $rc)" test $rc -eq 1
 check "... naming the signal and where the results are" \
     grep -q "search: stopped by SIGTERM; the results so far are in" "$dir/err8"
@@ -101,7 +101,7 @@ group=$!
 scored9() { grep -q '"type":"epoch"' "$dir/s9/trial-$1.r0.jsonl" 2>/dev/null; }
 for _ in $(seq 1200); do scored9 0 && scored9 1 && break; sleep 0.1; done
 kill -TERM -- -"$group"
-wait "$group"; rc=$?
+wait_within "$group" 120; rc=$?
 check "SIGTERM to the search's process group: exit status $rc, the trials stopped, not failed" \
     py_check "$dir/s9/results.json" "r['failed'] == 0 and len(r['results']) == 2 and \
     all(t['status'] == 'stopped' and t['stopped_by_signal'] == 'SIGTERM' for t in r['results'])"

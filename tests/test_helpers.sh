@@ -10,11 +10,11 @@ check() {  # check NAME CONDITION...: passes when the condition command succeeds
   else failures=$((failures + 1)); echo "FAIL: $name"; fi
 }
 
-# failed_saying PID FILE TEXT: the background job PID exited non-zero, and FILE (its stderr)
-# holds TEXT.
+# failed_saying PID FILE TEXT: the background job PID exited non-zero by itself (within 120 s),
+# and FILE (its stderr) holds TEXT.
 failed_saying() {
-  wait "$1"; local rc=$?
-  [ $rc -ne 0 ] && grep -qF -- "$3" "$2"
+  wait_within "$1" 120; local rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$3" "$2"
 }
 
 # wait_within PID SECONDS: the background job PID's exit status, as `wait` gives it; one still

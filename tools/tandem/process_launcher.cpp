@@ -55,6 +55,13 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
                                           : "exited with status " + std::to_string(WEXITSTATUS(status));
     if (clean && !running) continue;  // a normal end
     coordinator.mark_lost(c.name, "process " + std::to_string(c.pid) + " " + how);
+    if (c.kind == "worker" && phase == ClusterPhase::Starting) {
+      // The run waits for every worker and workers are not restarted: without this it would
+      // wait out the start-up timeout, then name this worker only as not registered.
+      coordinator.fail(c.name + " (process " + std::to_string(c.pid) + ") " + how +
+                       " before the run started; its messages are above");
+      continue;
+    }
     const bool restart = (c.kind == "scorer" || c.kind == "ps") &&
                          phase != ClusterPhase::Failed && c.restarts < max_restarts_;
     if (!restart) continue;

@@ -2,7 +2,8 @@
 // --coordinator ADDR --name NAME`. Children die with the launcher (PR_SET_PDEATHSIG), so nothing
 // is left behind even when the launcher itself is killed; stop_all() reaps or kills the rest.
 // A role that exits while training runs: a worker is reported lost at once (its batches go to the
-// others); the scorer is restarted; a parameter server is restarted on its old address, so the
+// others), and one that exits before the run started fails it (the run waits for every worker);
+// the scorer is restarted; a parameter server is restarted on its old address, so the
 // workers' sockets reconnect, and it resumes from its newest checkpoint.
 #pragma once
 

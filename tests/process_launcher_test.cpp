@@ -1,0 +1,68 @@
+// tandem launch's role processes (tools/tandem/process_launcher.h), started for real: each "role"
+// is a small shell script standing in for the tandem binary, so how it exits is up to the test.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <thread>
+
+#include "coordinator.h"
+#include "process_launcher.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+// A script run as `SCRIPT KIND --coordinator ADDR --name NAME`: the role named `failing` says
+// why and exits with status 3 at once; every other one sleeps until it is stopped.
+std::string role_script(const test::TempDir& dir, const std::string& failing) {
+  const std::string path = dir.file("role.sh");
+  test::write_bytes(path, "#!/bin/sh\n"
+                          "if [ \"$5\" = " + failing + " ]; then\n"
+                          "  echo \"$5: cannot start\" >&2\n"
+                          "  exit 3\n"
+                          "fi\n"
+                          "exec sleep 60\n");
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+// The run waits for both workers; a worker process that exits before the run starts can never
+// register (launch does not restart workers), so the run fails at once, naming the worker and how
+// its process ended, instead of waiting out the start-up timeout to call it "not registered".
+TEST(ProcessLauncher, AWorkerThatExitsBeforeTheRunStartsFailsItAtOnce) {
+  test::TempDir dir;
+  zmq::context_t context(1);
+  CoordinatorOptions o;
+  o.context = &context;
+  o.bind = "inproc://launcher-test";
+  o.scores_bind = "inproc://launcher-test-scores";
+  o.expected_ps = 0;
+  o.expected_workers = 2;
+  o.expected_scorers = 0;
+  o.batches_per_epoch = 10;
+  o.startup_timeout_ms = 60000;
+  Coordinator coordinator(o);
+  cli::ProcessLauncher launcher(role_script(dir, "worker1"));
+  launcher.start("worker", "worker0", coordinator.endpoint());
+  launcher.start("worker", "worker1", coordinator.endpoint());
+  const auto start = std::chrono::steady_clock::now();
+  while (coordinator.phase() == ClusterPhase::Starting &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+    launcher.watch(coordinator);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(coordinator.phase(), ClusterPhase::Failed);
+  const std::string why = coordinator.failure();
+  EXPECT_TRUE(test::contains(why, "worker1 (process ")) << why;
+  EXPECT_TRUE(test::contains(why, ") exited with status 3 before the run started")) << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // worker0 still runs (launch's stop_all ends it); worker1 is gone.
+  const auto pids = launcher.pids();
+  EXPECT_EQ(pids.count("worker0"), 1u);
+  EXPECT_EQ(pids.count("worker1"), 0u);
+  launcher.stop_all(0);
+  EXPECT_TRUE(launcher.pids().empty());
+}
+
+}  // namespace
+}  // namespace tandem
