@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "bare_coordinator.h"
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "cluster_run.h"
@@ -207,23 +208,10 @@ TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {
   EXPECT_THROW(wait_for_rendezvous(dir.file("none"), "", 0, 200), Error);
 }
 
-// A coordinator whose run needs no parameter server, worker or scorer unless asked.
-CoordinatorOptions bare_options(zmq::context_t& context) {
-  static int counter = 0;
-  CoordinatorOptions o;
-  o.context = &context;
-  o.bind = "inproc://coordinator-test-" + std::to_string(counter);
-  o.scores_bind = "inproc://scores-test-" + std::to_string(counter++);
-  o.expected_ps = 0;
-  o.expected_workers = 0;
-  o.expected_scorers = 0;
-  o.batches_per_epoch = 10;
-  return o;
-}
 
 TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   zmq::context_t context(1);
-  Coordinator c(bare_options(context));
+  Coordinator c(test::bare_coordinator_options(context));
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   CoordinatorLink link(c.endpoint(), context);
   for (int i = 1; i <= 12; ++i)
@@ -353,7 +341,7 @@ TEST_F(ScoreChannelByHand, WithoutAReplayLiveScoresComeAfterAHold) {
 
 TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
   zmq::context_t context(1);
-  CoordinatorOptions o = bare_options(context);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
   o.target = 500;
   Coordinator c(o);
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
@@ -367,7 +355,7 @@ TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
 
 TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   zmq::context_t context(1);
-  CoordinatorOptions o = bare_options(context);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_ps = 2;
   o.expected_workers = 1;
   // (2 s: ps0's registration must land before it on a loaded machine, or ps0 is named as not
@@ -391,7 +379,7 @@ TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
 
 TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   zmq::context_t context(1);
-  Coordinator c(bare_options(context));
+  Coordinator c(test::bare_coordinator_options(context));
   CoordinatorLink link(c.endpoint(), context);
   EXPECT_THROW(link.request({{"type", "register"}, {"role", "boss"}}), Error);
   EXPECT_THROW(link.request({{"type", "work"}, {"name", "nobody"}}), Error);
@@ -408,7 +396,7 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
 
 TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   zmq::context_t context(1);
-  CoordinatorOptions o = bare_options(context);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
   o.heartbeat_timeout_ms = 1000;  // the live worker's 50 ms heartbeats never leave such a gap
   Coordinator c(o);

@@ -3,9 +3,8 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <thread>
 
-#include "coordinator.h"
+#include "bare_coordinator.h"
 #include "process_launcher.h"
 #include "test_support.h"
 
@@ -32,25 +31,18 @@ std::string role_script(const test::TempDir& dir, const std::string& failing) {
 TEST(ProcessLauncher, AWorkerThatExitsBeforeTheRunStartsFailsItAtOnce) {
   test::TempDir dir;
   zmq::context_t context(1);
-  CoordinatorOptions o;
-  o.context = &context;
-  o.bind = "inproc://launcher-test";
-  o.scores_bind = "inproc://launcher-test-scores";
-  o.expected_ps = 0;
+  CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
-  o.expected_scorers = 0;
-  o.batches_per_epoch = 10;
   o.startup_timeout_ms = 60000;
   Coordinator coordinator(o);
   cli::ProcessLauncher launcher(role_script(dir, "worker1"));
   launcher.start("worker", "worker0", coordinator.endpoint());
   launcher.start("worker", "worker1", coordinator.endpoint());
   const auto start = std::chrono::steady_clock::now();
-  while (coordinator.phase() == ClusterPhase::Starting &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
-    launcher.watch(coordinator);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  test::eventually([&] {
+    launcher.watch(coordinator);  // what launch's run loop does every tick
+    return coordinator.phase() != ClusterPhase::Starting;
+  }, 20000, 20);
   EXPECT_EQ(coordinator.phase(), ClusterPhase::Failed);
   const std::string why = coordinator.failure();
   EXPECT_TRUE(test::contains(why, "worker1 (process ")) << why;

@@ -222,12 +222,7 @@ std::vector<NamedTensor> zero_copy_params(uint32_t seed) {
 }
 
 bool wait_until_released(const transport::SendHold& hold) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (hold.in_use()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
+  return test::eventually([&] { return !hold.in_use(); }, 5000, 1);
 }
 
 TEST(ZeroCopy, LargeFramesTravelInPlaceUntilTheReceiverLetsGo) {
@@ -654,8 +649,7 @@ TEST(ParameterServer, ShutdownStopsServing) {
   PsClient client({server.endpoint()}, client_options(&ctx, 300));
   client.init(small_params(10)).wait();
   client.shutdown_servers();
-  for (int i = 0; i < 100 && server.serving(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  test::eventually([&] { return !server.serving(); }, 1000);
   EXPECT_FALSE(server.serving());
   EXPECT_THROW(client.pull().wait(), transport::TransportError);
 }
@@ -783,8 +777,7 @@ TEST(PsMode, SyncDropsAndCountsStaleGradients) {
   // A raw one-way push on version 0 is dropped too, without a reply.
   RawPeer raw(ctx, server.endpoint());
   raw.send(frames_of(MessageType::Push, 5, gradients_like(params, 1600)));
-  for (int i = 0; i < 100 && server.stats().stale_dropped < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  test::eventually([&] { return server.stats().stale_dropped >= 2; }, 500);
   s = server.stats();
   EXPECT_EQ(s.stale_dropped, 2);
   EXPECT_EQ(s.version, 2);
@@ -830,8 +823,7 @@ TEST(PsMode, SyncWorkerThatNeverPushesHoldsBackOnlyTheFirstStep) {
   late.init({}).wait();  // on version 3
   const auto gl = gradients_like(params, 1710), ga = gradients_like(params, 1711);
   late.push(gl).wait();  // one-way, current: joins the aggregate, which now needs both
-  for (int i = 0; i < 200 && server.stats().pushes < 4; ++i)  // (sent is not yet arrived)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  test::eventually([&] { return server.stats().pushes >= 4; }, 1000);  // sent, not yet arrived
   ASSERT_EQ(server.stats().pushes, 4);
   const PsResult r = a.push_pull(ga).wait();
   ref.apply(mean_of(gl, ga));
@@ -894,9 +886,7 @@ TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut)
     return fast.push_pull(gradients_like(params, 1802)).wait().version;
   });
   // (Waited for, not assumed after a fixed time: the push may take a while to reach the server.)
-  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-       server.stats().deferred < 1 && std::chrono::steady_clock::now() < deadline;)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  test::eventually([&] { return server.stats().deferred >= 1; }, 5000);
   EXPECT_EQ(server.stats().deferred, 1);
   EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   // The slow worker pushes on version 1 (its last reply): now 2 - 1 <= 1, the fast one goes on.
@@ -1064,13 +1054,10 @@ TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
   // the pruning after it. Snapshots at steps 2, 4 and 6 were taken; one that had not started
   // when the next came is replaced by it, so the file before step 6 is step 2's or step 4's, or
   // there is none when the writer had started neither (a loaded machine: both were replaced).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  auto written = [&] {
+  test::eventually([&] {
     const auto files = shard_files(dir);
     return !files.empty() && files.size() <= 2 && files.back() == "shardA-step-6.safetensors";
-  };
-  while (!written() && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }, 5000);
   const auto files = shard_files(dir);
   ASSERT_TRUE(files.size() == 1 || files.size() == 2) << files.size() << " files";
   if (files.size() == 2) {
@@ -1164,17 +1151,13 @@ TEST(PsCheckpoint, EverySecondsWritesWhenSomethingChanged) {
   client.init(params).wait();
   client.push_pull(gradients_like(params, 4600)).wait();
   // The server ticks every poll_ms even when idle; allow generous time on a loaded machine.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   // (A step-0 file may come first if the interval passed between Init and the push; the
   // rename makes the step-1 file appear whole.)
   const std::string want = "ps0-step-1.safetensors";
-  auto has = [&] {
+  EXPECT_TRUE(test::eventually([&] {
     const auto files = shard_files(dir);
     return std::find(files.begin(), files.end(), want) != files.end();
-  };
-  while (!has() && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_TRUE(has());
+  }, 5000, 10));
   EXPECT_EQ(read_safetensors(dir.file(want)).metadata.at("step"), "1");
 }
 

@@ -45,12 +45,6 @@ wait_started() {
   for _ in $(seq 600); do [ "$(job_pids "$1" | wc -l)" -ge "$2" ] && return 0; sleep 0.1; done
   echo "server $1 started no trial in time: $(tail -3 "$dir/$1.log")"; return 1
 }
-# finish PID SECONDS: waits for the background PID, killing it after SECONDS; its exit status.
-finish() {
-  for _ in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$1" 2>/dev/null
-  wait "$1"
-}
 # running PID: the process exists and is not a zombie (an orphaned zombie may wait for a reaper).
 running() { [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null; }
 # gone_within SECONDS PID...: every PID has ended within SECONDS.
@@ -101,7 +95,7 @@ check "the servers kill a SIGKILLed search's trial within the heartbeat timeout"
 check "server A says the search went silent" grep -q "silent for .* ending its 1 job" "$dir/A.log"
 check "both servers still run" running "$A_pid"
 check "... (B too)" running "$B_pid"
-finish $waiter 120; rc=$?
+wait_within $waiter 120; rc=$?
 check "the waiting search runs its trial on A once A's slot is free" test $rc -eq 0
 check "... there" py_check "$dir/wait/results.json" \
     "[(t['slot'], t['status']) for t in r['results']] == [('$A', 'completed')]"
@@ -153,7 +147,7 @@ cpid=$(job_pids C | head -1)
 check "a trial runs on server C" running "$cpid"
 { kill -9 "$C_pid"; wait "$C_pid"; } 2>/dev/null
 check "the killed server's trial dies with it" gone_within 3 "$cpid"
-finish $search 300; rc=$?
+wait_within $search 300; rc=$?
 check "the search goes on without the lost server and exits 0" test $rc -eq 0
 [ $rc -eq 0 ] || tail -5 "$dir/lost.err"
 check "the lost server's trial failed, naming it" py_check "$dir/lost/results.json" \
@@ -178,7 +172,7 @@ start_server E --slots 1 --endpoint-dir "$dir/later"
 wait_started E 1
 for _ in $(seq 300); do grep -q "left out slot server ipc://$dir/nobody.sock" "$dir/joined.err" && break; sleep 0.1; done
 kill -TERM "$search"
-finish $search 60; rc=$?
+wait_within $search 60; rc=$?
 check "a server listed after the start joins the search, said on stderr" \
     grep -q "slot server $E joined with 1 slot(s)" "$dir/joined.err"
 check "... and runs the trial that was waiting" py_check "$dir/joined/results.json" \
@@ -239,10 +233,10 @@ background+=("$search")
 wait_started B $((before + 1))
 bpid=$(job_pids B | tail -1)
 kill -TERM "$B_pid"
-finish "$B_pid" 30; rc=$?
+wait_within "$B_pid" 30; rc=$?
 check "SIGTERM: the slot server exits 0" test $rc -eq 0
 check "SIGTERM: its trial is ended" gone_within 3 "$bpid"
-finish $search 120; rc=$?
+wait_within $search 120; rc=$?
 check "with no server left the search fails" test $rc -ne 0
 check "... naming the server" grep -q "every slot server is gone ($B stopped answering" "$dir/none.err"
 check "... and still writes results.json" test -s "$dir/none/results.json"
@@ -253,6 +247,6 @@ expect_error "an endpoint nobody serves" "did not answer within" \
 expect_error "--processes with --slots" "--processes is for local trials" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --slots "$A" --processes 2 --out "$dir/x"
 kill -TERM "$A_pid"
-finish "$A_pid" 30
+wait_within "$A_pid" 30
 check "server A exits 0 on SIGTERM" test $? -eq 0
 summarize

@@ -1,11 +1,12 @@
 // Helpers shared by the test programs: one tolerance check for every comparison, seeded random
-// inputs that are never all zero, temporary directories, whole-file reads and writes, and small
-// synthetic data sets.
+// inputs that are never all zero, temporary directories, whole-file reads and writes, small
+// synthetic data sets, and waiting for what another thread or process does.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tandem/dataset.h"
@@ -166,6 +168,19 @@ inline Dataset random_dataset(PixelType type, int64_t rows, int64_t features, in
 
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// Polls `done` every `poll_ms` until it is true or `timeout_ms` have passed; its last answer.
+// For what another thread or process makes true in its own time (a message arriving, a file
+// written), instead of assuming it after a fixed sleep.
+template <typename F>
+bool eventually(F&& done, int timeout_ms, int poll_ms = 5) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+  return true;
 }
 
 // The message of the E that f() throws; a test failure when it throws nothing or something else.

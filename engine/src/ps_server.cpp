@@ -585,7 +585,7 @@ int ParameterServer::replicas_needed(Clock::time_point now) const {
   // otherwise make every step of the run wait out step_timeout_ms. After that, when fewer are
   // still pushing (one left for good, or never came), wait only for those; a late worker counts
   // again from its first push.
-  if (clocks_.known() < options_.replicas_to_aggregate && !start_waited_out_)
+  if (clocks_.known() < options_.replicas_to_aggregate && !a_step_timed_out_)
     return options_.replicas_to_aggregate;
   return std::max(1, std::min(options_.replicas_to_aggregate, clocks_.active(now)));
 }
@@ -593,10 +593,9 @@ int ParameterServer::replicas_needed(Clock::time_point now) const {
 void ParameterServer::on_tick() {
   const auto now = Clock::now();
   if (options_.mode == PsMode::Sync && shard_.pending() > 0) {
-    const bool timed_out = now >= step_deadline_;
-    if (timed_out && clocks_.known() < options_.replicas_to_aggregate) start_waited_out_ = true;
+    if (now >= step_deadline_) a_step_timed_out_ = true;
     // A worker left mid-step (or is very slow, or never came): do not hang the others.
-    if (timed_out || shard_.pending() >= replicas_needed(now)) finish_sync_step();
+    if (now >= step_deadline_ || shard_.pending() >= replicas_needed(now)) finish_sync_step();
   }
   maybe_checkpoint(false);
   if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {

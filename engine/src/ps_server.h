@@ -193,10 +193,10 @@ class ParameterServer {
   std::string restored_from_;
   std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
   std::chrono::steady_clock::time_point step_deadline_;
-  // Sync: a step timed out before replicas_to_aggregate workers had ever pushed. From then on
-  // only the workers that have pushed count (replicas_needed): one that never shows up (killed
-  // while starting) must not make every later step wait out the step timeout.
-  bool start_waited_out_ = false;
+  // Sync: some step waited out step_timeout_ms. From then on only the workers that have pushed
+  // count (replicas_needed): one that never shows up (killed while starting) must not make every
+  // later step wait out the timeout too.
+  bool a_step_timed_out_ = false;
   std::deque<Pending> deferred_;    // BoundedStaleness: replies waiting for the slowest worker
   WorkerClocks clocks_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -51,8 +51,7 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
     if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
     c.exited = true;
     const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                                          : "exited with status " + std::to_string(WEXITSTATUS(status));
+    const std::string how = describe_exit(status);
     if (clean && !running) continue;  // a normal end
     coordinator.mark_lost(c.name, "process " + std::to_string(c.pid) + " " + how);
     if (c.kind == "worker" && phase == ClusterPhase::Starting) {
