@@ -224,6 +224,12 @@ check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
 check "no role process is left behind (SLURM job)" no_role_left
 expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
   env -u SLURM_PROCID "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8"
+# A worker's rank checks the CURVE settings as the coordinator's does, before it waits for the
+# rendezvous (there is none in run8): an allowed list without the clients' key is refused at once.
+expect_error "a worker rank refuses an allowed list without the clients' key" \
+  "needs the clients' key file" env SLURM_PROCID=3 SLURM_NTASKS=5 SLURM_JOB_ID=test-$$ \
+  timeout 60 "$tandem" rank --ps 1 --scorer 1 --data "$dir/fm.zarr" --run-dir "$dir/run8" \
+  --curve-secret "$dir/server.key_secret" --curve-allowed "$dir/client.key"
 
 # 8. A run under CURVE: one key pair secures the parameter servers and the coordinator's control
 #    and scores channels, admitting only the listed client key. launch's roles get the keys; a

@@ -410,14 +410,14 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   // worker0 sends nothing more: lost after 1 s (waited for, up to 20 s); its batches come to
   // worker1 first.
   json state;
-  bool lost = false;
-  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-       !lost && std::chrono::steady_clock::now() < deadline;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    state = c.state();
-    for (const json& r : state.at("roles"))
-      if (r.at("name") == "worker0") lost = r.at("state") == "lost";
-  }
+  const bool lost = test::eventually(
+      [&] {
+        state = c.state();
+        for (const json& r : state.at("roles"))
+          if (r.at("name") == "worker0") return r.at("state") == "lost";
+        return false;
+      },
+      20000, 50);
   EXPECT_TRUE(lost) << state.dump();
   for (const json& r : state.at("roles")) {
     if (r.at("name") == "worker1") {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "test_support.h"
 #include "trial_slot_protocol.h"
 #include "trial_slot_server.h"
 
@@ -242,13 +243,14 @@ TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
 // sends heartbeats meanwhile: a slow start must not make it a silent client whose jobs end.
 std::string first_line_of(Client& client, const std::string& log) {
   std::string first;
-  for (const auto deadline = Clock::now() + std::chrono::seconds(10);
-       first.empty() && Clock::now() < deadline;
-       std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
-    client.send(SlotMessage(SlotMessageType::Heartbeat));
-    std::ifstream in(log);
-    std::getline(in, first);
-  }
+  test::eventually(
+      [&] {
+        client.send(SlotMessage(SlotMessageType::Heartbeat));
+        std::ifstream in(log);
+        std::getline(in, first);
+        return !first.empty();
+      },
+      10000, 10);
   return first;
 }
 
@@ -296,10 +298,8 @@ const char* kJobIgnoringSigterm = "trap '' TERM; echo ready; exec sleep 30";
 void wait_until_ready(Client& client) { ASSERT_EQ(first_line_of(client, client.log_), "ready"); }
 
 bool ends_within(pid_t pid, std::chrono::seconds limit) {
-  const auto deadline = Clock::now() + limit;
-  while (process_running(pid) && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return !process_running(pid);
+  return test::eventually([&] { return !process_running(pid); },
+                          int(std::chrono::milliseconds(limit).count()), 20);
 }
 
 TEST_F(TrialSlotServerTest, KillsTheJobsOfASilentClientEvenWhenTheyIgnoreSigterm) {
@@ -347,12 +347,13 @@ TEST_F(TrialSlotServerTest, ByeEndsTheClientsJobs) {
   ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
   const pid_t pid = m.pid;
   c.send(SlotMessage(SlotMessageType::Bye));
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (process_running(pid) && Clock::now() < deadline) {
-    c.send(SlotMessage(SlotMessageType::Heartbeat));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_FALSE(process_running(pid)) << "the job outlived its client's bye by 10 s";
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        c.send(SlotMessage(SlotMessageType::Heartbeat));
+        return !process_running(pid);
+      },
+      10000, 100))
+      << "the job outlived its client's bye by 10 s";
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
   message["seq"] = seq;
   if (!send_json(socket_, message, nullptr)) {
     // libzmq drops a connection whose handshake failed for good: say why, when that is it.
-    const std::string& why = handshakes_.problem(200);
+    const std::string& why = handshakes_.problem(transport::CurveHandshakeWatch::kEventWaitMs);
     throw TransportError("cannot queue a '" + message.value("type", std::string("?")) +
                          "' request to the coordinator at " + endpoint_ + " (not reachable" +
                          (why.empty() ? ")" : "): " + why));

@@ -139,7 +139,8 @@ PsClient::Handle PsClient::send_each(MessageType type,
     } catch (const TransportError& e) {
       // libzmq drops a connection whose handshake failed for good (no reconnect), so a refused
       // client's later sends find no peer and time out: say why.
-      const std::string& why = server.handshakes.problem(200);
+      const std::string& why =
+          server.handshakes.problem(transport::CurveHandshakeWatch::kEventWaitMs);
       if (why.empty()) throw;
       throw TransportError(std::string(e.what()) + ": " + why);
     }

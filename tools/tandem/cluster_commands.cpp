@@ -481,6 +481,10 @@ void run_rank(RankCommandOptions& r) {
     throw InputError("tandem rank runs under srun or an MPI launcher: none of SLURM_PROCID, "
                      "OMPI_COMM_WORLD_RANK or PMI_RANK is set (use tandem launch on one machine)");
   ClusterCommandOptions& o = *r.cluster;
+  // Every rank is given the same options: each checks the CURVE settings (and derives the servers'
+  // public key) as the coordinator does, so a bad setup fails at once on every rank instead of
+  // after the rendezvous.
+  complete_curve_settings(o.cluster.settings);
   const RankRole role = role_for_rank(rank->rank, rank->size, o.cluster.ps, o.cluster.scorers);
   const std::string rendezvous = o.run_dir + "/coordinator.address";
   const std::string host = r.host.empty() ? "0.0.0.0" : r.host;
@@ -501,11 +505,10 @@ void run_rank(RankCommandOptions& r) {
   role_options.coordinator =
       wait_for_rendezvous(rendezvous, rank->job, not_before, o.startup_timeout_s * 1000);
   role_options.name = role.kind + std::to_string(role.index);
-  const RunSettings& s = o.cluster.settings;  // every rank is given the same options
-  if (!s.curve_secret_file.empty())
+  const RunSettings& s = o.cluster.settings;
+  if (!s.curve_server_public.empty())
     role_options.coordinator_curve = transport::curve_client_keys(
-        transport::read_curve_secret_key_file(s.curve_secret_file).public_key, s.curve_client_file,
-        "--curve-client-secret");
+        s.curve_server_public, s.curve_client_file, "--curve-client-secret");
   role_options.bind = "tcp://" + host + ":*";
   role_options.advertise = r.host;
   if (role.kind == "ps") return run_ps_role(role_options);

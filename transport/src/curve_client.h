@@ -50,6 +50,10 @@ void set_curve_server(zmq::socket_t& socket, const std::string& secret_key,
 // watches, so that it closes first. Not thread-safe: use it from the thread that owns the socket.
 class CurveHandshakeWatch {
  public:
+  // How long a caller that has just seen its request go unanswered waits for the handshake's
+  // event: the I/O thread reports a refusal within milliseconds of dropping the connection.
+  static constexpr int kEventWaitMs = 200;
+
   CurveHandshakeWatch() = default;  // watches nothing: problem() is always ""
   // Starts watching `socket` (before it connects). `client_public_key` is named in the message
   // of a refused key; empty for a plain client.
