@@ -147,7 +147,7 @@ std::vector<HeaderEntry> parse_header(const std::string& path, const std::string
   json header;
   try {
     header = json::parse(text);  // also rejects invalid UTF-8
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number too large (out_of_range)
     input_error(path, std::string("header is not valid JSON (") + e.what() + ")");
   }
   if (!header.is_object()) input_error(path, "header is not a JSON object");

@@ -1,0 +1,192 @@
+"""Writes the fuzz targets' seed corpus (corpus/<target>/seed-*): valid inputs of each kind, made
+by the tools users make them with (zarr-python 3 for metadata in both formats, numcodecs for
+compressed chunks, the safetensors package) or packed by hand from the format's description (the
+wire protocol, the trial-slot protocol, search grids). The fuzzers start from these; the replay
+tests (fuzz.*) run them in every build. Run with the test environment's Python:
+
+    .venv-test/bin/python tests/fuzz/make_seeds.py
+
+Found crashes are kept beside the seeds as corpus/<target>/crash-* once fixed; this script
+leaves those alone.
+"""
+import gzip
+import json
+import os
+import struct
+import tempfile
+
+import numcodecs
+import numpy as np
+import safetensors.numpy
+import zarr
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    folder = os.path.join(HERE, "corpus", target)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+def zarr_metadata():
+    # The input's first byte: even for v2 (.zarray), odd for v3 (zarr.json).
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [
+            ("v2-uint8-blosc", 2, "uint8", (70, 784), (10, 784), "default"),
+            ("v2-float32-zstd", 2, "float32", (7, 10), (3, 4), numcodecs.Zstd(level=3)),
+            ("v2-int64-none", 2, "int64", (5,), (2,), None),
+            ("v3-uint8-zstd", 3, "uint8", (70, 784), (10, 784), "default"),
+            ("v3-float32-none", 3, "float32", (7, 10), (3, 4), None),
+            ("v3-int64", 3, "int64", (5,), (2,), "default"),
+        ]
+        for name, fmt, dtype, shape, chunks, codec in cases:
+            path = os.path.join(tmp, name)
+            kwargs = {}
+            if codec is None:
+                kwargs["compressors"] = None
+            elif codec != "default":
+                kwargs["compressors"] = codec
+            zarr.create_array(path, shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
+                              fill_value=0, **kwargs)
+            meta = os.path.join(path, ".zarray" if fmt == 2 else "zarr.json")
+            with open(meta, "rb") as f:
+                write("zarr_metadata", name, bytes([fmt & 1]) + f.read())
+    # Dimension separators and v3's v2 key encoding.
+    v2 = {"zarr_format": 2, "shape": [4, 6], "chunks": [2, 3], "dtype": "<f4",
+          "compressor": None, "fill_value": "NaN", "order": "C", "filters": None,
+          "dimension_separator": "/"}
+    write("zarr_metadata", "v2-nested-nan", b"\0" + json.dumps(v2).encode())
+    v3 = {"zarr_format": 3, "node_type": "array", "shape": [4, 6], "data_type": "float32",
+          "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 3]}},
+          "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}},
+          "fill_value": "NaN", "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                          {"name": "zstd", "configuration": {"level": 5}}],
+          "attributes": {"by": "hand"}}
+    write("zarr_metadata", "v3-v2-keys", b"\1" + json.dumps(v3).encode())
+
+
+def zarr_chunk():
+    # [compressor index][expected size, uint16 LE][stored chunk]; the index order is the
+    # target's: none, zstd, blosc-lz4, blosc-zstd, blosc-lz4hc, blosc-blosclz, blosc-zlib,
+    # blosc-zstd-bitshuffle.
+    rng = np.random.default_rng(7)
+    plain = (np.arange(3000) % 251).astype(np.uint8).tobytes()
+    floats = rng.standard_normal(500).astype(np.float32).tobytes()
+    codecs = [
+        (1, "zstd", numcodecs.Zstd(level=3)),
+        (2, "blosc-lz4", numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)),
+        (3, "blosc-zstd", numcodecs.Blosc(cname="zstd", clevel=5, shuffle=1)),
+        (4, "blosc-lz4hc", numcodecs.Blosc(cname="lz4hc", clevel=5, shuffle=1)),
+        (5, "blosc-blosclz", numcodecs.Blosc(cname="blosclz", clevel=5, shuffle=1)),
+        (6, "blosc-zlib", numcodecs.Blosc(cname="zlib", clevel=5, shuffle=1)),
+        (7, "blosc-zstd-bitshuffle", numcodecs.Blosc(cname="zstd", clevel=5, shuffle=2)),
+    ]
+    write("zarr_chunk", "none", bytes([0]) + struct.pack("<H", len(plain)) + plain)
+    for index, name, codec in codecs:
+        for kind, data in (("bytes", plain), ("floats", floats)):
+            stored = codec.encode(np.frombuffer(data, np.float32 if kind == "floats" else np.uint8))
+            write("zarr_chunk", f"{name}-{kind}",
+                  bytes([index]) + struct.pack("<H", len(data)) + bytes(stored))
+
+
+def frames(*parts):
+    return b"".join(struct.pack("<H", len(p)) + p for p in parts)
+
+
+def header_frame(type_, request_id, version, tensors, extra=b""):
+    body = b""
+    for name, shape in tensors:
+        count = int(np.prod(shape)) if shape else 1
+        body += struct.pack("<H", len(name)) + name.encode() + struct.pack("<BB", 1, len(shape))
+        body += b"".join(struct.pack("<q", d) for d in shape) + struct.pack("<Q", 4 * count)
+    body += struct.pack("<I", len(extra)) + extra
+    return struct.pack("<IHHQQII", 0x53504454, 1, type_, request_id, version, len(tensors),
+                       len(body)) + body
+
+
+def wire_frames():
+    # Types: Init 1, Pull 2, Push 3, PushPull 4, Stats 5, Checkpoint 6, Shutdown 7, Reply 8,
+    # Error 9. Frames are cut from the input as uint16 LE length + bytes.
+    tensors = [("hidden/weights", [3, 4]), ("hidden/bias", [4]), ("global_step", [])]
+    data = [np.arange(12, dtype=np.float32), np.ones(4, np.float32), np.zeros(1, np.float32)]
+    write("wire_frames", "pull", frames(header_frame(2, 7, 0, [])))
+    write("wire_frames", "pushpull", frames(header_frame(4, 8, 3, tensors),
+                                            *[d.tobytes() for d in data]))
+    write("wire_frames", "reply", frames(header_frame(8, 8, 4, tensors[:2]),
+                                         *[d.tobytes() for d in data[:2]]))
+    write("wire_frames", "error", frames(header_frame(9, 9, 4, [], b"unknown parameter 'x'")))
+    write("wire_frames", "stats", frames(header_frame(8, 1, 2, [], b'{"pushes": 3}')))
+    nan = np.array([1.0, np.nan, np.inf, 2.0] * 5, np.float32)
+    write("wire_frames", "push-nan", frames(header_frame(3, 2, 1, [("g", [20])]), nan.tobytes()))
+
+
+def slot_message():
+    messages = [
+        {"v": 1, "type": "hello"},
+        {"v": 1, "type": "hello", "slots": 2, "running": 1, "threads": 1,
+         "heartbeat_timeout_ms": 5000},
+        {"v": 1, "type": "start", "job": "trial-3", "args": ["train", "--lr", "0.01"],
+         "log": "/tmp/trial-3.log"},
+        {"v": 1, "type": "started", "job": "trial-3", "pid": 4242},
+        {"v": 1, "type": "exited", "job": "trial-3", "exit_code": 0},
+        {"v": 1, "type": "exited", "job": "trial-3", "signal": 9},
+        {"v": 1, "type": "cancel", "job": "trial-3"},
+        {"v": 1, "type": "heartbeat", "running": 1},
+        {"v": 1, "type": "bye"},
+        {"v": 1, "type": "error", "error": "every slot is taken", "job": "trial-4", "busy": True},
+    ]
+    for i, m in enumerate(messages):
+        write("slot_message", f"{i:02d}-{m['type']}", json.dumps(m).encode())
+
+
+def safetensors_seeds():
+    tensors = {"hidden/weights": np.arange(12, dtype=np.float32).reshape(3, 4),
+               "hidden/bias": np.zeros(4, np.float32),
+               "global_step": np.array(5, np.int64),
+               "labels": np.arange(6, dtype=np.uint8)}
+    write("safetensors", "model", safetensors.numpy.save(tensors, metadata={"format": "tandem"}))
+    write("safetensors", "empty", safetensors.numpy.save({}))
+    write("safetensors", "f16", safetensors.numpy.save({"h": np.ones((2, 2), np.float16)}))
+
+
+def trial_configs():
+    write("trial_configs", "grid", b"\1lr=0.001,0.003,0.01 hidden=100,300 batch=100,1000")
+    write("trial_configs", "grid-all-keys", b"\1lr=1e-3 hidden=256x128 batch=64 optimizer=sgd "
+                                            b"seed=1,2")
+    trials = [{"lr": 0.01, "hidden": "100", "batch": 100},
+              {"lr": "0.003", "hidden": [256, 128], "optimizer": "adam", "seed": 3}]
+    write("trial_configs", "list", b"\0" + json.dumps(trials).encode())
+
+
+def idx_file():
+    # Two zero bytes, the type code, the number of dimensions, big-endian uint32 dimensions, then
+    # big-endian elements; a gzip-compressed copy of some.
+    cases = [
+        ("images-uint8", 0x08, ">u1", (3, 4, 4)),
+        ("labels-uint8", 0x08, ">u1", (10,)),
+        ("int8", 0x09, ">i1", (5,)),
+        ("int16", 0x0B, ">i2", (2, 3)),
+        ("int32", 0x0C, ">i4", (2, 2)),
+        ("float32", 0x0D, ">f4", (3, 2)),
+        ("float64", 0x0E, ">f8", (2,)),
+        ("scalar", 0x08, ">u1", ()),
+    ]
+    for name, code, dtype, dims in cases:
+        values = (np.arange(int(np.prod(dims)) if dims else 1) % 100).astype(dtype)
+        data = bytes([0, 0, code, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims)
+        data += values.tobytes()
+        write("idx_file", name, data)
+        if name in ("images-uint8", "float32"):
+            write("idx_file", name + ".gz", gzip.compress(data, mtime=0))
+
+
+if __name__ == "__main__":
+    zarr_metadata()
+    zarr_chunk()
+    wire_frames()
+    slot_message()
+    safetensors_seeds()
+    trial_configs()
+    idx_file()
