@@ -700,21 +700,37 @@ std::vector<NamedTensor> mean_of(const std::vector<NamedTensor>& a, const std::v
   return out;
 }
 
+// A sync-mode server that aggregates two replicas (its step timeout not reached when both push)
+// and two registered clients; `a` initialised the parameters.
+struct TwoReplicaSyncServer {
+  TwoReplicaSyncServer(const std::string& name, const std::vector<NamedTensor>& params)
+      : server(options(ctx, name)),
+        a({server.endpoint()}, client_options(&ctx)),
+        b({server.endpoint()}, client_options(&ctx)) {
+    a.init(params).wait();
+    b.init({}).wait();
+  }
+  static ServerOptions options(zmq::context_t& ctx, const std::string& name) {
+    ServerOptions o = mode_options(ctx, name, PsMode::Sync);
+    o.replicas_to_aggregate = 2;
+    o.step_timeout_ms = 4000;
+    return o;
+  }
+  zmq::context_t ctx;
+  ParameterServer server;
+  PsClient a, b;
+};
+
 int64_t ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
 TEST(PsMode, SyncAggregatesReplicasIntoOneAdamStepOnTheMean) {
-  zmq::context_t ctx;
-  ServerOptions o = mode_options(ctx, "ps-sync-mean", PsMode::Sync);
-  o.replicas_to_aggregate = 2;
-  o.step_timeout_ms = 4000;  // not reached: both replicas push
-  ParameterServer server(o);
   const auto params = small_params(20);
-  PsClient a({server.endpoint()}, client_options(&ctx)), b({server.endpoint()}, client_options(&ctx));
-  a.init(params).wait();
-  b.init({}).wait();
+  TwoReplicaSyncServer sync("ps-sync-mean", params);
+  ParameterServer& server = sync.server;
+  PsClient &a = sync.a, &b = sync.b;
   ReferenceAdam ref(params);
   for (int step = 1; step <= 3; ++step) {
     const auto ga = gradients_like(params, 700 + 10 * uint32_t(step));
@@ -782,6 +798,38 @@ TEST(PsMode, SyncDropsAndCountsStaleGradients) {
   EXPECT_EQ(s.stale_dropped, 2);
   EXPECT_EQ(s.version, 2);
   EXPECT_TRUE(bit_equal(a.pull().wait().tensors, ref.w));
+}
+
+// Two gradients that are each finite can sum past float32's range: the step is dropped (counted,
+// parameters and version as they were) instead of stepping on an infinite mean, which turned the
+// parameters into NaN for good (tests/fuzz/ps_shard_fuzz.cpp checks it too). Both workers still
+// get the parameters, and the next step goes on as usual.
+TEST(PsMode, SyncDropsAStepWhoseSummedGradientsOverflow) {
+  const auto params = small_params(24);
+  TwoReplicaSyncServer sync("ps-sync-overflow", params);
+  PsClient &a = sync.a, &b = sync.b;
+  auto huge = gradients_like(params, 1700);
+  huge[0].values[5] = 3e38f;  // finite; twice it is not
+  auto ha = a.push_pull(huge);
+  auto hb = b.push_pull(huge);
+  const PsResult ra = ha.wait(), rb = hb.wait();
+  EXPECT_EQ(ra.version, 0u);
+  EXPECT_EQ(rb.version, 0u);
+  EXPECT_TRUE(bit_equal(ra.tensors, params));
+  EXPECT_TRUE(bit_equal(rb.tensors, params));
+  ServerStats s = sync.server.stats();
+  EXPECT_EQ(s.overflowed_steps, 1);
+  EXPECT_EQ(s.version, 0);
+  EXPECT_EQ(s.pushes, 2);
+  EXPECT_EQ(a.stats().at(0).overflowed_steps, 1);  // over the wire too
+  // The next step is an ordinary one, on the mean of its own gradients only.
+  ReferenceAdam ref(params);
+  const auto ga = gradients_like(params, 1800), gb = gradients_like(params, 1900);
+  auto ha2 = a.push_pull(ga);
+  auto hb2 = b.push_pull(gb);
+  ref.apply(mean_of(ga, gb));
+  EXPECT_EQ(ha2.wait().version, 1u);
+  EXPECT_TRUE(bit_equal(hb2.wait().tensors, ref.w));
 }
 
 // A worker that registered and left before its first push (killed while starting): the first
@@ -953,7 +1001,8 @@ TEST(PsMode, StatsJsonCarriesModeHistogramAndRates) {
   const std::string json = to_json(s);
   for (const char* key : {"\"mode\":\"sync\"", "\"staleness_histogram\"", "\"4-7\"", "\"16+\"",
                           "\"pushes_per_s\"", "\"pulls_per_s\"", "\"seconds\"", "\"stale_dropped\"",
-                          "\"partial_steps\"", "\"deferred\"", "\"pushes\":1", "\"pulls\":1"})
+                          "\"partial_steps\"", "\"overflowed_steps\"", "\"deferred\"",
+                          "\"pushes\":1", "\"pulls\":1"})
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   const ServerStats back = client.stats().at(0);  // over the wire, parsed back
   EXPECT_EQ(back.mode, "sync");

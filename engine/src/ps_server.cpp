@@ -569,7 +569,14 @@ void ParameterServer::reply_pending(const Pending& p) {
 
 void ParameterServer::finish_sync_step() {
   if (shard_.pending() < options_.replicas_to_aggregate) count(&ServerStats::partial_steps);
-  shard_.apply_accumulated();
+  const int64_t gradients = shard_.pending();
+  if (!shard_.apply_accumulated()) {
+    // The held workers still get the (unchanged) parameters, and go on.
+    count(&ServerStats::overflowed_steps);
+    log_once("sync step: overflow",
+             "the mean of " + std::to_string(gradients) + " gradients is not finite (each one was, "
+             "their float32 sum overflowed): step dropped, parameters left as they were");
+  }
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.version = shard_.step();

@@ -197,14 +197,16 @@ void PsShard::accumulate_staged() {
   ++pending_;
 }
 
-void PsShard::apply_accumulated() {
+bool PsShard::apply_accumulated() {
   const float n = float(pending_);
   for (int64_t k = 0; k < total_; ++k) {
     gradients_.data()[k] = sum_.data()[k] / n;
     sum_.data()[k] = 0.0f;
   }
   pending_ = 0;
+  if (!transport::all_finite(transport::span_of(gradients_.data(), size_t(total_)))) return false;
   step_with_gradients();
+  return true;
 }
 
 void PsShard::step_with_gradients() {

@@ -87,7 +87,10 @@ class PsShard {
   // ConditionalAccumulator averages; pending() == replicas_to_aggregate unless the server's step
   // timeout fired first). The sum starts at zero, so the mean of g1..gN is exactly
   // (((0 + g1) + g2) + ... + gN) / float(N), element by element. Needs pending() > 0.
-  void apply_accumulated();
+  // Each gradient was checked finite, but their sum can still overflow float32: then the step is
+  // dropped (false; parameters, moments and step stay as they were) rather than taken on an
+  // infinite mean, which would make parameters inf or NaN for good. The sum is cleared either way.
+  bool apply_accumulated();
 
   // Keeps the parameters and Adam's moments on a GPU (ps_shard_device.h) from now on: every step
   // runs there; the host keeps a copy of the parameters (replies are sent from it).

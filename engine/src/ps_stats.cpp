@@ -29,6 +29,7 @@ std::string to_json(const ServerStats& s) {
                    {"dropped", s.dropped},
                    {"stale_dropped", s.stale_dropped},
                    {"partial_steps", s.partial_steps},
+                   {"overflowed_steps", s.overflowed_steps},
                    {"deferred", s.deferred},
                    {"curve_rejected", s.curve_rejected},
                    {"staleness_histogram", hist},
@@ -51,6 +52,7 @@ ServerStats stats_from_json(const std::string& text) {
     s.dropped = j.at("dropped").get<int64_t>();
     s.stale_dropped = j.at("stale_dropped").get<int64_t>();
     s.partial_steps = j.at("partial_steps").get<int64_t>();
+    s.overflowed_steps = j.value("overflowed_steps", int64_t{0});  // absent before it was counted
     s.deferred = j.at("deferred").get<int64_t>();
     s.curve_rejected = j.value("curve_rejected", int64_t(0));  // absent from older servers
     const auto& hist = j.at("staleness_histogram");

@@ -24,6 +24,7 @@ struct ServerStats {
   int64_t dropped = 0;         // messages dropped without a reply (bad one-way pushes, unreadable frames)
   int64_t stale_dropped = 0;   // sync mode: valid gradients computed on an older version, dropped
   int64_t partial_steps = 0;   // sync mode: steps applied at the step timeout with fewer gradients
+  int64_t overflowed_steps = 0;  // sync mode: steps dropped, their summed gradients not finite
   int64_t deferred = 0;        // bounded staleness: replies held back until the slowest caught up
   int64_t curve_rejected = 0;  // CURVE: connections the ZAP handler refused (key not allowed)
   std::array<int64_t, kStalenessBuckets> staleness{};  // every valid push, by staleness bucket

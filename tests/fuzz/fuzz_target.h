@@ -14,17 +14,21 @@
 
 namespace tandem::fuzz {
 
-// Runs f(): true when it returns, false when it throws a tandem::Error (bad input, refused).
-// With FUZZ_SHOW_ERRORS set in the environment it prints each refusal's message (to see that
+// With FUZZ_SHOW_ERRORS set in the environment, prints why an input was refused (to see that
 // seeds get past the first checks, or how an input is refused).
+inline void show_refusal(const char* why) {
+  static const bool show = std::getenv("FUZZ_SHOW_ERRORS") != nullptr;
+  if (show) std::fprintf(stderr, "refused: %s\n", why);
+}
+
+// Runs f(): true when it returns, false when it throws a tandem::Error (bad input, refused).
 template <typename F>
 bool accepts(F&& f) {
   try {
     f();
     return true;
   } catch (const Error& e) {
-    static const bool show = std::getenv("FUZZ_SHOW_ERRORS") != nullptr;
-    if (show) std::fprintf(stderr, "refused: %s\n", e.what());
+    show_refusal(e.what());
     return false;
   }
 }

@@ -122,6 +122,35 @@ def wire_frames():
     write("wire_frames", "push-nan", frames(header_frame(3, 2, 1, [("g", [20])]), nan.tobytes()))
 
 
+def ps_shard():
+    # [optimizer: bit 0 SGD][records: uint16 LE length + one message's frames]; the shard holds
+    # "w" 3x20, "b" 20 and a scalar "s". Request id bit 0: summed (sync), bit 1: then applied.
+    def record(*parts):
+        payload = frames(*parts)
+        return struct.pack("<H", len(payload)) + payload
+
+    names = [("w", [3, 20]), ("b", [20]), ("s", [])]
+    grads = [np.linspace(-1, 1, 60, dtype=np.float32), np.full(20, 0.5, np.float32),
+             np.array([0.25], np.float32)]
+    push = record(header_frame(4, 0, 1, names), *[g.tobytes() for g in grads])
+    summed = record(header_frame(3, 1, 1, names), *[g.tobytes() for g in grads])
+    summed_applied = record(header_frame(3, 3, 1, names), *[g.tobytes() for g in grads])
+    wrong_shape = record(header_frame(4, 0, 1, [("w", [20, 3])] + names[1:]),
+                         *[g.tobytes() for g in grads])
+    nan = grads[0].copy()
+    nan[5] = np.nan
+    non_finite = record(header_frame(4, 0, 1, names), nan.tobytes(),
+                        *[g.tobytes() for g in grads[1:]])
+    missing = record(header_frame(4, 0, 1, names[:2]), *[g.tobytes() for g in grads[:2]])
+    unknown = record(header_frame(4, 0, 1, names[:2] + [("x", [])]),
+                     *[g.tobytes() for g in grads])
+    pull = record(header_frame(2, 5, 1, [("w", [3, 20])]), grads[0].tobytes())
+    write("ps_shard", "adam-pushes", b"\0" + push + summed + summed_applied + push)
+    write("ps_shard", "sgd-pushes", b"\1" + push + summed + summed_applied)
+    write("ps_shard", "refused", b"\0" + wrong_shape + non_finite + missing + unknown + push)
+    write("ps_shard", "pull", b"\0" + pull + push)
+
+
 def slot_message():
     messages = [
         {"v": 1, "type": "hello"},
@@ -186,6 +215,7 @@ if __name__ == "__main__":
     zarr_metadata()
     zarr_chunk()
     wire_frames()
+    ps_shard()
     slot_message()
     safetensors_seeds()
     trial_configs()

@@ -1,31 +1,19 @@
 // Fuzz target: the parameter server's decoder (transport::decode) on the frames of one message.
-// The input is cut into frames, each a little-endian uint16 length and then that many bytes (the
-// last frame takes what is left when the length runs past the end). Limits are small so that
-// the fuzzer reaches them. Decoding never throws; a message it accepts must re-encode to exactly
-// its header frame (the encoding is canonical), with one in-bounds span per tensor frame.
-#include <algorithm>
+// The input is cut into frames as fuzz_frames.h says. Limits are small so that the fuzzer
+// reaches them. Decoding never throws; a message it accepts must re-encode to exactly its header
+// frame (the encoding is canonical), with one in-bounds span per tensor frame.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "fuzz_frames.h"
 #include "fuzz_target.h"
 #include "wire_protocol.h"
 
 namespace {
 
 using namespace tandem::transport;
-
-std::vector<ByteSpan> cut_frames(const uint8_t* data, size_t size) {
-  std::vector<ByteSpan> frames;
-  while (size >= 2 && frames.size() < 64) {
-    const size_t length = std::min<size_t>(size_t(data[0]) | size_t(data[1]) << 8, size - 2);
-    frames.push_back({data + 2, length});
-    data += 2 + length;
-    size -= 2 + length;
-  }
-  return frames;
-}
 
 bool inside(ByteSpan part, ByteSpan whole) {
   return part.data >= whole.data && part.data + part.size <= whole.data + whole.size;
@@ -34,7 +22,7 @@ bool inside(ByteSpan part, ByteSpan whole) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::vector<ByteSpan> frames = cut_frames(data, size);
+  const std::vector<ByteSpan> frames = tandem::fuzz::cut_frames(data, size);
   DecodeLimits limits;
   limits.max_tensors = 16;
   limits.max_message_bytes = 1 << 16;
