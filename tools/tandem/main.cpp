@@ -2,6 +2,7 @@
 // this one only wires them to the command line and turns engine errors into messages.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <new>
 
 #include "cluster_commands.h"
 #include "commands.h"
@@ -27,6 +28,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // Not a bug but a size: a model, batch or data set larger than this machine's memory.
+    std::fprintf(stderr, "tandem: error: out of memory: the model, batch or data asked for more "
+                         "memory than this machine could give\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
