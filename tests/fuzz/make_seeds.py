@@ -151,6 +151,31 @@ def ps_shard():
     write("ps_shard", "pull", b"\0" + pull + push)
 
 
+def coordinator_requests():
+    # One request per line, in order, to a coordinator expecting 1 server, 1 worker, 1 scorer.
+    def lines(*requests):
+        return "\n".join(json.dumps(r) for r in requests).encode()
+
+    register = [{"type": "register", "role": "ps", "pid": 11, "host": "h", "seq": 1},
+                {"type": "register", "role": "worker", "pid": 12, "host": "h", "seq": 2},
+                {"type": "register", "role": "scorer", "pid": 13, "host": "h", "seq": 3}]
+    write("coordinator_requests", "startup", lines(
+        *register, {"type": "ready", "name": "ps0", "address": "tcp://127.0.0.1:5555"},
+        {"type": "spec"}, {"type": "work", "name": "worker0"},
+        {"type": "heartbeat", "name": "worker0", "status": {"task": 1, "done": 2}},
+        {"type": "score", "step": 10, "loss": 1.5, "accuracy": 0.5, "samples": 100},
+        {"type": "status"}))
+    write("coordinator_requests", "stop-and-goodbye", lines(
+        *register, {"type": "ready", "name": "ps0", "address": "tcp://127.0.0.1:5555"},
+        {"type": "progress", "name": "worker0", "task": 1, "done": 1},
+        {"type": "stop", "reason": "enough"},
+        {"type": "work", "name": "worker0", "finished": 1, "done": 3},
+        {"type": "goodbye", "name": "worker0", "status": {"steps": 3}},
+        {"type": "heartbeat", "name": "worker0", "status": {"stalled": "backend call"}}))
+    write("coordinator_requests", "refused", b'{"type": "work", "name": "nobody"}\n[1, 2]\n'
+                                             b'not json\n{"type": 5}')
+
+
 def slot_message():
     messages = [
         {"v": 1, "type": "hello"},
@@ -217,6 +242,7 @@ if __name__ == "__main__":
     wire_frames()
     ps_shard()
     slot_message()
+    coordinator_requests()
     safetensors_seeds()
     trial_configs()
     idx_file()

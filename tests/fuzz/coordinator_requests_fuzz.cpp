@@ -1,0 +1,71 @@
+// Fuzz target: the coordinator's control channel, over a real ZeroMQ socket (inproc), as roles,
+// `tandem scores` and the dashboard reach it. Each line of the input is one request frame, sent
+// in order to a coordinator started for this input (expecting a parameter server, a worker and a
+// scorer, so that registering, asking for work and the phases past "starting" can be reached).
+// Every request must get a reply, a JSON object (a result or {"error": ...}), within the time
+// limit: a control message never takes the coordinator down or leaves a role unanswered.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "bare_coordinator.h"
+#include "coordinator.h"
+#include "fuzz_target.h"
+
+namespace {
+
+// Waits up to `timeout_ms` for `socket` to have a message. libFuzzer's timer signal interrupts
+// poll (EINTR): that is waited through, not a failure.
+bool readable_within(zmq::socket_t& socket, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      return zmq::poll(&item, 1, left) == 1;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static zmq::context_t context(1);
+  std::vector<std::string> requests;
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  for (size_t begin = 0; begin <= text.size() && requests.size() < 16;) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    requests.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  tandem::CoordinatorOptions o = tandem::test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  o.expected_workers = 1;
+  o.expected_scorers = 1;
+  o.heartbeat_timeout_ms = 60000;  // nothing is lost for silence within one input
+  tandem::Coordinator coordinator(o);
+  zmq::socket_t role(context, zmq::socket_type::dealer);
+  role.set(zmq::sockopt::linger, 0);
+  role.connect(coordinator.endpoint());
+  for (const std::string& request : requests) {
+    role.send(zmq::buffer(request), zmq::send_flags::none);
+    FUZZ_CHECK(readable_within(role, 5000));  // answered
+    zmq::message_t reply;
+    FUZZ_CHECK(role.recv(reply).has_value());
+    const nlohmann::json r = nlohmann::json::parse(reply.to_string_view(), nullptr, false);
+    FUZZ_CHECK(!r.is_discarded() && r.is_object());
+    if (r.contains("error")) tandem::fuzz::show_refusal(r["error"].dump().c_str());
+  }
+  return 0;
+}
