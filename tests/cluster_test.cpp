@@ -20,6 +20,7 @@
 #include "coordinator.h"
 #include "dataset_store.h"
 #include "score_subscriber.h"
+#include "signal_storm.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "test_support.h"
@@ -351,6 +352,22 @@ TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
   link.request({{"type", "score"}, {"step", 2}, {"loss", 499.0}});
   EXPECT_EQ(c.phase(), ClusterPhase::Draining);
   EXPECT_EQ(c.stop_reason(), "target");
+}
+
+// Ctrl-C reaches `tandem launch` as a signal the kernel hands to any one thread that does not
+// block it: the coordinator's serving thread, or a role's thread waiting for an answer. The
+// interrupted poll (EINTR, thrown by cppzmq) ended the process with std::terminate; both must
+// go on instead.
+TEST(Coordinator, ServesThroughSignalsLandingOnItsThreads) {
+  zmq::context_t context;
+  Coordinator c(test::bare_coordinator_options(context));
+  CoordinatorLink link(c.endpoint(), context, 5000);
+  const test::StormRun run = test::repeat_during_signal_storm(
+      std::chrono::seconds(1), [&] { link.request({{"type", "status"}}); });
+  EXPECT_EQ(run.failure, "");
+  EXPECT_GT(run.steps, 10);
+  EXPECT_GT(run.signals, 100);
+  EXPECT_NO_THROW(link.request({{"type", "status"}}));  // still serving
 }
 
 TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {

@@ -25,6 +25,7 @@
 #include "ps_server.h"
 #include "ps_shard.h"
 #include "safetensors.h"
+#include "signal_storm.h"
 #include "tandem/model.h"
 #include "test_support.h"
 #include "zmq_curve.h"
@@ -798,6 +799,24 @@ TEST(PsMode, SyncDropsAndCountsStaleGradients) {
   EXPECT_EQ(s.stale_dropped, 2);
   EXPECT_EQ(s.version, 2);
   EXPECT_TRUE(bit_equal(a.pull().wait().tensors, ref.w));
+}
+
+// A signal handled on the server's thread or on a client's (Ctrl-C's stop handler may land on
+// any thread) interrupts their polls: the server goes on serving and the client on waiting, where
+// the EINTR that cppzmq throws ended the process (server) or failed the exchange (client).
+TEST(ParameterServer, ServesThroughSignalsLandingOnItsThreads) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-signals"));
+  const auto params = small_params(30);
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  client.init(params).wait();
+  const auto gradients = gradients_like(params, 3000);
+  const test::StormRun run = test::repeat_during_signal_storm(
+      std::chrono::seconds(1), [&] { client.push_pull(gradients).wait(); });
+  EXPECT_EQ(run.failure, "");
+  EXPECT_GT(run.steps, 10);
+  EXPECT_GT(run.signals, 100);
+  EXPECT_EQ(server.stats().version, run.steps);
 }
 
 // Two gradients that are each finite can sum past float32's range: the step is dropped (counted,

@@ -5,6 +5,7 @@
 
 #include "tandem/error.h"
 #include "zmq_messaging.h"
+#include "zmq_through_signals.h"
 
 namespace tandem {
 
@@ -14,10 +15,11 @@ bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::
   const std::string text = message.dump();
   // Never block: a peer that is gone must not stall the sender (its queue may be full).
   if (peer != nullptr &&
-      !socket.send(zmq::buffer(peer->data(), peer->size()),
-                   zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      !transport::send_through_signals(socket, zmq::buffer(peer->data(), peer->size()),
+                                       zmq::send_flags::sndmore | zmq::send_flags::dontwait))
     return false;
-  return socket.send(zmq::buffer(text), zmq::send_flags::dontwait).has_value();
+  return transport::send_through_signals(socket, zmq::buffer(text), zmq::send_flags::dontwait)
+      .has_value();
 }
 
 zmq::socket_t connect_to_coordinator(zmq::context_t& context, const std::string& endpoint,
@@ -43,10 +45,11 @@ bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(std::max<long>(0, left.count()))) == 0)
+    if (transport::poll_through_signals(
+            &item, 1, std::chrono::milliseconds(std::max<long>(0, left.count()))) == 0)
       return false;
     zmq::message_t frame;
-    if (!socket.recv(frame, zmq::recv_flags::dontwait)) continue;
+    if (!transport::recv_through_signals(socket, frame, zmq::recv_flags::dontwait)) continue;
     out = nlohmann::json::parse(frame.to_string_view(), nullptr, false);
     if (!out.is_discarded()) return true;
   }

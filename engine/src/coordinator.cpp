@@ -8,6 +8,7 @@
 #include "curve_client.h"
 #include "tandem/error.h"
 #include "zmq_messaging.h"
+#include "zmq_through_signals.h"
 
 namespace tandem {
 
@@ -108,7 +109,7 @@ void Coordinator::serve() {
   zmq::pollitem_t items[] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
                              {scores_.handle(), 0, ZMQ_POLLIN, 0}};
   while (!stopping_) {
-    zmq::poll(items, 2, std::chrono::milliseconds(20));
+    transport::poll_through_signals(items, 2, std::chrono::milliseconds(20));
     if (items[0].revents & ZMQ_POLLIN) {
       transport::Frames frames;
       while (transport::receive_frames(control_, frames, 0, "coordinator " + endpoint_)) {
@@ -132,7 +133,7 @@ void Coordinator::serve() {
     if (items[1].revents & ZMQ_POLLIN) {
       zmq::message_t event;
       bool replay = false;
-      while (scores_.recv(event, zmq::recv_flags::dontwait))
+      while (transport::recv_through_signals(scores_, event, zmq::recv_flags::dontwait))
         if (event.size() > 0 && static_cast<const uint8_t*>(event.data())[0] == 1) replay = true;
       if (replay) {
         // The newest scores as replay number `id`: opened by {"replaying": id}, each score
@@ -168,8 +169,9 @@ void Coordinator::serve() {
 
 void Coordinator::publish(const json& message) {
   const std::string text = message.dump();
-  scores_.send(zmq::str_buffer("scores"), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  scores_.send(zmq::buffer(text), zmq::send_flags::dontwait);
+  transport::send_through_signals(scores_, zmq::str_buffer("scores"),
+                                 zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  transport::send_through_signals(scores_, zmq::buffer(text), zmq::send_flags::dontwait);
 }
 
 json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {

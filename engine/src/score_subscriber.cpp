@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "cluster_link.h"
+#include "zmq_through_signals.h"
 
 namespace tandem {
 
@@ -59,13 +60,16 @@ std::optional<json> ScoreSubscriber::next(int timeout_ms) {
     if (!replayed_ && !held_.empty()) wait_until = std::min(until, first_held_ + kReplayWait);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wait_until - now);
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(std::max<int64_t>(0, left.count())));
+    transport::poll_through_signals(&item, 1,
+                                    std::chrono::milliseconds(std::max<int64_t>(0, left.count())));
     if (!(item.revents & ZMQ_POLLIN)) {
       if (std::chrono::steady_clock::now() < until) continue;  // the hold ran out: give them
       return std::nullopt;
     }
     zmq::message_t topic, body;
-    if (!socket_.recv(topic) || !socket_.recv(body)) continue;
+    if (!transport::recv_through_signals(socket_, topic, zmq::recv_flags::none) ||
+        !transport::recv_through_signals(socket_, body, zmq::recv_flags::none))
+      continue;
     json m = json::parse(body.to_string_view(), nullptr, false);
     if (m.is_discarded() || !m.is_object()) continue;
     if (m.contains("replaying")) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "curve_client.h"
+#include "zmq_through_signals.h"
 
 namespace tandem::cli {
 
@@ -240,7 +241,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
     Server& s = *polled[i];
     for (;;) {
       zmq::message_t frame;
-      if (!s.socket.recv(frame, zmq::recv_flags::dontwait)) break;
+      if (!transport::recv_through_signals(s.socket, frame, zmq::recv_flags::dontwait)) break;
       s.last_heard = Clock::now();
       if (frame.more()) continue;  // not ours: a server sends one frame; skip to its last
       SlotMessage m;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tandem/error.h"
+#include "zmq_through_signals.h"
 
 namespace tandem::transport {
 
@@ -74,17 +75,17 @@ const std::string& CurveHandshakeWatch::problem(int wait_ms) {
   // Events are two frames: 6 bytes (uint16 event, uint32 value), then the endpoint.
   for (;;) {
     zmq::message_t event;
-    if (!monitor_.recv(event, zmq::recv_flags::dontwait)) {
+    if (!recv_through_signals(monitor_, event, zmq::recv_flags::dontwait)) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (!problem_.empty() || left.count() <= 0) break;
       zmq::pollitem_t item{monitor_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, left);
+      poll_through_signals(&item, 1, left);
       continue;
     }
     while (monitor_.get(zmq::sockopt::rcvmore)) {
       zmq::message_t rest;
-      if (!monitor_.recv(rest, zmq::recv_flags::dontwait)) break;
+      if (!recv_through_signals(monitor_, rest, zmq::recv_flags::dontwait)) break;
     }
     if (event.size() < 6) continue;
     uint16_t id = 0;

@@ -16,6 +16,8 @@
 #include <set>
 #include <thread>
 
+#include "zmq_through_signals.h"
+
 namespace tandem::transport {
 namespace {
 
@@ -275,7 +277,7 @@ ZapAuthenticator::ZapAuthenticator(zmq::context_t& context) : state_(std::make_u
 ZapAuthenticator::~ZapAuthenticator() {
   State& s = *state_;
   try {
-    s.wake_tx.send(zmq::const_buffer("", 0), zmq::send_flags::dontwait);
+    send_through_signals(s.wake_tx, zmq::const_buffer("", 0), zmq::send_flags::dontwait);
   } catch (const zmq::error_t& e) {
     std::fprintf(stderr, "tandem ZAP handler: cannot signal stop: %s\n", e.what());
   }
@@ -298,7 +300,7 @@ void ZapAuthenticator::serve() {
     for (;;) {
       zmq::pollitem_t items[] = {{s.handler.handle(), 0, ZMQ_POLLIN, 0},
                                  {s.wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::chrono::milliseconds(-1));
+      poll_through_signals(items, 2, std::chrono::milliseconds(-1));
       if (items[1].revents & ZMQ_POLLIN) return;
       if (!(items[0].revents & ZMQ_POLLIN)) continue;
       Frames request;

@@ -6,6 +6,8 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+#include "zmq_through_signals.h"
+
 namespace tandem::transport {
 namespace {
 
@@ -74,8 +76,8 @@ void send_all(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
       const bool last = i + 1 == parts.size();
       // Only the first frame can block (later frames of a started message always queue), so a
       // timeout never leaves half a message behind.
-      const auto sent =
-          socket.send(parts[i], last ? zmq::send_flags::none : zmq::send_flags::sndmore);
+      const auto sent = send_through_signals(
+          socket, parts[i], last ? zmq::send_flags::none : zmq::send_flags::sndmore);
       if (!sent) throw TransportError(where + ": send timed out (peer not reading, queue full)");
     }
   } catch (const zmq::error_t& e) {
@@ -100,12 +102,12 @@ bool receive_frames(zmq::socket_t& socket, Frames& out, long timeout_ms, const s
   out.clear();
   try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) return false;
+    if (poll_through_signals(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) return false;
     if ((item.revents & ZMQ_POLLIN) == 0) return false;
     // ZeroMQ delivers a multipart message whole, so once the first part is here the rest is too.
     do {
       zmq::message_t part;
-      if (!socket.recv(part, zmq::recv_flags::dontwait)) {
+      if (!recv_through_signals(socket, part, zmq::recv_flags::dontwait)) {
         if (out.empty()) return false;  // a spurious wake-up
         throw TransportError(where + ": multipart message ended early");
       }
