@@ -755,16 +755,12 @@ TEST(PsMode, SyncAggregatesReplicasIntoOneAdamStepOnTheMean) {
 }
 
 TEST(PsMode, SyncDropsAndCountsStaleGradients) {
-  zmq::context_t ctx;
-  ServerOptions o = mode_options(ctx, "ps-sync-stale", PsMode::Sync);
-  o.replicas_to_aggregate = 2;
-  o.step_timeout_ms = 4000;
-  ParameterServer server(o);
   const auto params = small_params(21);
-  PsClient a({server.endpoint()}, client_options(&ctx)), b({server.endpoint()}, client_options(&ctx)),
-      late({server.endpoint()}, client_options(&ctx));
-  a.init(params).wait();
-  b.init({}).wait();
+  TwoReplicaSyncServer sync("ps-sync-stale", params);
+  zmq::context_t& ctx = sync.ctx;
+  ParameterServer& server = sync.server;
+  PsClient &a = sync.a, &b = sync.b;
+  PsClient late({server.endpoint()}, client_options(&ctx));
   late.init({}).wait();  // computes on version 0
   ReferenceAdam ref(params);
   const auto ga = gradients_like(params, 1100), gb = gradients_like(params, 1200);

@@ -5,7 +5,6 @@
 // Every request must get a reply, a JSON object (a result or {"error": ...}), within the time
 // limit: a control message never takes the coordinator down or leaves a role unanswered.
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -18,27 +17,7 @@
 #include "bare_coordinator.h"
 #include "coordinator.h"
 #include "fuzz_target.h"
-
-namespace {
-
-// Waits up to `timeout_ms` for `socket` to have a message. libFuzzer's timer signal interrupts
-// poll (EINTR): that is waited through, not a failure.
-bool readable_within(zmq::socket_t& socket, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      return zmq::poll(&item, 1, left) == 1;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-  }
-}
-
-}  // namespace
+#include "zmq_through_signals.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static zmq::context_t context(1);
@@ -59,10 +38,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   role.set(zmq::sockopt::linger, 0);
   role.connect(coordinator.endpoint());
   for (const std::string& request : requests) {
-    role.send(zmq::buffer(request), zmq::send_flags::none);
-    FUZZ_CHECK(readable_within(role, 5000));  // answered
+    // Through signals, as Tandem's own calls: libFuzzer's timer interrupts them (EINTR).
+    tandem::transport::send_through_signals(role, zmq::buffer(request), zmq::send_flags::none);
+    zmq::pollitem_t item{role.handle(), 0, ZMQ_POLLIN, 0};
+    FUZZ_CHECK(tandem::transport::poll_through_signals(&item, 1, std::chrono::seconds(5)) == 1);
     zmq::message_t reply;
-    FUZZ_CHECK(role.recv(reply).has_value());
+    FUZZ_CHECK(tandem::transport::recv_through_signals(role, reply, zmq::recv_flags::none));
     const nlohmann::json r = nlohmann::json::parse(reply.to_string_view(), nullptr, false);
     FUZZ_CHECK(!r.is_discarded() && r.is_object());
     if (r.contains("error")) tandem::fuzz::show_refusal(r["error"].dump().c_str());

@@ -125,9 +125,8 @@ def wire_frames():
 def ps_shard():
     # [optimizer: bit 0 SGD][records: uint16 LE length + one message's frames]; the shard holds
     # "w" 3x20, "b" 20 and a scalar "s". Request id bit 0: summed (sync), bit 1: then applied.
-    def record(*parts):
-        payload = frames(*parts)
-        return struct.pack("<H", len(payload)) + payload
+    def record(*parts):  # one message's frames, framed once more as one record
+        return frames(frames(*parts))
 
     names = [("w", [3, 20]), ("b", [20]), ("s", [])]
     grads = [np.linspace(-1, 1, 60, dtype=np.float32), np.full(20, 0.5, np.float32),

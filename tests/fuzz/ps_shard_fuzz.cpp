@@ -7,7 +7,6 @@
 // were, and an accepted one is applied (request id bit 0: summed as in sync mode, bit 1: the sum
 // applied then), after which every parameter must still be finite. Any other message asks the
 // shard to select the tensors it names (a Pull's names).
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -69,18 +68,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 1) optimizer.kind = OptimizerKind::Sgd;
   PsShard shard(optimizer);
   initialize(shard);
-  DecodeLimits limits;
-  limits.max_tensors = 16;
-  limits.max_message_bytes = 1 << 16;
-  limits.max_extra_bytes = 1 << 10;
-  const uint8_t* at = data + 1;
-  size_t left = size - 1;
-  for (int records = 0; left >= 2 && records < 16; ++records) {
-    const size_t length = std::min<size_t>(size_t(at[0]) | size_t(at[1]) << 8, left - 2);
-    const std::vector<ByteSpan> frames = tandem::fuzz::cut_frames(at + 2, length);
-    at += 2 + length;
-    left -= 2 + length;
-    const DecodeResult r = decode(frames, limits);
+  for (const ByteSpan& record : tandem::fuzz::cut_frames(data + 1, size - 1, 16)) {
+    const DecodeResult r =
+        decode(tandem::fuzz::cut_frames(record.data, record.size), tandem::fuzz::small_limits());
     if (!r.ok()) continue;  // the decoder's refusals: wire_frames_fuzz.cpp
     const MessageType type = r.message.header.type;
     if (type != MessageType::Push && type != MessageType::PushPull) {

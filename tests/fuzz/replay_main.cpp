@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -17,17 +16,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 namespace {
 
 void run_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  // Exactly the input's size, as libFuzzer gives: reading past it is an overflow that the address
+  // sanitizer sees.
+  std::vector<uint8_t> bytes(ec ? 0 : static_cast<size_t>(size));
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (ec || !in) {
     std::fprintf(stderr, "cannot read %s\n", path.c_str());
     std::exit(2);
   }
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                   std::istreambuf_iterator<char>());
-  // A copy of exactly the input's size, as libFuzzer gives: reading past it is an overflow that
-  // the address sanitizer sees.
-  std::vector<uint8_t> exact(bytes);
-  LLVMFuzzerTestOneInput(exact.empty() ? nullptr : exact.data(), exact.size());
+  LLVMFuzzerTestOneInput(bytes.empty() ? nullptr : bytes.data(), bytes.size());
 }
 
 }  // namespace

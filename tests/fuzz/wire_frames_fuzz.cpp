@@ -23,11 +23,7 @@ bool inside(ByteSpan part, ByteSpan whole) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<ByteSpan> frames = tandem::fuzz::cut_frames(data, size);
-  DecodeLimits limits;
-  limits.max_tensors = 16;
-  limits.max_message_bytes = 1 << 16;
-  limits.max_extra_bytes = 1 << 10;
-  const DecodeResult r = decode(frames, limits);  // documented never to throw on bad input
+  const DecodeResult r = decode(frames, tandem::fuzz::small_limits());  // documented never to throw on bad input
   FUZZ_CHECK(r.ok() == (r.code == DecodeError::Ok));
   FUZZ_CHECK(r.ok() || !r.error.empty());
   if (!r.ok()) return 0;
