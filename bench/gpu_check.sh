@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: one call on a lent GPU machine (an H200 here) that runs every GPU test and
-# benchmark and prints a short table last. Full results go to $OUT:
-#   gpu_check.log       everything printed, in order
-#   device.txt          nvidia-smi, driver, the carried build's commit
+# benchmark and prints a short table last. The device call brings back at most 8 files from
+# $OUT, so $OUT holds five: gpu_check.log (everything printed, in order), device.txt, table.md,
+# gpu_tests.xml and results.tgz, which packs every result (the same three, and):
 #   gpu_tests.xml       GoogleTest results of tandem_cuda_tests (every kernel vs its CPU twin,
 #                       the CUDA backend vs the CPU backend)
 #   kernels_cuda.json   Google Benchmark: ceilings (device copy, cuBLAS SGEMM) and each kernel
@@ -14,7 +14,9 @@
 #   search_*_p*.json    tandem search with trials on the GPU and on the CPU, 1 and 2 at a time
 #   predict.json        tandem predict on the GPU and the CPU (1 and 2 processes) and tandem eval
 #   group_step.json     a worker group of one GPU (NCCL; host-staged) against the plain worker
-#   table.md            the summary table (bench/gpu_table.py)
+#   sanitizer.txt       compute-sanitizer memcheck over the kernel tests
+# results.tgz is rewritten at the start of every stage, so a run cut short still brings back
+# what the stages before it measured.
 #
 # The device machine has CUDA, PyTorch and CMake but none of the Debian packages the engine
 # builds against, so the build happens where they are: `bash bench/gpu_check_prepare.sh` on the
@@ -29,8 +31,23 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
+log_pid=$!
 started=$(date +%s)
-stage() { echo; echo "=== $1 ($(( $(date +%s) - started )) s) ==="; }
+# Every result goes to $res; pack copies the headline files to $OUT and packs the whole folder.
+res=/tmp/tandem-gpu-results
+rm -rf "$res" && mkdir -p "$res"
+pack() {
+  local f
+  for f in device.txt table.md gpu_tests.xml; do [ -f "$res/$f" ] && cp "$res/$f" "$OUT/"; done
+  tar -czf "$OUT/results.tgz.part" -C "$res" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+finish() {  # on any exit: pack, then let tee write the log's last lines before the call returns
+  pack
+  exec >&- 2>&-
+  wait "$log_pid" 2>/dev/null
+}
+trap finish EXIT
+stage() { pack; echo; echo "=== $1 ($(( $(date +%s) - started )) s) ==="; }
 # Every stage's time limit is cut to what is left of GPU_CHECK_SECONDS (default 540, under the
 # device call's 600 s limit), keeping 15 s for the summary: a slow stage costs the stages after
 # it, never the summary. Stages run most wanted first.
@@ -44,7 +61,7 @@ stage "device"
 {
   nvidia-smi || echo "nvidia-smi failed"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,power.limit --format=csv || true
-} | tee "$OUT/device.txt"
+} | tee "$res/device.txt"
 
 stage "unpack the carried build"
 work=/tmp/tandem-gpu-check
@@ -55,7 +72,7 @@ if [ ! -f .gpu-carry/carry.tar.xz ]; then
   exit 1
 fi
 tar -xJf .gpu-carry/carry.tar.xz -C "$work" || exit 1
-cat "$work/BUILD_INFO" | tee -a "$OUT/device.txt"
+cat "$work/BUILD_INFO" | tee -a "$res/device.txt"
 
 # The CUDA libraries the binaries link against, wherever this machine keeps them (the toolkit,
 # or the pip wheels PyTorch brought).
@@ -71,21 +88,26 @@ for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/
   echo "$lib: ${found:-NOT FOUND}"
   [ -n "$found" ] && lib_dirs+=("$found")
 done
+# The carried libraries (Debian 12's zlib, OpenSSL, zstd, OpenBLAS) and the toolkit's go first
+# for Tandem's binaries only: Python and PyTorch keep this machine's own (py_env, python3).
+if [ -n "${LD_LIBRARY_PATH+set}" ]; then py_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH")
+else py_env=(env -u LD_LIBRARY_PATH); fi
+python3() { "${py_env[@]}" python3 "$@"; }
 LD_LIBRARY_PATH=$(IFS=:; echo "${lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 bin=$work/bin
 for b in "$bin"/*; do
-  missing=$(ldd "$b" | grep "not found")
+  missing=$(ldd "$b" 2>&1 | grep "not found")  # a library, or a symbol version (glibc >= 2.36)
   [ -z "$missing" ] || echo "$(basename "$b") is missing: $missing"
 done
 
 stage "GPU tests"
-timeout "$(limit 150)" "$bin/tandem_cuda_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | \
+timeout "$(limit 150)" "$bin/tandem_cuda_tests" --gtest_output="xml:$res/gpu_tests.xml" 2>&1 | \
   grep -v -E '^\[ +(RUN|OK) +\]' | tail -60
 echo "tandem_cuda_tests exit status ${PIPESTATUS[0]}"
 # A test that skips on a GPU machine passes silently: name every skip, and warn about those that
 # should have run on one GPU (only the ones needing two GPUs may skip here).
-python3 - "$OUT/gpu_tests.xml" <<'PY' || true
+python3 - "$res/gpu_tests.xml" <<'PY' || true
 import sys, xml.etree.ElementTree as ET
 try:
     cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
@@ -103,22 +125,22 @@ PY
 
 stage "whole training steps: tandem"
 timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
-  --repeats 3 --precisions fp32,tf32,bf16 --eager --json "$OUT/tandem_steps.json"
+  --repeats 3 --precisions fp32,tf32,bf16 --eager --json "$res/tandem_steps.json"
 echo "exit status $?"
 
 stage "whole training steps: PyTorch eager and torch.compile"
-PYTHONUNBUFFERED=1 timeout "$(limit 170)" python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
-  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile --json "$OUT/torch_steps.json"
+timeout "$(limit 170)" "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
+  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile --json "$res/torch_steps.json"
 echo "exit status $?"
 
 stage "kernels and ceilings"
 timeout "$(limit 120)" "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
-  --benchmark_out="$OUT/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
+  --benchmark_out="$res/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
 echo "exit status ${PIPESTATUS[0]}"
 
 stage "worker group of one GPU (NCCL, host-staged) against the plain GPU worker"
 timeout "$(limit 60)" "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
-  --json "$OUT/group_step.json"
+  --json "$res/group_step.json"
 echo "exit status $?"
 
 stage "data feed: chunk manager -> GPU"
@@ -141,7 +163,7 @@ PY
 timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
   --compressor none && \
 timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
-  --store "$feed_dir/store.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$OUT/feed.json"
+  --store "$feed_dir/store.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$res/feed.json"
 echo "exit status $?"
 
 stage "search and predict: GPU against CPU (issue 7)"
@@ -158,14 +180,14 @@ for backend in cuda cpu; do
     timeout "$(limit 120)" "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
       hidden=100,300 seed=1,2 --budget 3 --eta 3 --processes "$p" --threads-per-trial 2 \
       --backend "$backend" --out "$sp_dir/search-$backend-$p" --json \
-      >"$OUT/search_${backend}_p$p.json" 2>"$sp_dir/search-$backend-$p.err"
+      >"$res/search_${backend}_p$p.json" 2>"$sp_dir/search-$backend-$p.err"
     echo "search --backend $backend --processes $p: exit status $?"
   done
 done
 timeout "$(limit 60)" "$bin/tandem" train --data "$sp_dir/one.zarr" --backend auto --epochs 1 \
   --checkpoint "$sp_dir/m.safetensors" >/dev/null
 echo "model for predict: exit status $?"
-timings=$OUT/predict_timings.tsv
+timings=$res/predict_timings.tsv
 : >"$timings"
 timed() {  # timed COMMAND BACKEND PROCESSES SPLIT ARGS...: "COMMAND BACKEND PROCESSES SPLIT SECONDS STATUS"
   local command=$1 backend=$2 processes=$3 split=$4; shift 4
@@ -189,7 +211,7 @@ for round in 1 2; do
   done
 done
 # predict.json, for the summary (gpu_table.py): the best of the two rounds of each.
-python3 - "$OUT" "$feed_dir/store.zarr" <<'PY'
+python3 - "$res" "$feed_dir/store.zarr" <<'PY'
 import json, sys
 out, store = sys.argv[1], sys.argv[2]
 rows = json.load(open(f"{store}/zarr.json"))["attributes"]["rows"]
@@ -210,13 +232,13 @@ stage "cluster: 1, 2 and 4 GPU workers (processes sharing the GPU) against the s
 cluster_dir=/tmp/tandem-cluster
 rm -rf "$cluster_dir"
 timeout "$(limit 60)" "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
-  >"$OUT/cluster_single.json"
+  >"$res/cluster_single.json"
 for w in 1 2 4; do
   timeout "$(limit 90)" "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
     --scorer 0 --max-epochs 2 --target 0 --dashboard -1 --run-dir "$cluster_dir/run-$w" --json \
-    >"$OUT/cluster_$w.json"
+    >"$res/cluster_$w.json"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$res" <<'PY'
 import json, sys
 out = sys.argv[1]
 single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
@@ -230,8 +252,23 @@ for w in (1, 2, 4):
 PY
 echo "exit status $?"
 
+stage "compute-sanitizer: memcheck over the kernel tests, racecheck over the shared-memory kernels"
+# Last: it finds out-of-bounds accesses and shared-memory races in kernels that passed their
+# tests above, and its results matter less than the figures if time runs short.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+kernel_tests='CudaKernels.*:SoftmaxXentCuda.*:ColumnStatsCuda.*:CudaBackendTest.FiftyTrainingSteps*'
+{
+  timeout "$(limit 90)" "$sanitizer" --tool memcheck --error-exitcode 99 \
+    "$bin/tandem_cuda_tests" --gtest_filter="$kernel_tests" --gtest_brief=1
+  echo "memcheck exit status $?"
+  timeout "$(limit 45)" "$sanitizer" --tool racecheck --error-exitcode 99 \
+    "$bin/tandem_cuda_tests" --gtest_filter='SoftmaxXentCuda.*:ColumnStatsCuda.*' --gtest_brief=1
+  echo "racecheck exit status $?"
+} >"$res/sanitizer.txt" 2>&1
+grep -E "ERROR SUMMARY|exit status|Invalid|Race|FAILED" "$res/sanitizer.txt" | head -40
+
 stage "summary"
-python3 bench/gpu_table.py --kernels "$OUT/kernels_cuda.json" --tandem "$OUT/tandem_steps.json" \
-  --torch "$OUT/torch_steps.json" --feed "$OUT/feed.json" --group "$OUT/group_step.json" \
-  --search-dir "$OUT" --markdown "$OUT/table.md"
+python3 bench/gpu_table.py --kernels "$res/kernels_cuda.json" --tandem "$res/tandem_steps.json" \
+  --torch "$res/torch_steps.json" --feed "$res/feed.json" --group "$res/group_step.json" \
+  --search-dir "$res" --markdown "$res/table.md"
 echo "gpu_check: done in $(( $(date +%s) - started )) s"

@@ -56,6 +56,18 @@ CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
     throw InputError("CUDA backend: device " + std::to_string(options_.device) + " asked for, " +
                      std::to_string(devices) + " present");
   if (graphs_disabled_by_environment()) options_.use_graphs = false;
+  // A destructor does not run for a constructor that throws: what was made before the failure
+  // (streams, events, pinned memory, a cuBLASLt handle) is released here, or a process that
+  // catches the error and goes on (a predictor, a worker that retries) would keep it.
+  try {
+    create_device_state();
+  } catch (...) {
+    release_device_state();
+    throw;
+  }
+}
+
+void CudaBackend::create_device_state() {
   TANDEM_CUDA_CHECK(cudaSetDevice(options_.device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -96,9 +108,11 @@ CudaBackend::CudaBackend(const ModelConfig& model, const OptimizerConfig& opt,
   synchronize();
 }
 
-CudaBackend::~CudaBackend() {
-  // Destructors log instead of throwing. The device first: a group member's backend may be
-  // destroyed by a thread whose current device is another member's.
+CudaBackend::~CudaBackend() { release_device_state(); }
+
+void CudaBackend::release_device_state() noexcept {
+  // Logs instead of throwing (it runs in the destructor). The device first: a group member's
+  // backend may be destroyed by a thread whose current device is another member's.
   cudaSetDevice(options_.device);
   if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess)
     std::fprintf(stderr, "tandem: CUDA backend: work failed before shutdown\n");
@@ -112,9 +126,14 @@ CudaBackend::~CudaBackend() {
   if (host_totals_) cudaFreeHost(host_totals_);
   for (cudaEvent_t event : layer_ready_)
     if (event) cudaEventDestroy(event);
+  graphs_.clear();
+  for (Slot& slot : slots_) slot = Slot{};
+  host_totals_ = nullptr;
+  layer_ready_.clear();
   dense_.reset();
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
+  copy_stream_ = stream_ = nullptr;
 }
 
 std::string CudaBackend::name() const { return "cuda"; }

@@ -73,6 +73,10 @@ class CudaBackend final : public Backend {
   size_t graphs_captured() const { return graphs_.size(); }
 
  private:
+  // The constructor's streams, events, pinned memory, kernels and arenas; release_device_state
+  // frees whatever of them exists (after a failed create_device_state too).
+  void create_device_state();
+  void release_device_state() noexcept;
   void use_device() const;  // makes options_.device the calling thread's current device
   // Where a batch's pixels and labels are on the device, and which rows to take.
   struct DeviceBatch {

@@ -35,7 +35,9 @@ class CudaShardDevice final : public ShardDevice {
 
   void upload(const float* params, const float* moments, int64_t total, int64_t step) override {
     TANDEM_CUDA_CHECK(cudaSetDevice(device_));
-    total_ = total;
+    // Empty until every buffer is in place: an upload that fails part way (out of device or
+    // pinned memory) must not leave a size that a later step would trust.
+    total_ = 0;
     const size_t n = static_cast<size_t>(total);
     params_ = kernels::DeviceBuffer<float>(n);
     m_ = kernels::DeviceBuffer<float>(n);
@@ -55,6 +57,7 @@ class CudaShardDevice final : public ShardDevice {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_.data(), &device_step, sizeof(device_step),
                                       cudaMemcpyHostToDevice, stream_));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    total_ = total;
   }
 
   // The device is set on every call: a server restored from a checkpoint uploads on the thread

@@ -108,23 +108,38 @@ struct DenseCuda::Impl {
     TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
   }
   ~Impl() {
-    for (auto& [key, plan] : plans) {
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatmulDescDestroy(plan.desc);
-    }
+    for (auto& [key, plan] : plans) destroy(plan);
     if (handle) cublasLtDestroy(handle);
   }
 
+  static void destroy(Plan& plan) noexcept {
+    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+    plan = Plan{};
+  }
+
+  // The plan for a product's shape, made and cached on first use. A failure destroys what was
+  // made so far: forward and backward catch it and fall back, and each failing shape would
+  // otherwise leave its descriptors behind.
   Plan& plan_for(const Gemm& g) {
     const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.epilogue,
                   alignment_of(g.a), alignment_of(g.b), alignment_of(g.c),
                   g.bias ? alignment_of(g.bias) : 256u};
     auto found = plans.find(key);
     if (found != plans.end()) return found->second;
-
     Plan plan;
+    try {
+      make_plan(g, key, plan);
+    } catch (...) {
+      destroy(plan);
+      throw;
+    }
+    return plans.emplace(key, plan).first->second;
+  }
+
+  void make_plan(const Gemm& g, const Key& key, Plan& plan) {
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute_type(precision), CUDA_R_32F));
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                        &g.trans_a, sizeof(g.trans_a)));
@@ -171,18 +186,12 @@ struct DenseCuda::Impl {
       return s;
     }();
     cublasLtMatmulPreferenceDestroy(preference);
-    if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatmulDescDestroy(plan.desc);
-      TANDEM_CUBLAS_CHECK(status);
+    TANDEM_CUBLAS_CHECK(status);
+    if (returned == 0)
       throw CudaError("cuBLASLt found no algorithm for a " + std::to_string(g.m) + "x" +
                       std::to_string(g.n) + "x" + std::to_string(g.k) + " product (epilogue " +
                       std::to_string(static_cast<int>(g.epilogue)) + ")");
-    }
     plan.algo = result.algo;
-    return plans.emplace(key, plan).first->second;
   }
 
   void run(const Gemm& g) {
