@@ -1,7 +1,9 @@
 // Checkpoints as safetensors files: parameters under their own names, Adam's moments beside them
 // as NAME.adam_m and NAME.adam_v, and the run's state in __metadata__ (strings, as the format
 // requires). Loading checks the whole file before anything is returned.
+#include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "safetensors.h"
 #include "tandem/error.h"
@@ -43,6 +45,20 @@ void read_tensor(const SafeTensorsFile& file, const std::string& path, const std
   std::memcpy(into.values.data(), t->data.data(), t->data.size());
 }
 
+// A NaN or infinite parameter (a diverged run's) or a negative second moment would turn every
+// later step into NaN, or be evaluated as a loss of nan: refused when the file is read.
+void check_finite(const std::string& path, const std::string& name, const NamedTensor& t,
+                  bool non_negative) {
+  for (size_t i = 0; i < t.values.size(); ++i) {
+    const float x = t.values[i];
+    if (!std::isfinite(x) || (non_negative && x < 0.0f))
+      throw InputError(path + ": tensor '" + name + "' holds " +
+                       (std::isfinite(x) ? "a negative value" : "a non-finite value") +
+                       " at element " + std::to_string(i) +
+                       (std::isfinite(x) ? "" : " (a run that diverged?)"));
+  }
+}
+
 const std::string& metadata(const SafeTensorsFile& file, const std::string& path,
                             const std::string& key) {
   auto it = file.metadata.find(key);
@@ -63,27 +79,63 @@ T parse_number(const std::string& path, const std::string& key, const std::strin
   throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text + "' is not a number");
 }
 
+// Seeds are unsigned 64-bit, all of them (2^63 and above too, which stoll refuses).
+uint64_t parse_seed(const std::string& path, const std::string& text) {
+  try {
+    size_t used = 0;
+    const unsigned long long value = std::stoull(text, &used);
+    if (used == text.size() && text.find('-') == std::string::npos) return value;
+  } catch (const std::exception&) {
+  }
+  throw InputError(path + ": checkpoint metadata 'seed' = '" + text + "' is not a number");
+}
+
 std::string float_text(float x) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%.9g", static_cast<double>(x));
   return buffer;
 }
 
-// The checkpoint as a safetensors file; `path` names it in errors.
-SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& checkpoint) {
-  SafeTensorsFile file;
+// A checkpoint's best state goes beside its own under this prefix, described by these keys.
+constexpr const char* kBestPrefix = "best/";
+constexpr const char* kBestKeys[] = {"best_epoch", "best_step", "best_validation_loss"};
+
+// Appends the parameters (and Adam's moments) of `checkpoint` to `file`, names prefixed.
+void add_state(SafeTensorsFile& file, const std::string& path, const Checkpoint& checkpoint,
+               const std::string& prefix) {
   const bool adam = checkpoint.optimizer.kind == OptimizerKind::Adam;
   const auto& params = checkpoint.model.parameters();
   if (adam && (checkpoint.state.m.size() != params.size() || checkpoint.state.v.size() != params.size()))
     throw InputError(path + ": Adam state has " + std::to_string(checkpoint.state.m.size()) +
                      " tensors, the model " + std::to_string(params.size()));
   for (size_t i = 0; i < params.size(); ++i) {
-    file.tensors.push_back(to_safetensor(params[i], params[i].name));
+    file.tensors.push_back(to_safetensor(params[i], prefix + params[i].name));
     if (!adam) continue;
-    file.tensors.push_back(to_safetensor(checkpoint.state.m[i], params[i].name + ".adam_m"));
-    file.tensors.push_back(to_safetensor(checkpoint.state.v[i], params[i].name + ".adam_v"));
+    file.tensors.push_back(to_safetensor(checkpoint.state.m[i], prefix + params[i].name + ".adam_m"));
+    file.tensors.push_back(to_safetensor(checkpoint.state.v[i], prefix + params[i].name + ".adam_v"));
   }
+}
+
+// The checkpoint as a safetensors file; `path` names it in errors.
+SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& checkpoint) {
+  SafeTensorsFile file;
+  add_state(file, path, checkpoint, "");
   file.metadata = checkpoint.extra;
+  // Keys that describe a best state are written from `best` alone: a checkpoint read from a file
+  // and saved again without its best must not claim one.
+  for (const char* key : kBestKeys) file.metadata.erase(key);
+  if (const Checkpoint* best = checkpoint.best.get()) {
+    if (best->model.config().layers != checkpoint.model.config().layers ||
+        best->optimizer.kind != checkpoint.optimizer.kind)
+      throw InputError(path + ": the best state's model or optimizer differs from the checkpoint's");
+    auto loss = best->extra.find("validation_loss");
+    if (loss == best->extra.end())
+      throw InputError(path + ": the best state has no validation loss");
+    add_state(file, path, *best, kBestPrefix);
+    file.metadata["best_epoch"] = std::to_string(best->epoch);
+    file.metadata["best_step"] = std::to_string(best->step);
+    file.metadata["best_validation_loss"] = loss->second;
+  }
   const OptimizerConfig& opt = checkpoint.optimizer;
   file.metadata["format"] = kFormat;
   file.metadata["format_version"] = kFormatVersion;
@@ -98,6 +150,30 @@ SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& check
   file.metadata["seed"] = std::to_string(checkpoint.seed);
   file.metadata["batch"] = std::to_string(checkpoint.batch);
   return file;
+}
+
+// Reads the parameters (and Adam's moments) of `into`'s model from tensors named with `prefix`,
+// refusing values a run cannot continue from; returns how many tensors that was.
+size_t read_state(const SafeTensorsFile& file, const std::string& path, const std::string& prefix,
+                  Checkpoint& into) {
+  const bool adam = into.optimizer.kind == OptimizerKind::Adam;
+  size_t tensors = 0;
+  for (auto& p : into.model.parameters()) {
+    read_tensor(file, path, prefix + p.name, p);
+    check_finite(path, prefix + p.name, p, false);
+    ++tensors;
+    if (!adam) continue;
+    NamedTensor m{p.name, p.shape, std::vector<float>(p.values.size())};
+    NamedTensor v = m;
+    read_tensor(file, path, prefix + p.name + ".adam_m", m);
+    read_tensor(file, path, prefix + p.name + ".adam_v", v);
+    check_finite(path, prefix + p.name + ".adam_m", m, false);
+    check_finite(path, prefix + p.name + ".adam_v", v, true);
+    into.state.m.push_back(std::move(m));
+    into.state.v.push_back(std::move(v));
+    tensors += 2;
+  }
+  return tensors;
 }
 
 // Checks a whole checkpoint file (read from `path`) and returns what it holds.
@@ -129,31 +205,38 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
   opt.epsilon = parse_number<float>(path, "epsilon", metadata(file, path, "epsilon"));
   checkpoint.step = parse_number<int64_t>(path, "step", metadata(file, path, "step"));
   checkpoint.epoch = parse_number<int64_t>(path, "epoch", metadata(file, path, "epoch"));
-  checkpoint.seed = static_cast<uint64_t>(
-      parse_number<long long>(path, "seed", metadata(file, path, "seed")));
+  checkpoint.seed = parse_seed(path, metadata(file, path, "seed"));
   checkpoint.batch = parse_number<int64_t>(path, "batch", metadata(file, path, "batch"));
   if (checkpoint.step < 0 || checkpoint.epoch < 0)
     throw InputError(path + ": negative step or epoch in checkpoint metadata");
 
-  const bool adam = opt.kind == OptimizerKind::Adam;
-  size_t expected_tensors = 0;
-  for (auto& p : checkpoint.model.parameters()) {
-    read_tensor(file, path, p.name, p);
-    ++expected_tensors;
-    if (!adam) continue;
-    NamedTensor m{p.name, p.shape, std::vector<float>(p.values.size())};
-    NamedTensor v = m;
-    read_tensor(file, path, p.name + ".adam_m", m);
-    read_tensor(file, path, p.name + ".adam_v", v);
-    checkpoint.state.m.push_back(std::move(m));
-    checkpoint.state.v.push_back(std::move(v));
-    expected_tensors += 2;
+  size_t expected_tensors = read_state(file, path, "", checkpoint);
+  const bool has_best = file.metadata.count("best_epoch") > 0;
+  if (has_best) {
+    auto best = std::make_shared<Checkpoint>();
+    best->model = Model(config);
+    best->optimizer = opt;
+    best->step = parse_number<int64_t>(path, "best_step", metadata(file, path, "best_step"));
+    best->epoch = parse_number<int64_t>(path, "best_epoch", metadata(file, path, "best_epoch"));
+    if (best->step < 0 || best->epoch < 0)
+      throw InputError(path + ": negative step or epoch of the best state in checkpoint metadata");
+    best->seed = checkpoint.seed;
+    best->batch = checkpoint.batch;
+    const std::string& loss = metadata(file, path, "best_validation_loss");
+    parse_number<double>(path, "best_validation_loss", loss);
+    best->extra["validation_loss"] = loss;
+    auto samples = file.metadata.find("validation_samples");
+    if (samples != file.metadata.end()) best->extra["validation_samples"] = samples->second;
+    expected_tensors += read_state(file, path, kBestPrefix, *best);
+    checkpoint.best = std::move(best);
   }
   if (file.tensors.size() != expected_tensors)
     throw InputError(path + ": checkpoint holds " + std::to_string(file.tensors.size()) +
                      " tensors, model " + config.describe() + " with " + to_string(opt.kind) +
-                     " needs " + std::to_string(expected_tensors));
+                     (has_best ? " and a best state" : "") + " needs " +
+                     std::to_string(expected_tensors));
   for (const auto& [key, value] : file.metadata) checkpoint.extra[key] = value;
+  for (const char* key : kBestKeys) checkpoint.extra.erase(key);
   return checkpoint;
 }
 

@@ -1,5 +1,6 @@
 #include "tandem/config.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "tandem/error.h"
@@ -52,12 +53,14 @@ void TrainConfig::validate() const {
   if (batch < 1) throw InputError("batch size must be at least 1, got " + std::to_string(batch));
   if (epochs < 0) throw InputError("epochs must be >= 0, got " + std::to_string(epochs));
   if (threads < 0) throw InputError("threads must be >= 0, got " + std::to_string(threads));
-  if (!(optimizer.learning_rate > 0.0f))
-    throw InputError("learning rate must be positive, got " + std::to_string(optimizer.learning_rate));
+  if (!(optimizer.learning_rate > 0.0f) || !std::isfinite(optimizer.learning_rate))
+    throw InputError("learning rate must be a positive finite number, got " +
+                     std::to_string(optimizer.learning_rate));
   if (!(optimizer.beta1 >= 0.0f && optimizer.beta1 < 1.0f) ||
       !(optimizer.beta2 >= 0.0f && optimizer.beta2 < 1.0f))
     throw InputError("Adam betas must be in [0, 1)");
-  if (!(optimizer.epsilon >= 0.0f)) throw InputError("Adam epsilon must be >= 0");
+  if (!(optimizer.epsilon >= 0.0f) || !std::isfinite(optimizer.epsilon))
+    throw InputError("Adam epsilon must be a finite number >= 0");
   if (!init_path.empty() && !resume_path.empty())
     throw InputError("give either an initial model (" + init_path + ") or a checkpoint to resume (" +
                      resume_path + "), not both");

@@ -8,8 +8,8 @@
 
 namespace tandem {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
+MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (file_ == nullptr)
     throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
 }

@@ -13,7 +13,8 @@ namespace tandem {
 class MetricsLog {
  public:
   MetricsLog() = default;
-  explicit MetricsLog(const std::string& path);  // truncates; throws IoError naming the path
+  // Truncates the file, or appends to it (a resumed run's); throws IoError naming the path.
+  explicit MetricsLog(const std::string& path, bool append = false);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

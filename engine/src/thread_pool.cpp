@@ -33,6 +33,10 @@ int ThreadPool::available_cores() {
 ThreadPool::ThreadPool(int threads)
     : size_(threads), oversubscribed_(threads > available_cores()) {
   if (threads < 1) throw InputError("thread count must be at least 1, got " + std::to_string(threads));
+  if (threads > kMaxThreads)
+    throw InputError("thread count " + std::to_string(threads) + " is above the limit of " +
+                     std::to_string(kMaxThreads) + " (this machine has " +
+                     std::to_string(available_cores()) + " cores; 0 takes them all)");
   threads_.reserve(static_cast<size_t>(threads - 1));
   for (int member = 1; member < threads; ++member)
     threads_.emplace_back([this, member] { member_loop(member); });

@@ -38,6 +38,10 @@ class ThreadPool {
 
   // Number of cores this process may run on.
   static int available_cores();
+  // Every step wakes and waits for each member: thousands of them (a typo for 16) make a run
+  // crawl for minutes while holding gigabytes of stacks. 1,024 still reproduces, thread for
+  // thread, a run of a machine with that many cores.
+  static constexpr int kMaxThreads = 1024;
 
  private:
   using Trampoline = void (*)(void*, int);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <initializer_list>
+#include <memory>
 
 #include "backend.h"
 #include "metrics_log.h"
@@ -63,6 +65,17 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   backend_->set_parameters(ckpt.model);
   backend_->set_optimizer_state(ckpt.state, ckpt.step);
   epoch_ = ckpt.epoch;
+  resumed_ = true;
+  // The run's best so far: the checkpoint's own state when it was scored best (or was the kept
+  // epoch at the end), else the best state saved beside it.
+  resumed_best_ = ckpt.best;
+  resumed_best_is_current_ = false;
+  if (!resumed_best_ && ckpt.extra.count("validation_loss")) {
+    auto current = std::make_shared<Checkpoint>(ckpt);
+    current->best.reset();
+    resumed_best_ = std::move(current);
+    resumed_best_is_current_ = true;
+  }
 }
 
 std::string Trainer::backend_name() const { return backend_->name(); }
@@ -154,16 +167,37 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
 TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
                                    const DatasetView& validation, const DatasetView& test) {
   std::unique_ptr<MetricsLog> metrics;
-  if (!config_.metrics_path.empty()) metrics = std::make_unique<MetricsLog>(config_.metrics_path);
+  // A resumed run adds to the metrics of the run it continues.
+  if (!config_.metrics_path.empty())
+    metrics = std::make_unique<MetricsLog>(config_.metrics_path, resumed_);
 
   TrainSummary summary;
   summary.backend = backend_->name();
   summary.threads = backend_->threads();
   double train_seconds = 0.0;
   const int64_t first_step = backend_->step();
-  std::unique_ptr<Checkpoint> best;  // the state with the lowest validation loss so far
+  // The state with the lowest validation loss so far, tracked whenever there is a validation
+  // split (a run kept as `last` still records it for a later run that keeps the best), and
+  // carried over from a resumed run's checkpoint when it was scored on as many rows.
+  std::shared_ptr<const Checkpoint> best;
+  bool best_is_current = false;  // the backend holds the best state
   double best_loss = 0.0;
-  const bool keep_best = config_.keep_best && validation.rows > 0;
+  const std::string validation_samples = std::to_string(validation.rows);
+  if (validation.rows > 0 && resumed_best_) {
+    auto samples = resumed_best_->extra.find("validation_samples");
+    if (samples != resumed_best_->extra.end() && samples->second == validation_samples) {
+      best = resumed_best_;
+      best_is_current = resumed_best_is_current_;
+      best_loss = std::stod(best->extra.at("validation_loss"));
+    }
+  }
+  const auto scored = [&](Checkpoint ckpt, double loss) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.17g", loss);
+    ckpt.extra["validation_loss"] = text;
+    ckpt.extra["validation_samples"] = validation_samples;
+    return ckpt;
+  };
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
     auto step_start = epoch_start;
@@ -197,27 +231,46 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     report.train_loss_mean = loss_sum / static_cast<double>(rows_per_epoch);
     report.seconds = epoch_seconds;
     report.samples_per_s = static_cast<double>(rows_per_epoch) / std::max(epoch_seconds, 1e-9);
-    if (validation.rows > 0) report.validation = evaluate(validation);
-    if (keep_best && (!best || report.validation.loss_sum < best_loss)) {
-      best_loss = report.validation.loss_sum;
-      best = std::make_unique<Checkpoint>(checkpoint());
-      char text[32];
-      std::snprintf(text, sizeof(text), "%.17g", best_loss);
-      best->extra["validation_loss"] = text;
+    best_is_current = false;
+    if (validation.rows > 0) {
+      report.validation = evaluate(validation);
+      const double loss = report.validation.loss_sum;
+      // NaN compares false with everything: a diverged epoch must never stand as the lowest, and
+      // must not keep a later finite epoch from being kept.
+      if (!best || (std::isfinite(loss) && !(loss >= best_loss))) {
+        best_loss = loss;
+        best = std::make_shared<const Checkpoint>(scored(checkpoint(), loss));
+        best_is_current = true;
+      }
     }
-    if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, checkpoint());
+    if (!config_.checkpoint_path.empty()) {
+      Checkpoint ckpt;
+      if (best_is_current) {
+        ckpt = *best;
+      } else {
+        ckpt = validation.rows > 0 ? scored(checkpoint(), report.validation.loss_sum) : checkpoint();
+        ckpt.best = best;
+      }
+      save_checkpoint(config_.checkpoint_path, ckpt);
+    }
     if (metrics) metrics->epoch(report);
     if (on_epoch) on_epoch(report);
   }
   summary.steps = backend_->step() - first_step;
-  if (best && best->epoch != epoch_) {
+  // Keeping the best: the backend goes back to it, and the checkpoint holds it (resuming it
+  // continues from the kept epoch).
+  const bool restore = config_.keep_best && best && !best_is_current;
+  if (restore) {
     backend_->set_parameters(best->model);
     backend_->set_optimizer_state(best->state, best->step);
     epoch_ = best->epoch;
   }
   summary.kept_epoch = epoch_;
-  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || best))
-    save_checkpoint(config_.checkpoint_path, best ? *best : checkpoint());
+  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore)) {
+    Checkpoint ckpt = restore || best_is_current ? *best : checkpoint();
+    if (!restore && !best_is_current) ckpt.best = best;
+    save_checkpoint(config_.checkpoint_path, ckpt);
+  }
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

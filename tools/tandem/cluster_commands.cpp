@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "number_checks.h"
 #include "backend.h"
 #include "cluster_commands.h"
 #include "cluster_link.h"
@@ -75,9 +76,9 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--data", o.data,
                   "Dataset store (tandem prepare), or a directory of IDX files (prepared into "
                   "RUN_DIR/data.zarr first)")->capture_default_str();
-  cmd->add_option("--ps", o.cluster.ps, "Parameter servers")->check(CLI::PositiveNumber)
+  cmd->add_option("--ps", o.cluster.ps, "Parameter servers")->check(positive_number())
       ->capture_default_str();
-  cmd->add_option("--workers", o.cluster.workers, "Workers")->check(CLI::PositiveNumber)
+  cmd->add_option("--workers", o.cluster.workers, "Workers")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--scorer", o.cluster.scorers, "Scorers (0 or 1)")->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -85,18 +86,19 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "Stop when the validation loss (summed over the validation split) is below this; "
                   "0: off")->capture_default_str();
   cmd->add_option("--max-epochs", o.cluster.max_epochs, "Stop after this many epochs (0: no limit)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--max-seconds", o.cluster.max_seconds, "Stop after this long (0: no limit)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--run-dir", o.run_dir,
                   "Where the final model, the servers' checkpoints and a prepared store go")
       ->capture_default_str();
-  cmd->add_option("--batch", s.batch, "Batch size")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--batch", s.batch, "Batch size")->check(positive_number())->capture_default_str();
   cmd->add_option("--hidden", o.hidden, "Hidden layer widths, e.g. 100 or 256,128")->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "adam or sgd")->check(CLI::IsMember({"adam", "sgd"}))
       ->capture_default_str();
   cmd->add_option("--lr", s.optimizer.learning_rate, "Learning rate")->capture_default_str();
-  cmd->add_option("--seed", s.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  cmd->add_option("--seed", s.seed, "Seed for initialisation and shuffling")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--shuffle", o.shuffle, "on, or off for store order")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   cmd->add_option("--backend", s.backend, "Workers' and scorer's backend: cpu, cuda or auto")
@@ -104,7 +106,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--precision", s.precision, "CUDA matrix products: fp32, tf32 or bf16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
   cmd->add_option("--worker-threads", s.worker_threads, "Threads per worker")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   // One option, two names: the GPU name the issue asks for, and the general one that reads right
   // on the CPU (there each member is a backend of --worker-threads threads).
   o.group_option =
@@ -113,11 +115,11 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                       "one (with cuda each member a GPU, and under launch each worker its own: "
                       "worker i on GPUs i*N..i*N+N-1; with cpu a backend of --worker-threads "
                       "threads each)")
-          ->check(CLI::PositiveNumber)->capture_default_str();
+          ->check(positive_number())->capture_default_str();
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   cmd->add_option("--ps-mode", s.ps_mode,
                   "sync (gradients of every worker averaged per step), async (the seed's: each "
                   "applied as it comes) or bounded_staleness")
@@ -131,27 +133,27 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                 "(async and bounded_staleness modes)");
   cmd->add_option("--replicas", s.replicas_to_aggregate,
                   "Sync mode: gradients per step (0: one per worker)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--staleness", s.staleness_bound, "Bounded staleness: versions a worker may lead")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every_s,
                   "Seconds between the servers' checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--keep", o.keep,
                   "Parameters to keep: best (the lowest score's, unless the last ones score lower) or "
                   "last (the servers' at the stop)")
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
   cmd->add_option("--ps-timeout", s.ps_timeout_ms,
                   "Milliseconds a worker waits for a parameter server's answer before it retries")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   cmd->add_option("--step-timeout", s.step_timeout_s,
                   "Seconds a worker's backend may stay in one call (a step; a hung GPU) before "
                   "the coordinator counts the worker lost and hands its batches on (0: never)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--bind", o.bind, "The coordinator's control address")->capture_default_str();
   cmd->add_option("--scores-bind", o.scores_bind, "The scores channel's address")->capture_default_str();
   cmd->add_option("--startup-timeout", o.startup_timeout_s,
-                  "Seconds to wait for every role to register")->check(CLI::PositiveNumber)
+                  "Seconds to wait for every role to register")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--dashboard", o.dashboard_port,
                   "The dashboard's HTTP port (0: any free port, -1: none); a busy port falls back "

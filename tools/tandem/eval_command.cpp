@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "number_checks.h"
 #include "commands.h"
 #include "json_output.h"
 #include "tandem/tandem.h"
@@ -53,7 +54,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--split", o->split, "train, validation or test")
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
   cmd->add_option("--validation-rows", o->validation_rows, "Validation rows")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(non_negative_number());
   cmd->add_flag("--json", o->json, "Print one line of JSON");
   cmd->callback([o] { run_eval(*o); });
 }

@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here with 0. A bad command line is an error like any other:
+    // status 1, not CLI11's own codes (105 and up).
+    return app.exit(e) == 0 ? 0 : 1;
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 1;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "number_checks.h"
 #include "commands.h"
 #include "predictor.h"
 #include "tandem/config.h"
@@ -285,9 +286,9 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--threads", o->engine.threads,
                   "Threads in all (0: all cores); on the GPU, the threads reading and writing "
                   "chunks")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   add_slot_client_options(cmd, o->slots, "shares", "prediction", "The model, --data and --out");
   cmd->add_flag("--overwrite", o->engine.overwrite,
                 "Replace an output written from another model or input");

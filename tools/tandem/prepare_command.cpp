@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "number_checks.h"
 #include "dataset_store.h"
 #include "idx_reader.h"
 #include "progress_line.h"
@@ -239,8 +240,8 @@ void add_prepare_command(CLI::App& app) {
   test_images->needs(test_labels)->needs(images);
   test_labels->needs(test_images);
   cmd->add_option("--copies", o->copies, "Copies of the training split (the seed uses 20)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk")->check(CLI::PositiveNumber)
+      ->check(positive_number())->capture_default_str();
+  cmd->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();

@@ -23,6 +23,7 @@
 #include <memory>
 #include <thread>
 
+#include "number_checks.h"
 #include "commands.h"
 #include "progress_line.h"
 #include "search_space.h"
@@ -189,11 +190,16 @@ std::vector<EpochResult> read_epochs(const std::string& path) {
   while (std::getline(in, line)) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || j.value("type", "") != "epoch") continue;
+    // A diverged epoch's loss is NaN, which JSON writes as null: it ranks last, as infinity.
+    const auto number = [&](const char* key, double otherwise) {
+      const auto it = j.find(key);
+      return it != j.end() && it->is_number() ? it->get<double>() : otherwise;
+    };
     EpochResult e;
-    e.epoch = j.value("epoch", 0);
-    e.loss = j.value("validation_loss_mean", std::numeric_limits<double>::quiet_NaN());
+    e.epoch = static_cast<int>(number("epoch", 0));
+    e.loss = number("validation_loss_mean", std::numeric_limits<double>::infinity());
     if (!std::isfinite(e.loss)) e.loss = std::numeric_limits<double>::infinity();
-    e.accuracy = j.value("validation_accuracy", 0.0);
+    e.accuracy = number("validation_accuracy", 0.0);
     out.push_back(e);
   }
   return out;
@@ -327,6 +333,8 @@ void run_search(SearchOptions& o) {
       const std::string key = "trial-" + std::to_string(job->trial) + ".r" + std::to_string(job->rung);
       const TrialConfig& config = configs[job->trial];
       const int given_threads = threads;
+      // The rung's metrics start empty (tandem train appends to a resumed run's file).
+      fs::remove(trial_file(o, job->trial, ".r" + std::to_string(job->rung) + ".jsonl"));
       records[job->trial].slot = runner->start(
           key,
           [&, job](int slot_threads) {
@@ -506,19 +514,19 @@ void add_search_command(CLI::App& app) {
   cmd->add_option("--trials", o->trials_file, "JSON file: a list of configurations")
       ->check(CLI::ExistingFile);
   cmd->add_option("--budget", o->budget, "Epochs the best trials train (the last rung)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   cmd->add_option("--budget-seconds", o->budget_seconds,
                   "Stop the whole search after this many seconds (0: no limit)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--eta", o->eta, "Halving rate: rungs grow by eta, the top 1/eta go on")
       ->capture_default_str();
   cmd->add_option("--min-epochs", o->min_epochs, "Epochs of the first rung")->capture_default_str();
   cmd->add_option("--processes", o->processes, "Trials at once (0: one per core)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   add_slot_client_options(cmd, o->slots, "trials", "search", "--data and --out");
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial (0: cores / processes; with --slots, each server's own)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--backend", o->backend,
                   "Each trial's backend: cpu, cuda or auto (auto: the GPU where the trial runs "
                   "has one; trials on one GPU share it)")

@@ -1,5 +1,7 @@
 #include "slot_client_options.h"
 
+#include "number_checks.h"
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -166,7 +168,7 @@ void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::str
   cmd->add_option("--slots-expect", o.expect,
                   "With --slots DIR: wait (up to --slots-timeout) until the directories list this "
                   "many servers, for servers started with the " + client + " (as under srun)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--slots-curve-server", o.curve_server,
                   "The slot servers' CURVE public key file (tandem keygen; servers run with "
                   "--curve-secret)")

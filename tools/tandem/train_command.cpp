@@ -1,7 +1,9 @@
 // tandem train: single-process training on a data set directory of MNIST-format IDX files.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include "number_checks.h"
 #include "commands.h"
 #include "json_output.h"
 #include "progress_line.h"
@@ -22,7 +24,51 @@ struct TrainOptions {
   int64_t validation_rows = 5000;
   bool json = false;
   TrainConfig config;
+  // Options a resumed run takes from its checkpoint unless they are given.
+  CLI::Option* hidden_option = nullptr;
+  CLI::Option* optimizer_option = nullptr;
+  CLI::Option* lr_option = nullptr;
+  CLI::Option* batch_option = nullptr;
+  CLI::Option* seed_option = nullptr;
+  CLI::Option* shuffle_option = nullptr;
+  CLI::Option* validation_rows_option = nullptr;
 };
+
+// A resumed run continues the checkpointed one: what the command line leaves out comes from the
+// checkpoint (its hidden widths, optimizer, learning rate, batch, seed and shuffle), and what it
+// gives differently is said, since the run then no longer continues as it would have.
+void continue_checkpointed_run(TrainOptions& o) {
+  const Checkpoint ckpt = load_checkpoint(o.config.resume_path);
+  TrainConfig& config = o.config;
+  auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
+    if (given != theirs)
+      std::fprintf(stderr, "tandem train: resuming with %s %s; the checkpoint's run used %s\n",
+                   flag.c_str(), given.c_str(), theirs.c_str());
+  };
+  const auto& layers = ckpt.model.config().layers;
+  std::string hidden;
+  for (size_t i = 1; i + 1 < layers.size(); ++i) hidden += (i > 1 ? "," : "") + std::to_string(layers[i]);
+  if (o.hidden_option->count() == 0) o.hidden = hidden;
+  if (o.optimizer_option->count() == 0) o.optimizer = to_string(ckpt.optimizer.kind);
+  const float lr = config.optimizer.learning_rate;
+  config.optimizer = ckpt.optimizer;  // betas and epsilon have no options: always the run's
+  if (o.lr_option->count() > 0) {
+    config.optimizer.learning_rate = lr;
+    char given[32], theirs[32];
+    std::snprintf(given, sizeof(given), "%g", static_cast<double>(lr));
+    std::snprintf(theirs, sizeof(theirs), "%g", static_cast<double>(ckpt.optimizer.learning_rate));
+    note("--lr", given, theirs);
+  }
+  if (o.batch_option->count() == 0 && ckpt.batch > 0) config.batch = ckpt.batch;
+  else if (ckpt.batch > 0) note("--batch", std::to_string(config.batch), std::to_string(ckpt.batch));
+  if (o.seed_option->count() == 0) config.seed = ckpt.seed;
+  else note("--seed", std::to_string(config.seed), std::to_string(ckpt.seed));
+  auto shuffle = ckpt.extra.find("shuffle");
+  if (shuffle != ckpt.extra.end()) {
+    if (o.shuffle_option->count() == 0) o.shuffle = shuffle->second;
+    else note("--shuffle", o.shuffle, shuffle->second);
+  }
+}
 
 ModelConfig model_for(const std::string& hidden, int64_t features, int classes) {
   // --hidden "100" or "256,128": the widths between the data's inputs and its classes.
@@ -31,6 +77,7 @@ ModelConfig model_for(const std::string& hidden, int64_t features, int classes) 
 
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
+  if (!config.resume_path.empty()) continue_checkpointed_run(o);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);
@@ -41,6 +88,9 @@ void run_train(TrainOptions& o) {
   DataSplits data;
   std::unique_ptr<BatchStream> stream;
   if (is_dataset_store(o.data)) {
+    if (o.validation_rows_option->count() > 0)
+      throw InputError("--validation-rows is for a directory of IDX files: the store " + o.data +
+                       " holds its own validation split (tandem prepare --validation-rows)");
     data = load_store_eval_splits(o.data);
     StreamOptions so;
     so.batch_rows = config.batch;
@@ -91,12 +141,24 @@ void run_train(TrainOptions& o) {
                 config.model.describe().c_str(), data.source.c_str(), s.backend.c_str(), s.threads,
                 s.epochs, static_cast<long long>(s.steps), s.seconds, human(s.samples_per_s).c_str());
     std::printf("kept the parameters of epoch %lld (%s)\n", static_cast<long long>(s.kept_epoch),
-                config.keep_best ? "lowest validation loss" : "the last");
-    std::printf("validation: loss %.1f (%.4f/sample), accuracy %.4f\n", s.validation.loss_sum,
-                s.validation.loss_mean, s.validation.accuracy);
-    std::printf("test:       loss %.1f (%.4f/sample), accuracy %.4f\n", s.test.loss_sum,
-                s.test.loss_mean, s.test.accuracy);
+                s.validation.samples == 0 ? "the last: there is no validation split"
+                : config.keep_best        ? "lowest validation loss"
+                                          : "the last");
+    auto print_split = [](const char* label, const EvalResult& r) {
+      if (r.samples == 0)
+        std::printf("%s none (no rows in this split)\n", label);
+      else
+        std::printf("%s loss %.1f (%.4f/sample), accuracy %.4f\n", label, r.loss_sum,
+                    r.loss_mean, r.accuracy);
+    };
+    print_split("validation:", s.validation);
+    print_split("test:      ", s.test);
   }
+  // A run whose kept parameters score NaN diverged: its model is of no use, and a script (or a
+  // search trial) must see it failed.
+  if (s.validation.samples > 0 && !std::isfinite(s.validation.loss_sum))
+    throw InputError("training diverged: the kept parameters give a validation loss of " +
+                     std::to_string(s.validation.loss_sum) + " (try a lower --lr)");
 }
 
 }  // namespace
@@ -113,29 +175,32 @@ void add_train_command(CLI::App& app) {
                   "CUDA matrix products: fp32, or tf32 / bf16 tensor cores (float32 parameters "
                   "and Adam state either way)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
-  cmd->add_option("--hidden", o->hidden, "Hidden layer widths, e.g. 100 or 256,128")
+  o->hidden_option = cmd->add_option("--hidden", o->hidden, "Hidden layer widths, e.g. 100 or 256,128")
       ->capture_default_str();
-  cmd->add_option("--optimizer", o->optimizer, "adam or sgd")
+  o->optimizer_option = cmd->add_option("--optimizer", o->optimizer, "adam or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
-  cmd->add_option("--lr", o->config.optimizer.learning_rate, "Learning rate")->capture_default_str();
-  cmd->add_option("--batch", o->config.batch, "Batch size")->check(CLI::PositiveNumber)
+  o->lr_option = cmd->add_option("--lr", o->config.optimizer.learning_rate, "Learning rate")
+                     ->capture_default_str();
+  o->batch_option = cmd->add_option("--batch", o->config.batch, "Batch size")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--epochs", o->config.epochs, "Epochs in total (a resumed run counts its own)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--seed", o->config.seed, "Seed for initialisation and shuffling")
-      ->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
+  o->seed_option = cmd->add_option("--seed", o->config.seed, "Seed for initialisation and shuffling")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--threads", o->config.threads, "Threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--shuffle", o->shuffle, "on, or off for store order")
+      ->check(non_negative_number())->capture_default_str();
+  o->shuffle_option = cmd->add_option("--shuffle", o->shuffle, "on, or off for store order")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   cmd->add_option("--keep", o->keep,
                   "Parameters to keep at the end: best (lowest validation loss) or last epoch's")
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
-  cmd->add_option("--validation-rows", o->validation_rows,
+  o->validation_rows_option = cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();
   cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--resume", o->config.resume_path, "Continue the run saved in this checkpoint")
+  cmd->add_option("--resume", o->config.resume_path,
+                  "Continue the run saved in this checkpoint (its model, optimizer, learning rate, "
+                  "batch, seed and shuffle unless given)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--checkpoint", o->config.checkpoint_path,
                   "Write a checkpoint (safetensors) here after every epoch");

@@ -10,6 +10,7 @@
 #include <memory>
 #include <thread>
 
+#include "number_checks.h"
 #include "cluster_ranks.h"
 #include "commands.h"
 #include "file_io.h"
@@ -132,11 +133,11 @@ void add_trial_slots_command(CLI::App& app) {
       "machine (data, outputs and logs on a filesystem shared with the search or prediction)");
   cmd->add_option("--bind", o->bind, "Where to serve: tcp://HOST:PORT (PORT * for any), ipc://PATH")
       ->capture_default_str();
-  cmd->add_option("--slots", o->slots, "Trials at once")->check(CLI::PositiveNumber)
+  cmd->add_option("--slots", o->slots, "Trials at once")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial unless the search gives them (0: cores / slots)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
                   "Seconds a search may stay silent before its trials are killed")
       ->check(CLI::Range(0.2, 3600.0))->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct Checkpoint {
   uint64_t seed = 0;
   int64_t batch = 0;
   std::map<std::string, std::string> extra;  // further provenance, kept as given
+  // The run's state with the lowest validation loss so far, when that is not this state (its
+  // extra holds "validation_loss" and "validation_samples"): a run resumed from this checkpoint
+  // that keeps its best epoch compares its own with it. Saved in the same file, as tensors
+  // best/NAME and metadata best_epoch, best_step and best_validation_loss.
+  std::shared_ptr<const Checkpoint> best;
 };
 
 // Writes a safetensors file atomically (temporary file, fsync, rename): the parameters under

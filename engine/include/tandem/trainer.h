@@ -74,7 +74,9 @@ class Trainer {
   // evaluating the validation split after every epoch and the test split (if not empty) at the
   // end, on the kept parameters (config.keep_best). The checkpoint is written after every epoch
   // and, at the end, holds the kept state (so resuming it continues from the kept epoch). The
-  // best is chosen among the epochs of this call.
+  // best is chosen among the epochs of this call and, for a resumed run, the best its checkpoint
+  // recorded when that was scored on a validation split of as many rows. An epoch whose
+  // validation loss is not finite is never chosen over one whose loss is.
   TrainSummary fit(const DatasetView& train, const DatasetView& validation,
                    const DatasetView& test);
   // The same, with training batches from a stream (a persisted store through the chunk manager).
@@ -99,6 +101,9 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<Backend> backend_;
   int64_t epoch_ = 0;
+  bool resumed_ = false;
+  std::shared_ptr<const Checkpoint> resumed_best_;  // the resumed run's best so far
+  bool resumed_best_is_current_ = false;            // ... which is the state it resumed from
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
