@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <png.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -232,6 +236,96 @@ TEST(DatasetStore, FailureMidWriteLeavesNothingAtOut) {
   const DatasetStore store = DatasetStore::open(out);
   EXPECT_EQ(store.train.rows, 137);
   expect_split_equals(read_split(store.train, 10, "train"), splits.train, 1, PixelType::UInt8);
+}
+
+// A write still in progress is no store: the root group's metadata comes last, so the
+// temporary directory of a prepare killed part way (kill -9: no cleanup runs) cannot be read as a
+// store whose missing chunks are zeros.
+TEST(DatasetStore, AWriteInProgressIsNoStore) {
+  for (const zarr::Format format : {zarr::Format::V2, zarr::Format::V3}) {
+    TempDir dir;
+    const DataSplits splits = small_splits();
+    const std::string out = dir.file("store.zarr");
+    const std::string partial = out + ".partial-" + std::to_string(::getpid());
+    StoreWriteOptions o;
+    o.format = format;
+    o.chunk_rows = 20;
+    int checked = 0;
+    o.progress = [&](int64_t done, int64_t total) {
+      if (done == 0 || done == total) return;
+      ++checked;
+      ASSERT_TRUE(fs::is_directory(partial));
+      EXPECT_FALSE(zarr::Group::exists(partial));
+      EXPECT_FALSE(DatasetStore::looks_like_store(partial));
+      try {
+        DatasetStore::open(partial);
+        ADD_FAILURE() << "a partial store opened";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("killed"), std::string::npos) << e.what();
+      }
+    };
+    write_dataset_store(splits, out, o, nullptr);
+    EXPECT_GT(checked, 0);
+    EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
+    EXPECT_EQ(DatasetStore::open(out).train.rows, 137);
+  }
+}
+
+// StoreWriteOptions::stop (a stop signal in `tandem prepare`) ends the write between chunks and
+// leaves nothing behind; an existing store being replaced stays as it was.
+TEST(DatasetStore, StopFlagEndsTheWriteAndLeavesNothing) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  const std::string out = dir.file("store.zarr");
+  std::atomic<bool> stop{false};
+  StoreWriteOptions o;
+  o.chunk_rows = 20;
+  o.stop = &stop;
+  int64_t last_done = 0;
+  o.progress = [&](int64_t done, int64_t) {
+    last_done = done;
+    if (done > 0) stop.store(true);
+  };
+  EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), StoreWriteStopped);
+  EXPECT_LT(last_done, 137 + 23 + 31);
+  EXPECT_TRUE(entries(dir.path()).empty()) << entries(dir.path())[0];
+
+  stop.store(false);
+  write_dataset_store(splits, out, StoreWriteOptions{}, nullptr);
+  o.overwrite = true;
+  o.copies = 4;
+  EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), StoreWriteStopped);
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
+  EXPECT_EQ(DatasetStore::open(out).train.rows, 137);
+
+  stop.store(true);  // set before the write starts: nothing is written at all
+  o.progress = nullptr;
+  EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), StoreWriteStopped);
+  EXPECT_EQ(DatasetStore::open(out).train.rows, 137);
+}
+
+// The temporary directories that killed runs left beside the store are removed by the next write
+// of that store, unless their process still runs (another prepare of the same store) or they
+// belong to another store.
+TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
+  TempDir dir;
+  const std::string out = dir.file("store.zarr");
+  const pid_t dead = ::fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);  // reaped: its pid names no process now
+  const std::string stale = out + ".partial-" + std::to_string(dead);
+  const std::string live = out + ".partial-" + std::to_string(::getppid());
+  const std::string other = dir.file("other.zarr.partial-" + std::to_string(dead));
+  for (const std::string& d : {stale, live, other}) {
+    fs::create_directories(d + "/images/c/0");
+    std::ofstream(d + "/images/c/0/0") << "x";
+  }
+  write_dataset_store(small_splits(), out, StoreWriteOptions{}, nullptr);
+  const std::vector<std::string> want = {"other.zarr.partial-" + std::to_string(dead),
+                                         "store.zarr",
+                                         "store.zarr.partial-" + std::to_string(::getppid())};
+  EXPECT_EQ(entries(dir.path()), want);
 }
 
 TEST(DatasetStore, RefusesBadOptions) {

@@ -234,6 +234,43 @@ TEST(Predictor, RefusesAnotherModelsOutputAndMismatchedInputs) {
   EXPECT_EQ(test::read_bytes(file), "keep me");
 }
 
+// A store rewritten with other data but the same shape, chunking and dtype (its array metadata
+// the same bytes) is another input: a rerun refuses the old predictions instead of resuming onto
+// them, and with overwrite predicts the new rows.
+TEST(Predictor, RefusesToResumeOntoAStoreRewrittenSince) {
+  Fixture f;
+  PredictOptions o = cpu_options();
+  o.threads = 2;
+  const std::string out = f.dir.file("pred.zarr");
+  predict_store(f.model, f.store, out, o);
+  EXPECT_EQ(predict_store(f.model, f.store, out, o).chunks_written, 0);  // unchanged: resumed
+
+  DataSplits other = f.splits;
+  other.test = test::random_dataset(PixelType::UInt8, kTestRows, 40, 4, 99);
+  StoreWriteOptions w;
+  w.chunk_rows = kChunkRows;
+  w.overwrite = true;
+  write_dataset_store(other, f.store, w, json{{"source", "predict_test"}});
+  try {
+    predict_store(f.model, f.store, out, o);
+    ADD_FAILURE() << "resumed onto predictions of the old data";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("another model or input"), std::string::npos) << e.what();
+  }
+  o.overwrite = true;
+  EXPECT_EQ(predict_store(f.model, f.store, out, o).chunks_written, 6);
+  EXPECT_EQ(read_classes(out, kTestRows), predict(f.net, other.test.view(), 1));
+
+  // One chunk file replaced in place (same name, same size) is a rewrite too.
+  o.overwrite = false;
+  const std::string chunk = f.store + "/test/images/c/1/0";
+  ASSERT_TRUE(fs::is_regular_file(chunk));
+  const std::string bytes = test::read_bytes(chunk);
+  fs::remove(chunk);
+  test::write_bytes(chunk, bytes);
+  EXPECT_THROW(predict_store(f.model, f.store, out, o), InputError);
+}
+
 TEST(Predictor, AutoIsTheCpuWithoutADeviceAndCudaIsRefusedThere) {
   if (kernels::cuda_device_count() > 0)
     GTEST_SKIP() << "a CUDA device is present (auto takes it; OnTheGpuAgreesWithTheCpu covers it)";

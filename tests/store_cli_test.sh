@@ -37,6 +37,27 @@ expect_error "prepare refuses an existing store" "$dir/one.zarr" "$tandem" prepa
 check "overwrite replaces it" "$tandem" prepare --out "$dir/one.zarr" --overwrite --chunk-rows 5000
 expect_error "unknown compressor" "lz5" "$tandem" prepare --out "$dir/x.zarr" --compressor blosc-lz5
 check "no store left by a refused prepare" test ! -e "$dir/x.zarr"
+# An interrupted prepare leaves no store: SIGTERM stops it between chunks with its temporary
+# directory removed; kill -9 leaves a directory that is no store, removed by the next prepare.
+# (SIGTERM, not SIGINT: a background job of a script starts with SIGINT ignored.)
+start_big_prepare() {  # sets big_pid once its temporary directory exists
+  "$tandem" prepare --out "$dir/big.zarr" --copies 40 --compressor zstd >/dev/null 2>"$dir/big.err" &
+  big_pid=$!
+  for _ in $(seq 300); do [ -d "$dir/big.zarr.partial-$big_pid" ] && break; sleep 0.05; done
+  sleep 0.3
+}
+start_big_prepare
+kill -TERM "$big_pid"
+check "SIGTERM ends prepare with an error" failed_saying "$big_pid" "$dir/big.err" "prepare stopped by SIGTERM; nothing was written"
+check "no store and no temporary directory after SIGTERM" test -z "$(ls -d "$dir"/big.zarr* 2>/dev/null)"
+start_big_prepare
+kill -9 "$big_pid"; wait "$big_pid" 2>/dev/null
+partial=$dir/big.zarr.partial-$big_pid
+check "kill -9 leaves the temporary directory" test -d "$partial"
+expect_error "which is no store" "a \`tandem prepare\` that was killed" "$tandem" inspect "$partial"
+check "the next prepare of that store" "$tandem" prepare --out "$dir/big.zarr" --chunk-rows 20000
+check "removes it" test ! -e "$partial" -a -d "$dir/big.zarr"
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

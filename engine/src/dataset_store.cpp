@@ -1,6 +1,7 @@
 #include "dataset_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -161,11 +162,42 @@ void fill_chunk(const SplitPlan& plan, int64_t chunk, int64_t chunk_rows, PixelT
   }
 }
 
+bool stop_requested(const StoreWriteOptions& o) {
+  return o.stop != nullptr && o.stop->load(std::memory_order_relaxed);
+}
+
+// Removes the temporary directories (`out.partial-PID`) that earlier runs writing `out` left
+// when they were killed: those whose process is gone. A directory of a live process (another
+// prepare writing the same store right now) is left alone.
+void remove_stale_partials(const std::string& out) {
+  const fs::path target(out);
+  const std::string prefix = target.filename().string() + ".partial-";
+  fs::path parent = target.parent_path();
+  if (parent.empty()) parent = ".";
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid()) continue;  // ours is removed by the caller
+    if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
+    std::error_code sec;
+    if (!it->is_directory(sec) || it->is_symlink(sec)) continue;
+    remove_tree(it->path().string());
+  }
+}
+
 void write_store_contents(const DataSplits& splits, const std::string& dir,
                           const StoreWriteOptions& o, const nlohmann::json& attributes) {
   const zarr::Format format = o.format;
   const int64_t features = splits.train.features();
-  zarr::Group::create(dir, format, attributes);
+  // The root group's metadata is written last (below): until then `dir` is no Zarr group, so a
+  // run killed part way leaves nothing a reader takes for a store.
+  std::error_code mkdir_error;
+  fs::create_directories(dir, mkdir_error);
+  if (mkdir_error) throw IoError("cannot create " + dir + ": " + mkdir_error.message());
 
   std::vector<SplitPlan> plans;
   plans.push_back({&splits.train, "", splits.train.rows() * o.copies, {}, {}});
@@ -209,7 +241,8 @@ void write_store_contents(const DataSplits& splits, const std::string& dir,
   pool.run([&](int member) {
     try {
       std::vector<uint8_t> images, labels;
-      for (size_t t; !failed.load(std::memory_order_relaxed) && (t = next.fetch_add(1)) < tasks.size();) {
+      for (size_t t; !failed.load(std::memory_order_relaxed) && !stop_requested(o) &&
+                     (t = next.fetch_add(1)) < tasks.size();) {
         const SplitPlan& p = plans[tasks[t].split];
         const zarr::ArrayMeta& im = p.images.meta();
         const int64_t chunk_rows = im.chunks[0];
@@ -229,6 +262,8 @@ void write_store_contents(const DataSplits& splits, const std::string& dir,
       throw;
     }
   });
+  if (stop_requested(o)) throw StoreWriteStopped("stopped before the store was complete");
+  zarr::Group::create(dir, format, attributes);
   if (o.progress) o.progress(total_rows, total_rows);
 }
 
@@ -343,6 +378,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   const std::string pid = std::to_string(::getpid());
   const std::string partial = out + ".partial-" + pid;
   remove_tree(partial);  // left by an earlier process with our pid
+  remove_stale_partials(out);
   try {
     write_store_contents(splits, partial, options, attributes);
     sync_tree(partial);
@@ -376,6 +412,10 @@ DatasetStore DatasetStore::open(const std::string& path_in) {
   if (!fs::is_directory(path, ec))
     throw InputError(path + ": no dataset store here (" +
                      (path_exists(path) ? "not a directory" : "no such directory") + ")");
+  if (fs::path(path).filename().string().find(".partial-") != std::string::npos &&
+      !zarr::Group::exists(path))
+    throw InputError(path + ": the temporary directory of a `tandem prepare` that was killed, not "
+                     "a dataset store (the next prepare of that store removes it)");
   DatasetStore store;
   store.path = path;
   auto [format, attributes] = zarr::Group::open(path);

@@ -3,12 +3,14 @@
 // group's attributes. `tandem prepare` writes them, `tandem inspect` and training read them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "tandem/dataset.h"
+#include "tandem/error.h"
 #include "zarr/zarr_array.h"
 
 namespace tandem {
@@ -22,11 +24,22 @@ struct StoreWriteOptions {
   bool overwrite = false;
   // Called now and then with (rows written, rows in total) over all splits.
   std::function<void(int64_t, int64_t)> progress;
+  // Polled between chunks when set: once true, the write stops, its temporary directory is
+  // removed and write_dataset_store throws StoreWriteStopped (a stop signal, stop_signals.h).
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// What write_dataset_store throws when StoreWriteOptions::stop ended it: nothing was written.
+class StoreWriteStopped : public Error {
+ public:
+  using Error::Error;
 };
 
 // Writes `splits` as a dataset store at `out`. It is written under a temporary name beside `out`
-// and renamed into place when complete, so an interrupted run leaves no store that looks
-// complete. Memory stays bounded by a few chunks however many copies are asked for. Refuses an
+// (`out.partial-PID`) and renamed into place when complete, so an interrupted run leaves no store
+// that looks complete: the root group's metadata is written last, so even the temporary
+// directory of a killed run is not a store. Temporary directories of earlier runs whose process
+// is gone are removed first. Memory stays bounded by a few chunks however many copies are asked for. Refuses an
 // existing `out` unless options.overwrite. `provenance` goes into the root attributes.
 void write_dataset_store(const DataSplits& splits, const std::string& out,
                          const StoreWriteOptions& options, const nlohmann::json& provenance);

@@ -1,5 +1,7 @@
 #include "predictor.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -62,6 +64,30 @@ uint32_t file_crc(const std::string& path) {
   return crc32c(bytes.data(), bytes.size());
 }
 
+// The identity of every file under `dir` (the images array: metadata and chunks): its name, size,
+// modification time to the nanosecond and inode. A store rewritten since (tandem prepare
+// --overwrite, dask's to_zarr, one chunk replaced) differs, though its metadata may be the same
+// bytes: predictions of the old data are then not resumed onto as if they were of the new.
+uint32_t files_crc(const std::string& dir) {
+  std::vector<std::string> records;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    char text[96];
+    std::snprintf(text, sizeof text, ":%lld:%lld.%09ld:%llu\n", static_cast<long long>(st.st_size),
+                  static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec),
+                  static_cast<unsigned long long>(st.st_ino));
+    records.push_back(fs::relative(it->path(), dir).string() + text);
+  }
+  if (ec) throw InputError(dir + ": cannot list it to fingerprint it (" + ec.message() + ")");
+  std::sort(records.begin(), records.end());
+  uint32_t crc = 0;
+  for (const std::string& r : records) crc = crc32c_extend(crc, r.data(), r.size());
+  return crc;
+}
+
 std::string images_metadata_file(const zarr::Array& images) {
   return join(images.path(), images.meta().format == zarr::Format::V2 ? ".zarray" : "zarr.json");
 }
@@ -88,10 +114,12 @@ Inputs open_inputs(const std::string& model_path, const std::string& store_path,
   in.chunk_rows = im.chunks[0];
   in.chunks = (in.split.rows + in.chunk_rows - 1) / in.chunk_rows;
   in.classes = config.classes();
-  // The model file's bytes and the input array's identity: its place, shape, chunking and dtype.
-  char text[64];
-  std::snprintf(text, sizeof text, "model-crc32c:%08x;input-crc32c:%08x", file_crc(model_path),
-                file_crc(images_metadata_file(in.split.images)));
+  // The model file's bytes and the input array's identity: its place, shape, chunking and dtype,
+  // and its files as they are now (files_crc).
+  char text[96];
+  std::snprintf(text, sizeof text, "model-crc32c:%08x;input-crc32c:%08x;input-files:%08x",
+                file_crc(model_path), file_crc(images_metadata_file(in.split.images)),
+                files_crc(in.split.images.path()));
   // The place canonical (no "..", no symlinks): the same input named another way is the same.
   in.fingerprint = std::string(text) + ";input:" +
                    fs::weakly_canonical(fs::absolute(in.split.images.path())).string() +

@@ -11,6 +11,7 @@
 #include "dataset_store.h"
 #include "idx_reader.h"
 #include "progress_line.h"
+#include "stop_signals.h"
 #include "store_commands.h"
 #include "tandem/dataset.h"
 #include "tandem/error.h"
@@ -133,6 +134,7 @@ void run_prepare(const PrepareOptions& o) {
   w.compressor = zarr::Compressor::parse(o.compressor);
   w.copies = o.copies;
   w.overwrite = o.overwrite;
+  w.stop = &stop_on_signals();  // handled from here on: see the write below
   // Refuse an existing store before spending seconds on reading the source.
   std::error_code ec;
   if (!o.overwrite && std::filesystem::symlink_status(o.out, ec).type() !=
@@ -168,7 +170,17 @@ void run_prepare(const PrepareOptions& o) {
                   total > 0 ? 100.0 * double(done) / double(total) : 100.0, s);
     progress.update(line, done == total);
   };
-  write_dataset_store(splits, o.out, w, provenance);
+  // A stop signal ends the write between two chunks, with its temporary directory removed: an
+  // interrupted prepare leaves neither a store nor litter (kill -9 leaves a directory that is no
+  // store, removed by the next prepare of the same store).
+  try {
+    if (w.stop->load()) throw StoreWriteStopped("stopped while reading the source");
+    write_dataset_store(splits, o.out, w, provenance);
+  } catch (const StoreWriteStopped&) {
+    progress.finish();
+    throw Error(std::string("prepare stopped by ") + stop_signal_name() + "; nothing was written " +
+                "to " + o.out + (w.overwrite ? " (the store there is unchanged)" : ""));
+  }
   progress.finish();
   const auto t2 = std::chrono::steady_clock::now();
   const double load_s = std::chrono::duration<double>(t1 - t0).count();
