@@ -1,7 +1,9 @@
 // Checkpoints: round trip, and refusal of truncated, corrupt or mismatched files.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <vector>
 
 #include "tandem/error.h"
@@ -121,6 +123,85 @@ TEST(Checkpoint, RefusesMissingOptimizerState) {
   c.state.m.pop_back();
   EXPECT_THROW(save_checkpoint(dir.file("c.safetensors"), c), InputError);
   EXPECT_FALSE(std::filesystem::exists(dir.file("c.safetensors")));
+}
+
+// The run's best state travels in the same file, beside the current one, and reads back whole;
+// a checkpoint saved again without it claims none.
+TEST(Checkpoint, RoundTripsTheBestStateBesideItsOwn) {
+  test::TempDir dir;
+  Checkpoint c = sample_checkpoint();
+  auto best = std::make_shared<Checkpoint>(sample_checkpoint());
+  best->model = Model::initialized(ModelConfig::parse("784-100-10"), 6);
+  best->step = 600;
+  best->epoch = 1;
+  best->extra["validation_loss"] = "1234.5";
+  best->extra["validation_samples"] = "5000";
+  for (auto& v : best->state.v) v.values.assign(v.values.size(), 0.5f);
+  c.best = best;
+  c.extra["validation_loss"] = "1300.25";
+  save_checkpoint(dir.file("c.safetensors"), c);
+  const Checkpoint r = load_checkpoint(dir.file("c.safetensors"));
+  ASSERT_NE(r.best, nullptr);
+  EXPECT_EQ(r.epoch, 3);
+  EXPECT_EQ(r.best->epoch, 1);
+  EXPECT_EQ(r.best->step, 600);
+  EXPECT_EQ(r.best->extra.at("validation_loss"), "1234.5");
+  EXPECT_EQ(r.best->extra.at("validation_samples"), "5000");
+  for (size_t i = 0; i < c.model.parameters().size(); ++i) {
+    EXPECT_EQ(r.model.parameters()[i].values, c.model.parameters()[i].values);
+    EXPECT_EQ(r.best->model.parameters()[i].values, best->model.parameters()[i].values);
+    EXPECT_EQ(r.best->state.v[i].values, best->state.v[i].values);
+    EXPECT_EQ(r.state.v[i].values, c.state.v[i].values);
+  }
+  Checkpoint again = r;
+  again.best.reset();
+  save_checkpoint(dir.file("again.safetensors"), again);
+  EXPECT_EQ(load_checkpoint(dir.file("again.safetensors")).best, nullptr);
+
+  auto unscored = std::make_shared<Checkpoint>(*best);
+  unscored->extra.erase("validation_loss");
+  c.best = unscored;
+  EXPECT_THROW(save_checkpoint(dir.file("bad.safetensors"), c), InputError);
+}
+
+// A diverged run's parameters (NaN, infinity) or a negative second moment would poison every
+// later step: refused when read, naming the file and the tensor, in the best state too.
+TEST(Checkpoint, RefusesNonFiniteParametersAndNegativeSecondMoments) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  Checkpoint nan = sample_checkpoint();
+  nan.model.parameters()[0].values[7] = std::nanf("");
+  save_checkpoint(path, nan);
+  std::string e = error_of(path);
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("non-finite value at element 7"), std::string::npos) << e;
+
+  Checkpoint negative = sample_checkpoint();
+  negative.state.v[1].values[3] = -1.0f;
+  save_checkpoint(path, negative);
+  e = error_of(path);
+  EXPECT_NE(e.find(negative.state.v[1].name + ".adam_v"), std::string::npos) << e;
+  EXPECT_NE(e.find("negative value at element 3"), std::string::npos) << e;
+
+  Checkpoint inf_best = sample_checkpoint();
+  auto best = std::make_shared<Checkpoint>(sample_checkpoint());
+  best->extra["validation_loss"] = "10";
+  best->state.m[0].values[0] = INFINITY;
+  inf_best.best = best;
+  save_checkpoint(path, inf_best);
+  e = error_of(path);
+  EXPECT_NE(e.find("best/"), std::string::npos) << e;
+}
+
+// Seeds are unsigned 64-bit: 2^63 and above read back as written.
+TEST(Checkpoint, SeedsOfTwoToThe63AndAboveReadBack) {
+  test::TempDir dir;
+  for (const uint64_t seed : {uint64_t{1} << 63, ~uint64_t{0}}) {
+    Checkpoint c = sample_checkpoint();
+    c.seed = seed;
+    save_checkpoint(dir.file("c.safetensors"), c);
+    EXPECT_EQ(load_checkpoint(dir.file("c.safetensors")).seed, seed);
+  }
 }
 
 }  // namespace

@@ -30,10 +30,26 @@ check "eval counts 10000 test samples" test "$(json_field "$ev" samples)" = 1000
 # Same seed and threads: identical results; resume continues where the checkpoint stopped.
 again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last 2>/dev/null)
 check "same seed, same test loss" test "$(json_field "$again" loss)" = "$(json_field "$out" loss)"
-"$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --keep last --checkpoint "$dir/one.safetensors" >/dev/null 2>&1
-resumed=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last --resume "$dir/one.safetensors" 2>/dev/null)
+"$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --keep last --checkpoint "$dir/one.safetensors" \
+  --metrics "$dir/resumed.jsonl" >/dev/null 2>&1
+cp "$dir/one.safetensors" "$dir/one-copy.safetensors"
+# --batch is not given again: a resumed run takes the checkpoint's batch (and seed, lr, ...).
+resumed=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last --resume "$dir/one.safetensors" \
+          --metrics "$dir/resumed.jsonl" 2>"$dir/resumed.err")
 check "resumed run does the one missing epoch" test "$(json_field "$resumed" epochs)" = 1
 check "resumed run ends bit-identical" test "$(json_field "$resumed" loss)" = "$(json_field "$out" loss)"
+check "resumed run appends to its metrics: epochs 1 and 2" \
+  test "$(grep '"type":"epoch"' "$dir/resumed.jsonl" | grep -o '^{"epoch":[0-9]*' | cut -d: -f2 | tr '\n' ' ')" = "1 2 "
+"$tandem" train --data "$real" --epochs 2 --batch 500 --threads 2 --keep last \
+  --resume "$dir/one-copy.safetensors" >/dev/null 2>"$dir/differs.err"
+check "a resumed run says when a given option differs from its checkpoint's" \
+  grep -qF "resuming with --batch 500; the checkpoint's run used 1000" "$dir/differs.err"
+
+# A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
+# and its checkpoint is refused by name.
+expect_error "a diverged run exits non-zero" "training diverged" \
+  "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
+expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
 
 # Bad data: each refused, naming the file; no checkpoint or metrics left behind.
 mkdir "$dir/bad"
@@ -56,6 +72,17 @@ expect_error "missing directory" "$dir/nowhere" "$tandem" train --data "$dir/now
 expect_error "batch 0" "batch" "$tandem" train --data "$real" --batch 0
 expect_error "unknown backend" "backend" "$tandem" train --data "$real" --backend tpu
 expect_error "bad hidden widths" "layers" "$tandem" train --data "$real" --hidden 100,x
+expect_error "lr infinite" "learning rate must be a positive finite number, got inf" "$tandem" train --data "$real" --lr inf
+expect_error "lr zero, printed as given" "got 0" "$tandem" train --data "$real" --lr 0
+expect_error "negative seed" "--seed: must be a whole number from 0 to 18446744073709551615" \
+  "$tandem" train --data "$real" --seed -1
+expect_error "seed overflow" "--seed" "$tandem" train --data "$real" --seed 18446744073709551616
+expect_error "too many threads" "above the limit of 1024" "$tandem" train --data "$real" --threads 2000
+expect_error "batch out of range" "--batch: must be a number above 0, got '1e400'" "$tandem" train --data "$real" --batch 1e400
+"$tandem" train --data "$real" --no-such-option >/dev/null 2>&1
+check "a bad command line exits 1" test $? -eq 1
+"$tandem" train --data "$real" --lr 0 >/dev/null 2>&1
+check "bad input exits 1" test $? -eq 1
 expect_error "resume into another shape" "784-100-10" \
   "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
 head -c 5000 "$dir/model.safetensors" > "$dir/cut.safetensors"

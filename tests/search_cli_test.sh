@@ -51,6 +51,14 @@ check "--backend cpu reaches every trial's tandem train" \
 # The kept checkpoint is a working model: tandem eval reads it.
 check "tandem eval reads best.safetensors" "$tandem" eval --data "$dir/fm.zarr" --model "$dir/s1/best.safetensors"
 
+# A trial that diverges (lr 1e30: NaN losses) is reported failed; the search goes on and ends
+# with results, its best the trial that learned.
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,1e30 hidden=16 --budget 1 --min-epochs 1 \
+    --processes 2 --threads-per-trial 1 --backend cpu --out "$dir/sd" >"$dir/outd" 2>"$dir/errd"
+check "a search with a diverged trial exits 0" test $? -eq 0
+check "the diverged trial is failed, saying so; the other is best" py_check "$dir/sd/results.json" \
+    "r['failed'] == 1 and r['best']['config']['lr'] == 0.001 and r['results'][1]['status'] == 'failed' and 'training diverged' in r['results'][1]['error']"
+
 # A JSON list of trials, and a time budget that ends the search with trials still running.
 cat >"$dir/trials.json" <<'JSON'
 [{"lr": 0.001, "hidden": "256x128", "batch": 100}, {"lr": 0.003, "hidden": [50], "optimizer": "adam"}]

@@ -114,6 +114,56 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
 }
 
+// A run that keeps its best epoch, cut in two and resumed, keeps the same epoch as the run done
+// in one go, whether the checkpoint it resumes is its best state or a later one (the best then
+// travels beside it in the checkpoint).
+TEST(Trainer, ResumedRunKeepsTheBestOfTheRunItContinues) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
+  TrainConfig whole = small_config(8);
+  whole.optimizer.learning_rate = 0.05f;
+  Trainer uninterrupted(whole);
+  const TrainSummary full = uninterrupted.fit(train.view(), validation.view(), {});
+  ASSERT_LT(full.kept_epoch, 7) << "the test needs a best epoch well before the last";
+
+  for (const int64_t cut : {full.kept_epoch, full.kept_epoch + 1}) {
+    TrainConfig first = whole;
+    first.epochs = static_cast<int>(cut);
+    first.keep_best = false;  // the checkpoint holds epoch `cut`, the best beside it
+    first.checkpoint_path = dir.file("cut" + std::to_string(cut) + ".safetensors");
+    Trainer(first).fit(train.view(), validation.view(), {});
+    const Checkpoint saved = load_checkpoint(first.checkpoint_path);
+    EXPECT_EQ(saved.epoch, cut);
+    if (cut > full.kept_epoch) {
+      ASSERT_NE(saved.best, nullptr);
+      EXPECT_EQ(saved.best->epoch, full.kept_epoch);
+    }
+
+    TrainConfig second = whole;
+    second.resume_path = first.checkpoint_path;
+    second.checkpoint_path = dir.file("resumed" + std::to_string(cut) + ".safetensors");
+    Trainer resumed(second);
+    const TrainSummary rest = resumed.fit(train.view(), validation.view(), {});
+    EXPECT_EQ(rest.epochs, 8 - cut);
+    EXPECT_EQ(rest.kept_epoch, full.kept_epoch) << "cut after epoch " << cut;
+    EXPECT_EQ(rest.validation.loss_sum, full.validation.loss_sum);
+    EXPECT_EQ(flat(resumed.model()), flat(uninterrupted.model()));
+    EXPECT_EQ(load_checkpoint(second.checkpoint_path).epoch, full.kept_epoch);
+  }
+
+  // A checkpoint whose own validation loss is no number is refused by name, not compared.
+  Trainer fresh(whole);
+  Checkpoint odd = fresh.checkpoint();
+  odd.extra["validation_loss"] = "12.5x";
+  try {
+    fresh.resume(odd, "odd.safetensors");
+    ADD_FAILURE() << "resumed with validation_loss 12.5x";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("odd.safetensors"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, StartsFromGivenParameters) {
   test::TempDir dir;
   const Dataset train = test::random_dataset(PixelType::UInt8, 100, 40, 4, 6);

@@ -98,7 +98,8 @@ std::string float_text(float x) {
 
 // A checkpoint's best state goes beside its own under this prefix, described by these keys.
 constexpr const char* kBestPrefix = "best/";
-constexpr const char* kBestKeys[] = {"best_epoch", "best_step", "best_validation_loss"};
+constexpr const char* kBestKeys[] = {"best_epoch", "best_step", "best_validation_loss",
+                                     "best_validation_samples"};
 
 // Appends the parameters (and Adam's moments) of `checkpoint` to `file`, names prefixed.
 void add_state(SafeTensorsFile& file, const std::string& path, const Checkpoint& checkpoint,
@@ -135,6 +136,8 @@ SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& check
     file.metadata["best_epoch"] = std::to_string(best->epoch);
     file.metadata["best_step"] = std::to_string(best->step);
     file.metadata["best_validation_loss"] = loss->second;
+    auto samples = best->extra.find("validation_samples");
+    if (samples != best->extra.end()) file.metadata["best_validation_samples"] = samples->second;
   }
   const OptimizerConfig& opt = checkpoint.optimizer;
   file.metadata["format"] = kFormat;
@@ -225,7 +228,10 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
     const std::string& loss = metadata(file, path, "best_validation_loss");
     parse_number<double>(path, "best_validation_loss", loss);
     best->extra["validation_loss"] = loss;
-    auto samples = file.metadata.find("validation_samples");
+    // Scored on the split the checkpoint's own state was (files written before the best had a
+    // key of its own).
+    auto samples = file.metadata.find("best_validation_samples");
+    if (samples == file.metadata.end()) samples = file.metadata.find("validation_samples");
     if (samples != file.metadata.end()) best->extra["validation_samples"] = samples->second;
     expected_tensors += read_state(file, path, kBestPrefix, *best);
     checkpoint.best = std::move(best);

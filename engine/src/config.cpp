@@ -1,6 +1,7 @@
 #include "tandem/config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "tandem/error.h"
@@ -48,6 +49,17 @@ ModelConfig ModelConfig::parse(const std::string& text) {
   return config;
 }
 
+namespace {
+
+// 0.001 as "0.001", 1e-50 (a float's 0) as "0": what was given, not std::to_string's "0.001000".
+std::string shortest_text(float x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(x));
+  return text;
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   model.validate();
   if (batch < 1) throw InputError("batch size must be at least 1, got " + std::to_string(batch));
@@ -55,7 +67,7 @@ void TrainConfig::validate() const {
   if (threads < 0) throw InputError("threads must be >= 0, got " + std::to_string(threads));
   if (!(optimizer.learning_rate > 0.0f) || !std::isfinite(optimizer.learning_rate))
     throw InputError("learning rate must be a positive finite number, got " +
-                     std::to_string(optimizer.learning_rate));
+                     shortest_text(optimizer.learning_rate));
   if (!(optimizer.beta1 >= 0.0f && optimizer.beta1 < 1.0f) ||
       !(optimizer.beta2 >= 0.0f && optimizer.beta2 < 1.0f))
     throw InputError("Adam betas must be in [0, 1)");

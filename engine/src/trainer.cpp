@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <memory>
+#include <stdexcept>
 
 #include "backend.h"
 #include "metrics_log.h"
@@ -70,7 +71,18 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   // epoch at the end), else the best state saved beside it.
   resumed_best_ = ckpt.best;
   resumed_best_is_current_ = false;
-  if (!resumed_best_ && ckpt.extra.count("validation_loss")) {
+  auto loss = ckpt.extra.find("validation_loss");
+  if (!resumed_best_ && loss != ckpt.extra.end()) {
+    // Compared with the new epochs' losses in fit(): a value that is no number is refused here,
+    // naming the file (load_checkpoint checks the best state's own).
+    try {
+      size_t used = 0;
+      (void)std::stod(loss->second, &used);
+      if (used != loss->second.size()) throw std::invalid_argument("trailing text");
+    } catch (const std::exception&) {
+      throw InputError(source + ": checkpoint metadata 'validation_loss' = '" + loss->second +
+                       "' is not a number");
+    }
     auto current = std::make_shared<Checkpoint>(ckpt);
     current->best.reset();
     resumed_best_ = std::move(current);

@@ -64,7 +64,7 @@ struct Checkpoint {
   // The run's state with the lowest validation loss so far, when that is not this state (its
   // extra holds "validation_loss" and "validation_samples"): a run resumed from this checkpoint
   // that keeps its best epoch compares its own with it. Saved in the same file, as tensors
-  // best/NAME and metadata best_epoch, best_step and best_validation_loss.
+  // best/NAME and metadata best_epoch, best_step, best_validation_loss and best_validation_samples.
   std::shared_ptr<const Checkpoint> best;
 };
 
