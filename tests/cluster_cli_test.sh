@@ -165,6 +165,44 @@ check "the parameter server was restarted" grep -q "ps0 killed by signal 9; rest
 check "every epoch was trained" py_check "$(cat "$dir/out4")" "j['epochs']==$longer"
 check "no role process is left behind (killed server)" no_role_left
 
+# 4b. SIGTERM to launch's whole process group (a terminal's Ctrl-C, a batch system's cancel): the
+#     roles, in groups of their own, are not killed by it; the launcher stops the run in order
+#     and saves the model.
+setsid "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4b" --workers 2 --max-epochs 1000 \
+  --target 0 --dashboard -1 --json >"$dir/out4b" 2>"$dir/err4b" &
+launcher=$!
+wait_for "$dir/run4b/metrics.jsonl" '"type":"score"' 60
+kill -TERM -- -"$launcher"
+wait_within $launcher $bound; rc=$?
+check "launch stopped by SIGTERM to its process group exits 0" test $rc -eq 0
+check "... stopped as interrupted, no role restarted" py_check "$(cat "$dir/out4b")" \
+  "j['stop_reason']=='interrupted' and j['epochs']<1000"
+check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4b")"
+check "... and saved the model" test -s "$dir/run4b/model.safetensors"
+check "no role process is left behind (group SIGTERM)" no_role_left
+
+# 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4c" --workers 1 --max-epochs 1000 \
+  --target 0 --dashboard 0 --checkpoint-every 1000 >/dev/null 2>"$dir/err4c" &
+coordinator=$!
+wait_for "$dir/err4c" "coordinator at tcp://" 30
+address=$(grep -o "coordinator at tcp://[0-9.:]*" "$dir/err4c" | head -1 | cut -d' ' -f3)
+"$tandem" ps --coordinator "$address" --name ps0 2>"$dir/ps4c" &
+server=$!
+"$tandem" worker --coordinator "$address" 2>/dev/null &
+others=$!
+"$tandem" scorer --coordinator "$address" 2>/dev/null &
+others="$others $!"
+wait_for "$dir/run4c/metrics.jsonl" '"type":"score"' 60
+kill -TERM "$server"
+wait_within "$server" 60; rc=$?
+check "a parameter server stopped by SIGTERM exits 0, saying so" \
+  test $rc -eq 0 -a -n "$(grep 'tandem ps ps0: stopped by SIGTERM' "$dir/ps4c")"
+check "... with its final checkpoint" test -n "$(ls "$dir/run4c/checkpoints" | grep '^ps0-step-')"
+kill -TERM "$coordinator" $others 2>/dev/null
+for pid in "$coordinator" $others; do wait_within "$pid" 60 >/dev/null; done
+check "no role process is left behind (server stopped by SIGTERM)" no_role_left
+
 # 5. Roles started one by one, as on several nodes, against `tandem coordinator`; `tandem scores`
 #    reads the channel meanwhile.
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run5" --workers 2 --max-epochs $by_hand \

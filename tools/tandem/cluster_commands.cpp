@@ -445,6 +445,16 @@ struct RoleCommandOptions {
   CoordinatorAccess access;
 };
 
+// Runs a role process's role until its run ends or a stop signal (SIGINT, SIGTERM, SIGHUP) comes:
+// then it ends as if the run were over, a parameter server writing its final checkpoint.
+void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(const RoleOptions&)) {
+  role.cancel = shared_stop_flag();
+  run(role);
+  if (role.cancel->load())
+    std::fprintf(stderr, "tandem %s%s: stopped by %s\n", kind.c_str(),
+                 role.name.empty() ? "" : (" " + role.name).c_str(), stop_signal_name());
+}
+
 void add_role_command(CLI::App& app, const char* name, const char* help,
                       void (*run)(const RoleOptions&)) {
   auto o = std::make_shared<RoleCommandOptions>();
@@ -463,9 +473,9 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
                     "For --bind tcp://0.0.0.0:...: the host peers reach this node by (default: "
                     "its name)");
   }
-  cmd->callback([o, run] {
+  cmd->callback([o, run, name] {
     o->role.coordinator = o->access.address(o->role.coordinator_curve);
-    run(o->role);
+    run_stoppable_role(name, o->role, run);
   });
 }
 
@@ -513,9 +523,10 @@ void run_rank(RankCommandOptions& r) {
         s.curve_server_public, s.curve_client_file, "--curve-client-secret");
   role_options.bind = "tcp://" + host + ":*";
   role_options.advertise = r.host;
-  if (role.kind == "ps") return run_ps_role(role_options);
-  if (role.kind == "scorer") return run_scorer_role(role_options);
-  run_worker_role(role_options);
+  run_stoppable_role(role.kind, role_options,
+                     role.kind == "ps"       ? run_ps_role
+                     : role.kind == "scorer" ? run_scorer_role
+                                             : run_worker_role);
 }
 
 void run_scores(const CoordinatorAccess& access, bool follow, double wait_s) {

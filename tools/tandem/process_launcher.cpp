@@ -26,8 +26,10 @@ pid_t ProcessLauncher::spawn(const Child& c) const {
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   if (const auto it = role_args_.find(c.name); it != role_args_.end())
     args.insert(args.end(), it->second.begin(), it->second.end());
-  // Dies with the launcher, whatever kills it (a SIGKILL'd launcher included).
-  return start_child_process(args, "", "cannot start " + c.name);
+  // Dies with the launcher, whatever kills it (a SIGKILL'd launcher included). In a process group
+  // of its own: a Ctrl-C or a cancel sent to the launcher's group reaches the launcher alone,
+  // which stops the run in order (roles killed by it would be restarted, the model lost).
+  return start_child_process(args, "", "cannot start " + c.name, /*own_process_group=*/true);
 }
 
 std::string ProcessLauncher::start(const std::string& kind, const std::string& name,

@@ -37,6 +37,12 @@ const std::atomic<bool>& stop_on_signals() {
   return g_stop;
 }
 
+std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
+  stop_on_signals();
+  // Owns nothing: the flag lives as long as the program.
+  return std::shared_ptr<std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
+}
+
 const char* stop_signal_name() {
   switch (g_signal.load()) {
     case SIGINT: return "SIGINT";

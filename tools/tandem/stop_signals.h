@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <memory>
 
 namespace tandem::cli {
 
@@ -14,6 +15,11 @@ namespace tandem::cli {
 // first of those signals. A signal this process was started ignoring (nohup, a background job
 // of a non-interactive shell) stays ignored.
 const std::atomic<bool>& stop_on_signals();
+
+// The same flag (handlers installed as above) for code that takes a shared cancel flag, such as
+// RoleOptions::cancel: a role process stopped by a signal ends as if its run were over (a
+// parameter server writes its final checkpoint) instead of dying with its state unsaved.
+std::shared_ptr<std::atomic<bool>> shared_stop_flag();
 
 // The name of the signal that set the flag ("SIGTERM"; "no signal" before one came).
 const char* stop_signal_name();

@@ -18,7 +18,7 @@
 namespace tandem::cli {
 
 pid_t start_child_process(const std::vector<std::string>& args, const std::string& log,
-                          const std::string& what) {
+                          const std::string& what, bool own_process_group) {
   if (args.empty()) throw InputError(what + ": no command to run");
   // Everything the child needs is built before fork: between fork and exec only
   // async-signal-safe calls are allowed (other threads may hold the allocator's locks).
@@ -34,9 +34,13 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
     pid = fork();
   }
   if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
+  // Both sides set the group (the usual shell idiom): whichever runs first, the child is in its
+  // own group once either returns.
+  if (pid > 0 && own_process_group) setpgid(pid, pid);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with their parent, however it ends
     if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
+    if (own_process_group) setpgid(0, 0);
     const int fd =
         log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {

@@ -17,8 +17,12 @@ namespace tandem::cli {
 // Call it from the thread that lives as long as the process (the kernel ties the signal to the
 // forking thread). Throws Error naming `what` when fork fails; an exec failure is written to the
 // child's stderr and it exits with status 127.
+// `own_process_group`: the child leads a process group of its own, so that a signal to this
+// process's group (a terminal's Ctrl-C, a batch system's cancel) reaches this process alone,
+// which then stops the child in its own order (launch's roles: the servers last, with their
+// final checkpoints).
 pid_t start_child_process(const std::vector<std::string>& argv, const std::string& log,
-                          const std::string& what);
+                          const std::string& what, bool own_process_group = false);
 
 // "exited with status N" or "killed by signal N", for a waitpid status.
 std::string describe_exit(int status);
