@@ -94,6 +94,15 @@ expect_error "--worker-gpus that shares a GPU is refused" 'workers do not share 
 expect_error "--worker-gpus with the cpu backend is refused" 'needs --backend cuda or auto' \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1c" --workers 1 --backend cpu \
   --worker-gpus "0" --dashboard -1
+# Numbers a run cannot use are refused before any role starts, saying what they must be.
+expect_error "launch --lr nan is refused" "--lr: must be" "$tandem" launch --data "$dir/fm.zarr" \
+  --run-dir "$dir/run1n" --lr nan --dashboard -1
+expect_error "launch --score-interval 1e10 is refused with its range" \
+  "above 0 and at most 86400, got '1e10'" "$tandem" launch --data "$dir/fm.zarr" \
+  --run-dir "$dir/run1n" --score-interval 1e10 --dashboard -1
+expect_error "launch --target -1 is refused" "--target: must be" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1n" --target -1 --dashboard -1
+check "no run directory is made by a refused launch" test ! -e "$dir/run1n"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -eq 0 ]; then
   for mode in "" --inproc; do

@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "bare_coordinator.h"
 #include "cluster_link.h"
@@ -729,6 +733,30 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
     ADD_FAILURE() << "a group of no members was accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("worker_group"), std::string::npos) << e.what();
+  }
+  // Numbers no run can use, each refused by name before any role starts.
+  const double nan = std::nan("");
+  const std::vector<std::pair<std::string, std::function<void(ClusterOptions&)>>> bad = {
+      {"target", [&](ClusterOptions& c) { c.target = nan; }},
+      {"target", [](ClusterOptions& c) { c.target = -1; }},
+      {"max_seconds", [&](ClusterOptions& c) { c.max_seconds = nan; }},
+      {"learning rate", [&](ClusterOptions& c) { c.settings.optimizer.learning_rate = nan; }},
+      {"learning rate", [](ClusterOptions& c) { c.settings.optimizer.learning_rate = 0; }},
+      {"score_interval_s", [](ClusterOptions& c) { c.settings.score_interval_s = 1e10; }},
+      {"score_interval_s", [](ClusterOptions& c) { c.settings.score_interval_s = 0; }},
+      {"checkpoint_every_s", [&](ClusterOptions& c) { c.settings.checkpoint_every_s = nan; }},
+      {"step_timeout_s", [](ClusterOptions& c) { c.settings.step_timeout_s = -1; }},
+  };
+  for (const auto& [name, spoil] : bad) {
+    o = small_run(dir, store);
+    o.max_epochs = 1;
+    spoil(o);
+    try {
+      ClusterRun{o};
+      ADD_FAILURE() << "a bad " << name << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -62,6 +63,21 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("--target needs a scorer (the score is the validation loss it measures)");
   if (options_.scorers == 0 && options_.max_epochs == 0 && options_.max_seconds == 0)
     throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
+  // Numbers that would otherwise fail far from where they were given: a NaN learning rate as a
+  // JSON type error in every role, a score interval past the clock's range as scores without
+  // pause, a NaN target or time limit as one that never stops the run.
+  if (!(std::isfinite(options_.target) && options_.target >= 0))
+    throw InputError("the target must be a finite number >= 0 (0: off)");
+  if (!(std::isfinite(options_.max_seconds) && options_.max_seconds >= 0))
+    throw InputError("max_seconds must be a finite number >= 0 (0: no limit)");
+  if (!(std::isfinite(s.optimizer.learning_rate) && s.optimizer.learning_rate > 0))
+    throw InputError("the learning rate must be a positive finite number");
+  if (!(s.score_interval_s > 0 && s.score_interval_s <= 86400))
+    throw InputError("score_interval_s must be above 0 and at most 86400 (a day)");
+  if (!(s.checkpoint_every_s >= 0 && s.checkpoint_every_s <= 1e7))
+    throw InputError("checkpoint_every_s must be from 0 to 1e7 (0: only at the end)");
+  if (!(s.step_timeout_s >= 0 && s.step_timeout_s <= 1e7))
+    throw InputError("step_timeout_s must be from 0 to 1e7 (0: never)");
   check_overlap(s);
   check_worker_group(s);
   if (!options_.worker_gpus.empty() && int(options_.worker_gpus.size()) != options_.workers)

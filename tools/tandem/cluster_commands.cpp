@@ -84,7 +84,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
       ->capture_default_str();
   cmd->add_option("--target", o.cluster.target,
                   "Stop when the validation loss (summed over the validation split) is below this; "
-                  "0: off")->capture_default_str();
+                  "0: off")->check(non_negative_number())->capture_default_str();
   cmd->add_option("--max-epochs", o.cluster.max_epochs, "Stop after this many epochs (0: no limit)")
       ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--max-seconds", o.cluster.max_seconds, "Stop after this long (0: no limit)")
@@ -96,7 +96,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--hidden", o.hidden, "Hidden layer widths, e.g. 100 or 256,128")->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "adam or sgd")->check(CLI::IsMember({"adam", "sgd"}))
       ->capture_default_str();
-  cmd->add_option("--lr", s.optimizer.learning_rate, "Learning rate")->capture_default_str();
+  cmd->add_option("--lr", s.optimizer.learning_rate, "Learning rate")->check(positive_number())
+      ->capture_default_str();
   cmd->add_option("--seed", s.seed, "Seed for initialisation and shuffling")
       ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--shuffle", o.shuffle, "on, or off for store order")
@@ -119,7 +120,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(positive_number())->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
-      ->check(positive_number())->capture_default_str();
+      ->check(number_in(0, 86400, true, "SECONDS"))->capture_default_str();
   cmd->add_option("--ps-mode", s.ps_mode,
                   "sync (gradients of every worker averaged per step), async (the seed's: each "
                   "applied as it comes) or bounded_staleness")
@@ -138,7 +139,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
       ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every_s,
                   "Seconds between the servers' checkpoints (0: only at the end)")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(number_in(0, 1e7, false, "SECONDS"))->capture_default_str();
   cmd->add_option("--keep", o.keep,
                   "Parameters to keep: best (the lowest score's, unless the last ones score lower) or "
                   "last (the servers' at the stop)")
@@ -149,11 +150,12 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--step-timeout", s.step_timeout_s,
                   "Seconds a worker's backend may stay in one call (a step; a hung GPU) before "
                   "the coordinator counts the worker lost and hands its batches on (0: never)")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(number_in(0, 1e7, false, "SECONDS"))->capture_default_str();
   cmd->add_option("--bind", o.bind, "The coordinator's control address")->capture_default_str();
   cmd->add_option("--scores-bind", o.scores_bind, "The scores channel's address")->capture_default_str();
   cmd->add_option("--startup-timeout", o.startup_timeout_s,
-                  "Seconds to wait for every role to register")->check(positive_number())
+                  "Seconds to wait for every role to register")
+      ->check(number_in(0, 2e6, true, "SECONDS"))
       ->capture_default_str();
   cmd->add_option("--dashboard", o.dashboard_port,
                   "The dashboard's HTTP port (0: any free port, -1: none); a busy port falls back "

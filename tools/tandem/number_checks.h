@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -46,6 +47,23 @@ inline CLI::Validator non_negative_number() {
         return {};
       },
       "NONNEGATIVE");
+}
+
+// A number from `low` (exclusive when `above`) to `high`, for options a program turns into clock
+// durations or milliseconds in an int (past those, they overflow).
+inline CLI::Validator number_in(double low, double high, bool above, const std::string& name) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0;
+        const bool in = detail::finite_number(text, value) &&
+                        (above ? value > low : value >= low) && value <= high;
+        if (in) return {};
+        char range[96];
+        std::snprintf(range, sizeof range, "%s %g and at most %g", above ? "above" : "at least",
+                      low, high);
+        return "must be a number " + std::string(range) + ", got '" + text + "'";
+      },
+      name);
 }
 
 // A whole number from 0 to 2^64-1 written in decimal digits (a seed): no sign, no wrap-around.
