@@ -50,6 +50,13 @@ check "a resumed run says when a given option differs from its checkpoint's" \
 expect_error "a diverged run exits non-zero" "training diverged" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
 expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
+expect_error "eval of an empty split says so" "the validation split of $real has no rows" \
+  "$tandem" eval --model "$dir/model.safetensors" --data "$real" --split validation \
+  --validation-rows 0
+# A checkpoint that cannot be written is refused before the first step, not after an epoch.
+expect_error "an unwritable --checkpoint is refused at once" \
+  "cannot write '$dir/absent/c.safetensors'" \
+  "$tandem" train --data "$real" --epochs 1 --threads 2 --checkpoint "$dir/absent/c.safetensors"
 
 # Bad data: each refused, naming the file; no checkpoint or metrics left behind.
 mkdir "$dir/bad"

@@ -69,6 +69,17 @@ sys.exit(0 if len(loss) == n and 'score/validation_accuracy' in acc.Tags()['scal
   "$dir/run1/tensorboard" "$out"
 steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$out")
 check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
+# 1a. --resume continues from those checkpoints (a copy of them, run1 stays as it is); with none
+#     there it is refused before anything starts.
+mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1r/"
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 1 \
+  --target 0 --dashboard -1 --resume --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
+check "launch --resume exits 0" test $rc -eq 0
+check "... its server resumed from the first run's last checkpoint" \
+  grep -q "resumed from checkpoint .*/ps0-step-$steps\.safetensors (step $steps)" "$dir/err1r"
+expect_error "launch --resume with no checkpoint is refused" \
+  "--resume: no parameter server checkpoint" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1e" --workers 1 --dashboard -1 --resume
 
 # 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
 #     trains to the default target (about 3 s).
@@ -181,6 +192,10 @@ setsid "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4b" --workers 2
   --target 0 --dashboard -1 --json >"$dir/out4b" 2>"$dir/err4b" &
 launcher=$!
 wait_for "$dir/run4b/metrics.jsonl" '"type":"score"' 60
+# A second run on the same directory would clear the first one's checkpoints: refused, naming it.
+expect_error "a second launch on a run directory in use is refused" \
+  "--run-dir $dir/run4b is in use by another run (process $launcher)" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4b" --workers 1 --dashboard -1
 kill -TERM -- -"$launcher"
 wait_within $launcher $bound; rc=$?
 check "launch stopped by SIGTERM to its process group exits 0" test $rc -eq 0
@@ -254,6 +269,15 @@ check "no role process is left behind (roles started by hand)" no_role_left
 #    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory. Under
 #    CURVE with an allowed list: every rank takes its keys from the same options.
 for k in server client stranger; do "$tandem" keygen --out "$dir/$k" >/dev/null; done
+# A second keygen on a name in use keeps the old pair (peers hold its public key); --overwrite
+# replaces it.
+old_key=$(cat "$dir/stranger.key")
+expect_error "keygen refuses to replace an existing key pair" "stranger.key exists" \
+  "$tandem" keygen --out "$dir/stranger"
+check "the refused keygen left the key pair as it was" \
+  test "$(cat "$dir/stranger.key")" = "$old_key"
+"$tandem" keygen --out "$dir/stranger" --overwrite >/dev/null
+check "keygen --overwrite writes a new pair" test "$(cat "$dir/stranger.key")" != "$old_key"
 pids=()
 for rank in 0 1 2 3 4; do
   SLURM_PROCID=$rank SLURM_NTASKS=5 SLURM_JOB_ID=test-$$ "$tandem" rank --ps 1 --scorer 1 \

@@ -24,6 +24,13 @@ ev=$("$tandem" eval --model "$model" --data "$store" --split test --json)
 check "predict wrote all 4 chunks" test "$(json_field "$pr" chunks_written)" = 4
 check "predict's accuracy equals eval's ($(json_field "$pr" accuracy))" \
   test "$(json_field "$pr" correct)" = "$(json_field "$ev" correct)"
+# The training split: eval streams it from the store; both count the same rows right.
+pt=$("$tandem" predict --model "$model" --data "$store" --split train --out "$dir/train.zarr" \
+  --processes 2 --backend cpu --json)
+et=$("$tandem" eval --model "$model" --data "$store" --split train --json)
+check "eval streams a store's training split: 55000 rows" test "$(json_field "$et" samples)" = 55000
+check "... counting what predict counts ($(json_field "$et" accuracy))" \
+  test "$(json_field "$pt" correct)" = "$(json_field "$et" correct)"
 
 check "zarr-python reads the output; classes = arg-max of probabilities" "$python" - "$out" "$store" <<'PY'
 import sys, numpy as np, zarr

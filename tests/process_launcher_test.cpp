@@ -1,11 +1,15 @@
 // tandem launch's role processes (tools/tandem/process_launcher.h), started for real: each "role"
 // is a small shell script standing in for the tandem binary, so how it exits is up to the test.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "bare_coordinator.h"
 #include "process_launcher.h"
+#include "run_dir_lock.h"
 #include "test_support.h"
 
 namespace tandem {
@@ -54,6 +58,27 @@ TEST(ProcessLauncher, AWorkerThatExitsBeforeTheRunStartsFailsItAtOnce) {
   EXPECT_EQ(pids.count("worker1"), 0u);
   launcher.stop_all(0);
   EXPECT_TRUE(launcher.pids().empty());
+}
+
+// One run per run directory: a second lock on it is refused, naming the holder's pid, until the
+// first is released; a program the holder starts does not keep the lock after the holder lets go
+// (launch's role processes outlive nothing of it).
+TEST(RunDirLock, ASecondRunOnTheDirectoryIsRefusedUntilTheFirstEnds) {
+  test::TempDir dir;
+  {
+    cli::RunDirLock first(dir.path().string());
+    const std::string why =
+        test::error_of<InputError>([&] { cli::RunDirLock second(dir.path().string()); });
+    EXPECT_TRUE(test::contains(why, "is in use by another run (process " +
+                                        std::to_string(getpid()) + ")"))
+        << why;
+    // A child started now (its shell, then sleep) inherits no descriptor of the lock file.
+    ASSERT_EQ(std::system("sleep 2 </dev/null >/dev/null 2>&1 &"), 0);
+  }
+  cli::RunDirLock after(dir.path().string());
+  const std::string missing = (dir.path() / "absent").string();
+  const std::string why = test::error_of<IoError>([&] { cli::RunDirLock lock(missing); });
+  EXPECT_TRUE(test::contains(why, "cannot open " + missing + "/lock")) << why;
 }
 
 }  // namespace

@@ -10,12 +10,14 @@
 #include <mutex>
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <limits>
 #include <random>
 #include <thread>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "aligned_buffer.h"
 #include "cpu/adam_cpu.h"
@@ -1770,10 +1772,19 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   using transport::TransportError;
   test::TempDir dir;
   const transport::CurveKeyPair keys = transport::generate_curve_keypair();
-  // An existing, world-readable secret file must end up 0600 all the same.
+  // An existing key file is kept unless replacing is asked for: with the secret file alone
+  // there, nothing is written (no public key file appears either).
   test::write_bytes(dir.file("server.key_secret"), std::string("old"));
   ASSERT_EQ(chmod(dir.file("server.key_secret").c_str(), 0644), 0);
-  transport::write_curve_key_files(dir.file("server"), keys);
+  std::string kept =
+      error_of<InputError>([&] { transport::write_curve_key_files(dir.file("server"), keys); });
+  EXPECT_TRUE(contains(kept, dir.file("server.key_secret") + " exists") &&
+              contains(kept, "--overwrite"))
+      << kept;
+  EXPECT_EQ(test::read_bytes(dir.file("server.key_secret")), "old");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("server.key")));
+  // Replaced on request, the existing world-readable secret file ends up 0600 all the same.
+  transport::write_curve_key_files(dir.file("server"), keys, /*replace_existing=*/true);
   struct stat st {};
   ASSERT_EQ(stat(dir.file("server.key_secret").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -1785,6 +1796,11 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   const transport::CurveKeyPair both = transport::read_curve_key_file(dir.file("server.key_secret"));
   EXPECT_EQ(both.public_key, keys.public_key);
   EXPECT_EQ(both.secret_key, keys.secret_key);
+  // A dangling link by the public file's name counts as existing: writing would follow it.
+  ASSERT_EQ(symlink(dir.file("nowhere").c_str(), dir.file("linked.key").c_str()), 0);
+  kept = error_of<InputError>([&] { transport::write_curve_key_files(dir.file("linked"), keys); });
+  EXPECT_TRUE(contains(kept, dir.file("linked.key") + " exists")) << kept;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("linked.key_secret")));
 
   const std::string bad = dir.file("bad.key");
   test::write_bytes(bad, "# a comment\ncurve\n    public-key = \"tooshort\"\n");

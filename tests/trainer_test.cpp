@@ -1,6 +1,8 @@
 // Training end to end through the public API: learning separable data, bit-identical resume,
 // starting from given parameters, and the metrics file.
 #include <algorithm>
+#include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -112,6 +114,24 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(saved.epoch, best_epoch);
   EXPECT_EQ(flat(saved.model), flat(trainer.model()));
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
+}
+
+// A checkpoint that cannot be written fails the run before its first step, not after an epoch
+// of work: a missing directory, a directory by the checkpoint's name. Nothing is left behind.
+TEST(Trainer, RefusesACheckpointItCannotWriteBeforeTraining) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  for (const std::string& path : {dir.file("absent/run.safetensors"), dir.path().string()}) {
+    TrainConfig c = small_config(2);
+    c.checkpoint_path = path;
+    Trainer trainer(c);
+    int steps = 0;
+    trainer.on_step = [&](const StepReport&) { ++steps; };
+    const std::string why = test::error_of<IoError>([&] { trainer.fit(train.view(), {}, {}); });
+    EXPECT_TRUE(test::contains(why, "cannot write '" + path + "'")) << why;
+    EXPECT_EQ(steps, 0);
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 0);
 }
 
 // A run that keeps its best epoch, cut in two and resumed, keeps the same epoch as the run done

@@ -78,6 +78,19 @@ std::string parent_directory(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+void check_replaceable(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) io_error("write", path, EISDIR);
+  const std::string probe = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) return;  // a leftover by that name: the directory takes files
+    io_error("write", path, errno);
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 int fsync_directory(const std::string& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0 || ::fsync(fd.get()) != 0) return errno;  // read before ~Fd's close

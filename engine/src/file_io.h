@@ -56,6 +56,12 @@ void write_all(int fd, const void* buf, size_t n, const std::string& path);
 // The directory part of `path`: "." for a bare name, "/" for a file in the root.
 std::string parent_directory(const std::string& path);
 
+// Fails now where replacing `path` atomically would fail later, after the work that produced its
+// content (a directory missing or not writable, a read-only filesystem, a directory by that
+// name): creates and removes the temporary file the replacement writes (PATH.tmp-PID). IoError
+// "cannot write 'PATH': <strerror>".
+void check_replaceable(const std::string& path);
+
 // fsyncs directory `dir`; returns 0, or the errno of the open or fsync that failed. A rename is
 // durable only once its directory is: without this a crash can bring back the old entry.
 int fsync_directory(const std::string& dir);

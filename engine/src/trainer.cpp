@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "backend.h"
+#include "file_io.h"
 #include "metrics_log.h"
 #include "random.h"
 #include "tandem/error.h"
@@ -178,6 +179,8 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
 
 TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
                                    const DatasetView& validation, const DatasetView& test) {
+  // A checkpoint that cannot be written is said now, not after the first epoch's work.
+  if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
   std::unique_ptr<MetricsLog> metrics;
   // A resumed run adds to the metrics of the run it continues.
   if (!config_.metrics_path.empty())

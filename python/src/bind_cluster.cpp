@@ -453,14 +453,15 @@ void bind_cluster(py::module_& m) {
       .def_property_readonly("end_reason", &ScoreStream::end_reason);
   m.def(
       "keygen",
-      [](const std::string& prefix) {
+      [](const std::string& prefix, bool overwrite) {
         const transport::CurveKeyPair pair = transport::generate_curve_keypair();
-        transport::write_curve_key_files(prefix, pair);
+        transport::write_curve_key_files(prefix, pair, overwrite);
         return pair.public_key;
       },
-      "prefix"_a,
+      "prefix"_a, "overwrite"_a = false,
       "Writes a CURVE key pair as `tandem keygen --out PREFIX` does: PREFIX.key (the public key, "
-      "to give the other side) and PREFIX.key_secret (mode 0600). Returns the public key (Z85).");
+      "to give the other side) and PREFIX.key_secret (mode 0600). Returns the public key (Z85). "
+      "An existing pair is replaced only with overwrite=True (ValueError otherwise).");
   m.def(
       "scores",
       [](const std::string& coordinator, bool follow, std::optional<double> timeout_s,

@@ -204,6 +204,15 @@ class RolesTest(unittest.TestCase):
         server = tandem.keygen(os.path.join(keys.name, "server"))
         tandem.keygen(os.path.join(keys.name, "client"))
         tandem.keygen(os.path.join(keys.name, "stranger"))
+        # A name in use keeps its pair unless overwrite=True.
+        with self.assertRaisesRegex(ValueError, "stranger.key exists"):
+            tandem.keygen(os.path.join(keys.name, "stranger"))
+        with open(os.path.join(keys.name, "stranger.key")) as f:
+            old_text = f.read()
+        new_key = tandem.keygen(os.path.join(keys.name, "stranger"), overwrite=True)
+        with open(os.path.join(keys.name, "stranger.key")) as f:
+            new_text = f.read()
+        self.assertTrue(new_key in new_text and new_key not in old_text)
         path = lambda name: os.path.join(keys.name, name)  # noqa: E731
         client = {"curve_server_key": server, "curve_key_file": path("client.key_secret")}
         coordinator, roles, _ = start_fed_cluster(

@@ -27,6 +27,7 @@
 #include "metrics_log.h"
 #include "process_launcher.h"
 #include "progress_line.h"
+#include "run_dir_lock.h"
 #include "score_subscriber.h"
 #include "stop_signals.h"
 #include "tandem/tandem.h"
@@ -182,11 +183,29 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
 }
 
+// Whether dir holds a server's checkpoint file (NAME-step-STEP.safetensors, ps_server.cpp).
+bool holds_server_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string suffix = ".safetensors";
+    if (name.find("-step-") != std::string::npos && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
 // Resolves --data (an IDX directory is prepared into the run directory once) and fills the rest
 // of the settings from the options and the store.
 void resolve(ClusterCommandOptions& o) {
-  std::filesystem::create_directories(o.run_dir);
   RunSettings& s = o.cluster.settings;
+  s.checkpoint_dir = std::filesystem::absolute(o.run_dir + "/checkpoints").string();
+  // Asked to continue with nothing to continue from (a mistyped --run-dir, a first run): said
+  // before anything is prepared or started, instead of quietly training from scratch.
+  if (o.resume && !holds_server_checkpoint(s.checkpoint_dir))
+    throw InputError("--resume: no parameter server checkpoint in " + s.checkpoint_dir +
+                     " (nothing to continue; leave out --resume to start afresh)");
   std::string store_path = o.data;
   if (!is_dataset_store(o.data)) {
     store_path = o.run_dir + "/data.zarr";
@@ -208,7 +227,6 @@ void resolve(ClusterCommandOptions& o) {
                                std::to_string(store.num_classes));
   s.optimizer.kind = parse_optimizer(o.optimizer);
   s.shuffle = o.shuffle == "on";
-  s.checkpoint_dir = std::filesystem::absolute(o.run_dir + "/checkpoints").string();
   // A restarted server resumes from these within a run; a new run starts fresh unless asked
   // (and its TensorBoard curves start afresh too, in the default directory).
   if (!o.resume) {
@@ -310,6 +328,8 @@ std::vector<std::string> role_curve_args(const ClusterCommandOptions& o) {
 }
 
 void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
+  std::filesystem::create_directories(o.run_dir);
+  const RunDirLock run_dir_lock(o.run_dir);  // before resolve() clears the previous checkpoints
   resolve(o);
   if (launch_roles) assign_worker_gpus(o);
   ProgressLine progress;
@@ -606,10 +626,12 @@ void add_cluster_commands(CLI::App& app) {
     auto prefix = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand(
         "keygen", "Write a CURVE key pair: PREFIX.key (public) and PREFIX.key_secret (mode 0600)");
+    auto overwrite = std::make_shared<bool>(false);
     cmd->add_option("--out", *prefix, "Path prefix of the two files")->required();
-    cmd->callback([prefix] {
+    cmd->add_flag("--overwrite", *overwrite, "Replace an existing key pair");
+    cmd->callback([prefix, overwrite] {
       const transport::CurveKeyPair pair = transport::generate_curve_keypair();
-      transport::write_curve_key_files(*prefix, pair);
+      transport::write_curve_key_files(*prefix, pair, *overwrite);
       std::printf("public key %s\nwrote %s.key and %s.key_secret\n", pair.public_key.c_str(),
                   prefix->c_str(), prefix->c_str());
     });

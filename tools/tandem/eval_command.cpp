@@ -20,17 +20,45 @@ struct EvalOptions {
   bool json = false;
 };
 
+// A store's training split can be far larger than memory (prepare --copies 20): streamed through
+// the chunk manager in store order, batch by batch, the sums added up.
+EvalResult evaluate_store_training_split(const Model& model, const std::string& path,
+                                         int threads) {
+  StreamOptions so;
+  so.batch_rows = 10000;
+  so.shuffle = false;
+  const std::unique_ptr<BatchStream> stream = open_store_stream(path, so);
+  EvalResult total;
+  DatasetView batch;
+  stream->start_epoch(0);
+  while (stream->next(batch)) {
+    const EvalResult r = evaluate_model(model, batch, threads);
+    total.loss_sum += r.loss_sum;
+    total.correct += r.correct;
+    total.samples += r.samples;
+  }
+  if (total.samples > 0) {
+    total.loss_mean = total.loss_sum / double(total.samples);
+    total.accuracy = double(total.correct) / double(total.samples);
+  }
+  return total;
+}
+
 void run_eval(const EvalOptions& o) {
   const Checkpoint ckpt = load_checkpoint(o.model);
   const bool store = is_dataset_store(o.data);
-  if (store && o.split == "train")
-    throw InputError(o.data + ": evaluating a store's training split is not supported; use "
-                     "--split validation or test");
   const DataSplits data = store ? load_store_eval_splits(o.data)
                                 : load_mnist_splits(o.data, o.validation_rows);
+  const bool streamed = store && o.split == "train";
   const Dataset& split = o.split == "train" ? data.train
                          : o.split == "validation" ? data.validation : data.test;
-  const EvalResult r = evaluate_model(ckpt.model, split.view(), o.threads);
+  if (!streamed && split.rows() == 0)
+    throw InputError("the " + o.split + " split of " + o.data + " has no rows: nothing to "
+                     "evaluate");
+  const EvalResult r = streamed ? evaluate_store_training_split(ckpt.model, o.data, o.threads)
+                                : evaluate_model(ckpt.model, split.view(), o.threads);
+  if (r.samples == 0)
+    throw InputError("the train split of " + o.data + " has no rows: nothing to evaluate");
   if (o.json) {
     nlohmann::json j = to_json(r);
     j["split"] = o.split;

@@ -122,7 +122,16 @@ std::string curve_public_from_secret(const std::string& secret) {
   return pub;
 }
 
-void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& pair) {
+void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& pair,
+                           bool replace_existing) {
+  for (const char* suffix : {".key", ".key_secret"}) {
+    std::error_code ec;
+    const auto status = std::filesystem::symlink_status(path_prefix + suffix, ec);
+    if (!replace_existing && std::filesystem::exists(status))
+      throw InputError(path_prefix + suffix + " exists: a new key pair would lock out the " +
+                       "peers that have the old public key (--overwrite, or overwrite=True, " +
+                       "replaces it)");
+  }
   validate_curve_key(pair.public_key, path_prefix + ".key: public key");
   validate_curve_key(pair.secret_key, path_prefix + ".key_secret: secret key");
   if (curve_public_from_secret(pair.secret_key) != pair.public_key)

@@ -49,8 +49,11 @@ std::string curve_key_bytes(const std::string& key, const std::string& what);
 //       secret-key = "<40 Z85 chars>"
 // write_curve_key_files writes PREFIX.key (public key only: give it to the other side) and
 // PREFIX.key_secret (both keys; created with mode 0600, and set to 0600 if it existed). IoError
-// when a file cannot be written.
-void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& pair);
+// when a file cannot be written; InputError, before anything is written, when either file (or a
+// link by its name) exists and replace_existing is false: a new pair under an old name locks out
+// every peer holding the old public key, and the old secret is gone for good.
+void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& pair,
+                           bool replace_existing = false);
 
 // Reads either kind of key file: secret_key stays empty for a public one. Section names
 // ("curve", "metadata") and other "name = value" lines are ignored; a secret key must match the

@@ -1,0 +1,57 @@
+#include "run_dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+namespace {
+
+// The holder's pid as it wrote it, or "" (a holder between its flock and its write).
+std::string read_holder(int fd) {
+  char text[32] = {};
+  const ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+  std::string pid(text, n > 0 ? size_t(n) : 0);
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return pid;
+}
+
+}  // namespace
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  const std::string path = run_dir + "/lock";
+  // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
+  int rc;
+  do rc = flock(fd_, LOCK_EX | LOCK_NB);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    const std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
+    close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw IoError("cannot lock " + path + ": " + std::strerror(err));
+    throw InputError("--run-dir " + run_dir + " is in use by another run" +
+                     (holder.empty() ? "" : " (process " + holder + ")") +
+                     ": give each run its own --run-dir");
+  }
+  const std::string pid = std::to_string(getpid()) + "\n";
+  // The pid only names the holder in the message above; the lock works without it.
+  if (ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t written = pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) close(fd_);  // releases the lock
+}
+
+}  // namespace tandem::cli
