@@ -223,7 +223,15 @@ wait_within "$server" 60; rc=$?
 check "a parameter server stopped by SIGTERM exits 0, saying so" \
   test $rc -eq 0 -a -n "$(grep 'tandem ps ps0: stopped by SIGTERM' "$dir/ps4c")"
 check "... with its final checkpoint" test -n "$(ls "$dir/run4c/checkpoints" | grep '^ps0-step-')"
-kill -TERM "$coordinator" $others 2>/dev/null
+# A coordinator killed outright sends no end message: a follower gives up, saying why.
+"$tandem" scores --coordinator "$address" --follow --lost-after 2 >"$dir/scores4c" \
+  2>"$dir/scores4c.err" &
+follower=$!
+wait_for "$dir/scores4c" '"seq"' 30
+kill -9 "$coordinator"
+check "scores --follow fails on a killed coordinator, saying so" \
+  failed_saying $follower "$dir/scores4c.err" "has not answered for 2 s and sent no end message"
+kill -TERM $others 2>/dev/null
 for pid in "$coordinator" $others; do wait_within "$pid" 60 >/dev/null; done
 check "no role process is left behind (server stopped by SIGTERM)" no_role_left
 

@@ -317,14 +317,23 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   const std::string stale = out + ".partial-" + std::to_string(dead);
   const std::string live = out + ".partial-" + std::to_string(::getppid());
   const std::string other = dir.file("other.zarr.partial-" + std::to_string(dead));
-  for (const std::string& d : {stale, live, other}) {
+  // A store renamed aside by a replacing run killed before it removed it: with no store in
+  // place it may be the one whole copy (killed between the two renames), so it stays.
+  const std::string old = out + ".old-" + std::to_string(dead);
+  for (const std::string& d : {stale, live, other, old}) {
     fs::create_directories(d + "/images/c/0");
     std::ofstream(d + "/images/c/0/0") << "x";
   }
   write_dataset_store(small_splits(), out, StoreWriteOptions{}, nullptr);
-  const std::vector<std::string> want = {"other.zarr.partial-" + std::to_string(dead),
-                                         "store.zarr",
-                                         "store.zarr.partial-" + std::to_string(::getppid())};
+  std::vector<std::string> want = {"other.zarr.partial-" + std::to_string(dead), "store.zarr",
+                                   "store.zarr.old-" + std::to_string(dead),
+                                   "store.zarr.partial-" + std::to_string(::getppid())};
+  EXPECT_EQ(entries(dir.path()), want);
+  // Replacing the store now in place removes it (a live process's would stay, as above).
+  StoreWriteOptions replace;
+  replace.overwrite = true;
+  write_dataset_store(small_splits(), out, replace, nullptr);
+  want.erase(want.begin() + 2);
   EXPECT_EQ(entries(dir.path()), want);
 }
 

@@ -166,12 +166,12 @@ bool stop_requested(const StoreWriteOptions& o) {
   return o.stop != nullptr && o.stop->load(std::memory_order_relaxed);
 }
 
-// Removes the temporary directories (`out.partial-PID`) that earlier runs writing `out` left
-// when they were killed: those whose process is gone. A directory of a live process (another
-// prepare writing the same store right now) is left alone.
-void remove_stale_partials(const std::string& out) {
+// Removes the directories named `out` + `kind` + PID (".partial-", ".old-") that earlier runs
+// writing `out` left when they were killed: those whose process is gone. A directory of a live
+// process (another prepare writing the same store right now) is left alone.
+void remove_stale(const std::string& out, const std::string& kind) {
   const fs::path target(out);
-  const std::string prefix = target.filename().string() + ".partial-";
+  const std::string prefix = target.filename().string() + kind;
   fs::path parent = target.parent_path();
   if (parent.empty()) parent = ".";
   std::error_code ec;
@@ -378,7 +378,11 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   const std::string pid = std::to_string(::getpid());
   const std::string partial = out + ".partial-" + pid;
   remove_tree(partial);  // left by an earlier process with our pid
-  remove_stale_partials(out);
+  remove_stale(out, ".partial-");
+  // A replaced store renamed aside (`out.old-PID`) by a run killed before it removed it. Only
+  // with a store in place: a run killed between its two renames leaves the old store as the one
+  // whole copy, for the user to rename back.
+  if (replace) remove_stale(out, ".old-");
   try {
     write_store_contents(splits, partial, options, attributes);
     sync_tree(partial);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "cluster_link.h"
 #include "zmq_through_signals.h"
@@ -11,11 +12,50 @@ namespace tandem {
 using json = nlohmann::json;
 
 ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t& context,
-                                 int timeout_ms, const transport::CurveClientKeys& curve) {
+                                 int timeout_ms, const transport::CurveClientKeys& curve)
+    : context_(context), coordinator_(coordinator) {
   CoordinatorLink link(coordinator, context, timeout_ms, curve);
   endpoint_ = link.request({{"type", "spec"}}).at("spec").at("scores").get<std::string>();
-  socket_ = connect_to_coordinator(context, endpoint_, link.curve(), zmq::socket_type::sub);
+  curve_ = link.curve();
+  socket_ = connect_to_coordinator(context, endpoint_, curve_, zmq::socket_type::sub);
   socket_.set(zmq::sockopt::subscribe, "scores");
+}
+
+ScoreSubscriber::~ScoreSubscriber() = default;
+
+void ScoreSubscriber::fail_when_coordinator_lost(double lost_after_s) {
+  link_ = std::make_unique<CoordinatorLink>(coordinator_, context_, 1000, curve_);
+  lost_after_s_ = lost_after_s;
+  heard_ = asked_ = std::chrono::steady_clock::now();
+}
+
+void ScoreSubscriber::check_coordinator() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - asked_ < std::chrono::seconds(1)) return;
+  asked_ = now;
+  try {
+    link_->request({{"type", "spec"}}, 1000);
+    heard_ = std::chrono::steady_clock::now();
+  } catch (const transport::TransportError&) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - heard_).count() <
+        lost_after_s_)
+      return;
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", lost_after_s_);
+    throw Error("the coordinator at " + coordinator_ + " has not answered for " + seconds +
+                " s and sent no end message: the run is gone (or its node unreachable)");
+  } catch (const Error&) {
+    heard_ = std::chrono::steady_clock::now();  // its own error reply: it is there
+  }
+}
+
+std::optional<json> ScoreSubscriber::next(int timeout_ms) {
+  std::optional<json> m = next_message(timeout_ms);
+  if (m)
+    heard_ = std::chrono::steady_clock::now();
+  else if (link_ && !ended_)
+    check_coordinator();
+  return m;
 }
 
 namespace {
@@ -42,7 +82,7 @@ std::optional<json> ScoreSubscriber::take(json m) {
   return m;
 }
 
-std::optional<json> ScoreSubscriber::next(int timeout_ms) {
+std::optional<json> ScoreSubscriber::next_message(int timeout_ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!ended_) {
     if (replayed_ && !held_.empty()) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -24,6 +25,8 @@
 #include "curve_client.h"
 
 namespace tandem {
+
+class CoordinatorLink;
 
 class ScoreSubscriber {
  public:
@@ -41,7 +44,16 @@ class ScoreSubscriber {
   bool ended() const { return ended_; }
   const std::string& endpoint() const { return endpoint_; }
 
+  // For a follower: from now on, next() throws Error when the coordinator has not answered for
+  // lost_after_s while the channel is silent (it is asked at most once a second then). One that
+  // died (killed, its node gone) never sends the end message, and a follower would wait forever.
+  void fail_when_coordinator_lost(double lost_after_s);
+
+  ~ScoreSubscriber();
+
  private:
+  std::optional<nlohmann::json> next_message(int timeout_ms);
+  void check_coordinator();
   // The message to give for `m` (a score newer than any given, or the end), if any.
   std::optional<nlohmann::json> take(nlohmann::json m);
 
@@ -53,6 +65,13 @@ class ScoreSubscriber {
   int64_t open_replay_ = 0;               // the replay seen opening, before replayed_
   std::deque<nlohmann::json> held_;       // live messages that came before it
   std::chrono::steady_clock::time_point first_held_;
+  // The liveness check (fail_when_coordinator_lost).
+  zmq::context_t& context_;
+  std::string coordinator_;
+  transport::CurveClientKeys curve_;
+  std::unique_ptr<CoordinatorLink> link_;
+  double lost_after_s_ = 0;
+  std::chrono::steady_clock::time_point heard_, asked_;
 };
 
 }  // namespace tandem

@@ -283,10 +283,11 @@ class PyScorerRole : public PyRole {
 class ScoreStream {
  public:
   ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s,
-              const transport::CurveClientKeys& curve)
+              const transport::CurveClientKeys& curve, double lost_after_s)
       : follow_(follow), timeout_s_(timeout_s ? *timeout_s : (follow ? -1.0 : 1.0)) {
     py::gil_scoped_release release;
     subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
+    if (follow) subscriber_->fail_when_coordinator_lost(lost_after_s);
   }
 
   py::object next() {
@@ -465,14 +466,21 @@ void bind_cluster(py::module_& m) {
   m.def(
       "scores",
       [](const std::string& coordinator, bool follow, std::optional<double> timeout_s,
-         const std::string& curve_server_key, const std::string& curve_key_file) {
+         const std::string& curve_server_key, const std::string& curve_key_file,
+         double lost_after_s) {
+        if (!(lost_after_s > 0 && lost_after_s <= 86400))
+          throw InputError("lost_after_s must be above 0 and at most 86400, got " +
+                           std::to_string(lost_after_s));
         return std::make_unique<ScoreStream>(coordinator, follow, timeout_s,
-                                             curve_keys(curve_server_key, curve_key_file));
+                                             curve_keys(curve_server_key, curve_key_file),
+                                             lost_after_s);
       },
       "coordinator"_a, "follow"_a = true, "timeout_s"_a = py::none(), "curve_server_key"_a = "",
-      "curve_key_file"_a = "",
+      "curve_key_file"_a = "", "lost_after_s"_a = 30.0,
       "Iterates over a cluster's scores: the newest 10 at once, then each new one. follow=True "
-      "runs until the run ends (TimeoutError after timeout_s without a score); follow=False stops "
+      "runs until the run ends (TimeoutError after timeout_s without a score; tandem.Error when "
+      "the coordinator has not answered for lost_after_s, a run gone without ending, as a "
+      "killed coordinator's is); follow=False stops "
       "timeout_s (default 1 s) after subscribing. For a run under CURVE: curve_server_key (the "
       "coordinator's curve_public_key) and this side's key file, curve_key_file (default: a "
       "throwaway key, admitted only by a run without curve_allowed_path).");

@@ -189,7 +189,9 @@ class RolesTest(unittest.TestCase):
         seqs = [s["seq"] for s in history]
         self.assertGreaterEqual(len(seqs), 10)
         self.assertEqual(seqs, sorted(set(seqs)))  # in order, no duplicates
-        stream = tandem.scores(coordinator.endpoint, follow=True, timeout_s=30)
+        with self.assertRaisesRegex(ValueError, "lost_after_s must be above 0"):
+            tandem.scores(coordinator.endpoint, lost_after_s=0)
+        stream = tandem.scores(coordinator.endpoint, follow=True, timeout_s=30, lost_after_s=5)
         first = next(stream)
         self.assertIn("loss", first)
         coordinator.request_stop("test over")

@@ -551,15 +551,16 @@ void run_rank(RankCommandOptions& r) {
                                              : run_worker_role);
 }
 
-void run_scores(const CoordinatorAccess& access, bool follow, double wait_s) {
+void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, double lost_after_s) {
+  using clock = std::chrono::steady_clock;
   zmq::context_t context(1);
   transport::CurveClientKeys curve;
   const std::string coordinator = access.address(curve);
   ScoreSubscriber scores(coordinator, context, 5000, curve);
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<long>(wait_s * 1000));
+  const auto until = clock::now() + std::chrono::milliseconds(static_cast<long>(wait_s * 1000));
+  if (follow) scores.fail_when_coordinator_lost(lost_after_s);
   for (;;) {
-    if (!follow && std::chrono::steady_clock::now() > until) return;
+    if (!follow && clock::now() > until) return;
     const std::optional<json> m = scores.next(100);
     if (!m) continue;
     if (m->value("end", false)) {
@@ -644,7 +645,11 @@ void add_cluster_commands(CLI::App& app) {
     access->add_options(cmd);
     cmd->add_flag("--follow", *follow, "Keep printing until training ends");
     cmd->add_option("--wait", *wait_s, "Without --follow: seconds to listen")->capture_default_str();
-    cmd->callback([=] { run_scores(*access, *follow, *wait_s); });
+    auto lost_after_s = std::make_shared<double>(30);
+    cmd->add_option("--lost-after", *lost_after_s,
+                    "With --follow: fail when the coordinator has not answered for this long")
+        ->check(number_in(0, 86400, true, "SECONDS"))->capture_default_str();
+    cmd->callback([=] { run_scores(*access, *follow, *wait_s, *lost_after_s); });
   }
 }
 
