@@ -113,6 +113,9 @@ expect_error "launch --score-interval 1e10 is refused with its range" \
   --run-dir "$dir/run1n" --score-interval 1e10 --dashboard -1
 expect_error "launch --target -1 is refused" "--target: must be" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1n" --target -1 --dashboard -1
+expect_error "launch --replicas above its workers is refused" \
+  "--replicas 3 is more than the 2 workers this launch starts" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1m" --workers 2 --replicas 3 --dashboard -1
 check "no run directory is made by a refused launch" test ! -e "$dir/run1n"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -eq 0 ]; then
@@ -223,6 +226,18 @@ wait_within "$server" 60; rc=$?
 check "a parameter server stopped by SIGTERM exits 0, saying so" \
   test $rc -eq 0 -a -n "$(grep 'tandem ps ps0: stopped by SIGTERM' "$dir/ps4c")"
 check "... with its final checkpoint" test -n "$(ls "$dir/run4c/checkpoints" | grep '^ps0-step-')"
+# Restarted by hand without --name, a server takes the stopped one's place; the workers know only
+# its old address, so it must serve there: elsewhere it is refused, there it resumes.
+old_ps=$("$py" -c "import json, sys; print(json.load(open(sys.argv[1]))['ps'][0]['address'])" \
+  "$dir/run4c/cluster.json")
+expect_error "a server restarted at another address is refused, naming the one to serve at" \
+  "ps0 served at $old_ps and the workers know it there" timeout 60 "$tandem" ps \
+  --coordinator "$address"
+"$tandem" ps --coordinator "$address" --bind "$old_ps" 2>"$dir/ps4c-again" &
+others="$others $!"
+wait_for "$dir/ps4c-again" "resumed from checkpoint" 30
+check "... and restarted at its address, it resumes from its final checkpoint" \
+  grep -q "tandem parameter server ps0: resumed from checkpoint" "$dir/ps4c-again"
 # A coordinator killed outright sends no end message: a follower gives up, saying why.
 "$tandem" scores --coordinator "$address" --follow --lost-after 2 >"$dir/scores4c" \
   2>"$dir/scores4c.err" &

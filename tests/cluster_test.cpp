@@ -449,6 +449,41 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
 }
 
+// Once training has started the servers are fixed: an unnamed server registering then takes the
+// place of one that is gone, and must serve at its address (the workers know that one); with
+// every server serving, none can join. A server refused for its address counts as gone again.
+TEST(Coordinator, AServerRestartedDuringTrainingTakesTheGoneOnesPlaceAndAddress) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  o.expected_workers = 1;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  std::string why = test::error_of<Error>(
+      [&] { link.request({{"type", "register"}, {"role", "ps"}}); });
+  EXPECT_TRUE(test::contains(why, "all serving: no other can join")) << why;
+  link.request({{"type", "goodbye"}, {"name", "ps0"}});  // stopped
+  const json joined = link.request({{"type", "register"}, {"role", "ps"}});
+  EXPECT_EQ(joined.at("name"), "ps0");
+  // Restarting, it is still where the workers look for it.
+  EXPECT_EQ(link.request({{"type", "spec"}}).at("spec").at("ps").at(0).at("address"),
+            "tcp://10.0.0.1:5000");
+  why = test::error_of<Error>([&] {
+    link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:6000"}});
+  });
+  EXPECT_TRUE(test::contains(why, "ps0 served at tcp://10.0.0.1:5000") &&
+              test::contains(why, "--bind tcp://10.0.0.1:5000), not at tcp://10.0.0.1:6000"))
+      << why;
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}}).at("name"), "ps0");
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  EXPECT_EQ(link.request({{"type", "spec"}}).at("spec").at("ps").at(0).at("address"),
+            "tcp://10.0.0.1:5000");
+}
+
 // A small store of separable data: 4 classes, 40 features; 2,000 training rows.
 std::string write_small_store(const test::TempDir& dir) {
   const DataSplits splits = test::separable_splits(2000, 400, 1);

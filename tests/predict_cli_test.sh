@@ -92,4 +92,12 @@ expect_error "another model's output refused" "--overwrite" \
   "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
 check "--overwrite replaces it" "$tandem" predict --model "$dir/m2.safetensors" --data "$store" \
   --out "$out" --overwrite --processes 2
+# A label naming no class: the predictions are written, the accuracy is refused (as eval's is).
+cp -r "$store" "$dir/badlabel.zarr"
+"$python" -c "import sys, zarr; zarr.open_group(sys.argv[1], mode='r+')['test/labels'][7] = 12" \
+  "$dir/badlabel.zarr"
+expect_error "a label outside the classes is refused, naming its row" \
+  "label at index 7 is 12, expected a class in [0, 10)" \
+  "$tandem" predict --model "$model" --data "$dir/badlabel.zarr" --out "$dir/badlabel-out.zarr"
+check "... after the predictions were written" test -e "$dir/badlabel-out.zarr/classes/c/0"
 summarize

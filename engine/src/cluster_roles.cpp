@@ -827,6 +827,15 @@ static void scorer_role(const RoleOptions& o) {
                     std::to_string(s.init_timeout_ms / 1000) + " s: " + e.what());
       std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
       continue;
+    } catch (const ServerError& e) {
+      // A server restarted with no checkpoint to resume from has nothing until a worker gives
+      // it its parameters (repull): the same wait, not the scorer's end.
+      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
+      if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
+        throw Error(r.name + ": a parameter server has had no parameters for " +
+                    std::to_string(s.init_timeout_ms / 1000) + " s: " + e.what());
+      std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+      continue;
     }
     model.parameters() = std::move(result.tensors);
     backend->set_parameters(model);

@@ -221,8 +221,21 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     return {{"phase", to_string(phase_)}};
   }
   if (type == "ready") {
-    role.address = r.value("address", std::string());
-    if (role.address.empty()) throw InputError("'ready' from " + name + " without an address");
+    const std::string address = r.value("address", std::string());
+    if (address.empty()) throw InputError("'ready' from " + name + " without an address");
+    if (role.role == "ps" && phase_ != ClusterPhase::Starting && !role.previous_address.empty() &&
+        address != role.previous_address) {
+      // Refused, as if it had said goodbye: a heartbeat its process sends before it ends must
+      // not bring it back ("lost" would), and the next server to register takes its place.
+      std::fprintf(stderr, "coordinator: %s refused: restarted at %s instead of %s\n",
+                   name.c_str(), address.c_str(), role.previous_address.c_str());
+      role.state = "stopped";
+      changed_.notify_all();
+      throw InputError(name + " served at " + role.previous_address + " and the workers know " +
+                       "it there: restarted, it must serve at that address again (--bind " +
+                       role.previous_address + "), not at " + address);
+    }
+    role.address = address;
     role.state = "running";
     changed_.notify_all();
     return json::object();
@@ -248,8 +261,24 @@ json Coordinator::handle_register(const json& r) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string name = r.value("name", std::string());
   int index = name.empty() ? -1 : index_from_name(name, kind);
+  if (name.empty() && kind == "ps" && phase_ != ClusterPhase::Starting) {
+    // The servers are fixed once training has started (the workers split the parameters over
+    // them): an unnamed server started now takes the place of one that is gone, the lowest first.
+    const Role* lost = nullptr;
+    for (const auto& [n, role] : roles_)
+      if (role.role == "ps" && gone(role.state) && (!lost || role.index < lost->index))
+        lost = &role;
+    if (!lost)
+      throw InputError("register: training has started with " +
+                       std::to_string(options_.expected_ps) + " parameter server(s), all " +
+                       "serving: no other can join (a restarted one joins with --name psK)");
+    name = lost->name;
+  }
   auto old = name.empty() ? roles_.end() : roles_.find(name);
+  std::string previous_address;
   if (old != roles_.end()) {
+    previous_address = old->second.address.empty() ? old->second.previous_address
+                                                   : old->second.address;
     if (old->second.role != kind)
       throw InputError("register: '" + name + "' is already a " + old->second.role);
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
@@ -272,6 +301,7 @@ json Coordinator::handle_register(const json& r) {
   role.pid = r.value("pid", int64_t{0});
   role.host = r.value("host", std::string());
   role.address = r.value("address", std::string());
+  role.previous_address = previous_address;
   role.state = kind == "ps" && role.address.empty() ? "registered" : "running";
   role.last_seen = Clock::now();
   roles_[name] = role;
@@ -431,7 +461,9 @@ json Coordinator::spec_locked() const {
   });
   for (const Role* role : sorted) {
     if (gone(role->state) && role->role != "ps") continue;
-    spec[role->role].push_back({{"name", role->name}, {"address", role->address},
+    // A server restarting (registered, not serving yet) is where it served before.
+    const std::string& address = role->address.empty() ? role->previous_address : role->address;
+    spec[role->role].push_back({{"name", role->name}, {"address", address},
                                 {"host", role->host}, {"pid", role->pid}});
   }
   return spec;

@@ -139,6 +139,9 @@ class Coordinator {
  private:
   struct Role {
     std::string role, name, address, host;
+    // A server's address before it registered again (restarted): once training has started the
+    // workers know only that one, so the restarted server must serve there.
+    std::string previous_address;
     int index = 0;
     int64_t pid = 0;
     std::string state = "registered";  // registered, running, lost, stopped

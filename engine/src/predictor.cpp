@@ -498,6 +498,15 @@ void add_accuracy(const std::string& store_path, const std::string& out_path,
   const DatasetStore::Split& split = pick_split(store, options.split);
   const zarr::Array classes = zarr::Array::open(join(out_path, "classes"));
   const std::vector<int64_t> labels = read_labels(split.labels, split.rows);
+  // A label that names no class would count as a wrong prediction without a word: refused as
+  // tandem eval and training refuse it (dataset_store.cpp's convert_labels).
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= store.num_classes)
+      throw InputError(store_path + " (" + options.split + "): label at index " +
+                       std::to_string(i) + " is " + std::to_string(labels[i]) +
+                       ", expected a class in [0, " + std::to_string(store.num_classes) + ") (" +
+                       split.labels.path() + "); the predictions are written, the accuracy is "
+                       "not counted");
   const int64_t chunk_rows = classes.meta().chunks[0];
   std::vector<uint8_t> ids(classes.meta().chunk_bytes());
   int64_t correct = 0;

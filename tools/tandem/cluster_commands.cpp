@@ -331,6 +331,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   std::filesystem::create_directories(o.run_dir);
   const RunDirLock run_dir_lock(o.run_dir);  // before resolve() clears the previous checkpoints
   resolve(o);
+  const RunSettings& rs = o.cluster.settings;
+  // launch starts all its workers: each step of one worker's gradient each, more never come (the
+  // servers would wait out their step timeout at the start, then take what is there).
+  if (launch_roles && rs.ps_mode == "sync" && rs.replicas_to_aggregate > o.cluster.workers)
+    throw InputError("--replicas " + std::to_string(rs.replicas_to_aggregate) + " is more than " +
+                     "the " + std::to_string(o.cluster.workers) + " workers this launch starts " +
+                     "(a sync step takes at most one gradient from each)");
   if (launch_roles) assign_worker_gpus(o);
   ProgressLine progress;
   size_t scores_shown = 0;
