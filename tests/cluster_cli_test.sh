@@ -288,6 +288,39 @@ check "the coordinator with roles started by hand exits 0" test $rc -eq 0
 check "its summary counts $by_hand epochs" grep -q "stopped (max-epochs).* $by_hand epochs" "$dir/out5"
 check "no role process is left behind (roles started by hand)" no_role_left
 
+# 5b. The chief worker dies before it initialises the parameters (roles by hand): another worker
+#     initialises them in its place (they are seeded: the same values) and the run trains.
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run5b" --workers 2 --max-epochs 2 \
+  --target 0 --dashboard 0 >"$dir/out5b" 2>"$dir/err5b" &
+coordinator=$!
+wait_for "$dir/err5b" "dashboard at http://" 30
+address=$(grep -o "coordinator at tcp://[0-9.:]*" "$dir/err5b" | head -1 | cut -d' ' -f3)
+url=$(grep -o "dashboard at http://[0-9.:]*/" "$dir/err5b" | cut -d' ' -f3)
+"$tandem" worker --coordinator "$address" --name worker0 2>/dev/null &
+chief=$!
+"$py" -c "
+import sys, json, time, urllib.request
+for _ in range(300):
+    s = json.loads(urllib.request.urlopen(sys.argv[1] + 'api/state').read())
+    if any(r['name'] == 'worker0' for r in s['roles']): sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)" "$url"
+kill -9 $chief
+wait $chief 2>/dev/null
+"$tandem" ps --coordinator "$address" 2>/dev/null &
+"$tandem" worker --coordinator "$address" 2>"$dir/w5b-1" &
+"$tandem" worker --coordinator "$address" 2>"$dir/w5b-2" &
+"$tandem" scorer --coordinator "$address" 2>/dev/null &
+wait_within $coordinator $bound; rc=$?
+wait
+check "a run whose chief worker died before initialising trains to its end" \
+  grep -q "stopped (max-epochs).* 2 epochs" "$dir/out5b"
+check "... the coordinator exits 0" test $rc -eq 0
+check "... another worker initialised the parameters in its place" \
+  grep -q "worker0) is gone before initialising the parameters; initialising them in its place" \
+  "$dir/w5b-1" "$dir/w5b-2"
+check "no role process is left behind (chief lost before its Init)" no_role_left
+
 # 6. One command per task, as srun starts them (SLURM_PROCID/SLURM_NTASKS): rank 0 coordinates,
 #    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory. Under
 #    CURVE with an allowed list: every rank takes its keys from the same options.

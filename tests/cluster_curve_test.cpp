@@ -146,6 +146,9 @@ TEST(ClusterCurve, RolesJoiningByHandTrainUnderOneKey) {
   const DataSplits splits = test::separable_splits(1000, 200, 1);
   const std::string store = dir.file("small.zarr");
   write_cluster_store(splits, store, 500);
+  // Refused again, in the library's terms (no command line here to pass --overwrite to).
+  const std::string again = error_of<InputError>([&] { write_cluster_store(splits, store, 500); });
+  EXPECT_TRUE(contains(again, "already exists; pass overwrite = true")) << again;
   const transport::CurveKeyPair server = transport::generate_curve_keypair();
   const transport::CurveKeyPair client = transport::generate_curve_keypair();
   transport::write_curve_key_files(dir.file("server"), server);

@@ -214,6 +214,25 @@ TEST(DatasetStore, OverwriteReplacesTheStore) {
   expect_split_equals(read_split(store.train, 10, "train"), splits.train, 2, PixelType::UInt8);
 }
 
+// Through a symbolic link the store it points to is replaced, and the link stays a link.
+TEST(DatasetStore, OverwriteThroughASymlinkReplacesItsTarget) {
+  TempDir dir;
+  const DataSplits splits = small_splits();
+  fs::create_directory(dir.file("scratch"));
+  const std::string target = dir.file("scratch/store.zarr"), link = dir.file("store.zarr");
+  StoreWriteOptions o;
+  write_dataset_store(splits, target, o, nullptr);
+  fs::create_directory_symlink(target, link);
+  EXPECT_THROW(write_dataset_store(splits, link, o, nullptr), InputError);  // no --overwrite
+  o.overwrite = true;
+  o.copies = 2;
+  write_dataset_store(splits, link + "/", o, nullptr);
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"scratch", "store.zarr"}));
+  EXPECT_EQ(entries(dir.file("scratch")), std::vector<std::string>{"store.zarr"});
+  EXPECT_EQ(DatasetStore::open(target).train.rows, 274);
+}
+
 TEST(DatasetStore, FailureMidWriteLeavesNothingAtOut) {
   TempDir dir;
   const DataSplits splits = small_splits();
@@ -495,6 +514,26 @@ TEST(DatasetStore, OpenChecksShapesAndCounts) {
   EXPECT_THROW(DatasetStore::open(root2), InputError);
   EXPECT_FALSE(DatasetStore::looks_like_store(dir.file("missing")));
   EXPECT_TRUE(DatasetStore::looks_like_store(root2));
+}
+
+// Prediction opens a split without labels (new images to classify); everything else needs them,
+// and a labels array that is there must fit even for prediction.
+TEST(DatasetStore, LabelsMayBeAbsentOnlyWhenOptional) {
+  TempDir dir;
+  const std::string root = dir.file("s.zarr");
+  zarr::Group::create(root, zarr::Format::V3);
+  const auto u8 = zarr::DType::UInt8;
+  zarr::Array::create(root + "/images", meta_of(zarr::Format::V3, u8, {10, 4}, {5, 4}));
+  EXPECT_THROW(DatasetStore::open(root), InputError);
+  const DatasetStore store = DatasetStore::open(root, DatasetStore::Labels::Optional);
+  EXPECT_FALSE(store.train.has_labels);
+  EXPECT_EQ(store.train.rows, 10);
+  EXPECT_EQ(store.train.features, 4);
+  zarr::Array::create(root + "/labels", meta_of(zarr::Format::V3, u8, {9}, {5}));
+  EXPECT_THROW(DatasetStore::open(root, DatasetStore::Labels::Optional), InputError);
+  fs::remove_all(root + "/labels");
+  fs::create_directory(root + "/labels");  // there, but no array
+  EXPECT_THROW(DatasetStore::open(root, DatasetStore::Labels::Optional), InputError);
 }
 
 TEST(DatasetStore, CorruptChunkNamesStoreAndKey) {

@@ -100,4 +100,20 @@ expect_error "a label outside the classes is refused, naming its row" \
   "label at index 7 is 12, expected a class in [0, 10)" \
   "$tandem" predict --model "$model" --data "$dir/badlabel.zarr" --out "$dir/badlabel-out.zarr"
 check "... after the predictions were written" test -e "$dir/badlabel-out.zarr/classes/c/0"
+# New images to classify come without labels: predicted all the same, with no accuracy; other
+# commands still need the labels and say which array is missing.
+cp -r "$store" "$dir/nolabel.zarr"
+rm -r "$dir/nolabel.zarr/test/labels"
+nolabel=$("$tandem" predict --model "$model" --data "$dir/nolabel.zarr" \
+  --out "$dir/nolabel-out.zarr" --processes 2 --json)
+check "a split without labels is predicted, with no accuracy" \
+  "$python" -c "import json, sys; j = json.loads(sys.argv[1]); \
+sys.exit(0 if j['rows_predicted'] > 0 and 'accuracy' not in j else 1)" "$nolabel"
+check "... the same classes as with its labels" "$python" -c "
+import sys, numpy, zarr
+a, b = (zarr.open_group(p, mode='r')['classes'][:] for p in sys.argv[1:])
+sys.exit(0 if a.shape == b.shape and (a == b).all() else 1)" \
+  "$dir/nolabel-out.zarr" "$dir/badlabel-out.zarr"
+expect_error "eval of a split without labels names the missing array" "nolabel.zarr/test/labels" \
+  "$tandem" eval --model "$model" --data "$dir/nolabel.zarr" --split test
 summarize

@@ -204,12 +204,25 @@ std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptio
   }
 }
 
-// The chief sets the parameters; the others wait until someone has. Returns false when training
-// ended while waiting.
-bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model) {
+// Whether the chief worker (worker0) is among the live workers the coordinator lists.
+bool chief_alive(CoordinatorLink& link) {
+  const json reply = link.request({{"type", "spec"}});
+  if (!reply.contains("spec") || !reply["spec"].contains("worker")) return false;
+  for (const json& w : reply["spec"]["worker"])
+    if (w.value("name", std::string()) == "worker0") return true;
+  return false;
+}
+
+// The chief sets the parameters; the others wait until someone has. A worker whose wait finds the
+// chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
+// initial parameters are the chief's, value for value, and a server takes only the first Init.
+// Returns false when training ended while waiting.
+bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model,
+                     bool may_stand_in) {
   std::vector<NamedTensor> initial;
   if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
   const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
+  auto next_chief_check = Clock::now() + std::chrono::seconds(1);
   for (;;) {
     try {
       PsResult result = client.init(initial).wait();
@@ -219,6 +232,15 @@ bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& l
       if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
     }
     if (training_over(link.phase())) return false;
+    if (may_stand_in && initial.empty() && Clock::now() >= next_chief_check) {
+      next_chief_check = Clock::now() + std::chrono::seconds(1);
+      if (!chief_alive(link)) {
+        std::fprintf(stderr, "%s: the chief worker (worker0) is gone before initialising the "
+                     "parameters; initialising them in its place\n", r.name.c_str());
+        initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
+        continue;
+      }
+    }
     if (Clock::now() > deadline)
       throw Error(r.name + ": waited " + std::to_string(r.settings.init_timeout_ms / 1000) +
                   " s for the chief worker (worker0) to initialise the parameters on every "
@@ -549,7 +571,7 @@ static void worker_role(const RoleOptions& o) {
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
   Model model(s.model);
-  if (!init_parameters(client, r, link, model)) {
+  if (!init_parameters(client, r, link, model, /*may_stand_in=*/true)) {
     feed_closer.close(" has stopped: training ended before it began");
     return say_goodbye(link, r.name);
   }
@@ -799,7 +821,9 @@ static void scorer_role(const RoleOptions& o) {
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
   Model model(s.model);
-  if (!init_parameters(client, r, link, model)) return say_goodbye(link, r.name);
+  if (!init_parameters(client, r, link, model, /*may_stand_in=*/false)) {
+    return say_goodbye(link, r.name);
+  }
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(s.score_interval_s));
   double best_loss = std::numeric_limits<double>::infinity();

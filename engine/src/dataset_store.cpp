@@ -319,18 +319,23 @@ void convert_labels(const T* src, int64_t n, uint8_t* dst, int64_t first_index, 
 }
 
 DatasetStore::Split open_split(const std::string& store, const std::string& dir,
-                               const std::string& name) {
+                               const std::string& name, DatasetStore::Labels labels) {
   DatasetStore::Split s;
   s.images = zarr::Array::open(join(dir, "images"));
-  s.labels = zarr::Array::open(join(dir, "labels"));
   const zarr::ArrayMeta& im = s.images.meta();
-  const zarr::ArrayMeta& lm = s.labels.meta();
   if (im.shape.size() != 2 && im.shape.size() != 3)
     throw InputError(store + ": " + name + " images have shape " + shape_text(im.shape) +
                      ", expected [rows, features] or [rows, height, width]");
   if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
     throw InputError(store + ": " + name + " images are " + zarr::dtype_name(im.dtype) +
                      ", expected uint8 or float32");
+  s.rows = im.shape[0];
+  s.features = matrix_features(im);
+  // Only a labels array that is absent is let go: anything there must read as labels that fit.
+  s.has_labels = labels == DatasetStore::Labels::Required || path_exists(join(dir, "labels"));
+  if (!s.has_labels) return s;
+  s.labels = zarr::Array::open(join(dir, "labels"));
+  const zarr::ArrayMeta& lm = s.labels.meta();
   if (lm.shape.size() != 1 || !is_integer_dtype(lm.dtype))
     throw InputError(store + ": " + name + " labels are " + zarr::dtype_name(lm.dtype) +
                      " with shape " + shape_text(lm.shape) +
@@ -338,8 +343,6 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
   if (im.shape[0] != lm.shape[0])
     throw InputError(store + ": " + name + " has " + std::to_string(im.shape[0]) +
                      " images but " + std::to_string(lm.shape[0]) + " labels");
-  s.rows = im.shape[0];
-  s.features = matrix_features(im);
   return s;
 }
 
@@ -347,19 +350,25 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
 
 void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                          const StoreWriteOptions& options, const nlohmann::json& provenance) {
-  const std::string out = strip_trailing_slashes(out_path);
+  std::string out = strip_trailing_slashes(out_path);
+  // A store reached through a symbolic link (data.zarr -> /scratch/data.zarr) is written where
+  // the link points: replaced there, its temporary directory beside it on its filesystem, the
+  // link left as it is (renamed aside, the link alone would be replaced, the old store kept).
+  std::error_code link_ec;
+  if (fs::is_symlink(out, link_ec)) out = fs::weakly_canonical(fs::absolute(out)).string();
   check_inputs(splits, out, options);
   if (!provenance.is_null() && !provenance.is_object())
     throw InputError("dataset store provenance must be a JSON object, got " + provenance.dump());
   const bool replace = path_exists(out);
   if (replace) {
     if (!options.overwrite)
-      throw InputError(out + " already exists; pass --overwrite to replace it");
+      throw InputError(out + " already exists; pass " + options.overwrite_option +
+                       " to replace it");
     std::error_code ec;
     const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
     if (!empty_dir && !zarr::Group::exists(out))
-      throw InputError(out + " exists and is not a Zarr group; refusing to replace it even with "
-                       "--overwrite (remove it yourself if it should go)");
+      throw InputError(out + " exists and is not a Zarr group; refusing to replace it even with " +
+                       options.overwrite_option + " (remove it yourself if it should go)");
   }
 
   nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();
@@ -410,7 +419,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
 
 bool DatasetStore::looks_like_store(const std::string& path) { return zarr::Group::exists(path); }
 
-DatasetStore DatasetStore::open(const std::string& path_in) {
+DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
   const std::string path = strip_trailing_slashes(path_in);
   std::error_code ec;
   if (!fs::is_directory(path, ec))
@@ -425,13 +434,13 @@ DatasetStore DatasetStore::open(const std::string& path_in) {
   auto [format, attributes] = zarr::Group::open(path);
   (void)format;
   store.attributes = attributes;
-  store.train = open_split(path, path, "the training split");
+  store.train = open_split(path, path, "the training split", labels);
   const std::pair<const char*, Split*> optional_splits[] = {{"validation", &store.validation},
                                                             {"test", &store.test}};
   for (const auto& [name, split] : optional_splits) {
     const std::string dir = join(path, name);
     if (!zarr::Group::exists(dir)) continue;
-    *split = open_split(path, dir, std::string("the ") + name + " split");
+    *split = open_split(path, dir, std::string("the ") + name + " split", labels);
     if (split->rows > 0 && split->features != store.train.features)
       throw InputError(path + ": the " + name + " split has " + std::to_string(split->features) +
                        " features, expected " + std::to_string(store.train.features) +

@@ -22,6 +22,7 @@ struct StoreWriteOptions {
   zarr::Compressor compressor;  // default: none
   int copies = 1;               // the training split is repeated this many times, as the seed does
   bool overwrite = false;
+  std::string overwrite_option = "--overwrite";  // how the caller asks for it, for the messages
   // Called now and then with (rows written, rows in total) over all splits.
   std::function<void(int64_t, int64_t)> progress;
   // Polled between chunks when set: once true, the write stops, its temporary directory is
@@ -49,6 +50,7 @@ struct DatasetStore {
   struct Split {
     zarr::Array images;  // [rows, features] (or [rows, h, w], flattened by readers)
     zarr::Array labels;  // [rows], any integer dtype with values < num_classes
+    bool has_labels = true;  // false only when opened with Labels::Optional and it has none
     int64_t rows = 0;
     int64_t features = 0;
   };
@@ -59,8 +61,12 @@ struct DatasetStore {
   Split test;        // rows == 0 when the store has none
   int num_classes = 10;
 
+  // Whether a split may come without its `labels` array: only prediction does without them
+  // (new images to classify); training and evaluation need them.
+  enum class Labels { Required, Optional };
+
   // Opens and checks a store (InputError naming the path and the problem).
-  static DatasetStore open(const std::string& path);
+  static DatasetStore open(const std::string& path, Labels labels = Labels::Required);
   static bool looks_like_store(const std::string& path);  // a Zarr group is at path
 };
 

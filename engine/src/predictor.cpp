@@ -99,14 +99,14 @@ Inputs open_inputs(const std::string& model_path, const std::string& store_path,
     throw InputError(model_path + ": no model checkpoint here");
   Inputs in;
   in.checkpoint = load_checkpoint(model_path);
-  in.store = DatasetStore::open(store_path);
+  in.store = DatasetStore::open(store_path, DatasetStore::Labels::Optional);
   in.split = pick_split(in.store, split);
   const ModelConfig& config = in.checkpoint.model.config();
   if (config.inputs() != in.split.features)
     throw InputError("model " + model_path + " (" + config.describe() + ") takes " +
                      std::to_string(config.inputs()) + " features, but the " + split +
                      " split of " + store_path + " has " + std::to_string(in.split.features));
-  if (in.store.num_classes > config.classes())
+  if (in.split.has_labels && in.store.num_classes > config.classes())
     throw InputError("model " + model_path + " has " + std::to_string(config.classes()) +
                      " outputs, but " + store_path + " has " +
                      std::to_string(in.store.num_classes) + " classes");
@@ -494,8 +494,9 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
 
 void add_accuracy(const std::string& store_path, const std::string& out_path,
                   const PredictOptions& options, PredictSummary& summary) {
-  const DatasetStore store = DatasetStore::open(store_path);
+  const DatasetStore store = DatasetStore::open(store_path, DatasetStore::Labels::Optional);
   const DatasetStore::Split& split = pick_split(store, options.split);
+  if (!split.has_labels) return;  // new images to classify: the predictions are all there is
   const zarr::Array classes = zarr::Array::open(join(out_path, "classes"));
   const std::vector<int64_t> labels = read_labels(split.labels, split.rows);
   // A label that names no class would count as a wrong prediction without a word: refused as

@@ -99,6 +99,7 @@ void write_cluster_store(const DataSplits& splits, const std::string& path, int6
   StoreWriteOptions o;
   o.chunk_rows = chunk_rows;
   o.overwrite = overwrite;
+  o.overwrite_option = "overwrite = true";
   o.pixel_type = splits.train.pixel_type();
   write_dataset_store(splits, path, o, json{{"by", "tandem::write_cluster_store"}});
 }
