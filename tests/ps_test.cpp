@@ -933,6 +933,58 @@ TEST(PsMode, SyncStepsWithTheWorkersLeftOnceOneIsGone) {
   EXPECT_EQ(server.stats().partial_steps, 4);  // steps on fewer than replicas_to_aggregate
 }
 
+// A worker with no batch for now (the end of an epoch's share) says Idle: the step waiting for its
+// gradient is applied on the others' at once, not after worker_timeout_ms (60 s here: longer than
+// the client's timeout, so a step that still waited fails the test). The next step waits for it
+// again, and an Idle from a worker the server has not seen push, or one with tensors, changes
+// nothing.
+TEST(PsMode, SyncStepNeedNotWaitForAnIdleWorker) {
+  zmq::context_t ctx;
+  ServerOptions o = mode_options(ctx, "ps-sync-idle", PsMode::Sync);
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 60000;
+  o.worker_timeout_ms = 60000;
+  ParameterServer server(o);
+  const auto params = small_params(26);
+  PsClient a({server.endpoint()}, client_options(&ctx, 10000));
+  PsClient b({server.endpoint()}, client_options(&ctx, 10000));
+  PsClient reader({server.endpoint()}, client_options(&ctx, 10000));
+  a.init(params).wait();
+  b.init({}).wait();
+  reader.init({}).wait();
+  ReferenceAdam ref(params);
+  const auto ga = gradients_like(params, 2600), gb = gradients_like(params, 2601);
+  auto ha = a.push_pull(ga);
+  auto hb = b.push_pull(gb);
+  EXPECT_EQ(ha.wait().version, 1u);
+  EXPECT_EQ(hb.wait().version, 1u);
+  ref.apply(mean_of(ga, gb));
+  // a's next gradient waits for b's; b has no batch and says so.
+  const auto g2 = gradients_like(params, 2602);
+  auto h2 = a.push_pull(g2);
+  reader.idle();  // never pushed: not a worker the step waits for, so this changes nothing
+  test::eventually([&] { return server.stats().by_type.count("Idle") != 0; }, 5000);
+  EXPECT_EQ(server.stats().version, 1);
+  b.idle();
+  const PsResult r2 = h2.wait();
+  ref.apply(g2);
+  EXPECT_EQ(r2.version, 2u);
+  EXPECT_TRUE(bit_equal(r2.tensors, ref.w));
+  EXPECT_EQ(server.stats().partial_steps, 1);
+  // b counts again once a step is applied: the next step takes both gradients (b's computed on
+  // the version it pulls, as a worker's first after a pause: one on version 1 would be stale).
+  EXPECT_EQ(b.pull().wait().version, 2u);
+  const auto g3a = gradients_like(params, 2603), g3b = gradients_like(params, 2604);
+  auto h3a = a.push_pull(g3a);
+  test::eventually([&] { return server.stats().pushes >= 4; }, 5000);
+  EXPECT_EQ(server.stats().version, 2);  // held for b
+  auto h3b = b.push_pull(g3b);
+  ref.apply(mean_of(g3a, g3b));
+  EXPECT_TRUE(bit_equal(h3a.wait().tensors, ref.w));
+  EXPECT_EQ(h3b.wait().version, 3u);
+  EXPECT_EQ(server.stats().partial_steps, 1);
+}
+
 TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut) {
   zmq::context_t ctx;
   ServerOptions o = mode_options(ctx, "ps-bounded", PsMode::BoundedStaleness);

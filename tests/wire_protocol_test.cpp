@@ -251,7 +251,7 @@ TEST(WireProtocol, EncoderRejectsMessagesItCannotSend) {
       make_message(MessageType::Push, 1, 0, {float32_tensor("w", {1}), float32_tensor("w", {2})}),
       "tensor 1 ('w'): the name is used by an earlier tensor");
   expect_throws(make_message(static_cast<MessageType>(0), 1, 0), "message type 0");
-  expect_throws(make_message(static_cast<MessageType>(10), 1, 0), "message type 10");
+  expect_throws(make_message(static_cast<MessageType>(11), 1, 0), "message type 11");
 
   EXPECT_THROW(float32_tensor("", {1}), InputError);
   EXPECT_THROW(float32_tensor("w", {-1}), InputError);
@@ -341,10 +341,10 @@ std::vector<BadCase> bad_cases() {
        {header_with([](RawHeader& h) { h.type = 0; })},
        E::UnknownType,
        "unknown message type 0"},
-      {"type 10",
-       {header_with([](RawHeader& h) { h.type = 10; })},
+      {"type 11",
+       {header_with([](RawHeader& h) { h.type = 11; })},
        E::UnknownType,
-       "unknown message type 10"},
+       "unknown message type 11"},
       {"3 tensors over a limit of 2",
        {header_with([](RawHeader& h) { h.tensor_count = 3; })},
        E::TooManyTensors,

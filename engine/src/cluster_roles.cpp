@@ -743,6 +743,15 @@ static void worker_role(const RoleOptions& o) {
       finished = nullptr;
       if (reply.value("stop", false)) break;
       if (!reply.contains("task")) {
+        // No batch for now (the others finish the epoch): a sync step need not wait for this
+        // worker's gradient, nor a bounded-staleness reply for its clock. Advisory: a server
+        // that misses it waits as it would have.
+        if (s.ps_mode != "async") {
+          try {
+            client.idle();
+          } catch (const transport::TransportError&) {
+          }
+        }
         link.wait_phase_change(link.phase(), reply.value("wait_ms", 50));
         continue;
       }

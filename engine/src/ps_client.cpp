@@ -144,7 +144,7 @@ PsClient::Handle PsClient::send_each(MessageType type,
       if (why.empty()) throw;
       throw TransportError(std::string(e.what()) + ": " + why);
     }
-    if (type != MessageType::Push) {
+    if (type != MessageType::Push && type != MessageType::Idle) {
       server.outstanding.insert(id);
       handle.parts_.push_back({s, id});
     }
@@ -183,6 +183,11 @@ PsClient::Handle PsClient::pull() {
   std::vector<bool> holds(servers_.size(), false);
   for (const auto& part : layout_) holds[size_t(part.server)] = true;  // only servers that hold some
   return send_each(MessageType::Pull, none, std::vector<std::string>(servers_.size()), holds);
+}
+
+void PsClient::idle() {
+  std::vector<std::vector<FloatTensorRef>> none(servers_.size());
+  send_each(MessageType::Idle, none, std::vector<std::string>(servers_.size()), all_servers());
 }
 
 PsClient::Handle PsClient::send_gradients(MessageType type,

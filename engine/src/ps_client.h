@@ -121,6 +121,10 @@ class PsClient {
   using GradientBuffer = transport::Held<std::vector<NamedTensor>>;
   Handle push(const std::shared_ptr<GradientBuffer>& gradients);
   Handle push_pull(const std::shared_ptr<GradientBuffer>& gradients);
+  // One-way to every server: this worker has no batch to train for now, so a sync step or a
+  // bounded-staleness reply need not wait for its gradient (ps_server.h, Idle). Say it each
+  // time there is no batch: a step applied makes the servers wait for it again.
+  void idle();
   std::vector<ServerStats> stats();  // one per server, in endpoint order (synchronous)
   void shutdown_servers();           // asks every server to stop and waits for the replies
 

@@ -383,7 +383,8 @@ void ParameterServer::handle_malformed(const Frames& frames, const DecodeResult&
   // long enough, even if the version or type is wrong (so the sender learns why).
   const bool addressable = frames.size() >= 2 && frames[1].size() >= 16 &&
                            read_u32(frames[1].data<uint8_t>()) == transport::kMagic;
-  const bool one_way = r.header_ok && r.message.header.type == MessageType::Push;
+  const bool one_way = r.header_ok && (r.message.header.type == MessageType::Push ||
+                                       r.message.header.type == MessageType::Idle);
   if (!addressable || one_way) {
     count(&ServerStats::dropped);
     log_once(kind, r.error + " (dropped)");
@@ -470,6 +471,20 @@ void ParameterServer::handle(Frames& frames) {
       if (!error.empty())
         return reply_error(peer, type, id, "checkpoint failed: " + error, "checkpoint failed");
       return reply_extra(peer, id, path);
+    }
+    case MessageType::Idle: {
+      if (!m.tensors.empty() || !m.extra.empty()) {
+        count(&ServerStats::dropped);
+        log_once("Idle: not empty", "an Idle message carries nothing (dropped)");
+        return;
+      }
+      if (options_.mode == PsMode::Async) return;
+      clocks_.idle(std::string(peer.data<char>(), peer.size()));
+      // The step in progress may wait only for this worker's gradient: it need not.
+      if (options_.mode == PsMode::Sync && shard_.pending() > 0 &&
+          shard_.pending() >= replicas_needed(Clock::now()))
+        finish_sync_step();
+      return;
     }
     case MessageType::Shutdown:
       reply_extra(peer, id, "");
@@ -584,6 +599,7 @@ void ParameterServer::finish_sync_step() {
   std::vector<Pending> held;
   held.swap(held_);
   for (const auto& p : held) reply_pending(p);
+  clocks_.clear_idle();  // the next step waits for every worker again (an idle one says so again)
 }
 
 int ParameterServer::replicas_needed(Clock::time_point now) const {

@@ -38,6 +38,11 @@
 //   PushPull  as Push, then a Reply with every parameter after the update.
 //   Stats     Reply with ServerStats as JSON in extra.
 //   Shutdown  Reply, then the thread stops serving (requests after it go unanswered).
+//   Idle      one-way, from a worker with no batch to train for now (the end of an epoch's
+//             share, waiting for the next): until its next push it holds nobody back, neither a
+//             sync step (which would otherwise wait worker_timeout_ms for its gradient) nor a
+//             bounded-staleness reply. A sync step applied makes it count again: a worker still
+//             idle says so again (PsClient::idle, each time the coordinator has no batch for it).
 //   Checkpoint writes the shard now (see below) and replies with the file's path in extra; Error
 //             "checkpoints unsupported" without a checkpoint_dir, "not initialised yet" before Init.
 //   Anything else: Error "unsupported".

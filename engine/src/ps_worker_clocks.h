@@ -22,12 +22,19 @@ class WorkerClocks {
   // Any message from `worker`: a registered worker stays active (unknown ones are ignored: a
   // worker counts once it has pushed, so a reader that never pushes holds nobody back).
   void heard(const std::string& worker, Clock::time_point now);
+  // `worker` has no batch to train for now (an Idle message): until its next push it holds
+  // nobody back (active and within leave it out), as if it had left; sync steps end it sooner
+  // (clear_idle). Unknown workers are ignored.
+  void idle(const std::string& worker);
+  // Every idle worker counts again (a sync step was applied: the next waits for them again,
+  // unless they say Idle again).
+  void clear_idle();
   // The clock of a registered worker, or false.
   bool clock(const std::string& worker, uint64_t& out) const;
   // May a worker at `clock` be answered: true when no active worker is more than `bound`
   // versions behind it (or none is active).
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
-  // Workers heard from within the timeout; workers ever registered.
+  // Workers heard from within the timeout and not idle; workers ever registered.
   int active(Clock::time_point now) const;
   int known() const { return static_cast<int>(workers_.size()); }
 
@@ -35,6 +42,7 @@ class WorkerClocks {
   struct Worker {
     uint64_t version = 0;
     Clock::time_point last_heard;
+    bool idle = false;
   };
   Clock::duration timeout_;
   std::map<std::string, Worker> workers_;

@@ -23,7 +23,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #error "cannot tell this compiler's byte order; the wire protocol needs a little-endian host"
 #endif
 
-constexpr uint16_t kLastType = static_cast<uint16_t>(MessageType::Error);
+constexpr uint16_t kLastType = static_cast<uint16_t>(MessageType::Idle);
 // The smallest tensor entry: a 1-byte name, dtype, rank 0 and the byte length.
 constexpr uint64_t kMinEntryBytes = 2 + 1 + 1 + 1 + 8;
 constexpr uint64_t kExtraLengthBytes = 4;
@@ -211,6 +211,8 @@ const char* to_string(MessageType type) {
       return "Reply";
     case MessageType::Error:
       return "Error";
+    case MessageType::Idle:
+      return "Idle";
   }
   return "unknown";
 }

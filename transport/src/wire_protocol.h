@@ -50,6 +50,7 @@ enum class MessageType : uint16_t {
   Shutdown,    // -> server: stop
   Reply,       // server -> requester: success, echoing request_id
   Error,       // server -> requester: failure, the text in the extra blob
+  Idle,        // worker -> server: one-way: it has no batch to train for now (ps_server.h)
 };
 
 // The name of a type ("PushPull"), or "unknown" for a value outside the enum.
