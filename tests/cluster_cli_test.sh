@@ -379,6 +379,8 @@ intruder=$!
 stranger=$!
 "$tandem" scores --coordinator "$address9" --wait 1 >/dev/null 2>"$dir/s9-plain" &
 plain=$!
+# (After the first score: under a sanitizer on a loaded machine it can come later than --wait.)
+wait_for "$dir/run9/metrics.jsonl" '"type":"score"' 60
 scores=$("$tandem" scores --coordinator "$dir/run9/cluster.json" --curve-client-secret \
   "$dir/client.key_secret" --wait 1 2>&1)
 check "tandem scores with the admitted key reads the scores" grep -q '"loss"' <<<"$scores"

@@ -212,7 +212,8 @@ void resolve(ClusterCommandOptions& o) {
     if (!is_dataset_store(store_path)) {
       std::fprintf(stderr, "preparing %s from %s\n", store_path.c_str(), o.data.c_str());
       const DataSplits splits = load_mnist_splits(o.data);
-      write_dataset_store(splits, store_path, StoreWriteOptions{},
+      const StoreWriteOptions defaults;
+      write_dataset_store(splits, store_path, defaults,
                           json{{"source", o.data}, {"by", "tandem launch"}});
     }
   }
@@ -364,14 +365,11 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     std::ofstream(path + ".tmp") << spec.dump(2) << "\n";
     std::filesystem::rename(path + ".tmp", path);
   };
-  o.cluster.on_tick = [&](const Coordinator& c) {
-    if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
-    const std::vector<ScoreRecord> scores = c.scores();
-    const json state = c.state();
-    const json& cl = state["cluster"];
+  // Each score once, in order, to TensorBoard, the metrics log and the terminal.
+  double rate = 0.0;  // the cluster's samples/s at the newest tick
+  auto show_scores = [&](const std::vector<ScoreRecord>& scores) {
     for (; scores_shown < scores.size(); ++scores_shown) {
       const ScoreRecord& s = scores[scores_shown];
-      const double rate = cl.value("samples_per_s", 0.0);
       tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss));
       tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy));
       tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate));
@@ -386,6 +384,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
         progress.print_line(line);
       }
     }
+  };
+  o.cluster.on_tick = [&](const Coordinator& c) {
+    if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
+    const json state = c.state();
+    const json& cl = state["cluster"];
+    rate = cl.value("samples_per_s", 0.0);
+    show_scores(c.scores());
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
       metrics.write(json{{"type", "cluster"}, {"state", cl["state"]}, {"elapsed_s", cl["elapsed_s"]},
@@ -415,6 +420,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                               {"--gpus", gpu_list(o.cluster.worker_gpus[i])});
   }
   const ClusterSummary summary = run.run(launcher.get());
+  // A score the scorer published after the last tick: the curves hold every score the summary
+  // counts.
+  show_scores(summary.scores);
   progress.finish();
   tensorboard.close();
   print_summary(o, summary);
