@@ -50,9 +50,9 @@ struct DatasetStore {
   struct Split {
     zarr::Array images;  // [rows, features] (or [rows, h, w], flattened by readers)
     zarr::Array labels;  // [rows], any integer dtype with values < num_classes
-    bool has_labels = true;  // false only when opened with Labels::Optional and it has none
     int64_t rows = 0;
     int64_t features = 0;
+    bool has_labels = true;  // false only when opened with Labels::Optional and it has none
   };
   std::string path;
   nlohmann::json attributes;
