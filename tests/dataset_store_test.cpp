@@ -28,6 +28,10 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
+// The default write options, named: GCC 12 warns (-Wmaybe-uninitialized, inside libstdc++'s
+// string) on a StoreWriteOptions temporary such as a {} argument, wrongly.
+const StoreWriteOptions kDefaults;
+
 DataSplits small_splits(PixelType type = PixelType::UInt8) {
   DataSplits s;
   s.train = test::random_dataset(type, 137, 12, 10, 11);
@@ -164,22 +168,23 @@ TEST(DatasetStore, SquareFeaturesGiveASquareImageShape) {
   s.train = test::random_dataset(PixelType::UInt8, 10, 16, 10, 3);
   s.validation = Dataset(PixelType::UInt8, 0, 16, 10);
   s.test = Dataset(PixelType::UInt8, 0, 16, 10);
-  write_dataset_store(s, dir.file("s"), {}, nullptr);
+  write_dataset_store(s, dir.file("s"), kDefaults, nullptr);
   const DatasetStore store = DatasetStore::open(dir.file("s"));
   EXPECT_EQ(store.attributes["image_shape"], nlohmann::json({4, 4}));
   EXPECT_EQ(store.validation.rows, 0);
   EXPECT_EQ(read_split(store.test, 10, "test").rows(), 0);
   // An image shape that does not describe the features is refused.
-  EXPECT_THROW(write_dataset_store(s, dir.file("t"), {}, {{"image_shape", {3, 4}}}), InputError);
+  EXPECT_THROW(write_dataset_store(s, dir.file("t"), kDefaults, {{"image_shape", {3, 4}}}),
+               InputError);
 }
 
 TEST(DatasetStore, RefusesAnExistingOut) {
   TempDir dir;
   const DataSplits splits = small_splits();
   const std::string out = dir.file("store.zarr");
-  write_dataset_store(splits, out, {}, nullptr);
+  write_dataset_store(splits, out, kDefaults, nullptr);
   try {
-    write_dataset_store(splits, out, {}, nullptr);
+    write_dataset_store(splits, out, kDefaults, nullptr);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(out), std::string::npos) << e.what();
@@ -313,7 +318,7 @@ TEST(DatasetStore, StopFlagEndsTheWriteAndLeavesNothing) {
   EXPECT_TRUE(entries(dir.path()).empty()) << entries(dir.path())[0];
 
   stop.store(false);
-  write_dataset_store(splits, out, StoreWriteOptions{}, nullptr);
+  write_dataset_store(splits, out, kDefaults, nullptr);
   o.overwrite = true;
   o.copies = 4;
   EXPECT_THROW(write_dataset_store(splits, out, o, nullptr), StoreWriteStopped);
@@ -346,7 +351,7 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
     fs::create_directories(d + "/images/c/0");
     std::ofstream(d + "/images/c/0/0") << "x";
   }
-  write_dataset_store(small_splits(), out, StoreWriteOptions{}, nullptr);
+  write_dataset_store(small_splits(), out, kDefaults, nullptr);
   std::vector<std::string> want = {"other.zarr.partial-" + std::to_string(dead), "store.zarr",
                                    "store.zarr.old-" + std::to_string(dead),
                                    "store.zarr.partial-" + std::to_string(::getppid())};

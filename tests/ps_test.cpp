@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <future>
 #include <limits>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -173,11 +174,24 @@ TEST(ParameterServer, InitWithoutTensorsBeforeChiefIsAnErrorThenWorks) {
     FAIL() << "expected ServerError";
   } catch (const ServerError& e) {
     EXPECT_NE(std::string(e.what()).find("not initialised yet"), std::string::npos) << e.what();
+    EXPECT_TRUE(e.not_initialised()) << e.kind();
   }
   PsClient chief({server.endpoint()}, client_options(&ctx));
   const auto params = small_params(2);
   chief.init(params).wait();
   EXPECT_TRUE(bit_equal(worker.init({}).wait().tensors, params));
+  // Another reason has another kind: callers that wait out "not initialised" do not wait this.
+  auto nan = gradients_like(params, 3);
+  nan[0].values[1] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    worker.push_pull(nan).wait();
+    FAIL() << "expected ServerError";
+  } catch (const ServerError& e) {
+    EXPECT_EQ(e.kind(), "non-finite") << e.what();
+    EXPECT_FALSE(e.not_initialised());
+    EXPECT_NE(std::string(e.what()).find("non-finite value at element 1"), std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(worker.names(), (std::vector<std::string>{"w", "b"}));
 }
 
@@ -703,25 +717,44 @@ std::vector<NamedTensor> mean_of(const std::vector<NamedTensor>& a, const std::v
   return out;
 }
 
-// A sync-mode server that aggregates two replicas (its step timeout not reached when both push)
-// and two registered clients; `a` initialised the parameters.
+struct SyncTimeouts {
+  int step_ms = 4000;  // not reached when both push
+  int worker_ms = ServerOptions().worker_timeout_ms;
+  int client_ms = 5000;
+};
+
+// A sync-mode server that aggregates two replicas and two registered clients; `a` initialised
+// the parameters. `b` may be dropped (reset) to stand for a worker gone.
 struct TwoReplicaSyncServer {
-  TwoReplicaSyncServer(const std::string& name, const std::vector<NamedTensor>& params)
-      : server(options(ctx, name)),
-        a({server.endpoint()}, client_options(&ctx)),
-        b({server.endpoint()}, client_options(&ctx)) {
+  TwoReplicaSyncServer(const std::string& name, const std::vector<NamedTensor>& params,
+                       SyncTimeouts t = {})
+      : server(options(ctx, name, t)),
+        a({server.endpoint()}, client_options(&ctx, t.client_ms)),
+        b(std::make_unique<PsClient>(std::vector<std::string>{server.endpoint()},
+                                     client_options(&ctx, t.client_ms))) {
     a.init(params).wait();
-    b.init({}).wait();
+    b->init({}).wait();
   }
-  static ServerOptions options(zmq::context_t& ctx, const std::string& name) {
+  static ServerOptions options(zmq::context_t& ctx, const std::string& name, SyncTimeouts t) {
     ServerOptions o = mode_options(ctx, name, PsMode::Sync);
     o.replicas_to_aggregate = 2;
-    o.step_timeout_ms = 4000;
+    o.step_timeout_ms = t.step_ms;
+    o.worker_timeout_ms = t.worker_ms;
     return o;
+  }
+  // The first step, on both clients' gradients, mirrored in `ref`.
+  void step_on_both(ReferenceAdam& ref, const std::vector<NamedTensor>& params, uint32_t seed) {
+    const auto ga = gradients_like(params, seed), gb = gradients_like(params, seed + 1);
+    auto ha = a.push_pull(ga);
+    auto hb = b->push_pull(gb);
+    EXPECT_EQ(ha.wait().version, 1u);  // one step on both gradients
+    EXPECT_EQ(hb.wait().version, 1u);
+    ref.apply(mean_of(ga, gb));
   }
   zmq::context_t ctx;
   ParameterServer server;
-  PsClient a, b;
+  PsClient a;
+  std::unique_ptr<PsClient> b;
 };
 
 int64_t ms_since(std::chrono::steady_clock::time_point start) {
@@ -733,7 +766,7 @@ TEST(PsMode, SyncAggregatesReplicasIntoOneAdamStepOnTheMean) {
   const auto params = small_params(20);
   TwoReplicaSyncServer sync("ps-sync-mean", params);
   ParameterServer& server = sync.server;
-  PsClient &a = sync.a, &b = sync.b;
+  PsClient &a = sync.a, &b = *sync.b;
   ReferenceAdam ref(params);
   for (int step = 1; step <= 3; ++step) {
     const auto ga = gradients_like(params, 700 + 10 * uint32_t(step));
@@ -761,7 +794,7 @@ TEST(PsMode, SyncDropsAndCountsStaleGradients) {
   TwoReplicaSyncServer sync("ps-sync-stale", params);
   zmq::context_t& ctx = sync.ctx;
   ParameterServer& server = sync.server;
-  PsClient &a = sync.a, &b = sync.b;
+  PsClient &a = sync.a, &b = *sync.b;
   PsClient late({server.endpoint()}, client_options(&ctx));
   late.init({}).wait();  // computes on version 0
   ReferenceAdam ref(params);
@@ -824,7 +857,7 @@ TEST(ParameterServer, ServesThroughSignalsLandingOnItsThreads) {
 TEST(PsMode, SyncDropsAStepWhoseSummedGradientsOverflow) {
   const auto params = small_params(24);
   TwoReplicaSyncServer sync("ps-sync-overflow", params);
-  PsClient &a = sync.a, &b = sync.b;
+  PsClient &a = sync.a, &b = *sync.b;
   auto huge = gradients_like(params, 1700);
   huge[0].values[5] = 3e38f;  // finite; twice it is not
   auto ha = a.push_pull(huge);
@@ -901,26 +934,13 @@ TEST(PsMode, SyncWorkerThatNeverPushesHoldsBackOnlyTheFirstStep) {
 // need only the gradients of the workers still pushing, instead of each waiting out the step
 // timeout (a cluster whose worker was killed goes on at full speed).
 TEST(PsMode, SyncStepsWithTheWorkersLeftOnceOneIsGone) {
-  zmq::context_t ctx;
-  ServerOptions o = mode_options(ctx, "ps-sync-gone", PsMode::Sync);
-  o.replicas_to_aggregate = 2;
-  o.step_timeout_ms = 10000;
-  o.worker_timeout_ms = 300;
-  ParameterServer server(o);
   const auto params = small_params(24);
-  PsClient a({server.endpoint()}, client_options(&ctx, 5000));
-  a.init(params).wait();
+  TwoReplicaSyncServer sync("ps-sync-gone", params, {10000, 300, 5000});
+  ParameterServer& server = sync.server;
+  PsClient& a = sync.a;
   ReferenceAdam ref(params);
-  {
-    PsClient b({server.endpoint()}, client_options(&ctx, 5000));
-    b.init({}).wait();
-    const auto ga = gradients_like(params, 1900), gb = gradients_like(params, 1901);
-    auto ha = a.push_pull(ga);
-    auto hb = b.push_pull(gb);
-    EXPECT_EQ(ha.wait().version, 1u);  // one step on both gradients
-    EXPECT_EQ(hb.wait().version, 1u);
-    ref.apply(mean_of(ga, gb));
-  }  // b is gone
+  sync.step_on_both(ref, params, 1900);
+  sync.b.reset();  // b is gone
   for (int step = 2; step <= 5; ++step) {
     const auto g = gradients_like(params, 1900 + uint32_t(step));
     const auto start = std::chrono::steady_clock::now();
@@ -939,26 +959,14 @@ TEST(PsMode, SyncStepsWithTheWorkersLeftOnceOneIsGone) {
 // again, and an Idle from a worker the server has not seen push, or one with tensors, changes
 // nothing.
 TEST(PsMode, SyncStepNeedNotWaitForAnIdleWorker) {
-  zmq::context_t ctx;
-  ServerOptions o = mode_options(ctx, "ps-sync-idle", PsMode::Sync);
-  o.replicas_to_aggregate = 2;
-  o.step_timeout_ms = 60000;
-  o.worker_timeout_ms = 60000;
-  ParameterServer server(o);
   const auto params = small_params(26);
-  PsClient a({server.endpoint()}, client_options(&ctx, 10000));
-  PsClient b({server.endpoint()}, client_options(&ctx, 10000));
-  PsClient reader({server.endpoint()}, client_options(&ctx, 10000));
-  a.init(params).wait();
-  b.init({}).wait();
+  TwoReplicaSyncServer sync("ps-sync-idle", params, {60000, 60000, 10000});
+  ParameterServer& server = sync.server;
+  PsClient &a = sync.a, &b = *sync.b;
+  PsClient reader({server.endpoint()}, client_options(&sync.ctx, 10000));
   reader.init({}).wait();
   ReferenceAdam ref(params);
-  const auto ga = gradients_like(params, 2600), gb = gradients_like(params, 2601);
-  auto ha = a.push_pull(ga);
-  auto hb = b.push_pull(gb);
-  EXPECT_EQ(ha.wait().version, 1u);
-  EXPECT_EQ(hb.wait().version, 1u);
-  ref.apply(mean_of(ga, gb));
+  sync.step_on_both(ref, params, 2600);
   // a's next gradient waits for b's; b has no batch and says so.
   const auto g2 = gradients_like(params, 2602);
   auto h2 = a.push_pull(g2);
@@ -1155,6 +1163,7 @@ TEST(PsCheckpoint, RequestWritesAFileThatReadsBackBitExactly) {
   transport::Message reply;
   ASSERT_TRUE(raw.receive(reply));
   EXPECT_EQ(reply.header.type, MessageType::Error);
+  EXPECT_EQ(transport::decode_error_reason(reply.extra).kind, "unsupported") << reply.extra;
 }
 
 TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {

@@ -430,6 +430,28 @@ std::vector<BadCase> bad_cases() {
   };
 }
 
+// An Error reply's kind travels apart from its text, through a whole message, so a requester
+// acts on the kind; a blob without a newline (an older server's) is all text, of no kind.
+TEST(WireProtocol, ErrorReasonKeepsKindAndTextApart) {
+  const std::string text = "not initialised yet\nsecond line: a kind's words in the text";
+  const Message sent = make_message(MessageType::Error, 7, 3, {},
+                                    encode_error_reason(kNotInitialised, text));
+  const OutgoingMessage out = encode_message(sent, {});
+  const DecodeResult r = decode(out.frames());
+  ASSERT_TRUE(r.ok()) << r.error;
+  const ErrorReason reason = decode_error_reason(r.message.extra);
+  EXPECT_EQ(reason.kind, kNotInitialised);
+  EXPECT_EQ(reason.text, text);
+
+  const ErrorReason bare = decode_error_reason("not initialised yet");
+  EXPECT_EQ(bare.kind, "");
+  EXPECT_EQ(bare.text, "not initialised yet");
+  const ErrorReason empty_kind = decode_error_reason(encode_error_reason("", "why"));
+  EXPECT_EQ(empty_kind.kind, "");
+  EXPECT_EQ(empty_kind.text, "why");
+  EXPECT_THROW(encode_error_reason("two\nlines", "why"), InputError);
+}
+
 TEST(WireProtocolDecode, EachErrorFromACraftedFrameSet) {
   std::set<DecodeError> seen;
   for (const BadCase& c : bad_cases()) {

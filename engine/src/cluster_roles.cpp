@@ -185,6 +185,15 @@ void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const 
                 std::to_string(o.coordinator_lost_ms / 1000) + " s");
 }
 
+// One field of every live member of a role, in index order, from the coordinator's answer to
+// a "spec" request ("ps", "address": the parameter servers' addresses).
+std::vector<std::string> spec_field(const json& spec_reply, const char* role, const char* field) {
+  std::vector<std::string> out;
+  if (!spec_reply.contains("spec") || !spec_reply["spec"].contains(role)) return out;
+  for (const json& member : spec_reply["spec"][role]) out.push_back(member.at(field));
+  return out;
+}
+
 // Waits until the coordinator says the cluster is complete; returns the parameter servers'
 // addresses in index order, or an empty list when training ended meanwhile.
 std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptions& o,
@@ -194,8 +203,7 @@ std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptio
     const std::string phase = reply.value("phase", std::string());
     if (training_over(phase) || training_over(link.phase())) return {};
     if (reply.value("ready", false)) {
-      std::vector<std::string> endpoints;
-      for (const json& ps : reply.at("spec").at("ps")) endpoints.push_back(ps.at("address"));
+      const std::vector<std::string> endpoints = spec_field(reply, "ps", "address");
       if (endpoints.empty()) throw Error(who + ": the cluster has no parameter server");
       return endpoints;
     }
@@ -206,11 +214,9 @@ std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptio
 
 // Whether the chief worker (worker0) is among the live workers the coordinator lists.
 bool chief_alive(CoordinatorLink& link) {
-  const json reply = link.request({{"type", "spec"}});
-  if (!reply.contains("spec") || !reply["spec"].contains("worker")) return false;
-  for (const json& w : reply["spec"]["worker"])
-    if (w.value("name", std::string()) == "worker0") return true;
-  return false;
+  const std::vector<std::string> workers =
+      spec_field(link.request({{"type", "spec"}}), "worker", "name");
+  return std::find(workers.begin(), workers.end(), "worker0") != workers.end();
 }
 
 // The chief sets the parameters; the others wait until someone has. A worker whose wait finds the
@@ -229,7 +235,7 @@ bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& l
       model.parameters() = std::move(result.tensors);
       return true;
     } catch (const ServerError& e) {
-      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
+      if (!e.not_initialised()) throw;
     }
     if (training_over(link.phase())) return false;
     if (may_stand_in && initial.empty() && Clock::now() >= next_chief_check) {
@@ -300,7 +306,7 @@ bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const
     } catch (const ServerError& e) {
       // A server restarted without a checkpoint to resume from: give it this worker's newest
       // parameters (the first Init wins; the servers that kept theirs ignore it).
-      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
+      if (!e.not_initialised()) throw;
       try {
         model.parameters() = client.init(model.parameters()).wait().tensors;
         return true;
@@ -745,7 +751,10 @@ static void worker_role(const RoleOptions& o) {
       if (!reply.contains("task")) {
         // No batch for now (the others finish the epoch): a sync step need not wait for this
         // worker's gradient, nor a bounded-staleness reply for its clock. Advisory: a server
-        // that misses it waits as it would have.
+        // that misses it waits as it would have. Said at every poll, not once: a server counts
+        // an idle worker again after each sync step it applies (so that one back at work is
+        // waited for), and this worker cannot see when that happens; an empty one-way message
+        // per poll (50 ms) costs next to nothing.
         if (s.ps_mode != "async") {
           try {
             client.idle();
@@ -837,6 +846,15 @@ static void scorer_role(const RoleOptions& o) {
       std::chrono::duration<double>(s.score_interval_s));
   double best_loss = std::numeric_limits<double>::infinity();
   auto last_answer = Clock::now();
+  // A server restarting (silent), or restarted with no checkpoint to resume from (no
+  // parameters until a worker's repull gives it some): score again at the next interval,
+  // unless this has gone on for init_timeout_ms.
+  const auto try_again_later = [&](const char* problem, const std::exception& e) {
+    if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
+      throw Error(r.name + ": " + problem + " for " + std::to_string(s.init_timeout_ms / 1000) +
+                  " s: " + e.what());
+    std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+  };
   for (auto next = Clock::now();;) {
     const std::string phase = link.phase();
     if (training_over(phase)) break;
@@ -854,20 +872,11 @@ static void scorer_role(const RoleOptions& o) {
       result = client.pull().wait();
       last_answer = Clock::now();
     } catch (const transport::TransportError& e) {
-      // A server restarting: score again at the next interval, unless this has gone on too long.
-      if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
-        throw Error(r.name + ": the parameter servers have not answered for " +
-                    std::to_string(s.init_timeout_ms / 1000) + " s: " + e.what());
-      std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+      try_again_later("the parameter servers have not answered", e);
       continue;
     } catch (const ServerError& e) {
-      // A server restarted with no checkpoint to resume from has nothing until a worker gives
-      // it its parameters (repull): the same wait, not the scorer's end.
-      if (std::string(e.what()).find("not initialised") == std::string::npos) throw;
-      if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
-        throw Error(r.name + ": a parameter server has had no parameters for " +
-                    std::to_string(s.init_timeout_ms / 1000) + " s: " + e.what());
-      std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+      if (!e.not_initialised()) throw;
+      try_again_later("a parameter server has had no parameters", e);
       continue;
     }
     model.parameters() = std::move(result.tensors);

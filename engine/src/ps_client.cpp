@@ -42,6 +42,12 @@ std::vector<bool> holding(const std::vector<std::vector<FloatTensorRef>>& per_se
   return out;
 }
 
+// A server's Error reply: its text for people, its kind for the caller to act on.
+ServerError error_reply(const std::string& where, const transport::Message& reply) {
+  const transport::ErrorReason reason = transport::decode_error_reason(reply.extra);
+  return ServerError(where + ": " + reason.text, reason.kind);
+}
+
 }  // namespace
 
 PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions options)
@@ -297,8 +303,7 @@ PsResult PsClient::collect(Handle& handle, std::vector<NamedTensor>* out) {
     replies[k] = transport::decode_frames(frames[k], 0, options_.limits);
     const DecodeResult& r = replies[k];
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
-    if (r.message.header.type == MessageType::Error)
-      throw ServerError(where + ": " + r.message.extra);
+    if (r.message.header.type == MessageType::Error) throw error_reply(where, r.message);
     if (r.message.header.type != MessageType::Reply)
       throw TransportError(where + " answered with a " +
                            transport::to_string(r.message.header.type) + ", not a Reply");
@@ -452,8 +457,10 @@ std::vector<ServerStats> PsClient::stats() {
     const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
     const std::string where = "parameter server " + servers_[part.server]->endpoint;
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
+    if (r.message.header.type == MessageType::Error) throw error_reply(where, r.message);
     if (r.message.header.type != MessageType::Reply)
-      throw ServerError(where + ": " + r.message.extra);
+      throw TransportError(where + " answered with a " +
+                           transport::to_string(r.message.header.type) + ", not a Reply");
     out.push_back(stats_from_json(r.message.extra));
   }
   return out;

@@ -42,10 +42,19 @@
 
 namespace tandem {
 
-// A server answered with an Error; the text names the server and carries its reason.
+// A server answered with an Error, or with tensors that do not fit the model; the text names the
+// server and carries its reason. kind() is the server's kind of reason (transport::ErrorReason),
+// empty when the client found the problem itself: the thing to test, never the text.
 class ServerError : public Error {
  public:
-  using Error::Error;
+  explicit ServerError(const std::string& what, std::string kind = {})
+      : Error(what), kind_(std::move(kind)) {}
+  const std::string& kind() const { return kind_; }
+  // The server has no parameters yet (before the chief's Init, or restarted with no checkpoint).
+  bool not_initialised() const { return kind_ == transport::kNotInitialised; }
+
+ private:
+  std::string kind_;
 };
 
 struct ClientOptions {

@@ -348,9 +348,10 @@ void ParameterServer::reply_error(const zmq::message_t& peer, MessageType type,
   // Type Error stands for "a request whose type could not be read" (see handle_malformed).
   const std::string what =
       type == MessageType::Error ? "unreadable request" : transport::to_string(type);
-  if (kind != "not initialised") log_once(what + ": " + kind, text);
+  if (kind != transport::kNotInitialised) log_once(what + ": " + kind, text);
   const auto out = transport::encode_message(
-      transport::make_message(MessageType::Error, request_id, uint64_t(shard_.step()), {}, text),
+      transport::make_message(MessageType::Error, request_id, uint64_t(shard_.step()), {},
+                              transport::encode_error_reason(kind, text)),
       {});
   transport::send_message(socket_, out, &peer, endpoint_);
 }
@@ -423,7 +424,7 @@ void ParameterServer::handle(Frames& frames) {
       if (!shard_.initialized()) {
         if (m.tensors.empty())
           return reply_error(peer, type, id, "not initialised yet (retry after the chief's Init)",
-                             "not initialised");
+                             transport::kNotInitialised);
         const std::string problem = shard_.check_initial(m, r.tensor_data);
         if (!problem.empty()) return reply_error(peer, type, id, problem, "bad initial tensor");
         shard_.initialize(m, r.tensor_data);
@@ -434,7 +435,8 @@ void ParameterServer::handle(Frames& frames) {
     }
     case MessageType::Pull: {
       if (!shard_.initialized())
-        return reply_error(peer, type, id, "not initialised yet", "not initialised");
+        return reply_error(peer, type, id, "not initialised yet",
+                           transport::kNotInitialised);
       if (!m.tensors.empty())
         return reply_error(peer, type, id, "a Pull carries no tensors", "tensors in a Pull");
       const std::string problem = shard_.select(split_names(m.extra), entries);
@@ -444,7 +446,7 @@ void ParameterServer::handle(Frames& frames) {
     }
     case MessageType::Push:
     case MessageType::PushPull: {
-      std::string kind = "not initialised";
+      std::string kind = transport::kNotInitialised;
       std::string problem = shard_.initialized()
                                 ? shard_.stage_gradients(m, r.tensor_data, kind)
                                 : std::string("not initialised yet");
@@ -463,7 +465,8 @@ void ParameterServer::handle(Frames& frames) {
         return reply_error(peer, type, id, "checkpoints unsupported: no checkpoint_dir",
                            "unsupported");
       if (!shard_.initialized())
-        return reply_error(peer, type, id, "not initialised yet", "not initialised");
+        return reply_error(peer, type, id, "not initialised yet",
+                           transport::kNotInitialised);
       // Answered once the file is written (the writer then has nothing older queued: a
       // submission that had not started was replaced by this one).
       const std::string path = submit_checkpoint();

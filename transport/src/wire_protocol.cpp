@@ -303,6 +303,18 @@ Message make_message(MessageType type, uint64_t request_id, uint64_t parameter_v
   return m;
 }
 
+std::string encode_error_reason(const std::string& kind, const std::string& text) {
+  if (kind.find('\n') != std::string::npos)
+    throw InputError("wire protocol: an error kind holds a newline: " + quoted(kind));
+  return kind + '\n' + text;
+}
+
+ErrorReason decode_error_reason(const std::string& extra) {
+  const size_t newline = extra.find('\n');
+  if (newline == std::string::npos) return {std::string(), extra};
+  return {extra.substr(0, newline), extra.substr(newline + 1)};
+}
+
 std::vector<uint8_t> encode_header_frame(const Message& m) {
   const auto type = static_cast<uint16_t>(m.header.type);
   if (type < 1 || type > kLastType)

@@ -49,7 +49,7 @@ enum class MessageType : uint16_t {
   Checkpoint,  // -> server: write a checkpoint
   Shutdown,    // -> server: stop
   Reply,       // server -> requester: success, echoing request_id
-  Error,       // server -> requester: failure, the text in the extra blob
+  Error,       // server -> requester: failure, its kind and text in the extra blob
   Idle,        // worker -> server: one-way: it has no batch to train for now (ps_server.h)
 };
 
@@ -109,6 +109,21 @@ TensorInfo float32_tensor(std::string name, std::vector<int64_t> shape);
 
 Message make_message(MessageType type, uint64_t request_id, uint64_t parameter_version,
                      std::vector<TensorInfo> tensors = {}, std::string extra = {});
+
+// An Error reply's extra blob: the reason's kind, a newline, then the text for people. The kind
+// is a short fixed phrase a requester may act on (kNotInitialised); the text may change between
+// versions, so nobody should match it. A blob with no newline is all text, of no kind (an older
+// server's).
+inline constexpr char kNotInitialised[] = "not initialised";  // no parameters yet: retry later
+
+struct ErrorReason {
+  std::string kind;  // empty: none given
+  std::string text;
+};
+
+// The extra blob for an Error reply; InputError for a kind that holds a newline.
+std::string encode_error_reason(const std::string& kind, const std::string& text);
+ErrorReason decode_error_reason(const std::string& extra);
 
 // Frame 0 of `message`. InputError (naming the tensor and the problem) for an unknown type or
 // dtype, a bad or repeated name, a bad shape, a byte length that does not match the shape, or
