@@ -92,6 +92,8 @@ check "a bad command line exits 1" test $? -eq 1
 check "bad input exits 1" test $? -eq 1
 expect_error "resume into another shape" "784-100-10" \
   "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
+expect_error "--init and --resume together" "not both" \
+  "$tandem" train --data "$real" --init "$dir/one.safetensors" --resume "$dir/one.safetensors"
 head -c 5000 "$dir/model.safetensors" > "$dir/cut.safetensors"
 expect_error "truncated checkpoint" "$dir/cut.safetensors" "$tandem" eval --model "$dir/cut.safetensors" --data "$real"
 printf 'garbage' > "$dir/garbage.safetensors"

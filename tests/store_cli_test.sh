@@ -58,6 +58,16 @@ expect_error "which is no store" "a \`tandem prepare\` that was killed" "$tandem
 check "the next prepare of that store" "$tandem" prepare --out "$dir/big.zarr" --chunk-rows 20000
 check "removes it" test ! -e "$partial" -a -d "$dir/big.zarr"
 
+# Images to classify may come without labels: inspect shows them all the same.
+cp -r "$dir/one.zarr" "$dir/nolabel.zarr"
+rm -r "$dir/nolabel.zarr/test/labels"
+ins=$("$tandem" inspect "$dir/nolabel.zarr" --split test --out "$dir/png-nolabel" --json \
+  2>/dev/null)
+check "inspect of a split without labels agrees with NumPy" \
+  "$python" "$pydir/inspect_check.py" "$dir/nolabel.zarr" "$ins"
+check "... and the text report says it has none" \
+  grep -q "test/labels *none" <("$tandem" inspect "$dir/nolabel.zarr" --out "$dir/png-nolabel")
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

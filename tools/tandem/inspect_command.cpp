@@ -61,12 +61,13 @@ struct SplitReport {
   std::string prefix;  // "", "validation/", "test/"
   const DatasetStore::Split* split;
   ColumnStats images;
-  IntegerHistogram labels;
+  IntegerHistogram labels;  // empty when the split has no labels
 };
 
 void run_inspect(const InspectOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const DatasetStore store = DatasetStore::open(o.store);
+  // Images to classify may come without labels (DatasetStore::Labels): inspect shows them too.
+  const DatasetStore store = DatasetStore::open(o.store, DatasetStore::Labels::Optional);
   const DatasetStore::Split& chosen = o.split == "train"        ? store.train
                                       : o.split == "validation" ? store.validation
                                                                 : store.test;
@@ -91,7 +92,7 @@ void run_inspect(const InspectOptions& o) {
       chosen_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       chosen_report = &r;
     }
-    r.labels = integer_histogram(r.split->labels, o.threads);
+    if (r.split->has_labels) r.labels = integer_histogram(r.split->labels, o.threads);
   }
 
   // The images: row `sample`, the mean and the variance, each scaled by its own range.
@@ -99,7 +100,8 @@ void run_inspect(const InspectOptions& o) {
   std::filesystem::create_directories(o.out, ec);
   if (ec) throw IoError("cannot create the output directory " + o.out + ": " + ec.message());
   const std::vector<double> sample = read_matrix_row(chosen.images, o.sample);
-  const std::vector<double> label_row = read_matrix_row(chosen.labels, o.sample);
+  const nlohmann::json sample_label =
+      chosen.has_labels ? nlohmann::json(read_matrix_row(chosen.labels, o.sample)[0]) : nullptr;
   PngOptions png;
   png.scale = o.scale;
   const std::string sample_png = (std::filesystem::path(o.out) / "sample.png").string();
@@ -121,6 +123,7 @@ void run_inspect(const InspectOptions& o) {
       im["max"] = r.images.max;
       im["mean"] = r.images.overall_mean;
       arrays[r.prefix + "images"] = im;
+      if (!r.split->has_labels) continue;
       nlohmann::json lb = array_json(r.split->labels);
       lb["min"] = r.labels.min;
       lb["max"] = r.labels.max;
@@ -133,7 +136,7 @@ void run_inspect(const InspectOptions& o) {
                      {"num_classes", store.num_classes},
                      {"split", o.split},
                      {"image_shape", {height, width}},
-                     {"sample", {{"row", o.sample}, {"label", label_row[0]}}},
+                     {"sample", {{"row", o.sample}, {"label", sample_label}}},
                      {"files", {{"sample", sample_png}, {"mean", mean_png}, {"variance", variance_png}}},
                      {"arrays", arrays},
                      {"column_mean", chosen_report->images.mean},
@@ -153,6 +156,10 @@ void run_inspect(const InspectOptions& o) {
                 static_cast<long long>(r.split->features), zarr::dtype_name(im.dtype),
                 dims_text(im.chunks).c_str(), im.compressor.describe().c_str(), r.images.min,
                 r.images.max, r.images.overall_mean);
+    if (!r.split->has_labels) {
+      std::printf("  %-18s none\n", (r.prefix + "labels").c_str());
+      continue;
+    }
     std::string hist;
     for (const auto& [value, count] : r.labels.counts)
       hist += " " + std::to_string(value) + ":" + std::to_string(count);
@@ -162,8 +169,11 @@ void run_inspect(const InspectOptions& o) {
                 lm.compressor.describe().c_str(), static_cast<long long>(r.labels.min),
                 static_cast<long long>(r.labels.max), hist.c_str());
   }
-  std::printf("wrote %s (%s row %lld, label %g), %s and %s, %lldx%lld pixels each\n",
-              sample_png.c_str(), o.split.c_str(), static_cast<long long>(o.sample), label_row[0],
+  char label_text[48] = "no label";
+  if (!sample_label.is_null())
+    std::snprintf(label_text, sizeof label_text, "label %g", sample_label.get<double>());
+  std::printf("wrote %s (%s row %lld, %s), %s and %s, %lldx%lld pixels each\n",
+              sample_png.c_str(), o.split.c_str(), static_cast<long long>(o.sample), label_text,
               mean_png.c_str(), variance_png.c_str(), static_cast<long long>(height * o.scale),
               static_cast<long long>(width * o.scale));
   std::printf("mean and variance of %lld x %lld %s images in %.2f s (%.0f MB/s); %.2f s in all\n",

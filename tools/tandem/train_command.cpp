@@ -2,6 +2,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "number_checks.h"
 #include "commands.h"
@@ -36,9 +38,10 @@ struct TrainOptions {
 
 // A resumed run continues the checkpointed one: what the command line leaves out comes from the
 // checkpoint (its hidden widths, optimizer, learning rate, batch, seed and shuffle), and what it
-// gives differently is said, since the run then no longer continues as it would have.
-void continue_checkpointed_run(TrainOptions& o) {
-  const Checkpoint ckpt = load_checkpoint(o.config.resume_path);
+// gives differently is said, since the run then no longer continues as it would have. Returns the
+// checkpoint, read once: the trainer resumes from it.
+Checkpoint continue_checkpointed_run(TrainOptions& o) {
+  Checkpoint ckpt = load_checkpoint(o.config.resume_path);
   TrainConfig& config = o.config;
   auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
     if (given != theirs)
@@ -68,6 +71,7 @@ void continue_checkpointed_run(TrainOptions& o) {
     if (o.shuffle_option->count() == 0) o.shuffle = shuffle->second;
     else note("--shuffle", o.shuffle, shuffle->second);
   }
+  return ckpt;
 }
 
 ModelConfig model_for(const std::string& hidden, int64_t features, int classes) {
@@ -77,7 +81,8 @@ ModelConfig model_for(const std::string& hidden, int64_t features, int classes) 
 
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
-  if (!config.resume_path.empty()) continue_checkpointed_run(o);
+  std::optional<Checkpoint> resume_from;
+  if (!config.resume_path.empty()) resume_from = continue_checkpointed_run(o);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);
@@ -104,7 +109,14 @@ void run_train(TrainOptions& o) {
   }
   const int64_t train_rows = stream ? stream->rows_per_epoch() : data.train.rows();
 
+  // The checkpoint already read goes to the trainer as it is, not by its path (read again).
+  // Checked first with the path in: --init and --resume together are refused.
+  config.validate();
+  const std::string resume_path = std::exchange(config.resume_path, std::string());
   Trainer trainer(config);
+  if (resume_from) trainer.resume(*resume_from, resume_path);
+  config.resume_path = resume_path;
+  resume_from.reset();  // the trainer holds what it needs of it
   ProgressLine progress;
   const int64_t steps_per_epoch = (train_rows + config.batch - 1) / config.batch;
   trainer.on_step = [&](const StepReport& r) {
