@@ -14,7 +14,7 @@ workers=("$@")
 [ ${#workers[@]} -gt 0 ] || workers=(1 2 4)
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-field() { python3 -c "import json,sys; j=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$1" "$2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/bench_helpers.sh"
 
 single=$("$tandem" train --data "$store" --epochs 1 --json 2>/dev/null)
 echo "$single" >"$out/single.json"

@@ -18,7 +18,7 @@ workers=${5:-2}
 for t in "$a" "$b"; do [ -x "$t" ] || { echo "launch_ab: $t is no executable" >&2; exit 2; }; done
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-field() { python3 -c "import json,sys; j=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$1" "$2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/bench_helpers.sh"
 
 [ -d "$out/fm.zarr" ] || "$b" prepare --out "$out/fm.zarr" >/dev/null 2>"$out/prepare.err"
 run() {  # run BINARY LABEL ROUND: prints the summary JSON

@@ -115,7 +115,6 @@ void run_train(TrainOptions& o) {
   const std::string resume_path = std::exchange(config.resume_path, std::string());
   Trainer trainer(config);
   if (resume_from) trainer.resume(*resume_from, resume_path);
-  config.resume_path = resume_path;
   resume_from.reset();  // the trainer holds what it needs of it
   ProgressLine progress;
   const int64_t steps_per_epoch = (train_rows + config.batch - 1) / config.batch;
