@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -103,6 +104,59 @@ void BM_AdamAllParameters(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 4 * (6 + parts));  // read w,m,v,g; write w,m,v
 }
 BENCHMARK(BM_AdamAllParameters)->Arg(1)->Arg(2);
+
+// Two bounds for BM_AdamAllParameters/1, built as the kernel is (the same vector clones and
+// flags): the time of a parameter server's update (bench/RESULTS.md, issue 5) is as long as the
+// longer of its memory traffic and its square roots and divisions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define BOUND_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BOUND_CLONES
+#endif
+
+// Adam's loads and stores and its multiply-adds, with the square root and the division replaced
+// by a multiplication.
+BOUND_CLONES __attribute__((noinline)) void adam_without_sqrt_divide(
+    float* w, float* m, float* v, const float* g, int64_t n, float lr_t,
+    const tandem::kernels::AdamHyper& h) {
+  // Locals, as in the kernel: the stores could alias h, and would keep the loop scalar.
+  const float b1 = h.beta1, b2 = h.beta2, one_b1 = 1.0f - h.beta1, one_b2 = 1.0f - h.beta2;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = b1 * m[i] + one_b1 * g[i];
+    v[i] = b2 * v[i] + one_b2 * g[i] * g[i];
+    w[i] -= lr_t * m[i] * v[i];
+  }
+}
+
+// Adam's square root and division with nothing else: the moments are read, not updated, and
+// there is no gradient.
+BOUND_CLONES __attribute__((noinline)) void sqrt_divide_only(float* w, const float* m,
+                                                              const float* v, int64_t n,
+                                                              float lr_t, float eps) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+}
+
+void BM_AdamBound(benchmark::State& state) {
+  const int64_t n = 79510;
+  const bool memory = state.range(0) == 0;
+  auto w = random_vector(n, 1), m = random_vector(n, 2), v = random_vector(n, 3),
+       g = random_vector(n, 10);
+  for (auto& x : v) x = x * x;
+  const tandem::kernels::AdamHyper h;
+  for (auto _ : state) {
+    if (memory)
+      adam_without_sqrt_divide(w.data(), m.data(), v.data(), g.data(), n, 0.001f, h);
+    else
+      sqrt_divide_only(w.data(), m.data(), v.data(), n, 0.001f, h.epsilon);
+    benchmark::DoNotOptimize(w.data());
+  }
+  state.SetLabel(memory ? "memory: no sqrt or divide" : "sqrt and divide only");
+  state.SetBytesProcessed(state.iterations() * n * 4 * (memory ? 7 : 4));
+}
+BENCHMARK(BM_AdamBound)->Arg(0)->Arg(1);
 
 void BM_GatherScaleU8(benchmark::State& state) {
   const int64_t rows = state.range(0), features = 784, source_rows = 55000;
