@@ -141,7 +141,7 @@ void ChunkManager::stop_threads() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  wake_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }
@@ -152,7 +152,13 @@ void ChunkManager::fail(std::exception_ptr error) {
     if (!error_) error_ = error;
     stopping_ = true;
   }
-  changed_.notify_all();
+  wake_all();
+}
+
+void ChunkManager::wake_all() {
+  band_freed_.notify_all();
+  assembler_go_.notify_all();
+  batch_filled_.notify_all();
 }
 
 size_t ChunkManager::ready_batches() {
@@ -292,7 +298,7 @@ void ChunkManager::reader_loop() {
       Band band;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] {
+        band_freed_.wait(lock, [&] {
           return stopping_ || next_to_read_ >= needed_positions_.size() || free_band_buffers_ > 0;
         });
         if (stopping_ || next_to_read_ >= needed_positions_.size()) return;
@@ -308,7 +314,7 @@ void ChunkManager::reader_loop() {
         std::lock_guard<std::mutex> lock(mutex_);
         ready_bands_.emplace(index, std::move(band));
       }
-      changed_.notify_all();
+      assembler_go_.notify_all();  // each assembler waits for a band of its own
     }
   } catch (...) {
     fail(std::current_exception());
@@ -317,7 +323,7 @@ void ChunkManager::reader_loop() {
 
 const ChunkManager::Band* ChunkManager::acquire_band(size_t cursor) {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return stopping_ || ready_bands_.count(cursor) > 0; });
+  assembler_go_.wait(lock, [&] { return stopping_ || ready_bands_.count(cursor) > 0; });
   if (stopping_) return nullptr;
   // std::map never moves an element, and a ready band is not written again until released.
   return &ready_bands_.at(cursor);
@@ -338,7 +344,7 @@ void ChunkManager::release_band(size_t cursor) {
     spare_bands_.push_back(std::move(band));
     ++free_band_buffers_;
   }
-  changed_.notify_all();
+  band_freed_.notify_one();  // one buffer: one reader can take it
 }
 
 void ChunkManager::assembler_loop() {
@@ -350,7 +356,7 @@ void ChunkManager::assembler_loop() {
       size_t batch_index, slot_index;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] {
+        assembler_go_.wait(lock, [&] {
           return stopping_ || next_batch_ >= my_batches_.size() || !free_slots_.empty();
         });
         if (stopping_ || next_batch_ >= my_batches_.size()) return;
@@ -413,7 +419,7 @@ void ChunkManager::assembler_loop() {
         std::lock_guard<std::mutex> lock(mutex_);
         filled_slots_.emplace(batch_index, slot_index);
       }
-      changed_.notify_all();
+      batch_filled_.notify_one();  // there is one consumer
     }
   } catch (...) {
     fail(std::current_exception());
@@ -425,9 +431,9 @@ bool ChunkManager::next(DatasetView& batch) {
   if (held_slot_ >= 0) {
     free_slots_.push_back(static_cast<size_t>(held_slot_));
     held_slot_ = -1;
-    changed_.notify_all();
+    assembler_go_.notify_all();  // an assembler may be waiting for a band, another for a slot
   }
-  changed_.wait(lock, [&] {
+  batch_filled_.wait(lock, [&] {
     return error_ || stopping_ || next_batch_out_ >= my_batches_.size() ||
            filled_slots_.count(next_batch_out_) > 0;
   });

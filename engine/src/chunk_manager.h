@@ -93,6 +93,7 @@ class ChunkManager final : public BatchStream {
   void release_band(size_t cursor);
   void read_band(int64_t band, Band& out) const;
   void fail(std::exception_ptr error);
+  void wake_all();  // every waiter: stopping, or an error
 
   DatasetStore::Split split_;
   ChunkManagerOptions options_;
@@ -117,7 +118,11 @@ class ChunkManager final : public BatchStream {
 
   // Shared state, guarded by mutex_.
   std::mutex mutex_;
-  std::condition_variable changed_;
+  // One condition per kind of waiter, so that a change wakes only the threads it concerns: on a
+  // machine with fewer cores than threads every needless wake-up takes a core from the copies.
+  std::condition_variable band_freed_;    // readers: a band buffer is free
+  std::condition_variable assembler_go_;  // assemblers: a band is ready, or a slot is free
+  std::condition_variable batch_filled_;  // the consumer: a slot is filled
   bool stopping_ = false;
   std::exception_ptr error_;
   size_t next_to_read_ = 0;             // index into needed_positions_
