@@ -344,7 +344,10 @@ void ChunkManager::release_band(size_t cursor) {
     spare_bands_.push_back(std::move(band));
     ++free_band_buffers_;
   }
-  band_freed_.notify_one();  // one buffer: one reader can take it
+  // One buffer: one reader can take it. A reader that wakes to find nothing left to read returns;
+  // others still waiting stay asleep until a later release or stop_threads() wakes them, and
+  // nothing waits for them before stop_threads().
+  band_freed_.notify_one();
 }
 
 void ChunkManager::assembler_loop() {
