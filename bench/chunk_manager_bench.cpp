@@ -123,22 +123,24 @@ int main(int argc, char** argv) {
       const double decoded_bytes = static_cast<double>(store.train.rows * store.train.features);
       const bool plain = options.compressor.kind == tandem::zarr::Compressor::Kind::None;
       double best_stream = 0, best_ceiling = 0, best_ring_read = 0;
+      const size_t chunk_bytes = store.train.images.meta().chunk_bytes();
       tandem::ChunkManagerOptions o;
       o.batch_rows = batch;
       o.readers = readers;
       o.assemblers = assemblers;
       o.shuffle = shuffle;
       tandem::ChunkManager cm(store.train, store.num_classes, o);  // its buffers are reused
+      // read() into rotating buffers: at least as many in all as the ring has slots, and two per
+      // thread at least.
+      const int buffers_per_thread = std::max(2, (o.ring_slots + readers - 1) / readers);
       for (int round = 0; round < rounds; ++round) {
         // The ceiling: read() for plain stores, the decompressor itself for compressed ones. The
         // first round also warms the page cache for everyone.
-        const size_t chunk_bytes = store.train.images.meta().chunk_bytes();
         const double ceiling = plain ? plain_read_rate(files, readers, chunk_bytes)
                                      : raw_decompress_rate(store.train.images, files, readers);
-        // At least as many buffers as the ring has slots, and two per thread at least.
-        const int per_thread = std::max(2, (o.ring_slots + readers - 1) / readers);
         if (plain)
-          best_ring_read = std::max(best_ring_read, plain_read_rate(files, readers, chunk_bytes, per_thread));
+          best_ring_read = std::max(
+              best_ring_read, plain_read_rate(files, readers, chunk_bytes, buffers_per_thread));
         const auto start = Clock::now();
         cm.start_epoch(round);
         tandem::DatasetView view;

@@ -15,6 +15,7 @@
 #include "cpu/convert_cpu.h"
 #include "cpu/dense_cpu.h"
 #include "cpu/softmax_xent_cpu.h"
+#include "cpu/vector_clones.h"
 
 namespace {
 
@@ -108,16 +109,10 @@ BENCHMARK(BM_AdamAllParameters)->Arg(1)->Arg(2);
 // Two bounds for BM_AdamAllParameters/1, built as the kernel is (the same vector clones and
 // flags): the time of a parameter server's update (bench/RESULTS.md, issue 5) is as long as the
 // longer of its memory traffic and its square roots and divisions.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define BOUND_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BOUND_CLONES
-#endif
 
 // Adam's loads and stores and its multiply-adds, with the square root and the division replaced
 // by a multiplication.
-BOUND_CLONES __attribute__((noinline)) void adam_without_sqrt_divide(
+TANDEM_VECTOR_CLONES __attribute__((noinline)) void adam_without_sqrt_divide(
     float* w, float* m, float* v, const float* g, int64_t n, float lr_t,
     const tandem::kernels::AdamHyper& h) {
   // Locals, as in the kernel: the stores could alias h, and would keep the loop scalar.
@@ -132,7 +127,7 @@ BOUND_CLONES __attribute__((noinline)) void adam_without_sqrt_divide(
 
 // Adam's square root and division with nothing else: the moments are read, not updated, and
 // there is no gradient.
-BOUND_CLONES __attribute__((noinline)) void sqrt_divide_only(float* w, const float* m,
+TANDEM_VECTOR_CLONES __attribute__((noinline)) void sqrt_divide_only(float* w, const float* m,
                                                               const float* v, int64_t n,
                                                               float lr_t, float eps) {
 #pragma omp simd

@@ -2,13 +2,7 @@
 
 #include <cmath>
 
-// Built for AVX-512, AVX2 and baseline x86-64 and picked at load time: the binary stays portable
-// while the optimizer sweep (sqrt and divide per parameter) runs at the machine's vector width.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define TANDEM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TANDEM_VECTOR_CLONES
-#endif
+#include "vector_clones.h"
 
 namespace tandem::kernels {
 
