@@ -775,6 +775,25 @@ TEST(Zarr, CompressorParseAndDescribe) {
   expect_input_error([] { parse_dtype_name("float16"); }, {"float16"});
 }
 
+// zarr-python 3's numcodecs (PyPI) has no snappy: a blosc-snappy store Tandem wrote could not be
+// read there, so Tandem does not write one (its reading is in python/zarr_interop_test.sh, from a
+// store Debian's zarr 2.13 writes).
+TEST(Zarr, BloscSnappyIsNotWritten) {
+  for (const std::string text : {"blosc-snappy", "blosc-snappy-noshuffle:3"}) {
+    expect_input_error([&] { Compressor::parse(text); },
+                       {"compressor '" + text + "'", "snappy", "zarr-python", "expected"});
+  }
+  ArrayMeta meta = make_meta(Format::V2, DType::UInt8, {10}, {5}, "blosc-lz4");
+  meta.compressor.blosc_cname = "snappy";
+  for (const Format format : {Format::V2, Format::V3}) {
+    TempDir dir;
+    meta.format = format;
+    expect_input_error([&] { Array::create(dir.file("a"), meta); },
+                       {dir.file("a"), "blosc-snappy", "zarr-python"});
+    EXPECT_FALSE(fs::exists(dir.file("a")));  // refused before anything is written
+  }
+}
+
 // ---- fuzz ----
 
 // Random bytes and mutated valid chunks for each codec, and mutated metadata for Array::open: the

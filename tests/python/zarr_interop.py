@@ -3,9 +3,10 @@
 
   zarr_interop.py versions
       prints the zarr, dask and numpy versions this Python sees, as JSON
-  zarr_interop.py write DIR [--zarr-format N]
+  zarr_interop.py write DIR [--zarr-format N] [--blosc-cname NAME]
       writes the known arrays into a group at DIR with dask.array.to_zarr and zarr's defaults
-      (compressor, fill value, key separator), and a 0-d array with zarr itself
+      (compressor, fill value, key separator), and a 0-d array with zarr itself; with
+      --blosc-cname (zarr 2 only), dask's arrays with blosc using that compressor instead
   zarr_interop.py check DIR TANDEM_DUMP [--format N]
       reads every known array at DIR with zarr-python and checks it bit-exactly against the
       known values, and against Tandem's reading of the same store (the JSON lines of
@@ -85,9 +86,9 @@ def versions():
     print(json.dumps(info))
 
 
-def write(store, zarr_format):
+def write(store, zarr_format, blosc_cname=None):
     """The known arrays with dask's and zarr's defaults: only shape, chunks (from the dask
-    chunks) and, for f32_sparse, a NaN fill value are chosen."""
+    chunks) and, for f32_sparse, a NaN fill value are chosen (and blosc_cname if given)."""
     import zarr
 
     da = import_dask_array()
@@ -99,6 +100,11 @@ def write(store, zarr_format):
         if zarr_format not in (None, 2):
             sys.exit(f"zarr {zarr.__version__} writes Zarr v2 only")
         zarr.open_group(store, mode="w")
+    if blosc_cname is not None:
+        if v3:
+            sys.exit("--blosc-cname is for zarr 2 (numcodecs' Blosc as the v2 compressor)")
+        from numcodecs import Blosc
+        fmt["compressor"] = Blosc(cname=blosc_cname, clevel=5, shuffle=Blosc.SHUFFLE)
     for name in WRITTEN_BY_DASK:
         dtype, shape, chunks = KNOWN[name]
         x = da.from_array(expected(name), chunks=chunks)
@@ -181,6 +187,7 @@ def main():
     w = sub.add_parser("write")
     w.add_argument("store")
     w.add_argument("--zarr-format", type=int, choices=(2, 3))
+    w.add_argument("--blosc-cname")
     c = sub.add_parser("check")
     c.add_argument("store")
     c.add_argument("tandem_dump")
@@ -190,7 +197,7 @@ def main():
         versions()
         return 0
     if args.command == "write":
-        write(args.store, args.zarr_format)
+        write(args.store, args.zarr_format, args.blosc_cname)
         return 0
     return check(args.store, args.tandem_dump, args.format)
 

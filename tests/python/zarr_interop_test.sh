@@ -70,6 +70,17 @@ compressors="none zstd zstd:0 blosc-lz4 blosc-zstd:3 blosc-lz4-bitshuffle blosc-
 
 # (a) Debian's dask 2022.12 + zarr 2.13: Zarr v2.
 run "dask 2022.12/zarr 2 writes v2 (defaults), Tandem reads" python_to_tandem "$debian_python" 2
+# Debian's numcodecs has blosc-snappy, which Tandem reads but does not write (PyPI's numcodecs,
+# zarr 3's, is built without it).
+snappy_to_tandem() {
+  n=$((n + 1))
+  local store=$dir/py$n
+  "$debian_python" "$script" write "$store" --blosc-cname snappy &&
+    "$tool" dump "$store" >"$store.jsonl" &&
+    grep -q '"blosc-snappy' "$store.jsonl" &&
+    "$debian_python" "$script" check "$store" "$store.jsonl" --format 2
+}
+run "dask 2022.12/zarr 2 writes v2 blosc-snappy, Tandem reads" snappy_to_tandem
 for c in $compressors; do
   run "Tandem writes v2 $c, zarr 2 reads" tandem_to_python "$debian_python" 2 "$c"
 done

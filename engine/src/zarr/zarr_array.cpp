@@ -217,6 +217,8 @@ Array Array::create(const std::string& path, const ArrayMeta& meta) {
   a.meta_ = meta;
   const std::string& store = a.path_;
   detail::check_array_meta(store, meta.format == Format::V3 ? "zarr.json" : ".zarray", meta);
+  const std::string unwritable = detail::unwritable_compressor_problem(meta.compressor);
+  if (!unwritable.empty()) store_error(store, unwritable);
   make_directories(store);
   refuse_existing(store, {"zarr.json", ".zarray", ".zgroup"});
   if (meta.format == Format::V3) {

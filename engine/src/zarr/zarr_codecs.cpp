@@ -194,7 +194,8 @@ Compressor Compressor::parse(const std::string& text) {
   if (colon != std::string::npos && !parse_int(text.substr(colon + 1), c.level)) {
     throw fail("the level is not an integer");
   }
-  const std::string problem = detail::compressor_problem(c);
+  std::string problem = detail::compressor_problem(c);
+  if (problem.empty()) problem = detail::unwritable_compressor_problem(c);
   if (!problem.empty()) throw fail(problem);
   return c;
 }
@@ -238,6 +239,12 @@ std::string compressor_problem(const Compressor& c) {
       return "";
   }
   return "unknown compressor kind";
+}
+
+std::string unwritable_compressor_problem(const Compressor& c) {
+  if (c.kind != Compressor::Kind::Blosc || c.blosc_cname != "snappy") return "";
+  return "blosc-snappy stores are read but not written: zarr-python 3's numcodecs (from PyPI) is "
+         "built without snappy and could not read them";
 }
 
 size_t max_stored_size(const Compressor& c, size_t chunk_bytes) {

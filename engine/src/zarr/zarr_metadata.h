@@ -45,6 +45,11 @@ nlohmann::ordered_json v3_array_json(const ArrayMeta& meta);
 // Describes a Compressor's problem (unsupported name, level out of range), or "" if it is fine.
 std::string compressor_problem(const Compressor& c);
 
+// Why Tandem reads stores compressed with `c` but does not write them, or "": blosc-snappy, which
+// the numcodecs that zarr-python 3 installs from PyPI is built without (Debian's zarr 2.13 writes
+// and reads it), so a store Tandem wrote could not be read there.
+std::string unwritable_compressor_problem(const Compressor& c);
+
 // The largest stored chunk `c` can produce from `chunk_bytes` bytes: a larger chunk file is
 // corrupt, and refusing it before reading keeps memory bounded by the chunk size.
 size_t max_stored_size(const Compressor& c, size_t chunk_bytes);
