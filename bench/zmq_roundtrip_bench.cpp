@@ -3,13 +3,16 @@
 // size of the default model's gradients, 79,510 float32 = 318,040 bytes, to a ROUTER thread that
 // answers with a frame of the same size), then Tandem's PsClient::push_pull of the 784-100-10
 // model's gradients against one ParameterServer (validation, Adam, the reply with the updated
-// parameters), once copying the gradients into the request and once sending them zero-copy from
-// a held buffer as the worker role does. One round trip at a time, as one worker does;
-// tcp://127.0.0.1 and ipc://.
+// parameters): copying the gradients into the request and the reply into new tensors (wait());
+// sending them zero-copy from a held buffer and copying the reply into reused tensors
+// (wait_into); and zero-copy with the reply's parameters left where ZeroMQ received them
+// (wait_in_place: readable in place, as raw's reply is; the worker role's backend copies them
+// from there). A fifth kind is raw ZeroMQ with Tandem's frames. One round trip at a time, as
+// one worker does; tcp://127.0.0.1 and ipc://.
 //
-// The three run interleaved: all are set up first, then each gets a short slice in turn, round
-// after round (the order rotating), so a machine whose speed drifts (a shared VM) slows all three
-// alike. The share of raw is the median over rounds of each round's rate against raw's.
+// All run interleaved: all are set up first, then each gets a short slice in turn, round after
+// round (the order rotating), so a machine whose speed drifts (a shared VM) slows all alike. The
+// share of raw is the median over rounds of each round's rate against raw's.
 //
 //   tandem_zmq_roundtrip_bench --seconds 2 --json
 //   tandem_zmq_roundtrip_bench --seconds 2 --optimizer sgd   # the server updates by SGD
@@ -140,13 +143,17 @@ class RawPair {
   std::thread server_;
 };
 
-// push_pull of the default model's gradients against one server bound to `bind`. zero_copy: the
-// gradients go from a held buffer and the parameters into reused tensors (what the worker role
-// does); otherwise each push copies them and each reply allocates new tensors.
+// push_pull of the default model's gradients against one server bound to `bind`.
+enum class Receive {
+  Copied,   // each push copies the gradients, each reply is copied into new tensors
+  Into,     // zero-copy push from a held buffer, the reply copied into reused tensors
+  InPlace,  // zero-copy push, the reply's parameters left in the received frames (the worker's)
+};
+
 class PsPair {
  public:
-  PsPair(const std::string& bind, bool zero_copy, tandem::OptimizerKind optimizer)
-      : server_(options(bind, optimizer)), client_({server_.endpoint()}), zero_copy_(zero_copy) {
+  PsPair(const std::string& bind, Receive receive, tandem::OptimizerKind optimizer)
+      : server_(options(bind, optimizer)), client_({server_.endpoint()}), receive_(receive) {
     const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
     client_.init(model.parameters()).wait();
     // Small gradients: the parameters stay finite however many steps the benchmark takes.
@@ -155,13 +162,13 @@ class PsPair {
       for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 1e-3f * static_cast<float>((i % 7) - 3);
   }
   void round_trip() {
-    if (!zero_copy_) return (void)client_.push_pull(gradients_).wait();
+    if (receive_ == Receive::Copied) return (void)client_.push_pull(gradients_).wait();
     // As the worker role does: each step's gradient goes from a buffer no send holds (here the
-    // same numbers, so a buffer is filled once, when the pool makes it), and the reply's
-    // parameters into the model's tensors.
+    // same numbers, so a buffer is filled once, when the pool makes it).
     const auto buffer = buffers_.take();
     if (buffer->value.empty()) buffer->value = gradients_;
-    client_.push_pull(buffer).wait_into(parameters_);
+    if (receive_ == Receive::Into) return (void)client_.push_pull(buffer).wait_into(parameters_);
+    client_.push_pull(buffer).wait_in_place(received_);
   }
 
  private:
@@ -173,8 +180,9 @@ class PsPair {
   }
   tandem::ParameterServer server_;
   tandem::PsClient client_;
-  bool zero_copy_;
+  Receive receive_;
   std::vector<tandem::NamedTensor> gradients_, parameters_;
+  tandem::ReceivedParameters received_;
   tandem::transport::HeldPool<std::vector<tandem::NamedTensor>> buffers_;
 };
 
@@ -192,9 +200,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "One JSON line per transport");
   std::string only;
   app.add_option("--profile-only", only,
-                 "Run only this kind, with no comparison (for a profiler): raw, raw-frames, copied or "
-                 "zero-copy")
-      ->check(CLI::IsMember({"raw", "raw-frames", "copied", "zero-copy"}));
+                 "Run only this kind, with no comparison (for a profiler): raw, raw-frames, copied, "
+                 "zero-copy or in-place")
+      ->check(CLI::IsMember({"raw", "raw-frames", "copied", "zero-copy", "in-place"}));
   std::string optimizer = "adam";
   app.add_option("--optimizer", optimizer,
                  "The server's update: adam (the default's) or sgd (no square root or division "
@@ -213,33 +221,40 @@ int main(int argc, char** argv) {
     for (const auto& f : out.frames()) frame_bytes.push_back(f.size);
   }
   const std::string ipc = "ipc:///tmp/tandem-zmq-bench-" + std::to_string(::getpid());
+  // The kinds, in the order of `contenders` (raw first: the others' shares are against it).
+  const std::vector<std::string> kinds = {"raw", "copied", "zero-copy", "raw-frames", "in-place"};
   for (const std::string& bind : {std::string("tcp://127.0.0.1:*"), ipc}) {
-    const std::string ps_ipc = bind == ipc ? ipc + "-ps" : bind;
-    RawPair raw_pair(bind, {bytes});
-    RawPair frames_pair(bind == ipc ? ipc + "-frames" : bind, frame_bytes);
-    PsPair copied_pair(ps_ipc + (bind == ipc ? "-copied" : ""), false, kind);
-    PsPair zero_pair(ps_ipc, true, kind);
-    std::vector<Contender> contenders(4);
+    // ipc:// endpoints need a path each; tcp:// takes an ephemeral port each.
+    const auto endpoint = [&](const std::string& suffix) { return bind == ipc ? ipc + suffix : bind; };
+    RawPair raw_pair(endpoint(""), {bytes});
+    RawPair frames_pair(endpoint("-frames"), frame_bytes);
+    PsPair copied_pair(endpoint("-ps-copied"), Receive::Copied, kind);
+    PsPair zero_pair(endpoint("-ps"), Receive::Into, kind);
+    PsPair in_place_pair(endpoint("-ps-in-place"), Receive::InPlace, kind);
+    std::vector<Contender> contenders(kinds.size());
     contenders[0].round_trip = [&] { raw_pair.round_trip(); };
     contenders[1].round_trip = [&] { copied_pair.round_trip(); };
     contenders[2].round_trip = [&] { zero_pair.round_trip(); };
     contenders[3].round_trip = [&] { frames_pair.round_trip(); };
+    contenders[4].round_trip = [&] { in_place_pair.round_trip(); };
     for (auto& c : contenders)
       for (int i = 0; i < 50; ++i) c.round_trip();  // connect, warm the buffers
     if (!only.empty()) {
-      Contender& c = contenders[only == "raw" ? 0 : only == "copied" ? 1 : only == "zero-copy" ? 2 : 3];
+      Contender& c = contenders[size_t(std::find(kinds.begin(), kinds.end(), only) - kinds.begin())];
       c.run_slice(seconds);
       std::printf("%s %s: %zu round trips in %.2f s\n", bind.substr(0, bind.find(':')).c_str(),
                   only.c_str(), c.latencies_us.size(), c.seconds);
       continue;
     }
     const int rounds = std::max(1, int(seconds / slice + 0.5));
+    const size_t n = contenders.size();
     for (int round = 0; round < rounds; ++round)
-      for (int k = 0; k < 4; ++k) contenders[size_t((round + k) % 4)].run_slice(slice);
+      for (size_t k = 0; k < n; ++k) contenders[(size_t(round) + k) % n].run_slice(slice);
     const Result raw = contenders[0].result(contenders[0]);
     const Result copied = contenders[1].result(contenders[0]);
     const Result ps = contenders[2].result(contenders[0]);
     const Result frames = contenders[3].result(contenders[0]);
+    const Result in_place = contenders[4].result(contenders[0]);
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
@@ -254,19 +269,26 @@ int main(int argc, char** argv) {
                                          {"raw_frames_round_trips_per_s", frames.round_trips_per_s},
                                          {"raw_frames_p50_us", frames.p50_us},
                                          {"raw_frames_over_raw", frames.median_share_of_raw},
-                                         {"ps_over_raw", ps.median_share_of_raw}}
+                                         {"ps_over_raw", ps.median_share_of_raw},
+                                         {"ps_in_place_round_trips_per_s", in_place.round_trips_per_s},
+                                         {"ps_in_place_p50_us", in_place.p50_us},
+                                         {"ps_in_place_p99_us", in_place.p99_us},
+                                         {"ps_in_place_over_raw", in_place.median_share_of_raw}}
                               .dump()
                               .c_str());
     else
       std::printf("%-4s %s  raw zmq %7.0f/s (p50 %5.0f us)  raw, Tandem's %zu frames %7.0f/s (p50 %5.0f us, "
-                  "%.0f%%)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  zero-copy %7.0f/s "
-                  "(p50 %5.0f us, %.0f%% of raw)\n",
+                  "%.0f%%)  push_pull copied %7.0f/s (p50 %5.0f us, %.0f%%)  zero-copy into tensors "
+                  "%7.0f/s (p50 %5.0f us, %.0f%%)  zero-copy in place %7.0f/s (p50 %5.0f us, %.0f%% of "
+                  "raw)\n",
                   transport.c_str(), optimizer.c_str(), raw.round_trips_per_s, raw.p50_us, frame_bytes.size(),
                   frames.round_trips_per_s, frames.p50_us, 100 * frames.median_share_of_raw,
                   copied.round_trips_per_s, copied.p50_us, 100 * copied.median_share_of_raw,
-                  ps.round_trips_per_s, ps.p50_us, 100 * ps.median_share_of_raw);
+                  ps.round_trips_per_s, ps.p50_us, 100 * ps.median_share_of_raw,
+                  in_place.round_trips_per_s, in_place.p50_us, 100 * in_place.median_share_of_raw);
   }
-  for (const std::string& path : {ipc, ipc + "-frames", ipc + "-ps", ipc + "-ps-copied"})
+  for (const std::string& path :
+       {ipc, ipc + "-frames", ipc + "-ps", ipc + "-ps-copied", ipc + "-ps-in-place"})
     ::unlink(path.substr(6).c_str());
   return 0;
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "aligned_buffer.h"
+#include "backend.h"
 #include "cpu/adam_cpu.h"
 #include "ps_checkpoint_writer.h"
 #include "ps_client.h"
@@ -461,6 +462,61 @@ TEST(PsClient, TwoServersHoldTheDefaultModelAndAssemblePulls) {
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_EQ(stats[0].pushes, 1);
   EXPECT_EQ(stats[1].pushes, 1);
+}
+
+// wait_in_place leaves a reply's parameters in the received frames: the same values as the
+// copying waits, installed into a backend with one copy, the object reused step after step.
+TEST(PsClient, ParametersReceivedInPlaceEqualTheCopiedOnesAndInstallIntoABackend) {
+  ParameterServer s0(ServerOptions{}), s1(ServerOptions{});
+  const Model model = Model::initialized(ModelConfig{}, 1);
+  const auto& params = model.parameters();
+  PsClient client({s0.endpoint(), s1.endpoint()}, client_options(nullptr));
+  client.init(params).wait();
+  ReceivedParameters received;
+  std::vector<NamedTensor> copied;
+  EXPECT_THROW(received.copy_into(copied), InputError);  // nothing received yet
+  client.pull().wait_in_place(received);
+  EXPECT_EQ(received.runs().runs.size(), client.layout().size());  // a run per part, not copied
+  received.copy_into(copied);
+  EXPECT_TRUE(bit_equal(copied, params));
+
+  const std::unique_ptr<Backend> backend =
+      make_backend(BackendKind::Cpu, ModelConfig{}, OptimizerConfig{}, 1);
+  backend->set_parameters(received.runs());
+  Model installed(ModelConfig{});
+  backend->get_parameters(installed);
+  EXPECT_TRUE(bit_equal(installed.parameters(), params));
+
+  ReferenceAdam ref(params);
+  for (uint32_t step = 0; step < 3; ++step) {
+    const auto g = gradients_like(params, 500 + step);
+    ref.apply(g);
+    const PsResult r = client.push_pull(g).wait_in_place(received);
+    EXPECT_EQ(r.version, step + 1);
+    EXPECT_TRUE(r.tensors.empty());
+    received.copy_into(copied);
+    EXPECT_TRUE(bit_equal(copied, ref.w)) << "step " << step;
+    backend->set_parameters(received.runs());
+    backend->get_parameters(installed);
+    EXPECT_TRUE(bit_equal(installed.parameters(), ref.w)) << "step " << step;
+  }
+
+  // A backend of another shape refuses the runs and keeps its parameters.
+  ModelConfig other;
+  other.layers = {784, 50, 10};
+  const std::unique_ptr<Backend> small = make_backend(BackendKind::Cpu, other, OptimizerConfig{}, 1);
+  Model before(other), after(other);
+  small->get_parameters(before);
+  try {
+    small->set_parameters(received.runs());
+    ADD_FAILURE() << "runs of another model were installed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not have the shape of"), std::string::npos) << e.what();
+  }
+  small->get_parameters(after);
+  EXPECT_TRUE(bit_equal(after.parameters(), before.parameters()));
+  // A handle that brings no parameters cannot be waited for in place.
+  EXPECT_THROW(client.push(gradients_like(params, 9)).wait_in_place(received), InputError);
 }
 
 TEST(PsClient, ConcurrentClientsEveryPushCounts) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "parameter_arena.h"
 #include "tandem/config.h"
 #include "tandem/dataset.h"
 #include "tandem/model.h"
@@ -29,6 +30,8 @@ class Backend {
   virtual int threads() const = 0;
 
   virtual void set_parameters(const Model& model) = 0;
+  // The same from parameters in pieces (a parameter server's reply read in place): one copy.
+  virtual void set_parameters(const ParameterRuns& runs) = 0;
   virtual void get_parameters(Model& model) const = 0;
   // Adam's moments and the step count (bias corrections depend on it).
   virtual void set_optimizer_state(const OptimizerState& state, int64_t step) = 0;

@@ -588,6 +588,18 @@ static void worker_role(const RoleOptions& o) {
     else backend->set_parameters(model);
   };
   install();
+  // A step's parameters as they arrived (wait_in_place): a plain worker's backend copies them
+  // straight from the received frames; a group's leader broadcasts them from `model`.
+  ReceivedParameters received;
+  auto wait_and_install = [&](PsClient::Handle& handle) {
+    handle.wait_in_place(received);
+    if (group) {
+      received.copy_into(model.parameters());
+      return install();
+    }
+    const InBackend in(*status, "installing the parameters", now_ns());
+    backend->set_parameters(received.runs());
+  };
 
   // The step's gradients, pushed zero-copy: ZeroMQ reads them in place after push_pull returns
   // (and, with overlap, while the next gradient is computed), so each step fills a buffer from a
@@ -597,18 +609,18 @@ static void worker_role(const RoleOptions& o) {
   // With settings.overlap, the push_pull of batch k is answered while batch k+1's gradient is
   // computed (on parameters one exchange older): communication hidden behind compute.
   std::optional<PsClient::Handle> inflight;
-  // Runs one exchange and installs the parameters it brings; when a server does not answer (it
-  // died, or is restarting from its checkpoint) that gradient is lost and the parameters are
-  // pulled again once the servers answer. False when training ended meanwhile. `run` waits for
-  // the exchange with the parameters going into the model (wait_into: no allocation per step).
+  // Runs one exchange, which waits for it and installs the parameters it brings
+  // (wait_and_install); when a server does not answer (it died, or is restarting from its
+  // checkpoint) that gradient is lost and the parameters are pulled again once the servers
+  // answer, into `model`, and installed from there. False when training ended meanwhile.
   auto exchange = [&](const std::function<void()>& run) {
     try {
       run();
     } catch (const transport::TransportError& e) {
       std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
       if (!repull(client, link, o, r, model)) return false;
+      install();
     }
-    install();
     return true;
   };
   // Pushes `gradients` (this worker's, or its group's sum over `batches` batches of `rows` rows
@@ -618,7 +630,7 @@ static void worker_role(const RoleOptions& o) {
     bool answered;
     if (s.overlap) {
       // The previous batch's exchange has been in flight while this gradient was computed.
-      answered = !inflight || exchange([&] { inflight->wait_into(model.parameters()); });
+      answered = !inflight || exchange([&] { wait_and_install(*inflight); });
       inflight.reset();
       if (answered) {
         try {
@@ -628,7 +640,10 @@ static void worker_role(const RoleOptions& o) {
         }
       }
     } else {
-      answered = exchange([&] { client.push_pull(gradients).wait_into(model.parameters()); });
+      answered = exchange([&] {
+        PsClient::Handle handle = client.push_pull(gradients);
+        wait_and_install(handle);
+      });
     }
     if (!answered) return false;
     // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
@@ -793,7 +808,7 @@ static void worker_role(const RoleOptions& o) {
     }
     stream->cancel();
   }
-  if (inflight) exchange([&] { return inflight->wait(); });  // the last gradient is applied
+  if (inflight) exchange([&] { wait_and_install(*inflight); });  // the last gradient is applied
   if (!finished.is_null()) {
     try {
       link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}},

@@ -52,6 +52,10 @@ void CpuBackend::set_parameters(const Model& model) {
   copy_tensors_in(model.parameters(), layout_, params_.data(), "parameters");
 }
 
+void CpuBackend::set_parameters(const ParameterRuns& runs) {
+  copy_runs_in(runs, layout_, params_.data(), "parameters");
+}
+
 void CpuBackend::get_parameters(Model& model) const {
   if (model.config().layers != config_.layers) model = Model(config_);
   copy_tensors_out(layout_, params_.data(), model.parameters(), "");

@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
   void set_parameters(const Model& model) override;
+  void set_parameters(const ParameterRuns& runs) override;
   void get_parameters(Model& model) const override;
   void set_optimizer_state(const OptimizerState& state, int64_t step) override;
   void get_optimizer_state(OptimizerState& state) const override;

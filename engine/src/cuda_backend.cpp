@@ -157,9 +157,18 @@ void CudaBackend::set_parameters(const Model& model) {
   if (model.config().layers != config_.layers)
     throw InputError("model " + model.config().describe() + " does not match the backend's " +
                      config_.describe());
+  upload_parameters(
+      [&](float* arena) { copy_tensors_in(model.parameters(), layout_, arena, "parameters"); });
+}
+
+void CudaBackend::set_parameters(const ParameterRuns& runs) {
+  upload_parameters([&](float* arena) { copy_runs_in(runs, layout_, arena, "parameters"); });
+}
+
+void CudaBackend::upload_parameters(const std::function<void(float* arena)>& fill) {
   use_device();
   std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
-  copy_tensors_in(model.parameters(), layout_, arena.data(), "parameters");
+  fill(arena.data());
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena.data(), params_.bytes(),
                                     cudaMemcpyHostToDevice, stream_));
   synchronize();  // `arena` goes out of scope

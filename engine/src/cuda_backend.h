@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -42,6 +43,7 @@ class CudaBackend final : public Backend {
   std::string name() const override;
   int threads() const override { return 1; }
   void set_parameters(const Model& model) override;
+  void set_parameters(const ParameterRuns& runs) override;
   void get_parameters(Model& model) const override;
   void set_optimizer_state(const OptimizerState& state, int64_t step) override;
   void get_optimizer_state(OptimizerState& state) const override;
@@ -78,6 +80,8 @@ class CudaBackend final : public Backend {
   void create_device_state();
   void release_device_state() noexcept;
   void use_device() const;  // makes options_.device the calling thread's current device
+  // The parameters `fill` writes into a host arena of the layout's size, uploaded.
+  void upload_parameters(const std::function<void(float* arena)>& fill);
   // Where a batch's pixels and labels are on the device, and which rows to take.
   struct DeviceBatch {
     PixelType pixel_type = PixelType::UInt8;

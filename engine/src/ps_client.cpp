@@ -287,20 +287,24 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
   }
 }
 
-PsResult PsClient::collect(Handle& handle, std::vector<NamedTensor>* out) {
+PsResult PsClient::collect(Handle& handle, ReceivedParameters& into) {
   PsResult result;
   result.version = UINT64_MAX;
-  // Every reply kept until the end (an Init's layout is known only once all are in): frames in
-  // slots that never move, so the decoded spans into them stay valid.
-  std::vector<Frames> frames(handle.parts_.size());
+  // No parameters until every reply is in and checked (storage kept: a step allocates nothing).
+  into.runs_.shapes = nullptr;
+  into.runs_.runs.clear();
+  into.names_ = nullptr;
+  // Every reply kept until the end (an Init's layout is known only once all are in), in slots
+  // that do not move once filled: the decoded spans and the runs point into them.
+  into.frames_.resize(handle.parts_.size());
   std::vector<DecodeResult> replies(handle.parts_.size());
   std::vector<std::pair<transport::TensorInfo, size_t>> held;  // an Init's: part, server
   std::string order;
   for (size_t k = 0; k < handle.parts_.size(); ++k) {
     const auto& part = handle.parts_[k];
     const std::string where = "parameter server " + servers_[part.server]->endpoint;
-    frames[k] = await(part.server, part.request_id, handle.deadline_, handle.type_);
-    replies[k] = transport::decode_frames(frames[k], 0, options_.limits);
+    into.frames_[k] = await(part.server, part.request_id, handle.deadline_, handle.type_);
+    replies[k] = transport::decode_frames(into.frames_[k], 0, options_.limits);
     const DecodeResult& r = replies[k];
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
     if (r.message.header.type == MessageType::Error) throw error_reply(where, r.message);
@@ -324,15 +328,8 @@ PsResult PsClient::collect(Handle& handle, std::vector<NamedTensor>* out) {
                                   handle.type_ == MessageType::Pull ||
                                   handle.type_ == MessageType::PushPull;
   if (!carries_parameters || names_.empty() || handle.parts_.empty()) return result;
-  // Assemble: each part's values into its rows of the whole tensor (every row is written: the
-  // parts tile it, checked below, so reused storage keeps nothing old).
-  std::vector<NamedTensor>& tensors = out != nullptr ? *out : result.tensors;
-  tensors.resize(names_.size());
-  for (size_t t = 0; t < names_.size(); ++t) {
-    if (tensors[t].name != names_[t]) tensors[t].name = names_[t];
-    if (tensors[t].shape != shapes_[t]) tensors[t].shape = shapes_[t];
-    tensors[t].values.resize(size_t(element_count(shapes_[t])));
-  }
+  // Each part's values are a run of its tensor's elements (its rows); the parts tile each tensor
+  // (learn_layout checked), so once every part is here every element is covered.
   std::vector<bool> got(layout_.size(), false);
   for (size_t k = 0; k < replies.size(); ++k) {
     const DecodeResult& r = replies[k];
@@ -345,15 +342,37 @@ PsResult PsClient::collect(Handle& handle, std::vector<NamedTensor>* out) {
       const TensorPart& p = layout_[it->second];
       if (info.shape != p.shape || info.dtype != transport::DType::Float32)
         throw ServerError(where + " sent '" + info.name + "' in another shape or dtype than at init");
-      // Frames may sit at any byte offset: memcpy copes with any alignment.
-      std::memcpy(tensors[p.tensor].values.data() + p.offset, r.tensor_data[i].data,
-                  r.tensor_data[i].size);
+      into.runs_.runs.push_back({p.tensor, p.offset, p.size, r.tensor_data[i].data});
       got[it->second] = true;
     }
   }
   for (size_t p = 0; p < layout_.size(); ++p)
     if (!got[p]) throw ServerError("parameter servers: reply lacks '" + layout_[p].name + "'");
+  into.runs_.shapes = &shapes_;
+  into.names_ = &names_;
   return result;
+}
+
+PsResult PsClient::collect_copy(Handle& handle, std::vector<NamedTensor>* out) {
+  PsResult result = collect(handle, scratch_);
+  if (scratch_.runs_.shapes != nullptr) scratch_.copy_into(out != nullptr ? *out : result.tensors);
+  return result;
+}
+
+void ReceivedParameters::copy_into(std::vector<NamedTensor>& tensors) const {
+  if (runs_.shapes == nullptr || names_ == nullptr)
+    throw InputError("parameter server client: no parameters received to copy");
+  const auto& shapes = *runs_.shapes;
+  tensors.resize(shapes.size());
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    if (tensors[t].name != (*names_)[t]) tensors[t].name = (*names_)[t];
+    if (tensors[t].shape != shapes[t]) tensors[t].shape = shapes[t];
+    tensors[t].values.resize(size_t(element_count(shapes[t])));
+  }
+  // Frames may sit at any byte offset: memcpy copes with any alignment.
+  for (const auto& run : runs_.runs)
+    std::memcpy(tensors[run.tensor].values.data() + run.offset, run.bytes,
+                size_t(run.count) * sizeof(float));
 }
 
 void PsClient::learn_layout(const std::string& order,
@@ -437,14 +456,24 @@ PsResult PsClient::Handle::wait() {
   if (client_ == nullptr) return {};
   if (waited_) throw InputError("parameter server client: Handle::wait() called twice");
   waited_ = true;
-  return client_->collect(*this, nullptr);
+  return client_->collect_copy(*this, nullptr);
 }
 
 PsResult PsClient::Handle::wait_into(std::vector<NamedTensor>& parameters) {
   if (client_ == nullptr) return {};
   if (waited_) throw InputError("parameter server client: Handle::wait() called twice");
   waited_ = true;
-  return client_->collect(*this, &parameters);
+  return client_->collect_copy(*this, &parameters);
+}
+
+PsResult PsClient::Handle::wait_in_place(ReceivedParameters& parameters) {
+  if (client_ == nullptr) return {};
+  if (waited_) throw InputError("parameter server client: Handle::wait() called twice");
+  if (type_ != MessageType::Init && type_ != MessageType::Pull && type_ != MessageType::PushPull)
+    throw InputError(std::string("parameter server client: wait_in_place() on a ") +
+                     transport::to_string(type_) + ", which brings no parameters");
+  waited_ = true;
+  return client_->collect(*this, parameters);
 }
 
 std::vector<ServerStats> PsClient::stats() {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "curve_client.h"
+#include "parameter_arena.h"
 #include "ps_placement.h"
 #include "ps_stats.h"
 #include "send_hold.h"
@@ -86,6 +87,23 @@ struct PsResult {
   bool stale = false;  // sync mode: a server dropped this push_pull's gradient as stale
 };
 
+// A reply's parameters left where ZeroMQ received them (PsClient::Handle::wait_in_place): the
+// frames are kept and runs() points into them, so nothing is copied until a backend takes the
+// runs (Backend::set_parameters) or copy_into() makes whole tensors. Valid until the next
+// wait_in_place into this object, and while the client lives (runs().shapes is the client's).
+class ReceivedParameters {
+ public:
+  const ParameterRuns& runs() const { return runs_; }
+  // Whole tensors in the model's order; tensors of the right name and size keep their storage.
+  void copy_into(std::vector<NamedTensor>& tensors) const;
+
+ private:
+  friend class PsClient;
+  std::vector<transport::Frames> frames_;  // one reply per slot; slots never move once decoded
+  ParameterRuns runs_;
+  const std::vector<std::string>* names_ = nullptr;
+};
+
 class PsClient {
  public:
   class Handle {
@@ -97,8 +115,11 @@ class PsClient {
     PsResult wait();
     // The same, but the parameters go into `parameters` (the model's order; tensors of the
     // right name and size keep their storage, so a worker's step allocates nothing) and the
-    // result's tensors stay empty. On an error `parameters` may be partly overwritten.
+    // result's tensors stay empty. On an error `parameters` are left as they were.
     PsResult wait_into(std::vector<NamedTensor>& parameters);
+    // The same with the parameters left in the received frames (ReceivedParameters): no copy.
+    // Only for init, pull and push_pull (a handle that brings parameters).
+    PsResult wait_in_place(ReceivedParameters& parameters);
 
    private:
     friend class PsClient;
@@ -174,8 +195,11 @@ class PsClient {
   transport::Frames await(size_t server, uint64_t request_id,
                           std::chrono::steady_clock::time_point deadline,
                           transport::MessageType type);
-  // Waits for the handle's replies; the parameters go into `out` (result.tensors when null).
-  PsResult collect(Handle& handle, std::vector<NamedTensor>* out);
+  // Waits for the handle's replies, kept in `into` with their parameters' runs (none when the
+  // handle brings no parameters).
+  PsResult collect(Handle& handle, ReceivedParameters& into);
+  // collect, then the parameters copied into `out` (result.tensors when null).
+  PsResult collect_copy(Handle& handle, std::vector<NamedTensor>* out);
   // Validates the CURVE options, completes the client's pair; the server key per endpoint ("" =
   // no CURVE for that server).
   std::vector<std::string> curve_setup();
@@ -194,6 +218,7 @@ class PsClient {
   std::vector<TensorPart> layout_;
   std::map<std::string, size_t> index_;       // name -> position in names_
   std::map<std::string, size_t> part_index_;  // part name -> position in layout_
+  ReceivedParameters scratch_;  // wait() and wait_into() receive here, then copy
 };
 
 }  // namespace tandem
