@@ -188,7 +188,7 @@ TEST(ParameterServer, InitWithoutTensorsBeforeChiefIsAnErrorThenWorks) {
     worker.push_pull(nan).wait();
     FAIL() << "expected ServerError";
   } catch (const ServerError& e) {
-    EXPECT_EQ(e.kind(), "non-finite") << e.what();
+    EXPECT_EQ(e.kind(), transport::kNonFinite) << e.what();
     EXPECT_FALSE(e.not_initialised());
     EXPECT_NE(std::string(e.what()).find("non-finite value at element 1"), std::string::npos)
         << e.what();
@@ -615,7 +615,7 @@ TEST_F(ParameterServerBadInput, WrongVersionUnknownTypeTruncatedHeader) {
   truncated[0].resize(20);
   expect_error(truncated, 33, "Truncated");
   auto checkpoint = frames_of(MessageType::Checkpoint, 34, {});
-  expect_error(checkpoint, 34, "unsupported");
+  expect_error(checkpoint, 34, transport::kUnsupported);
 }
 
 TEST_F(ParameterServerBadInput, MalformedBodyWithReadableHeader) {
@@ -1219,7 +1219,8 @@ TEST(PsCheckpoint, RequestWritesAFileThatReadsBackBitExactly) {
   transport::Message reply;
   ASSERT_TRUE(raw.receive(reply));
   EXPECT_EQ(reply.header.type, MessageType::Error);
-  EXPECT_EQ(transport::decode_error_reason(reply.extra).kind, "unsupported") << reply.extra;
+  EXPECT_EQ(transport::decode_error_reason(reply.extra).kind, transport::kUnsupported)
+      << reply.extra;
 }
 
 TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
@@ -1529,7 +1530,7 @@ TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
                                       shard.adam_m(shard.entries()[0]) + 100);
     std::string kind;
     EXPECT_NE(shard.stage_gradients(in.message, in.tensor_data, kind), "");
-    EXPECT_EQ(kind, "non-finite");
+    EXPECT_EQ(kind, transport::kNonFinite);
     EXPECT_EQ(shard.step(), 3);
     for (size_t i = 0; i < params.size(); ++i)
       EXPECT_EQ(std::memcmp(shard.values(shard.entries()[i]), ref.w[i].values.data(),

@@ -379,7 +379,7 @@ void ParameterServer::reply_tensors(const zmq::message_t& peer, uint64_t request
 }
 
 void ParameterServer::handle_malformed(const Frames& frames, const DecodeResult& r) {
-  const std::string kind = std::string("malformed: ") + transport::to_string(r.code);
+  const std::string kind = transport::kMalformed + std::string(transport::to_string(r.code));
   // An Error reply needs the request id: readable when frame 0 starts with the magic and is
   // long enough, even if the version or type is wrong (so the sender learns why).
   const bool addressable = frames.size() >= 2 && frames[1].size() >= 16 &&
@@ -401,7 +401,7 @@ void ParameterServer::handle_malformed(const Frames& frames, const DecodeResult&
 void ParameterServer::handle(Frames& frames) {
   if (frames.size() < 2) {  // a routing id and nothing else: an empty message
     count(&ServerStats::dropped);
-    log_once("malformed: empty", "a message with no frames");
+    log_once(transport::kMalformed + std::string("empty"), "a message with no frames");
     return;
   }
   const DecodeResult r = transport::decode_frames(frames, 1, options_.limits);
@@ -426,7 +426,8 @@ void ParameterServer::handle(Frames& frames) {
           return reply_error(peer, type, id, "not initialised yet (retry after the chief's Init)",
                              transport::kNotInitialised);
         const std::string problem = shard_.check_initial(m, r.tensor_data);
-        if (!problem.empty()) return reply_error(peer, type, id, problem, "bad initial tensor");
+        if (!problem.empty())
+          return reply_error(peer, type, id, problem, transport::kBadInitialTensor);
         shard_.initialize(m, r.tensor_data);
         model_order_ = m.extra;  // the chief's list of every parameter name, echoed to workers
       }
@@ -438,9 +439,9 @@ void ParameterServer::handle(Frames& frames) {
         return reply_error(peer, type, id, "not initialised yet",
                            transport::kNotInitialised);
       if (!m.tensors.empty())
-        return reply_error(peer, type, id, "a Pull carries no tensors", "tensors in a Pull");
+        return reply_error(peer, type, id, "a Pull carries no tensors", transport::kTensorsInPull);
       const std::string problem = shard_.select(split_names(m.extra), entries);
-      if (!problem.empty()) return reply_error(peer, type, id, problem, "unknown name");
+      if (!problem.empty()) return reply_error(peer, type, id, problem, transport::kUnknownName);
       count(&ServerStats::pulls);
       return answer_or_defer(peer, id, split_names(m.extra));
     }
@@ -463,7 +464,7 @@ void ParameterServer::handle(Frames& frames) {
     case MessageType::Checkpoint: {
       if (options_.checkpoint_dir.empty())
         return reply_error(peer, type, id, "checkpoints unsupported: no checkpoint_dir",
-                           "unsupported");
+                           transport::kUnsupported);
       if (!shard_.initialized())
         return reply_error(peer, type, id, "not initialised yet",
                            transport::kNotInitialised);
@@ -472,7 +473,8 @@ void ParameterServer::handle(Frames& frames) {
       const std::string path = submit_checkpoint();
       const std::string error = writer_->wait_idle();
       if (!error.empty())
-        return reply_error(peer, type, id, "checkpoint failed: " + error, "checkpoint failed");
+        return reply_error(peer, type, id, "checkpoint failed: " + error,
+                           transport::kCheckpointFailed);
       return reply_extra(peer, id, path);
     }
     case MessageType::Idle: {
@@ -496,7 +498,7 @@ void ParameterServer::handle(Frames& frames) {
     default:
       return reply_error(peer, type, id,
                          std::string("unsupported request ") + transport::to_string(type),
-                         "unsupported");
+                         transport::kUnsupported);
   }
 }
 

@@ -121,15 +121,15 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
     const auto& t = m.tensors[i];
     const Entry* e = find(t.name);
     if (e == nullptr) {
-      kind = "unknown name";
+      kind = transport::kUnknownName;
       return "unknown parameter '" + t.name + "'";
     }
     if (t.dtype != DType::Float32) {
-      kind = "wrong dtype";
+      kind = transport::kWrongDtype;
       return "gradient '" + t.name + "' is not float32";
     }
     if (t.shape != e->shape) {
-      kind = "wrong shape";
+      kind = transport::kWrongShape;
       return "gradient '" + t.name + "' has shape " + shape_text(t.shape) + ", expected " +
              shape_text(e->shape);
     }
@@ -143,7 +143,7 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
       gradient = gathered;
     }
     if (!transport::all_finite(transport::span_of(gradient, size_t(e->size)))) {
-      kind = "non-finite";
+      kind = transport::kNonFinite;
       return "gradient '" + t.name + "' holds a non-finite value at element " +
              std::to_string(transport::first_non_finite(data[i]));
     }
@@ -151,7 +151,7 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
   }
   // Names are unique (the decoder checks), all known: every parameter is there iff counts match.
   if (m.tensors.size() != entries_.size()) {
-    kind = "missing gradient";
+    kind = transport::kMissingGradient;
     for (const auto& e : entries_) {
       bool present = false;
       for (const auto& t : m.tensors) present |= t.name == e.name;

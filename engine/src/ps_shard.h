@@ -66,8 +66,8 @@ class PsShard {
   // Checks one push and stages its gradients: exactly this shard's tensors (every one: a push
   // must carry a gradient for every parameter the server holds, so no gradient is silently taken
   // as zero), exact shapes, float32, finite. Returns "" when fine, else the problem; `kind` gets
-  // a short category for logging once per kind ("unknown name", "wrong shape", "non-finite",
-  // ...). A push that fails leaves the state untouched.
+  // the Error reply's kind, also logged once per kind (transport::kUnknownName, kWrongShape,
+  // kNonFinite, ...). A push that fails leaves the state untouched.
   // Staging copies nothing when it can help it: on the CPU the optimizer later reads each
   // gradient from its received frame, so `data` must stay alive and unchanged until
   // apply_staged() or accumulate_staged() (the server calls both within one request). A frame

@@ -111,10 +111,21 @@ Message make_message(MessageType type, uint64_t request_id, uint64_t parameter_v
                      std::vector<TensorInfo> tensors = {}, std::string extra = {});
 
 // An Error reply's extra blob: the reason's kind, a newline, then the text for people. The kind
-// is a short fixed phrase a requester may act on (kNotInitialised); the text may change between
+// is a short fixed phrase a requester may act on, one of those below; the text may change between
 // versions, so nobody should match it. A blob with no newline is all text, of no kind (an older
 // server's).
 inline constexpr char kNotInitialised[] = "not initialised";  // no parameters yet: retry later
+inline constexpr char kUnknownName[] = "unknown name";        // a tensor the server does not hold
+inline constexpr char kWrongDtype[] = "wrong dtype";          // a gradient that is not float32
+inline constexpr char kWrongShape[] = "wrong shape";          // not the parameter's shape
+inline constexpr char kNonFinite[] = "non-finite";            // a NaN or infinite gradient
+inline constexpr char kMissingGradient[] = "missing gradient";  // a push lacks a parameter's
+inline constexpr char kBadInitialTensor[] = "bad initial tensor";  // an Init the shard refuses
+inline constexpr char kTensorsInPull[] = "tensors in a Pull";      // a Pull carries none
+inline constexpr char kUnsupported[] = "unsupported";  // an unknown request, or no checkpoints
+inline constexpr char kCheckpointFailed[] = "checkpoint failed";  // the file could not be written
+// A message that does not decode: this, then its DecodeError's name ("malformed: Truncated").
+inline constexpr char kMalformed[] = "malformed: ";
 
 struct ErrorReason {
   std::string kind;  // empty: none given
