@@ -593,12 +593,10 @@ static void worker_role(const RoleOptions& o) {
   ReceivedParameters received;
   auto wait_and_install = [&](PsClient::Handle& handle) {
     handle.wait_in_place(received);
-    if (group) {
-      received.copy_into(model.parameters());
-      return install();
-    }
     const InBackend in(*status, "installing the parameters", now_ns());
-    backend->set_parameters(received.runs());
+    if (!group) return backend->set_parameters(received.runs());
+    received.copy_into(model.parameters());
+    group->install(model);
   };
 
   // The step's gradients, pushed zero-copy: ZeroMQ reads them in place after push_pull returns
