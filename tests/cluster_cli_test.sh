@@ -33,8 +33,10 @@ role_pid() { pgrep -P "$1" -f -- "--name $2( |$)"; }
 # Epochs of the runs that are killed mid-run or joined mid-run: fewer under a sanitizer (slow).
 long=40 longer=60
 # The run of roles started by hand must outlast the checks made while it trains (the dashboard in
-# a browser among them, 5 s or more): under AddressSanitizer 8 epochs were over too soon.
-by_hand=$longer
+# a browser among them, 5 s or more): under AddressSanitizer 8 epochs were over too soon, and on a
+# fast host 60 epochs (11 s for three workers) sometimes ended before the browser saw the curve
+# grow. 150 epochs: about half a minute there.
+by_hand=150
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then long=6 longer=8 by_hand=24; fi
 # The most a run in the background may take (wait_within): far more than any of them needs, well
 # under CTest's timeout for the script.
