@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cuda_backend.h"
 #include "cuda/cuda_device.h"
 #include "tandem/config.h"
 #include "tandem/dataset.h"
@@ -374,6 +375,52 @@ TEST_F(CudaBackendTest, AsynchronousStepsMatchTheSynchronousPath) {
   const BatchStats released = resident.backend->evaluate(inside);
   EXPECT_EQ(released.loss_sum, from_host.loss_sum);
   EXPECT_EQ(released.correct, from_host.correct);
+}
+
+// Training without shuffle steps through slices of the resident set, each at another address.
+// Each is staged as a row list over the whole set, so two graphs (one per staging slot) serve
+// every batch, not one captured per batch and kept; and the result is the eager path's, bit for
+// bit, and the host data's (not resident) too.
+TEST_F(CudaBackendTest, UnshuffledSlicesOfResidentDataReuseTheirGraphs) {
+  const Dataset data = training_data();
+  const Model init = Model::initialized(mnist_model(), 46);
+  struct Run {
+    Model params{mnist_model()};
+    OptimizerState state;
+    BatchStats stats;
+    size_t graphs = 0;
+  };
+  auto run = [&](bool graphs, bool resident) {
+    CudaBackendOptions options;
+    options.use_graphs = graphs;
+    CudaBackend backend(mnist_model(), adam_config(), options);
+    backend.set_parameters(init);
+    if (resident) backend.keep_resident(data.view());
+    for (int epoch = 0; epoch < 3; ++epoch)
+      for (int64_t begin = 0; begin < kTrainRows; begin += kBatch)
+        backend.train_step(data.view().slice(begin, begin + kBatch), nullptr, kBatch);
+    Run r;
+    r.stats = backend.take_stats();
+    r.params = parameters_of(backend);
+    r.state = optimizer_state_of(backend);
+    r.graphs = backend.graphs_captured();
+    return r;
+  };
+  if (std::getenv("TANDEM_CUDA_GRAPHS") != nullptr)
+    GTEST_SKIP() << "TANDEM_CUDA_GRAPHS is set: graphs may be off";
+  const Run graphs = run(true, true), eager = run(false, true), host = run(true, false);
+  EXPECT_LE(graphs.graphs, 2u) << "a graph per batch: " << kTrainRows / kBatch << " batches";
+  EXPECT_GE(graphs.graphs, 1u);
+  EXPECT_EQ(eager.graphs, 0u);
+  EXPECT_EQ(graphs.stats.samples, 3 * kTrainRows);
+  for (const Run* other : {&eager, &host}) {
+    SCOPED_TRACE(other == &eager ? "eager" : "host data");
+    EXPECT_EQ(graphs.stats.loss_sum, other->stats.loss_sum);
+    EXPECT_EQ(graphs.stats.correct, other->stats.correct);
+    EXPECT_TRUE(tensors_identical(graphs.params.parameters(), other->params.parameters()));
+    EXPECT_TRUE(tensors_identical(graphs.state.m, other->state.m));
+    EXPECT_TRUE(tensors_identical(graphs.state.v, other->state.v));
+  }
 }
 
 TEST_F(CudaBackendTest, Tf32TrainingTracksTheCpuBackend) {

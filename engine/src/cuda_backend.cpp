@@ -1,9 +1,11 @@
 #include "cuda_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "cpu/convert_cpu.h"
@@ -76,6 +78,15 @@ void CudaBackend::create_device_state() {
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming));
   }
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_totals_), sizeof(kernels::DeviceStats)));
+  // Pinned, so that parameters and gradients cross in one DMA each, without the driver staging
+  // them through its own buffer. Zeroed: the padding between tensors stays zero, since nothing
+  // else is ever written there (fills write tensors only, and the copies back of params_ and
+  // grads_ bring their padding, which no step writes).
+  const size_t arena_bytes = sizeof(float) * static_cast<size_t>(layout_.total);
+  for (float** arena : {&host_parameters_, &host_gradients_}) {
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(arena), arena_bytes));
+    std::memset(*arena, 0, arena_bytes);
+  }
   layer_ready_.assign(config_.layers.size() - 1, nullptr);
   for (cudaEvent_t& event : layer_ready_)
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
@@ -124,11 +135,15 @@ void CudaBackend::release_device_state() noexcept {
     if (slot.used) cudaEventDestroy(slot.used);
   }
   if (host_totals_) cudaFreeHost(host_totals_);
+  if (host_parameters_) cudaFreeHost(host_parameters_);
+  if (host_gradients_) cudaFreeHost(host_gradients_);
   for (cudaEvent_t event : layer_ready_)
     if (event) cudaEventDestroy(event);
   graphs_.clear();
   for (Slot& slot : slots_) slot = Slot{};
   host_totals_ = nullptr;
+  host_parameters_ = nullptr;
+  host_gradients_ = nullptr;
   layer_ready_.clear();
   dense_.reset();
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
@@ -167,31 +182,30 @@ void CudaBackend::set_parameters(const ParameterRuns& runs) {
 
 void CudaBackend::upload_parameters(const std::function<void(float* arena)>& fill) {
   use_device();
-  std::vector<float> arena(static_cast<size_t>(layout_.total), 0.0f);
-  fill(arena.data());
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), arena.data(), params_.bytes(),
+  // Every call that queues a copy from or into this arena waits for it before returning, so the
+  // arena is free here; a step still queued reads params_, which the copy below waits for.
+  fill(host_parameters_);  // throws on a bad tensor or run: nothing is queued then
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host_parameters_, params_.bytes(),
                                     cudaMemcpyHostToDevice, stream_));
-  synchronize();  // `arena` goes out of scope
+  synchronize();
 }
 
 void CudaBackend::get_parameters(Model& model) const {
   use_device();
   if (model.config().layers != config_.layers) model = Model(config_);
-  std::vector<float> arena(static_cast<size_t>(layout_.total));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(arena.data(), params_.data(), params_.bytes(),
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_parameters_, params_.data(), params_.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  copy_tensors_out(layout_, arena.data(), model.parameters(), "");
+  copy_tensors_out(layout_, host_parameters_, model.parameters(), "");
 }
 
 void CudaBackend::get_gradients(std::vector<NamedTensor>& out) const {
-  // Once per step for a cluster worker: the staging buffer is kept, not allocated each time.
-  gradient_staging_.resize(static_cast<size_t>(layout_.total));
+  // Once per step for a cluster worker: into the pinned arena kept for it, then the tensors.
   use_device();
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(gradient_staging_.data(), grads_.data(), grads_.bytes(),
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_gradients_, grads_.data(), grads_.bytes(),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  copy_tensors_out(layout_, gradient_staging_.data(), out, "");
+  copy_tensors_out(layout_, host_gradients_, out, "");
 }
 
 void CudaBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
@@ -285,12 +299,19 @@ void CudaBackend::keep_resident(const DatasetView& data) {
   r->host = data;
   const size_t pixel_bytes = static_cast<size_t>(data.rows * data.features) * data.pixel_bytes();
   r->pixels = kernels::DeviceBuffer<uint8_t>(pixel_bytes);
-  TANDEM_CUDA_CHECK(cudaMemcpy(r->pixels.data(), data.pixels, pixel_bytes, cudaMemcpyHostToDevice));
+  // On the compute stream, not with cudaMemcpy: that one runs on the legacy default stream, which
+  // the non-blocking streams do not wait for, and from pageable memory it may return before its
+  // last transfer lands; a step queued next could read a partly copied array. The wait at the end
+  // also lets the caller free or change its host copy at once.
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(r->pixels.data(), data.pixels, pixel_bytes,
+                                    cudaMemcpyHostToDevice, stream_));
   if (data.labels != nullptr) {
     r->labels = kernels::DeviceBuffer<uint8_t>(static_cast<size_t>(data.rows));
-    TANDEM_CUDA_CHECK(cudaMemcpy(r->labels.data(), data.labels, static_cast<size_t>(data.rows),
-                                 cudaMemcpyHostToDevice));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(r->labels.data(), data.labels,
+                                      static_cast<size_t>(data.rows), cudaMemcpyHostToDevice,
+                                      stream_));
   }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   resident_.push_back(std::move(r));
 }
 
@@ -311,6 +332,16 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
   const size_t row_bytes = static_cast<size_t>(data.features) * data.pixel_bytes();
   int64_t first = 0;
   const Resident* resident = find_resident(data, first);
+  if (resident && rows == nullptr && count < resident->host.rows && first + count <= INT32_MAX) {
+    // A slice of resident data (training without shuffle: every batch another slice) is staged
+    // as a row list over the whole array, so the batch's device addresses, and with them the
+    // CUDA graph it runs in, stay the same from batch to batch. Keyed on the slice's own address
+    // it would capture a graph for every batch of the epoch and keep them all.
+    slice_rows_.resize(static_cast<size_t>(count));
+    std::iota(slice_rows_.begin(), slice_rows_.end(), static_cast<int32_t>(first));
+    rows = slice_rows_.data();
+    first = 0;
+  }
 
   // Growing a slot replaces its buffers: nothing queued may still read them.
   const bool slot_too_small =
@@ -477,9 +508,18 @@ void CudaBackend::launch_train_step(const DeviceBatch& batch) {
 }
 
 void CudaBackend::clear_graphs() {
-  for (auto& [key, exec] : graphs_) TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  // Out of the map before any is destroyed: a failure part way must not leave destroyed graphs
+  // behind for the destructor to destroy again. Every graph is destroyed; the first error is
+  // reported after.
+  auto graphs = std::move(graphs_);
   graphs_.clear();
   eager_runs_.clear();
+  cudaError_t destroy_status = cudaSuccess;
+  for (auto& [key, exec] : graphs) {
+    const cudaError_t status = cudaGraphExecDestroy(exec);
+    if (destroy_status == cudaSuccess) destroy_status = status;
+  }
+  TANDEM_CUDA_CHECK(destroy_status);  // the first cudaGraphExecDestroy that failed
 }
 
 void CudaBackend::queue_read_and_reset(kernels::DeviceStats* totals) {

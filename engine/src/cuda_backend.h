@@ -148,7 +148,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<kernels::DenseCuda> dense_;
 
   kernels::DeviceBuffer<float> params_, grads_, adam_m_, adam_v_;
-  mutable std::vector<float> gradient_staging_;  // get_gradients' host copy
+  // Pinned host copies of the parameter arena: what set_parameters uploads and get_parameters
+  // reads back, and what get_gradients reads back (apart: each is used by its own calls only).
+  float* host_parameters_ = nullptr;
+  float* host_gradients_ = nullptr;
   kernels::DeviceBuffer<kernels::AdamDeviceStep> adam_step_;
   kernels::DeviceBuffer<kernels::DeviceStats> train_totals_, call_totals_;
   kernels::DeviceStats* host_totals_ = nullptr;  // pinned, for reading totals back
@@ -169,6 +172,7 @@ class CudaBackend final : public Backend {
   int next_slot_ = 0;
   std::vector<std::unique_ptr<Resident>> resident_;
   std::vector<uint8_t> host_gather_;  // rows of non-resident host data picked by a row list
+  std::vector<int32_t> slice_rows_;   // a slice of resident data as a row list (stage)
 
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   std::map<GraphKey, int> eager_runs_;  // a shape runs eagerly once (warm-up) before capture
