@@ -269,6 +269,37 @@ TEST_F(CudaKernels, DenseForwardMatchesCpuInFloat32) {
   EXPECT_EQ(dense.precision(), MatmulPrecision::Fp32);
   uint32_t seed = 1000;
   for (const DenseShape& s : kForwardShapes) check_forward(*this, dense, s, seed += 3, kDenseFp32Tol, true);
+  // A form without a cuBLASLt algorithm falls back to Tandem's kernels (and is checked all the
+  // same above); say how many did, so that a fused path that never ran is seen in the results.
+  RecordProperty("fallback_forms", static_cast<int>(dense.fallback_forms()));
+}
+
+// The default model's products (784-100-10, batches of 1,000) in every precision: cuBLASLt must
+// offer the fused bias/ReLU epilogues and the bias gradient's matrix-vector form for them, or
+// every training step pays for the fallback kernels.
+TEST_F(CudaKernels, TheDefaultModelsProductsRunInCublasLt) {
+  for (MatmulPrecision precision :
+       {MatmulPrecision::Fp32, MatmulPrecision::Tf32, MatmulPrecision::Bf16}) {
+    kernels::DenseCuda dense(stream_, precision);
+    const int64_t rows = 1000;
+    auto x = upload(random_floats(count(rows, 784), 31));
+    auto w1 = upload(random_floats(count(784, 100), 32));
+    auto b1 = upload(random_floats(count(100), 33));
+    auto w2 = upload(random_floats(count(100, 10), 34));
+    auto b2 = upload(random_floats(count(10), 35));
+    auto h = poisoned<float>(count(rows, 100));
+    auto y = poisoned<float>(count(rows, 10));
+    auto dw1 = poisoned<float>(count(784, 100));
+    auto db1 = poisoned<float>(count(100));
+    auto dw2 = poisoned<float>(count(100, 10));
+    auto db2 = poisoned<float>(count(10));
+    dense.forward(x.data(), w1.data(), b1.data(), h.data(), rows, 784, 100, true);
+    dense.forward(h.data(), w2.data(), b2.data(), y.data(), rows, 100, 10, false);
+    dense.backward_params(h.data(), y.data(), dw2.data(), db2.data(), rows, 100, 10, false);
+    dense.backward_params(x.data(), h.data(), dw1.data(), db1.data(), rows, 784, 100, false);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(dense.fallback_forms(), 0u) << "precision " << static_cast<int>(precision);
+  }
 }
 
 TEST_F(CudaKernels, DenseForwardInTf32AndBf16StaysNearFloat32) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -47,6 +48,9 @@ struct Gemm {
   float* c = nullptr;
   const float* bias = nullptr;
   float beta = 0.0f;
+  // Plain float32 whatever the layer's precision: the bias gradient's sum over rows costs the
+  // same either way, and rounding dy to TF32 or bfloat16 first would only lose bits.
+  bool full_fp32 = false;
 };
 
 __global__ void fill_kernel(float* out, int64_t n, float value) {
@@ -92,7 +96,7 @@ struct DenseCuda::Impl {
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                         uint32_t, uint32_t, uint32_t, uint32_t>;
+                         uint32_t, uint32_t, uint32_t, uint32_t, int>;
 
   cudaStream_t stream;
   MatmulPrecision precision;
@@ -100,9 +104,10 @@ struct DenseCuda::Impl {
   DeviceBuffer<unsigned char> workspace{kWorkspaceBytes};
   DeviceBuffer<float> ones;  // the bias gradient is dy^T times a vector of ones
   std::map<Key, Plan> plans;
-  // Set when cuBLASLt has no algorithm for a form on this device/library: fall back for good.
-  bool fused_epilogue_failed = false;
-  bool gemv_failed = false;
+  // The forms (shape, epilogue, alignments) for which cuBLASLt offered no algorithm on this
+  // device and library: each falls back to Tandem's own kernel for good, without asking again.
+  // Per form, so one shape without a fused epilogue does not take it from every other shape.
+  std::set<Key> unavailable;
 
   Impl(cudaStream_t s, MatmulPrecision p) : stream(s), precision(p) {
     TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
@@ -120,27 +125,44 @@ struct DenseCuda::Impl {
     plan = Plan{};
   }
 
-  // The plan for a product's shape, made and cached on first use. A failure destroys what was
-  // made so far: forward and backward catch it and fall back, and each failing shape would
-  // otherwise leave its descriptors behind.
-  Plan& plan_for(const Gemm& g) {
+  cublasComputeType_t compute_of(const Gemm& g) const {
+    return g.full_fp32 ? CUBLAS_COMPUTE_32F : compute_type(precision);
+  }
+
+  // The plan for a product's form, made and cached on first use; null when cuBLASLt has no
+  // algorithm for it (remembered in `unavailable`). Any other failure throws, and destroys what
+  // was made so far, or each failing form would leave its descriptors behind.
+  Plan* plan_or_null(const Gemm& g) {
     const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.epilogue,
                   alignment_of(g.a), alignment_of(g.b), alignment_of(g.c),
-                  g.bias ? alignment_of(g.bias) : 256u};
+                  g.bias ? alignment_of(g.bias) : 256u, static_cast<int>(compute_of(g))};
     auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
+    if (found != plans.end()) return &found->second;
+    if (unavailable.count(key) != 0) return nullptr;
     Plan plan;
+    bool has_algorithm = false;
     try {
-      make_plan(g, key, plan);
+      has_algorithm = make_plan(g, key, plan);
     } catch (...) {
       destroy(plan);
       throw;
     }
-    return plans.emplace(key, plan).first->second;
+    if (!has_algorithm) {
+      destroy(plan);
+      unavailable.insert(key);
+      std::fprintf(stderr, "tandem: cuBLASLt has no algorithm for a %lldx%lldx%lld product with "
+                   "epilogue %d on this device; Tandem's own kernel does that part for this "
+                   "shape\n", static_cast<long long>(g.m), static_cast<long long>(g.n),
+                   static_cast<long long>(g.k), static_cast<int>(g.epilogue));
+      return nullptr;
+    }
+    return &plans.emplace(key, plan).first->second;
   }
 
-  void make_plan(const Gemm& g, const Key& key, Plan& plan) {
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute_type(precision), CUDA_R_32F));
+  // false when the heuristic offers no algorithm (or says the form is not supported); any other
+  // failure throws.
+  bool make_plan(const Gemm& g, const Key& key, Plan& plan) {
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute_of(g), CUDA_R_32F));
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                        &g.trans_a, sizeof(g.trans_a)));
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
@@ -186,16 +208,27 @@ struct DenseCuda::Impl {
       return s;
     }();
     cublasLtMatmulPreferenceDestroy(preference);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
     TANDEM_CUBLAS_CHECK(status);
-    if (returned == 0)
-      throw CudaError("cuBLASLt found no algorithm for a " + std::to_string(g.m) + "x" +
-                      std::to_string(g.n) + "x" + std::to_string(g.k) + " product (epilogue " +
-                      std::to_string(static_cast<int>(g.epilogue)) + ")");
+    if (returned == 0) return false;
     plan.algo = result.algo;
+    return true;
   }
 
+  // A product that must run: no algorithm for it is an error.
   void run(const Gemm& g) {
-    Plan& plan = plan_for(g);
+    if (!try_run(g))
+      throw CudaError("cuBLASLt found no algorithm for a " + std::to_string(g.m) + "x" +
+                      std::to_string(g.n) + "x" + std::to_string(g.k) + " product");
+  }
+
+  // Queues the product; false, with nothing queued, when its form has no algorithm (the caller
+  // falls back). Errors from the library or the launch throw: they are not a missing algorithm,
+  // and a fallback would hide them.
+  bool try_run(const Gemm& g) {
+    Plan* found = plan_or_null(g);
+    if (found == nullptr) return false;
+    Plan& plan = *found;
     // The bias pointer is part of the call, not of the shape: set it every time.
     if (g.bias)
       TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
@@ -204,6 +237,7 @@ struct DenseCuda::Impl {
     TANDEM_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b,
                                        &g.beta, g.c, plan.c, g.c, plan.c, &plan.algo,
                                        workspace.data(), workspace.bytes(), stream));
+    return true;
   }
 
   void reserve_rows(int64_t rows) {
@@ -221,6 +255,7 @@ DenseCuda::~DenseCuda() = default;
 void DenseCuda::set_stream(cudaStream_t stream) { impl_->stream = stream; }
 MatmulPrecision DenseCuda::precision() const { return impl_->precision; }
 void DenseCuda::reserve_rows(int64_t rows) { impl_->reserve_rows(rows); }
+size_t DenseCuda::fallback_forms() const { return impl_->unavailable.size(); }
 
 void DenseCuda::forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
                         int64_t in, int64_t out, bool relu, DenseEpilogue epilogue) {
@@ -231,20 +266,13 @@ void DenseCuda::forward(const float* x, const float* w, const float* b, float* y
   g.a = w, g.lda = out;
   g.b = x, g.ldb = in;
   g.c = y, g.ldc = out;
-  if (epilogue == DenseEpilogue::Fused && !impl_->fused_epilogue_failed) {
+  if (epilogue == DenseEpilogue::Fused) {
     Gemm fused = g;
     fused.epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
     fused.bias = b;
-    try {
-      impl_->run(fused);
-      return;
-    } catch (const CudaError& e) {
-      // No algorithm with this epilogue (the choice is made on a shape's first, eager call, so
-      // never inside a graph capture): the plain product and our own bias/ReLU kernel instead.
-      impl_->fused_epilogue_failed = true;
-      std::fprintf(stderr, "tandem: cuBLASLt bias/ReLU epilogue unavailable, using a separate "
-                           "kernel: %s\n", e.what());
-    }
+    // Without an algorithm for this epilogue (found out on a shape's first, eager call, so never
+    // inside a graph capture): the plain product and our own bias/ReLU kernel instead.
+    if (impl_->try_run(fused)) return;
   }
   impl_->run(g);
   bias_relu_cuda(y, b, rows, out, relu, impl_->stream);
@@ -269,23 +297,16 @@ void DenseCuda::backward_params(const float* x, const float* dy, float* dw, floa
   g.beta = beta;
   impl_->run(g);
   // db[out] = dy^T[out, rows] 1[rows]: a matrix-vector product, deterministic (no atomics).
-  if (!impl_->gemv_failed) {
-    impl_->reserve_rows(rows);
-    Gemm v;
-    v.m = out, v.n = 1, v.k = rows;
-    v.a = dy, v.lda = out;
-    v.b = impl_->ones.data(), v.ldb = rows;
-    v.c = db, v.ldc = out;
-    v.beta = beta;
-    try {
-      impl_->run(v);
-      return;
-    } catch (const CudaError& e) {
-      impl_->gemv_failed = true;
-      std::fprintf(stderr, "tandem: cuBLASLt matrix-vector product unavailable, summing bias "
-                           "gradients with a plain kernel: %s\n", e.what());
-    }
-  }
+  impl_->reserve_rows(rows);
+  Gemm v;
+  v.m = out, v.n = 1, v.k = rows;
+  v.a = dy, v.lda = out;
+  v.b = impl_->ones.data(), v.ldb = rows;
+  v.c = db, v.ldc = out;
+  v.beta = beta;
+  v.full_fp32 = true;
+  if (impl_->try_run(v)) return;
+  // No algorithm for the matrix-vector form: a plain kernel, slower but as deterministic.
   column_sums_kernel<<<grid_for(out), kThreadsPerBlock, 0, impl_->stream>>>(dy, db, rows, out, beta);
   TANDEM_CUDA_CHECK_LAUNCH();
 }

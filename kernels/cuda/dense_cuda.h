@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -45,6 +46,11 @@ class DenseCuda {
   // Allocates what a batch of `rows` rows needs (the ones vector of the bias gradient) now, so
   // that no call allocates later (and graph capture sees no allocation).
   void reserve_rows(int64_t rows);
+
+  // How many product forms (shape, epilogue, alignments) fell back to Tandem's own kernels
+  // because cuBLASLt offered no algorithm for them: tests report it, so that a fused path that
+  // never ran is seen.
+  size_t fallback_forms() const;
 
  private:
   struct Impl;
