@@ -1539,6 +1539,154 @@ TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
   }
 }
 
+// A device for a shard that steps on the host (w -= g) and fails while told to: the shard's
+// handling of a GPU that fails part way, which no test on a machine without one could reach.
+struct DeviceControl {
+  bool fail = false;
+  int calls = 0;
+};
+class HostShardDevice final : public ShardDevice {
+ public:
+  explicit HostShardDevice(std::shared_ptr<DeviceControl> control) : control_(std::move(control)) {}
+  int device() const override { return 7; }
+  void upload(const float* params, const float*, int64_t total, int64_t) override {
+    enter("an upload failed");
+    w_.assign(params, params + total);
+  }
+  const float* step(const float* gradients, int64_t total) override {
+    enter("an illegal memory access was encountered");
+    EXPECT_EQ(total, int64_t(w_.size()));
+    for (size_t k = 0; k < w_.size(); ++k) w_[k] -= gradients[k];
+    return w_.data();
+  }
+  void download_moments(float* m, float* v) override {
+    enter("a download failed");
+    std::fill(m, m + w_.size(), 0.0f);
+    std::fill(v, v + w_.size(), 0.0f);
+  }
+
+ private:
+  void enter(const char* failure) {
+    ++control_->calls;
+    if (control_->fail) throw std::runtime_error(failure);
+  }
+  std::shared_ptr<DeviceControl> control_;
+  std::vector<float> w_;
+};
+
+// A device step that fails (a CUDA error) leaves the shard's parameters and step as they were,
+// not a fresh parameter block that nothing filled; the shard then says why it failed, and refuses
+// every later use of the device, even one that would work again: what the device holds is
+// unknown.
+TEST(PsShard, AFailedDeviceStepChangesNothingAndTheDeviceIsNotUsedAgain) {
+  std::vector<NamedTensor> params = Model::initialized(ModelConfig{}, 7).parameters();
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::Sgd;
+  PsShard shard{sgd};
+  auto control = std::make_shared<DeviceControl>();
+  shard.use_device(std::make_unique<HostShardDevice>(control));
+  auto decoded = [](const std::vector<std::vector<uint8_t>>& frames) {
+    std::vector<transport::ByteSpan> spans;
+    for (const auto& f : frames) spans.push_back({f.data(), f.size()});
+    return transport::decode(spans);
+  };
+  const auto init_frames = frames_of(MessageType::Init, 1, params);
+  const transport::DecodeResult init = decoded(init_frames);
+  ASSERT_TRUE(init.ok()) << init.error;
+  shard.initialize(init.message, init.tensor_data);
+  ASSERT_TRUE(shard.initialized());
+  auto push = [&](uint32_t seed, std::vector<NamedTensor>& g) {
+    g = gradients_like(params, seed);
+    const auto frames = frames_of(MessageType::Push, 2, g);
+    const transport::DecodeResult in = decoded(frames);
+    ASSERT_TRUE(in.ok()) << in.error;
+    std::string kind;
+    ASSERT_EQ(shard.stage_gradients(in.message, in.tensor_data, kind), "");
+    shard.apply_staged();
+  };
+  std::vector<NamedTensor> g1, g2, g3;
+  push(11, g1);
+  ASSERT_EQ(shard.step(), 1);
+  ASSERT_EQ(shard.device_failure(), "");
+  std::vector<std::vector<float>> after_one;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const float* v = shard.values(shard.entries()[i]);
+    after_one.emplace_back(v, v + params[i].values.size());
+    for (size_t k = 0; k < params[i].values.size(); ++k)
+      ASSERT_EQ(after_one[i][k], params[i].values[k] - g1[i].values[k]) << params[i].name;
+  }
+  // A reply still being sent holds the current block (counted as send_message counts it): the
+  // failed step must not swap in another block, which nothing would fill.
+  const auto held = shard.params_hold();
+  transport::SendHoldCount::add(*held);
+
+  control->fail = true;
+  EXPECT_THROW(push(12, g2), ShardDeviceFailed);
+  EXPECT_EQ(shard.step(), 1);
+  EXPECT_NE(shard.device_failure().find("device 7"), std::string::npos) << shard.device_failure();
+  EXPECT_NE(shard.device_failure().find("step"), std::string::npos);
+  EXPECT_NE(shard.device_failure().find("illegal memory access"), std::string::npos);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(std::memcmp(shard.values(shard.entries()[i]), after_one[i].data(),
+                          after_one[i].size() * 4), 0) << params[i].name;
+
+  control->fail = false;
+  const int calls = control->calls;
+  EXPECT_THROW(push(13, g3), ShardDeviceFailed);
+  EXPECT_THROW(shard.fetch_moments(), ShardDeviceFailed);
+  EXPECT_EQ(control->calls, calls) << "the failed device was used again";
+  EXPECT_EQ(shard.step(), 1);
+  transport::SendHoldCount::remove(*held);
+}
+
+// A server whose GPU fails part way: the push that met the failure and every later request for
+// the parameters get an Error of kind "shard failed" naming the server and the failure (not a
+// timeout, not parameters nothing computed); stats are still answered; no checkpoint is written
+// after the failure, so a restart resumes from the last good one.
+TEST(ParameterServer, AServerWhoseGpuFailsSaysSoAndCheckpointsNothingAfter) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ServerOptions o = checkpoint_options(ctx, "ps-gpu-fails", dir);
+  o.optimizer.kind = OptimizerKind::Sgd;
+  o.device = 7;
+  auto control = std::make_shared<DeviceControl>();
+  o.make_device = [control](const OptimizerConfig&, int) {
+    return std::make_unique<HostShardDevice>(control);
+  };
+  o.checkpoint_every_steps = 1;
+  o.shard_name = "gpu";
+  ParameterServer server(o);
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(4);
+  client.init(params).wait();
+  EXPECT_EQ(client.push_pull(gradients_like(params, 5)).wait().version, 1u);
+  EXPECT_EQ(server.stats().version, 1);
+
+  control->fail = true;
+  auto expect_shard_failed = [&](PsClient::Handle handle, const char* what) {
+    SCOPED_TRACE(what);
+    try {
+      handle.wait();
+      ADD_FAILURE() << "no error";
+    } catch (const ServerError& e) {
+      EXPECT_EQ(e.kind(), transport::kShardFailed);
+      const std::string text = e.what();
+      EXPECT_NE(text.find(server.endpoint()), std::string::npos) << text;
+      EXPECT_NE(text.find("illegal memory access"), std::string::npos) << text;
+      EXPECT_NE(text.find("restart"), std::string::npos) << text;
+    }
+  };
+  expect_shard_failed(client.push_pull(gradients_like(params, 6)), "the push that failed");
+  control->fail = false;  // what the device holds is unknown all the same
+  expect_shard_failed(client.pull(), "a pull after");
+  expect_shard_failed(client.push_pull(gradients_like(params, 7)), "a push after");
+  const std::vector<ServerStats> stats = client.stats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].version, 1);
+  server.stop();
+  EXPECT_EQ(shard_files(dir), (std::vector<std::string>{"gpu-step-1.safetensors"}));
+}
+
 TEST(PsSharding, DefaultModelLoadIsEvenOnTwoAndThreeServers) {
   const ModelShapes m = default_model_shapes();
   const auto two = place_parts(m.names, m.shapes, 2);

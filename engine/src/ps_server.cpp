@@ -99,7 +99,9 @@ ParameterServer::ParameterServer(ServerOptions options)
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot bind: " + e.what());
   }
-  if (options_.device >= 0) shard_.use_device(make_shard_device(options_.optimizer, options_.device));
+  if (options_.device >= 0)
+    shard_.use_device((options_.make_device ? options_.make_device : make_shard_device)(
+        options_.optimizer, options_.device));
   if (!options_.checkpoint_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options_.checkpoint_dir, ec);
@@ -272,6 +274,7 @@ void ParameterServer::prune_checkpoints(int64_t written) const {
 
 void ParameterServer::maybe_checkpoint(bool final_one) {
   if (options_.checkpoint_dir.empty() || !shard_.initialized()) return;
+  if (!shard_.device_failure().empty()) return;  // the moments on the GPU are unknown
   const int64_t step = shard_.step();
   if (step == checkpointed_step_) return;  // nothing changed since the last one
   bool due = final_one;
@@ -332,7 +335,8 @@ void ParameterServer::serve() {
   maybe_checkpoint(true);  // the final one, if anything changed since the last
   // Written before stop() returns. When the newest write failed (a periodic one, with nothing
   // changed since, or this one), try once more: this is the last chance.
-  if (writer_ && !writer_->wait_idle().empty() && shard_.initialized()) {
+  if (writer_ && !writer_->wait_idle().empty() && shard_.initialized() &&
+      shard_.device_failure().empty()) {
     submit_checkpoint();
     writer_->wait_idle();
   }
@@ -344,11 +348,13 @@ void ParameterServer::reply_error(const zmq::message_t& peer, MessageType type,
                                   const std::string& kind) {
   count(&ServerStats::rejected);
   // Workers asking before the chief has initialised is the normal start of a cluster, not bad
-  // input: answered (they retry), counted, not logged.
+  // input: answered (they retry), counted, not logged. A failed GPU is not bad input either:
+  // handle() logs it.
   // Type Error stands for "a request whose type could not be read" (see handle_malformed).
   const std::string what =
       type == MessageType::Error ? "unreadable request" : transport::to_string(type);
-  if (kind != transport::kNotInitialised) log_once(what + ": " + kind, text);
+  if (kind != transport::kNotInitialised && kind != transport::kShardFailed)
+    log_once(what + ": " + kind, text);
   const auto out = transport::encode_message(
       transport::make_message(MessageType::Error, request_id, uint64_t(shard_.step()), {},
                               transport::encode_error_reason(kind, text)),
@@ -412,11 +418,38 @@ void ParameterServer::handle(Frames& frames) {
   if (!r.ok()) return handle_malformed(frames, r);
 
   const zmq::message_t& peer = frames[0];
+  const MessageType type = r.message.header.type;
+  if (options_.mode == PsMode::BoundedStaleness)
+    clocks_.heard(std::string(peer.data<char>(), peer.size()), Clock::now());
+  try {
+    dispatch(peer, r);
+  } catch (const ShardDeviceFailed& e) {
+    // The request that met the failure, and every one after it that needs the parameters
+    // (dispatch refuses them), get an error naming it; the server goes on answering stats and
+    // shutdown. Its newest checkpoint was written before the failure (none is written after).
+    if (logged_.insert(transport::kShardFailed).second)
+      std::fprintf(stderr, "tandem parameter server %s: %s; it answers no request for the "
+                   "parameters from now on (restart it: it resumes from its newest checkpoint)\n",
+                   endpoint_.c_str(), e.what());
+    if (type == MessageType::Push || type == MessageType::Idle) {  // one-way: no reply
+      count(&ServerStats::dropped);
+      return;
+    }
+    reply_error(peer, type, r.message.header.request_id,
+                std::string(e.what()) + "; restart this server: it resumes from its newest "
+                "checkpoint", transport::kShardFailed);
+  }
+}
+
+void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r) {
   const Message& m = r.message;
   const MessageType type = m.header.type;
   const uint64_t id = m.header.request_id;
-  if (options_.mode == PsMode::BoundedStaleness)
-    clocks_.heard(std::string(peer.data<char>(), peer.size()), Clock::now());
+  const bool needs_parameters = type == MessageType::Init || type == MessageType::Pull ||
+                                type == MessageType::Push || type == MessageType::PushPull ||
+                                type == MessageType::Checkpoint;
+  if (needs_parameters && !shard_.device_failure().empty())
+    throw ShardDeviceFailed(shard_.device_failure());
   std::vector<const PsShard::Entry*> entries;
 
   switch (type) {

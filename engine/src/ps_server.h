@@ -79,6 +79,7 @@
 #include <mutex>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -117,6 +118,9 @@ struct ServerOptions {
   // -1: the shard and Adam's state in host memory; N >= 0: on CUDA device N, stepped by the
   // fused Adam kernel (InputError at start when the device cannot be used).
   int device = -1;
+  // Makes that device: make_shard_device when empty. Tests give a device that fails on demand,
+  // to reach what a server does when its GPU fails.
+  std::function<std::unique_ptr<ShardDevice>(const OptimizerConfig&, int device)> make_device;
   // CURVE (see the note above the class): this server's secret key, Z85 (40 chars); empty: no
   // CURVE, anyone who can reach the endpoint may pull and push.
   std::string curve_secret_key;
@@ -155,6 +159,8 @@ class ParameterServer {
 
   void serve();
   void handle(transport::Frames& frames);
+  // A well-formed request (handle's decoding of it): answers it, or throws ShardDeviceFailed.
+  void dispatch(const zmq::message_t& peer, const transport::DecodeResult& r);
   // A push whose gradients shard_.stage_gradients accepted.
   void handle_push(const zmq::message_t& peer, const transport::Message& m);
   // Answers a Pull or PushPull now, or (bounded staleness) queues it.

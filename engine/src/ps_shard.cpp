@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #include "cpu/adam_cpu.h"
 
@@ -72,8 +73,8 @@ void PsShard::initialize(const Message& m, const std::vector<ByteSpan>& data) {
   lay_out(shapes);
   for (size_t i = 0; i < entries_.size(); ++i)
     std::memcpy(params_->value.data() + entries_[i].offset, data[i].data, data[i].size);
+  upload_to_device();
   initialized_ = true;
-  if (device_) device_->upload(params_->value.data(), moments_.data(), total_, step_);
 }
 
 void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
@@ -89,18 +90,36 @@ void PsShard::restore(const std::vector<Restored>& tensors, int64_t step) {
     if (!t.v.empty()) std::memcpy(moments_.data() + total_ + e.offset, t.v.data(), bytes);
   }
   step_ = step;
+  upload_to_device();
   initialized_ = true;
-  if (device_) device_->upload(params_->value.data(), moments_.data(), total_, step_);
 }
 
 void PsShard::use_device(std::unique_ptr<ShardDevice> device) {
   device_ = std::move(device);
-  if (device_ && initialized_)
-    device_->upload(params_->value.data(), moments_.data(), total_, step_);
+  if (initialized_) upload_to_device();
+}
+
+void PsShard::upload_to_device() {
+  if (!device_) return;
+  on_device("upload",
+            [&] { device_->upload(params_->value.data(), moments_.data(), total_, step_); });
+}
+
+void PsShard::on_device(const char* what, const std::function<void()>& call) {
+  if (!device_failure_.empty()) throw ShardDeviceFailed(device_failure_);
+  try {
+    call();
+  } catch (const std::exception& e) {
+    device_failure_ = std::string("the shard's GPU (device ") + std::to_string(device_->device()) +
+                      ") failed in its " + what + ": " + e.what();
+    throw ShardDeviceFailed(device_failure_);
+  }
 }
 
 void PsShard::fetch_moments() {
-  if (device_ && initialized_) device_->download_moments(moments_.data(), moments_.data() + total_);
+  if (device_ && initialized_)
+    on_device("download of Adam's moments",
+              [&] { device_->download_moments(moments_.data(), moments_.data() + total_); });
 }
 
 float* PsShard::writable_params(bool keep_values) {
@@ -210,11 +229,17 @@ bool PsShard::apply_accumulated() {
 }
 
 void PsShard::step_with_gradients() {
-  ++step_;
-  if (device_) {  // the same update, by the CUDA twin of the kernel below; it writes every value
-    device_->step(gradients_.data(), writable_params(false));
+  if (device_) {
+    // The same update, by the CUDA twin of the kernel below. The device steps first; only then
+    // is a parameter block taken, filled (every value) and the step counted, so a step that
+    // fails leaves the host's parameters and step as they were (and the shard failed).
+    const float* updated = nullptr;
+    on_device("step", [&] { updated = device_->step(gradients_.data(), total_); });
+    std::memcpy(writable_params(false), updated, size_t(total_) * sizeof(float));
+    ++step_;
     return;
   }
+  ++step_;
   update(writable_params(true), 0, total_, gradients_.data(), step_size());
 }
 

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,14 @@
 #include "wire_protocol.h"
 
 namespace tandem {
+
+// The shard's GPU failed (a CUDA error in an upload, a step or a download): what is on the device
+// is then unknown, so the shard refuses every later use of it, and the server every request
+// that reads or changes the parameters (transport::kShardFailed).
+class ShardDeviceFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class PsShard {
  public:
@@ -96,6 +106,8 @@ class PsShard {
   // runs there; the host keeps a copy of the parameters (replies are sent from it).
   void use_device(std::unique_ptr<ShardDevice> device);
   int device() const { return device_ ? device_->device() : -1; }
+  // Why the shard's GPU failed ("" while it has not): see ShardDeviceFailed.
+  const std::string& device_failure() const { return device_failure_; }
   // With a device, Adam's moments are on it: call before reading adam_m()/adam_v().
   void fetch_moments();
 
@@ -112,6 +124,10 @@ class PsShard {
   // in a free block (copying the values only when `keep_values`), which becomes the current one.
   float* writable_params(bool keep_values);
   void step_with_gradients();  // step += 1, one optimizer sweep with gradients_
+  void upload_to_device();     // the parameters, moments and step, when there is a device
+  // Runs a call on the device; a failure is kept (device_failure_) and thrown as
+  // ShardDeviceFailed, as is every later call.
+  void on_device(const char* what, const std::function<void()>& call);
   kernels::AdamHyper adam_hyper() const;
   // This step's rate: Adam's bias-corrected step size at step_, or SGD's learning rate.
   float step_size() const;
@@ -125,6 +141,7 @@ class PsShard {
 
   OptimizerConfig optimizer_;
   bool initialized_ = false;
+  std::string device_failure_;
   int64_t step_ = 0;
   std::vector<Entry> entries_;
   std::map<std::string, size_t> index_;

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/adam_cuda.h"
 #include "cuda/cuda_check.h"
@@ -38,6 +40,9 @@ class CudaShardDevice final : public ShardDevice {
     // Empty until every buffer is in place: an upload that fails part way (out of device or
     // pinned memory) must not leave a size that a later step would trust.
     total_ = 0;
+    // The old buffers go first: a re-upload (a restore, a second Init) must not hold both sets,
+    // on a GPU it may share with a worker.
+    params_ = {}, m_ = {}, v_ = {}, grads_ = {};
     const size_t n = static_cast<size_t>(total);
     params_ = kernels::DeviceBuffer<float>(n);
     m_ = kernels::DeviceBuffer<float>(n);
@@ -62,7 +67,10 @@ class CudaShardDevice final : public ShardDevice {
 
   // The device is set on every call: a server restored from a checkpoint uploads on the thread
   // that built it and steps on its serving thread, whose current device may be another.
-  void step(const float* gradients, float* params_out) override {
+  const float* step(const float* gradients, int64_t total) override {
+    if (total != total_ || total_ == 0)
+      throw std::runtime_error("a step of " + std::to_string(total) + " values on a device that "
+                               "holds " + std::to_string(total_) + " (no complete upload)");
     TANDEM_CUDA_CHECK(cudaSetDevice(device_));
     const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
     float* in = pinned_;
@@ -80,7 +88,7 @@ class CudaShardDevice final : public ShardDevice {
     }
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(out, params_.data(), bytes, cudaMemcpyDeviceToHost, stream_));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::memcpy(params_out, out, bytes);
+    return out;
   }
 
   void download_moments(float* m_out, float* v_out) override {

@@ -20,9 +20,10 @@ class ShardDevice {
   // The parameters (`total` floats, padding included), Adam's moments (m | v, `total` floats
   // each) and the step so far.
   virtual void upload(const float* params, const float* moments, int64_t total, int64_t step) = 0;
-  // One step with `gradients` (total floats): step += 1, Adam (or SGD) on the device, then the
-  // parameters are copied back into params_out (total floats).
-  virtual void step(const float* gradients, float* params_out) = 0;
+  // One step with `gradients` (`total` floats, as uploaded: anything else throws): step += 1,
+  // Adam (or SGD) on the device, then the parameters are copied back to host memory; returns
+  // them (total floats, valid until the next call).
+  virtual const float* step(const float* gradients, int64_t total) = 0;
   virtual void download_moments(float* m_out, float* v_out) = 0;
 };
 

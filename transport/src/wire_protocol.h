@@ -124,6 +124,7 @@ inline constexpr char kBadInitialTensor[] = "bad initial tensor";  // an Init th
 inline constexpr char kTensorsInPull[] = "tensors in a Pull";      // a Pull carries none
 inline constexpr char kUnsupported[] = "unsupported";  // an unknown request, or no checkpoints
 inline constexpr char kCheckpointFailed[] = "checkpoint failed";  // the file could not be written
+inline constexpr char kShardFailed[] = "shard failed";  // its GPU failed: restart the server
 // A message that does not decode: this, then its DecodeError's name ("malformed: Truncated").
 inline constexpr char kMalformed[] = "malformed: ";
 
