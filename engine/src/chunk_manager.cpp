@@ -117,7 +117,9 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   ring_.resize(static_cast<size_t>(options_.ring_slots));
   try {
     for (auto& slot : ring_) {
-      slot.pixels = kernels::pinned_alloc(static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_);
+      slot.pixels = kernels::pinned_alloc(
+          static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_,
+          options_.pin_for_device);
       slot.labels.resize(static_cast<size_t>(options_.batch_rows));
     }
   } catch (...) {

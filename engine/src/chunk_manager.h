@@ -39,6 +39,9 @@ struct ChunkManagerOptions {
   int readers = 2;      // threads reading and decompressing bands
   int assemblers = 2;   // threads copying rows into ring slots (one batch each at a time)
   int ring_slots = 3;   // pinned batch buffers: triple buffering
+  // The CUDA device the batches go to: the ring is page-locked in its context. -1: a CPU
+  // consumer, plain memory (page-locking would only create a CUDA context, on device 0).
+  int pin_for_device = 0;
   size_t memory_budget = size_t{256} << 20;  // band buffers in flight, bytes (at least two bands)
 };
 

@@ -527,6 +527,11 @@ static void worker_role(const RoleOptions& o) {
     cm.seed = s.seed;
     cm.readers = s.readers;
     cm.assemblers = s.assemblers;
+    // Page-locked for the GPU the worker's backend uses (its first, in a group), so that no
+    // context is made on GPU 0 for a worker given others; plain memory for a CPU backend.
+    cm.pin_for_device = !o.gpus.empty()                              ? o.gpus[0]
+                        : parse_backend(s.backend) == BackendKind::Cpu ? -1
+                                                                       : 0;
     stream = std::make_unique<ChunkManager>(store.train, store.num_classes, cm);
     if (stream->features() != s.model.inputs() || store.num_classes != int(s.model.classes()))
       throw InputError(r.name + ": the store " + s.data + " has " + std::to_string(stream->features()) +

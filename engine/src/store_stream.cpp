@@ -27,6 +27,7 @@ std::unique_ptr<BatchStream> open_store_stream(const std::string& path, const St
   options.readers = o.readers;
   options.assemblers = o.assemblers;
   options.memory_budget = o.memory_budget;
+  options.pin_for_device = o.pin_for_device;
   return std::make_unique<ChunkManager>(store.train, store.num_classes, options);
 }
 

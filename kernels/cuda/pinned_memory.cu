@@ -21,14 +21,16 @@ void* page_aligned(size_t bytes) {
 }
 }  // namespace
 
-PinnedAllocation pinned_alloc(size_t bytes) {
+PinnedAllocation pinned_alloc(size_t bytes, int device) {
   if (bytes == 0) bytes = 1;
-  if (cuda_device_count() == 0) return {page_aligned(bytes), false};
+  if (device < 0 || cuda_device_count() == 0) return {page_aligned(bytes), false};
   void* p = nullptr;
-  const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  cudaError_t status = cudaSetDevice(device);
+  if (status == cudaSuccess) status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (status != cudaSuccess)
-    throw std::runtime_error(std::string("cudaHostAlloc(") + std::to_string(bytes) + " bytes) failed: " +
-                cudaGetErrorString(status) + " (" __FILE__ ")");
+    throw std::runtime_error(std::string("cudaHostAlloc(") + std::to_string(bytes) +
+                             " bytes) for device " + std::to_string(device) + " failed: " +
+                             cudaGetErrorString(status) + " (" __FILE__ ")");
   return {p, true};
 }
 

@@ -12,8 +12,13 @@ struct PinnedAllocation {
   bool page_locked = false;  // true when cudaHostAlloc provided it
 };
 
-// Throws std::bad_alloc (plain memory) or std::runtime_error with the CUDA error's text.
-PinnedAllocation pinned_alloc(size_t bytes);
+// Page-locked for CUDA device `device` when one is present: allocated in that device's context,
+// which becomes the calling thread's current device (the runtime creates a device's context the
+// first time it is made current, so an allocation for GPU 2 must not go through GPU 0). With
+// `device` < 0 (the data goes to the CPU) or no device present, page-aligned ordinary memory:
+// page-locking it would only cost a CUDA context. Throws std::bad_alloc (plain memory), or
+// std::runtime_error with the CUDA error's text.
+PinnedAllocation pinned_alloc(size_t bytes, int device);
 void pinned_free(const PinnedAllocation& allocation) noexcept;
 
 }  // namespace tandem::kernels

@@ -6,7 +6,7 @@
 
 namespace tandem::kernels {
 
-PinnedAllocation pinned_alloc(size_t bytes) {
+PinnedAllocation pinned_alloc(size_t bytes, int) {
   constexpr size_t kPage = 4096;
   void* p = std::aligned_alloc(kPage, (bytes + kPage) / kPage * kPage);
   if (p == nullptr) throw std::bad_alloc();

@@ -27,6 +27,7 @@ EvalResult evaluate_store_training_split(const Model& model, const std::string& 
   StreamOptions so;
   so.batch_rows = 10000;
   so.shuffle = false;
+  so.pin_for_device = -1;  // evaluated on the CPU
   const std::unique_ptr<BatchStream> stream = open_store_stream(path, so);
   EvalResult total;
   DatasetView batch;

@@ -101,6 +101,8 @@ void run_train(TrainOptions& o) {
     so.batch_rows = config.batch;
     so.shuffle = config.shuffle;
     so.seed = config.seed;
+    // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
+    so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
     config.model = model_for(o.hidden, stream->features(), stream->num_classes());
   } else {
