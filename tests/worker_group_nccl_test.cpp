@@ -42,10 +42,41 @@ OptimizerConfig adam() {
   return o;
 }
 
-
-
 std::unique_ptr<Backend> gpu_backend(int device = 0) {
   return make_cuda_backend(kModel, adam(), Precision::Fp32, device);
+}
+
+// One GPU backend's gradients (into `expected`) and statistics over the whole of `data`.
+BatchStats one_backend_over(const Dataset& data, const Model& initial,
+                            std::vector<NamedTensor>& expected) {
+  auto single = gpu_backend(0);
+  single->set_parameters(initial);
+  const BatchStats stats = single->compute_gradients(data.view(), nullptr, data.rows());
+  single->get_gradients(expected);
+  return stats;
+}
+
+// One step of a group of two over the rows 0-119 and 120-300 of `data` against one backend's
+// gradients and statistics over all of them (`expected`, `single`): the same terms summed in
+// another order (each member's rows, then the sum across members), so within float32 rounding
+// (the CPU group's test measures at most 3.1e-7 of a tensor's largest |value|; 1e-5 leaves room
+// and a missing or doubled row is far beyond it).
+void expect_group_step_like_one_backend(WorkerGroup& group, const Dataset& data,
+                                        const std::vector<NamedTensor>& expected,
+                                        const BatchStats& single) {
+  BatchStats stats;
+  const auto& got =
+      group.step({data.view().slice(0, 120), data.view().slice(120, kRows)}, &stats);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t t = 0; t < expected.size(); ++t) {
+    double largest = 0.0;
+    for (const float x : expected[t].values) largest = std::max(largest, double(std::fabs(x)));
+    EXPECT_TRUE(test::all_close(got[t].values, expected[t].values, 1e-5 * largest, 1e-5))
+        << expected[t].name;
+  }
+  EXPECT_EQ(stats.samples, kRows);
+  EXPECT_EQ(stats.correct, single.correct);
+  EXPECT_NEAR(stats.loss_sum, single.loss_sum, 1e-5 * std::fabs(single.loss_sum));
 }
 
 TEST(WorkerGroupNccl, PiecesCoverTheGradientArenaLastLayerFirst) {
@@ -122,38 +153,40 @@ TEST(WorkerGroupNccl, OneRankEqualsThePlainGpuWorkerBitForBit) {
   EXPECT_TRUE(same_bits(flatten(held.parameters()), flatten(next.parameters())));
 }
 
-// Group gradients against one backend over the combined batch: the same terms summed in another
-// order (each member's rows, then NCCL's sum across members), so within float32 rounding (the
-// CPU group's test measures at most 3.1e-7 of a tensor's largest |value|; 1e-5 leaves room and
-// a missing or doubled row is far beyond it).
+// Group gradients (NCCL's sum across two GPUs) against one backend over the combined batch.
 TEST(WorkerGroupNccl, TwoGpusSumLikeOneBackendOverTheCombinedBatch) {
   const int gpus = kernels::cuda_device_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus;
   const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 33);
   const Model initial = Model::initialized(kModel, 6);
-  auto single = gpu_backend(0);
-  single->set_parameters(initial);
-  const BatchStats single_stats = single->compute_gradients(data.view(), nullptr, kRows);
   std::vector<NamedTensor> expected;
-  single->get_gradients(expected);
+  const BatchStats single_stats = one_backend_over(data, initial, expected);
 
   auto a = gpu_backend(0), b = gpu_backend(1);
   auto collective = make_nccl_collective({0, 1}, 30000);
   WorkerGroup group(kModel, {a.get(), b.get()}, *collective);
   group.install(initial);
-  BatchStats stats;
-  const auto& got =
-      group.step({data.view().slice(0, 120), data.view().slice(120, kRows)}, &stats);
-  ASSERT_EQ(got.size(), expected.size());
-  for (size_t t = 0; t < expected.size(); ++t) {
-    double largest = 0.0;
-    for (const float x : expected[t].values) largest = std::max(largest, double(std::fabs(x)));
-    EXPECT_TRUE(test::all_close(got[t].values, expected[t].values, 1e-5 * largest, 1e-5))
-        << expected[t].name;
-  }
-  EXPECT_EQ(stats.samples, kRows);
-  EXPECT_EQ(stats.correct, single_stats.correct);
-  EXPECT_NEAR(stats.loss_sum, single_stats.loss_sum, 1e-5 * std::fabs(single_stats.loss_sum));
+  expect_group_step_like_one_backend(group, data, expected, single_stats);
+}
+
+// The lent machine has one GPU, where a one-rank NCCL sum changes nothing: the sum itself is
+// checked here with two CUDA members on that GPU, summed through host memory (the collective a
+// GPU group uses in a build without NCCL), against one backend over the combined batch.
+TEST(WorkerGroupNccl, TwoGpuMembersOnOneGpuSumThroughHostMemoryLikeOneBackend) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 34);
+  const Model initial = Model::initialized(kModel, 7);
+  std::vector<NamedTensor> expected;
+  const BatchStats single_stats = one_backend_over(data, initial, expected);
+
+  auto a = gpu_backend(0), b = gpu_backend(0);
+  auto collective = make_thread_collective(2, 30000);
+  WorkerGroup group(kModel, {a.get(), b.get()}, *collective);
+  group.install(initial);
+  Model held(kModel);
+  b->get_parameters(held);  // the install reached the second member
+  EXPECT_TRUE(same_bits(flatten(held.parameters()), flatten(initial.parameters())));
+  expect_group_step_like_one_backend(group, data, expected, single_stats);
 }
 
 }  // namespace

@@ -55,11 +55,16 @@ namespace {
 
 // Asks NCCL to connect the ranks in ncclCommInitAll rather than in the first collective (see the
 // top of this file). NCCL reads the variable once, at its first initialisation; a value the user
-// set is kept.
+// set is kept. Set during static initialisation, while the process has one thread: setenv is not
+// safe against getenv in other threads, and by the time a group forms, ZeroMQ's and the role's
+// threads are running.
+const bool kRuntimeConnectAsked = ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0) == 0;
+
+// Warns, once, when the user's own setting keeps NCCL connecting in the first collective.
 void connect_at_init() {
   static std::once_flag once;
   std::call_once(once, [] {
-    ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    if (!kRuntimeConnectAsked) std::fprintf(stderr, "tandem: could not set NCCL_RUNTIME_CONNECT\n");
     const char* value = std::getenv("NCCL_RUNTIME_CONNECT");
     if (value != nullptr && std::string(value) != "0")
       std::fprintf(stderr, "tandem: NCCL_RUNTIME_CONNECT=%s: NCCL connects in the first collective, "
@@ -385,7 +390,23 @@ class NcclCollective final : public GroupCollective {
   // Destroys the communicators (aborting them if the group failed: a destroy could wait for
   // a collective that never completes) and the streams; logs failures.
   void release() noexcept {
-    const bool failed = !failure().empty();
+    bool failed = !failure().empty();
+    if (!failed) {
+      // One thread holds every rank's communicator, and destroying one may wait in a barrier for
+      // the others' destroys: finalize them all in one group first (as NCCL's own example for
+      // several devices in one process does), then each destroy finds the others done.
+      ncclResult_t status = ncclGroupStart();
+      for (size_t i = 0; i < comms_.size(); ++i)
+        if (status == ncclSuccess && comms_[i] != nullptr && !aborted_[i])
+          status = ncclCommFinalize(comms_[i]);
+      const ncclResult_t ended = ncclGroupEnd();
+      if (status == ncclSuccess) status = ended;
+      if (status != ncclSuccess) {
+        std::fprintf(stderr, "tandem: ncclCommFinalize failed on the worker group: %s; aborting "
+                     "its communicators instead\n", ncclGetErrorString(status));
+        failed = true;
+      }
+    }
     for (int r = 0; r < size(); ++r) {
       const size_t i = static_cast<size_t>(r);
       if (comms_[i] != nullptr) {
