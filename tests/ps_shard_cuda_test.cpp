@@ -58,6 +58,8 @@ SafeTensorsFile newest_checkpoint(const std::string& dir) {
 }
 
 // A GPU server and a CPU server, each checkpointing to its own folder, with the same optimizer.
+// `tag` names their endpoints: a new name for each pair in a context (libzmq frees an inproc
+// name only after the socket's close has gone through its reaper thread).
 struct ServerPair {
   ServerPair(zmq::context_t& ctx, const std::string& dir, const OptimizerConfig& optimizer,
              const std::string& tag) {
@@ -139,7 +141,8 @@ TEST(PsShardCuda, GpuShardStepsAsTheCpuShardAndResumesFromItsCheckpoints) {
     test::TempDir dir;
     zmq::context_t ctx;
     const auto params = params_of(3);
-    ServerPair pair(ctx, dir.path().string(), optimizer, adam ? "adam" : "sgd");
+    const std::string name = adam ? "adam" : "sgd";
+    ServerPair pair(ctx, dir.path().string(), optimizer, name);
     {
       ParameterServer gpu(pair.gpu_options), cpu(pair.cpu_options);
       push_both(ctx, gpu, cpu, params, /*init=*/true, 1, 20);
@@ -148,7 +151,8 @@ TEST(PsShardCuda, GpuShardStepsAsTheCpuShardAndResumesFromItsCheckpoints) {
     }
     expect_checkpoints_agree(pair, params, adam, "20");
     {
-      ParameterServer gpu(pair.gpu_options), cpu(pair.cpu_options);  // restored: step 20
+      const ServerPair again(ctx, dir.path().string(), optimizer, name + "-restarted");
+      ParameterServer gpu(again.gpu_options), cpu(again.cpu_options);  // restored: step 20
       push_both(ctx, gpu, cpu, params, /*init=*/false, 21, 5);
       gpu.stop();
       cpu.stop();

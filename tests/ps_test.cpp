@@ -1687,6 +1687,41 @@ TEST(ParameterServer, AServerWhoseGpuFailsSaysSoAndCheckpointsNothingAfter) {
   EXPECT_EQ(shard_files(dir), (std::vector<std::string>{"gpu-step-1.safetensors"}));
 }
 
+// In sync mode the step runs once the last gradient of the round is in: when the GPU fails
+// there, every worker held for that step gets the failure, not only the one whose push ran it
+// (the others would wait for a reply that never comes).
+TEST(ParameterServer, InSyncModeEveryHeldWorkerGetsTheGpusFailure) {
+  zmq::context_t ctx;
+  ServerOptions o = inproc_options(ctx, "ps-gpu-fails-sync");
+  o.mode = PsMode::Sync;
+  o.replicas_to_aggregate = 2;
+  o.step_timeout_ms = 60000;  // the step waits for both workers
+  o.device = 7;
+  auto control = std::make_shared<DeviceControl>();
+  o.make_device = [control](const OptimizerConfig&, int) {
+    return std::make_unique<HostShardDevice>(control);
+  };
+  ParameterServer server(o);
+  PsClient a({server.endpoint()}, client_options(&ctx));
+  PsClient b({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(8);
+  a.init(params).wait();
+  b.init({}).wait();
+  control->fail = true;
+  PsClient::Handle held = a.push_pull(gradients_like(params, 9));
+  PsClient::Handle last = b.push_pull(gradients_like(params, 10));
+  for (PsClient::Handle* h : {&held, &last}) {
+    SCOPED_TRACE(h == &held ? "the worker held for the step" : "the worker whose push ran it");
+    try {
+      h->wait();
+      ADD_FAILURE() << "no error";
+    } catch (const ServerError& e) {
+      EXPECT_EQ(e.kind(), transport::kShardFailed) << e.what();
+    }
+  }
+  EXPECT_EQ(server.stats().version, 0);
+}
+
 TEST(PsSharding, DefaultModelLoadIsEvenOnTwoAndThreeServers) {
   const ModelShapes m = default_model_shapes();
   const auto two = place_parts(m.names, m.shapes, 2);

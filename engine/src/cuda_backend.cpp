@@ -172,21 +172,26 @@ void CudaBackend::set_parameters(const Model& model) {
   if (model.config().layers != config_.layers)
     throw InputError("model " + model.config().describe() + " does not match the backend's " +
                      config_.describe());
-  upload_parameters(
-      [&](float* arena) { copy_tensors_in(model.parameters(), layout_, arena, "parameters"); });
+  use_device();
+  // Every call that copies from or into the pinned arena waits for the copy before it returns,
+  // so the arena is free here; a step still queued reads params_, which the copy waits for.
+  copy_tensors_in(model.parameters(), layout_, host_parameters_, "parameters");
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host_parameters_, params_.bytes(),
+                                    cudaMemcpyHostToDevice, stream_));
+  synchronize();
 }
 
 void CudaBackend::set_parameters(const ParameterRuns& runs) {
-  upload_parameters([&](float* arena) { copy_runs_in(runs, layout_, arena, "parameters"); });
-}
-
-void CudaBackend::upload_parameters(const std::function<void(float* arena)>& fill) {
   use_device();
-  // Every call that queues a copy from or into this arena waits for it before returning, so the
-  // arena is free here; a step still queued reads params_, which the copy below waits for.
-  fill(host_parameters_);  // throws on a bad tensor or run: nothing is queued then
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host_parameters_, params_.bytes(),
-                                    cudaMemcpyHostToDevice, stream_));
+  copy_runs_in(runs, layout_, host_parameters_, "parameters");  // checks all before it writes
+  // Only what the runs cover changes, as on the CPU backend: each run's values go from the
+  // pinned arena to their place on the device (a handful of copies: a run per tensor part).
+  for (const auto& run : runs.runs) {
+    const int64_t at = layout_.entries[run.tensor].offset + run.offset;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(params_.data() + at, host_parameters_ + at,
+                                      sizeof(float) * static_cast<size_t>(run.count),
+                                      cudaMemcpyHostToDevice, stream_));
+  }
   synchronize();
 }
 
@@ -322,7 +327,7 @@ void CudaBackend::release_resident() {
 }
 
 CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32_t* rows,
-                                            int64_t count, Slot*& slot) {
+                                            int64_t count, Slot*& slot, bool for_graph) {
   Slot& s = slots_[next_slot_];
   next_slot_ ^= 1;
   slot = &s;
@@ -332,7 +337,8 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
   const size_t row_bytes = static_cast<size_t>(data.features) * data.pixel_bytes();
   int64_t first = 0;
   const Resident* resident = find_resident(data, first);
-  if (resident && rows == nullptr && count < resident->host.rows && first + count <= INT32_MAX) {
+  if (for_graph && options_.use_graphs && resident && rows == nullptr &&
+      count < resident->host.rows && first + count <= INT32_MAX) {
     // A slice of resident data (training without shuffle: every batch another slice) is staged
     // as a row list over the whole array, so the batch's device addresses, and with them the
     // CUDA graph it runs in, stay the same from batch to batch. Keyed on the slice's own address
@@ -607,7 +613,7 @@ void CudaBackend::train_step(const DatasetView& data, const int32_t* rows, int64
   check_batch(data, rows, count, 1);
   ensure_capacity(count);
   Slot* slot = nullptr;
-  const DeviceBatch batch = stage(data, rows, count, slot);
+  const DeviceBatch batch = stage(data, rows, count, slot, /*for_graph=*/true);
   launch_train_step(batch);
   TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
   pending_samples_ += count;

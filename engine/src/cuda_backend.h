@@ -12,7 +12,6 @@
 
 #include <cuda_runtime.h>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -80,8 +79,6 @@ class CudaBackend final : public Backend {
   void create_device_state();
   void release_device_state() noexcept;
   void use_device() const;  // makes options_.device the calling thread's current device
-  // The parameters `fill` writes into a host arena of the layout's size, uploaded.
-  void upload_parameters(const std::function<void(float* arena)>& fill);
   // Where a batch's pixels and labels are on the device, and which rows to take.
   struct DeviceBatch {
     PixelType pixel_type = PixelType::UInt8;
@@ -114,7 +111,9 @@ class CudaBackend final : public Backend {
   // row list (staged in pinned memory and queued, so the host does not wait), or the rows
   // themselves uploaded into the next slot (returning once the copy has read the caller's
   // memory, which the caller may then reuse).
-  DeviceBatch stage(const DatasetView& data, const int32_t* rows, int64_t count, Slot*& slot);
+  // for_graph: the batch runs in a CUDA graph (train_step), keyed on its device addresses.
+  DeviceBatch stage(const DatasetView& data, const int32_t* rows, int64_t count, Slot*& slot,
+                    bool for_graph = false);
   const Resident* find_resident(const DatasetView& data, int64_t& first_row) const;
   void enqueue_forward(const DeviceBatch& batch);
   // predict() and predict_logits(): the classes of every row, and its logits unless null.

@@ -95,4 +95,11 @@ std::unique_ptr<GroupCollective> make_thread_collective(int members, int timeout
 // GroupError naming the call and device when CUDA or NCCL refuse to start.
 std::unique_ptr<GroupCollective> make_nccl_collective(std::vector<int> devices, int timeout_ms);
 
+// Asks NCCL to connect a group's ranks when the group forms rather than in its first collective
+// (NCCL_RUNTIME_CONNECT=0, unless the user set it). A program calls it before it starts any
+// thread, as the tandem binary's main does: setenv is not safe against getenv in other threads.
+// make_nccl_collective sets it too if nobody did, but by then threads may be running. Does
+// nothing in a build without NCCL.
+void prepare_nccl_environment();
+
 }  // namespace tandem

@@ -54,17 +54,13 @@ namespace {
 }
 
 // Asks NCCL to connect the ranks in ncclCommInitAll rather than in the first collective (see the
-// top of this file). NCCL reads the variable once, at its first initialisation; a value the user
-// set is kept. Set during static initialisation, while the process has one thread: setenv is not
-// safe against getenv in other threads, and by the time a group forms, ZeroMQ's and the role's
-// threads are running.
-const bool kRuntimeConnectAsked = ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0) == 0;
-
-// Warns, once, when the user's own setting keeps NCCL connecting in the first collective.
+// top of this file), unless prepare_nccl_environment did already (the tandem binary's main, before
+// any thread); warns once when the user's own setting keeps NCCL connecting in the collective.
+// NCCL reads the variable once, at its first initialisation.
 void connect_at_init() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (!kRuntimeConnectAsked) std::fprintf(stderr, "tandem: could not set NCCL_RUNTIME_CONNECT\n");
+    if (std::getenv("NCCL_RUNTIME_CONNECT") == nullptr) prepare_nccl_environment();
     const char* value = std::getenv("NCCL_RUNTIME_CONNECT");
     if (value != nullptr && std::string(value) != "0")
       std::fprintf(stderr, "tandem: NCCL_RUNTIME_CONNECT=%s: NCCL connects in the first collective, "
@@ -74,6 +70,8 @@ void connect_at_init() {
 }
 
 }  // namespace
+
+void prepare_nccl_environment() { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); }
 
 }  // namespace tandem
 

@@ -7,4 +7,6 @@ std::unique_ptr<GroupCollective> make_nccl_collective(std::vector<int>, int) {
   throw InputError("a GPU worker group needs NCCL: this build has no NCCL");
 }
 
+void prepare_nccl_environment() {}
+
 }  // namespace tandem

@@ -227,6 +227,8 @@ void ParameterServer::restore_newest() {
       std::fprintf(stderr, "tandem parameter server %s: resumed from checkpoint %s (step %lld)\n",
                    options_.shard_name.c_str(), path.c_str(), static_cast<long long>(step));
       return;
+    } catch (const ShardDeviceFailed&) {
+      throw;  // the GPU, not the file: every older checkpoint would fail the same way
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem parameter server %s: skipping checkpoint %s: %s\n",
                    options_.shard_name.c_str(), path.c_str(), e.what());
@@ -424,20 +426,38 @@ void ParameterServer::handle(Frames& frames) {
   try {
     dispatch(peer, r);
   } catch (const ShardDeviceFailed& e) {
-    // The request that met the failure, and every one after it that needs the parameters
-    // (dispatch refuses them), get an error naming it; the server goes on answering stats and
-    // shutdown. Its newest checkpoint was written before the failure (none is written after).
-    if (logged_.insert(transport::kShardFailed).second)
-      std::fprintf(stderr, "tandem parameter server %s: %s; it answers no request for the "
-                   "parameters from now on (restart it: it resumes from its newest checkpoint)\n",
-                   endpoint_.c_str(), e.what());
+    // The request that met the failure, those waiting, and every one after it that needs the
+    // parameters (dispatch refuses them) get an error naming it; the server goes on answering
+    // stats and shutdown. Its newest checkpoint was written before the failure (none after).
+    fail_waiting_requests();
     if (type == MessageType::Push || type == MessageType::Idle) {  // one-way: no reply
       count(&ServerStats::dropped);
       return;
     }
-    reply_error(peer, type, r.message.header.request_id,
-                std::string(e.what()) + "; restart this server: it resumes from its newest "
-                "checkpoint", transport::kShardFailed);
+    reply_error(peer, type, r.message.header.request_id, shard_failure_text(),
+                transport::kShardFailed);
+  }
+}
+
+std::string ParameterServer::shard_failure_text() const {
+  return shard_.device_failure() + "; restart this server: it resumes from its newest checkpoint";
+}
+
+void ParameterServer::fail_waiting_requests() {
+  if (logged_.insert(transport::kShardFailed).second)
+    std::fprintf(stderr, "tandem parameter server %s: %s; it answers no request for the "
+                 "parameters from now on\n", endpoint_.c_str(), shard_failure_text().c_str());
+  std::vector<Pending> waiting;
+  waiting.swap(held_);
+  for (auto& p : deferred_) waiting.push_back(std::move(p));
+  deferred_.clear();
+  for (const Pending& p : waiting) {
+    try {  // one failed send (a peer gone) must not leave the others unanswered
+      reply_error(p.peer, MessageType::PushPull, p.request_id, shard_failure_text(),
+                  transport::kShardFailed);
+    } catch (const std::exception& e) {
+      log_once(std::string("internal: ") + e.what(), e.what());
+    }
   }
 }
 
@@ -623,7 +643,15 @@ void ParameterServer::reply_pending(const Pending& p) {
 void ParameterServer::finish_sync_step() {
   if (shard_.pending() < options_.replicas_to_aggregate) count(&ServerStats::partial_steps);
   const int64_t gradients = shard_.pending();
-  if (!shard_.apply_accumulated()) {
+  bool applied = false;
+  try {
+    applied = shard_.apply_accumulated();
+  } catch (const ShardDeviceFailed&) {
+    fail_waiting_requests();  // the held workers, the one whose push completed the step too
+    clocks_.clear_idle();
+    return;
+  }
+  if (!applied) {
     // The held workers still get the (unchanged) parameters, and go on.
     count(&ServerStats::overflowed_steps);
     log_once("sync step: overflow",
@@ -652,6 +680,10 @@ int ParameterServer::replicas_needed(Clock::time_point now) const {
 }
 
 void ParameterServer::on_tick() {
+  if (!shard_.device_failure().empty()) {
+    if (!held_.empty() || !deferred_.empty()) fail_waiting_requests();
+    return;  // nothing to step, defer or checkpoint any more
+  }
   const auto now = Clock::now();
   if (options_.mode == PsMode::Sync && shard_.pending() > 0) {
     if (now >= step_deadline_) a_step_timed_out_ = true;

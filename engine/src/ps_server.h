@@ -168,6 +168,10 @@ class ParameterServer {
                        std::vector<std::string> names);
   void reply_pending(const Pending& p);
   void finish_sync_step();  // apply the aggregate, send the held replies
+  // After the shard's GPU failed: the Error text, and that Error to every held (sync) and
+  // deferred (bounded staleness) request, the failure logged once.
+  std::string shard_failure_text() const;
+  void fail_waiting_requests();
   // Sync: gradients a step waits for: replicas_to_aggregate, or fewer when fewer workers have
   // pushed within worker_timeout_ms.
   int replicas_needed(std::chrono::steady_clock::time_point now) const;

@@ -233,9 +233,12 @@ void PsShard::step_with_gradients() {
     // The same update, by the CUDA twin of the kernel below. The device steps first; only then
     // is a parameter block taken, filled (every value) and the step counted, so a step that
     // fails leaves the host's parameters and step as they were (and the shard failed).
-    const float* updated = nullptr;
-    on_device("step", [&] { updated = device_->step(gradients_.data(), total_); });
-    std::memcpy(writable_params(false), updated, size_t(total_) * sizeof(float));
+    // The copy is part of the step: if taking a block fails (out of memory), the device is a
+    // step ahead of the host and the shard is failed as well.
+    on_device("step", [&] {
+      const float* updated = device_->step(gradients_.data(), total_);
+      std::memcpy(writable_params(false), updated, size_t(total_) * sizeof(float));
+    });
     ++step_;
     return;
   }

@@ -210,7 +210,7 @@ struct DenseCuda::Impl {
     cublasLtMatmulPreferenceDestroy(preference);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
     TANDEM_CUBLAS_CHECK(status);
-    if (returned == 0) return false;
+    if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
     plan.algo = result.algo;
     return true;
   }

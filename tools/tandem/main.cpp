@@ -6,11 +6,13 @@
 
 #include "cluster_commands.h"
 #include "commands.h"
+#include "group_collective.h"
 #include "store_commands.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
 
 int main(int argc, char** argv) {
+  tandem::prepare_nccl_environment();  // while this process has one thread (setenv)
   CLI::App app{"Tandem: train models with parameter servers, on CPUs and GPUs"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(1);

@@ -96,8 +96,9 @@ struct StreamOptions {
   int readers = 2;                           // reader/decompressor threads
   int assemblers = 2;                        // threads copying rows into batches
   size_t memory_budget = size_t{256} << 20;  // chunks in flight, bytes
-  // The CUDA device the batches go to (their buffers are page-locked in its context); -1 when
-  // they go to the CPU (plain memory: no CUDA context is created).
+  // The CUDA device the batches go to (their buffers are page-locked in its context, and it
+  // becomes the current device of the thread that opens the stream); -1 when they go to the CPU
+  // (plain memory: no CUDA context is created, the current device is left alone).
   int pin_for_device = 0;
 };
 
