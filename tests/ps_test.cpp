@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -1541,9 +1542,9 @@ TEST(PsShard, GradientsReadInPlaceOrGatheredStepAsTheTrainer) {
 
 // A device for a shard that steps on the host (w -= g) and fails while told to: the shard's
 // handling of a GPU that fails part way, which no test on a machine without one could reach.
-struct DeviceControl {
-  bool fail = false;
-  int calls = 0;
+struct DeviceControl {  // set by the test's thread, read by the server's
+  std::atomic<bool> fail{false};
+  std::atomic<int> calls{0};
 };
 class HostShardDevice final : public ShardDevice {
  public:
@@ -1634,7 +1635,7 @@ TEST(PsShard, AFailedDeviceStepChangesNothingAndTheDeviceIsNotUsedAgain) {
   const int calls = control->calls;
   EXPECT_THROW(push(13, g3), ShardDeviceFailed);
   EXPECT_THROW(shard.fetch_moments(), ShardDeviceFailed);
-  EXPECT_EQ(control->calls, calls) << "the failed device was used again";
+  EXPECT_EQ(control->calls.load(), calls) << "the failed device was used again";
   EXPECT_EQ(shard.step(), 1);
   transport::SendHoldCount::remove(*held);
 }
