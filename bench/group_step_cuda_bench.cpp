@@ -84,56 +84,81 @@ int main(int argc, char** argv) {
       data.pixel_data()[i] = static_cast<uint8_t>(gen());
     const tandem::Model initial = tandem::Model::initialized(model, 1);
 
+    nlohmann::json out;
+    out["device"] = tandem::kernels::cuda_device_description(0);
+    out["results"] = nlohmann::json::array();
+    // Written after every batch, so that a failure or the stage's time limit keeps what came
+    // before it.
+    auto save = [&] {
+      if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+    };
+    // A collective that does not complete in 10 s is reported (GroupError naming the rank)
+    // well before the GPU check's limit for this stage kills the program.
+    constexpr int kTimeoutMs = 10000;
     std::vector<Way> ways(3);
     ways[0].name = "plain";
     ways[1].name = "group-host";
     ways[2].name = "group-nccl";
-    for (Way& way : ways) {
-      way.backend = tandem::make_cuda_backend(model, optimizer, tandem::Precision::Fp32, 0);
-      way.backend->set_parameters(initial);
+    for (size_t w = 0; w < ways.size(); ++w) {
+      Way& way = ways[w];
+      try {
+        way.backend = tandem::make_cuda_backend(model, optimizer, tandem::Precision::Fp32, 0);
+        way.backend->set_parameters(initial);
+        if (w == 0) continue;
+        way.collective = w == 1 ? tandem::make_thread_collective(1, kTimeoutMs)
+                                : tandem::make_nccl_collective({0}, kTimeoutMs);
+        way.group = std::make_unique<tandem::WorkerGroup>(
+            model, std::vector<tandem::Backend*>{way.backend.get()}, *way.collective);
+        way.group->install(initial);
+      } catch (const std::exception& e) {
+        if (w == 0) throw;  // without the plain worker there is nothing to compare with
+        std::fprintf(stderr, "tandem_group_step_cuda_bench: %s: %s\n", way.name.c_str(), e.what());
+        out["results"].push_back({{"way", way.name}, {"error", e.what()}});
+        way.group.reset();  // left out of the measurements
+        way.collective.reset();
+        way.backend.reset();
+      }
     }
-    ways[1].collective = tandem::make_thread_collective(1, 60000);
-    ways[2].collective = tandem::make_nccl_collective({0}, 60000);
-    for (size_t w = 1; w < ways.size(); ++w) {
-      ways[w].group = std::make_unique<tandem::WorkerGroup>(
-          model, std::vector<tandem::Backend*>{ways[w].backend.get()}, *ways[w].collective);
-      ways[w].group->install(initial);
-    }
-
-    nlohmann::json out;
-    out["device"] = tandem::kernels::cuda_device_description(0);
-    out["results"] = nlohmann::json::array();
+    ways.erase(std::remove_if(ways.begin(), ways.end(), [](const Way& w) { return !w.backend; }),
+               ways.end());
+    save();
     for (const int64_t batch : batches) {
-      const tandem::DatasetView view = data.view().slice(0, batch);
-      for (Way& way : ways) {
-        way.slices_us.clear();
-        for (int i = 0; i < 5; ++i) way.step(view);  // warm-up: cuBLASLt's choices, NCCL's setup
-      }
-      for (int r = 0; r < repeats; ++r)
+      try {
+        const tandem::DatasetView view = data.view().slice(0, batch);
         for (Way& way : ways) {
-          int64_t steps = 0;
-          const auto start = Clock::now();
-          double elapsed = 0.0;
-          do {
-            way.step(view);
-            ++steps;
-            elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-          } while (elapsed < seconds);
-          way.slices_us.push_back(elapsed / static_cast<double>(steps) * 1e6);
+          way.slices_us.clear();
+          for (int i = 0; i < 5; ++i) way.step(view);  // warm-up: cuBLASLt, NCCL's setup
         }
-      const double plain_us = median(ways[0].slices_us);
-      for (const Way& way : ways) {
-        const double us = median(way.slices_us);
-        std::printf("batch %6lld  %-10s  %8.1f us/step (median of %d)  %.2fx plain\n",
-                    static_cast<long long>(batch), way.name.c_str(), us, repeats, us / plain_us);
-        out["results"].push_back({{"batch", batch},
-                                  {"way", way.name},
-                                  {"us_per_step", us},
-                                  {"slices_us", way.slices_us},
-                                  {"ratio_to_plain", us / plain_us}});
+        for (int r = 0; r < repeats; ++r)
+          for (Way& way : ways) {
+            int64_t steps = 0;
+            const auto start = Clock::now();
+            double elapsed = 0.0;
+            do {
+              way.step(view);
+              ++steps;
+              elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+            } while (elapsed < seconds);
+            way.slices_us.push_back(elapsed / static_cast<double>(steps) * 1e6);
+          }
+        const double plain_us = median(ways[0].slices_us);
+        for (const Way& way : ways) {
+          const double us = median(way.slices_us);
+          std::printf("batch %6lld  %-10s  %8.1f us/step (median of %d)  %.2fx plain\n",
+                      static_cast<long long>(batch), way.name.c_str(), us, repeats, us / plain_us);
+          out["results"].push_back({{"batch", batch},
+                                    {"way", way.name},
+                                    {"us_per_step", us},
+                                    {"slices_us", way.slices_us},
+                                    {"ratio_to_plain", us / plain_us}});
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tandem_group_step_cuda_bench: batch %lld: %s\n",
+                     static_cast<long long>(batch), e.what());
+        out["results"].push_back({{"batch", batch}, {"error", e.what()}});
       }
+      save();
     }
-    if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem_group_step_cuda_bench: %s\n", e.what());
     return 1;

@@ -118,41 +118,50 @@ double pinned_copy_gbps(size_t bytes, int times) {
 }
 
 // One epoch of the store's stream with each batch copied to the device on a copy stream and
-// nothing else: pixel bytes delivered per second.
+// nothing else: pixel bytes delivered per second. The clock starts once the first batch is on
+// the device, so the epoch's start (readers starting, the first band read, the first batch
+// assembled: latency, not bandwidth) is not counted, and neither is that batch.
 double stream_copy_gbps(tandem::BatchStream& stream, int64_t epoch, size_t batch_bytes) {
   tandem::kernels::DeviceBuffer<uint8_t> device(batch_bytes);
   cudaStream_t copy;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
-  const auto start = Clock::now();
   stream.start_epoch(epoch);
   tandem::DatasetView batch;
   double bytes = 0;
-  while (stream.next(batch)) {
+  Clock::time_point start;
+  for (bool first = true; stream.next(batch); first = false) {
     const size_t n = static_cast<size_t>(batch.rows * batch.features) * batch.pixel_bytes();
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(device.data(), batch.pixels, n, cudaMemcpyHostToDevice, copy));
     // The batch's slot returns to the chunk manager at the next next(): the copy must be done.
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy));
-    bytes += static_cast<double>(n);
+    if (first) start = Clock::now();
+    else bytes += static_cast<double>(n);
   }
   const double seconds = since(start);
   cudaStreamDestroy(copy);
-  return bytes / seconds / 1e9;
+  return bytes > 0 ? bytes / seconds / 1e9 : 0.0;
 }
 
-// Training steps fed by the stream for one epoch: steps per second.
-double stream_train_steps_per_s(tandem::CudaBackend& backend, tandem::BatchStream& stream,
-                                int64_t epoch) {
-  const auto start = Clock::now();
+// Training steps fed by the stream for one epoch: samples per second (an epoch's last batch may
+// be short), counted from the end of its first step, as above.
+double stream_train_samples_per_s(tandem::CudaBackend& backend, tandem::BatchStream& stream,
+                                  int64_t epoch) {
   stream.start_epoch(epoch);
   tandem::DatasetView batch;
-  int64_t steps = 0;
-  while (stream.next(batch)) {
+  double samples = 0;
+  Clock::time_point start;
+  for (bool first = true; stream.next(batch); first = false) {
     backend.train_step(batch, nullptr, batch.rows);
-    ++steps;
+    if (first) {
+      backend.synchronize();
+      start = Clock::now();
+    } else {
+      samples += static_cast<double>(batch.rows);
+    }
   }
   backend.synchronize();
   (void)backend.take_stats();
-  return static_cast<double>(steps) / since(start);
+  return samples > 0 ? samples / since(start) : 0.0;
 }
 
 }  // namespace
@@ -185,6 +194,11 @@ int main(int argc, char** argv) {
 
   nlohmann::json out;
   out["results"] = nlohmann::json::array();
+  // Written after every result, so a stage cut short by its time limit, or a configuration that
+  // fails, keeps what was measured before it.
+  auto save = [&] {
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+  };
   if (tandem::kernels::cuda_device_count() == 0) {
     std::printf("train_step_cuda_bench: no CUDA device, nothing to measure\n");
     out["device"] = nullptr;
@@ -206,30 +220,40 @@ int main(int argc, char** argv) {
 
     for (const std::string& precision_name : precisions) {
       for (const bool graphs : eager_too ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
-        tandem::CudaBackendOptions options;
-        options.precision = tandem::parse_precision(precision_name);
-        options.use_graphs = graphs;
-        tandem::CudaBackend backend(model, tandem::OptimizerConfig{}, options);
-        backend.set_parameters(tandem::Model::initialized(model, 1));
-        backend.keep_resident(data.view());
-        for (int64_t batch : batches) {
-          const Measurement m = measure(backend, data.view(), order, std::min(batch, rows), seconds, repeats);
-          const double flops = step_flops(model, batch);
-          nlohmann::json r{{"batch", batch},
-                           {"precision", precision_name},
-                           {"graph", graphs},
-                           {"steps_per_s", m.steps_per_s},
-                           {"ms_per_step", 1e3 / m.steps_per_s},
-                           {"samples_per_s", m.steps_per_s * static_cast<double>(batch)},
-                           {"flops_per_step", flops},
-                           {"tflops", flops * m.steps_per_s / 1e12},
-                           {"repeats_ms", m.repeats_ms}};
-          std::printf("tandem %-5s %-6s batch %6lld: %9.1f steps/s  %8.4f ms/step  %6.2f TFLOP/s\n",
-                      precision_name.c_str(), graphs ? "graph" : "eager",
-                      static_cast<long long>(batch), m.steps_per_s, 1e3 / m.steps_per_s,
-                      flops * m.steps_per_s / 1e12);
-          std::fflush(stdout);
-          out["results"].push_back(r);
+        try {
+          tandem::CudaBackendOptions options;
+          options.precision = tandem::parse_precision(precision_name);
+          options.use_graphs = graphs;
+          tandem::CudaBackend backend(model, tandem::OptimizerConfig{}, options);
+          backend.set_parameters(tandem::Model::initialized(model, 1));
+          backend.keep_resident(data.view());
+          for (int64_t batch : batches) {
+            const Measurement m =
+                measure(backend, data.view(), order, std::min(batch, rows), seconds, repeats);
+            const double flops = step_flops(model, batch);
+            nlohmann::json r{{"batch", batch},
+                             {"precision", precision_name},
+                             {"graph", graphs},
+                             {"steps_per_s", m.steps_per_s},
+                             {"ms_per_step", 1e3 / m.steps_per_s},
+                             {"samples_per_s", m.steps_per_s * static_cast<double>(batch)},
+                             {"flops_per_step", flops},
+                             {"tflops", flops * m.steps_per_s / 1e12},
+                             {"repeats_ms", m.repeats_ms}};
+            std::printf("tandem %-5s %-6s batch %6lld: %9.1f steps/s  %8.4f ms/step  "
+                        "%6.2f TFLOP/s\n", precision_name.c_str(), graphs ? "graph" : "eager",
+                        static_cast<long long>(batch), m.steps_per_s, 1e3 / m.steps_per_s,
+                        flops * m.steps_per_s / 1e12);
+            std::fflush(stdout);
+            out["results"].push_back(r);
+            save();
+          }
+        } catch (const std::exception& e) {  // recorded; the other configurations still run
+          std::printf("tandem %s %s: failed: %s\n", precision_name.c_str(),
+                      graphs ? "graph" : "eager", e.what());
+          out["results"].push_back(
+              {{"precision", precision_name}, {"graph", graphs}, {"error", e.what()}});
+          save();
         }
       }
     }
@@ -237,53 +261,69 @@ int main(int argc, char** argv) {
   if (!store.empty() && tandem::kernels::cuda_device_count() > 0) {
     out["feed"] = nlohmann::json::array();
     for (int64_t batch : batches) {
-      tandem::StreamOptions so;
-      so.batch_rows = batch;
-      so.readers = readers;
-      so.assemblers = assemblers;
-      auto stream = tandem::open_store_stream(store, so);
-      const tandem::ModelConfig model = tandem::ModelConfig::parse(
-          std::to_string(stream->features()) + "-100-" + std::to_string(stream->num_classes()));
-      const size_t batch_bytes = static_cast<size_t>(batch * stream->features());  // uint8 stores
-      const double pinned = pinned_copy_gbps(batch_bytes, 50);
-      double streamed = 0, fed = 0, resident = 0;
-      for (int e = 0; e < epochs; ++e) streamed = std::max(streamed, stream_copy_gbps(*stream, e, batch_bytes));
-      tandem::CudaBackend backend(model, tandem::OptimizerConfig{}, tandem::CudaBackendOptions{});
-      backend.set_parameters(tandem::Model::initialized(model, 1));
-      for (int e = 0; e < epochs; ++e) fed = std::max(fed, stream_train_steps_per_s(backend, *stream, e));
-      // The same steps with the data already on the device: one resident copy of a batch-sized
-      // window of random rows is enough, the step's cost does not depend on which rows.
-      {
-        tandem::Dataset data(tandem::PixelType::UInt8, std::max<int64_t>(batch, 60000),
-                             stream->features(), stream->num_classes());
-        std::mt19937 rng(3);
-        for (int64_t i = 0; i < data.rows() * data.features(); ++i) data.pixel_data()[i] = static_cast<uint8_t>(rng());
-        for (int64_t i = 0; i < data.rows(); ++i)
-          data.label_data()[i] = static_cast<uint8_t>(rng() % static_cast<uint32_t>(data.num_classes()));
-        std::vector<int32_t> order(static_cast<size_t>(data.rows()));
-        for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-        std::shuffle(order.begin(), order.end(), rng);
-        backend.keep_resident(data.view());
-        resident = measure(backend, data.view(), order, batch, seconds, repeats).steps_per_s;
-        backend.release_resident();
+      try {
+        tandem::StreamOptions so;
+        so.batch_rows = batch;
+        so.readers = readers;
+        so.assemblers = assemblers;
+        auto stream = tandem::open_store_stream(store, so);
+        const tandem::ModelConfig model = tandem::ModelConfig::parse(
+            std::to_string(stream->features()) + "-100-" + std::to_string(stream->num_classes()));
+        const size_t batch_bytes = static_cast<size_t>(batch * stream->features());  // uint8 stores
+        const double pinned = pinned_copy_gbps(batch_bytes, 50);
+        double streamed = 0, fed = 0, resident = 0;
+        for (int e = 0; e < epochs; ++e)
+          streamed = std::max(streamed, stream_copy_gbps(*stream, e, batch_bytes));
+        tandem::CudaBackend backend(model, tandem::OptimizerConfig{},
+                                    tandem::CudaBackendOptions{});
+        backend.set_parameters(tandem::Model::initialized(model, 1));
+        for (int e = 0; e < epochs; ++e)
+          fed = std::max(fed, stream_train_samples_per_s(backend, *stream, e));
+        // The same steps with the data already on the device: one resident copy of a batch-sized
+        // window of random rows is enough, the step's cost does not depend on which rows.
+        {
+          tandem::Dataset data(tandem::PixelType::UInt8, std::max<int64_t>(batch, 60000),
+                               stream->features(), stream->num_classes());
+          std::mt19937 rng(3);
+          for (int64_t i = 0; i < data.rows() * data.features(); ++i)
+            data.pixel_data()[i] = static_cast<uint8_t>(rng());
+          const auto classes = static_cast<uint32_t>(data.num_classes());
+          for (int64_t i = 0; i < data.rows(); ++i)
+            data.label_data()[i] = static_cast<uint8_t>(rng() % classes);
+          std::vector<int32_t> order(static_cast<size_t>(data.rows()));
+          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+          std::shuffle(order.begin(), order.end(), rng);
+          backend.keep_resident(data.view());
+          resident = measure(backend, data.view(), order, batch, seconds, repeats).steps_per_s *
+                     static_cast<double>(batch);
+          backend.release_resident();
+        }
+        nlohmann::json f{{"batch", batch},
+                         {"readers", readers},
+                         {"assemblers", assemblers},
+                         {"pinned_copy_GBps", pinned},
+                         {"stream_copy_GBps", streamed},
+                         {"stream_fraction_of_pinned", streamed / pinned},
+                         // Samples per second: the stream's last batch of an epoch may be short.
+                         {"stream_fed_samples_per_s", fed},
+                         {"resident_samples_per_s", resident},
+                         {"stream_fed_steps_per_s", fed / static_cast<double>(batch)},
+                         {"resident_steps_per_s", resident / static_cast<double>(batch)},
+                         {"fed_over_resident", fed / resident}};
+        std::printf("feed batch %6lld: pinned H2D %6.1f GB/s, stream->device %6.1f GB/s (%.0f%%), "
+                    "samples/s fed %10.0f vs resident %10.0f (%.0f%%)\n",
+                    static_cast<long long>(batch), pinned, streamed, 100 * streamed / pinned, fed,
+                    resident, 100 * fed / resident);
+        std::fflush(stdout);
+        out["feed"].push_back(f);
+        save();
+      } catch (const std::exception& e) {
+        std::printf("feed batch %lld: failed: %s\n", static_cast<long long>(batch), e.what());
+        out["feed"].push_back({{"batch", batch}, {"error", e.what()}});
+        save();
       }
-      nlohmann::json f{{"batch", batch},
-                       {"readers", readers},
-                       {"assemblers", assemblers},
-                       {"pinned_copy_GBps", pinned},
-                       {"stream_copy_GBps", streamed},
-                       {"stream_fraction_of_pinned", streamed / pinned},
-                       {"stream_fed_steps_per_s", fed},
-                       {"resident_steps_per_s", resident},
-                       {"fed_over_resident", fed / resident}};
-      std::printf("feed batch %6lld: pinned H2D %6.1f GB/s, stream->device %6.1f GB/s (%.0f%%), "
-                  "steps/s fed %8.1f vs resident %8.1f (%.0f%%)\n",
-                  static_cast<long long>(batch), pinned, streamed, 100 * streamed / pinned, fed,
-                  resident, 100 * fed / resident);
-      std::fflush(stdout);
-      out["feed"].push_back(f);
     }
   }
-  if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+  save();
   return 0;
 }
