@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <cstring>
 
@@ -35,6 +36,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Random pixels and labels, and a shuffled order of the rows: a step's cost does not depend on
+// the values, and random data keeps every element live (no zeros that could hide unwritten
+// memory or run faster).
+struct RandomData {
+  tandem::Dataset data;
+  std::vector<int32_t> order;
+};
+RandomData random_rows(int64_t rows, int64_t features, int classes, uint32_t seed) {
+  RandomData r{tandem::Dataset(tandem::PixelType::UInt8, rows, features, classes), {}};
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < rows * features; ++i)
+    r.data.pixel_data()[i] = static_cast<uint8_t>(rng());
+  for (int64_t i = 0; i < rows; ++i)
+    r.data.label_data()[i] = static_cast<uint8_t>(rng() % static_cast<uint32_t>(classes));
+  r.order.resize(static_cast<size_t>(rows));
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::shuffle(r.order.begin(), r.order.end(), rng);
+  return r;
+}
 
 // Floating-point operations of one step of an MLP over `batch` rows: forward and weight-gradient
 // products for every layer, input-gradient products for every layer but the first (no gradient
@@ -206,17 +227,8 @@ int main(int argc, char** argv) {
   } else {
     out["device"] = tandem::kernels::cuda_device_description(0);
     const tandem::ModelConfig model = tandem::ModelConfig::parse(layers);
-    // Random pixels and labels: the step's cost does not depend on the values, and random data
-    // keeps every element live (no zeros that could hide unwritten memory or run faster).
-    tandem::Dataset data(tandem::PixelType::UInt8, rows, model.inputs(),
-                         static_cast<int>(model.classes()));
-    std::mt19937 rng(7);
-    for (int64_t i = 0; i < rows * model.inputs(); ++i) data.pixel_data()[i] = static_cast<uint8_t>(rng());
-    for (int64_t i = 0; i < rows; ++i)
-      data.label_data()[i] = static_cast<uint8_t>(rng() % static_cast<uint32_t>(model.classes()));
-    std::vector<int32_t> order(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    std::shuffle(order.begin(), order.end(), rng);
+    const auto [data, order] =
+        random_rows(rows, model.inputs(), static_cast<int>(model.classes()), 7);
 
     for (const std::string& precision_name : precisions) {
       for (const bool graphs : eager_too ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
@@ -282,17 +294,8 @@ int main(int argc, char** argv) {
         // The same steps with the data already on the device: one resident copy of a batch-sized
         // window of random rows is enough, the step's cost does not depend on which rows.
         {
-          tandem::Dataset data(tandem::PixelType::UInt8, std::max<int64_t>(batch, 60000),
-                               stream->features(), stream->num_classes());
-          std::mt19937 rng(3);
-          for (int64_t i = 0; i < data.rows() * data.features(); ++i)
-            data.pixel_data()[i] = static_cast<uint8_t>(rng());
-          const auto classes = static_cast<uint32_t>(data.num_classes());
-          for (int64_t i = 0; i < data.rows(); ++i)
-            data.label_data()[i] = static_cast<uint8_t>(rng() % classes);
-          std::vector<int32_t> order(static_cast<size_t>(data.rows()));
-          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-          std::shuffle(order.begin(), order.end(), rng);
+          const auto [data, order] = random_rows(std::max<int64_t>(batch, 60000),
+                                                 stream->features(), stream->num_classes(), 3);
           backend.keep_resident(data.view());
           resident = measure(backend, data.view(), order, batch, seconds, repeats).steps_per_s *
                      static_cast<double>(batch);

@@ -1575,6 +1575,14 @@ class HostShardDevice final : public ShardDevice {
   std::vector<float> w_;
 };
 
+// A server whose shard is on a HostShardDevice (device 7) that `control` steers.
+void with_host_device(ServerOptions& o, const std::shared_ptr<DeviceControl>& control) {
+  o.device = 7;
+  o.make_device = [control](const OptimizerConfig&, int) {
+    return std::make_unique<HostShardDevice>(control);
+  };
+}
+
 // A device step that fails (a CUDA error) leaves the shard's parameters and step as they were,
 // not a fresh parameter block that nothing filled; the shard then says why it failed, and refuses
 // every later use of the device, even one that would work again: what the device holds is
@@ -1649,11 +1657,8 @@ TEST(ParameterServer, AServerWhoseGpuFailsSaysSoAndCheckpointsNothingAfter) {
   test::TempDir dir;
   ServerOptions o = checkpoint_options(ctx, "ps-gpu-fails", dir);
   o.optimizer.kind = OptimizerKind::Sgd;
-  o.device = 7;
   auto control = std::make_shared<DeviceControl>();
-  o.make_device = [control](const OptimizerConfig&, int) {
-    return std::make_unique<HostShardDevice>(control);
-  };
+  with_host_device(o, control);
   o.checkpoint_every_steps = 1;
   o.shard_name = "gpu";
   ParameterServer server(o);
@@ -1697,11 +1702,8 @@ TEST(ParameterServer, InSyncModeEveryHeldWorkerGetsTheGpusFailure) {
   o.mode = PsMode::Sync;
   o.replicas_to_aggregate = 2;
   o.step_timeout_ms = 60000;  // the step waits for both workers
-  o.device = 7;
   auto control = std::make_shared<DeviceControl>();
-  o.make_device = [control](const OptimizerConfig&, int) {
-    return std::make_unique<HostShardDevice>(control);
-  };
+  with_host_device(o, control);
   ParameterServer server(o);
   PsClient a({server.endpoint()}, client_options(&ctx));
   PsClient b({server.endpoint()}, client_options(&ctx));

@@ -231,10 +231,9 @@ bool PsShard::apply_accumulated() {
 void PsShard::step_with_gradients() {
   if (device_) {
     // The same update, by the CUDA twin of the kernel below. The device steps first; only then
-    // is a parameter block taken, filled (every value) and the step counted, so a step that
-    // fails leaves the host's parameters and step as they were (and the shard failed).
-    // The copy is part of the step: if taking a block fails (out of memory), the device is a
-    // step ahead of the host and the shard is failed as well.
+    // is a parameter block taken and filled (every value), inside the same failing unit (a
+    // block that cannot be had leaves the device a step ahead), and the step counted: a failure
+    // leaves the host's parameters and step as they were, and the shard failed.
     on_device("step", [&] {
       const float* updated = device_->step(gradients_.data(), total_);
       std::memcpy(writable_params(false), updated, size_t(total_) * sizeof(float));
