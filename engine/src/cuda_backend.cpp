@@ -121,6 +121,21 @@ void CudaBackend::create_device_state() {
 
 CudaBackend::~CudaBackend() { release_device_state(); }
 
+void* CudaBackend::PinnedStaging::reserve(size_t bytes) {
+  if (capacity >= bytes) return data;
+  release();
+  TANDEM_CUDA_CHECK(cudaMallocHost(&data, bytes));
+  capacity = bytes;
+  return data;
+}
+
+void CudaBackend::PinnedStaging::release() noexcept {
+  if (data != nullptr && cudaFreeHost(data) != cudaSuccess)
+    std::fprintf(stderr, "tandem: CUDA backend: cudaFreeHost of a staging buffer failed\n");
+  data = nullptr;
+  capacity = 0;
+}
+
 void CudaBackend::release_device_state() noexcept {
   // Logs instead of throwing (it runs in the destructor). The device first: a group member's
   // backend may be destroyed by a thread whose current device is another member's.
@@ -130,7 +145,8 @@ void CudaBackend::release_device_state() noexcept {
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (Slot& slot : slots_) {
-    if (slot.host_rows) cudaFreeHost(slot.host_rows);
+    slot.host_rows.release();
+    slot.host_gather.release();
     if (slot.copied) cudaEventDestroy(slot.copied);
     if (slot.used) cudaEventDestroy(slot.used);
   }
@@ -372,17 +388,11 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
       // The pinned staging buffer was last read by this slot's copy two steps ago; that copy is
       // long done unless the host runs far ahead, in which case waiting here is the brake.
       TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
-      if (s.host_rows_capacity < static_cast<size_t>(count)) {
-        if (s.host_rows) TANDEM_CUDA_CHECK(cudaFreeHost(s.host_rows));
-        s.host_rows = nullptr;
-        s.host_rows_capacity = 0;
-        TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&s.host_rows),
-                                         sizeof(int32_t) * static_cast<size_t>(count)));
-        s.host_rows_capacity = static_cast<size_t>(count);
-      }
-      std::memcpy(s.host_rows, rows, sizeof(int32_t) * static_cast<size_t>(count));
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.rows.data(), s.host_rows, sizeof(int32_t) * count,
-                                        cudaMemcpyHostToDevice, copy_stream_));
+      const size_t bytes = sizeof(int32_t) * static_cast<size_t>(count);
+      void* staged = s.host_rows.reserve(bytes);
+      std::memcpy(staged, rows, bytes);
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.rows.data(), staged, bytes, cudaMemcpyHostToDevice,
+                                        copy_stream_));
       batch.rows = s.rows.data();
     }
     TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
@@ -390,36 +400,39 @@ CudaBackend::DeviceBatch CudaBackend::stage(const DatasetView& data, const int32
     return batch;
   }
   // Not resident: the rows themselves go to the slot.
-  const auto* src = static_cast<const uint8_t*>(data.pixels);
+  const void* pixels_from = data.pixels;
+  const uint8_t* labels_from = data.labels;
   if (rows) {
-    // A row list over host data: gather the rows on the host (the device sees a contiguous
-    // batch) and send them in one copy.
-    host_gather_.resize(row_bytes * static_cast<size_t>(count) + static_cast<size_t>(count));
-    uint8_t* gathered_labels = host_gather_.data() + row_bytes * count;
+    // A row list over host data: gather the rows on the host into this slot's pinned staging
+    // (the device sees a contiguous batch), to be sent in one copy that nothing waits for. The
+    // staging was last read by this slot's copy two steps ago, long done unless the host runs
+    // far ahead (then waiting here is the brake).
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
+    const size_t pixel_bytes = row_bytes * static_cast<size_t>(count);
+    auto* gathered = static_cast<uint8_t*>(
+        s.host_gather.reserve(pixel_bytes + static_cast<size_t>(count)));
+    uint8_t* gathered_labels = gathered + pixel_bytes;
+    const auto* src = static_cast<const uint8_t*>(data.pixels);
     for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(host_gather_.data() + i * row_bytes,
+      std::memcpy(gathered + static_cast<size_t>(i) * row_bytes,
                   src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
       if (data.labels) gathered_labels[i] = data.labels[rows[i]];
     }
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), host_gather_.data(), row_bytes * count,
-                                      cudaMemcpyHostToDevice, copy_stream_));
-    if (data.labels)
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), gathered_labels,
-                                        static_cast<size_t>(count), cudaMemcpyHostToDevice,
-                                        copy_stream_));
-  } else {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), src, row_bytes * count,
-                                      cudaMemcpyHostToDevice, copy_stream_));
-    if (data.labels)
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), data.labels, static_cast<size_t>(count),
-                                        cudaMemcpyHostToDevice, copy_stream_));
+    pixels_from = gathered;
+    labels_from = data.labels ? gathered_labels : nullptr;
   }
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.pixels.data(), pixels_from, row_bytes * count,
+                                    cudaMemcpyHostToDevice, copy_stream_));
+  if (labels_from)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(s.labels.data(), labels_from, static_cast<size_t>(count),
+                                      cudaMemcpyHostToDevice, copy_stream_));
   batch.pixels = s.pixels.data();
-  batch.labels = data.labels ? s.labels.data() : nullptr;
+  batch.labels = labels_from ? s.labels.data() : nullptr;
   TANDEM_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
-  // The caller may reuse its host buffers as soon as this returns: wait for the copies (not for
-  // the compute stream, which keeps running the previous step meanwhile).
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
+  // A contiguous batch is copied from the caller's memory, which the caller may reuse as soon as
+  // this returns: wait for the copies (not for the compute stream, which keeps running the
+  // previous step meanwhile). A gathered batch's host reads are done already.
+  if (!rows) TANDEM_CUDA_CHECK(cudaEventSynchronize(s.copied));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, s.copied, 0));
   return batch;
 }

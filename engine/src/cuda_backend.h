@@ -93,13 +93,22 @@ class CudaBackend final : public Backend {
     kernels::DeviceBuffer<uint8_t> pixels;
     kernels::DeviceBuffer<uint8_t> labels;
   };
+  // Page-locked host memory that grows on demand (its old contents are not kept).
+  struct PinnedStaging {
+    void* data = nullptr;
+    size_t capacity = 0;
+    void* reserve(size_t bytes);  // throws on a CUDA error
+    void release() noexcept;
+  };
   // One of the two device slots a non-resident batch (or a row list) is copied into.
   struct Slot {
     kernels::DeviceBuffer<uint8_t> pixels;
     kernels::DeviceBuffer<uint8_t> labels;
     kernels::DeviceBuffer<int32_t> rows;
-    int32_t* host_rows = nullptr;  // pinned: a row list is queued from here without waiting
-    size_t host_rows_capacity = 0;
+    // Pinned staging, so a copy from it is queued without the host waiting for it: a row list
+    // over resident data, or the rows a row list picks from host data (then their labels).
+    PinnedStaging host_rows;
+    PinnedStaging host_gather;
     cudaEvent_t copied = nullptr;  // on the copy stream: the slot's data has arrived
     cudaEvent_t used = nullptr;    // on the compute stream: the step reading the slot is done
   };
@@ -109,8 +118,9 @@ class CudaBackend final : public Backend {
   void ensure_capacity(int64_t rows);
   // Puts `count` rows of (data, rows) where the device can read them: a resident view plus a
   // row list (staged in pinned memory and queued, so the host does not wait), or the rows
-  // themselves uploaded into the next slot (returning once the copy has read the caller's
-  // memory, which the caller may then reuse).
+  // themselves uploaded into the next slot: a row list's rows gathered into pinned memory and
+  // queued, a contiguous batch copied from the caller's memory (returning once the copy has read
+  // it, so the caller may reuse it).
   // for_graph: the batch runs in a CUDA graph (train_step), keyed on its device addresses.
   DeviceBatch stage(const DatasetView& data, const int32_t* rows, int64_t count, Slot*& slot,
                     bool for_graph = false);
@@ -170,7 +180,6 @@ class CudaBackend final : public Backend {
   Slot slots_[2];
   int next_slot_ = 0;
   std::vector<std::unique_ptr<Resident>> resident_;
-  std::vector<uint8_t> host_gather_;  // rows of non-resident host data picked by a row list
   std::vector<int32_t> slice_rows_;   // a slice of resident data as a row list (stage)
 
   std::map<GraphKey, cudaGraphExec_t> graphs_;

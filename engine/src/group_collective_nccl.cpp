@@ -41,6 +41,11 @@
 
 #include "group_collective.h"
 
+// release() finalizes the communicators together; CMake leaves this file out for older NCCL.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "the NCCL worker group needs NCCL 2.14 or newer (ncclCommFinalize)"
+#endif
+
 namespace tandem {
 
 namespace {
