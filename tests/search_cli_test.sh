@@ -114,6 +114,36 @@ check "SIGTERM to the search's process group: exit status $rc, the trials stoppe
     py_check "$dir/s9/results.json" "r['failed'] == 0 and len(r['results']) == 2 and \
     all(t['status'] == 'stopped' and t['stopped_by_signal'] == 'SIGTERM' for t in r['results'])"
 
+# A trial stopped by the time budget long after its best epoch: best.safetensors holds that
+# epoch's parameters, the ones the table reports, not those it was stopped with. 2,500 training
+# rows and lr 0.03 overfit within a few epochs, and the budget leaves time for many more.
+"$py" - "$dir" <<'PY'
+import gzip, struct, sys
+src, out, n = "/usr/share/datasets/fashion-mnist/", sys.argv[1], 3000
+images = gzip.open(src + "train-images-idx3-ubyte.gz").read()
+labels = gzip.open(src + "train-labels-idx1-ubyte.gz").read()
+open(out + "/small-images", "wb").write(
+    struct.pack(">IIII", 0x803, n, 28, 28) + images[16:16 + n * 784])
+open(out + "/small-labels", "wb").write(struct.pack(">II", 0x801, n) + labels[8:8 + n])
+PY
+"$tandem" prepare --images "$dir/small-images" --labels "$dir/small-labels" --validation-rows 500 \
+    --out "$dir/small.zarr" >/dev/null 2>&1
+"$tandem" search --data "$dir/small.zarr" --grid lr=0.03 batch=100 --budget 1000 --min-epochs 1000 \
+    --budget-seconds 3 --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/s13" \
+    --json >"$dir/out13" 2>"$dir/err13"
+"$tandem" eval --model "$dir/s13/best.safetensors" --data "$dir/small.zarr" --split validation \
+    --json >"$dir/eval13" 2>/dev/null
+check "best.safetensors scores the reported best validation loss, not the last epoch's" "$py" -c "
+import json, sys
+r = json.load(open('$dir/s13/results.json')); e = json.load(open('$dir/eval13'))
+best = r['best']
+last = [j for j in map(json.loads, open('$dir/s13/trial-0.r0.jsonl')) if j['type'] == 'epoch'][-1]
+reported = best['best_validation_loss']
+print('reported', reported, 'at epoch', best['best_epoch'], 'kept', e['loss_mean'],
+      'last epoch', last['epoch'], last['validation_loss_mean'])
+sys.exit(0 if abs(e['loss_mean'] - reported) <= 1e-6 * reported
+         and best['best_epoch'] < last['epoch'] else 1)"
+
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --out "$dir/s2" --crash-trial 0
@@ -128,6 +158,24 @@ if ! nvidia-smi >/dev/null 2>&1; then
   # (no usable CUDA device, or a build without CUDA)
   check "the trial's failure says why: CUDA" grep -q "CUDA" "$dir/s6/trial-0.log"
 fi
+expect_error "a trailing empty grid value refused" "lr=: expected a positive number" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001, --out "$dir/s3"
+# Checked once, before any trial starts: data that is not there, and a store without a
+# validation split (trials rank by its loss).
+expect_error "missing data refused before the trials" "missing data file" \
+    "$tandem" search --data "$dir/nothing-here" --grid lr=0.001,0.01 --out "$dir/s10"
+check "... and no trial started" test ! -e "$dir/s10/trial-0.log"
+"$tandem" prepare --out "$dir/noval.zarr" --validation-rows 0 >/dev/null 2>&1
+expect_error "a store without a validation split refused" "has no validation split" \
+    "$tandem" search --data "$dir/noval.zarr" --grid lr=0.001 --out "$dir/s11"
+# One search per --out: a second one would delete the first one's checkpoints.
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1000 --min-epochs 1000 \
+    --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/s12" >/dev/null 2>&1 &
+first=$!
+for _ in $(seq 300); do test -e "$dir/s12/trial-0.log" && break; sleep 0.1; done
+expect_error "a second search on the same --out refused" "is in use by another run" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/s12"
+kill -TERM "$first"; wait_within "$first" 120
 expect_error "unknown grid key named" "unknown key 'momentum'" \
     "$tandem" search --data "$dir/fm.zarr" --grid momentum=0.9 --out "$dir/s3"
 expect_error "bad grid value named" "batch=ten" \

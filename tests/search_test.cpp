@@ -43,6 +43,12 @@ TEST(SearchSpace, BadTermsNameTheKeyAndValue) {
   EXPECT_NE(message({"optimizer=rmsprop"}).find("adam or sgd"), std::string::npos);
   EXPECT_NE(message({"hidden=100x0"}).find("hidden=0"), std::string::npos);
   EXPECT_NE(message({"lr"}).find("key=v1,v2"), std::string::npos);
+  // Empty fields are errors, a trailing one too (not dropped as std::getline would).
+  EXPECT_NE(message({"lr=0.1,"}).find("lr=: expected a positive number"), std::string::npos);
+  EXPECT_NE(message({"batch=,10"}).find("batch=: expected a whole number"), std::string::npos);
+  EXPECT_NE(message({"hidden=100x"}).find("hidden=: expected a whole number"), std::string::npos);
+  EXPECT_NE(message({"hidden=100,"}).find("hidden=: expected"), std::string::npos);
+  EXPECT_NE(message({"lr="}).find("no values"), std::string::npos);
   EXPECT_NE(message({"lr=0.1", "lr=0.2"}).find("given twice"), std::string::npos);
   EXPECT_NE(message({}).find("no terms"), std::string::npos);
 }
@@ -177,6 +183,36 @@ TEST(SuccessiveHalving, ACrashedTrialDoesNotStopTheOthers) {
   // Five rung-0 losses keep one by ASHA's quota (trial 5) and the final rung keeps at least one.
   EXPECT_EQ(h.status(5), TrialStatus::Completed);
   EXPECT_EQ(h.rung(5), 2);
+}
+
+TEST(SuccessiveHalving, APromotedTrialThatCrashesGivesItsPlaceToTheNextInLine) {
+  // Three trials, eta 3: rung 0 promotes one. The best (trial 0) crashes at rung 1, so the
+  // second (trial 2) goes on in its place and trains the full budget; trial 1 is stopped.
+  SuccessiveHalving h(3, 1, 3, 3);
+  const auto jobs = drive(h, 1, {{0, {1, 1}}, {1, {3, 3}}, {2, {2, 0.5}}}, {{0, 1}});
+  EXPECT_EQ(h.status(0), TrialStatus::Failed);
+  EXPECT_EQ(h.status(2), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(2), 1);
+  EXPECT_EQ(h.status(1), TrialStatus::Stopped);
+  EXPECT_EQ(h.rung(1), 0);
+  EXPECT_EQ(jobs.size(), 5u);  // three at rung 0, trial 0 and then trial 2 at rung 1
+}
+
+TEST(SuccessiveHalving, ACrashAtALaterRungFreesItsPlaceInEveryRungItPassed) {
+  // Nine trials, eta 3, rungs 1, 3, 9, one slot. Rung 0 promotes trials 0, 1, 2 (the best
+  // three); trial 0 is best at rung 1 and crashes at rung 2. Trial 1, second at rung 1, takes
+  // its place at rung 2; trial 3, fourth at rung 0, takes its place at rung 1.
+  std::map<int, std::vector<double>> loss;
+  for (int t = 0; t < 9; ++t) loss[t] = {1.0 + t, 1.0 + t, 1.0 + t};
+  SuccessiveHalving h(9, 1, 9, 3);
+  drive(h, 1, loss, {{0, 2}});
+  EXPECT_EQ(h.status(0), TrialStatus::Failed);
+  EXPECT_EQ(h.status(1), TrialStatus::Completed);
+  EXPECT_EQ(h.rung(1), 2);
+  EXPECT_EQ(h.rung(3), 1);
+  EXPECT_EQ(h.status(3), TrialStatus::Stopped);
+  for (int t = 4; t < 9; ++t) EXPECT_EQ(h.rung(t), 0) << "trial " << t;
+  EXPECT_EQ(h.count(TrialStatus::Stopped), 7);
 }
 
 TEST(SuccessiveHalving, CloseStopsPendingAndWaitingTrials) {

@@ -21,6 +21,19 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
+// The fields of `text` between separators, empty ones kept ("100x" is 100 and ""): std::getline
+// drops a trailing empty field, which let "lr=0.1," and "hidden=100x" pass as if whole.
+std::vector<std::string> fields(const std::string& text, char separator) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (true) {
+    const size_t at = text.find(separator, from);
+    out.push_back(text.substr(from, at == std::string::npos ? std::string::npos : at - from));
+    if (at == std::string::npos) return out;
+    from = at + 1;
+  }
+}
+
 [[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& value,
                       const std::string& expected) {
   throw InputError(where + ": " + key + "=" + value + ": expected " + expected);
@@ -48,14 +61,10 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
     config.lr = x;
   } else if (key == "hidden") {
     // 256x128 (or 256,128 from a JSON string) -> "256,128"
+    if (v.empty()) bad(where, key, v, "layer widths such as 100 or 256x128");
     std::string widths;
-    std::stringstream parts(v);
-    std::string part;
-    int count = 0;
-    while (std::getline(parts, part, v.find('x') != std::string::npos ? 'x' : ',')) {
-      widths += (count++ ? "," : "") + std::to_string(parse_int(where, key, trim(part), 1));
-    }
-    if (count == 0) bad(where, key, v, "layer widths such as 100 or 256x128");
+    for (const std::string& part : fields(v, v.find('x') != std::string::npos ? 'x' : ','))
+      widths += (widths.empty() ? "" : ",") + std::to_string(parse_int(where, key, trim(part), 1));
     config.hidden = widths;
   } else if (key == "batch") {
     config.batch = parse_int(where, key, v, 1);
@@ -110,11 +119,8 @@ std::vector<TrialConfig> parse_grid(const std::vector<std::string>& terms) {
     if (eq == std::string::npos) throw InputError(where + ": expected key=v1,v2,...");
     const std::string key = trim(term.substr(0, eq));
     if (!seen.insert(key).second) throw InputError(where + ": key '" + key + "' given twice");
-    std::vector<std::string> values;
-    std::stringstream parts(term.substr(eq + 1));
-    std::string part;
-    while (std::getline(parts, part, ',')) values.push_back(part);
-    if (values.empty()) throw InputError(where + ": no values");
+    if (trim(term.substr(eq + 1)).empty()) throw InputError(where + ": no values");
+    const std::vector<std::string> values = fields(term.substr(eq + 1), ',');
     std::vector<TrialConfig> next;
     for (const TrialConfig& base : trials)
       for (const std::string& v : values) {

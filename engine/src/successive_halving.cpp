@@ -43,30 +43,32 @@ bool SuccessiveHalving::final_rung(int k) const {
   for (const Trial& t : trials_) {
     if (t.status == TrialStatus::Pending) return false;
     if (t.status == TrialStatus::Running && t.running_rung <= k) return false;
-    if (t.status == TrialStatus::Waiting && t.rung < k) return false;
   }
+  // A trial waiting below rung k may still reach it if it holds a place there; the others wait
+  // only in case a trial that went on fails (which needs a running trial, ruled out above).
+  for (int j = 0; j < k; ++j)
+    for (const int id : leaders(j, places(j)))
+      if (trials_[id].status == TrialStatus::Waiting && trials_[id].rung == j) return false;
   return true;
 }
 
-void SuccessiveHalving::settle() {
-  const int top = static_cast<int>(rung_epochs_.size()) - 1;
-  for (int k = 0; k < top; ++k) {
-    if (!final_rung(k)) return;
-    const int keep = std::max(1, quota(k));
-    for (int i = 0; i < static_cast<int>(results_[k].size()); ++i) {
-      Trial& t = trials_[results_[k][i].trial];
-      if (i >= keep && t.status == TrialStatus::Waiting && t.rung == k) t.status = TrialStatus::Stopped;
-    }
+std::vector<int> SuccessiveHalving::leaders(int k, int places) const {
+  std::vector<int> ids;
+  for (const Result& r : results_[k]) {
+    if (static_cast<int>(ids.size()) >= places) break;
+    if (trials_[r.trial].status != TrialStatus::Failed) ids.push_back(r.trial);
   }
+  return ids;
+}
+
+int SuccessiveHalving::places(int k) const {
+  return final_rung(k) ? std::max(1, quota(k)) : quota(k);
 }
 
 std::optional<HalvingJob> SuccessiveHalving::next() {
-  settle();
   const int top = static_cast<int>(rung_epochs_.size()) - 1;
   for (int k = top - 1; k >= 0; --k) {
-    const int keep = final_rung(k) ? std::max(1, quota(k)) : quota(k);
-    for (int i = 0; i < keep && i < static_cast<int>(results_[k].size()); ++i) {
-      const int id = results_[k][i].trial;
+    for (const int id : leaders(k, places(k))) {
       Trial& t = trials_[id];
       if (t.status != TrialStatus::Waiting || t.rung != k) continue;
       t.status = TrialStatus::Running;
@@ -121,16 +123,17 @@ void SuccessiveHalving::close() {
 }
 
 bool SuccessiveHalving::done() {
-  if (count(TrialStatus::Running) > 0) return false;
-  settle();
-  for (int k = 0; k + 1 < static_cast<int>(rung_epochs_.size()); ++k) {
-    const int keep = final_rung(k) ? std::max(1, quota(k)) : quota(k);
-    for (int i = 0; i < keep && i < static_cast<int>(results_[k].size()); ++i) {
-      const Trial& t = trials_[results_[k][i].trial];
+  if (count(TrialStatus::Running) > 0 || count(TrialStatus::Pending) > 0) return false;
+  for (int k = 0; k + 1 < static_cast<int>(rung_epochs_.size()); ++k)
+    for (const int id : leaders(k, places(k))) {
+      const Trial& t = trials_[id];
       if (t.status == TrialStatus::Waiting && t.rung == k) return false;
     }
-  }
-  return count(TrialStatus::Pending) == 0;
+  // The losers are stopped only now: until nothing can run, a trial that fails gives its places
+  // to the next in line, who must still be waiting to take them.
+  for (Trial& t : trials_)
+    if (t.status == TrialStatus::Waiting) t.status = TrialStatus::Stopped;
+  return true;
 }
 
 int SuccessiveHalving::count(TrialStatus status) const {

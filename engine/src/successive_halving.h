@@ -7,7 +7,10 @@
 // takes a promotion first (highest rung first), else a new trial at rung 0, so slots never idle
 // while there is work. Once no trial can reach rung k any more (none pending, none running at or
 // below it, none waiting below it), the rung is final: its top max(1, floor(n_k / eta)) go on
-// (so at least one trial gets the full budget) and the rest are stopped.
+// (so at least one trial gets the full budget). A trial that fails gives up its places in every
+// rung it passed, and the next in line of each takes it: a promoted trial that crashes does not
+// end the search with nobody promoted. So the rest wait until nothing more can run (done()),
+// and are stopped then.
 #pragma once
 
 #include <optional>
@@ -42,7 +45,7 @@ class SuccessiveHalving {
   // No more jobs will start: pending and waiting trials are stopped.
   void close();
 
-  // Nothing running and nothing left to start.
+  // Nothing running and nothing left to start; then the trials still waiting are stopped.
   bool done();
 
   TrialStatus status(int trial) const { return trials_.at(trial).status; }
@@ -63,8 +66,11 @@ class SuccessiveHalving {
     double loss;
     int trial;
   };
-  bool final_rung(int k) const;  // after the rungs below it are settled
-  void settle();                 // stops the losers of final rungs
+  bool final_rung(int k) const;  // no trial can reach rung k any more (none running)
+  // The trials holding rung k's first `places` places, best first; failed trials hold none.
+  std::vector<int> leaders(int k, int places) const;
+  // Rung k's places: quota(k) while it fills, max(1, quota(k)) once final.
+  int places(int k) const;
   int quota(int k) const;
 
   std::vector<int> rung_epochs_;

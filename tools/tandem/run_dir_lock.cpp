@@ -25,7 +25,7 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-RunDirLock::RunDirLock(const std::string& run_dir) {
+RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option) {
   const std::string path = run_dir + "/lock";
   // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -39,9 +39,9 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
     close(fd_);
     fd_ = -1;
     if (err != EWOULDBLOCK) throw IoError("cannot lock " + path + ": " + std::strerror(err));
-    throw InputError("--run-dir " + run_dir + " is in use by another run" +
+    throw InputError(option + " " + run_dir + " is in use by another run" +
                      (holder.empty() ? "" : " (process " + holder + ")") +
-                     ": give each run its own --run-dir");
+                     ": give each run its own " + option);
   }
   const std::string pid = std::to_string(getpid()) + "\n";
   // The pid only names the holder in the message above; the lock works without it.

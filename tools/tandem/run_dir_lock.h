@@ -12,8 +12,9 @@ namespace tandem::cli {
 class RunDirLock {
  public:
   // Takes the lock on run_dir (which must exist), or throws InputError when another process
-  // holds it, IoError when the lock file cannot be opened.
-  explicit RunDirLock(const std::string& run_dir);
+  // holds it, IoError when the lock file cannot be opened. `option` names the directory's
+  // option in the message (tandem search and predict lock their --out the same way).
+  explicit RunDirLock(const std::string& run_dir, const std::string& option = "--run-dir");
   ~RunDirLock();
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;

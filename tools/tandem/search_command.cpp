@@ -23,8 +23,10 @@
 #include <memory>
 #include <thread>
 
-#include "number_checks.h"
 #include "commands.h"
+#include "dataset_store.h"
+#include "number_checks.h"
+#include "run_dir_lock.h"
 #include "progress_line.h"
 #include "search_space.h"
 #include "successive_halving.h"
@@ -83,6 +85,7 @@ struct RunningJob {
   HalvingJob job;
   std::string key;  // the job's name for its runner
   Clock::time_point start;
+  uintmax_t log_from = 0;  // the trial's log (appended to by every rung) before this job
 };
 
 // Where the trials run: processes of this search, or slots of tandem trial-slots servers. Jobs
@@ -212,6 +215,40 @@ std::string fixed(double x, int digits) {
   return text;
 }
 
+// The trials' data, checked once here instead of failing in every trial: a dataset store with a
+// validation split (trials rank by its loss), or a directory of IDX files, written once as a
+// store under --out so that the trials stream its chunks through the shared page cache instead
+// of each reading the files into its own memory. Returns the store the trials read.
+std::string search_data(const SearchOptions& o) {
+  if (is_dataset_store(o.data)) {
+    const DatasetStore store = DatasetStore::open(o.data);
+    if (store.validation.rows == 0)
+      throw InputError("search: the store " + o.data + " has no validation split, and trials are "
+                       "ranked by their validation loss (tandem prepare --validation-rows N)");
+    return o.data;
+  }
+  const DataSplits splits = load_mnist_splits(o.data);
+  const std::string store = (fs::path(o.out) / "data.zarr").string();
+  StoreWriteOptions w;
+  w.overwrite = true;  // the search's own copy, under its locked --out
+  write_dataset_store(splits, store, w,
+                      {{"created_by", "tandem search"}, {"source_dir", o.data},
+                       {"source", splits.source}});
+  return store;
+}
+
+// The state a finished trial's checkpoint holds with the lowest validation loss: its own, or the
+// best one saved beside it (a rung before the last keeps its last epoch for --resume, and a trial
+// cut short by the time budget or a signal ends wherever it was).
+Checkpoint best_state(const std::string& path) {
+  Checkpoint c = load_checkpoint(path);
+  if (!c.best) return c;
+  Checkpoint best = *c.best;
+  for (const auto& [key, value] : c.extra) best.extra.emplace(key, value);  // provenance
+  best.best.reset();
+  return best;
+}
+
 void run_search(SearchOptions& o) {
   if (o.grid.empty() == o.trials_file.empty())
     throw InputError("search: give either --grid terms or --trials FILE.json");
@@ -245,7 +282,10 @@ void run_search(SearchOptions& o) {
             " slot server(s)";
   }
   fs::create_directories(o.out);
+  // One search per --out: a second one would delete this one's checkpoints as it starts.
+  const RunDirLock lock(o.out, "--out");
   fs::remove(fs::path(o.out) / "best.safetensors");  // an earlier search's
+  o.data = search_data(o);
   for (size_t i = 0; i < configs.size(); ++i)  // logs and metrics of an earlier search
     for (const auto& entry : fs::directory_iterator(o.out)) {
       const std::string name = entry.path().filename().string();
@@ -335,13 +375,15 @@ void run_search(SearchOptions& o) {
       const int given_threads = threads;
       // The rung's metrics start empty (tandem train appends to a resumed run's file).
       fs::remove(trial_file(o, job->trial, ".r" + std::to_string(job->rung) + ".jsonl"));
+      std::error_code no_log;
+      const uintmax_t log_size = fs::file_size(trial_file(o, job->trial, ".log"), no_log);
       records[job->trial].slot = runner->start(
           key,
           [&, job](int slot_threads) {
             return train_args(o, config, *job, given_threads > 0 ? given_threads : slot_threads);
           },
           trial_file(o, job->trial, ".log"));
-      running.push_back({*job, key, Clock::now()});
+      running.push_back({*job, key, Clock::now(), no_log ? 0 : log_size});
     }
     if (running.empty() && refused.empty() && halving.done()) break;
     // Nothing runs and nothing can (every slot server is gone): end with what is there. (Slot
@@ -377,23 +419,31 @@ void run_search(SearchOptions& o) {
       for (const EpochResult& e : read_epochs(trial_file(o, r.job.trial, ".r" + std::to_string(r.job.rung) + ".jsonl")))
         rec.epochs.push_back(e);
       const bool clean = end.clean;
+      const bool finished = clean && !rec.epochs.empty() && rec.epochs.back().epoch >= r.job.epochs;
       const std::string name = "trial " + std::to_string(r.job.trial) + " [" + rec.config.describe() + "]";
-      if (closed) {
+      if (finished) {
+        halving.report(r.job.trial, best_loss(r.job.trial));
+        if (best_trial < 0 || best_loss(r.job.trial) < best_loss(best_trial))
+          best_trial = r.job.trial;
+        progress.print_line(name + ": rung " + std::to_string(r.job.rung) + " (epoch " +
+                            std::to_string(r.job.epochs) + "), best validation loss " +
+                            fixed(best_loss(r.job.trial), 4) + "; " + status_line());
+        // It finished just as the search closed: it goes no further (a promotion would never
+        // start), but a last rung stays completed.
+        if (closed && halving.status(r.job.trial) != TrialStatus::Completed) {
+          rec.cut = true;
+          halving.stop(r.job.trial);
+        }
+      } else if (closed) {
         rec.cut = true;
         halving.stop(r.job.trial);
         progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
-      } else if (!clean || rec.epochs.empty() || rec.epochs.back().epoch < r.job.epochs) {
+      } else {
         rec.error = (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
-                    log_tail(trial_file(o, r.job.trial, ".log"), 3);
+                    log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from);
         halving.fail(r.job.trial);
         progress.print_line(name + ": FAILED, " + rec.error);
-      } else {
-        halving.report(r.job.trial, best_loss(r.job.trial));
-        if (best_trial < 0 || best_loss(r.job.trial) < best_loss(best_trial)) best_trial = r.job.trial;
-        progress.print_line(name + ": rung " + std::to_string(r.job.rung) + " (epoch " +
-                            std::to_string(r.job.epochs) + "), best validation loss " +
-                            fixed(best_loss(r.job.trial), 4) + "; " + status_line());
       }
     }
   }
@@ -432,8 +482,8 @@ void run_search(SearchOptions& o) {
     else if (rec.cut) j["stopped_by_time_budget"] = true;
     if (!rec.error.empty()) j["error"] = rec.error;
     trials.push_back(j);
-    std::string error = rec.error;
-    std::replace(error.begin(), error.end(), '"', '\'');
+    std::string error;  // a CSV field: quotes doubled
+    for (const char c : rec.error) error += c == '"' ? std::string("\"\"") : std::string(1, c);
     const nlohmann::json c = rec.config.to_json();
     csv << rank + 1 << ',' << t << ',' << status << ',' << halving.rung(t) << ','
         << rec.epochs.size() << ',' << (b ? fixed(b->loss, 6) : "") << ','
@@ -462,8 +512,15 @@ void run_search(SearchOptions& o) {
     summary["best"] = trials[0];
     const fs::path ckpt = trial_file(o, best, ".safetensors");
     if (fs::exists(ckpt)) {
-      fs::copy_file(ckpt, fs::path(o.out) / "best.safetensors", fs::copy_options::overwrite_existing);
+      // The epoch the table reports, not necessarily the one the trial ended with.
+      const Checkpoint kept = best_state(ckpt.string());
+      save_checkpoint((fs::path(o.out) / "best.safetensors").string(), kept);
       summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
+      summary["best_checkpoint_epoch"] = kept.epoch;
+      if (kept.epoch != records[best].best()->epoch)  // (a trial killed between the two writes)
+        std::fprintf(stderr, "tandem search: trial %d's best epoch is %d, but its checkpoint "
+                     "holds epoch %lld at best\n", best, records[best].best()->epoch,
+                     static_cast<long long>(kept.epoch));
     }
   }
   if (remote) summary["slot_servers"] = remote->endpoints();  // those that joined later too

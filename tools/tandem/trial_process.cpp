@@ -73,8 +73,9 @@ std::string self_path() {
   return p.string();
 }
 
-std::string log_tail(const std::string& path, size_t lines) {
+std::string log_tail(const std::string& path, size_t lines, uintmax_t from) {
   std::ifstream in(path);
+  in.seekg(static_cast<std::streamoff>(from));
   std::vector<std::string> all;
   std::string line;
   while (std::getline(in, line)) all.push_back(line);

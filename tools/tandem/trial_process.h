@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,8 @@ std::string describe_exit(int status);
 std::string self_path();
 
 // The last `lines` lines of a log joined by " | " (what a failed process said last), or "" when
-// the file is missing or empty.
-std::string log_tail(const std::string& path, size_t lines);
+// the file is missing or empty. Only what follows byte `from` counts (a log appended to by
+// several runs: the last one's own lines).
+std::string log_tail(const std::string& path, size_t lines, uintmax_t from = 0);
 
 }  // namespace tandem::cli
