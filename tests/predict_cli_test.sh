@@ -92,6 +92,15 @@ expect_error "another model's output refused" "--overwrite" \
   "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
 check "--overwrite replaces it" "$tandem" predict --model "$dir/m2.safetensors" --data "$store" \
   --out "$out" --overwrite --processes 2
+# One prediction per --out: while another run holds it (here this script, by flock(1) on
+# OUT.lock, the lock tandem predict takes), a second is refused.
+exec 9>"$out.lock"
+flock 9
+expect_error "a second prediction on a busy --out refused" "--out $out is in use by another run" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
+exec 9>&-
+check "... and runs once it is free" "$tandem" predict --model "$dir/m2.safetensors" \
+  --data "$store" --out "$out"
 # A label naming no class: the predictions are written, the accuracy is refused (as eval's is).
 cp -r "$store" "$dir/badlabel.zarr"
 "$python" -c "import sys, zarr; zarr.open_group(sys.argv[1], mode='r+')['test/labels'][7] = 12" \

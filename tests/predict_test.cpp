@@ -406,8 +406,38 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   PredictionsLayout renamed = layout;
   renamed.fingerprint = "model:c;input:b";
   EXPECT_THROW(PredictionsOutput(out, renamed, hint), InputError);
+  // Replaced by another run's overwrite while `output` (opened on the old group) still writes:
+  // its chunk would pass for the new output's, so it is refused and nothing is written.
   prepare_predictions_output(out, other, json::object(), true, hint);
   EXPECT_FALSE(PredictionsOutput(out, other, hint).chunk_done(0));
+  {
+    const uint8_t ids[2] = {1, 1};
+    const std::vector<float> p(6, 0.5f);
+    try {
+      output.write_chunk(0, ids, p.data());
+      ADD_FAILURE() << "a chunk was written into the replacing output";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("replaced by another run"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(PredictionsOutput(out, other, hint).chunk_done(0));
+  }
+  // A run stopped between making the group and its arrays: the rerun makes the missing array
+  // and resumes (the group is this input's), keeping the other's chunks.
+  {
+    PredictionsOutput fresh(out, other, hint);
+    const uint8_t ids[3] = {2, 2, 2};
+    const std::vector<float> p(9, 0.25f);
+    fresh.write_chunk(1, ids, p.data());
+  }
+  fs::remove_all(out + "/probabilities");
+  prepare_predictions_output(out, other, json::object(), false, hint);
+  EXPECT_FALSE(PredictionsOutput(out, other, hint).chunk_done(1));  // its probabilities are gone
+  uint8_t kept[3];
+  EXPECT_TRUE(PredictionsOutput(out, other, hint).read_classes(1, kept));
+  fs::remove_all(out + "/classes");
+  EXPECT_THROW(prepare_predictions_output(out, renamed, json::object(), false, hint), InputError);
+  EXPECT_FALSE(fs::exists(out + "/classes"));  // not made for another input's group
   remove_predictions_output(out);
   EXPECT_FALSE(fs::exists(out));
 

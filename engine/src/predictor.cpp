@@ -1,6 +1,6 @@
 #include "predictor.h"
-
 #include <sys/stat.h>
+
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "array_stats.h"
@@ -172,6 +173,25 @@ void remove_stray_temporaries(const std::string& out) {
   for (const fs::path& p : stray) fs::remove(p);  // std::filesystem::filesystem_error names it
 }
 
+// A predictions group's identity, made anew whenever the group is (re)created: a group removed
+// and made again under the same name (an --overwrite) is told apart from the one a writer
+// opened. (An inode number is not enough: the file system hands the freed one out again.)
+std::string new_output_id() {
+  std::random_device entropy;
+  const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+  char text[48];
+  std::snprintf(text, sizeof(text), "%08x%08x-%lld", entropy(), entropy(),
+                static_cast<long long>(now));
+  return text;
+}
+
+// The id in the group's attributes ("" for a group written before ids, or none there).
+std::string output_id_of(const std::string& out) {
+  if (!zarr::Group::exists(out)) return "";
+  const json attributes = zarr::Group::open(out).second;
+  return attributes.is_object() ? attributes.value("output_id", std::string()) : "";
+}
+
 bool chunk_file_complete(const zarr::Array& array, const std::vector<int64_t>& index) {
   std::error_code ec;
   const auto size = fs::file_size(join(array.path(), array.chunk_key(index)), ec);
@@ -182,6 +202,22 @@ bool is_predictions_group(const std::string& path) {
   if (!zarr::Group::exists(path)) return false;
   const json a = zarr::Group::open(path).second;
   return a.is_object() && a.contains(kMarker);
+}
+
+// A run stopped between making the predictions group and its arrays left one or both missing.
+// When the group is this input's (format and fingerprint), they cannot hold a chunk yet: made
+// now, so the rerun resumes instead of refusing the output.
+void create_missing_arrays(const std::string& out, const PredictionsLayout& layout) {
+  const auto [format, attributes] = zarr::Group::open(out);
+  if (format != layout.format || !attributes.is_object() ||
+      attributes.value("fingerprint", std::string()) != layout.fingerprint)
+    return;
+  for (const bool probabilities : {false, true}) {
+    const std::string path = join(out, probabilities ? "probabilities" : "classes");
+    std::error_code ec;
+    if (!fs::exists(join(path, ".zarray"), ec) && !fs::exists(join(path, "zarr.json"), ec))
+      zarr::Array::create(path, output_meta(layout, probabilities));
+  }
 }
 
 // What a predictions group's arrays hold, as PredictionsLayout::describe() says it.
@@ -281,6 +317,7 @@ void prepare_predictions_output(const std::string& out, const PredictionsLayout&
     if (!is_predictions_group(out))
       throw InputError(out + ": exists and holds something other than tandem predict's "
                        "output; refusing to write there");
+    create_missing_arrays(out, layout);
     try {
       const PredictionsOutput existing(out, layout, overwrite_hint);  // same layout, fingerprint
       remove_stray_temporaries(out);
@@ -296,6 +333,7 @@ void prepare_predictions_output(const std::string& out, const PredictionsLayout&
   all[kMarker] = 1;
   all["rows"] = layout.rows;
   all["fingerprint"] = layout.fingerprint;
+  all["output_id"] = new_output_id();
   zarr::Group::create(out, layout.format, all);
   zarr::Array::create(join(out, "classes"), output_meta(layout, false));
   zarr::Array::create(join(out, "probabilities"), output_meta(layout, true));
@@ -320,6 +358,7 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
     throw InputError(out + ": a Zarr group not written by tandem predict");
   classes_ = zarr::Array::open(join(out, "classes"));
   probabilities_ = zarr::Array::open(join(out, "probabilities"));
+  output_id_ = attributes.value("output_id", std::string());
   const zarr::ArrayMeta want_c = output_meta(layout, false), want_p = output_meta(layout, true);
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || c.shape != want_c.shape || c.chunks != want_c.chunks ||
@@ -343,6 +382,9 @@ void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids,
   if (chunk < 0 || chunk >= layout_.chunks())
     throw InputError(path_ + ": no chunk " + std::to_string(chunk) + " in predictions of " +
                      layout_.describe());
+  if (output_id_of(path_) != output_id_ || !zarr::Group::exists(path_))
+    throw Error(path_ + ": replaced by another run (tandem predict --overwrite) while this one "
+                "was writing; chunk " + std::to_string(chunk) + " and later ones not written");
   // Probabilities first: a chunk counts as done once both files exist.
   probabilities_.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probabilities));
   classes_.write_chunk({chunk}, ids);

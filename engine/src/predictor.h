@@ -63,6 +63,8 @@ class PredictionsOutput {
   bool chunk_done(int64_t chunk) const;
   // ids[chunk_rows] and probabilities[chunk_rows * classes], zero beyond the chunk's rows: the
   // probabilities' file first, then the classes', each through a temporary file and a rename.
+  // Throws Error, writing nothing, once the group was replaced since this object opened it
+  // (another run's --overwrite): its chunks would pass for the new output's.
   void write_chunk(int64_t chunk, const uint8_t* ids, const float* probabilities) const;
   // Reads chunk `chunk` of the classes into ids[chunk_rows]; false when it is missing.
   bool read_classes(int64_t chunk, uint8_t* ids) const;
@@ -72,6 +74,7 @@ class PredictionsOutput {
   PredictionsLayout layout_;
   zarr::Array classes_;
   zarr::Array probabilities_;
+  std::string output_id_;  // the group's, made anew each time the group is (re)created
 };
 
 // Class ids (the arg-max of the logits, first maximum: what tandem eval counts) and softmax

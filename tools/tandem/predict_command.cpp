@@ -23,6 +23,7 @@
 #include "number_checks.h"
 #include "commands.h"
 #include "predictor.h"
+#include "run_dir_lock.h"
 #include "tandem/config.h"
 #include "tandem/error.h"
 #include "slot_client_options.h"
@@ -238,6 +239,9 @@ void run_predict(PredictCliOptions& o) {
     o.data = shared_path(o.data);
     o.out = shared_path(o.out);
   }
+  // One prediction per --out (its shares aside, which this one starts): a second would write
+  // into the same output, or remove it under the first with --overwrite.
+  const RunDirLock lock(o.out, "--out", o.out + ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));

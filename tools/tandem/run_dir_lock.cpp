@@ -25,8 +25,9 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option) {
-  const std::string path = run_dir + "/lock";
+RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
+                       const std::string& lock_file) {
+  const std::string path = lock_file.empty() ? run_dir + "/lock" : lock_file;
   // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));

@@ -13,8 +13,11 @@ class RunDirLock {
  public:
   // Takes the lock on run_dir (which must exist), or throws InputError when another process
   // holds it, IoError when the lock file cannot be opened. `option` names the directory's
-  // option in the message (tandem search and predict lock their --out the same way).
-  explicit RunDirLock(const std::string& run_dir, const std::string& option = "--run-dir");
+  // option in the message (tandem search locks its --out the same way). The lock file is
+  // `lock_file`, by default RUN_DIR/lock (tandem predict's --out, which an --overwrite removes
+  // and makes again, is locked by OUT.lock beside it).
+  explicit RunDirLock(const std::string& run_dir, const std::string& option = "--run-dir",
+                      const std::string& lock_file = "");
   ~RunDirLock();
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
