@@ -1380,6 +1380,69 @@ TEST(PsCheckpoint, RestartResumesBitwiseLikeAnUninterruptedServer) {
   EXPECT_TRUE(bit_equal(resumed.tensors, expected.tensors));
 }
 
+// Replies the client will not wait for are not kept: those of a handle dropped unwaited (a
+// worker's overlapped exchange abandoned), and the other servers' when one of a handle's servers
+// failed. Before, each stayed in the client for good: a shard of parameters per reply.
+TEST(PsClient, RepliesNoHandleWaitsForAreNotKept) {
+  zmq::context_t ctx;
+  // s1 over TCP: once stopped, a request to it is queued (ZeroMQ reconnects) and times out.
+  ServerOptions tcp = inproc_options(ctx, "unused");
+  tcp.bind = "tcp://127.0.0.1:*";
+  ParameterServer s1(tcp), s0(inproc_options(ctx, "ps-forget-0"));
+  PsClient c({s1.endpoint(), s0.endpoint()}, client_options(&ctx, 1000));
+  const auto params = small_params(46);
+  c.init(params).wait();
+  {
+    PsClient::Handle dropped = c.push_pull(gradients_like(params, 4600));
+    EXPECT_EQ(c.requests_in_flight(), 2u);
+  }
+  EXPECT_EQ(c.requests_in_flight(), 0u);
+  // The replies to the dropped handle arrive while this pull waits for its own: dropped too.
+  c.pull().wait();
+  EXPECT_EQ(c.requests_in_flight(), 0u);
+  // A handle moved keeps its requests; the moved-from one forgets nothing.
+  PsClient::Handle first = c.pull();
+  PsClient::Handle moved = std::move(first);
+  EXPECT_EQ(moved.wait().tensors.size(), params.size());
+  EXPECT_EQ(c.requests_in_flight(), 0u);
+  // One server gone: the wait fails naming it (the first part waited for), and the other
+  // server's reply, which came meanwhile, is not kept.
+  s1.stop();
+  const std::string why = test::error_of<transport::TransportError>([&] { c.pull().wait(); });
+  EXPECT_TRUE(test::contains(why, s1.endpoint() + " did not answer Pull")) << why;
+  EXPECT_EQ(c.requests_in_flight(), 0u);
+}
+
+// A server restarted from an older checkpoint counts from there: the client's pushes say they
+// were computed on the version its latest reply carried, not on the largest it ever saw (which
+// the restarted server would take for a future version, so a stale gradient for a fresh one).
+TEST(PsCheckpoint, AClientFollowsARestartedServerBackToItsCheckpointsVersion) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(45);
+  ServerOptions o = checkpoint_options(ctx, "unused", dir);
+  o.bind = "ipc://" + dir.file("ps.sock");  // the same address again: the client reconnects
+  PsClient c({o.bind}, client_options(&ctx));
+  {
+    ParameterServer server(o);
+    c.init(params).wait();
+    c.push_pull(gradients_like(params, 4500)).wait();
+    request_checkpoint(ctx, server.endpoint());  // ps0-step-1
+    for (int i = 0; i < 3; ++i) c.push_pull(gradients_like(params, 4510 + uint32_t(i))).wait();
+    EXPECT_EQ(c.last_version(0), 4u);
+  }  // stop: ps0-step-4, removed below, as if the server had been killed before writing it
+  std::filesystem::remove(dir.file("ps0-step-4.safetensors"));
+  ParameterServer restarted(o);
+  ASSERT_EQ(restarted.restored_from(), dir.file("ps0-step-1.safetensors"));
+  const PsResult r = c.push_pull(gradients_like(params, 4520)).wait();
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_EQ(c.last_version(0), 2u);
+  // Its next push is on version 2, the server's own: no staleness counted.
+  c.push_pull(gradients_like(params, 4530)).wait();
+  const ServerStats st = c.stats().at(0);
+  EXPECT_EQ(st.staleness[0], 2);
+}
+
 TEST(PsCheckpoint, TruncatedNewestIsSkippedForThePreviousComplete) {
   zmq::context_t ctx;
   test::TempDir dir;

@@ -305,8 +305,11 @@ bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const
       return true;
     } catch (const ServerError& e) {
       // A server restarted without a checkpoint to resume from: give it this worker's newest
-      // parameters (the first Init wins; the servers that kept theirs ignore it).
+      // parameters, which the caller put in `model` (the first Init wins; the servers that
+      // kept theirs ignore it).
       if (!e.not_initialised()) throw;
+      std::fprintf(stderr, "%s: a parameter server lost its parameters (restarted without a "
+                   "checkpoint): initialising it with this worker's newest\n", r.name.c_str());
       try {
         model.parameters() = client.init(model.parameters()).wait().tensors;
         return true;
@@ -621,6 +624,10 @@ static void worker_role(const RoleOptions& o) {
       run();
     } catch (const transport::TransportError& e) {
       std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
+      // `model` holds the parameters last pulled into it, not those installed since (a plain
+      // worker installs each reply straight into its backend): a server that lost its
+      // parameters is given the newest this worker has, not those of the run's start.
+      backend->get_parameters(model);
       if (!repull(client, link, o, r, model)) return false;
       install();
     }

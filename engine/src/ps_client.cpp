@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "ps_placement.h"
 #include "curve_client.h"
@@ -288,6 +289,15 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
 }
 
 PsResult PsClient::collect(Handle& handle, ReceivedParameters& into) {
+  try {
+    return collect_replies(handle, into);
+  } catch (...) {
+    forget(handle);  // the other servers' replies to this handle will not be waited for
+    throw;
+  }
+}
+
+PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
   PsResult result;
   result.version = UINT64_MAX;
   // No parameters until every reply is in and checked (storage kept: a step allocates nothing).
@@ -313,7 +323,10 @@ PsResult PsClient::collect(Handle& handle, ReceivedParameters& into) {
                            transport::to_string(r.message.header.type) + ", not a Reply");
     result.version = std::min(result.version, r.message.header.parameter_version);
     Server& server = *servers_[part.server];
-    server.last_version = std::max(server.last_version, r.message.header.parameter_version);
+    if (part.request_id >= server.last_version_request) {  // (replies may come out of order)
+      server.last_version = r.message.header.parameter_version;
+      server.last_version_request = part.request_id;
+    }
     if (handle.type_ == MessageType::PushPull && r.message.extra.rfind("stale", 0) == 0)
       result.stale = true;
     if (handle.type_ == MessageType::Init) {
@@ -450,6 +463,36 @@ void PsClient::learn_layout(const std::string& order,
   if (part_index_.size() != held.size())
     throw ServerError("parameter servers: they hold parts that are no parameter of the model, "
                       "or one part twice");
+}
+
+PsClient::Handle& PsClient::Handle::operator=(Handle&& other) noexcept {
+  if (this == &other) return *this;
+  if (client_ != nullptr && !waited_) client_->forget(*this);
+  client_ = std::exchange(other.client_, nullptr);
+  type_ = other.type_;
+  parts_ = std::move(other.parts_);
+  other.parts_.clear();
+  deadline_ = other.deadline_;
+  waited_ = other.waited_;
+  return *this;
+}
+
+PsClient::Handle::~Handle() {
+  if (client_ != nullptr && !waited_) client_->forget(*this);
+}
+
+size_t PsClient::requests_in_flight() const {
+  size_t n = 0;
+  for (const auto& server : servers_) n += server->outstanding.size() + server->early.size();
+  return n;
+}
+
+void PsClient::forget(const Handle& handle) noexcept {
+  for (const Handle::Part& part : handle.parts_) {
+    Server& server = *servers_[part.server];
+    server.outstanding.erase(part.request_id);
+    server.early.erase(part.request_id);
+  }
 }
 
 PsResult PsClient::Handle::wait() {

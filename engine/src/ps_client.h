@@ -108,6 +108,14 @@ class PsClient {
  public:
   class Handle {
    public:
+    Handle() = default;
+    // Move-only: a handle dropped without waiting (or whose wait failed part-way) has its
+    // client forget the replies still to come, which would otherwise be kept forever.
+    Handle(Handle&& other) noexcept { *this = std::move(other); }
+    Handle& operator=(Handle&& other) noexcept;
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    ~Handle();
     // Blocks until every server involved has answered: the parameters (for init, pull and
     // push_pull) with the version. A one-way push has nothing to wait for: it returns at once
     // with version 0. Throws TransportError naming the endpoint that did not answer in time,
@@ -164,8 +172,11 @@ class PsClient {
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<std::vector<int64_t>>& shapes() const { return shapes_; }
   const std::vector<TensorPart>& layout() const { return layout_; }
-  // The newest version server `s` has sent this client (0 before any reply).
+  // The version the latest answered request to server `s` carried (0 before any reply).
   uint64_t last_version(size_t s) const { return servers_.at(s)->last_version; }
+  // Requests still expected and replies kept for a later wait, over all servers: what a
+  // handle waited for, or dropped, no longer holds.
+  size_t requests_in_flight() const;
   // This client's CURVE public key (what a server's allowed list must hold); empty without CURVE.
   const std::string& curve_public_key() const { return options_.curve_public_key; }
 
@@ -175,14 +186,20 @@ class PsClient {
     zmq::socket_t socket;
     std::set<uint64_t> outstanding;               // request ids still expected
     std::map<uint64_t, transport::Frames> early;  // replies that came while waiting for others
-    // The newest parameter version a reply from this server carried: a push says its gradient
-    // was computed on it (header parameter_version), for the server's staleness accounting.
+    // The parameter version the reply to the latest request answered so far carried: a push
+    // says its gradient was computed on it (header parameter_version), for the server's
+    // staleness accounting. The latest request's, not the largest ever seen: a server restarted
+    // from an older checkpoint counts from there again.
     uint64_t last_version = 0;
+    uint64_t last_version_request = 0;  // the request id it came with
     // CURVE only: the DEALER's handshake events, so that a timeout can say "authentication
     // failed" when that is why. Declared after `socket`, so it closes first.
     transport::CurveHandshakeWatch handshakes;
   };
 
+  // Drops what is still expected for the handle's requests: their ids, and replies that came
+  // early (a late reply is then dropped when it comes).
+  void forget(const Handle& handle) noexcept;
   // `hold`: send the tensors zero-copy, held by it (null: copied).
   Handle send_each(transport::MessageType type,
                    const std::vector<std::vector<transport::FloatTensorRef>>& per_server,
@@ -197,7 +214,8 @@ class PsClient {
                           transport::MessageType type);
   // Waits for the handle's replies, kept in `into` with their parameters' runs (none when the
   // handle brings no parameters).
-  PsResult collect(Handle& handle, ReceivedParameters& into);
+  PsResult collect(Handle& handle, ReceivedParameters& into);  // forgets the rest on failure
+  PsResult collect_replies(Handle& handle, ReceivedParameters& into);
   // collect, then the parameters copied into `out` (result.tensors when null).
   PsResult collect_copy(Handle& handle, std::vector<NamedTensor>* out);
   // Validates the CURVE options, completes the client's pair; the server key per endpoint ("" =
