@@ -516,6 +516,7 @@ TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
   o.workers = 2;
   o.max_epochs = 3;
   o.keep_best = false;
+  o.settings.checkpoint_every_steps = 7;
   bool announced = false;
   o.on_training = [&](const json& spec) {
     announced = true;
@@ -538,11 +539,18 @@ TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
   const EvalResult again = evaluate_model(saved.model, load_store_eval_splits(o.settings.data).test.view(), 1);
   EXPECT_DOUBLE_EQ(again.loss_sum, s.test.loss_sum);
   EXPECT_EQ(saved.step, s.steps);
-  // Every server wrote its final checkpoint.
-  int shards = 0;
-  for (const auto& f : std::filesystem::directory_iterator(o.settings.checkpoint_dir))
-    shards += f.path().filename().string().find("-step-60.") != std::string::npos;
+  // Every server wrote its final checkpoint, and kept the one before it: at a multiple of
+  // checkpoint_every_steps (7; step 56 unless the final one replaced it before it was written).
+  int shards = 0, periodic = 0;
+  for (const auto& f : std::filesystem::directory_iterator(o.settings.checkpoint_dir)) {
+    const std::string name = f.path().filename().string();
+    shards += name.find("-step-60.") != std::string::npos;
+    const size_t at = name.find("-step-");
+    if (at == std::string::npos || name.find("-step-60.") != std::string::npos) continue;
+    periodic += std::stoll(name.substr(at + 6)) % 7 == 0;
+  }
   EXPECT_EQ(shards, 2);
+  EXPECT_EQ(periodic, 2);
 }
 
 // A worker whose backend stays in a call past the step timeout says so in its heartbeats, and
@@ -781,6 +789,7 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
       {"score_interval_s", [](ClusterOptions& c) { c.settings.score_interval_s = 0; }},
       {"checkpoint_every_s", [&](ClusterOptions& c) { c.settings.checkpoint_every_s = nan; }},
       {"step_timeout_s", [](ClusterOptions& c) { c.settings.step_timeout_s = -1; }},
+      {"checkpoint_every_steps", [](ClusterOptions& c) { c.settings.checkpoint_every_steps = -1; }},
   };
   for (const auto& [name, spoil] : bad) {
     o = small_run(dir, store);

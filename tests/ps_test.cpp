@@ -1443,6 +1443,36 @@ TEST(PsCheckpoint, AClientFollowsARestartedServerBackToItsCheckpointsVersion) {
   EXPECT_EQ(st.staleness[0], 2);
 }
 
+// A server resumed from a checkpoint of another model (or of another number of servers, whose
+// parts differ) refuses the chief's Init, naming the checkpoint, instead of serving parameters
+// the workers' model does not have; the model it holds is still served to its own Init.
+TEST(PsCheckpoint, AnInitForAnotherModelThanTheRestoredOneIsRefused) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(47);
+  {
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-model-a", dir));
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    c.init(params).wait();
+    c.push_pull(gradients_like(params, 4700)).wait();
+  }  // ps0-step-1
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-model-b", dir));
+  ASSERT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors"));
+  auto wider = params;
+  wider[0] = {"w", {3, 5}, test::random_floats(15, 48)};
+  auto renamed = params;
+  renamed[1].name = "bias";
+  for (const auto* other : {&wider, &renamed}) {
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    const std::string why = test::error_of<ServerError>([&] { c.init(*other).wait(); });
+    EXPECT_TRUE(test::contains(why, "restored from checkpoint " +
+                                        dir.file("ps0-step-1.safetensors"))) << why;
+    EXPECT_TRUE(test::contains(why, "this server holds b [4], w [3x4]")) << why;
+  }
+  PsClient same({server.endpoint()}, client_options(&ctx));
+  EXPECT_EQ(same.init(small_params(999)).wait().version, 1u);
+}
+
 TEST(PsCheckpoint, TruncatedNewestIsSkippedForThePreviousComplete) {
   zmq::context_t ctx;
   test::TempDir dir;
@@ -1477,6 +1507,12 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   test::write_bytes(dir.file("ps0-step-x.safetensors"), std::string("x"));
   test::write_bytes(dir.file("other-step-3.safetensors"), std::string("y"));
   std::filesystem::create_directory(dir.path() / "ps0-step-7.safetensors");
+  // A write killed before its rename (no process 999999999): removed. A live writer's (this
+  // process's, standing in for a server still writing) and another shard's are left alone.
+  const std::string dead = dir.file("ps0-step-5.safetensors.tmp-999999999");
+  const std::string live = dir.file("ps0-step-4.safetensors.tmp-" + std::to_string(::getpid()));
+  const std::string other = dir.file("ps1-step-5.safetensors.tmp-999999999");
+  for (const std::string& f : {dead, live, other}) test::write_bytes(f, std::string("partial"));
   {
     // A valid safetensors file of the wrong format is skipped too.
     SafeTensorsFile f;
@@ -1486,6 +1522,9 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   }
   ParameterServer server(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
   EXPECT_EQ(server.restored_from(), "");
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_TRUE(std::filesystem::exists(other));
   PsClient c({server.endpoint()}, client_options(&ctx));
   const auto params = small_params(45);
   EXPECT_TRUE(bit_equal(c.init(params).wait().tensors, params));

@@ -72,6 +72,7 @@ json to_json(const RunSettings& s) {
           {"staleness_bound", s.staleness_bound},
           {"checkpoint_dir", s.checkpoint_dir},
           {"checkpoint_every_s", s.checkpoint_every_s},
+          {"checkpoint_every_steps", s.checkpoint_every_steps},
           {"best_model_path", s.best_model_path},
           {"overlap", s.overlap},
           {"curve_server_public", s.curve_server_public},
@@ -124,6 +125,7 @@ RunSettings run_settings_from_json(const json& j) {
     s.staleness_bound = j.at("staleness_bound").get<int64_t>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
     s.checkpoint_every_s = j.at("checkpoint_every_s").get<double>();
+    s.checkpoint_every_steps = j.value("checkpoint_every_steps", int64_t{0});  // (newer)
     s.best_model_path = j.at("best_model_path").get<std::string>();
     s.overlap = j.at("overlap").get<bool>();
     s.curve_server_public = j.at("curve_server_public").get<std::string>();
@@ -229,6 +231,7 @@ bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& l
   if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
   const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
   auto next_chief_check = Clock::now() + std::chrono::seconds(1);
+  std::string waiting_for;  // the last refusal, naming a server still not initialised
   for (;;) {
     try {
       PsResult result = client.init(initial).wait();
@@ -236,6 +239,7 @@ bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& l
       return true;
     } catch (const ServerError& e) {
       if (!e.not_initialised()) throw;
+      waiting_for = e.what();
     }
     if (training_over(link.phase())) return false;
     if (may_stand_in && initial.empty() && Clock::now() >= next_chief_check) {
@@ -250,7 +254,7 @@ bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& l
     if (Clock::now() > deadline)
       throw Error(r.name + ": waited " + std::to_string(r.settings.init_timeout_ms / 1000) +
                   " s for the chief worker (worker0) to initialise the parameters on every "
-                  "server; at least one server still says it is not initialised");
+                  "server; still not initialised: " + waiting_for);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -421,6 +425,7 @@ static void ps_role(const RoleOptions& o) {
                                                        : "tcp://127.0.0.1:*";
   so.checkpoint_dir = r.settings.checkpoint_dir;
   so.checkpoint_every_seconds = r.settings.checkpoint_every_s;
+  so.checkpoint_every_steps = r.settings.checkpoint_every_steps;
   so.shard_name = r.name;
   const std::string& device = r.settings.ps_device;
   if (device == "cuda") so.device = 0;

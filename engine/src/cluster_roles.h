@@ -65,6 +65,7 @@ struct RunSettings {
   int64_t staleness_bound = 0;
   std::string checkpoint_dir;        // parameter servers' shards; empty: none
   double checkpoint_every_s = 0;     // 0: only at the end
+  int64_t checkpoint_every_steps = 0;  // also when a server's step crosses a multiple (0: off)
   // The scorer writes the parameters of the lowest score so far here (safetensors, atomically):
   // the run keeps them, as `tandem train` keeps its best epoch. Empty: not written.
   std::string best_model_path;

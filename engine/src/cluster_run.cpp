@@ -76,6 +76,8 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("score_interval_s must be above 0 and at most 86400 (a day)");
   if (!(s.checkpoint_every_s >= 0 && s.checkpoint_every_s <= 1e7))
     throw InputError("checkpoint_every_s must be from 0 to 1e7 (0: only at the end)");
+  if (s.checkpoint_every_steps < 0)
+    throw InputError("checkpoint_every_steps must be >= 0 (0: by time only)");
   if (!(s.step_timeout_s >= 0 && s.step_timeout_s <= 1e7))
     throw InputError("step_timeout_s must be from 0 to 1e7 (0: never)");
   check_overlap(s);

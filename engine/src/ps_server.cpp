@@ -1,5 +1,8 @@
 #include "ps_server.h"
 
+#include <signal.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -211,8 +214,63 @@ std::vector<PsShard::Restored> read_shard_checkpoint(const std::string& path, bo
 }
 }  // namespace
 
+std::string ParameterServer::init_mismatch(const Message& m) const {
+  using Part = std::pair<std::string, std::vector<int64_t>>;
+  std::vector<Part> held, offered;
+  for (const auto& e : shard_.entries()) held.push_back({e.name, e.shape});
+  for (const auto& t : m.tensors) offered.push_back({t.name, t.shape});
+  std::sort(held.begin(), held.end());
+  std::sort(offered.begin(), offered.end());
+  if (held == offered && (model_order_.empty() || model_order_ == m.extra)) return "";
+  auto text = [](const std::vector<Part>& parts) {
+    std::string out;
+    for (const auto& [name, shape] : parts) {
+      out += (out.empty() ? "" : ", ") + name + " [";
+      for (size_t i = 0; i < shape.size(); ++i) out += (i ? "x" : "") + std::to_string(shape[i]);
+      out += "]";
+    }
+    return out;
+  };
+  return "this server holds " + text(held) +
+         (restored_from_.empty() ? std::string(" (initialised earlier)")
+                                 : " (restored from checkpoint " + restored_from_ + ")") +
+         ", but the chief's Init is for " + text(offered) +
+         (held == offered ? " of another model (its parameter list differs)" : "") +
+         ": another model or another number of servers; resume with the settings the "
+         "checkpoints were written with, or start from an empty checkpoint directory";
+}
+
+namespace {
+
+// A checkpoint write killed before its rename leaves SHARD-step-N.safetensors.tmp-PID, a whole
+// shard's size, which no pruning sees: removed when the process that wrote it is gone.
+void remove_dead_writers_files(const std::string& dir, const std::string& shard) {
+  const std::string prefix = shard + "-step-", marker = ".safetensors.tmp-";
+  std::error_code ec;
+  std::vector<std::filesystem::path> dead;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.rfind(marker);
+    if (name.rfind(prefix, 0) != 0 || at == std::string::npos) continue;
+    const std::string pid_text = name.substr(at + marker.size());
+    if (pid_text.empty() || pid_text.size() > 9 ||
+        !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) dead.push_back(it->path());
+  }
+  for (const auto& path : dead) {
+    std::filesystem::remove(path, ec);
+    std::fprintf(stderr, "tandem parameter server %s: removed %s, a checkpoint write that did "
+                 "not finish\n", shard.c_str(), path.string().c_str());
+  }
+}
+
+}  // namespace
+
 void ParameterServer::restore_newest() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
+  remove_dead_writers_files(options_.checkpoint_dir, options_.shard_name);
   for (const auto& [step_in_name, path] :
        list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
     try {
@@ -483,6 +541,13 @@ void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r
           return reply_error(peer, type, id, problem, transport::kBadInitialTensor);
         shard_.initialize(m, r.tensor_data);
         model_order_ = m.extra;  // the chief's list of every parameter name, echoed to workers
+      } else if (!m.tensors.empty()) {
+        // Initialised already (restored, or by another chief): the Init's values are ignored,
+        // but its parts must be the ones held here, or the workers would train a model of
+        // another shape, or assemble parts that do not fit, from what this server serves.
+        const std::string problem = init_mismatch(m);
+        if (!problem.empty())
+          return reply_error(peer, type, id, problem, transport::kBadInitialTensor);
       }
       shard_.select({}, entries);
       return reply_tensors(peer, id, entries, model_order_);

@@ -201,6 +201,8 @@ class ParameterServer {
   zmq::socket_t socket_;  // used by the serving thread only, once it runs
   std::string endpoint_;
   PsShard shard_;            // the serving thread's alone
+  // Why an Init's parts are not those this initialised shard holds ("" when they are).
+  std::string init_mismatch(const transport::Message& m) const;
   std::string model_order_;  // the first Init's extra: all parameter names, '\n'-separated
   std::set<std::string> logged_;
   int64_t checkpointed_step_ = -1;  // the step of the last checkpoint written or loaded

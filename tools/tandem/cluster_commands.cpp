@@ -141,6 +141,9 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every_s,
                   "Seconds between the servers' checkpoints (0: only at the end)")
       ->check(number_in(0, 1e7, false, "SECONDS"))->capture_default_str();
+  cmd->add_option("--checkpoint-every-steps", s.checkpoint_every_steps,
+                  "Also a checkpoint each time a server's step crosses a multiple of this (0: off)")
+      ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--keep", o.keep,
                   "Parameters to keep: best (the lowest score's, unless the last ones score lower) or "
                   "last (the servers' at the stop)")
