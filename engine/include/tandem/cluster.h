@@ -26,8 +26,9 @@
 // staleness_bound, checkpoint_dir, checkpoint_every_s, checkpoint_every_steps (0: off; both may
 // be set), best_model_path, overlap, curve_* (CURVE key files, see the README), fed,
 // ps_timeout_ms, init_timeout_ms, step_timeout_s (600: a worker whose backend stays that long in
-// one call is counted lost; 0: never). An unknown key is an InputError naming the known ones. Fed runs (workers trained on blocks handed to them in their
-// own process) need the Python package's WorkerRole.feed: this header's workers read the store.
+// one call is counted lost; 0: never). An unknown key is an InputError naming the known ones.
+// Fed runs (workers trained on blocks handed to them in their own process) need the Python
+// package's WorkerRole.feed: this header's workers read the store.
 //
 // Every function reports failure by throwing tandem::Error (InputError for bad settings or data,
 // IoError for files); messages name what failed.
