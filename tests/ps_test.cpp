@@ -1050,6 +1050,8 @@ TEST(PsMode, SyncStepNeedNotWaitForAnIdleWorker) {
   EXPECT_EQ(server.stats().partial_steps, 1);
 }
 
+// A worker's clock is its pushes: with k = 1 the fast worker may be one push ahead of the slow
+// one, not two.
 TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut) {
   zmq::context_t ctx;
   ServerOptions o = mode_options(ctx, "ps-bounded", PsMode::BoundedStaleness);
@@ -1061,32 +1063,71 @@ TEST(PsMode, BoundedStalenessDefersTheFastWorkerUntilTheSlowOnePushesOrTimesOut)
   PsClient fast({server.endpoint()}, client_options(&ctx, 3000));
   slow.init(params).wait();
   fast.init({}).wait();
-  EXPECT_EQ(slow.push_pull(gradients_like(params, 1800)).wait().version, 1u);  // slow: clock 0
-  EXPECT_EQ(fast.push_pull(gradients_like(params, 1801)).wait().version, 2u);  // fast: clock 0
-  // Computed on version 2, 2 ahead of the slow worker's 0 > k = 1: the reply waits.
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1800)).wait().version, 1u);  // slow: 1 push
+  EXPECT_EQ(fast.push_pull(gradients_like(params, 1801)).wait().version, 2u);  // fast: 1
+  EXPECT_EQ(fast.push_pull(gradients_like(params, 1802)).wait().version, 3u);  // 2: 1 ahead
+  // A third push, 2 ahead of the slow worker's 1 > k = 1: the reply waits.
   auto pending = std::async(std::launch::async, [&] {
-    return fast.push_pull(gradients_like(params, 1802)).wait().version;
+    return fast.push_pull(gradients_like(params, 1803)).wait().version;
   });
   // (Waited for, not assumed after a fixed time: the push may take a while to reach the server.)
   test::eventually([&] { return server.stats().deferred >= 1; }, 5000);
   EXPECT_EQ(server.stats().deferred, 1);
   EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
-  // The slow worker pushes on version 1 (its last reply): now 2 - 1 <= 1, the fast one goes on.
+  // The slow worker's second push: now 3 - 2 <= 1, the fast one goes on.
   const auto slow_heard = std::chrono::steady_clock::now();  // no later than the server hears it
-  EXPECT_EQ(slow.push_pull(gradients_like(params, 1803)).wait().version, 4u);
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1804)).wait().version, 5u);
   ASSERT_EQ(pending.wait_for(std::chrono::milliseconds(1000)), std::future_status::ready);
-  EXPECT_EQ(pending.get(), 4u);
-  // Fast computes on 4, 3 ahead of slow's 1: deferred until the silent slow worker times out
-  // (300 ms after the server last heard it; without that, the client's 3 s timeout throws).
-  const PsResult r = fast.push_pull(gradients_like(params, 1804)).wait();
-  EXPECT_EQ(r.version, 5u);
+  EXPECT_EQ(pending.get(), 5u);
+  // Fast's fourth push, 2 ahead: deferred until the silent slow worker times out (300 ms after
+  // the server last heard it; without that, the client's 3 s timeout throws).
+  const PsResult r = fast.push_pull(gradients_like(params, 1805)).wait();
+  EXPECT_EQ(r.version, 6u);
   EXPECT_GE(ms_since(slow_heard), 300);
   EXPECT_EQ(server.stats().deferred, 2);
   // Once the slow worker is inactive the fast one is not held back (a held pull would wait for
   // the client's 3 s timeout).
   const auto start2 = std::chrono::steady_clock::now();
-  EXPECT_EQ(fast.pull().wait().version, 5u);
+  EXPECT_EQ(fast.pull().wait().version, 6u);
   EXPECT_LT(ms_since(start2), 1000);
+  // Back after its silence, the slow worker starts level with the fast one (4 pushes): neither
+  // is held for the other's missed pushes.
+  const auto start3 = std::chrono::steady_clock::now();
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1806)).wait().version, 7u);
+  EXPECT_EQ(fast.push_pull(gradients_like(params, 1807)).wait().version, 8u);
+  EXPECT_EQ(slow.push_pull(gradients_like(params, 1808)).wait().version, 9u);
+  EXPECT_LT(ms_since(start3), 250);
+  EXPECT_EQ(server.stats().deferred, 2);
+}
+
+// Two servers that see two workers' pushes in opposite orders. With clocks taken from the
+// parameter versions (each server's own order), k = 0 held worker A on one server for B and B on
+// the other for A, until the worker timeout; pushes counted agree on every server.
+TEST(PsMode, BoundedStalenessAgreesAcrossServersWhateverOrderPushesArriveIn) {
+  zmq::context_t ctx;
+  ServerOptions o0 = mode_options(ctx, "ps-bounded-order-0", PsMode::BoundedStaleness);
+  ServerOptions o1 = mode_options(ctx, "ps-bounded-order-1", PsMode::BoundedStaleness);
+  for (ServerOptions* o : {&o0, &o1}) {
+    o->staleness_bound = 0;
+    o->worker_timeout_ms = 5000;
+  }
+  ParameterServer s0(o0), s1(o1);
+  const auto params = small_params(25);
+  // Each worker talks to the servers in the other order: its requests reach its first server
+  // before its second.
+  PsClient a({s0.endpoint(), s1.endpoint()}, client_options(&ctx, 3000));
+  PsClient b({s1.endpoint(), s0.endpoint()}, client_options(&ctx, 3000));
+  a.init(params).wait();
+  b.init({}).wait();
+  // A round held for the other worker would wait out the clients' 3 s timeout (the servers
+  // would release it only after their 5 s worker timeout) and throw.
+  for (int round = 0; round < 20; ++round) {
+    auto ha = a.push_pull(gradients_like(params, 2500 + 2 * uint32_t(round)));
+    auto hb = b.push_pull(gradients_like(params, 2501 + 2 * uint32_t(round)));
+    ha.wait();
+    hb.wait();
+  }
+  for (ParameterServer* s : {&s0, &s1}) EXPECT_EQ(s->stats().version, 40);
 }
 
 TEST(PsMode, AsyncStalenessHistogramCountsKnownSequences) {
@@ -1422,7 +1463,7 @@ TEST(PsCheckpoint, AClientFollowsARestartedServerBackToItsCheckpointsVersion) {
   const auto params = small_params(45);
   ServerOptions o = checkpoint_options(ctx, "unused", dir);
   o.bind = "ipc://" + dir.file("ps.sock");  // the same address again: the client reconnects
-  PsClient c({o.bind}, client_options(&ctx));
+  PsClient c({o.bind}, client_options(&ctx, 1000));
   {
     ParameterServer server(o);
     c.init(params).wait();
@@ -1434,6 +1475,18 @@ TEST(PsCheckpoint, AClientFollowsARestartedServerBackToItsCheckpointsVersion) {
   std::filesystem::remove(dir.file("ps0-step-4.safetensors"));
   ParameterServer restarted(o);
   ASSERT_EQ(restarted.restored_from(), dir.file("ps0-step-1.safetensors"));
+  // A request sent before the client's socket has noticed the restart is lost (as a worker's
+  // is: it times out and pulls again).
+  bool answered = false;
+  for (int attempt = 0; attempt < 10 && !answered; ++attempt) {
+    try {
+      EXPECT_EQ(c.pull().wait().version, 1u);
+      answered = true;
+    } catch (const transport::TransportError&) {
+    }
+  }
+  ASSERT_TRUE(answered);
+  EXPECT_EQ(c.last_version(0), 1u);
   const PsResult r = c.push_pull(gradients_like(params, 4520)).wait();
   EXPECT_EQ(r.version, 2u);
   EXPECT_EQ(c.last_version(0), 2u);

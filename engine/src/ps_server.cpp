@@ -638,7 +638,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m) 
       break;
     case PsMode::Sync: {
       // Every valid push, stale or not, says its worker is still pushing (replicas_needed).
-      clocks_.pushed(std::string(peer.data<char>(), peer.size()), base, Clock::now());
+      clocks_.pushed(std::string(peer.data<char>(), peer.size()), Clock::now());
       if (stale) {
         // SyncReplicasOptimizer drops it; the worker gets the current parameters to go on with.
         if (!reply) return;
@@ -665,7 +665,7 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m) 
       return;
     }
     case PsMode::BoundedStaleness:
-      clocks_.pushed(std::string(peer.data<char>(), peer.size()), base, Clock::now());
+      clocks_.pushed(std::string(peer.data<char>(), peer.size()), Clock::now());
       shard_.apply_staged();
       break;
   }

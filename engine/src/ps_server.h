@@ -16,10 +16,10 @@
 //                     good), a step needs only as many gradients as there are workers pushing;
 //                     likewise once a step timed out before all of them had ever pushed (one
 //                     never came): only the first step waits for the missing worker.
-//   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (the
-//                     version its latest push was computed on) is more than staleness_bound ahead
-//                     of the slowest active worker's is deferred, queued, and sent from this
-//                     thread once the slowest catches up or stops counting (silent for
+//   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (its
+//                     pushes: ps_worker_clocks.h) is more than staleness_bound ahead of the
+//                     slowest active worker's is deferred, queued, and sent from this thread
+//                     once the slowest catches up or stops counting (silent for
 //                     worker_timeout_ms). Workers count from their first push.
 // In every mode a push's header parameter_version is the version the gradient was computed on
 // (PsClient sends the version of its latest reply from that server); staleness = server version -

@@ -4,11 +4,30 @@
 
 namespace tandem {
 
-void WorkerClocks::pushed(const std::string& worker, uint64_t version, Clock::time_point now) {
-  Worker& w = workers_[worker];
-  w.version = std::max(w.version, version);  // replies may overtake each other: keep the newest
+void WorkerClocks::pushed(const std::string& worker, Clock::time_point now) {
+  Worker& w = workers_[worker];  // (a new one: no pushes, never heard from, so not counting)
+  if (!counts(w, now)) rejoin(w, now);
+  ++w.pushes;
   w.last_heard = now;
   w.idle = false;
+}
+
+void WorkerClocks::rejoin(Worker& w, Clock::time_point now) {
+  // Joining late, back after a silence or from idling (or restarted, under a new identity), a
+  // worker must not hold the others back until it has made up their pushes: its next push
+  // brings it level with the slowest worker counting.
+  uint64_t slowest = 0;
+  bool any = false;
+  for (const auto& kv : workers_) {
+    if (&kv.second == &w || !counts(kv.second, now)) continue;
+    slowest = any ? std::min(slowest, kv.second.pushes) : kv.second.pushes;
+    any = true;
+  }
+  if (any) w.pushes = std::max(w.pushes, slowest - 1);  // (counting: at least one push)
+}
+
+bool WorkerClocks::counts(const Worker& w, Clock::time_point now) const {
+  return w.pushes > 0 && !w.idle && now - w.last_heard <= timeout_;
 }
 
 void WorkerClocks::idle(const std::string& worker) {
@@ -22,28 +41,31 @@ void WorkerClocks::clear_idle() {
 
 void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {
   const auto it = workers_.find(worker);
-  if (it != workers_.end()) it->second.last_heard = now;
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (!w.idle && !counts(w, now)) rejoin(w, now);  // back after a silence
+  w.last_heard = now;
 }
 
 bool WorkerClocks::clock(const std::string& worker, uint64_t& out) const {
   const auto it = workers_.find(worker);
   if (it == workers_.end()) return false;
-  out = it->second.version;
+  out = it->second.pushes;
   return true;
 }
 
 bool WorkerClocks::within(uint64_t clock, int64_t bound, Clock::time_point now) const {
   for (const auto& kv : workers_) {
     const Worker& w = kv.second;
-    if (w.idle || now - w.last_heard > timeout_) continue;  // idle, departed or stalled
-    if (clock > w.version && int64_t(clock - w.version) > bound) return false;
+    if (!counts(w, now)) continue;  // idle, departed or stalled
+    if (clock > w.pushes && int64_t(clock - w.pushes) > bound) return false;
   }
   return true;
 }
 
 int WorkerClocks::active(Clock::time_point now) const {
   int n = 0;
-  for (const auto& kv : workers_) n += !kv.second.idle && now - kv.second.last_heard <= timeout_;
+  for (const auto& kv : workers_) n += counts(kv.second, now);
   return n;
 }
 

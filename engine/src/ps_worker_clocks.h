@@ -1,7 +1,14 @@
-// Bounded-staleness bookkeeping: each worker's clock (the parameter version its latest push was
-// computed on, from the push header) and when it was last heard from, keyed by its ZeroMQ routing
-// identity. A worker silent for longer than the timeout stops counting as active, so one that
-// left (ROUTER sockets do not report disconnects) cannot hold the others back forever.
+// Bounded-staleness bookkeeping: each worker's clock and when it was last heard from, keyed by its
+// ZeroMQ routing identity. A worker silent for longer than the timeout stops counting as active,
+// so one that left (ROUTER sockets do not report disconnects) cannot hold the others back forever.
+//
+// The clock counts the worker's pushes (stale synchronous parallel's clock: its steps), and a
+// worker first heard from, or back after a silence or from idling, starts level with the slowest
+// active one. Every push goes to every
+// server, so all servers agree on every worker's clock. The parameter version a push was computed
+// on would not do: each server's versions follow the order pushes reached it, so worker A could
+// be ahead on one server and B on another, each held for the other until one stopped counting as
+// active.
 #pragma once
 
 #include <chrono>
@@ -17,10 +24,12 @@ class WorkerClocks {
 
   explicit WorkerClocks(int timeout_ms) : timeout_(std::chrono::milliseconds(timeout_ms)) {}
 
-  // A valid push from `worker`, computed on `version`: registers it or moves its clock.
-  void pushed(const std::string& worker, uint64_t version, Clock::time_point now);
-  // Any message from `worker`: a registered worker stays active (unknown ones are ignored: a
-  // worker counts once it has pushed, so a reader that never pushes holds nobody back).
+  // A valid push from `worker`: moves its clock on by one (from where rejoin puts it when it did
+  // not count: new, silent too long, or idle).
+  void pushed(const std::string& worker, Clock::time_point now);
+  // Any message from `worker`: a registered worker stays active, or counts again after a silence
+  // (rejoin); unknown ones are ignored: a worker counts once it has pushed, so a reader that
+  // never pushes holds nobody back.
   void heard(const std::string& worker, Clock::time_point now);
   // `worker` has no batch to train for now (an Idle message): until its next push it holds
   // nobody back (active and within leave it out), as if it had left; sync steps end it sooner
@@ -32,7 +41,7 @@ class WorkerClocks {
   // The clock of a registered worker, or false.
   bool clock(const std::string& worker, uint64_t& out) const;
   // May a worker at `clock` be answered: true when no active worker is more than `bound`
-  // versions behind it (or none is active).
+  // pushes behind it (or none is active).
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
   // Workers heard from within the timeout and not idle; workers ever registered.
   int active(Clock::time_point now) const;
@@ -40,10 +49,15 @@ class WorkerClocks {
 
  private:
   struct Worker {
-    uint64_t version = 0;
+    uint64_t pushes = 0;  // the clock
     Clock::time_point last_heard;
     bool idle = false;
   };
+  // Registered, not idle and heard from within the timeout: it holds faster workers back.
+  bool counts(const Worker& w, Clock::time_point now) const;
+  // A worker that did not count comes back one push behind the slowest that counts (at least
+  // where it was), so that its next push brings it level.
+  void rejoin(Worker& w, Clock::time_point now);
   Clock::duration timeout_;
   std::map<std::string, Worker> workers_;
 };
