@@ -136,7 +136,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--replicas", s.replicas_to_aggregate,
                   "Sync mode: gradients per step (0: one per worker)")
       ->check(non_negative_number())->capture_default_str();
-  cmd->add_option("--staleness", s.staleness_bound, "Bounded staleness: steps (pushes) a worker may lead the slowest by")
+  cmd->add_option("--staleness", s.staleness_bound,
+                  "Bounded staleness: steps (pushes) a worker may lead the slowest by")
       ->check(non_negative_number())->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every_s,
                   "Seconds between the servers' checkpoints (0: only at the end)")
