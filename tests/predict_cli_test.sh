@@ -101,6 +101,11 @@ expect_error "a second prediction on a busy --out refused" "--out $out is in use
 exec 9>&-
 check "... and runs once it is free" "$tandem" predict --model "$dir/m2.safetensors" \
   --data "$store" --out "$out"
+# An --out in directories not made yet, given with a trailing slash: made, locked beside it.
+check "an --out under new directories, with a trailing slash" "$tandem" predict \
+  --model "$dir/m2.safetensors" --data "$store" --out "$dir/new/dirs/p.zarr/"
+check "... its lock beside the output, not in it" test -e "$dir/new/dirs/p.zarr.lock" -a \
+  ! -e "$dir/new/dirs/p.zarr/.lock"
 # A label naming no class: the predictions are written, the accuracy is refused (as eval's is).
 cp -r "$store" "$dir/badlabel.zarr"
 "$python" -c "import sys, zarr; zarr.open_group(sys.argv[1], mode='r+')['test/labels'][7] = 12" \

@@ -1560,12 +1560,19 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   test::write_bytes(dir.file("ps0-step-x.safetensors"), std::string("x"));
   test::write_bytes(dir.file("other-step-3.safetensors"), std::string("y"));
   std::filesystem::create_directory(dir.path() / "ps0-step-7.safetensors");
-  // A write killed before its rename (no process 999999999): removed. A live writer's (this
-  // process's, standing in for a server still writing) and another shard's are left alone.
+  // A write killed before its rename (no process 999999999, untouched for a minute): removed. A
+  // live writer's (this process's, standing in for a server still writing), one written to
+  // lately and another shard's are left alone.
   const std::string dead = dir.file("ps0-step-5.safetensors.tmp-999999999");
   const std::string live = dir.file("ps0-step-4.safetensors.tmp-" + std::to_string(::getpid()));
   const std::string other = dir.file("ps1-step-5.safetensors.tmp-999999999");
-  for (const std::string& f : {dead, live, other}) test::write_bytes(f, std::string("partial"));
+  const std::string recent = dir.file("ps0-step-3.safetensors.tmp-999999998");
+  for (const std::string& f : {dead, live, other, recent})
+    test::write_bytes(f, std::string("partial"));
+  // Untouched for two minutes but `recent`, which another machine's writer may still be writing.
+  for (const std::string& f : {dead, live, other})
+    std::filesystem::last_write_time(
+        f, std::filesystem::file_time_type::clock::now() - std::chrono::minutes(2));
   {
     // A valid safetensors file of the wrong format is skipped too.
     SafeTensorsFile f;
@@ -1578,6 +1585,7 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   EXPECT_FALSE(std::filesystem::exists(dead));
   EXPECT_TRUE(std::filesystem::exists(live));
   EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_TRUE(std::filesystem::exists(recent));
   PsClient c({server.endpoint()}, client_options(&ctx));
   const auto params = small_params(45);
   EXPECT_TRUE(bit_equal(c.init(params).wait().tensors, params));

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -243,7 +244,9 @@ std::string ParameterServer::init_mismatch(const Message& m) const {
 namespace {
 
 // A checkpoint write killed before its rename leaves SHARD-step-N.safetensors.tmp-PID, a whole
-// shard's size, which no pruning sees: removed when the process that wrote it is gone.
+// shard's size, which no pruning sees: removed when no process PID runs here and the file has
+// not been written to for a minute (a checkpoint directory on shared storage may hold a live
+// writer's from another machine, whose PID means nothing here; a write takes seconds).
 void remove_dead_writers_files(const std::string& dir, const std::string& shard) {
   const std::string prefix = shard + "-step-", marker = ".safetensors.tmp-";
   std::error_code ec;
@@ -257,13 +260,16 @@ void remove_dead_writers_files(const std::string& dir, const std::string& shard)
         !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
     const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) dead.push_back(it->path());
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code no_time;
+    const auto written = std::filesystem::last_write_time(it->path(), no_time);
+    const auto idle = std::filesystem::file_time_type::clock::now() - written;
+    if (!no_time && idle >= std::chrono::minutes(1)) dead.push_back(it->path());
   }
-  for (const auto& path : dead) {
-    std::filesystem::remove(path, ec);
-    std::fprintf(stderr, "tandem parameter server %s: removed %s, a checkpoint write that did "
-                 "not finish\n", shard.c_str(), path.string().c_str());
-  }
+  for (const auto& path : dead)
+    if (std::filesystem::remove(path, ec))
+      std::fprintf(stderr, "tandem parameter server %s: removed %s, a checkpoint write that did "
+                   "not finish\n", shard.c_str(), path.string().c_str());
 }
 
 }  // namespace
@@ -548,6 +554,8 @@ void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r
         const std::string problem = init_mismatch(m);
         if (!problem.empty())
           return reply_error(peer, type, id, problem, transport::kBadInitialTensor);
+        // A checkpoint written before the parameter list was kept has none: this Init's.
+        if (model_order_.empty()) model_order_ = m.extra;
       }
       shard_.select({}, entries);
       return reply_tensors(peer, id, entries, model_order_);

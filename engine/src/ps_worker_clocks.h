@@ -4,7 +4,11 @@
 //
 // The clock counts the worker's pushes (stale synchronous parallel's clock: its steps), and a
 // worker first heard from, or back after a silence or from idling, starts level with the slowest
-// active one. Every push goes to every
+// active one. That levelling is each server's own, so servers may disagree on a rejoining
+// worker's clock by the pushes in flight when it rejoined; with a small bound that can still hold
+// two workers for each other, each on another server, until the worker timeout, as the version
+// clocks did on every push. (A clock kept by the worker and levelled across servers would close
+// that; not built.) Every push goes to every
 // server, so all servers agree on every worker's clock. The parameter version a push was computed
 // on would not do: each server's versions follow the order pushes reached it, so worker A could
 // be ahead on one server and B on another, each held for the other until one stopped counting as

@@ -39,17 +39,26 @@ int SuccessiveHalving::quota(int k) const {
   return static_cast<int>(results_[k].size()) / eta_;
 }
 
-bool SuccessiveHalving::final_rung(int k) const {
+std::vector<int> SuccessiveHalving::places() const {
+  const int top = static_cast<int>(rung_epochs_.size()) - 1;
+  bool pending = false;
+  int lowest_running = top + 1;  // the lowest rung a running trial is running towards
   for (const Trial& t : trials_) {
-    if (t.status == TrialStatus::Pending) return false;
-    if (t.status == TrialStatus::Running && t.running_rung <= k) return false;
+    pending = pending || t.status == TrialStatus::Pending;
+    if (t.status == TrialStatus::Running) lowest_running = std::min(lowest_running, t.running_rung);
   }
-  // A trial waiting below rung k may still reach it if it holds a place there; the others wait
-  // only in case a trial that went on fails (which needs a running trial, ruled out above).
-  for (int j = 0; j < k; ++j)
-    for (const int id : leaders(j, places(j)))
-      if (trials_[id].status == TrialStatus::Waiting && trials_[id].rung == j) return false;
-  return true;
+  // Rung k is final once no trial can reach it any more: none pending, none running at or below
+  // it, and none waiting below it that holds a place there (the rest wait only in case a trial
+  // that went on fails, which needs a running trial). From the bottom up, each rung's leaders
+  // once.
+  std::vector<int> out(static_cast<size_t>(std::max(top, 0)));
+  bool settled_below = true;
+  for (int k = 0; k < top; ++k) {
+    const bool final = !pending && lowest_running > k && settled_below;
+    out[size_t(k)] = final ? std::max(1, quota(k)) : quota(k);
+    settled_below = settled_below && promotable(k, out[size_t(k)]) < 0;
+  }
+  return out;
 }
 
 std::vector<int> SuccessiveHalving::leaders(int k, int places) const {
@@ -61,20 +70,21 @@ std::vector<int> SuccessiveHalving::leaders(int k, int places) const {
   return ids;
 }
 
-int SuccessiveHalving::places(int k) const {
-  return final_rung(k) ? std::max(1, quota(k)) : quota(k);
+int SuccessiveHalving::promotable(int k, int places) const {
+  for (const int id : leaders(k, places))
+    if (trials_[id].status == TrialStatus::Waiting && trials_[id].rung == k) return id;
+  return -1;
 }
 
 std::optional<HalvingJob> SuccessiveHalving::next() {
-  const int top = static_cast<int>(rung_epochs_.size()) - 1;
-  for (int k = top - 1; k >= 0; --k) {
-    for (const int id : leaders(k, places(k))) {
-      Trial& t = trials_[id];
-      if (t.status != TrialStatus::Waiting || t.rung != k) continue;
-      t.status = TrialStatus::Running;
-      t.running_rung = k + 1;
-      return HalvingJob{id, k + 1, rung_epochs_[k + 1]};
-    }
+  const std::vector<int> place_counts = places();
+  for (int k = static_cast<int>(place_counts.size()) - 1; k >= 0; --k) {
+    const int id = promotable(k, place_counts[size_t(k)]);
+    if (id < 0) continue;
+    Trial& t = trials_[id];
+    t.status = TrialStatus::Running;
+    t.running_rung = k + 1;
+    return HalvingJob{id, k + 1, rung_epochs_[k + 1]};
   }
   for (int id = 0; id < trials(); ++id) {
     Trial& t = trials_[id];
@@ -124,11 +134,9 @@ void SuccessiveHalving::close() {
 
 bool SuccessiveHalving::done() {
   if (count(TrialStatus::Running) > 0 || count(TrialStatus::Pending) > 0) return false;
-  for (int k = 0; k + 1 < static_cast<int>(rung_epochs_.size()); ++k)
-    for (const int id : leaders(k, places(k))) {
-      const Trial& t = trials_[id];
-      if (t.status == TrialStatus::Waiting && t.rung == k) return false;
-    }
+  const std::vector<int> place_counts = places();
+  for (size_t k = 0; k < place_counts.size(); ++k)
+    if (promotable(static_cast<int>(k), place_counts[k]) >= 0) return false;
   // The losers are stopped only now: until nothing can run, a trial that fails gives its places
   // to the next in line, who must still be waiting to take them.
   for (Trial& t : trials_)

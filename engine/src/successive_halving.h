@@ -66,11 +66,13 @@ class SuccessiveHalving {
     double loss;
     int trial;
   };
-  bool final_rung(int k) const;  // no trial can reach rung k any more (none running)
+  // Each rung's places but the last's: quota(k) while trials may still reach rung k, and
+  // max(1, quota(k)) once it is final.
+  std::vector<int> places() const;
   // The trials holding rung k's first `places` places, best first; failed trials hold none.
   std::vector<int> leaders(int k, int places) const;
-  // Rung k's places: quota(k) while it fills, max(1, quota(k)) once final.
-  int places(int k) const;
+  // The first of those waiting at rung k to be promoted, or -1.
+  int promotable(int k, int places) const;
   int quota(int k) const;
 
   std::vector<int> rung_epochs_;

@@ -39,7 +39,10 @@ void bind_search(py::module_& m) {
            "Ends the trial where it is: its last finished rung stands.")
       .def("close", &SuccessiveHalving::close,
            "No more jobs will start: pending and waiting trials are stopped.")
-      .def("done", &SuccessiveHalving::done, "Nothing running and nothing left to start.")
+      .def("done", &SuccessiveHalving::done,
+           "Nothing running and nothing left to start; then the trials still waiting (the "
+           "losers) are stopped: until then a trial that fails gives its places to the next "
+           "in line.")
       .def(
           "status", [](const SuccessiveHalving& h, int trial) { return to_string(h.status(trial)); },
           "trial"_a)

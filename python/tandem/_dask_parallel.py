@@ -102,6 +102,7 @@ def _successive_halving(client, configs, train_data, validation_data, common, bu
             if state is not None and halving.status(i) in ("stopped", "failed"):
                 states[i] = None
         if not running:
+            halving.done()  # stops the trials still waiting (the losers; see done())
             break
         finished = jobs.next_batch(block=not budget_seconds or closed)
         if not finished:

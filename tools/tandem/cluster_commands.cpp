@@ -17,6 +17,7 @@
 #include "number_checks.h"
 #include "backend.h"
 #include "cluster_commands.h"
+#include "data_store_of.h"
 #include "cluster_link.h"
 #include "cluster_metrics.h"
 #include "cluster_ranks.h"
@@ -210,18 +211,7 @@ void resolve(ClusterCommandOptions& o) {
   if (o.resume && !holds_server_checkpoint(s.checkpoint_dir))
     throw InputError("--resume: no parameter server checkpoint in " + s.checkpoint_dir +
                      " (nothing to continue; leave out --resume to start afresh)");
-  std::string store_path = o.data;
-  if (!is_dataset_store(o.data)) {
-    store_path = o.run_dir + "/data.zarr";
-    if (!is_dataset_store(store_path)) {
-      std::fprintf(stderr, "preparing %s from %s\n", store_path.c_str(), o.data.c_str());
-      const DataSplits splits = load_mnist_splits(o.data);
-      const StoreWriteOptions defaults;
-      write_dataset_store(splits, store_path, defaults,
-                          json{{"source", o.data}, {"by", "tandem launch"}});
-    }
-  }
-  s.data = std::filesystem::absolute(store_path).string();
+  s.data = std::filesystem::absolute(data_store_of(o.data, o.run_dir, "tandem launch")).string();
   // Absolute: the roles may run elsewhere; then checked, with the servers' public key derived
   // (the cluster spec names it).
   for (std::string* path : {&s.curve_secret_file, &s.curve_allowed_path, &s.curve_client_file})

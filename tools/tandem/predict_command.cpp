@@ -240,8 +240,13 @@ void run_predict(PredictCliOptions& o) {
     o.out = shared_path(o.out);
   }
   // One prediction per --out (its shares aside, which this one starts): a second would write
-  // into the same output, or remove it under the first with --overwrite.
-  const RunDirLock lock(o.out, "--out", o.out + ".lock");
+  // into the same output, or remove it under the first with --overwrite. The lock is beside the
+  // output (an --overwrite removes the output's directory), so its parent is made first, as
+  // writing the output would.
+  fs::path out_path = fs::path(o.out).lexically_normal();
+  if (!out_path.has_filename()) out_path = out_path.parent_path();  // "p.zarr/" is p.zarr
+  if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
+  const RunDirLock lock(o.out, "--out", out_path.string() + ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "data_store_of.h"
 #include "dataset_store.h"
 #include "number_checks.h"
 #include "run_dir_lock.h"
@@ -217,23 +218,19 @@ std::string fixed(double x, int digits) {
 
 // The trials' data, checked once here instead of failing in every trial: a dataset store with a
 // validation split (trials rank by its loss), or a directory of IDX files, written once as a
-// store under --out so that the trials stream its chunks through the shared page cache instead
-// of each reading the files into its own memory. Returns the store the trials read.
+// store under --out (data_store_of.h) so that the trials share its chunks. Returns the store the
+// trials read. With slot servers, data this machine cannot see is left to them to read.
 std::string search_data(const SearchOptions& o) {
-  if (is_dataset_store(o.data)) {
-    const DatasetStore store = DatasetStore::open(o.data);
-    if (store.validation.rows == 0)
-      throw InputError("search: the store " + o.data + " has no validation split, and trials are "
-                       "ranked by their validation loss (tandem prepare --validation-rows N)");
+  std::error_code ec;
+  if (o.slots.remote() && !fs::exists(o.data, ec)) {
+    std::fprintf(stderr, "tandem search: %s is not on this machine; the slot servers read it\n",
+                 o.data.c_str());
     return o.data;
   }
-  const DataSplits splits = load_mnist_splits(o.data);
-  const std::string store = (fs::path(o.out) / "data.zarr").string();
-  StoreWriteOptions w;
-  w.overwrite = true;  // the search's own copy, under its locked --out
-  write_dataset_store(splits, store, w,
-                      {{"created_by", "tandem search"}, {"source_dir", o.data},
-                       {"source", splits.source}});
+  const std::string store = data_store_of(o.data, o.out, "tandem search");
+  if (DatasetStore::open(store).validation.rows == 0)
+    throw InputError("search: the store " + store + " has no validation split, and trials are "
+                     "ranked by their validation loss (tandem prepare --validation-rows N)");
   return store;
 }
 
@@ -284,8 +281,8 @@ void run_search(SearchOptions& o) {
   fs::create_directories(o.out);
   // One search per --out: a second one would delete this one's checkpoints as it starts.
   const RunDirLock lock(o.out, "--out");
+  o.data = search_data(o);  // (before anything of an earlier search is removed)
   fs::remove(fs::path(o.out) / "best.safetensors");  // an earlier search's
-  o.data = search_data(o);
   for (size_t i = 0; i < configs.size(); ++i)  // logs and metrics of an earlier search
     for (const auto& entry : fs::directory_iterator(o.out)) {
       const std::string name = entry.path().filename().string();

@@ -1,0 +1,16 @@
+// The dataset store a command's processes stream (`tandem launch`'s roles, `tandem search`'s
+// trials): --data as it is when it is a store; a directory of IDX files is written once as a
+// store under the command's own directory and read from there after (the processes then share
+// its chunks through the page cache instead of each reading the files into its own memory).
+#pragma once
+
+#include <string>
+
+namespace tandem::cli {
+
+// `data` when it is a dataset store, else DIR/data.zarr: written from the IDX files in `data`
+// when it is not there yet (said on stderr, naming `by`), reused when it is. Throws InputError
+// naming the missing IDX file when `data` is neither.
+std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by);
+
+}  // namespace tandem::cli
