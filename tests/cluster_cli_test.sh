@@ -369,8 +369,9 @@ expect_error "a worker rank refuses an allowed list without the clients' key" \
   >"$dir/out9" 2>"$dir/err9" &
 launcher=$!
 wait_for "$dir/run9/cluster.json" '"curve_public_key"' 60
-check "the cluster spec names the run's public key" grep -qF "$(sed -n 's/.*public-key = "\(.*\)"/\1/p' \
-  "$dir/server.key" | head -1)" "$dir/run9/cluster.json"
+# (After --: a Z85 key may begin with '-', which grep would take for an option.)
+check "the cluster spec names the run's public key" grep -qF -- "$(sed -n \
+  's/.*public-key = "\(.*\)"/\1/p' "$dir/server.key" | head -1)" "$dir/run9/cluster.json"
 address9=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['coordinator'])" \
   "$dir/run9/cluster.json")
 # Refused requests wait out their timeout (5 s for scores, 10 s for a role's register): in parallel.
