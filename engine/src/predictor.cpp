@@ -1,6 +1,6 @@
 #include "predictor.h"
-#include <sys/stat.h>
 
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -185,9 +186,10 @@ std::string new_output_id() {
   return text;
 }
 
-// The id in the group's attributes ("" for a group written before ids, or none there).
-std::string output_id_of(const std::string& out) {
-  if (!zarr::Group::exists(out)) return "";
+// The id in the group's attributes ("" for a group written before ids); none when no group is
+// there any more.
+std::optional<std::string> output_id_of(const std::string& out) {
+  if (!zarr::Group::exists(out)) return std::nullopt;
   const json attributes = zarr::Group::open(out).second;
   return attributes.is_object() ? attributes.value("output_id", std::string()) : "";
 }
@@ -382,7 +384,7 @@ void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids,
   if (chunk < 0 || chunk >= layout_.chunks())
     throw InputError(path_ + ": no chunk " + std::to_string(chunk) + " in predictions of " +
                      layout_.describe());
-  if (output_id_of(path_) != output_id_ || !zarr::Group::exists(path_))
+  if (output_id_of(path_) != output_id_)
     throw Error(path_ + ": replaced by another run (tandem predict --overwrite) while this one "
                 "was writing; chunk " + std::to_string(chunk) + " and later ones not written");
   // Probabilities first: a chunk counts as done once both files exist.
