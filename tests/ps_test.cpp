@@ -1830,6 +1830,11 @@ TEST(ParameterServer, AServerWhoseGpuFailsSaysSoAndCheckpointsNothingAfter) {
   client.init(params).wait();
   EXPECT_EQ(client.push_pull(gradients_like(params, 5)).wait().version, 1u);
   EXPECT_EQ(server.stats().version, 1);
+  // The step-1 checkpoint reads the moments from the device after the reply has gone: the device
+  // fails only once it is written (else that download, not the next push, meets the failure).
+  ASSERT_TRUE(test::eventually(
+      [&] { return shard_files(dir) == std::vector<std::string>{"gpu-step-1.safetensors"}; },
+      5000));
 
   control->fail = true;
   auto expect_shard_failed = [&](PsClient::Handle handle, const char* what) {
