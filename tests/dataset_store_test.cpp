@@ -642,6 +642,17 @@ TEST(ArrayStats, RefusesOtherDtypesAndShapes) {
   const IntegerHistogram h = integer_histogram(b);
   EXPECT_EQ(h.count, 4);
   EXPECT_EQ(h.counts.at(0), 4);
+  // A uint64 value past INT64_MAX would be counted as a negative one: refused, naming it.
+  const zarr::Array c = zarr::Array::create(
+      dir.file("wide"), meta_of(zarr::Format::V3, zarr::DType::UInt64, {2}, {2}));
+  const uint64_t values[2] = {3, ~uint64_t{0}};
+  c.write_chunk({0}, reinterpret_cast<const uint8_t*>(values));
+  try {
+    integer_histogram(c);
+    FAIL() << "a value past INT64_MAX was counted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("18446744073709551615"), std::string::npos) << e.what();
+  }
 }
 
 uint32_t big_endian(const unsigned char* p) {

@@ -593,6 +593,12 @@ TEST(Zarr, BadV2MetadataIsAnInputErrorNamingTheFile) {
        [](json& d) { d["dtype"] = "<u8"; d["fill_value"] = 18446744073709551615ull; }},
       {"dimension_separator", [](json& d) { d["dimension_separator"] = "-"; }},
       {"too large", [](json& d) { d["shape"] = {int64_t(1) << 40, int64_t(1) << 40}; }},
+      // No rows, but a row's length overflows all the same (readers multiply it out).
+      {"too large",
+       [](json& d) {
+         d["shape"] = {0, int64_t(1) << 40, int64_t(1) << 23};
+         d["chunks"] = {1, 1, 1};
+       }},
       {"bytes per chunk", [](json& d) { d["chunks"] = {int64_t(1) << 20, int64_t(1) << 20}; }},
       {"expected at most 32", [](json& d) { d["shape"] = std::vector<int>(40, 1); }},
       {"expected an integer", [](json& d) { d["compressor"]["clevel"] = "5"; }},

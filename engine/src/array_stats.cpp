@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <type_traits>
 
 #include "tandem/error.h"
 #include "thread_pool.h"
@@ -167,8 +169,13 @@ void chunk_moments_f32(const float* chunk, const ChunkLayout& layout, Moments& o
 
 template <typename T>
 void count_values(const T* data, size_t n, std::map<int64_t, int64_t>& counts,
-                  std::vector<int64_t>& small) {
+                  std::vector<int64_t>& small, const std::string& path) {
   for (size_t i = 0; i < n; ++i) {
+    // The histogram counts in int64: a uint64 past its range would show as a negative value.
+    if constexpr (std::is_same_v<T, uint64_t>)
+      if (data[i] > uint64_t(INT64_MAX))
+        throw InputError(path + ": value " + std::to_string(data[i]) +
+                         " is above 2^63 - 1, the largest a histogram of values counts");
     const auto v = static_cast<int64_t>(data[i]);
     if (v >= 0 && v < int64_t(small.size())) ++small[size_t(v)];
     else ++counts[v];
@@ -365,15 +372,16 @@ IntegerHistogram integer_histogram(const zarr::Array& array, int threads) {
       }
     const size_t n = size_t(layout.rows * layout.columns());
     const void* v = p.valid.data();
+    auto count = [&](auto* typed) { count_values(typed, n, p.counts, p.small, array.path()); };
     switch (meta.dtype) {
-      case zarr::DType::UInt8: count_values(static_cast<const uint8_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::Int8: count_values(static_cast<const int8_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::UInt16: count_values(static_cast<const uint16_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::Int16: count_values(static_cast<const int16_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::UInt32: count_values(static_cast<const uint32_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::Int32: count_values(static_cast<const int32_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::UInt64: count_values(static_cast<const uint64_t*>(v), n, p.counts, p.small); break;
-      case zarr::DType::Int64: count_values(static_cast<const int64_t*>(v), n, p.counts, p.small); break;
+      case zarr::DType::UInt8: count(static_cast<const uint8_t*>(v)); break;
+      case zarr::DType::Int8: count(static_cast<const int8_t*>(v)); break;
+      case zarr::DType::UInt16: count(static_cast<const uint16_t*>(v)); break;
+      case zarr::DType::Int16: count(static_cast<const int16_t*>(v)); break;
+      case zarr::DType::UInt32: count(static_cast<const uint32_t*>(v)); break;
+      case zarr::DType::Int32: count(static_cast<const int32_t*>(v)); break;
+      case zarr::DType::UInt64: count(static_cast<const uint64_t*>(v)); break;
+      case zarr::DType::Int64: count(static_cast<const int64_t*>(v)); break;
       default: break;
     }
   });

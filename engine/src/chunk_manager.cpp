@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include "array_stats.h"
 #include "random.h"
 #include "tandem/error.h"
 
@@ -18,19 +19,6 @@ namespace {
 // order follows from (seed, epoch) alone.
 constexpr uint64_t kBandOrderStream = 1ull << 40;
 constexpr uint64_t kRowOrderStream = 1ull << 41;
-
-template <typename T>
-void labels_to_bytes(const T* in, size_t n, uint8_t* out, int num_classes, const std::string& what,
-                     int64_t first_row) {
-  for (size_t i = 0; i < n; ++i) {
-    const auto value = in[i];
-    if (!(value >= 0 && static_cast<int64_t>(value) < num_classes))
-      throw InputError(what + ": label of row " + std::to_string(first_row + int64_t(i)) + " is " +
-                       std::to_string(static_cast<double>(value)) + ", expected 0.." +
-                       std::to_string(num_classes - 1));
-    out[i] = static_cast<uint8_t>(value);
-  }
-}
 
 // Copies rows into a ring slot with non-temporal stores where the bytes allow (16-byte aligned
 // destination, whole 16-byte words): the slot is written once and read next by the consumer or
@@ -57,29 +45,26 @@ void streaming_stores_done() {
 // Reads a 1-D integer labels array whole, as bytes, checking every value is a class index.
 std::vector<uint8_t> read_labels(const zarr::Array& array, int num_classes) {
   const zarr::ArrayMeta& meta = array.meta();
-  const std::string what = "zarr store '" + array.path() + "'";
-  if (meta.shape.size() != 1) throw InputError(what + ": labels must be 1-D");
+  if (meta.shape.size() != 1)
+    throw InputError("zarr store '" + array.path() + "': labels must be 1-D");
   const int64_t rows = meta.shape[0], chunk = meta.chunks[0];
   std::vector<uint8_t> out(static_cast<size_t>(rows));
   std::vector<uint8_t> buffer(meta.chunk_bytes());
   for (int64_t c = 0; c * chunk < rows; ++c) {
     array.read_chunk({c}, buffer.data());
-    const size_t n = static_cast<size_t>(std::min(chunk, rows - c * chunk));
-    uint8_t* dst = out.data() + c * chunk;
     const int64_t first = c * chunk;
-    switch (meta.dtype) {
-      case zarr::DType::UInt8: labels_to_bytes(buffer.data(), n, dst, num_classes, what, first); break;
-      case zarr::DType::Int8: labels_to_bytes(reinterpret_cast<const int8_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::UInt16: labels_to_bytes(reinterpret_cast<const uint16_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::Int16: labels_to_bytes(reinterpret_cast<const int16_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::UInt32: labels_to_bytes(reinterpret_cast<const uint32_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::Int32: labels_to_bytes(reinterpret_cast<const int32_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::UInt64: labels_to_bytes(reinterpret_cast<const uint64_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      case zarr::DType::Int64: labels_to_bytes(reinterpret_cast<const int64_t*>(buffer.data()), n, dst, num_classes, what, first); break;
-      default: throw InputError(what + ": labels have dtype " + zarr::dtype_name(meta.dtype) + ", expected integers");
-    }
+    labels_to_classes(meta.dtype, buffer.data(), std::min(chunk, rows - first),
+                      out.data() + first, first, num_classes, "streaming a split", array.path());
   }
   return out;
+}
+
+// Whether a chunk of `meta` holds whole matrix rows and nothing else (no chunking after the row
+// dimension, no padding past the shape there): then a row band is exactly one chunk.
+bool bands_are_chunks(const zarr::ArrayMeta& meta) {
+  for (size_t d = 1; d < meta.shape.size(); ++d)
+    if (meta.chunks[d] != meta.shape[d]) return false;
+  return true;
 }
 
 }  // namespace
@@ -94,10 +79,6 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   else throw InputError(what + ": images have dtype " + zarr::dtype_name(meta.dtype) + ", expected uint8 or float32");
   pixel_bytes_ = zarr::dtype_size(meta.dtype);
   if (meta.shape.size() < 2) throw InputError(what + ": images must have at least 2 dimensions");
-  for (size_t d = 2; d < meta.shape.size(); ++d)
-    if (meta.chunks[d] < meta.shape[d])
-      throw InputError(what + ": images chunked along dimension " + std::to_string(d) +
-                       "; only rows and columns may be chunked");
   features_ = split_.features;
   band_rows_ = meta.chunks[0];
   band_count_ = static_cast<size_t>((split_.rows + band_rows_ - 1) / band_rows_);
@@ -114,13 +95,14 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   const int64_t batches = (split_.rows + options_.batch_rows - 1) / options_.batch_rows;
   for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count)
     rows_per_epoch_ += std::min(options_.batch_rows, split_.rows - b * options_.batch_rows);
+  // No batch holds more rows than the split: a batch size past it page-locks no more than that.
+  const int64_t slot_rows = std::max<int64_t>(1, std::min(options_.batch_rows, split_.rows));
   ring_.resize(static_cast<size_t>(options_.ring_slots));
   try {
     for (auto& slot : ring_) {
-      slot.pixels = kernels::pinned_alloc(
-          static_cast<size_t>(options_.batch_rows * features_) * pixel_bytes_,
-          options_.pin_for_device);
-      slot.labels.resize(static_cast<size_t>(options_.batch_rows));
+      slot.pixels = kernels::pinned_alloc(static_cast<size_t>(slot_rows * features_) * pixel_bytes_,
+                                          options_.pin_for_device);
+      slot.labels.resize(static_cast<size_t>(slot_rows));
     }
   } catch (...) {
     // The destructor does not run for a constructor that throws: free the slots made so far.
@@ -237,7 +219,12 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
     }
   }
 
-  const size_t band_bytes = std::max<size_t>(split_.images.meta().chunk_bytes(), 1);
+  // A band buffer holds a whole band, and a band made of several chunks is read through one
+  // chunk's scratch buffer as well.
+  const zarr::ArrayMeta& meta = split_.images.meta();
+  const size_t band_bytes = std::max<size_t>(
+      1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_ +
+             (bands_are_chunks(meta) ? 0 : meta.chunk_bytes()));
   std::lock_guard<std::mutex> lock(mutex_);
   stopping_ = false;
   error_ = nullptr;
@@ -260,13 +247,12 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
 
 void ChunkManager::read_band(int64_t band, Band& out) const {
   const zarr::ArrayMeta& meta = split_.images.meta();
-  const size_t chunk_bytes = meta.chunk_bytes();
   out.rows = std::min(band_rows_, split_.rows - band * band_rows_);
   std::vector<int64_t> index(meta.shape.size(), 0);
   index[0] = band;
-  const bool whole_band = meta.shape.size() > 2 || meta.chunks[1] >= meta.shape[1];
+  const bool one_chunk = bands_are_chunks(meta);
   out.mapping = MappedFile();
-  if (whole_band && meta.compressor.kind == zarr::Compressor::Kind::None) {
+  if (one_chunk && meta.compressor.kind == zarr::Compressor::Kind::None) {
     // Uncompressed: the assembler copies rows straight out of the page cache (one copy, not two).
     out.mapping = split_.images.map_chunk(index);
     if (out.mapping.data() != nullptr) {
@@ -276,20 +262,29 @@ void ChunkManager::read_band(int64_t band, Band& out) const {
   }
   out.buffer.resize(static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
   out.pixels = out.buffer.data();
-  if (whole_band) {
+  if (one_chunk) {
     split_.images.read_chunk(index, out.buffer.data());  // the chunk is the whole band
     return;
   }
-  // Columns are chunked too: assemble the band from its column chunks.
-  std::vector<uint8_t> chunk(chunk_bytes);
-  const int64_t chunk_cols = meta.chunks[1];
-  for (int64_t c = 0; c * chunk_cols < features_; ++c) {
-    index[1] = c;
+  // Chunked after the row dimension too (or chunks padded past the shape there): the band is
+  // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
+  std::vector<uint8_t> chunk(meta.chunk_bytes());
+  std::vector<int64_t> grid = meta.grid();
+  grid[0] = 1;
+  const int64_t chunks = chunk_count(grid);
+  for (int64_t c = 0; c < chunks; ++c) {
+    index = chunk_index_of(grid, c);
+    index[0] = band;
     split_.images.read_chunk(index, chunk.data());
-    const int64_t cols = std::min(chunk_cols, features_ - c * chunk_cols);
-    for (int64_t r = 0; r < out.rows; ++r)
-      std::memcpy(out.buffer.data() + (r * features_ + c * chunk_cols) * pixel_bytes_,
-                  chunk.data() + r * chunk_cols * pixel_bytes_, static_cast<size_t>(cols) * pixel_bytes_);
+    const ChunkLayout layout = chunk_layout(meta, index);
+    for (int64_t r = 0; r < layout.rows; ++r) {
+      const uint8_t* src = chunk.data() + size_t(r * layout.chunk_row_elements) * pixel_bytes_;
+      uint8_t* dst = out.buffer.data() + size_t(r * features_) * pixel_bytes_;
+      for (const auto& run : layout.runs)
+        std::memcpy(dst + size_t(run.feature) * pixel_bytes_,
+                    src + size_t(run.chunk_offset) * pixel_bytes_,
+                    size_t(run.length) * pixel_bytes_);
+    }
   }
 }
 

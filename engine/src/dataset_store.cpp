@@ -406,6 +406,9 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
         std::rename(old.c_str(), out.c_str());
         throw;
       }
+      // The renames made durable before the old files go: a crash in between must not bring
+      // back the old names over files already unlinked.
+      sync_directory(parent_of(out));
       remove_tree(old);
     } else {
       rename_no_replace(partial, out);
@@ -456,6 +459,27 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
   return store;
 }
 
+void labels_to_classes(zarr::DType dtype, const void* src, int64_t n, uint8_t* dst,
+                       int64_t first_index, int num_classes, const std::string& what,
+                       const std::string& array_path) {
+  auto as = [&](auto* typed) {
+    convert_labels(typed, n, dst, first_index, num_classes, what, array_path);
+  };
+  switch (dtype) {
+    case zarr::DType::UInt8: return as(static_cast<const uint8_t*>(src));
+    case zarr::DType::Int8: return as(static_cast<const int8_t*>(src));
+    case zarr::DType::UInt16: return as(static_cast<const uint16_t*>(src));
+    case zarr::DType::Int16: return as(static_cast<const int16_t*>(src));
+    case zarr::DType::UInt32: return as(static_cast<const uint32_t*>(src));
+    case zarr::DType::Int32: return as(static_cast<const int32_t*>(src));
+    case zarr::DType::UInt64: return as(static_cast<const uint64_t*>(src));
+    case zarr::DType::Int64: return as(static_cast<const int64_t*>(src));
+    default:
+      throw InputError(what + ": labels are " + zarr::dtype_name(dtype) +
+                       ", expected integers (" + array_path + ")");
+  }
+}
+
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what) {
   if (split.rows == 0) return Dataset(PixelType::UInt8, 0, split.features, num_classes);
   const zarr::ArrayMeta& im = split.images.meta();
@@ -497,21 +521,8 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
           const ChunkLayout layout = chunk_layout(lm, index);
           const int64_t first = layout.row_begin;
           uint8_t* dst = d.label_data() + first;
-          const std::string& p = split.labels.path();
-          const void* b = buffer.data();
-          switch (lm.dtype) {
-            case zarr::DType::UInt8: convert_labels(static_cast<const uint8_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::Int8: convert_labels(static_cast<const int8_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::UInt16: convert_labels(static_cast<const uint16_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::Int16: convert_labels(static_cast<const int16_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::UInt32: convert_labels(static_cast<const uint32_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::Int32: convert_labels(static_cast<const int32_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::UInt64: convert_labels(static_cast<const uint64_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            case zarr::DType::Int64: convert_labels(static_cast<const int64_t*>(b), layout.rows, dst, first, num_classes, what, p); break;
-            default:
-              throw InputError(what + ": labels are " + zarr::dtype_name(lm.dtype) +
-                               ", expected integers (" + p + ")");
-          }
+          labels_to_classes(lm.dtype, buffer.data(), layout.rows, dst, first, num_classes, what,
+                            split.labels.path());
         }
       }
     } catch (...) {

@@ -73,4 +73,11 @@ struct DatasetStore {
 // Reads a whole split into memory (for validation/test evaluation and small stores).
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what);
 
+// Converts `n` labels of a labels array's dtype (any integer type; `src` points at them) to class
+// bytes, each checked to lie in [0, num_classes): InputError naming `what`, the label's index
+// (first_index + i) and `array_path` for one that does not, or for a dtype that is no integer.
+void labels_to_classes(zarr::DType dtype, const void* src, int64_t n, uint8_t* dst,
+                       int64_t first_index, int num_classes, const std::string& what,
+                       const std::string& array_path);
+
 }  // namespace tandem

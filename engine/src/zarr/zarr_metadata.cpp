@@ -505,7 +505,9 @@ void check_array_meta(const std::string& store, const std::string& file, const A
     r.fail(std::to_string(meta.shape.size()) + " dimensions; expected at most " +
            std::to_string(kMaxDimensions));
   }
-  // Element and byte counts must fit int64: readers compute offsets and sizes from them.
+  // Element and byte counts must fit int64: readers compute offsets and sizes from them. A zero
+  // length counts as one here: readers still multiply the other lengths (a row's features in an
+  // array of no rows), so [0, 2^40, 2^23] is as much too large as [1, 2^40, 2^23].
   uint64_t elements = type.size, chunk_bytes = type.size;
   for (size_t i = 0; i < meta.shape.size(); ++i) {
     if (meta.shape[i] < 0) r.fail("shape " + dims_text(meta.shape) + " has a negative length");
@@ -513,7 +515,8 @@ void check_array_meta(const std::string& store, const std::string& file, const A
       r.fail("chunks " + dims_text(meta.chunks) + " has a zero or negative length; expected "
              "every chunk length > 0");
     }
-    if (__builtin_mul_overflow(elements, uint64_t(meta.shape[i]), &elements) ||
+    const uint64_t length = uint64_t(std::max<int64_t>(meta.shape[i], 1));
+    if (__builtin_mul_overflow(elements, length, &elements) ||
         elements > uint64_t(INT64_MAX)) {
       r.fail("shape " + dims_text(meta.shape) + " is too large (its byte size overflows)");
     }
