@@ -180,4 +180,44 @@ expect_error "unknown grid key named" "unknown key 'momentum'" \
     "$tandem" search --data "$dir/fm.zarr" --grid momentum=0.9 --out "$dir/s3"
 expect_error "bad grid value named" "batch=ten" \
     "$tandem" search --data "$dir/fm.zarr" --grid batch=100,ten --out "$dir/s3"
+# A directory of IDX files is written once as OUT/data.zarr and reused by later searches on the
+# same --out; given other files, the store is prepared again from them (reused, it would train
+# on the first files without a word).
+real=/usr/share/datasets/fashion-mnist
+for d in idx-a idx-b; do
+  mkdir -p "$dir/$d"
+  for f in t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    ln -s "$real/$f" "$dir/$d/$f"
+  done
+done
+"$py" - "$dir" <<'PY'
+import gzip, struct, sys
+src, out, n = "/usr/share/datasets/fashion-mnist/", sys.argv[1], 6000
+images = gzip.open(src + "train-images-idx3-ubyte.gz").read()
+labels = gzip.open(src + "train-labels-idx1-ubyte.gz").read()
+for d, first in (("idx-a", 0), ("idx-b", n)):
+    open(f"{out}/{d}/train-images-idx3-ubyte", "wb").write(
+        struct.pack(">IIII", 0x803, n, 28, 28) + images[16 + first * 784:16 + (first + n) * 784])
+    open(f"{out}/{d}/train-labels-idx1-ubyte", "wb").write(
+        struct.pack(">II", 0x801, n) + labels[8 + first:8 + first + n])
+PY
+small_search() {
+  "$tandem" search --data "$dir/$1" --grid lr=0.001 --budget 1 --processes 1 \
+      --threads-per-trial 1 --backend cpu --out "$dir/s14" >/dev/null 2>"$dir/err14-$2"
+}
+source_of() {
+  "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['attributes']['source'])" \
+      "$dir/s14/data.zarr/zarr.json"
+}
+small_search idx-a 1
+check "an IDX directory is prepared as OUT/data.zarr, recording where from" \
+    test "$(source_of)" = "$(readlink -f "$dir/idx-a")"
+small_search idx-a 2
+check "... reused by the next search on the same files" \
+    test -z "$(grep 'preparing' "$dir/err14-2")"
+small_search idx-b 3
+check "... and prepared again from other files, saying why" \
+    grep -qF "(it was prepared from $(readlink -f "$dir/idx-a"))" "$dir/err14-3"
+check "... recording the new files" test "$(source_of)" = "$(readlink -f "$dir/idx-b")"
+
 summarize

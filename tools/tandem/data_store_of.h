@@ -9,8 +9,8 @@
 namespace tandem::cli {
 
 // `data` when it is a dataset store, else DIR/data.zarr: written from the IDX files in `data`
-// when it is not there yet (said on stderr, naming `by`), reused when it is. Throws InputError
-// naming the missing IDX file when `data` is neither.
+// when it is not there yet or was prepared from another directory (said on stderr, naming `by`),
+// reused when it is. Throws InputError naming the missing IDX file when `data` is neither.
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by);
 
 }  // namespace tandem::cli
