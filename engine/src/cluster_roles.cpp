@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <filesystem>
 #include <optional>
 #include <cstdio>
 #include <set>
@@ -365,7 +366,12 @@ class FeedCloser {
 
 // A group's members are threads of this process stepped together by WorkerGroup::step; one
 // that fails aborts the others at once, so this bound only ends a member stuck in its backend.
-constexpr int kGroupTimeoutMs = 60000;
+// It runs from the first member's arrival, which may be a member with no batch (the end of a
+// task) while the others compute a whole step: at least a minute, and no less than the run's
+// step timeout, which already says how long a step may take.
+int group_timeout_ms(const RunSettings& s) {
+  return static_cast<int>(std::min(3.6e6, std::max(60.0, s.step_timeout_s) * 1000.0));
+}
 
 // The size of a worker's group: the GPUs it was given, or the settings' worker_group.
 int group_members(const RoleOptions& o, const RunSettings& s, const std::string& who) {
@@ -505,16 +511,24 @@ static void worker_role(const RoleOptions& o) {
     }
     return beat;
   }, o.heartbeat_ms);
-  // Marks the backend as in a call, for the heartbeats' stall check.
+  // Marks the backend as in a call, for the heartbeats' stall check. A call that ends in an
+  // exception leaves the mark: the role is on its way out, and what it still does (a CUDA
+  // backend's destructor waits for its streams, which a hung GPU never finishes) stays under
+  // the check, so the coordinator hears of the stall and hands the task to another worker
+  // (the link outlives the backends) instead of taking the worker for a healthy one.
   struct InBackend {
-    InBackend(Status& s, const char* what, int64_t now) : status(s) {
+    InBackend(Status& s, const char* what, int64_t now)
+        : status(s), exceptions(std::uncaught_exceptions()) {
       status.busy_in = what;
       status.busy_since_ns = now;
     }
-    ~InBackend() { status.busy_since_ns = 0; }
+    ~InBackend() {
+      if (std::uncaught_exceptions() == exceptions) status.busy_since_ns = 0;
+    }
     InBackend(const InBackend&) = delete;
     InBackend& operator=(const InBackend&) = delete;
     Status& status;
+    const int exceptions;
   };
 
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
@@ -577,13 +591,13 @@ static void worker_role(const RoleOptions& o) {
       // (NCCL there but failing to start is a GroupError, not caught: better an error than a
       // slower run.)
       try {
-        collective = make_nccl_collective(devices, kGroupTimeoutMs);
+        collective = make_nccl_collective(devices, group_timeout_ms(s));
       } catch (const InputError& e) {
         std::fprintf(stderr, "%s: its group of %d GPUs sums through host memory: %s\n",
                      r.name.c_str(), members, e.what());
       }
     }
-    if (!collective) collective = make_thread_collective(members, kGroupTimeoutMs);
+    if (!collective) collective = make_thread_collective(members, group_timeout_ms(s));
     group = std::make_unique<WorkerGroup>(s.model, pointers, *collective);
   }
   ClientOptions client_settings = client_options(s, rc.context, o);
@@ -875,6 +889,20 @@ static void scorer_role(const RoleOptions& o) {
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(s.score_interval_s));
   double best_loss = std::numeric_limits<double>::infinity();
+  // A scorer restarted in the same run (launch restarts one that died) finds its predecessor's
+  // best model: scored again on these rows, it stays until a better score replaces it, instead
+  // of giving way to the new scorer's first score, however worse.
+  if (!s.best_model_path.empty() && std::filesystem::exists(s.best_model_path)) {
+    try {
+      backend->set_parameters(load_checkpoint(s.best_model_path, &s.model).model);
+      best_loss = backend->evaluate(validation).loss_sum;
+      std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
+                   "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s: %s is unreadable (%s); the next score replaces it\n",
+                   r.name.c_str(), s.best_model_path.c_str(), e.what());
+    }
+  }
   auto last_answer = Clock::now();
   // A server restarting (silent), or restarted with no checkpoint to resume from (no
   // parameters until a worker's repull gives it some): score again at the next interval,

@@ -94,6 +94,12 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   if (options_.scorers > 0 && store.validation.rows == 0)
     throw InputError(s.data + ": no validation split for the scorer");
   eval_splits_ = load_store_eval_splits(s.data);
+  // A previous run's best model would pass for this run's: the scorer keeps a best model it
+  // finds (its predecessor's, when it is restarted within the run).
+  if (!s.best_model_path.empty()) {
+    std::error_code ignored;  // none there, most often
+    std::filesystem::remove(s.best_model_path, ignored);
+  }
 
   CoordinatorOptions co;
   if (options_.inproc) {

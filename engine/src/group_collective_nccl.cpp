@@ -357,10 +357,13 @@ class NcclCollective final : public GroupCollective {
         } else if (!failure_.empty()) {
           problem = failure_;
         } else if (std::chrono::steady_clock::now() >= deadline) {
-          // Every rank entered it before it was issued (enter), so it is the GPU or the link.
+          // Every rank entered it before it was issued (enter), so it is a GPU or the link; but
+          // not necessarily this rank's GPU: a collective waits for its peers, so a hung GPU
+          // holds every rank's, and whichever rank's deadline comes first says so.
           problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
                     " did not complete on " + where(rank) + " within " +
-                    std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link hangs)";
+                    std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link of "
+                    "the group hangs, this rank's or one it waits for)";
           fail(problem);
         }
       }

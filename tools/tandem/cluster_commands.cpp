@@ -232,7 +232,6 @@ void resolve(ClusterCommandOptions& o) {
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
   o.cluster.model_out = o.run_dir + "/model.safetensors";
   s.best_model_path = std::filesystem::absolute(o.run_dir + "/best-score.safetensors").string();
-  std::filesystem::remove(s.best_model_path);  // a previous run's
   o.cluster.keep_best = o.keep == "best";
   o.cluster.inproc = o.inproc;
   o.cluster.bind = o.bind;
