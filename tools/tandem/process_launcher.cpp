@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,7 +48,16 @@ std::string ProcessLauncher::start(const std::string& kind, const std::string& n
 void ProcessLauncher::watch(Coordinator& coordinator) {
   const ClusterPhase phase = coordinator.phase();
   const bool running = phase == ClusterPhase::Starting || phase == ClusterPhase::Training;
+  const auto now = std::chrono::steady_clock::now();
   for (Child& c : children_) {
+    if (c.restart_pending) {
+      if (now < c.restart_at) continue;
+      c.restart_pending = false;
+      if (!running) continue;  // the run ended meanwhile
+      c.pid = spawn(c);
+      c.exited = false;
+      continue;
+    }
     if (c.exited) continue;
     int status = 0;
     if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
@@ -72,10 +82,18 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
       for (const auto& ps : spec.at("ps"))
         if (ps.value("name", std::string()) == c.name) c.bind = ps.value("address", std::string());
     }
-    std::fprintf(stderr, "tandem launch: %s %s; restarting it\n", c.name.c_str(), how.c_str());
+    if (c.restarts == 0) {
+      std::fprintf(stderr, "tandem launch: %s %s; restarting it\n", c.name.c_str(), how.c_str());
+      c.pid = spawn(c);
+      c.exited = false;
+    } else {
+      const int delay_ms = std::min(8000, 500 << std::min(c.restarts - 1, 4));
+      std::fprintf(stderr, "tandem launch: %s %s; restarting it in %.1f s (restart %d of %d)\n",
+                   c.name.c_str(), how.c_str(), delay_ms / 1000.0, c.restarts + 1, max_restarts_);
+      c.restart_pending = true;
+      c.restart_at = now + std::chrono::milliseconds(delay_ms);
+    }
     ++c.restarts;
-    c.pid = spawn(c);
-    c.exited = false;
   }
   // Workers are not restarted (their batches go to the others); with none left, nothing would
   // ever train again.

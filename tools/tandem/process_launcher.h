@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,6 +43,11 @@ class ProcessLauncher final : public RoleLauncher {
     pid_t pid = 0;
     int restarts = 0;
     bool exited = false;
+    // A restart waiting for its time: each after the first waits twice as long as the one
+    // before (0.5 s, 1 s, 2 s, ...), so a role that dies at once (its port taken meanwhile)
+    // does not use up every restart within a second.
+    bool restart_pending = false;
+    std::chrono::steady_clock::time_point restart_at;
   };
   pid_t spawn(const Child& child) const;
 
