@@ -270,6 +270,31 @@ TEST(ChunkManager, ShuffledShardsCoverTheEpochOnce) {
   EXPECT_EQ(together, all);
 }
 
+// A cluster worker's assignment: the listed batches of the epoch's stream, in ascending order,
+// each the same rows as in the whole epoch (same seed), duplicates ignored; rows_per_epoch()
+// then counts the list's rows. A batch outside the epoch is refused.
+TEST(ChunkManager, AListOfBatchesStreamsThoseOfTheEpoch) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
+  ChunkManagerOptions o;
+  o.batch_rows = 30;
+  o.seed = 4;
+  ChunkManager whole(split, 10, o), listed(split, 10, o);
+  const auto all = epoch_rows(whole, 3);  // 14 batches: 13 x 30 + 23
+  listed.start_epoch(3, {13, 1, 1, 6});
+  std::vector<RowKey> got;
+  DatasetView batch;
+  while (listed.next(batch))
+    for (int64_t r = 0; r < batch.rows; ++r) got.push_back(row_key(batch, r));
+  std::vector<RowKey> expected;
+  for (const int64_t b : {1, 6, 13})
+    for (int64_t r = b * 30; r < std::min<int64_t>(413, (b + 1) * 30); ++r)
+      expected.push_back(all[size_t(r)]);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(listed.rows_per_epoch(), 30 + 30 + 23);
+  EXPECT_THROW(listed.start_epoch(3, {0, 14}), InputError);
+}
+
 TEST(ChunkManager, TinyMemoryBudgetAndOneReaderStillStream) {
   Fixture f;
   const auto split = write_split(f.dir.file("s"), f.data, 20, 24, 413, zarr::Format::V3);

@@ -201,9 +201,11 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   needed_positions_.clear();
   first_cursor_.clear();
   band_uses_.clear();
+  rows_per_epoch_ = 0;  // this epoch's: the listed batches' rows
   for (const int64_t b : batches) {
     const BatchPlan plan{b * options_.batch_rows, std::min(rows, (b + 1) * options_.batch_rows)};
     my_batches_.push_back(plan);
+    rows_per_epoch_ += plan.end - plan.begin;
     size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(), plan.begin) -
                                    band_start_.begin()) - 1;
     bool first = true;

@@ -52,6 +52,7 @@ class ChunkManager final : public BatchStream {
   ChunkManager(const ChunkManager&) = delete;
   ChunkManager& operator=(const ChunkManager&) = delete;
 
+  // This shard's rows in an epoch; after start_epoch with a list, the listed batches' rows.
   int64_t rows_per_epoch() const override { return rows_per_epoch_; }
   int64_t features() const override { return features_; }
   int num_classes() const override { return num_classes_; }
