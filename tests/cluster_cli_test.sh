@@ -268,6 +268,19 @@ check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4
 check "... and saved the model" test -s "$dir/run4b/model.safetensors"
 check "no role process is left behind (group SIGTERM)" no_role_left
 
+# 4e. A coordinator stopped before training began (its roles were never started): no parameters
+#     to read or keep, and not a failure (it once failed, saying a parameter server was gone).
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4e" --workers 1 --max-epochs 10 \
+  --target 0 --dashboard -1 >"$dir/out4e" 2>"$dir/err4e" &
+coordinator=$!
+wait_for "$dir/err4e" "coordinator at tcp://" 30
+kill -TERM "$coordinator"
+wait_within "$coordinator" 60; rc=$?
+check "a coordinator stopped before training began exits 0" test $rc -eq 0
+check "... saying so, with no model" \
+  grep -q "stopped (interrupted) before training began: no model" "$dir/out4e"
+check "... and saves none" test ! -e "$dir/run4e/model.safetensors"
+
 # 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4c" --workers 1 --max-epochs 1000 \
   --target 0 --dashboard 0 --checkpoint-every 1000 >/dev/null 2>"$dir/err4c" &

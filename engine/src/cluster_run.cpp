@@ -218,6 +218,16 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       break;
     }
   }
+  // Done: the servers write their last checkpoint and exit.
+  auto stop_servers = [&] {
+    c.finish();
+    for (const auto deadline = Clock::now() + std::chrono::seconds(30);;) {
+      if (c.wait_servers_gone(100)) break;
+      watch();
+      if (Clock::now() > deadline) break;
+    }
+    cleanup();
+  };
   ClusterSummary summary;
   summary.stop_reason = c.stop_reason();
   summary.seconds = c.training_seconds();
@@ -226,6 +236,13 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   summary.scores = c.scores();
   summary.spec = c.spec();
 
+  if (c.training_spec().is_null()) {
+    // Stopped while the roles were starting (a signal): no worker has trained, and the servers
+    // may hold no parameters yet. Nothing to read, keep or evaluate; not a failure.
+    summary.kept = "none";
+    stop_servers();
+    return summary;
+  }
   // The final parameters, straight from the servers.
   const std::vector<std::string> servers = c.ps_endpoints();
   if (servers.empty()) fail_now("a parameter server is gone; the final parameters cannot be read");
@@ -279,14 +296,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   if (eval_splits_.test.rows() > 0)
     summary.test = evaluate_model(model, eval_splits_.test.view(), options_.test_threads);
 
-  // Done: the servers write their last checkpoint and exit.
-  c.finish();
-  for (const auto deadline = Clock::now() + std::chrono::seconds(30);;) {
-    if (c.wait_servers_gone(100)) break;
-    watch();
-    if (Clock::now() > deadline) break;
-  }
-  cleanup();
+  stop_servers();
   return summary;
 }
 

@@ -79,8 +79,9 @@ struct ClusterSummary {
   EvalResult validation;    // of the final parameters
   EvalResult test;
   std::string model_path;
-  // "best" (the lowest score's parameters, when lower than the last ones' validation loss) or
-  // "last" (the servers' at the stop).
+  // "best" (the lowest score's parameters, when lower than the last ones' validation loss),
+  // "last" (the servers' at the stop), or "none" (stopped before training began: no model, no
+  // evaluation).
   std::string kept;
   int64_t kept_step = 0;    // the global_step of the kept parameters
   nlohmann::json spec;

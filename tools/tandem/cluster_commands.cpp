@@ -275,6 +275,10 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
+  if (s.kept == "none") {
+    std::printf("stopped (%s) before training began: no model\n", s.stop_reason.c_str());
+    return;
+  }
   std::printf("stopped (%s) after %.1f s: %lld epochs, %lld batches, %lld steps on the servers\n",
               s.stop_reason.c_str(), s.seconds, static_cast<long long>(s.epochs),
               static_cast<long long>(s.batches), static_cast<long long>(s.steps));

@@ -117,7 +117,9 @@ struct ClusterRunSummary {
   std::vector<ClusterScore> scores;
   EvalResult validation;    // of the kept parameters
   EvalResult test;          // of the kept parameters (zero when the store has no test split)
-  std::string kept;         // "best" (the lowest score's parameters) or "last" (the servers')
+  // "best" (the lowest score's parameters), "last" (the servers'), or "none" (stopped before
+  // training began: no model saved, validation and test zero).
+  std::string kept;
   int64_t kept_step = 0;    // global step of the kept parameters
   std::string model_path;   // options.model_out when saved
   std::string spec_json;    // the cluster at the stop: {coordinator, scores, ps, worker, scorer}
