@@ -3,6 +3,7 @@
 #include "gil.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -24,8 +25,13 @@ bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) 
 
 // By type number, not identity: an array that came through pickle (a Dask transfer) carries an
 // equal dtype object that is not numpy's canonical one.
+// The byte order too: '>f4' has float32's type number, and read in place its numbers would be
+// the bytes reversed.
 bool is_uint8(const py::array& a) { return a.dtype().num() == py::dtype::of<uint8_t>().num(); }
-bool is_float32(const py::array& a) { return a.dtype().num() == py::dtype::of<float>().num(); }
+bool is_float32(const py::array& a) {
+  return a.dtype().num() == py::dtype::of<float>().num() &&
+         a.dtype().attr("isnative").cast<bool>();
+}
 
 }  // namespace
 
@@ -81,10 +87,13 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
                             shape_text(images) + ", labels " + shape_text(labels));
     const char lkind = labels.dtype().kind();
     if (labels.ndim() == 2 && lkind == 'f') {
-      // One-hot rows (the seed's labels): the class is the arg-max of each row.
+      // One-hot rows (the seed's labels): the class is the arg-max of each row. One column is
+      // no one-hot (a column of class ids as floats would make every label 0), and a row with
+      // no positive entry, or a NaN, names no class.
       const py::ssize_t classes = labels.shape(1);
-      if (classes < 1 || classes > 256)
-        throw py::value_error("one-hot labels need 1 to 256 columns, not " + shape_text(labels));
+      if (classes < 2 || classes > 256)
+        throw py::value_error("one-hot labels need 2 to 256 columns, not " + shape_text(labels) +
+                              " (class ids go in a 1-D integer array)");
       auto dense = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(labels);
       py::array_t<uint8_t> ids(rows);
       const float* in = dense.data();
@@ -92,8 +101,14 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       for (py::ssize_t r = 0; r < rows; ++r) {
         const float* row = in + r * classes;
         py::ssize_t best = 0;
-        for (py::ssize_t c = 1; c < classes; ++c)
+        bool nan = std::isnan(row[0]);
+        for (py::ssize_t c = 1; c < classes; ++c) {
+          nan = nan || std::isnan(row[c]);
           if (row[c] > row[best]) best = c;
+        }
+        if (nan || !(row[best] > 0.0f))
+          throw py::value_error("one-hot label row " + std::to_string(r) + " names no class (" +
+                                (nan ? "it holds NaN" : "no entry above 0") + ")");
         ids_out[r] = uint8_t(best);
       }
       labels = ids;

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,7 +35,36 @@ namespace tandem::python {
 
 namespace {
 
-int to_ms(double seconds) { return seconds < 0 ? -1 : int(seconds * 1000.0); }
+// Seconds as the engine's milliseconds: negative is -1 (no end, where a wait takes that); an
+// infinite or huge number of seconds is the most an int holds (24.8 days), not an overflow.
+int to_ms(double seconds) {
+  if (std::isnan(seconds)) throw py::value_error("a number of seconds cannot be NaN");
+  if (seconds < 0) return -1;
+  return int(std::min(seconds * 1000.0, double(std::numeric_limits<int>::max())));
+}
+
+// Waits by `attempt(ms)`, which waits up to ms without the GIL and says whether what it waits
+// for has come, in slices of at most 100 ms: between them Ctrl-C reaches Python (raised as
+// KeyboardInterrupt), which one long wait would hold off until its end. Negative or infinite
+// timeout_s: no end. False once timeout_s has passed.
+template <typename Attempt>
+bool wait_in_slices(double timeout_s, Attempt attempt) {
+  if (std::isnan(timeout_s)) throw py::value_error("a timeout cannot be NaN seconds");
+  const bool forever = timeout_s < 0 || timeout_s > 1e9;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(forever ? 0 : int64_t(timeout_s * 1000.0));
+  for (;;) {
+    int slice_ms = 100;
+    if (!forever) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      slice_ms = int(std::clamp<int64_t>(left.count(), 0, 100));
+    }
+    if (without_gil([&] { return attempt(slice_ms); })) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!forever && std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
 
 // The run's settings from a dict over the defaults (keys as in RunSettings' JSON: batch, lr,
 // model "784-100-10", ps_mode, ...). An unknown key is an error naming the known ones.
@@ -86,14 +117,21 @@ class PyCoordinator {
     coordinator_ = std::make_unique<Coordinator>(o);
   }
 
-  Coordinator& get() {
+  Coordinator& get() { return *shared(); }
+  // The coordinator, kept alive by the copy: a wait without the GIL holds one, so close() from
+  // another thread cannot destroy it under the wait (the wait then ends at its next slice).
+  std::shared_ptr<Coordinator> shared() const {
     if (!coordinator_) throw Error("this coordinator is closed");
-    return *coordinator_;
+    return coordinator_;
+  }
+  // Whether close() was called: read without the GIL by waits, to end at their next slice.
+  void check_open() const {
+    if (closed_) throw Error("this coordinator was closed while waiting");
   }
   const RunSettings& settings() const { return settings_; }
 
-  Model pull_model() {
-    const std::vector<std::string> endpoints = get().ps_endpoints();
+  Model pull_model(const Coordinator& coordinator) const {
+    const std::vector<std::string> endpoints = coordinator.ps_endpoints();
     if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
     PsClient client(endpoints, cluster_client_options(settings_, nullptr));
     Model model(settings_.model);
@@ -103,13 +141,17 @@ class PyCoordinator {
   }
 
   void close() {
-    py::gil_scoped_release release;  // the serving thread is joined
-    coordinator_.reset();
+    std::shared_ptr<Coordinator> closing;
+    closing.swap(coordinator_);  // with the GIL: no other call is between get() and its use
+    closed_ = true;
+    py::gil_scoped_release release;  // the serving thread is joined (by the last holder)
+    closing.reset();
   }
 
  private:
   RunSettings settings_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::shared_ptr<Coordinator> coordinator_;
+  std::atomic<bool> closed_{false};
 };
 
 // A role's loop on its own thread. The thread holds the shared state, so a role object that
@@ -158,23 +200,12 @@ class PyRole {
   // True once the loop has ended (raising its error, if any); false after timeout_s.
   bool join(double timeout_s) {
     if (!state_->started) throw Error("this role has not been started");
-    // In slices of at most 200 ms without the GIL, so Ctrl-C reaches Python between them.
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(timeout_s < 0 ? 0 : to_ms(timeout_s));
-    for (;;) {
-      const bool done = without_gil([&] {
-        std::unique_lock<std::mutex> lock(state_->mutex);
-        auto slice = std::chrono::milliseconds(200);
-        if (timeout_s >= 0)
-          slice = std::min(slice, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline - std::chrono::steady_clock::now()));
-        return state_->changed.wait_for(lock, std::max(slice, std::chrono::milliseconds(0)),
-                                        [&] { return state_->done; });
-      });
-      if (done) break;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
-    }
+    const bool done = wait_in_slices(timeout_s, [&](int ms) {
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      return state_->changed.wait_for(lock, std::chrono::milliseconds(ms),
+                                      [&] { return state_->done; });
+    });
+    if (!done) return false;
     if (thread_.joinable()) thread_.join();
     if (state_->error) std::rethrow_exception(state_->error);
     return true;
@@ -251,8 +282,9 @@ class PyWorkerRole : public PyRole {
     const auto address = reinterpret_cast<uintptr_t>(rows.block.rows.pixels);
     const int64_t count = rows.block.rows.rows;
     FeedQueue& queue = *options().feed;
-    const bool queued = without_gil(
-        [&] { return queue.push(std::move(rows.block), timeout_s ? to_ms(*timeout_s) : -1); });
+    // A copy each try (a view and a shared owner): a try that times out drops only its copy.
+    const bool queued = wait_in_slices(timeout_s ? *timeout_s : -1.0,
+                                       [&](int ms) { return queue.push(rows.block, ms); });
     if (!queued) {
       PyErr_SetString(PyExc_TimeoutError, "the worker's feed queue stayed full");
       throw py::error_already_set();
@@ -364,11 +396,18 @@ void bind_cluster(py::module_& m) {
       .def("wait_for",
            [](PyCoordinator& c, const std::string& phase, double timeout_s) {
              const ClusterPhase wanted = parse_phase(phase);
-             Coordinator& co = c.get();
-             py::gil_scoped_release release;
-             return std::string(to_string(co.wait_for(wanted, to_ms(timeout_s))));
+             const std::shared_ptr<Coordinator> co = c.shared();
+             ClusterPhase now = ClusterPhase::Starting;
+             wait_in_slices(timeout_s, [&](int ms) {
+               c.check_open();
+               now = co->wait_for(wanted, ms);
+               return now == ClusterPhase::Failed || int(now) >= int(wanted);
+             });
+             return std::string(to_string(now));
            },
-           "phase"_a, "timeout_s"_a, "Waits until the phase is at least `phase`; returns the phase.")
+           "phase"_a, "timeout_s"_a,
+           "Waits until the phase is at least `phase` (negative timeout: no end); returns the "
+           "phase.")
       .def("request_stop", [](PyCoordinator& c, const std::string& reason) { c.get().request_stop(reason); },
            "reason"_a = "requested")
       .def("fail", [](PyCoordinator& c, const std::string& why) { c.get().fail(why); }, "why"_a)
@@ -379,22 +418,27 @@ void bind_cluster(py::module_& m) {
            "name"_a, "where"_a, "Names where role `name` should come from, for start-up errors.")
       .def("wait_workers_gone",
            [](PyCoordinator& c, double timeout_s) {
-             Coordinator& co = c.get();
-             py::gil_scoped_release release;
-             return co.wait_workers_gone(to_ms(timeout_s));
+             const std::shared_ptr<Coordinator> co = c.shared();
+             return wait_in_slices(timeout_s, [&](int ms) {
+               c.check_open();
+               return co->wait_workers_gone(ms);
+             });
            }, "timeout_s"_a)
       .def("finish", [](PyCoordinator& c) { c.get().finish(); },
            "Draining -> done: the parameter servers exit; the scores channel ends.")
       .def("wait_servers_gone",
            [](PyCoordinator& c, double timeout_s) {
-             Coordinator& co = c.get();
-             py::gil_scoped_release release;
-             return co.wait_servers_gone(to_ms(timeout_s));
+             const std::shared_ptr<Coordinator> co = c.shared();
+             return wait_in_slices(timeout_s, [&](int ms) {
+               c.check_open();
+               return co->wait_servers_gone(ms);
+             });
            }, "timeout_s"_a)
       .def("pull_model",
            [](PyCoordinator& c) {
+             const std::shared_ptr<Coordinator> co = c.shared();
              py::gil_scoped_release release;
-             return c.pull_model();
+             return c.pull_model(*co);
            },
            "The parameters the servers hold now.")
       .def("close", &PyCoordinator::close)

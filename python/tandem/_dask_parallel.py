@@ -153,8 +153,16 @@ def _ranked(records):
 
 
 def _computed(value):
-    """Dask collections computed (a trial trains on one contiguous array); others as they are."""
-    return tuple(v.compute() if hasattr(v, "__dask_graph__") else np.asarray(v) for v in value)
+    """Dask collections computed (a trial trains on one contiguous array); others as they are.
+    Together, in one compute: images and labels that share a graph (one loader feeding both)
+    then come from one run of it, each shared task once, their rows still paired."""
+    value = tuple(value)
+    lazy = [i for i, v in enumerate(value) if hasattr(v, "__dask_graph__")]
+    done = {}
+    if lazy:
+        import dask  # only here: the engine itself does not need Dask
+        done = dict(zip(lazy, dask.compute(*(value[i] for i in lazy))))
+    return tuple(np.asarray(done[i]) if i in done else np.asarray(v) for i, v in enumerate(value))
 
 
 def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta=3,
@@ -224,7 +232,8 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
 
 
 def _predict_block(block, model):
-    return model.predict(block.reshape(block.shape[0], -1), threads=1)
+    # Not reshape(rows, -1): a block of no rows (boolean filtering) has no -1 to infer.
+    return model.predict(block.reshape(block.shape[0], int(np.prod(block.shape[1:]))), threads=1)
 
 
 _OVERWRITE_HINT = "pass overwrite=True to replace it"
@@ -262,7 +271,14 @@ def _predict_chunk_to(block, chunk, model, out, layout, threads):
 
 def _labels_of(labels, rows):
     labels = np.asarray(labels.compute() if hasattr(labels, "__dask_graph__") else labels)
-    if labels.ndim == 2:  # one-hot rows, the seed's format
+    if labels.ndim == 2:  # one-hot rows, the seed's format (checked as the engine checks them)
+        if labels.shape[1] < 2:
+            raise InputError(f"one-hot labels need at least 2 columns, not shape {labels.shape} "
+                             "(class ids go in a 1-D integer array)")
+        bad = np.isnan(labels).any(axis=1) | ~(labels.max(axis=1) > 0)
+        if bad.any():
+            raise InputError(f"one-hot label row {int(np.argmax(bad))} names no class (a NaN, "
+                             "or no entry above 0)")
         labels = labels.argmax(axis=1)
     if labels.shape != (rows,):
         raise InputError(f"labels must have one class per row of images ({rows}), not shape "

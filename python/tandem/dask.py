@@ -44,12 +44,15 @@ _local_roles: dict = {}
 
 
 @atexit.register
-def _stop_local_roles():
+def _stop_local_roles(addresses=None):
     """A Dask worker process that exits with roles still running (the run was never stopped)
-    ends them first: their threads must not outlive the interpreter."""
-    for _, role in list(_local_roles.values()):
+    ends them first: their threads must not outlive the interpreter. addresses: only the roles
+    of those Dask workers (None: every one in the process)."""
+    roles = [role for address, (_, role) in list(_local_roles.items())
+             if addresses is None or address in addresses]
+    for role in roles:
         role.stop()
-    for _, role in list(_local_roles.values()):
+    for role in roles:
         try:
             role.join(timeout_s=10)
         except Exception:  # noqa: BLE001 - exiting: the role's error was reported by its task
@@ -65,7 +68,13 @@ def _role_stopper():
         name = "tandem-role-stopper"
 
         def teardown(self, worker):
-            _stop_local_roles()
+            # Also called on a running worker when a plugin of this name is registered again
+            # (a second start() on the cluster): that is no end for the roles of a run still
+            # going. And only this Dask worker's roles: with processes=False, the others of the
+            # process keep theirs.
+            if getattr(worker.status, "name", "") in ("running", "paused"):
+                return
+            _stop_local_roles([worker.address])
 
     return TandemRoleStopper()
 
@@ -216,11 +225,16 @@ def _advertised_bind(addresses):
         probe.close()
 
 
-def _as_future(client, value):
-    """Dask collections are computed on the cluster; arrays and futures pass as they are."""
-    if value is not None and hasattr(value, "__dask_graph__"):
-        return client.compute(value)
-    return value
+def _as_futures(client, values):
+    """Dask collections are computed on the cluster, in one compute: collections that share a
+    graph (one loader feeding images and labels) then run it once, their rows still paired;
+    arrays and futures pass as they are."""
+    values = list(values)
+    lazy = [i for i, v in enumerate(values) if v is not None and hasattr(v, "__dask_graph__")]
+    if lazy:
+        for i, future in zip(lazy, client.compute([values[i] for i in lazy])):
+            values[i] = future
+    return values
 
 
 def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max_seconds=0.0,
@@ -263,7 +277,7 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                               target=target or 0.0, max_seconds=max_seconds, bind=bind,
                               advertise_host=advertise, startup_timeout_s=startup_timeout,
                               heartbeat_timeout_s=heartbeat_timeout)
-    validation = None if validation is None else tuple(_as_future(client, v) for v in validation)
+    validation = None if validation is None else tuple(_as_futures(client, validation))
     curve = _curve_arguments(coordinator)
     futures = {}
     run = uuid.uuid4().hex[:8]
@@ -336,7 +350,7 @@ def feed(batches, cluster, wait=True, timeout_s=None):
     """
     cluster.check()
     client = cluster.client
-    batches = [_as_future(client, b) for b in batches]
+    batches = _as_futures(client, batches)
     workers = cluster.dask_spec["worker"]
     futures = [client.submit(_transfer, b, timeout_s, workers=[w], allow_other_workers=False,
                              pure=False)

@@ -166,6 +166,16 @@ class DaskPredictTest(unittest.TestCase):
         self.assertEqual(c.chunks, (700,))
         np.testing.assert_array_equal(c[:], self.model.predict(self.images))
 
+    def test_a_block_of_no_rows_predicts_nothing(self):
+        # A block of no rows (boolean filtering makes them) once failed to reshape(0, -1).
+        images = da.from_array(self.images.reshape(2500, 28, 28), chunks=(700, 28, 28))
+        keep = np.ones(2500, bool)
+        keep[:700] = False  # the whole first block filtered out
+        images = images[da.from_array(keep, chunks=700)].compute_chunk_sizes()
+        self.assertEqual(images.chunks[0], (0, 700, 700, 400))
+        np.testing.assert_array_equal(tdask.predict(self.model, images).compute(),
+                                      self.model.predict(self.images[700:]))
+
     def test_bad_output_and_input_refused(self):
         out = os.path.join(self.dir, "pred.zarr")
         tdask.predict(self.model, self.dask_images(), out)

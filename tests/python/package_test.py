@@ -2,10 +2,12 @@
 feeding without copies, the scores channel, and errors carrying the engine's messages."""
 
 import gc
+import math
 import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -74,6 +76,50 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True, "bacth": 10})
         with self.assertRaises(tandem.Error):
             tandem.load("/nonexistent/model.safetensors")
+        # One column of floats is no one-hot (every row's arg-max would be class 0), and a row
+        # with a NaN or no positive entry names no class.
+        with self.assertRaisesRegex(ValueError, "need 2 to 256 columns"):
+            model.evaluate(x, y.reshape(-1, 1).astype(np.float32))
+        one_hot = np.eye(10, dtype=np.float32)[y]
+        one_hot[4] = 0
+        with self.assertRaisesRegex(ValueError, "row 4 names no class"):
+            model.evaluate(x, one_hot)
+        one_hot[4, 2] = np.nan
+        with self.assertRaisesRegex(ValueError, "row 4 names no class .it holds NaN"):
+            model.evaluate(x, one_hot)
+
+    def test_big_endian_pixels_are_read_as_numbers_not_bytes(self):
+        # '>f4' has float32's type number; read in place its bytes came out reversed.
+        model = tandem.Model.initialized([784, 16, 10], seed=3)
+        x, y = make_rows(50, 4)
+        native = (x / np.float32(255)).astype(np.float32)
+        swapped = native.astype(">f4")
+        self.assertEqual(model.evaluate(swapped, y), model.evaluate(native, y))
+        np.testing.assert_array_equal(model.predict(swapped), model.predict(native))
+
+
+class CoordinatorWaitTest(unittest.TestCase):
+    def test_waits_end_at_their_timeout_or_when_closed(self):
+        coordinator = tandem.Coordinator({"fed": True}, ps=1, workers=1, scorers=0,
+                                         max_seconds=60)
+        self.addCleanup(coordinator.close)
+        start = time.monotonic()
+        self.assertEqual(coordinator.wait_for("training", 0.3), "starting")
+        self.assertGreaterEqual(time.monotonic() - start, 0.25)
+        # No end (negative or infinite; infinite once overflowed into an instant return, and
+        # negative returned at once): the wait goes on until another thread closes the
+        # coordinator, which the wait survives (it held the coordinator) and reports.
+        for no_end in (-1, math.inf):
+            other = tandem.Coordinator({"fed": True}, ps=1, workers=1, scorers=0, max_seconds=60)
+            closer = threading.Timer(0.5, other.close)
+            closer.start()
+            start = time.monotonic()
+            with self.assertRaisesRegex(tandem.Error, "closed while waiting"):
+                other.wait_for("done", no_end)
+            self.assertGreaterEqual(time.monotonic() - start, 0.4)
+            closer.join()
+        with self.assertRaisesRegex(ValueError, "NaN"):
+            coordinator.wait_for("training", math.nan)
 
 
 def start_fed_cluster(test, workers=1, target=0.0, role_args=None, **settings):
