@@ -23,6 +23,7 @@ probabilities as ``tandem predict`` does, a resumable Zarr group).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import math
 import socket
@@ -198,7 +199,10 @@ class TandemCluster:
         return self.coordinator.state()
 
     def check(self):
-        """Raises the error of the first role task that failed (the engine's message)."""
+        """Raises the error of the first role task that failed (the engine's message), or says
+        which parameter server or scorer lost its Dask worker. A Tandem worker that lost its
+        Dask worker is only left out from then on (the run goes on with the others, as
+        tandem launch's does); with none left, that is an error too."""
         for name, future in self.futures.items():
             if future.status == "error":
                 if self.coordinator.phase not in ("done", "failed"):
@@ -206,6 +210,59 @@ class TandemCluster:
                 future.result()  # raises it
             if future.status == "cancelled":
                 raise Error(f"the Dask task of {name} was cancelled")
+        departed = self.departed()
+        for name, address in departed.items():
+            if not name.startswith("worker"):
+                why = (f"{name}'s Dask worker {address} has left the cluster (its process "
+                       "died?); the run cannot go on without it")
+                if self.coordinator.phase not in ("done", "failed"):
+                    self.coordinator.fail(why)
+                raise Error(why)
+        if self.coordinator.phase in ("starting", "training") and \
+                all(f"worker{i}" in departed for i in range(len(self.dask_spec["worker"]))):
+            why = "every Tandem worker's Dask worker has left the cluster (their processes died?)"
+            self.coordinator.fail(why)
+            raise Error(why)
+
+    def role_addresses(self):
+        """{role name: the address of the Dask worker that runs it}."""
+        return {f"{kind}{i}": address for kind, where in self.dask_spec.items()
+                for i, address in enumerate(where)}
+
+    def departed(self):
+        """{role name: address} of the roles whose Dask worker has left the cluster before the
+        role's task ended: the task, bound to that address, would wait for it for ever (a nanny
+        restarts a killed worker at another address)."""
+        alive = set(self.client.nthreads())
+        return {name: address for name, address in self.role_addresses().items()
+                if address not in alive and not self.futures[name].done()}
+
+    def wait(self, bound, timeout=None):
+        """Waits for Dask futures bound to workers, `bound` a list of (future, address),
+        checking the roles every second (a role's error is raised). Returns the futures whose
+        Dask worker has left the cluster: they would never run, and are cancelled.
+        TimeoutError after `timeout` seconds (None: no end)."""
+        from distributed import wait as dask_wait
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(bound)
+        lost = []
+        while pending:
+            try:
+                dask_wait([f for f, _ in pending], timeout=1)
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+            self.check()
+            alive = set(self.client.nthreads())
+            stranded = [f for f, address in pending if not f.done() and address not in alive]
+            if stranded:
+                self.client.cancel(stranded)
+                lost += stranded
+            pending = [(f, a) for f, a in pending if not f.done() and a in alive]
+            if pending and deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} Dask tasks of the run still running after "
+                                   f"{timeout} s")
+        return lost
 
     def __repr__(self):
         return f"TandemCluster({self.coordinator.endpoint}, phase={self.phase})"
@@ -345,22 +402,34 @@ def feed(batches, cluster, wait=True, timeout_s=None):
         (images, labels) pairs, or the pairs themselves. Each block goes to the Tandem worker in
         the Dask worker process that holds it, when that keeps the shares even. The worker reads
         uint8/float32 C-contiguous arrays where they lie (no copy) until it has trained on them.
-    wait: wait until every block is queued (raising a failed role's error).
+    wait: wait until every block is queued (raising a failed role's error); a block whose
+        Tandem worker's Dask worker left the cluster (its process died) before the block was
+        queued is given to another worker, and the run goes on without the one that left.
     Returns the Dask futures of the transfers (each gives {rows, pixels_copied, ...}).
     """
     cluster.check()
     client = cluster.client
     batches = _as_futures(client, batches)
-    workers = cluster.dask_spec["worker"]
-    futures = [client.submit(_transfer, b, timeout_s, workers=[w], allow_other_workers=False,
-                             pure=False)
-               for b, w in zip(batches, _placement(client, batches, workers, cluster.rounds))]
-    cluster.rounds += 1
+    transfers = [None] * len(batches)  # (future, the Dask worker it is bound to)
+    todo = list(range(len(batches)))
+    while todo:
+        alive = set(client.nthreads())
+        workers = [w for w in cluster.dask_spec["worker"] if w in alive]
+        if not workers:
+            raise Error("no Tandem worker is left to feed: their Dask workers have left the "
+                        "cluster")
+        placed = _placement(client, [batches[i] for i in todo], workers, cluster.rounds)
+        cluster.rounds += 1
+        for i, w in zip(todo, placed):
+            transfers[i] = (client.submit(_transfer, batches[i], timeout_s, workers=[w],
+                                          allow_other_workers=False, pure=False), w)
+        if not wait:
+            break
+        # A block whose Tandem worker's process died before it was queued goes to another.
+        lost = {f.key for f in cluster.wait([transfers[i] for i in todo])}
+        todo = [i for i in todo if transfers[i][0].key in lost]
+    futures = [f for f, _ in transfers]
     if wait:
-        from distributed import wait as dask_wait
-
-        dask_wait(futures)
-        cluster.check()
         for f in futures:
             if f.status == "error":
                 f.result()
@@ -372,7 +441,8 @@ def stop(cluster, timeout=60.0):
     are pulled from the servers, the servers exit and every role's task finishes. The Dask
     workers stay usable. Raises the error of a role that failed.
 
-    Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters), roles}.
+    Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters), roles};
+    a role whose Dask worker left the cluster is in roles as {name, lost}.
     """
     if cluster.result is not None:
         return cluster.result
@@ -387,7 +457,14 @@ def stop(cluster, timeout=60.0):
             model = c.pull_model()
             c.finish()
             c.wait_servers_gone(timeout)
-        roles = cluster.client.gather(list(cluster.futures.values()))  # raises a role's error
+        # A role whose Dask worker left (its process died) never ends its task: said, not
+        # waited for.
+        addresses = cluster.role_addresses()
+        lost = {f.key for f in cluster.wait([(cluster.futures[name], addresses[name])
+                                             for name in cluster.futures], timeout)}
+        roles = cluster.client.gather([f for f in cluster.futures.values() if f.key not in lost])
+        roles += [{"name": name, "lost": f"its Dask worker {addresses[name]} left the cluster"}
+                  for name, f in cluster.futures.items() if f.key in lost]
         if c.phase == "failed":
             raise Error(c.failure)
         cluster.result = {"stop_reason": c.stop_reason, "scores": c.scores(), "model": model,

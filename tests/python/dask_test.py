@@ -4,9 +4,11 @@ Dask cluster still runs tasks; errors of the roles reach the client with the eng
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -176,6 +178,39 @@ class SimpleParallelismTest(LocalClusterTest):
         lazy = tdask.predict(model, da.from_array(images.reshape(2500, 28, 28), chunks=(700, 14, 28)))
         self.assertEqual(lazy.chunks, ((700, 700, 700, 400),))
         np.testing.assert_array_equal(self.client.compute(lazy).result(), model.predict(images))
+
+
+class LostDaskWorkerTest(unittest.TestCase):
+    def test_a_tandem_worker_whose_process_dies_is_left_out(self):
+        """The Dask worker process of a Tandem worker is killed mid-run (its nanny starts a new
+        one at another address, where the role's task, bound to the old one, would wait for
+        ever): feed gives the blocks to the other worker, the run goes on, and stop names the
+        lost role instead of waiting for its task."""
+        with LocalCluster(n_workers=4, threads_per_worker=2, processes=True,
+                          dashboard_address=None) as dask_cluster, Client(dask_cluster) as client:
+            xv, yv = make_rows(500, 99)
+            cluster, dask_spec = tdask.start(client, ps=1, worker=2, scorer=1,
+                                             validation=(xv, yv), max_seconds=120,
+                                             heartbeat_timeout=2.0, **SETTINGS)
+            blocks = dask_blocks(client, 4, 500, seed=0)
+            self.assertEqual(sum(f.result()["rows"] for f in tdask.feed(blocks, cluster)), 2000)
+            victim = dask_spec["worker"][1]
+            os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+            for _ in range(300):  # until the scheduler has seen it go
+                if victim not in client.nthreads():
+                    break
+                time.sleep(0.1)
+            self.assertNotIn(victim, client.nthreads())
+            self.assertTrue(cluster.training)  # a lost Tandem worker is no error for the run
+            transfers = [f.result() for f in tdask.feed(blocks, cluster)]
+            self.assertEqual(sum(t["rows"] for t in transfers), 2000)
+            result = tdask.stop(cluster, timeout=60)
+            roles = {r["name"]: r for r in result["roles"]}
+            self.assertEqual(set(roles), {"ps0", "worker0", "worker1", "scorer0"})
+            self.assertIn(victim, roles["worker1"]["lost"])
+            self.assertNotIn("lost", roles["worker0"])
+            self.assertGreaterEqual(roles["worker0"]["blocks_fed"], 4)
+            self.assertIsNotNone(result["model"])
 
 
 class AbandonedRunTest(unittest.TestCase):
