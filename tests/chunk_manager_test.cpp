@@ -127,49 +127,53 @@ TEST(ChunkManager, ChunksPaddedPastTheRowAreCutToIt) {
   }
 }
 
-// Images [rows, 4, 6] chunked in every dimension, edge chunks in each: every chunk of a row band
-// is read and its part put where it belongs in the rows (before, only the band's first chunk
-// was read and the rest of the band was left as the buffer held it).
-TEST(ChunkManager, ImagesChunkedInEveryDimensionAreAssembled) {
-  Fixture f;
-  const int64_t rows = f.data.rows(), d1 = 4, d2 = 6, c0 = 50, c1 = 3, c2 = 4;
-  zarr::ArrayMeta images;
-  images.format = zarr::Format::V3;
-  images.dtype = zarr::DType::UInt8;
-  images.shape = {rows, d1, d2};
-  images.chunks = {c0, c1, c2};
-  images.compressor = zarr::Compressor::parse("zstd");
-  const std::string dir = f.dir.file("s");
-  const zarr::Array array = zarr::Array::create(dir + "/images", images);
-  std::vector<uint8_t> chunk(images.chunk_bytes());
-  for (int64_t a = 0; a * c0 < rows; ++a)
-    for (int64_t b = 0; b * c1 < d1; ++b)
-      for (int64_t c = 0; c * c2 < d2; ++c) {
-        std::fill(chunk.begin(), chunk.end(), 0xEE);  // padding: must never reach a batch
-        for (int64_t i = 0; i < c0 && a * c0 + i < rows; ++i)
-          for (int64_t j = 0; j < c1 && b * c1 + j < d1; ++j)
-            for (int64_t k = 0; k < c2 && c * c2 + k < d2; ++k)
-              chunk[size_t((i * c1 + j) * c2 + k)] =
-                  f.data.pixel_data()[(a * c0 + i) * d1 * d2 + (b * c1 + j) * d2 + c * c2 + k];
-        array.write_chunk({a, b, c}, chunk.data());
+// Images [rows, 4, 6] chunked after the row dimension, edge chunks included: every chunk of a
+// row band is read and its part put where it belongs in the rows. Chunked along dimension 1
+// only, the old code read just the band's first chunk and left the rest of the band as the
+// reused buffer held it; chunked along dimension 2 too, it refused the store.
+TEST(ChunkManager, ImagesChunkedAfterTheRowDimensionAreAssembled) {
+  for (const int64_t c2 : {6, 4}) {
+    Fixture f;
+    const int64_t rows = f.data.rows(), d1 = 4, d2 = 6, c0 = 50, c1 = 3;
+    zarr::ArrayMeta images;
+    images.format = zarr::Format::V3;
+    images.dtype = zarr::DType::UInt8;
+    images.shape = {rows, d1, d2};
+    images.chunks = {c0, c1, c2};
+    images.compressor = zarr::Compressor::parse("zstd");
+    const std::string dir = f.dir.file("s");
+    const zarr::Array array = zarr::Array::create(dir + "/images", images);
+    std::vector<uint8_t> chunk(images.chunk_bytes());
+    for (int64_t a = 0; a * c0 < rows; ++a)
+      for (int64_t b = 0; b * c1 < d1; ++b)
+        for (int64_t c = 0; c * c2 < d2; ++c) {
+          std::fill(chunk.begin(), chunk.end(), 0xEE);  // padding: must never reach a batch
+          for (int64_t i = 0; i < c0 && a * c0 + i < rows; ++i)
+            for (int64_t j = 0; j < c1 && b * c1 + j < d1; ++j)
+              for (int64_t k = 0; k < c2 && c * c2 + k < d2; ++k)
+                chunk[size_t((i * c1 + j) * c2 + k)] =
+                    f.data.pixel_data()[(a * c0 + i) * d1 * d2 + (b * c1 + j) * d2 + c * c2 + k];
+          array.write_chunk({a, b, c}, chunk.data());
+        }
+    // The labels from the 2-D writer; its images are replaced by the 3-D array.
+    DatasetStore::Split split = write_split(f.dir.file("flat"), f.data, 50, 24, 64,
+                                            zarr::Format::V3);
+    split.images = zarr::Array::open(dir + "/images");
+    for (const bool shuffle : {false, true}) {
+      ChunkManagerOptions o;
+      o.batch_rows = 64;
+      o.shuffle = shuffle;
+      o.memory_budget = 1;  // two bands: buffers reused from band to band
+      ChunkManager cm(split, 10, o);
+      auto rows_seen = epoch_rows(cm, 0);
+      auto expected = f.all_rows();
+      if (shuffle) {
+        std::sort(rows_seen.begin(), rows_seen.end());
+        std::sort(expected.begin(), expected.end());
       }
-  // The labels from the 2-D writer; its images are replaced by the 3-D array.
-  DatasetStore::Split split = write_split(f.dir.file("flat"), f.data, 50, 24, 64,
-                                          zarr::Format::V3);
-  split.images = zarr::Array::open(dir + "/images");
-  for (const bool shuffle : {false, true}) {
-    ChunkManagerOptions o;
-    o.batch_rows = 64;
-    o.shuffle = shuffle;
-    o.memory_budget = 1;  // two bands: buffers reused from band to band
-    ChunkManager cm(split, 10, o);
-    auto rows_seen = epoch_rows(cm, 0);
-    auto expected = f.all_rows();
-    if (shuffle) {
-      std::sort(rows_seen.begin(), rows_seen.end());
-      std::sort(expected.begin(), expected.end());
+      EXPECT_EQ(rows_seen, expected) << "chunks {50, 3, " << c2 << "}, "
+                                     << (shuffle ? "shuffled" : "in order");
     }
-    EXPECT_EQ(rows_seen, expected) << (shuffle ? "shuffled" : "in order");
   }
 }
 

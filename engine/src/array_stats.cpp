@@ -259,6 +259,33 @@ ChunkLayout chunk_layout(const zarr::ArrayMeta& meta, const std::vector<int64_t>
   return layout;
 }
 
+void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t element_bytes,
+                      int64_t features, uint8_t* rows) {
+  for (int64_t r = 0; r < layout.rows; ++r) {
+    const uint8_t* src = chunk + size_t(r * layout.chunk_row_elements) * element_bytes;
+    uint8_t* dst = rows + size_t(r * features) * element_bytes;
+    for (const auto& run : layout.runs)
+      std::memcpy(dst + size_t(run.feature) * element_bytes,
+                  src + size_t(run.chunk_offset) * element_bytes,
+                  size_t(run.length) * element_bytes);
+  }
+}
+
+void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
+                   std::vector<uint8_t>& scratch) {
+  const zarr::ArrayMeta& meta = array.meta();
+  const std::vector<int64_t> grid = meta.grid();
+  const std::vector<int64_t> inner(grid.begin() + 1, grid.end());
+  scratch.resize(meta.chunk_bytes());
+  for (int64_t t = 0, n = chunk_count(inner); t < n; ++t) {
+    std::vector<int64_t> index = chunk_index_of(inner, t);
+    index.insert(index.begin(), band);
+    array.read_chunk(index, scratch.data());
+    place_chunk_rows(chunk_layout(meta, index), scratch.data(), zarr::dtype_size(meta.dtype),
+                     features, out);
+  }
+}
+
 ColumnStats column_stats(const zarr::Array& array, int threads) {
   const zarr::ArrayMeta& meta = array.meta();
   if (meta.shape.size() < 2 ||

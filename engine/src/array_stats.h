@@ -32,6 +32,15 @@ struct ChunkLayout {
   int64_t columns() const;  // sum of run lengths: valid columns of the chunk
 };
 ChunkLayout chunk_layout(const zarr::ArrayMeta& meta, const std::vector<int64_t>& chunk_index);
+// Copies a chunk's valid part (`chunk`: its decompressed bytes, `layout` its place) into matrix
+// rows of `features` elements of element_bytes each, its first row at `rows`.
+void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t element_bytes,
+                      int64_t features, uint8_t* rows);
+// Row band `band` (chunk row `band` of the grid) of an array [rows, ...] as a matrix [band rows,
+// features] at `out`, which holds chunks[0] rows: every chunk of the band read, through
+// `scratch` (resized to one chunk), and its valid part placed. InputError as read_chunk.
+void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
+                   std::vector<uint8_t>& scratch);
 // Chunk `linear` of the grid in C order, as a chunk index.
 std::vector<int64_t> chunk_index_of(const std::vector<int64_t>& grid, int64_t linear);
 int64_t chunk_count(const std::vector<int64_t>& grid);

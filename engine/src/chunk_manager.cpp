@@ -221,12 +221,10 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
     }
   }
 
-  // A band buffer holds a whole band, and a band made of several chunks is read through one
-  // chunk's scratch buffer as well.
-  const zarr::ArrayMeta& meta = split_.images.meta();
-  const size_t band_bytes = std::max<size_t>(
-      1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_ +
-             (bands_are_chunks(meta) ? 0 : meta.chunk_bytes()));
+  // A band buffer holds a whole band (not one chunk: a band may be many). Not counted: each
+  // reader's scratch chunk, for bands made of several chunks (a chunk is at most a band).
+  const size_t band_bytes =
+      std::max<size_t>(1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
   std::lock_guard<std::mutex> lock(mutex_);
   stopping_ = false;
   error_ = nullptr;
@@ -247,7 +245,7 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   for (int a = 0; a < options_.assemblers; ++a) threads_.emplace_back([this] { assembler_loop(); });
 }
 
-void ChunkManager::read_band(int64_t band, Band& out) const {
+void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const {
   const zarr::ArrayMeta& meta = split_.images.meta();
   out.rows = std::min(band_rows_, split_.rows - band * band_rows_);
   std::vector<int64_t> index(meta.shape.size(), 0);
@@ -270,28 +268,12 @@ void ChunkManager::read_band(int64_t band, Band& out) const {
   }
   // Chunked after the row dimension too (or chunks padded past the shape there): the band is
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
-  std::vector<uint8_t> chunk(meta.chunk_bytes());
-  std::vector<int64_t> grid = meta.grid();
-  grid[0] = 1;
-  const int64_t chunks = chunk_count(grid);
-  for (int64_t c = 0; c < chunks; ++c) {
-    index = chunk_index_of(grid, c);
-    index[0] = band;
-    split_.images.read_chunk(index, chunk.data());
-    const ChunkLayout layout = chunk_layout(meta, index);
-    for (int64_t r = 0; r < layout.rows; ++r) {
-      const uint8_t* src = chunk.data() + size_t(r * layout.chunk_row_elements) * pixel_bytes_;
-      uint8_t* dst = out.buffer.data() + size_t(r * features_) * pixel_bytes_;
-      for (const auto& run : layout.runs)
-        std::memcpy(dst + size_t(run.feature) * pixel_bytes_,
-                    src + size_t(run.chunk_offset) * pixel_bytes_,
-                    size_t(run.length) * pixel_bytes_);
-    }
-  }
+  read_row_band(split_.images, band, features_, out.buffer.data(), scratch);
 }
 
 void ChunkManager::reader_loop() {
   try {
+    std::vector<uint8_t> scratch;  // one chunk, for bands of several chunks
     for (;;) {
       size_t index;
       Band band;
@@ -308,7 +290,7 @@ void ChunkManager::reader_loop() {
           spare_bands_.pop_back();
         }
       }
-      read_band(band_order_[needed_positions_[index]], band);
+      read_band(band_order_[needed_positions_[index]], band, scratch);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ready_bands_.emplace(index, std::move(band));

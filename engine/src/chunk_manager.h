@@ -95,7 +95,8 @@ class ChunkManager final : public BatchStream {
   const Band* acquire_band(size_t cursor);
   // One batch is done with band `cursor`; the last one returns its buffer to the pool.
   void release_band(size_t cursor);
-  void read_band(int64_t band, Band& out) const;
+  // `scratch`: the reader's own chunk buffer, for bands made of several chunks.
+  void read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const;
   void fail(std::exception_ptr error);
   void wake_all();  // every waiter: stopping, or an error
 

@@ -163,6 +163,7 @@ struct Registration {
   int index = 0;
   bool chief = false;
   RunSettings settings;
+  std::string run;  // the coordinator's id of this run
 };
 
 Registration register_role(CoordinatorLink& link, const RoleOptions& o, const char* role) {
@@ -173,6 +174,7 @@ Registration register_role(CoordinatorLink& link, const RoleOptions& o, const ch
   r.name = reply.at("name").get<std::string>();
   r.index = reply.at("index").get<int>();
   r.chief = reply.value("chief", false);
+  r.run = reply.value("run", std::string());
   r.settings = run_settings_from_json(reply.at("config"));
   if (!o.data.empty()) r.settings.data = o.data;
   return r;
@@ -891,13 +893,19 @@ static void scorer_role(const RoleOptions& o) {
   double best_loss = std::numeric_limits<double>::infinity();
   // A scorer restarted in the same run (launch restarts one that died) finds its predecessor's
   // best model: scored again on these rows, it stays until a better score replaces it, instead
-  // of giving way to the new scorer's first score, however worse.
+  // of giving way to the new scorer's first score, however worse. One from another run (its
+  // "run" is not this run's id: an embedding run that keeps the path, a scorer on another
+  // host) is replaced by the first score.
   if (!s.best_model_path.empty() && std::filesystem::exists(s.best_model_path)) {
     try {
-      backend->set_parameters(load_checkpoint(s.best_model_path, &s.model).model);
-      best_loss = backend->evaluate(validation).loss_sum;
-      std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
-                   "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
+      const Checkpoint found = load_checkpoint(s.best_model_path, &s.model);
+      const auto run = found.extra.find("run");
+      if (!r.run.empty() && run != found.extra.end() && run->second == r.run) {
+        backend->set_parameters(found.model);
+        best_loss = backend->evaluate(validation).loss_sum;
+        std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
+                     "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
+      }
     } catch (const Error& e) {
       std::fprintf(stderr, "%s: %s is unreadable (%s); the next score replaces it\n",
                    r.name.c_str(), s.best_model_path.c_str(), e.what());
@@ -955,6 +963,7 @@ static void scorer_role(const RoleOptions& o) {
       best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";
       best.extra["trained_with"] = to_string(s.optimizer.kind);
       best.extra["validation_loss"] = std::to_string(stats.loss_sum);
+      best.extra["run"] = r.run;
       save_checkpoint(s.best_model_path, best);
     }
     link.request({{"type", "score"}, {"name", r.name}, {"step", result.version},

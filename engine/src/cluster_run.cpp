@@ -195,7 +195,10 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   bool announced = false;
   for (;;) {
     const ClusterPhase phase = c.wait_for(ClusterPhase::Draining, 100);
-    if (!announced && phase != ClusterPhase::Starting && phase != ClusterPhase::Failed) {
+    // (A run stopped while starting goes on to draining with no training spec: nothing to
+    // announce.)
+    if (!announced && phase != ClusterPhase::Starting && phase != ClusterPhase::Failed &&
+        !c.training_spec().is_null()) {
       announced = true;
       if (options_.on_training) options_.on_training(c.training_spec());
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "cluster_link.h"
 #include "cluster_ranks.h"
@@ -53,6 +54,13 @@ int index_from_name(const std::string& name, const std::string& role) {
 bool gone(const std::string& state) { return state == "lost" || state == "stopped"; }
 
 }  // namespace
+
+std::string Coordinator::random_run_id() {
+  std::random_device device;
+  char text[33];
+  std::snprintf(text, sizeof text, "%08x%08x%08x%08x", device(), device(), device(), device());
+  return text;
+}
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
@@ -308,7 +316,7 @@ json Coordinator::handle_register(const json& r) {
   changed_.notify_all();
   json config = options_.run_config;
   return {{"name", name}, {"index", index}, {"chief", kind == "worker" && index == 0},
-          {"config", config}, {"phase", to_string(phase_)}};
+          {"config", config}, {"phase", to_string(phase_)}, {"run", run_id_}};
 }
 
 json Coordinator::handle_work(const json& r) {

@@ -173,6 +173,10 @@ class Coordinator {
   zmq::socket_t control_;
   zmq::socket_t scores_;
   std::string endpoint_, scores_endpoint_;
+  // This run's name for its roles (register replies): random, so that what a role left on disk
+  // in another run (the scorer's best model) is not taken for this run's.
+  const std::string run_id_ = random_run_id();
+  static std::string random_run_id();
 
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;

@@ -507,13 +507,8 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
           const std::vector<int64_t> index = chunk_index_of(igrid, j);
           split.images.read_chunk(index, buffer.data());
           const ChunkLayout layout = chunk_layout(im, index);
-          for (int64_t r = 0; r < layout.rows; ++r) {
-            const uint8_t* src = buffer.data() + size_t(r * layout.chunk_row_elements) * esize;
-            uint8_t* dst = d.pixel_data() + size_t((layout.row_begin + r) * split.features) * esize;
-            for (const auto& run : layout.runs)
-              std::memcpy(dst + size_t(run.feature) * esize, src + size_t(run.chunk_offset) * esize,
-                          size_t(run.length) * esize);
-          }
+          place_chunk_rows(layout, buffer.data(), esize, split.features,
+                           d.pixel_data() + size_t(layout.row_begin * split.features) * esize);
         } else {
           buffer.resize(lm.chunk_bytes());
           const std::vector<int64_t> index = chunk_index_of(lgrid, j - image_chunks);

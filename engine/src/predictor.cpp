@@ -234,28 +234,12 @@ std::string found_layout(zarr::Format format, const zarr::ArrayMeta& classes,
 }
 
 // Row chunk `chunk` of `images` as a [chunk rows, features] matrix in `out` (every chunk along
-// the other dimensions read and placed).
+// the other dimensions read and placed; rows past the array's end zero).
 void read_row_chunk(const zarr::Array& images, int64_t chunk, int64_t features,
                     std::vector<uint8_t>& out, std::vector<uint8_t>& buffer) {
   const zarr::ArrayMeta& meta = images.meta();
-  const size_t esize = zarr::dtype_size(meta.dtype);
-  const std::vector<int64_t> grid = meta.grid();
-  const std::vector<int64_t> inner(grid.begin() + 1, grid.end());
-  out.assign(size_t(meta.chunks[0] * features) * esize, 0);
-  buffer.resize(meta.chunk_bytes());
-  for (int64_t t = 0, n = chunk_count(inner); t < n; ++t) {
-    std::vector<int64_t> index = chunk_index_of(inner, t);
-    index.insert(index.begin(), chunk);
-    images.read_chunk(index, buffer.data());
-    const ChunkLayout layout = chunk_layout(meta, index);
-    for (int64_t r = 0; r < layout.rows; ++r) {
-      const uint8_t* src = buffer.data() + size_t(r * layout.chunk_row_elements) * esize;
-      uint8_t* dst = out.data() + size_t(r * features) * esize;
-      for (const auto& run : layout.runs)
-        std::memcpy(dst + size_t(run.feature) * esize, src + size_t(run.chunk_offset) * esize,
-                    size_t(run.length) * esize);
-    }
-  }
+  out.assign(size_t(meta.chunks[0] * features) * zarr::dtype_size(meta.dtype), 0);
+  read_row_band(images, chunk, features, out.data(), buffer);
 }
 
 template <typename T>

@@ -53,7 +53,9 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
     if (c.restart_pending) {
       if (now < c.restart_at) continue;
       c.restart_pending = false;
-      if (!running) continue;  // the run ended meanwhile
+      // As for a restart at once: only a failed run gives up its roles. A server is needed up
+      // to the end, draining included (the final parameters are read from it).
+      if (phase == ClusterPhase::Failed) continue;
       c.pid = spawn(c);
       c.exited = false;
       continue;
