@@ -219,5 +219,11 @@ small_search idx-b 3
 check "... and prepared again from other files, saying why" \
     grep -qF "(it was prepared from $(readlink -f "$dir/idx-a"))" "$dir/err14-3"
 check "... recording the new files" test "$(source_of)" = "$(readlink -f "$dir/idx-b")"
+# A store the user made there (tandem prepare, with options of their own) is not replaced.
+mkdir -p "$dir/s15"
+"$tandem" prepare --out "$dir/s15/data.zarr" >/dev/null 2>&1
+expect_error "a store prepared by the user from other files is refused, not replaced" \
+    "holds a store prepared from /usr/share/datasets/fashion-mnist" \
+    "$tandem" search --data "$dir/idx-a" --grid lr=0.001 --budget 1 --out "$dir/s15"
 
 summarize

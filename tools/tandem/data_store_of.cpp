@@ -6,20 +6,19 @@
 
 #include "dataset_store.h"
 #include "tandem/dataset.h"
+#include "tandem/error.h"
 #include "zarr/zarr_array.h"
 
 namespace tandem::cli {
 
 namespace {
 
-// The IDX directory a store under a command's directory was prepared from, as recorded in its
-// attributes ("" when it records none).
-std::string recorded_source(const std::string& store) {
-  const nlohmann::json attributes = zarr::Group::open(store).second;
-  if (!attributes.is_object() || !attributes.contains("source") ||
-      !attributes["source"].is_string())
-    return "";
-  return attributes["source"].get<std::string>();
+// Where a path leads, absolute (a path that does not exist yet, made absolute).
+std::string resolved(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path where = std::filesystem::weakly_canonical(path, ec);
+  if (ec) where = std::filesystem::absolute(path);
+  return where.string();
 }
 
 }  // namespace
@@ -27,16 +26,26 @@ std::string recorded_source(const std::string& store) {
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by) {
   if (is_dataset_store(data)) return data;
   const std::string store = dir + "/data.zarr";
-  // The store records where its files were, absolute, and one prepared from other files (the
-  // same directory given another --data) is prepared again: reused, it would train on the old.
-  std::error_code ec;
-  std::filesystem::path where = std::filesystem::weakly_canonical(data, ec);
-  if (ec) where = std::filesystem::absolute(data);
-  const std::string source = where.string();
+  // The store records where its files were, and one prepared from other files (the same
+  // directory given another --data) is not reused: it would train on the old files.
+  const std::string source = resolved(data);
   std::string why;
   if (is_dataset_store(store)) {
-    const std::string recorded = recorded_source(store);
-    if (recorded == source) return store;
+    const nlohmann::json attributes = zarr::Group::open(store).second;
+    const auto text = [&](const char* key) {
+      return attributes.is_object() && attributes.contains(key) && attributes[key].is_string()
+                 ? attributes[key].get<std::string>()
+                 : std::string();
+    };
+    const std::string recorded = text("source");
+    if (!recorded.empty() && resolved(recorded) == source) return store;
+    // Replaced only when a command made it this way: one the user put there (tandem prepare,
+    // with its own options) is theirs to keep.
+    if (text("by") != "tandem launch" && text("by") != "tandem search")
+      throw InputError(store + " holds a store prepared from " +
+                       (recorded.empty() ? "files it does not name" : recorded) + ", not from " +
+                       data + ": give --data " + store + " to train on it, or remove it to "
+                       "prepare it from " + data);
     why = " (it was prepared from " + (recorded.empty() ? "files it does not name" : recorded) +
           ")";
   }
