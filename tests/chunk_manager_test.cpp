@@ -62,14 +62,26 @@ RowKey row_key(const DatasetView& v, int64_t r) {
   return key;
 }
 
-std::vector<RowKey> epoch_rows(ChunkManager& cm, int64_t epoch, std::vector<int64_t>* batch_sizes = nullptr) {
+// Every row the epoch already started streams, in order (and each batch's size).
+std::vector<RowKey> streamed_rows(ChunkManager& cm, std::vector<int64_t>* batch_sizes = nullptr) {
   std::vector<RowKey> rows;
-  cm.start_epoch(epoch);
   DatasetView batch;
   while (cm.next(batch)) {
     if (batch_sizes) batch_sizes->push_back(batch.rows);
     for (int64_t r = 0; r < batch.rows; ++r) rows.push_back(row_key(batch, r));
   }
+  return rows;
+}
+
+std::vector<RowKey> epoch_rows(ChunkManager& cm, int64_t epoch,
+                               std::vector<int64_t>* batch_sizes = nullptr) {
+  cm.start_epoch(epoch);
+  return streamed_rows(cm, batch_sizes);
+}
+
+// The rows as a multiset, to compare streams whatever their order.
+std::vector<RowKey> sorted_rows(std::vector<RowKey> rows) {
+  std::sort(rows.begin(), rows.end());
   return rows;
 }
 
@@ -168,8 +180,8 @@ TEST(ChunkManager, ImagesChunkedAfterTheRowDimensionAreAssembled) {
       auto rows_seen = epoch_rows(cm, 0);
       auto expected = f.all_rows();
       if (shuffle) {
-        std::sort(rows_seen.begin(), rows_seen.end());
-        std::sort(expected.begin(), expected.end());
+        rows_seen = sorted_rows(rows_seen);
+        expected = sorted_rows(expected);
       }
       EXPECT_EQ(rows_seen, expected) << "chunks {50, 3, " << c2 << "}, "
                                      << (shuffle ? "shuffled" : "in order");
@@ -216,62 +228,41 @@ TEST(ChunkManager, ShuffleIsAPermutationPerEpochAndRepeatable) {
   EXPECT_EQ(epoch_rows(b, 0), e0) << "same seed and epoch, same order";
   EXPECT_NE(e0, e1) << "another epoch, another order";
   EXPECT_NE(e0, f.all_rows());
-  auto sorted = [](std::vector<RowKey> v) { std::sort(v.begin(), v.end()); return v; };
-  EXPECT_EQ(sorted(e0), sorted(f.all_rows()));
-  EXPECT_EQ(sorted(e1), sorted(f.all_rows()));
+  EXPECT_EQ(sorted_rows(e0), sorted_rows(f.all_rows()));
+  EXPECT_EQ(sorted_rows(e1), sorted_rows(f.all_rows()));
 }
 
+// The shards of an epoch cover every row once between them, shuffled or not; unshuffled, batch
+// b of the whole sequence is shard b % 3's.
 TEST(ChunkManager, ShardsSplitTheBatchSequence) {
   Fixture f;
   const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
-  std::vector<RowKey> together;
-  int64_t rows = 0;
-  for (int shard = 0; shard < 3; ++shard) {
-    ChunkManagerOptions o;
-    o.batch_rows = 30;
-    o.shard_index = shard;
-    o.shard_count = 3;
-    o.shuffle = false;
-    ChunkManager cm(split, 10, o);
-    rows += cm.rows_per_epoch();
-    std::vector<int64_t> sizes;
-    const auto mine = epoch_rows(cm, 0, &sizes);
-    EXPECT_EQ(static_cast<int64_t>(mine.size()), cm.rows_per_epoch());
-    // Batch b of the whole sequence belongs to shard b % 3.
-    for (size_t k = 0; k < sizes.size(); ++k) {
-      const int64_t b = shard + 3 * static_cast<int64_t>(k);
-      const auto all = f.all_rows();
-      for (int64_t r = 0; r < sizes[k]; ++r)
-        EXPECT_EQ(mine[k * 30 + r], all[b * 30 + r]) << "shard " << shard << " batch " << b;
+  const auto all = f.all_rows();
+  for (const bool shuffle : {false, true}) {
+    std::vector<RowKey> together;
+    int64_t rows = 0;
+    for (int shard = 0; shard < 3; ++shard) {
+      ChunkManagerOptions o;
+      o.batch_rows = 30;
+      o.shard_index = shard;
+      o.shard_count = 3;
+      o.shuffle = shuffle;
+      o.seed = 5;
+      ChunkManager cm(split, 10, o);
+      rows += cm.rows_per_epoch();
+      std::vector<int64_t> sizes;
+      const auto mine = epoch_rows(cm, shuffle ? 2 : 0, &sizes);
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), cm.rows_per_epoch());
+      for (size_t k = 0; !shuffle && k < sizes.size(); ++k) {
+        const int64_t b = shard + 3 * static_cast<int64_t>(k);
+        for (int64_t r = 0; r < sizes[k]; ++r)
+          EXPECT_EQ(mine[k * 30 + r], all[b * 30 + r]) << "shard " << shard << " batch " << b;
+      }
+      together.insert(together.end(), mine.begin(), mine.end());
     }
-    together.insert(together.end(), mine.begin(), mine.end());
+    EXPECT_EQ(rows, 413);
+    EXPECT_EQ(sorted_rows(together), sorted_rows(all)) << (shuffle ? "shuffled" : "in order");
   }
-  EXPECT_EQ(rows, 413);
-  std::sort(together.begin(), together.end());
-  auto all = f.all_rows();
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(together, all);
-}
-
-// Shuffled, the shards of one epoch still cover every row once between them.
-TEST(ChunkManager, ShuffledShardsCoverTheEpochOnce) {
-  Fixture f;
-  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3);
-  std::vector<RowKey> together;
-  for (int shard = 0; shard < 3; ++shard) {
-    ChunkManagerOptions o;
-    o.batch_rows = 30;
-    o.shard_index = shard;
-    o.shard_count = 3;
-    o.seed = 5;
-    ChunkManager cm(split, 10, o);
-    const auto mine = epoch_rows(cm, 2);
-    together.insert(together.end(), mine.begin(), mine.end());
-  }
-  std::sort(together.begin(), together.end());
-  auto all = f.all_rows();
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(together, all);
 }
 
 // A cluster worker's assignment: the listed batches of the epoch's stream, in ascending order,
@@ -286,10 +277,7 @@ TEST(ChunkManager, AListOfBatchesStreamsThoseOfTheEpoch) {
   ChunkManager whole(split, 10, o), listed(split, 10, o);
   const auto all = epoch_rows(whole, 3);  // 14 batches: 13 x 30 + 23
   listed.start_epoch(3, {13, 1, 1, 6});
-  std::vector<RowKey> got;
-  DatasetView batch;
-  while (listed.next(batch))
-    for (int64_t r = 0; r < batch.rows; ++r) got.push_back(row_key(batch, r));
+  const std::vector<RowKey> got = streamed_rows(listed);
   std::vector<RowKey> expected;
   for (const int64_t b : {1, 6, 13})
     for (int64_t r = b * 30; r < std::min<int64_t>(413, (b + 1) * 30); ++r)

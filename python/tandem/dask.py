@@ -411,23 +411,23 @@ def feed(batches, cluster, wait=True, timeout_s=None):
     client = cluster.client
     batches = _as_futures(client, batches)
     transfers = [None] * len(batches)  # (future, the Dask worker it is bound to)
-    todo = list(range(len(batches)))
-    while todo:
+    unqueued = list(range(len(batches)))  # blocks not yet queued by a live worker
+    while unqueued:
         alive = set(client.nthreads())
         workers = [w for w in cluster.dask_spec["worker"] if w in alive]
         if not workers:
             raise Error("no Tandem worker is left to feed: their Dask workers have left the "
                         "cluster")
-        placed = _placement(client, [batches[i] for i in todo], workers, cluster.rounds)
+        placed = _placement(client, [batches[i] for i in unqueued], workers, cluster.rounds)
         cluster.rounds += 1
-        for i, w in zip(todo, placed):
+        for i, w in zip(unqueued, placed):
             transfers[i] = (client.submit(_transfer, batches[i], timeout_s, workers=[w],
                                           allow_other_workers=False, pure=False), w)
         if not wait:
             break
         # A block whose Tandem worker's process died before it was queued goes to another.
-        lost = {f.key for f in cluster.wait([transfers[i] for i in todo])}
-        todo = [i for i in todo if transfers[i][0].key in lost]
+        lost = {f.key for f in cluster.wait([transfers[i] for i in unqueued])}
+        unqueued = [i for i in unqueued if transfers[i][0].key in lost]
     futures = [f for f, _ in transfers]
     if wait:
         for f in futures:
