@@ -222,6 +222,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     // once, at the end of the epoch.
     const bool report_steps = metrics != nullptr || static_cast<bool>(on_step);
     run_epoch(epoch_, [&](int64_t n) {
+      if (between_steps) between_steps();
       if (!report_steps) return;
       const double step_loss = backend_->take_stats().loss_sum;
       loss_sum += step_loss;

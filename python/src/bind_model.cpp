@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <optional>
 
 #include "array_rows.h"
@@ -187,6 +188,15 @@ void bind_model(py::module_& m) {
                         "validation"_a = eval_dict(r.validation)));
           };
         }
+        // Ctrl-C reaches Python only when the GIL is taken, which training in C++ would not do
+        // without an on_epoch, and then only once an epoch. Signals are looked at every 100 ms.
+        trainer.between_steps = [last = std::chrono::steady_clock::now()]() mutable {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last < std::chrono::milliseconds(100)) return;
+          last = now;
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        };
         TrainSummary summary;
         {
           py::gil_scoped_release release;

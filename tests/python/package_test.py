@@ -5,6 +5,7 @@ import gc
 import math
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
@@ -96,6 +97,28 @@ class ModelTest(unittest.TestCase):
         swapped = native.astype(">f4")
         self.assertEqual(model.evaluate(swapped, y), model.evaluate(native, y))
         np.testing.assert_array_equal(model.predict(swapped), model.predict(native))
+
+    def test_ctrl_c_ends_training_that_has_no_epoch_callback(self):
+        # Without on_epoch the training loop never took the GIL, so Ctrl-C waited for the whole
+        # run. This run would take hours; if Ctrl-C is not heard, the watchdog fails the test.
+        x, y = make_rows(2000, 5)
+        heard = threading.Event()
+
+        def watchdog():
+            if not heard.wait(120):
+                print("FAIL: Ctrl-C did not end tandem.train within 120 s", flush=True)
+                os._exit(1)
+
+        guard = threading.Thread(target=watchdog, daemon=True)
+        guard.start()
+        ctrl_c = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        with self.assertRaises(KeyboardInterrupt):
+            tandem.train((x, y), layers=[784, 16, 10], epochs=1000000, batch=100, backend="cpu",
+                         threads=1)
+        heard.set()
+        ctrl_c.join()
+        guard.join()
 
 
 class CoordinatorWaitTest(unittest.TestCase):

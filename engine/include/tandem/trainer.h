@@ -69,6 +69,10 @@ class Trainer {
 
   std::function<void(const StepReport&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
+  // Called after each step is queued; unlike on_step it reads nothing back from the device, so
+  // it costs a GPU run nothing. An exception it throws ends fit with that exception, the trainer
+  // keeping the steps already taken (Python's tandem.train answers Ctrl-C through it).
+  std::function<void()> between_steps;
 
   // Trains up to config.epochs epochs in total (a resumed run counts the epochs it already did),
   // evaluating the validation split after every epoch and the test split (if not empty) at the
