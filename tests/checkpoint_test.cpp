@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "safetensors.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
 #include "test_support.h"
@@ -86,6 +87,38 @@ TEST(Checkpoint, RefusesAModelOfAnotherShape) {
   const std::string e = error_of(dir.file("c.safetensors"), &other);
   EXPECT_NE(e.find("784-100-10"), std::string::npos) << e;
   EXPECT_NE(e.find("784-128-10"), std::string::npos) << e;
+}
+
+// `layers` is read from the file: a corrupt one naming huge layers must be refused by the
+// tensors' shapes before the model is built (2^48 zero-filled floats: bad_alloc before).
+TEST(Checkpoint, RefusesLayersItsTensorsDoNotHaveBeforeBuildingTheModel) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  save_checkpoint(path, sample_checkpoint());
+  SafeTensorsFile file = read_safetensors(path);
+  file.metadata["layers"] = "784-16777216-16777216-10";
+  write_safetensors_atomic(path, file);
+  const std::string e = error_of(path);
+  EXPECT_NE(e.find("tensor 'hid_w' has shape [784,100], the model needs [784,16777216]"),
+            std::string::npos)
+      << e;
+}
+
+// Epsilon 0 made every parameter without a gradient (a pixel always black) 0/0 = NaN at the
+// first resumed step: refused when read, as the betas outside [0, 1) are.
+TEST(Checkpoint, RefusesAnOptimizerThatCannotStep) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  Checkpoint c = sample_checkpoint();
+  c.optimizer.epsilon = 0.0f;
+  save_checkpoint(path, c);
+  std::string e = error_of(path);
+  EXPECT_NE(e.find("Adam epsilon must be a positive finite number, got 0"), std::string::npos) << e;
+  c.optimizer.epsilon = 1e-8f;
+  c.optimizer.beta2 = 1.0f;
+  save_checkpoint(path, c);
+  e = error_of(path);
+  EXPECT_NE(e.find("Adam betas must be in [0, 1)"), std::string::npos) << e;
 }
 
 // In memory (a search trial's state sent to another Dask worker): the very bytes of the file,

@@ -1,6 +1,7 @@
 // Training end to end through the public API: learning separable data, bit-identical resume,
 // starting from given parameters, and the metrics file.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iterator>
 #include <fstream>
@@ -114,6 +115,37 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(saved.epoch, best_epoch);
   EXPECT_EQ(flat(saved.model), flat(trainer.model()));
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
+}
+
+// A run that diverges (SGD at a rate of 1e30) after a finite epoch keeps that epoch's state in
+// its checkpoint, even kept as `last`: a file of NaN parameters is refused by every reader, and
+// the best beside it with it.
+TEST(Trainer, ADivergedRunsCheckpointHoldsItsBestFiniteState) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
+  TrainConfig c = small_config(1);
+  c.optimizer.kind = OptimizerKind::Sgd;
+  c.optimizer.learning_rate = 0.002f;
+  c.keep_best = false;
+  c.checkpoint_path = dir.file("run.safetensors");
+  Trainer first(c);
+  const TrainSummary s = first.fit(train.view(), validation.view(), {});
+  ASSERT_TRUE(std::isfinite(s.validation.loss_sum));
+  const std::vector<float> epoch_one = flat(first.model());
+
+  c.epochs = 3;
+  c.optimizer.learning_rate = 1e30f;
+  c.resume_path = c.checkpoint_path;
+  Trainer diverging(c);
+  std::vector<double> losses;
+  diverging.on_epoch = [&](const EpochReport& r) { losses.push_back(r.validation.loss_sum); };
+  diverging.fit(train.view(), validation.view(), {});
+  ASSERT_EQ(losses.size(), 2u);
+  ASSERT_FALSE(std::isfinite(losses.back())) << "the test needs a run that diverges";
+  const Checkpoint saved = load_checkpoint(c.checkpoint_path);
+  EXPECT_EQ(saved.epoch, 1);
+  EXPECT_EQ(flat(saved.model), epoch_one);
 }
 
 // A checkpoint that cannot be written fails the run before its first step, not after an epoch

@@ -26,23 +26,44 @@ SafeTensor to_safetensor(const NamedTensor& t, const std::string& name) {
   return out;
 }
 
-// Copies tensor `name` of `file` into `into` (whose shape says what is expected).
-void read_tensor(const SafeTensorsFile& file, const std::string& path, const std::string& name,
-                 NamedTensor& into) {
+// Tensor `name` of `file`, checked to be float32 of `shape`.
+const SafeTensor& checked_tensor(const SafeTensorsFile& file, const std::string& path,
+                                 const std::string& name, const std::vector<int64_t>& shape) {
   const SafeTensor* t = file.find(name);
   if (t == nullptr) throw InputError(path + ": checkpoint has no tensor '" + name + "'");
   if (t->dtype != "F32")
     throw InputError(path + ": tensor '" + name + "' has dtype " + t->dtype + ", expected F32");
-  if (t->shape != into.shape) {
+  if (t->shape != shape) {
     auto text = [](const std::vector<int64_t>& s) {
       std::string r = "[";
       for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
       return r + "]";
     };
     throw InputError(path + ": tensor '" + name + "' has shape " + text(t->shape) +
-                     ", the model needs " + text(into.shape));
+                     ", the model needs " + text(shape));
   }
-  std::memcpy(into.values.data(), t->data.data(), t->data.size());
+  return *t;
+}
+
+// Copies tensor `name` of `file` into `into` (whose shape says what is expected).
+void read_tensor(const SafeTensorsFile& file, const std::string& path, const std::string& name,
+                 NamedTensor& into) {
+  const SafeTensor& t = checked_tensor(file, path, name, into.shape);
+  std::memcpy(into.values.data(), t.data.data(), t.data.size());
+}
+
+// The model's parameters are in the file with its shapes, so that building the model costs no
+// more memory than the file holds: `layers` comes from the file too, and a corrupt one
+// (784-500000-10 where the tensors are 784x100) would otherwise have gigabytes zero-filled before
+// the first shape was compared.
+void check_parameter_shapes(const SafeTensorsFile& file, const std::string& path,
+                            const ModelConfig& config) {
+  const size_t layers = config.layers.size() - 1;
+  for (size_t l = 0; l < layers; ++l) {
+    checked_tensor(file, path, Model::weight_name(l, layers),
+                   {config.layers[l], config.layers[l + 1]});
+    checked_tensor(file, path, Model::bias_name(l, layers), {config.layers[l + 1]});
+  }
 }
 
 // A NaN or infinite parameter (a diverged run's) or a negative second moment would turn every
@@ -198,6 +219,7 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
     throw InputError(path + ": checkpoint holds model " + config.describe() + ", expected " +
                      expected->describe());
 
+  check_parameter_shapes(file, path, config);
   Checkpoint checkpoint;
   checkpoint.model = Model(config);
   OptimizerConfig& opt = checkpoint.optimizer;
@@ -206,6 +228,11 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
   opt.beta1 = parse_number<float>(path, "beta1", metadata(file, path, "beta1"));
   opt.beta2 = parse_number<float>(path, "beta2", metadata(file, path, "beta2"));
   opt.epsilon = parse_number<float>(path, "epsilon", metadata(file, path, "epsilon"));
+  try {
+    opt.validate();
+  } catch (const InputError& e) {
+    throw InputError(path + ": checkpoint metadata: " + e.what());
+  }
   checkpoint.step = parse_number<int64_t>(path, "step", metadata(file, path, "step"));
   checkpoint.epoch = parse_number<int64_t>(path, "epoch", metadata(file, path, "epoch"));
   checkpoint.seed = parse_seed(path, metadata(file, path, "seed"));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "batch_count.h"
 #include "dataset_store.h"
 #include "ps_client.h"
 #include "tandem/error.h"
@@ -70,8 +71,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("the target must be a finite number >= 0 (0: off)");
   if (!(std::isfinite(options_.max_seconds) && options_.max_seconds >= 0))
     throw InputError("max_seconds must be a finite number >= 0 (0: no limit)");
-  if (!(std::isfinite(s.optimizer.learning_rate) && s.optimizer.learning_rate > 0))
-    throw InputError("the learning rate must be a positive finite number");
+  s.optimizer.validate();
   if (!(s.score_interval_s > 0 && s.score_interval_s <= 86400))
     throw InputError("score_interval_s must be above 0 and at most 86400 (a day)");
   if (!(s.checkpoint_every_s >= 0 && s.checkpoint_every_s <= 1e7))
@@ -116,7 +116,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   co.expected_workers = options_.workers;
   co.expected_scorers = options_.scorers;
   co.run_config = to_json(s);
-  co.batches_per_epoch = (store.train.rows + s.batch - 1) / s.batch;
+  co.batches_per_epoch = batch_count(store.train.rows, s.batch);
   co.max_epochs = options_.max_epochs;
   co.max_seconds = options_.max_seconds;
   co.target = options_.target;

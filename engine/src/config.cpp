@@ -60,19 +60,24 @@ std::string shortest_text(float x) {
 
 }  // namespace
 
+void OptimizerConfig::validate() const {
+  if (!(learning_rate > 0.0f) || !std::isfinite(learning_rate))
+    throw InputError("learning rate must be a positive finite number, got " +
+                     shortest_text(learning_rate));
+  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+    throw InputError("Adam betas must be in [0, 1), got " + shortest_text(beta1) + " and " +
+                     shortest_text(beta2));
+  if (!(epsilon > 0.0f) || !std::isfinite(epsilon))
+    throw InputError("Adam epsilon must be a positive finite number, got " +
+                     shortest_text(epsilon));
+}
+
 void TrainConfig::validate() const {
   model.validate();
   if (batch < 1) throw InputError("batch size must be at least 1, got " + std::to_string(batch));
   if (epochs < 0) throw InputError("epochs must be >= 0, got " + std::to_string(epochs));
   if (threads < 0) throw InputError("threads must be >= 0, got " + std::to_string(threads));
-  if (!(optimizer.learning_rate > 0.0f) || !std::isfinite(optimizer.learning_rate))
-    throw InputError("learning rate must be a positive finite number, got " +
-                     shortest_text(optimizer.learning_rate));
-  if (!(optimizer.beta1 >= 0.0f && optimizer.beta1 < 1.0f) ||
-      !(optimizer.beta2 >= 0.0f && optimizer.beta2 < 1.0f))
-    throw InputError("Adam betas must be in [0, 1)");
-  if (!(optimizer.epsilon >= 0.0f) || !std::isfinite(optimizer.epsilon))
-    throw InputError("Adam epsilon must be a finite number >= 0");
+  optimizer.validate();
   if (!init_path.empty() && !resume_path.empty())
     throw InputError("give either an initial model (" + init_path + ") or a checkpoint to resume (" +
                      resume_path + "), not both");

@@ -213,6 +213,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     ckpt.extra["validation_samples"] = validation_samples;
     return ckpt;
   };
+  bool said_diverged = false;
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
     auto step_start = epoch_start;
@@ -259,9 +260,20 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
         best_is_current = true;
       }
     }
+    // A diverged epoch's state (parameters of NaN) is refused by every reader of the file, the
+    // best beside it included: while the run has a finite best, that is what the file holds.
+    const bool diverged = validation.rows > 0 && !std::isfinite(report.validation.loss_sum) &&
+                          best && std::isfinite(best_loss);
+    if (diverged && !said_diverged && !config_.checkpoint_path.empty()) {
+      said_diverged = true;
+      std::fprintf(stderr,
+                   "tandem: epoch %lld's validation loss is not finite; the checkpoint holds "
+                   "the best epoch's state (epoch %lld) instead\n",
+                   static_cast<long long>(epoch_), static_cast<long long>(best->epoch));
+    }
     if (!config_.checkpoint_path.empty()) {
       Checkpoint ckpt;
-      if (best_is_current) {
+      if (best_is_current || diverged) {
         ckpt = *best;
       } else {
         ckpt = validation.rows > 0 ? scored(checkpoint(), report.validation.loss_sum) : checkpoint();

@@ -31,6 +31,10 @@ struct OptimizerConfig {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float epsilon = 1e-8f;
+
+  // InputError unless the rate is positive and finite, the betas in [0, 1) and epsilon positive
+  // and finite (0 divides a parameter that never had a gradient, a dead pixel's, 0 by 0: NaN).
+  void validate() const;
 };
 
 enum class BackendKind { Cpu, Cuda, Auto };
