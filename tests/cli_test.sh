@@ -77,6 +77,11 @@ expect_error "missing directory" "$dir/nowhere" "$tandem" train --data "$dir/now
 
 # Bad options and checkpoints.
 expect_error "batch 0" "batch" "$tandem" train --data "$real" --batch 0
+# A batch past the rows is one batch: rows + batch - 1 overflowed near 2^63 into no steps per
+# epoch, a division by zero (SIGFPE).
+out=$("$tandem" train --data "$real" --epochs 1 --batch 9223372036854775807 --threads 2 --json \
+      2>/dev/null)
+check "a batch of 2^63-1 trains one step an epoch" test "$(json_field "$out" steps)" = 1
 expect_error "unknown backend" "backend" "$tandem" train --data "$real" --backend tpu
 expect_error "bad hidden widths" "layers" "$tandem" train --data "$real" --hidden 100,x
 expect_error "lr infinite" "learning rate must be a positive finite number, got inf" "$tandem" train --data "$real" --lr inf

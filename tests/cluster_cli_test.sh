@@ -73,12 +73,17 @@ steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$ou
 check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
 # 1a. --resume continues from those checkpoints (a copy of them, run1 stays as it is); with none
 #     there it is refused before anything starts.
-mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1r/"
+mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1/metrics.jsonl" "$dir/run1r/"
+first_lines=$(wc -l <"$dir/run1/metrics.jsonl")
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 1 \
   --target 0 --dashboard -1 --resume --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
 check "launch --resume exits 0" test $rc -eq 0
 check "... its server resumed from the first run's last checkpoint" \
   grep -q "resumed from checkpoint .*/ps0-step-$steps\.safetensors (step $steps)" "$dir/err1r"
+check "... and added to the run's metrics log (it was truncated)" \
+  cmp -s <(head -n "$first_lines" "$dir/run1r/metrics.jsonl") "$dir/run1/metrics.jsonl"
+check "... with scores of its own" \
+  test "$(tail -n +"$((first_lines + 1))" "$dir/run1r/metrics.jsonl" | grep -c '"type":"score"')" -gt 0
 expect_error "launch --resume with no checkpoint is refused" \
   "--resume: no parameter server checkpoint" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1e" --workers 1 --dashboard -1 --resume

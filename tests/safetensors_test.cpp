@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "file_io.h"
 #include "tandem/error.h"
 #include "test_support.h"
 
@@ -384,6 +385,20 @@ TEST_F(SafeTensorsTest, WritingOverAnExistingFileReplacesIt) {
   EXPECT_EQ(back.tensors[0].name, "only");
   EXPECT_TRUE(back.metadata.empty());
   EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+}
+
+// The temporary file's name is predictable (PATH.tmp-PID): a link planted under it, in a shared
+// directory, is removed and never written through (its target once got the file's bytes).
+TEST_F(SafeTensorsTest, ALinkPlantedAtTheTemporaryNameIsNotFollowed) {
+  const std::string p = path("model.safetensors");
+  const std::string victim = path("victim");
+  write_text_atomic(victim, "keep me\n");
+  const std::string tmp = p + ".tmp-" + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.c_str(), tmp.c_str()), 0) << std::strerror(errno);
+  write_safetensors_atomic(p, two_tensors());
+  EXPECT_EQ(read_bytes(victim), "keep me\n");
+  EXPECT_EQ(read_safetensors(p).tensors.size(), 2u);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"model.safetensors", "victim"}));
 }
 
 TEST_F(SafeTensorsTest, InvalidWriteLeavesTheOldFileUntouched) {

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include "batch_count.h"
 #include "array_stats.h"
 #include "random.h"
 #include "tandem/error.h"
@@ -92,7 +93,7 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   if (static_cast<int64_t>(labels_.size()) != split_.rows)
     throw InputError(what + ": " + std::to_string(split_.rows) + " images but " +
                      std::to_string(labels_.size()) + " labels");
-  const int64_t batches = (split_.rows + options_.batch_rows - 1) / options_.batch_rows;
+  const int64_t batches = batch_count(split_.rows, options_.batch_rows);
   for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count)
     rows_per_epoch_ += std::min(options_.batch_rows, split_.rows - b * options_.batch_rows);
   // No batch holds more rows than the split: a batch size past it page-locks no more than that.
@@ -151,7 +152,7 @@ size_t ChunkManager::ready_batches() {
 }
 
 int64_t ChunkManager::batches_per_epoch() const {
-  return (split_.rows + options_.batch_rows - 1) / options_.batch_rows;
+  return batch_count(split_.rows, options_.batch_rows);
 }
 
 void ChunkManager::start_epoch(int64_t epoch) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "file_io.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -91,16 +92,7 @@ std::string advertised_endpoint(const std::string& bound, const std::string& hos
 }
 
 void write_rendezvous(const std::string& path, const std::string& address, const std::string& job) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << address << ' ' << job << '\n';
-    out.flush();
-    if (!out) throw IoError("cannot write the rendezvous file " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  write_text_atomic(path, address + ' ' + job + '\n');
 }
 
 std::string wait_for_rendezvous(const std::string& path, const std::string& job,

@@ -15,9 +15,14 @@
 namespace tandem {
 namespace {
 
-// Creates (or truncates) `tmp` for writing; the descriptor is returned only when that worked.
+// Creates `tmp` for writing, as a new file; the descriptor is returned only when that worked.
+// Never through what is already there: the name is predictable (PATH.tmp-PID), and in a shared
+// directory a link planted under it would have the write land on its target. A leftover (a
+// crashed process's of the same pid) is removed, not followed, and creating is tried again.
 int create_for_writing(const std::string& tmp) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0) fd = ::open(tmp.c_str(), flags, 0644);
   if (fd < 0) io_error("create", tmp, errno);
   return fd;
 }
@@ -103,6 +108,13 @@ void fsync_parent_directory(const std::string& path, const std::string& doing) {
     throw IoError("cannot fsync directory '" + dir + "' after " + doing + " '" + path +
                   "' (the new file may not survive a crash): " + std::strerror(err));
   }
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
+  out.write(text.data(), text.size());
+  out.commit();
+  fsync_parent_directory(path, "writing");
 }
 
 AtomicFile::AtomicFile(std::string path, std::string tmp)

@@ -99,6 +99,10 @@ class MappedFile {
 // so readers see the old file or the new one, never part of one. Construction creates `tmp`;
 // commit() fsyncs it, closes it and renames it over `path`; destroyed before commit() (a throw),
 // it removes `tmp`. commit() leaves the directory unsynced: see fsync_parent_directory.
+// Writes `text` as the whole of `path` through an AtomicFile and syncs the directory: a crash
+// or a full disk leaves the old file or the new one, never an empty or a partial one.
+void write_text_atomic(const std::string& path, const std::string& text);
+
 class AtomicFile {
  public:
   AtomicFile(std::string path, std::string tmp);

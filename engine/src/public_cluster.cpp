@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "batch_count.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
@@ -213,7 +214,7 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
                        "tandem::write_cluster_store");
     const DatasetStore store = DatasetStore::open(d.settings.data);
     if (store.train.rows == 0) throw InputError(d.settings.data + ": the training split is empty");
-    o.batches_per_epoch = (store.train.rows + d.settings.batch - 1) / d.settings.batch;
+    o.batches_per_epoch = batch_count(store.train.rows, d.settings.batch);
   }
   o.max_epochs = options.max_epochs;
   o.max_seconds = options.max_seconds;

@@ -18,6 +18,7 @@
 
 #include "array_rows.h"
 #include "gil.h"
+#include "batch_count.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
@@ -106,7 +107,7 @@ class PyCoordinator {
       if (settings_.data.empty())
         throw InputError("the run needs a store (settings 'data') unless it is fed ('fed': True)");
       const DatasetStore store = DatasetStore::open(settings_.data);
-      o.batches_per_epoch = (store.train.rows + settings_.batch - 1) / settings_.batch;
+      o.batches_per_epoch = batch_count(store.train.rows, settings_.batch);
     }
     o.max_epochs = max_epochs;
     o.max_seconds = max_seconds;

@@ -24,6 +24,7 @@
 #include "cluster_run.h"
 #include "dashboard_server.h"
 #include "dataset_store.h"
+#include "file_io.h"
 #include "json_output.h"
 #include "metrics_log.h"
 #include "process_launcher.h"
@@ -340,7 +341,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
-  MetricsLog metrics(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path);
+  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
+  MetricsLog metrics(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path,
+                     o.resume);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
@@ -358,9 +361,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     if (!o.json_summary) std::printf("%s\n", spec.dump().c_str());
     std::fflush(stdout);
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
-    const std::string path = o.run_dir + "/cluster.json";
-    std::ofstream(path + ".tmp") << spec.dump(2) << "\n";
-    std::filesystem::rename(path + ".tmp", path);
+    write_text_atomic(o.run_dir + "/cluster.json", spec.dump(2) + "\n");
   };
   // Each score once, in order, to TensorBoard, the metrics log and the terminal.
   double rate = 0.0;  // the cluster's samples/s at the newest tick

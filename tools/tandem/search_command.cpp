@@ -21,11 +21,13 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
 #include "data_store_of.h"
 #include "dataset_store.h"
+#include "file_io.h"
 #include "number_checks.h"
 #include "run_dir_lock.h"
 #include "progress_line.h"
@@ -456,7 +458,7 @@ void run_search(SearchOptions& o) {
     return best_loss(a) < best_loss(b);
   });
   nlohmann::json trials = nlohmann::json::array();
-  std::ofstream csv(fs::path(o.out) / "results.csv");
+  std::ostringstream csv;
   csv << "rank,trial,status,rung,epochs,best_validation_loss,validation_accuracy,best_epoch,"
          "seconds,lr,hidden,batch,optimizer,seed,error,slot\n";
   int succeeded = 0;
@@ -524,7 +526,8 @@ void run_search(SearchOptions& o) {
   if (stop.load()) summary["stopped_by_signal"] = stop_signal_name();
   nlohmann::json results = summary;
   results["results"] = trials;
-  std::ofstream(fs::path(o.out) / "results.json") << results.dump(2) << "\n";
+  write_text_atomic((fs::path(o.out) / "results.csv").string(), csv.str());
+  write_text_atomic((fs::path(o.out) / "results.json").string(), results.dump(2) + "\n");
 
   if (o.json) {
     std::printf("%s\n", summary.dump().c_str());

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "number_checks.h"
+#include "batch_count.h"
 #include "commands.h"
 #include "json_output.h"
 #include "progress_line.h"
@@ -119,7 +120,7 @@ void run_train(TrainOptions& o) {
   if (resume_from) trainer.resume(*resume_from, resume_path);
   resume_from.reset();  // the trainer holds what it needs of it
   ProgressLine progress;
-  const int64_t steps_per_epoch = (train_rows + config.batch - 1) / config.batch;
+  const int64_t steps_per_epoch = batch_count(train_rows, config.batch);
   trainer.on_step = [&](const StepReport& r) {
     const int64_t in_epoch = (r.step - 1) % steps_per_epoch + 1;
     progress.update("epoch " + std::to_string(r.epoch + 1) + "/" + std::to_string(config.epochs) +

@@ -48,10 +48,7 @@ std::string file_safe(std::string text) {
 // see part of it. The temporary name does not end in .endpoint: clients reading a directory
 // pass it over.
 void write_endpoint_file(const std::string& path, const std::string& endpoint) {
-  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
-  const std::string line = endpoint + "\n";
-  out.write(line.data(), line.size());
-  out.commit();
+  write_text_atomic(path, endpoint + "\n");
 }
 
 // A server's entry in an --endpoint-dir, removed when it stops (however serve() ends).
