@@ -374,6 +374,28 @@ TEST(Coordinator, ServesThroughSignalsLandingOnItsThreads) {
   EXPECT_NO_THROW(link.request({{"type", "status"}}));  // still serving
 }
 
+// A server the placement gives no part would never be initialised (the chief's Init skips it):
+// the other workers waited for it until their init timeout. Refused before anything starts.
+TEST(Coordinator, RefusesMoreServersThanTheModelHasPartsFor) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.run_config["model"] = "4-2-3";  // 4 tensors of 4, 2, 2 and 3 rows: 11 parts at most
+  o.expected_ps = 12;
+  try {
+    Coordinator c(o);
+    ADD_FAILURE() << "12 servers for a model of 11 rows were accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("server 11 would hold no part"), std::string::npos)
+        << e.what();
+  }
+  for (const auto& [model, servers] : {std::pair<std::string, int>{"4-2-3", 4}, {"784-100-10", 64}}) {
+    CoordinatorOptions fits = test::bare_coordinator_options(context);  // (its own address)
+    fits.run_config["model"] = model;
+    fits.expected_ps = servers;
+    EXPECT_NO_THROW(Coordinator c(fits)) << model << " on " << servers;
+  }
+}
+
 TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   zmq::context_t context(1);
   CoordinatorOptions o = test::bare_coordinator_options(context);

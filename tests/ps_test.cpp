@@ -633,6 +633,12 @@ TEST_F(ParameterServerBadInput, MalformedBodyWithReadableHeader) {
   const auto out = transport::encode_message(m, {});
   unknown_pull[0] = std::vector<uint8_t>(out.header_frame.begin(), out.header_frame.end());
   expect_error(unknown_pull, 43, "unknown parameter 'zz'");
+  // A name given twice: the reply could not name it twice, and no reply went out at all.
+  auto twice_pull = frames_of(MessageType::Pull, 44, {});
+  const auto twice = transport::encode_message(
+      transport::make_message(MessageType::Pull, 44, 0, {}, "w\nw"), {});
+  twice_pull[0] = std::vector<uint8_t>(twice.header_frame.begin(), twice.header_frame.end());
+  expect_error(twice_pull, 44, "parameter 'w' named twice");
 }
 
 TEST(ParameterServer, OversizedMessagesAreRejected) {
@@ -1128,6 +1134,31 @@ TEST(PsMode, BoundedStalenessAgreesAcrossServersWhateverOrderPushesArriveIn) {
     hb.wait();
   }
   for (ParameterServer* s : {&s0, &s1}) EXPECT_EQ(s->stats().version, 40);
+}
+
+// A worker that overlaps installs the next reply before it pushes the gradient of the parameters
+// before: the push says the versions they had (computed_on), or its staleness reads one too low.
+TEST(PsMode, APushPullSaysTheVersionsItsGradientWasComputedOn) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-computed-on"));
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const auto params = small_params(24);
+  client.init(params).wait();
+  transport::HeldPool<std::vector<NamedTensor>> buffers;
+  auto buffer = buffers.take();
+  buffer->value = gradients_like(params, 1960);
+  const std::vector<uint64_t> before = client.versions();
+  EXPECT_EQ(before, std::vector<uint64_t>{0});
+  EXPECT_EQ(client.push_pull(buffer).wait().version, 1u);  // on 0 at 0: staleness 0
+  EXPECT_EQ(client.versions(), std::vector<uint64_t>{1});
+  buffer = buffers.take();
+  buffer->value = gradients_like(params, 1961);
+  EXPECT_EQ(client.push_pull(buffer, &before).wait().version, 2u);  // on 0 at 1: staleness 1
+  const ServerStats s = client.stats().at(0);
+  EXPECT_EQ(s.staleness[0], 1);
+  EXPECT_EQ(s.staleness[1], 1);
+  const std::vector<uint64_t> two_servers{0, 0};
+  EXPECT_THROW(client.push_pull(buffer, &two_servers), InputError);
 }
 
 TEST(PsMode, AsyncStalenessHistogramCountsKnownSequences) {
@@ -2201,10 +2232,14 @@ TEST(Curve, BadKeysAndOptionsAreRefusedWithAClearMessage) {
   bad_char[7] = '"';
   msg = error_of<TransportError>([&] { transport::validate_curve_key(bad_char, "k"); });
   EXPECT_TRUE(contains(msg, "character 8") && contains(msg, "not a Z85 character")) << msg;
-  // "#####" is 85^5 - 1 > 2^32: every character is Z85, the group is not.
-  msg = error_of<TransportError>(
-      [&] { transport::validate_curve_key("#####" + keys.public_key.substr(5), "k"); });
-  EXPECT_TRUE(contains(msg, "does not decode")) << msg;
+  EXPECT_FALSE(contains(msg, "\"")) << msg;  // no character of the key is quoted
+  // "#####" is 85^5 - 1 > 2^32: every character is Z85, the group is not. The message says
+  // where, and quotes none of the key (it may be a secret one).
+  const std::string overflowing = keys.secret_key.substr(0, 10) + "#####" + keys.secret_key.substr(15);
+  msg = error_of<TransportError>([&] { transport::validate_curve_key(overflowing, "k"); });
+  EXPECT_TRUE(contains(msg, "characters 11 to 15") && contains(msg, "do not decode")) << msg;
+  EXPECT_FALSE(contains(msg, keys.secret_key.substr(0, 10))) << msg;
+
   msg = error_of<TransportError>([] { transport::curve_public_from_secret("short"); });
   EXPECT_TRUE(contains(msg, "secret key")) << msg;
 

@@ -141,6 +141,11 @@ RunSettings run_settings_from_json(const json& j) {
     throw InputError(std::string("cluster settings from the coordinator: ") + e.what());
   }
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
+  try {
+    s.optimizer.validate();
+  } catch (const InputError& e) {
+    throw InputError(std::string("cluster settings: ") + e.what());
+  }
   if (!(s.step_timeout_s >= 0))
     throw InputError("cluster settings: step_timeout_s must be >= 0 (0: never)");
   check_overlap(s);
@@ -660,12 +665,15 @@ static void worker_role(const RoleOptions& o) {
   auto push_gradients = [&](int64_t batches, int64_t rows) {
     bool answered;
     if (s.overlap) {
-      // The previous batch's exchange has been in flight while this gradient was computed.
+      // The previous batch's exchange has been in flight while this gradient was computed, on
+      // the parameters installed before it: their versions go with the push, not those of the
+      // reply installed next (the servers' staleness counts would read one too low).
+      const std::vector<uint64_t> computed_on = client.versions();
       answered = !inflight || exchange([&] { wait_and_install(*inflight); });
       inflight.reset();
       if (answered) {
         try {
-          inflight = client.push_pull(gradients);
+          inflight = client.push_pull(gradients, &computed_on);
         } catch (const transport::TransportError& e) {
           answered = exchange([&] { throw e; });
         }

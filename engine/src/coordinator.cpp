@@ -7,6 +7,8 @@
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "curve_client.h"
+#include "parameter_layout.h"
+#include "ps_placement.h"
 #include "tandem/error.h"
 #include "zmq_messaging.h"
 #include "zmq_through_signals.h"
@@ -62,6 +64,34 @@ std::string Coordinator::random_run_id() {
   return text;
 }
 
+namespace {
+
+// The chief's Init goes only to the servers that hold a part of the model (ps_client.cpp), so a
+// server placed nothing would never be initialised and every other worker would wait on it until
+// its init timeout. Placement splits large tensors by rows, so this takes a model of few rows
+// and many servers; it is refused before anything starts.
+void check_every_server_holds_a_part(const nlohmann::json& run_config, int servers) {
+  const auto model = run_config.find("model");
+  if (model == run_config.end() || !model->is_string() || servers < 1) return;
+  const ModelConfig config = ModelConfig::parse(model->get<std::string>());
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& e : ParameterLayout::for_model(config).entries) {
+    names.push_back(e.name);
+    shapes.push_back(e.shape);
+  }
+  std::vector<bool> holds(size_t(servers), false);
+  for (const TensorPart& part : place_parts(names, shapes, servers)) holds[size_t(part.server)] = true;
+  const auto empty = std::find(holds.begin(), holds.end(), false);
+  if (empty == holds.end()) return;
+  const auto used = std::count(holds.begin(), holds.end(), true);
+  throw InputError(std::to_string(servers) + " parameter servers for model " + config.describe() +
+                   ": server " + std::to_string(empty - holds.begin()) + " would hold no part " +
+                   "of it (its parts fill " + std::to_string(used) + "); use fewer servers");
+}
+
+}  // namespace
+
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       own_context_(options_.context ? nullptr : std::make_unique<zmq::context_t>(1)),
@@ -71,6 +101,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   if (options_.fed && options_.max_epochs > 0)
     throw InputError("a fed run has no epochs (whoever feeds decides how often the data comes "
                      "round): stop it by target, time or request, not max epochs");
+  check_every_server_holds_a_part(options_.run_config, options_.expected_ps);
   if (!options_.curve_secret_key.empty()) secure_sockets();
   else if (!options_.curve_allowed_clients.empty())
     throw InputError("coordinator: curve_allowed_clients without curve_secret_key");

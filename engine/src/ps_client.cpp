@@ -122,7 +122,8 @@ PsClient::Handle PsClient::send_each(MessageType type,
                                      const std::vector<std::vector<FloatTensorRef>>& per_server,
                                      const std::vector<std::string>& extra,
                                      const std::vector<bool>& involved,
-                                     const std::shared_ptr<transport::SendHold>& hold) {
+                                     const std::shared_ptr<transport::SendHold>& hold,
+                                     const std::vector<uint64_t>* versions) {
   // A stopping client sends nothing: a send to a server that has stopped with it (inproc, no
   // peer left) would wait out the whole timeout.
   if (options_.cancel && *options_.cancel)
@@ -136,8 +137,8 @@ PsClient::Handle PsClient::send_each(MessageType type,
     if (!involved[s]) continue;
     const uint64_t id = next_request_id_++;
     Server& server = *servers_[s];
-    const auto out =
-        transport::encode_float_message(type, id, server.last_version, per_server[s], extra[s]);
+    const uint64_t version = versions != nullptr ? versions->at(s) : server.last_version;
+    const auto out = transport::encode_float_message(type, id, version, per_server[s], extra[s]);
     try {
       transport::send_message(server.socket, out, nullptr,
                               "parameter server " + server.endpoint + " (" +
@@ -199,8 +200,12 @@ void PsClient::idle() {
 
 PsClient::Handle PsClient::send_gradients(MessageType type,
                                           const std::vector<NamedTensor>& gradients,
-                                          const std::shared_ptr<transport::SendHold>& hold) {
+                                          const std::shared_ptr<transport::SendHold>& hold,
+                                          const std::vector<uint64_t>* versions) {
   require_init(transport::to_string(type));
+  if (versions != nullptr && versions->size() != servers_.size())
+    throw InputError("parameter server client: " + std::to_string(versions->size()) +
+                     " versions for " + std::to_string(servers_.size()) + " servers");
   // Every parameter exactly once, in its own shape (a split one could not be sliced otherwise).
   std::vector<const NamedTensor*> by_tensor(names_.size(), nullptr);
   for (const auto& g : gradients) {
@@ -226,7 +231,7 @@ PsClient::Handle PsClient::send_gradients(MessageType type,
     per_server[size_t(part.server)].push_back(
         {part.name, part.shape, by_tensor[part.tensor]->values.data() + part.offset});
   return send_each(type, per_server, std::vector<std::string>(servers_.size()),
-                   holding(per_server), hold);
+                   holding(per_server), hold, versions);
 }
 
 PsClient::Handle PsClient::push(const std::vector<NamedTensor>& gradients) {
@@ -241,8 +246,15 @@ PsClient::Handle PsClient::push(const std::shared_ptr<GradientBuffer>& gradients
   return send_gradients(MessageType::Push, gradients->value, gradients);
 }
 
-PsClient::Handle PsClient::push_pull(const std::shared_ptr<GradientBuffer>& gradients) {
-  return send_gradients(MessageType::PushPull, gradients->value, gradients);
+PsClient::Handle PsClient::push_pull(const std::shared_ptr<GradientBuffer>& gradients,
+                                     const std::vector<uint64_t>* computed_on) {
+  return send_gradients(MessageType::PushPull, gradients->value, gradients, computed_on);
+}
+
+std::vector<uint64_t> PsClient::versions() const {
+  std::vector<uint64_t> out;
+  for (const auto& server : servers_) out.push_back(server->last_version);
+  return out;
 }
 
 Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline,

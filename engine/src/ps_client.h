@@ -158,7 +158,11 @@ class PsClient {
   // no send holds any more.
   using GradientBuffer = transport::Held<std::vector<NamedTensor>>;
   Handle push(const std::shared_ptr<GradientBuffer>& gradients);
-  Handle push_pull(const std::shared_ptr<GradientBuffer>& gradients);
+  // `computed_on`: the versions (versions(), one per server) of the parameters the gradient was
+  // computed on, when those are not the latest replies' (a worker that overlaps installs the
+  // next parameters before it pushes the gradient of the ones before). Null: the latest replies'.
+  Handle push_pull(const std::shared_ptr<GradientBuffer>& gradients,
+                   const std::vector<uint64_t>* computed_on = nullptr);
   // One-way to every server: this worker has no batch to train for now, so a sync step or a
   // bounded-staleness reply need not wait for its gradient (ps_server.h, Idle). Say it each
   // time there is no batch: a step applied makes the servers wait for it again.
@@ -174,6 +178,7 @@ class PsClient {
   const std::vector<TensorPart>& layout() const { return layout_; }
   // The version the latest answered request to server `s` carried (0 before any reply).
   uint64_t last_version(size_t s) const { return servers_.at(s)->last_version; }
+  std::vector<uint64_t> versions() const;  // last_version of every server, in endpoint order
   // Requests still expected and replies kept for a later wait, over all servers: what a
   // handle waited for, or dropped, no longer holds.
   size_t requests_in_flight() const;
@@ -204,10 +209,12 @@ class PsClient {
   Handle send_each(transport::MessageType type,
                    const std::vector<std::vector<transport::FloatTensorRef>>& per_server,
                    const std::vector<std::string>& extra, const std::vector<bool>& involved,
-                   const std::shared_ptr<transport::SendHold>& hold = nullptr);
+                   const std::shared_ptr<transport::SendHold>& hold = nullptr,
+                   const std::vector<uint64_t>* versions = nullptr);
   std::vector<bool> all_servers() const;
   Handle send_gradients(transport::MessageType type, const std::vector<NamedTensor>& gradients,
-                        const std::shared_ptr<transport::SendHold>& hold);
+                        const std::shared_ptr<transport::SendHold>& hold,
+                        const std::vector<uint64_t>* versions = nullptr);
   void require_init(const char* what) const;
   transport::Frames await(size_t server, uint64_t request_id,
                           std::chrono::steady_clock::time_point deadline,

@@ -395,7 +395,12 @@ void ParameterServer::serve() {
       on_tick();
     } catch (const std::exception& e) {
       // A failed send to one peer (or a bad_alloc on one message) must not stop the server.
-      log_once(std::string("internal: ") + e.what(), e.what());
+      // Logged once per kind of failure: the text may name a request id or a peer, which would
+      // make every occurrence a kind of its own, logged and remembered each time.
+      std::string kind = std::string("internal: ") + e.what();
+      kind.erase(std::remove_if(kind.begin(), kind.end(), [](char c) { return c >= '0' && c <= '9'; }),
+                 kind.end());
+      log_once(kind, e.what());
     }
   }
   maybe_checkpoint(true);  // the final one, if anything changed since the last

@@ -1,5 +1,6 @@
 #include "ps_shard.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -126,7 +127,9 @@ float* PsShard::writable_params(bool keep_values) {
   if (params_->in_use()) {
     std::shared_ptr<ParamBlock> next = param_blocks_.take();  // not params_: that one is held
     if (next->value.size() != size_t(total_)) next->value = AlignedBuffer<float>(size_t(total_));
-    if (keep_values)
+    // ZeroMQ may let params_ go between in_use() and take(), which then hands back params_
+    // itself: its values are already there (and memcpy onto itself is undefined).
+    if (keep_values && next != params_)
       std::memcpy(next->value.data(), params_->value.data(), size_t(total_) * sizeof(float));
     params_ = std::move(next);
   }
@@ -273,6 +276,10 @@ std::string PsShard::select(const std::vector<std::string>& names,
   for (const auto& n : names) {
     const Entry* e = find(n);
     if (e == nullptr) return "unknown parameter '" + n + "'";
+    // A reply names each tensor once (the encoder refuses a repeat): without this check a Pull
+    // naming one twice got no reply at all, its client waiting out its timeout.
+    if (std::find(out.begin(), out.end(), e) != out.end())
+      return "parameter '" + n + "' named twice";
     out.push_back(e);
   }
   return "";

@@ -5,7 +5,9 @@
 namespace tandem {
 
 void WorkerClocks::pushed(const std::string& worker, Clock::time_point now) {
-  Worker& w = workers_[worker];  // (a new one: no pushes, never heard from, so not counting)
+  auto [it, added] = workers_.try_emplace(worker);
+  Worker& w = it->second;  // (a new one: no pushes, never heard from, so not counting)
+  registered_ += added ? 1 : 0;
   if (!counts(w, now)) rejoin(w, now);
   ++w.pushes;
   w.last_heard = now;
@@ -39,7 +41,16 @@ void WorkerClocks::clear_idle() {
   for (auto& kv : workers_) kv.second.idle = false;
 }
 
+void WorkerClocks::forget_departed(Clock::time_point now) {
+  if (now - last_forget_ < timeout_) return;
+  last_forget_ = now;
+  for (auto it = workers_.begin(); it != workers_.end();)
+    it = now - it->second.last_heard > kForgetAfterTimeouts * timeout_ ? workers_.erase(it)
+                                                                        : std::next(it);
+}
+
 void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {
+  forget_departed(now);
   const auto it = workers_.find(worker);
   if (it == workers_.end()) return;
   Worker& w = it->second;

@@ -49,7 +49,7 @@ class WorkerClocks {
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
   // Workers heard from within the timeout and not idle; workers ever registered.
   int active(Clock::time_point now) const;
-  int known() const { return static_cast<int>(workers_.size()); }
+  int known() const { return registered_; }  // (forgotten ones too: they registered)
 
  private:
   struct Worker {
@@ -57,6 +57,11 @@ class WorkerClocks {
     Clock::time_point last_heard;
     bool idle = false;
   };
+  // Forgets workers silent for kForgetAfterTimeouts timeouts: a worker that reconnects comes
+  // back under a new routing identity, so without this the table (scanned on every request)
+  // would grow by one entry per reconnect for the whole run. Runs at most once a timeout.
+  void forget_departed(Clock::time_point now);
+  static constexpr int kForgetAfterTimeouts = 10;
   // Registered, not idle and heard from within the timeout: it holds faster workers back.
   bool counts(const Worker& w, Clock::time_point now) const;
   // A worker that did not count comes back one push behind the slowest that counts (at least
@@ -64,6 +69,8 @@ class WorkerClocks {
   void rejoin(Worker& w, Clock::time_point now);
   Clock::duration timeout_;
   std::map<std::string, Worker> workers_;
+  Clock::time_point last_forget_{};
+  int registered_ = 0;
 };
 
 }  // namespace tandem

@@ -106,10 +106,20 @@ std::optional<json> ScoreSubscriber::next_message(int timeout_ms) {
       if (std::chrono::steady_clock::now() < until) continue;  // the hold ran out: give them
       return std::nullopt;
     }
+    // [topic, body], nothing else: a message of one frame or of more is passed over whole (a
+    // blocking read of a body that is not there would wait for the next message, past the
+    // caller's timeout, and read that message's topic as this one's body).
     zmq::message_t topic, body;
-    if (!transport::recv_through_signals(socket_, topic, zmq::recv_flags::none) ||
-        !transport::recv_through_signals(socket_, body, zmq::recv_flags::none))
+    if (!transport::recv_through_signals(socket_, topic, zmq::recv_flags::none) || !topic.more())
       continue;
+    if (!transport::recv_through_signals(socket_, body, zmq::recv_flags::dontwait)) continue;
+    if (body.more()) {
+      zmq::message_t rest;
+      do {
+        if (!transport::recv_through_signals(socket_, rest, zmq::recv_flags::dontwait)) break;
+      } while (rest.more());
+      continue;
+    }
     json m = json::parse(body.to_string_view(), nullptr, false);
     if (m.is_discarded() || !m.is_object()) continue;
     if (m.contains("replaying")) {

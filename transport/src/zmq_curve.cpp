@@ -24,6 +24,7 @@ namespace {
 constexpr size_t kZ85KeyChars = 40;
 constexpr size_t kKeyBytes = 32;
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+constexpr size_t kRefusedKeysLogged = 100;  // refused client keys logged per domain
 constexpr const char* kZ85Alphabet =
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 
@@ -87,13 +88,24 @@ void validate_curve_key(const std::string& key, const std::string& what) {
   if (key.size() != kZ85KeyChars)
     throw TransportError(what + ": a CURVE key is " + std::to_string(kZ85KeyChars) +
                          " Z85 characters, got " + std::to_string(key.size()));
+  // The key's characters are never quoted: it may be a secret key, and an error text ends up in
+  // logs. Positions say where the problem is.
   for (size_t i = 0; i < key.size(); ++i)
     if (key[i] == '\0' || std::strchr(kZ85Alphabet, key[i]) == nullptr)
-      throw TransportError(what + ": character " + std::to_string(i + 1) + " of the CURVE key ('" +
-                           std::string(1, key[i]) + "') is not a Z85 character");
+      throw TransportError(what + ": character " + std::to_string(i + 1) +
+                           " of the CURVE key is not a Z85 character");
+  for (size_t group = 0; group < kZ85KeyChars; group += 5) {
+    uint64_t value = 0;  // five base-85 digits: at most 85^5 - 1, past 2^32 - 1 for some
+    for (size_t i = group; i < group + 5; ++i)
+      value = value * 85 + uint64_t(std::strchr(kZ85Alphabet, key[i]) - kZ85Alphabet);
+    if (value > 0xFFFFFFFFull)
+      throw TransportError(what + ": characters " + std::to_string(group + 1) + " to " +
+                           std::to_string(group + 5) + " of the CURVE key do not decode as Z85 " +
+                           "(their group is past 2^32 - 1)");
+  }
   uint8_t bytes[kKeyBytes];
   if (zmq_z85_decode(bytes, key.c_str()) == nullptr)
-    throw TransportError(what + ": '" + key + "' does not decode as Z85 (a group overflows)");
+    throw TransportError(what + ": the CURVE key does not decode as Z85");
 }
 
 std::string curve_key_bytes(const std::string& key, const std::string& what) {
@@ -337,11 +349,14 @@ void ZapAuthenticator::serve() {
         } else if (!it->second.keys.empty() && it->second.keys.count(key) == 0) {
           reason = "client key not allowed";
           ++*it->second.rejected;
-          if (it->second.logged.insert(key).second)
+          // Logged once per key, for the first keys only: anyone with the server's public key
+          // can handshake under fresh keys, and each would cost a line and a set entry.
+          std::set<std::string>& logged = it->second.logged;
+          if (logged.size() < kRefusedKeysLogged && logged.insert(key).second)
             std::fprintf(stderr,
                          "tandem ZAP handler (domain %s): refused CURVE client key %s from %s: not "
-                         "in the allowed list (logged once per key)\n",
-                         domain.c_str(), z85_of(key).c_str(), address.c_str());
+                         "in the allowed list (logged once per key, for the first %zu keys)\n",
+                         domain.c_str(), z85_of(key).c_str(), address.c_str(), kRefusedKeysLogged);
         } else {
           status = "200";
           reason = "OK";

@@ -1,0 +1,53 @@
+// Bounded-staleness bookkeeping (ps_worker_clocks.h) on a clock of its own: levelling on rejoin,
+// and the table forgetting workers long gone without forgetting that they registered.
+#include "ps_worker_clocks.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(WorkerClocks, AReturningWorkerComesBackLevelWithTheSlowest) {
+  WorkerClocks clocks(100);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  clocks.pushed("a", t0);
+  clocks.pushed("b", t0);  // new: levelled one behind a, then its push
+  clocks.pushed("a", t0);
+  clocks.pushed("a", t0);
+  uint64_t clock = 0;
+  ASSERT_TRUE(clocks.clock("b", clock));
+  EXPECT_EQ(clock, 1u);
+  EXPECT_FALSE(clocks.within(3, 1, t0));  // a is 2 ahead of b
+  // b silent past the timeout holds a back no longer; back, it starts one behind a.
+  const auto later = t0 + milliseconds(150);
+  clocks.pushed("a", later);
+  EXPECT_TRUE(clocks.within(4, 1, later));
+  clocks.pushed("b", later);
+  ASSERT_TRUE(clocks.clock("b", clock));
+  EXPECT_EQ(clock, 4u);
+}
+
+// Each reconnect is a new routing identity: the old ones are dropped after ten timeouts of
+// silence, but still count as registered (a sync server's start waits for that many).
+TEST(WorkerClocks, WorkersLongGoneAreForgottenButStayCountedAsRegistered) {
+  WorkerClocks clocks(100);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  clocks.pushed("old", t0);
+  clocks.pushed("new", t0);
+  EXPECT_EQ(clocks.known(), 2);
+  uint64_t clock = 0;
+  const auto soon = t0 + milliseconds(500);  // five timeouts: kept
+  clocks.heard("new", soon);
+  EXPECT_TRUE(clocks.clock("old", clock));
+  const auto much_later = t0 + milliseconds(1200);  // twelve: forgotten
+  clocks.heard("new", much_later);
+  EXPECT_FALSE(clocks.clock("old", clock));
+  EXPECT_TRUE(clocks.clock("new", clock));
+  EXPECT_EQ(clocks.known(), 2);
+  EXPECT_EQ(clocks.active(much_later), 1);
+}
+
+}  // namespace
+}  // namespace tandem
