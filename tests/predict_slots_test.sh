@@ -170,6 +170,14 @@ r5=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --spli
     --out "$dir/remote.zarr" --backend cpu --slots "$c" --json 2>"$dir/err5")
 check "... and is reached there ($(tail -c 300 "$dir/err5"))" \
     test "$(json_field "$r5" chunks_skipped)" = 37
+# --backend cuda is the servers' to resolve: a client without a GPU sends the shares (it once
+# refused at once, with no device of its own), and here the servers, without one either, fail.
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect_error "--backend cuda with --slots goes to the servers, which say they have no GPU" \
+      "prediction shares on slot servers failed" \
+      "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
+      --out "$dir/cuda.zarr" --backend cuda --slots "$c"
+fi
 expect_error "--advertise without a wildcard bind is refused" "--advertise is for a server bound" \
     "$tandem" trial-slots --advertise 127.0.0.1
 expect_error "an endpoint nobody serves is named" "ipc://$dir/nobody" \

@@ -198,6 +198,27 @@ check "--budget-seconds with --slots exits 0 on time" test $rc -eq 0 -a $(( $(da
 check "... the remote trial is stopped by the time budget" grep -q "stopped by the time budget" "$dir/budget.err"
 check "... the server ended it with SIGTERM" grep -q "job trial-0.r0 (pid $(job_pids A | sed -n "$((before + 1))p")) killed by signal 15" "$dir/A.log"
 
+# 4b. A server of two slots, one held by another search: a search of two trials starts both there
+# and is closed by its time budget before the refusal of the second comes. That trial was kept
+# waiting for a slot nothing would start any more, and the search never ended (nor on SIGTERM).
+start_server H --slots 2
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$H" --slots-timeout $hb --out "$dir/holder" \
+    >/dev/null 2>"$dir/holder.err" &
+holder=$!
+background+=("$holder")
+wait_started H 1
+timeout -s KILL 60 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.002 --budget 1 \
+    --threads-per-trial 1 --slots "$H" --slots-timeout $hb --budget-seconds 0.001 \
+    --out "$dir/closed" >/dev/null 2>"$dir/closed.err"; rc=$?
+# (Trial 0 may finish its one epoch before the cancel reaches it: exit 0; or not: exit 1, and the
+# search says the budget ended every trial.)
+check "a search closed before a busy server's refusal came ends (exit status $rc)" \
+    test $rc -eq 0 -o $rc -eq 1
+check "... none of its trials failed" py_check "$dir/closed/results.json" \
+    "all(t['status'] in ('stopped', 'completed') for t in r['results'])"
+{ kill -9 "$holder"; wait "$holder"; kill -TERM "$H_pid"; wait "$H_pid"; } 2>/dev/null
+
 # 5. CURVE: a server with a secret key serves only searches that know its public key (and, with
 #    --curve-allowed, hold an admitted key); the others are told why they get no answer.
 "$tandem" keygen --out "$dir/slots" >/dev/null

@@ -230,6 +230,20 @@ TEST(SuccessiveHalving, CloseStopsPendingAndWaitingTrials) {
   EXPECT_EQ(h.rung(b->trial), -1);
 }
 
+// Equal losses (diverged trials all end at infinity) promote the lower trial, not the one that
+// happened to finish first.
+TEST(SuccessiveHalving, TiedLossesPromoteTheLowerTrialWhateverOrderTheyCameIn) {
+  for (const std::vector<int>& order : {std::vector<int>{2, 0, 1}, {1, 2, 0}, {0, 1, 2}}) {
+    SuccessiveHalving h(3, 1, 3, 3);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.next());
+    for (int t : order) h.report(t, INFINITY);
+    const std::optional<HalvingJob> job = h.next();
+    ASSERT_TRUE(job);
+    EXPECT_EQ(job->trial, 0) << "reported in the order " << order[0] << order[1] << order[2];
+    EXPECT_EQ(job->rung, 1);
+  }
+}
+
 TEST(SuccessiveHalving, NanLossRanksLast) {
   SuccessiveHalving h(3, 1, 3, 3);
   drive(h, 1, {{0, {NAN, 0}}, {1, {2, 2}}, {2, {3, 3}}});

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "test_support.h"
+#include "trial_slot_pool.h"
 #include "trial_slot_protocol.h"
 #include "trial_slot_server.h"
 
@@ -73,6 +74,16 @@ TEST(TrialSlotProtocol, EveryTypeRoundTrips) {
   SlotMessage beat(SlotMessageType::Heartbeat);
   beat.running = 2;
   EXPECT_EQ(round_trip(beat).running, 2);
+  EXPECT_FALSE(round_trip(beat).jobs_listed);  // a search's heartbeat lists nothing
+  beat.seq = 17;
+  beat.jobs = {"trial-0.r0", "trial-3.r1"};
+  beat.jobs_listed = true;
+  const SlotMessage answer = round_trip(beat);
+  EXPECT_EQ(answer.seq, 17);
+  EXPECT_TRUE(answer.jobs_listed);
+  EXPECT_EQ(answer.jobs, beat.jobs);
+  beat.jobs.clear();  // none left: still a list, not the field left out
+  EXPECT_TRUE(round_trip(beat).jobs_listed);
   EXPECT_EQ(round_trip(SlotMessage(SlotMessageType::Bye)).type, SlotMessageType::Bye);
 
   SlotMessage error(SlotMessageType::Error);
@@ -354,6 +365,63 @@ TEST_F(TrialSlotServerTest, ByeEndsTheClientsJobs) {
       },
       10000, 100))
       << "the job outlived its client's bye by 10 s";
+}
+
+// A log the server cannot open (a directory it does not share) is refused with the reason; the
+// job once ran on with the server's own output, and its failure came back with no reason.
+TEST_F(TrialSlotServerTest, AJobWhoseLogCannotBeOpenedIsRefusedWithTheReason) {
+  Client c(context_, server_->endpoint());
+  c.log_ = "/nonexistent-dir/trial.log";
+  const SlotMessage m = c.start("nolog", "exit 0");
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_NE(m.error.find("cannot open its log /nonexistent-dir/trial.log: No such file"),
+            std::string::npos)
+      << m.error;
+}
+
+// A server that ends a search's jobs without a word (it restarted, or gave the search up after
+// hearing nothing from it for its heartbeat timeout) lists them no more in its heartbeat
+// answers: the pool reports them ended. It once waited for their exited forever.
+TEST_F(TrialSlotServerTest, APoolLearnsOfJobsTheServerEndedWithoutAWord) {
+  TrialSlotPoolOptions o;
+  o.timeout_ms = 10000;
+  TrialSlotPool pool({server_->endpoint()}, o);
+  pool.start("sleeper", [](int) { return std::vector<std::string>{"-c", "exec sleep 30"}; },
+             "/dev/null");
+  std::vector<SlotJobEnd> ended;
+  const auto wait_for = [&](int ms) {
+    const auto until = Clock::now() + std::chrono::milliseconds(ms);
+    while (Clock::now() < until && ended.empty()) {
+      const std::vector<SlotJobEnd> e = pool.wait(100);
+      ended.insert(ended.end(), e.begin(), e.end());
+    }
+  };
+  wait_for(1000);
+  EXPECT_TRUE(ended.empty()) << "a running job was reported ended: " << ended[0].how;
+  // Silent past the server's heartbeat timeout (1.5 s): it ends the job and forgets the client.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  wait_for(10000);
+  ASSERT_EQ(ended.size(), 1u) << "the job the server ended was never reported";
+  EXPECT_EQ(ended[0].job, "sleeper");
+  EXPECT_FALSE(ended[0].clean);
+  EXPECT_NE(ended[0].how.find("no longer runs it"), std::string::npos) << ended[0].how;
+  EXPECT_EQ(pool.total_slots(), 1) << "the server itself is still there";
+}
+
+// A search connects its pool, then may spend longer than the timeout preparing its data before
+// it first waits on the pool. The servers said nothing meanwhile because nothing was asked of
+// them: silence counts from the first question left unanswered, or a healthy server was dropped
+// at the first wait for not answering within its 50 ms poll.
+TEST_F(TrialSlotServerTest, APoolBusyElsewhereKeepsItsServers) {
+  TrialSlotPoolOptions o;
+  o.timeout_ms = 300;
+  TrialSlotPool pool({server_->endpoint()}, o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the data being prepared
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<SlotJobEnd> ended = pool.wait(0);
+    EXPECT_TRUE(ended.empty());
+  }
+  EXPECT_EQ(pool.total_slots(), 1) << pool.lost_servers();
 }
 
 }  // namespace

@@ -107,10 +107,14 @@ void SuccessiveHalving::report(int trial, double loss) {
   const int top = static_cast<int>(rung_epochs_.size()) - 1;
   t.status = t.rung == top ? TrialStatus::Completed : TrialStatus::Waiting;
   auto& rung = results_[t.rung];
-  // Ties keep the earlier trial first, so runs are reproducible.
-  const auto at = std::upper_bound(rung.begin(), rung.end(), loss,
-                                   [](double l, const Result& r) { return l < r.loss; });
-  rung.insert(at, Result{loss, trial});
+  // Ties go to the lower trial, whatever order the trials finished in (which depends on timing),
+  // so runs are reproducible: diverged trials all tie at infinity.
+  const Result result{loss, trial};
+  const auto before = [](const Result& a, const Result& b) {
+    return a.loss < b.loss || (a.loss == b.loss && a.trial < b.trial);
+  };
+  const auto at = std::upper_bound(rung.begin(), rung.end(), result, before);
+  rung.insert(at, result);
 }
 
 void SuccessiveHalving::fail(int trial) {

@@ -257,6 +257,9 @@ void run_predict(PredictCliOptions& o) {
   // Count what is already there before the children write: written = chunks - skipped after.
   PredictOptions probe = o.engine;
   probe.stop_after_chunks = 0;
+  // Slot servers predict on their own machines: --backend cuda is theirs to resolve, and a
+  // client without a GPU (a login node) must not refuse it here.
+  if (o.slots.remote()) probe.backend = BackendKind::Cpu;
   const PredictSummary before = predict_chunks(o.model, o.data, o.out, probe);
   PredictSummary s;
   if (!o.slots.remote()) {

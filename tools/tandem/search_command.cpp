@@ -408,6 +408,13 @@ void run_search(SearchOptions& o) {
       const RunningJob r = *it;
       running.erase(it);
       TrialRecord& rec = records[r.job.trial];
+      if (end.retry && closed) {
+        // Refused (busy) after the search closed: it will not be started again. Kept waiting,
+        // it would keep the search from ever ending (nothing starts or stops it any more).
+        rec.cut = true;
+        halving.stop(r.job.trial);
+        continue;
+      }
       if (end.retry) {
         refused.push_back(r.job);
         progress.print_line("trial " + std::to_string(r.job.trial) + ": " + end.how +
@@ -554,6 +561,9 @@ void run_search(SearchOptions& o) {
                 "; the results so far are in " + o.out);
   if (!no_slots.empty())
     throw Error("search: " + no_slots + "; the results so far are in " + o.out);
+  if (succeeded == 0 && closed)  // (nothing failed: the budget ended them all first)
+    throw Error("search: the time budget ended every trial before its first epoch; the results "
+                "are in " + o.out);
   if (succeeded == 0) throw Error("search: every trial failed; their logs are in " + o.out);
 }
 

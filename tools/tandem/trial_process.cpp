@@ -27,12 +27,20 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string failure = "tandem: cannot run " + args[0] + ": ";
+  // The log is opened here, not in the child: one that cannot be opened (a directory the server
+  // does not share) is an error its caller can report, where the child would have run on with
+  // the parent's output and left no reason anywhere.
+  const int log_fd =
+      log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (!log.empty() && log_fd < 0)
+    throw Error(what + ": cannot open its log " + log + ": " + std::strerror(errno));
   const pid_t parent = getpid();
   pid_t pid;
   {
     const StopSignalsBlocked blocked;  // until the child has reset them (stop_signals.h)
     pid = fork();
   }
+  if (pid != 0 && log_fd >= 0) close(log_fd);  // the child has its own copy
   if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
   // Both sides set the group (the usual shell idiom): whichever runs first, the child is in its
   // own group once either returns.
@@ -41,12 +49,10 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with their parent, however it ends
     if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
     if (own_process_group) setpgid(0, 0);
-    const int fd =
-        log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
+    if (log_fd >= 0) {  // (dup2's copies are not close-on-exec)
+      dup2(log_fd, STDOUT_FILENO);
+      dup2(log_fd, STDERR_FILENO);
+      close(log_fd);
     }
     // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
     // sent since the fork (a cancel right after the start) then ends it as it would the program.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -28,7 +29,13 @@ struct TrialSlotPool::Server {
   std::string lost;       // why it was dropped
   std::string send_error;  // a failed send, handled by wait()
   Clock::time_point last_heard, last_sent;
+  // When the oldest message still unanswered went (after last_heard): silence is counted from
+  // it, not from last_heard. A client busy elsewhere (a search preparing its data after it
+  // connected) sends nothing meanwhile, and its servers' silence then is its own.
+  Clock::time_point asked_since;
   std::vector<std::string> jobs;
+  int sent = 0;  // messages sent: a heartbeat carries its count, and each start's is kept
+  std::map<std::string, int> start_sent;  // job -> the count its start went out as
 };
 
 namespace {
@@ -132,12 +139,16 @@ void TrialSlotPool::add(const std::string& endpoint) {
   send(*servers_.back(), SlotMessage{SlotMessageType::Hello});
 }
 
-void TrialSlotPool::send(Server& s, const SlotMessage& m) {
+void TrialSlotPool::send(Server& s, SlotMessage m) {
+  ++s.sent;
+  if (m.type == SlotMessageType::Heartbeat) m.seq = s.sent;
+  if (m.type == SlotMessageType::Start) s.start_sent[m.job] = s.sent;
   const std::string text = encode_slot_message(m);
   try {
     transport::send_frames(s.socket, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
                            nullptr, "slot server " + s.endpoint);
     s.last_sent = Clock::now();
+    if (s.asked_since <= s.last_heard) s.asked_since = s.last_sent;
   } catch (const transport::TransportError& e) {
     s.send_error = e.what();
   }
@@ -200,12 +211,35 @@ void TrialSlotPool::cancel(const std::string& job) {
     }
 }
 
+void TrialSlotPool::lost_jobs(Server& s, const SlotMessage& heartbeat,
+                              std::vector<SlotJobEnd>& ended) {
+  // A job whose start went before this heartbeat and that the server does not list ended
+  // without an exited: the server restarted (a new one knows nothing of it), or it ended this
+  // search's jobs after hearing nothing from it for its heartbeat timeout. Waited for, it
+  // would keep the search from ever ending.
+  for (auto it = s.jobs.begin(); it != s.jobs.end();) {
+    const auto sent = s.start_sent.find(*it);
+    const bool before = sent != s.start_sent.end() && sent->second < heartbeat.seq;
+    if (!before || std::find(heartbeat.jobs.begin(), heartbeat.jobs.end(), *it) !=
+                       heartbeat.jobs.end()) {
+      ++it;
+      continue;
+    }
+    ended.push_back({*it, false,
+                     "slot server " + s.endpoint + " no longer runs it (restarted, or it ended " +
+                         "this client's jobs after hearing nothing from it)"});
+    s.start_sent.erase(*it);
+    it = s.jobs.erase(it);
+  }
+}
+
 void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJobEnd>& ended) {
   s.alive = false;
   s.lost = reason;
   for (const std::string& job : s.jobs)
     ended.push_back({job, false, "slot server " + s.endpoint + " " + reason});
   s.jobs.clear();
+  s.start_sent.clear();
   // A server that is only frozen or cut off for a while reads this bye when it comes back (after
   // any start still queued to it) and ends the jobs nobody waits for any more, rather than
   // running them, or starting them, beside the rerun that finishes their work. The socket's
@@ -275,6 +309,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
         case SlotMessageType::Exited:
           if (job == s.jobs.end()) break;
           s.jobs.erase(job);
+          s.start_sent.erase(m.job);
           ended.push_back({m.job, m.exit_code == 0,
                            m.signal > 0 ? "killed by signal " + std::to_string(m.signal)
                                         : "exited with status " + std::to_string(m.exit_code)});
@@ -282,6 +317,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
         case SlotMessageType::Error:
           if (job != s.jobs.end()) {
             s.jobs.erase(job);
+            s.start_sent.erase(m.job);
             if (m.busy) s.busy = true;
             ended.push_back(
                 {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});
@@ -292,6 +328,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
           break;
         case SlotMessageType::Heartbeat:
           if (m.running < s.slots) s.busy = false;
+          if (m.jobs_listed && m.seq > 0) lost_jobs(s, m, ended);
           break;
         default: break;  // started: being heard is what counts
       }
@@ -319,7 +356,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
       send(*s, SlotMessage{SlotMessageType::Heartbeat});
     if (!s->send_error.empty()) {
       drop(*s, "failed: " + s->send_error, ended);
-    } else if (s->answered && now - s->last_heard > std::chrono::milliseconds(options_.timeout_ms)) {
+    } else if (s->answered && s->asked_since > s->last_heard &&
+               now - s->asked_since > std::chrono::milliseconds(options_.timeout_ms)) {
       drop(*s, "stopped answering (nothing for " + seconds_text(options_.timeout_ms) + " s)", ended);
     }
   }

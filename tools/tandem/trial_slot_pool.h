@@ -81,7 +81,9 @@ class TrialSlotPool {
   using Clock = std::chrono::steady_clock;
   struct Server;
   std::unique_ptr<Server> connect_server(const std::string& endpoint, Clock::time_point now);
-  void send(Server& server, const SlotMessage& m);
+  void send(Server& server, SlotMessage m);  // (a heartbeat gets its seq, a start is noted)
+  // Reports the jobs `heartbeat` shows the server no longer runs as ended (see the .cpp).
+  void lost_jobs(Server& server, const SlotMessage& heartbeat, std::vector<SlotJobEnd>& ended);
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 
   TrialSlotPoolOptions options_;  // its keys resolved

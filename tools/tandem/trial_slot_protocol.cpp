@@ -79,7 +79,11 @@ std::string encode_slot_message(const SlotMessage& m) {
       else j["exit_code"] = m.exit_code;
       break;
     case SlotMessageType::Cancel: j["job"] = m.job; break;
-    case SlotMessageType::Heartbeat: j["running"] = m.running; break;
+    case SlotMessageType::Heartbeat:
+      j["running"] = m.running;
+      if (m.seq > 0) j["seq"] = m.seq;
+      if (m.jobs_listed) j["jobs"] = m.jobs;
+      break;
     case SlotMessageType::Bye: break;
     case SlotMessageType::Error:
       j["error"] = m.error;
@@ -145,7 +149,21 @@ SlotMessage decode_slot_message(const std::string& frame) {
       m.job = string_field(j, "job", true);
       if (m.job.empty()) throw SlotProtocolError("cancel: empty \"job\"");
       break;
-    case SlotMessageType::Heartbeat: m.running = int_field(j, "running", false); break;
+    case SlotMessageType::Heartbeat: {
+      m.running = int_field(j, "running", false);
+      m.seq = int_field(j, "seq", false);
+      const auto jobs = j.find("jobs");
+      if (jobs != j.end()) {
+        const SlotProtocolError not_strings("heartbeat: \"jobs\" must be a list of strings");
+        if (!jobs->is_array()) throw not_strings;
+        for (const json& id : *jobs) {
+          if (!id.is_string()) throw not_strings;
+          m.jobs.push_back(id.get<std::string>());
+        }
+        m.jobs_listed = true;
+      }
+      break;
+    }
     case SlotMessageType::Bye: break;
     case SlotMessageType::Error:
       m.error = string_field(j, "error", true);

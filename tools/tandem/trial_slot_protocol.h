@@ -10,7 +10,9 @@
 //   started    server -> search  {job, pid}
 //   exited     server -> search  {job, exit_code | signal}
 //   cancel     search -> server  {job}                     SIGTERM; its exited follows
-//   heartbeat  both ways         {running}                 the server answers each one
+//   heartbeat  search -> server  {seq}                     the server answers each one:
+//   heartbeat  server -> search  {running, seq, jobs}      seq echoed; jobs: the ids of this
+//                                                          client's jobs it still runs
 //   bye        search -> server  {}                        the search ends: its jobs are ended
 //   error      server -> search  {error, job?, busy?}      a refused start names its job;
 //                                                          busy: every slot was taken
@@ -53,6 +55,12 @@ struct SlotMessage {
   int signal = 0;                 // exited: the signal that killed it, else 0
   std::string error;              // error
   bool busy = false;              // error: a start refused because every slot was taken
+  int seq = 0;                    // heartbeat: the search's count of messages sent, echoed
+  // heartbeat (server): this client's jobs it still runs (jobs_listed: the field was there; a
+  // search compares it with the jobs it started before that heartbeat, to learn of jobs a
+  // restarted server, or one that gave the search up for silent, no longer has).
+  std::vector<std::string> jobs;
+  bool jobs_listed = false;
 };
 
 // One frame's bytes. A Start needs a job, args (args[0] the subcommand) and a log path.

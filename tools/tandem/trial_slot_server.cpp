@@ -151,6 +151,10 @@ void TrialSlotServer::handle(const std::string& client, const std::string& frame
     case SlotMessageType::Heartbeat:
       answer.type = SlotMessageType::Heartbeat;
       answer.running = running();
+      answer.seq = m.seq;
+      answer.jobs_listed = true;
+      for (const Job& j : jobs_)
+        if (j.client == client && !j.orphaned) answer.jobs.push_back(j.id);
       reply(client, answer);
       return;
     case SlotMessageType::Start: start_job(client, m); return;
