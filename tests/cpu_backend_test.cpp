@@ -137,6 +137,48 @@ TEST(CpuBackend, RefusesDataOfTheWrongWidth) {
   }
 }
 
+// A listed row outside the data was read past its end (undefined here; on a GPU an illegal
+// address that ends the context): refused, naming it.
+TEST(CpuBackend, RefusesRowsOutsideTheData) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 10, 64, 10, 12);
+  CpuBackend backend(small_model(), OptimizerConfig{}, 1);
+  for (const int32_t bad : {-1, 10}) {
+    const std::vector<int32_t> rows{0, 3, bad, 9};
+    try {
+      backend.compute_gradients(data.view(), rows.data(), 4);
+      ADD_FAILURE() << "row " << bad << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("row " + std::to_string(bad) + " (entry 2"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A refused optimizer state changes nothing: the first moments were copied in before the second
+// moments' shapes were looked at (the CUDA twin stages both first).
+TEST(CpuBackend, ARefusedOptimizerStateLeavesTheMomentsAsTheyWere) {
+  CpuBackend backend(small_model(), OptimizerConfig{}, 1);
+  OptimizerState before;
+  const Model model = Model::initialized(small_model(), 7);
+  for (const auto& p : model.parameters()) {
+    before.m.push_back({p.name, p.shape, test::random_floats(p.values.size(), 1)});
+    before.v.push_back({p.name, p.shape, test::random_floats(p.values.size(), 2, 0.0f, 1.0f)});
+  }
+  backend.set_optimizer_state(before, 3);
+  OptimizerState bad = before;
+  for (auto& m : bad.m) std::fill(m.values.begin(), m.values.end(), 9.0f);
+  bad.v.back().shape.push_back(1);  // a second moment of another shape
+  EXPECT_THROW(backend.set_optimizer_state(bad, 4), InputError);
+  OptimizerState after;
+  backend.get_optimizer_state(after);
+  for (size_t t = 0; t < before.m.size(); ++t) {
+    EXPECT_EQ(after.m[t].values, before.m[t].values) << t;
+    EXPECT_EQ(after.v[t].values, before.v[t].values) << t;
+  }
+  EXPECT_EQ(backend.step(), 3);
+}
+
 // Parameters in runs (a reply read in place) install like whole tensors, and a run that does not
 // fit the backend's layout is refused before anything is copied.
 TEST(CpuBackend, ParameterRunsInstallLikeTensorsAndBadRunsChangeNothing) {

@@ -304,6 +304,25 @@ TEST_F(CudaBackendTest, FiftyTrainingStepsMatchTheCpuBackend) {
   EXPECT_TRUE(tensors_close(gpu_state.v, cpu_state.v, state)) << "Adam v";
 }
 
+// A batch of no rows leaves zero gradients on both backends (the CUDA backend once kept the
+// previous batch's, which a push would have sent again).
+TEST_F(CudaBackendTest, NoRowsLeaveZeroGradientsLikeTheCpuBackend) {
+  const Dataset data = training_data();
+  const Model init = Model::initialized(mnist_model(), 47);
+  auto cpu = cpu_backend(adam_config());
+  auto gpu = cuda_backend(adam_config());
+  for (Backend* b : {cpu.get(), gpu.get()}) {
+    b->set_parameters(init);
+    b->compute_gradients(data.view().slice(0, kBatch), nullptr, kBatch);
+    const BatchStats none = b->compute_gradients(data.view().slice(0, 0), nullptr, 0);
+    EXPECT_EQ(none.samples, 0) << b->name();
+    std::vector<NamedTensor> gradients;
+    b->get_gradients(gradients);
+    for (const NamedTensor& g : gradients)
+      for (float x : g.values) ASSERT_EQ(x, 0.0f) << b->name() << " " << g.name;
+  }
+}
+
 TEST_F(CudaBackendTest, AsynchronousStepsMatchTheSynchronousPath) {
   const Dataset data = training_data();
   const auto rows = batch_rows(kTrainRows, kBatch, 50, 44);

@@ -12,6 +12,7 @@
 #include "parameter_arena.h"
 #include "tandem/config.h"
 #include "tandem/dataset.h"
+#include "tandem/error.h"
 #include "tandem/model.h"
 
 namespace tandem {
@@ -21,6 +22,22 @@ struct BatchStats {
   int64_t correct = 0;
   int64_t samples = 0;
 };
+
+// InputError unless a batch of `count` rows can be taken from `data`: without `rows` the first
+// `count` rows (count <= data.rows); with them every listed index in [0, data.rows). An index
+// outside reads past the data: on the CPU undefined behaviour, on a GPU an illegal address
+// that ends the device's context for the whole process.
+inline void check_batch_rows(const DatasetView& data, const int32_t* rows, int64_t count) {
+  if (count < 0 || (rows == nullptr && count > data.rows))
+    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
+                     std::to_string(data.rows));
+  if (rows == nullptr) return;
+  for (int64_t i = 0; i < count; ++i)
+    if (rows[i] < 0 || rows[i] >= data.rows)
+      throw InputError("row " + std::to_string(rows[i]) + " (entry " + std::to_string(i) +
+                       " of the batch) is outside a view of " + std::to_string(data.rows) +
+                       " rows");
+}
 
 class Backend {
  public:

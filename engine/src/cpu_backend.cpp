@@ -64,6 +64,8 @@ void CpuBackend::get_parameters(Model& model) const {
 void CpuBackend::set_optimizer_state(const OptimizerState& state, int64_t step) {
   if (step < 0) throw InputError("optimizer step must be >= 0, got " + std::to_string(step));
   if (optimizer_.kind == OptimizerKind::Adam) {
+    // Both checked before either is copied: a refused state leaves the moments as they were.
+    check_tensors_fit(state.v, layout_, "Adam second moments");
     copy_tensors_in(state.m, layout_, adam_m_.data(), "Adam first moments");
     copy_tensors_in(state.v, layout_, adam_v_.data(), "Adam second moments");
   }
@@ -149,9 +151,7 @@ void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t*
 BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
                                          int64_t count) {
   check_data(data, true);
-  if (count < 0 || (rows == nullptr && count > data.rows))
-    throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
-                     std::to_string(data.rows));
+  check_batch_rows(data, rows, count);
   return run_partitioned(data, rows, count, /*backward=*/true, nullptr);
 }
 

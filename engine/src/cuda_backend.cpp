@@ -277,16 +277,16 @@ void CudaBackend::ensure_capacity(int64_t rows) {
   int64_t capacity = 1;
   while (capacity < rows) capacity *= 2;
   const auto cap = static_cast<size_t>(capacity);
+  // reserve frees each old buffer before its new one is made: growing near the device's limit
+  // needs room for the new sizes, not for the old and the new together.
   for (size_t l = 0; l < config_.layers.size(); ++l) {
-    activations_[l] = kernels::DeviceBuffer<float>(cap * static_cast<size_t>(config_.layers[l]));
+    activations_[l].reserve(cap * static_cast<size_t>(config_.layers[l]));
     // No gradient is taken for the input images, so layer 0 has no delta buffer.
-    deltas_[l] = l == 0 ? kernels::DeviceBuffer<float>()
-                        : kernels::DeviceBuffer<float>(cap * static_cast<size_t>(config_.layers[l]));
+    if (l > 0) deltas_[l].reserve(cap * static_cast<size_t>(config_.layers[l]));
   }
-  batch_labels_ = kernels::DeviceBuffer<uint8_t>(cap);
-  predictions_ = kernels::DeviceBuffer<uint8_t>(cap);
-  partials_ = kernels::DeviceBuffer<kernels::SoftmaxXentPartial>(
-      static_cast<size_t>(kernels::softmax_xent_partials_needed(capacity)));
+  batch_labels_.reserve(cap);
+  predictions_.reserve(cap);
+  partials_.reserve(static_cast<size_t>(kernels::softmax_xent_partials_needed(capacity)));
   dense_->reserve_rows(capacity);
   capacity_ = capacity;
   synchronize();
@@ -319,7 +319,18 @@ void CudaBackend::keep_resident(const DatasetView& data) {
   auto r = std::make_unique<Resident>();
   r->host = data;
   const size_t pixel_bytes = static_cast<size_t>(data.rows * data.features) * data.pixel_bytes();
-  r->pixels = kernels::DeviceBuffer<uint8_t>(pixel_bytes);
+  // Residency is a hint: a data set that fits in host memory but not on the device is staged
+  // batch by batch instead, as data that was never made resident is, not a failed run.
+  r->pixels = kernels::DeviceBuffer<uint8_t>::if_memory(pixel_bytes);
+  if (data.labels != nullptr)
+    r->labels = kernels::DeviceBuffer<uint8_t>::if_memory(static_cast<size_t>(data.rows));
+  if (r->pixels.size() != pixel_bytes || (data.labels != nullptr && r->labels.size() == 0)) {
+    std::fprintf(stderr,
+                 "tandem: %lld rows (%.1f MB) do not fit on GPU %d beside the model: their "
+                 "batches are copied to it step by step instead\n",
+                 static_cast<long long>(data.rows), double(pixel_bytes) / 1e6, options_.device);
+    return;
+  }
   // On the compute stream, not with cudaMemcpy: that one runs on the legacy default stream, which
   // the non-blocking streams do not wait for, and from pageable memory it may return before its
   // last transfer lands; a step queued next could read a partly copied array. The wait at the end
@@ -327,7 +338,6 @@ void CudaBackend::keep_resident(const DatasetView& data) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(r->pixels.data(), data.pixels, pixel_bytes,
                                     cudaMemcpyHostToDevice, stream_));
   if (data.labels != nullptr) {
-    r->labels = kernels::DeviceBuffer<uint8_t>(static_cast<size_t>(data.rows));
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(r->labels.data(), data.labels,
                                       static_cast<size_t>(data.rows), cudaMemcpyHostToDevice,
                                       stream_));
@@ -556,9 +566,10 @@ kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
 void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int64_t count,
                               int64_t min_count) const {
   if (count > 0) check_data(data, true);  // an empty batch need not fit (a group's idle member)
-  if (count < min_count || (rows == nullptr && count > data.rows))
+  if (count < min_count)
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
+  check_batch_rows(data, rows, count);
 }
 
 void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,
@@ -574,7 +585,13 @@ void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, 
 BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
                                           int64_t count) {
   check_batch(data, rows, count);
-  if (count == 0) return {};
+  if (count == 0) {
+    // No rows, zero gradients, as the CPU twin leaves them: the last batch's, kept, would be
+    // read back (get_gradients) or applied (apply_gradients) a second time.
+    use_device();
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+    return {};
+  }
   queue_gradients(data, rows, count, nullptr);
   const kernels::DeviceStats totals = read_and_reset(call_totals_.data());
   return {totals.loss_sum, totals.correct, count};

@@ -7,8 +7,8 @@
 
 namespace tandem {
 
-void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
-                     float* arena, const char* what) {
+void check_tensors_fit(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
+                       const char* what) {
   if (tensors.size() != layout.entries.size())
     throw InputError(std::string(what) + ": expected " + std::to_string(layout.entries.size()) +
                      " tensors, got " + std::to_string(tensors.size()));
@@ -18,8 +18,15 @@ void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLay
         static_cast<int64_t>(tensors[i].values.size()) != entry.size)
       throw InputError(std::string(what) + ": tensor '" + tensors[i].name +
                        "' does not have the shape of '" + entry.name + "'");
-    std::copy(tensors[i].values.begin(), tensors[i].values.end(), arena + entry.offset);
   }
+}
+
+void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
+                     float* arena, const char* what) {
+  check_tensors_fit(tensors, layout, what);  // all of them before any is copied
+  for (size_t i = 0; i < tensors.size(); ++i)
+    std::copy(tensors[i].values.begin(), tensors[i].values.end(),
+              arena + layout.entries[i].offset);
 }
 
 void copy_runs_in(const ParameterRuns& runs, const ParameterLayout& layout, float* arena,

@@ -26,8 +26,12 @@ struct ParameterRuns {
   std::vector<Run> runs;
 };
 
-// Copies `tensors` (one per layout entry, in order, with matching shapes) into `arena`; throws
-// InputError naming `what` and the tensor otherwise. Padding between tensors is left as it is.
+// InputError naming `what` and the tensor unless `tensors` are one per layout entry, in order,
+// with matching shapes.
+void check_tensors_fit(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
+                       const char* what);
+// Copies `tensors` into `arena` once check_tensors_fit passed (nothing is copied otherwise).
+// Padding between tensors is left as it is.
 void copy_tensors_in(const std::vector<NamedTensor>& tensors, const ParameterLayout& layout,
                      float* arena, const char* what);
 // Copies every run into its place in `arena`; throws InputError naming `what` when the shapes

@@ -64,7 +64,9 @@ __global__ void bias_relu_kernel(float* y, const float* b, int64_t rows, int64_t
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = y[i] + b[i % out];
-    y[i] = relu ? fmaxf(v, 0.0f) : v;
+    // std::max(v, 0.0f), the CPU twin's, keeps a NaN (fmaxf would make it 0 and hide a diverged
+    // run's NaN from the loss and from the parameter server's finite check).
+    y[i] = relu && v < 0.0f ? 0.0f : v;
   }
 }
 

@@ -38,9 +38,29 @@ class DeviceBuffer {
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
 
+  // `count` elements, or an empty buffer when the device has not the memory (the error cleared:
+  // an allocation that failed leaves the context usable); CudaError for any other failure.
+  static DeviceBuffer if_memory(size_t count) {
+    DeviceBuffer buffer;
+    if (count == 0) return buffer;
+    const cudaError_t status =
+        cudaMalloc(reinterpret_cast<void**>(&buffer.data_), count * sizeof(T));
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      buffer.data_ = nullptr;
+      return buffer;
+    }
+    TANDEM_CUDA_CHECK(status);
+    buffer.count_ = count;
+    return buffer;
+  }
+
   // Grows to at least `count` elements (contents are not kept); no-op when already large enough.
+  // The old allocation goes first, so growing needs room for the new size only, not for both.
+  // (If the new one fails, the buffer is left empty.)
   void reserve(size_t count) {
     if (count <= count_) return;
+    release();
     *this = DeviceBuffer(count);
   }
 
