@@ -605,10 +605,17 @@ TEST_F(CudaBackendTest, EvaluateAndPredictMatchTheCpuBackend) {
     std::vector<uint8_t> again(static_cast<size_t>(n), 0xFF);
     gpu->predict(unlabelled, again.data());
     EXPECT_EQ(again, predicted);
-    // A shifted unlabelled view predicts the shifted rows.
+    // A shifted unlabelled view predicts the shifted rows. Its product has another row count,
+    // for which cuBLASLt may choose another kernel (other rounding): a near-tie may flip, as
+    // between the backends.
     std::vector<uint8_t> shifted_out(static_cast<size_t>(n - 1), 0xFF);
     gpu->predict(unlabelled.slice(1, n), shifted_out.data());
-    EXPECT_TRUE(std::equal(shifted_out.begin(), shifted_out.end(), predicted.begin() + 1));
+    int64_t shifted_mismatches = 0;
+    for (size_t r = 0; r < shifted_out.size(); ++r) {
+      ASSERT_LT(shifted_out[r], 10) << "row " << r << " of the shifted view not written";
+      shifted_mismatches += shifted_out[r] != predicted[r + 1];
+    }
+    EXPECT_LE(shifted_mismatches, kCorrectSlack);
   }
 }
 
