@@ -45,6 +45,23 @@ check "resumed run appends to its metrics: epochs 1 and 2" \
 check "a resumed run says when a given option differs from its checkpoint's" \
   grep -qF "resuming with --batch 500; the checkpoint's run used 1000" "$dir/differs.err"
 
+# SIGTERM ends a run between two steps, never inside a checkpoint's write: it exits non-zero
+# saying so, no temporary file is left, and the checkpoint of the last epoch done resumes.
+"$tandem" train --data "$real" --epochs 1000 --batch 1000 --threads 2 --keep last \
+  --checkpoint "$dir/stopped.safetensors" >/dev/null 2>"$dir/stopped.err" &
+trainer=$!
+for _ in $(seq 600); do [ -s "$dir/stopped.safetensors" ] && break; sleep 0.1; done
+kill -TERM $trainer
+wait $trainer; rc=$?
+check "SIGTERM ends tandem train with a failure status (got $rc)" test $rc -eq 1
+check "... saying the checkpoint holds the last epoch" \
+  grep -q "stopped by SIGTERM; the checkpoint $dir/stopped.safetensors holds the last epoch" \
+  "$dir/stopped.err"
+check "... leaving no temporary file" test "$(ls "$dir" | grep -c 'stopped.safetensors.tmp')" -eq 0
+out=$("$tandem" train --data "$real" --epochs 0 --threads 2 --resume "$dir/stopped.safetensors" \
+      --json 2>/dev/null)
+check "... and the checkpoint resumes" test -n "$(json_field "$out" kept_epoch)"
+
 # A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
 # and its checkpoint is refused by name.
 expect_error "a diverged run exits non-zero" "training diverged" \

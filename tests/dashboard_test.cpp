@@ -204,6 +204,39 @@ TEST(DashboardServer, BadHostFailsWithAClearMessage) {
                InputError);
 }
 
+// A client that sends its request a byte at a time holds its connection's thread past the read
+// timeout (which counts per recv): stop() waited for it for as long as it kept sending.
+TEST(DashboardServer, StopReturnsWhileAClientTricklesItsRequest) {
+  std::atomic<int> state_calls{0};
+  DashboardServer server = start(&state_calls);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string start_of_request = "GET /api/state HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  ASSERT_EQ(::send(fd, start_of_request.data(), start_of_request.size(), MSG_NOSIGNAL),
+            ssize_t(start_of_request.size()));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int i = 0; i < 120 && !done; ++i) {  // a minute at most
+      (void)::send(fd, "x", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  server.stop();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  done = true;
+  trickle.join();
+  ::close(fd);
+  EXPECT_LT(took, std::chrono::seconds(20)) << "stop() waited for the trickling client";
+  EXPECT_EQ(state_calls.load(), 0);
+}
+
 TEST(DashboardServer, StopsPromptlyAndTwiceAndThePortIsFreedAgain) {
   int port = 0;
   {

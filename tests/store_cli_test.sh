@@ -68,6 +68,12 @@ check "inspect of a split without labels agrees with NumPy" \
 check "... and the text report says it has none" \
   grep -q "test/labels *none" <("$tandem" inspect "$dir/nolabel.zarr" --out "$dir/png-nolabel")
 
+# A store holds its own validation split: --validation-rows, which eval silently ignored, is
+# refused as train refuses it.
+expect_error "eval --validation-rows with a store" "holds its own validation split" \
+  "$tandem" eval --model "$dir/m.safetensors" --data "$dir/one.zarr" --split validation \
+  --validation-rows 100
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

@@ -87,7 +87,30 @@ struct DashboardServer::Impl {
   std::atomic<bool> listen_returned{false};
   std::mutex stop_mutex;
   int port = 0;
+  // Set when stop() gave the server up (a client kept a connection busy): from then on the
+  // callbacks, whose owner may be gone, are not called, and the server's thread frees this
+  // object once httplib lets it go. Guarded by `calls`, as listen_returned's last change is.
+  std::mutex calls;
+  bool abandoned = false;
+
+  template <typename F>
+  void answer(httplib::Response& res, const char* what, const char* content_type, F& body) {
+    std::lock_guard<std::mutex> lock(calls);
+    if (abandoned) {
+      res.status = 503;
+      res.set_content("the dashboard has stopped\n", "text/plain");
+      return;
+    }
+    respond(res, what, content_type, body);
+  }
 };
+
+namespace {
+// How long stop() waits for the connections in flight. httplib's read timeout counts per recv,
+// so a client that sends a byte now and then holds its connection's thread for as long as it
+// likes, and stop() would wait for it for ever.
+constexpr auto kStopWait = std::chrono::seconds(3);
+}  // namespace
 
 DashboardServer::DashboardServer(DashboardOptions options, std::function<std::string()> state,
                                  std::function<std::string()> metrics)
@@ -112,10 +135,10 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   });
   Impl* impl = impl_.get();
   server.Get("/api/state", [impl](const httplib::Request&, httplib::Response& res) {
-    respond(res, "state", "application/json", impl->state);
+    impl->answer(res, "state", "application/json", impl->state);
   });
   server.Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
-    respond(res, "metrics", "text/plain; version=0.0.4; charset=utf-8", impl->metrics);
+    impl->answer(res, "metrics", "text/plain; version=0.0.4; charset=utf-8", impl->metrics);
   });
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
@@ -138,12 +161,22 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
 
   s.thread = std::thread([impl] {
     impl->server.listen_after_bind();
-    impl->listen_returned = true;
+    bool owner;
+    {
+      std::lock_guard<std::mutex> lock(impl->calls);
+      impl->listen_returned = true;
+      owner = impl->abandoned;
+    }
+    if (!owner) return;
+    { std::lock_guard<std::mutex> wait_for_stop(impl->stop_mutex); }  // stop() has returned
+    delete impl;
   });
   // httplib's stop() does nothing until the accept loop has started, so wait for it here; a
   // stop() right after construction would otherwise leave the loop running forever.
   while (!server.is_running() && !impl->listen_returned)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  port_ = s.port;
+  url_ = "http://" + url_host(s.options.host) + ":" + std::to_string(s.port) + "/";
 }
 
 DashboardServer::~DashboardServer() {
@@ -152,18 +185,36 @@ DashboardServer::~DashboardServer() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem: stopping the dashboard: %s\n", e.what());
   }
+  if (abandoned_) (void)impl_.release();  // the server's thread frees it
 }
 
-int DashboardServer::port() const { return impl_->port; }
+int DashboardServer::port() const { return port_; }
 
-std::string DashboardServer::url() const {
-  return "http://" + url_host(impl_->options.host) + ":" + std::to_string(impl_->port) + "/";
-}
+std::string DashboardServer::url() const { return url_; }
 
 void DashboardServer::stop() {
-  std::lock_guard<std::mutex> lock(impl_->stop_mutex);
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (abandoned_) return;
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.stop_mutex);
+  if (!s.thread.joinable()) return;
+  s.server.stop();
+  const auto deadline = std::chrono::steady_clock::now() + kStopWait;
+  while (!s.listen_returned && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  {
+    std::lock_guard<std::mutex> calls(s.calls);
+    s.abandoned = !s.listen_returned;
+  }
+  if (!s.abandoned) {
+    s.thread.join();
+    return;
+  }
+  abandoned_ = true;
+  s.thread.detach();
+  std::fprintf(stderr,
+               "tandem: the dashboard stopped listening, but a client still holds a connection "
+               "after %lld s; it is left to end with the process\n",
+               static_cast<long long>(kStopWait.count()));
 }
 
 }  // namespace tandem

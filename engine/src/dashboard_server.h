@@ -12,7 +12,7 @@
 //   anything else 404. A callback that throws gives a 500 with the exception's message.
 //
 // The state document (the coordinator produces exactly this; the page reads nothing else):
-//   {"cluster": {"state": "starting|training|stopping|done|failed", "elapsed_s": 12.3,
+//   {"cluster": {"state": "starting|training|draining|done|failed", "elapsed_s": 12.3,
 //                "epoch": 2, "step": 530, "target": 1700.0, "samples_per_s": 91000.0},
 //    "roles":   [{"role": "coordinator|ps|worker|scorer", "name": "ps0",
 //                 "address": "tcp://127.0.0.1:40123",
@@ -59,11 +59,16 @@ class DashboardServer {
   int port() const;         // the bound port
   std::string url() const;  // http://host:port/
   // Stops listening, waits for the requests in flight, and joins the server's threads. Idempotent.
+  // Waits 3 s at most: a connection still busy then (a client trickling its request) is left to
+  // end with the process, and the callbacks are not called again.
   void stop();
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;  // released to the server's thread when stop() gives up on it
+  bool abandoned_ = false;  // stop() gave up: impl_ is no longer this object's to touch
+  int port_ = 0;
+  std::string url_;
 };
 
 }  // namespace tandem

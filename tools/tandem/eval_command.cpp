@@ -18,6 +18,7 @@ struct EvalOptions {
   int64_t validation_rows = 5000;
   int threads = 0;
   bool json = false;
+  CLI::Option* validation_rows_option = nullptr;
 };
 
 // A store's training split can be far larger than memory (prepare --copies 20): streamed through
@@ -48,6 +49,10 @@ EvalResult evaluate_store_training_split(const Model& model, const std::string& 
 void run_eval(const EvalOptions& o) {
   const Checkpoint ckpt = load_checkpoint(o.model);
   const bool store = is_dataset_store(o.data);
+  // As tandem train says: a store's split is its own, and the option would be silently ignored.
+  if (store && o.validation_rows_option->count() > 0)
+    throw InputError("--validation-rows is for a directory of IDX files: the store " + o.data +
+                     " holds its own validation split (tandem prepare --validation-rows)");
   const DataSplits data = store ? load_store_eval_splits(o.data)
                                 : load_mnist_splits(o.data, o.validation_rows);
   const bool streamed = store && o.split == "train";
@@ -82,7 +87,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--data", o->data, "Directory of MNIST-format IDX files, or a dataset store")->capture_default_str();
   cmd->add_option("--split", o->split, "train, validation or test")
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
-  cmd->add_option("--validation-rows", o->validation_rows, "Validation rows")->capture_default_str();
+  o->validation_rows_option =
+      cmd->add_option("--validation-rows", o->validation_rows, "Validation rows")
+          ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(non_negative_number());
   cmd->add_flag("--json", o->json, "Print one line of JSON");
   cmd->callback([o] { run_eval(*o); });

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "json_output.h"
 #include "progress_line.h"
+#include "stop_signals.h"
 #include "tandem/tandem.h"
 
 namespace tandem::cli {
@@ -136,6 +137,19 @@ void run_train(TrainOptions& o) {
                   r.epoch, config.epochs, r.train_loss_mean, r.validation.loss_sum,
                   r.validation.accuracy, human(r.samples_per_s).c_str());
     progress.print_line(line);
+  };
+  // SIGINT, SIGTERM or SIGHUP end the run between two steps, not inside a checkpoint's write
+  // (which a default-handled signal could cut, leaving its temporary file): the checkpoint then
+  // holds the state after the last epoch completed, whole, and --resume goes on from it.
+  const std::atomic<bool>& stop = stop_on_signals();
+  trainer.between_steps = [&] {
+    if (!stop.load()) return;
+    progress.finish();
+    throw Error(std::string("stopped by ") + stop_signal_name() + "; " +
+                (config.checkpoint_path.empty()
+                     ? std::string("nothing was saved (no --checkpoint)")
+                     : "the checkpoint " + config.checkpoint_path +
+                           " holds the last epoch completed (--resume it to go on)"));
   };
   const TrainSummary s =
       stream ? trainer.fit(*stream, data.validation.view(), data.test.view())

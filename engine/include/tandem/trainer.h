@@ -56,7 +56,10 @@ class Backend;  // internal
 class Trainer {
  public:
   // Builds the backend and the model: from `init_path` or `resume_path` when given, otherwise
-  // initialised from the seed. Throws InputError for a bad configuration or checkpoint.
+  // initialised from the seed. Throws InputError for a bad configuration or checkpoint. Resuming
+  // takes the checkpoint's parameters, optimizer state, step and epochs; the seed, batch and
+  // shuffle stay this config's, so give the checkpoint's (Checkpoint::seed, batch, extra
+  // "shuffle", as tandem train --resume does) for the uninterrupted run's bits.
   explicit Trainer(TrainConfig config);
   ~Trainer();
   Trainer(const Trainer&) = delete;
