@@ -50,7 +50,8 @@ check "a resumed run says when a given option differs from its checkpoint's" \
 "$tandem" train --data "$real" --epochs 1000 --batch 1000 --threads 2 --keep last \
   --checkpoint "$dir/stopped.safetensors" >/dev/null 2>"$dir/stopped.err" &
 trainer=$!
-for _ in $(seq 600); do [ -s "$dir/stopped.safetensors" ] && break; sleep 0.1; done
+for _ in $(seq 1200); do [ -s "$dir/stopped.safetensors" ] && break; sleep 0.1; done
+check "the run to stop wrote its first epoch's checkpoint" test -s "$dir/stopped.safetensors"
 kill -TERM $trainer
 wait $trainer; rc=$?
 check "SIGTERM ends tandem train with a failure status (got $rc)" test $rc -eq 1

@@ -1594,14 +1594,15 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   // A write killed before its rename (no process 999999999, untouched for a minute): removed. A
   // live writer's (this process's, standing in for a server still writing), one written to
   // lately and another shard's are left alone.
-  const std::string dead = dir.file("ps0-step-5.safetensors.tmp-999999999");
+  const std::string dead = dir.file("ps0-step-5.safetensors.tmp-999999999-12");  // (PID-TID)
+  const std::string dead_older = dir.file("ps0-step-2.safetensors.tmp-999999997");  // (PID)
   const std::string live = dir.file("ps0-step-4.safetensors.tmp-" + std::to_string(::getpid()));
   const std::string other = dir.file("ps1-step-5.safetensors.tmp-999999999");
   const std::string recent = dir.file("ps0-step-3.safetensors.tmp-999999998");
-  for (const std::string& f : {dead, live, other, recent})
+  for (const std::string& f : {dead, dead_older, live, other, recent})
     test::write_bytes(f, std::string("partial"));
   // Untouched for two minutes but `recent`, which another machine's writer may still be writing.
-  for (const std::string& f : {dead, live, other})
+  for (const std::string& f : {dead, dead_older, live, other})
     std::filesystem::last_write_time(
         f, std::filesystem::file_time_type::clock::now() - std::chrono::minutes(2));
   {
@@ -1614,6 +1615,7 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   ParameterServer server(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
   EXPECT_EQ(server.restored_from(), "");
   EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_FALSE(std::filesystem::exists(dead_older));
   EXPECT_TRUE(std::filesystem::exists(live));
   EXPECT_TRUE(std::filesystem::exists(other));
   EXPECT_TRUE(std::filesystem::exists(recent));

@@ -393,7 +393,7 @@ TEST_F(SafeTensorsTest, ALinkPlantedAtTheTemporaryNameIsNotFollowed) {
   const std::string p = path("model.safetensors");
   const std::string victim = path("victim");
   write_text_atomic(victim, "keep me\n");
-  const std::string tmp = p + ".tmp-" + std::to_string(::getpid());
+  const std::string tmp = temp_path(p);
   ASSERT_EQ(::symlink(victim.c_str(), tmp.c_str()), 0) << std::strerror(errno);
   write_safetensors_atomic(p, two_tensors());
   EXPECT_EQ(read_bytes(victim), "keep me\n");

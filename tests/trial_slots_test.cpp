@@ -398,8 +398,9 @@ TEST_F(TrialSlotServerTest, APoolLearnsOfJobsTheServerEndedWithoutAWord) {
   };
   wait_for(1000);
   EXPECT_TRUE(ended.empty()) << "a running job was reported ended: " << ended[0].how;
-  // Silent past the server's heartbeat timeout (1.5 s): it ends the job and forgets the client.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // Silent well past the server's heartbeat timeout (1.5 s): it ends the job and forgets the
+  // client (twice the timeout, for a loaded machine or a sanitizer's pace).
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   wait_for(10000);
   ASSERT_EQ(ended.size(), 1u) << "the job the server ended was never reported";
   EXPECT_EQ(ended[0].job, "sleeper");

@@ -278,7 +278,10 @@ void CudaBackend::ensure_capacity(int64_t rows) {
   while (capacity < rows) capacity *= 2;
   const auto cap = static_cast<size_t>(capacity);
   // reserve frees each old buffer before its new one is made: growing near the device's limit
-  // needs room for the new sizes, not for the old and the new together.
+  // needs room for the new sizes, not for the old and the new together. Until every buffer is
+  // made the capacity is none, so a growth that failed part-way is tried again, never taken
+  // for done (with some buffers freed).
+  capacity_ = 0;
   for (size_t l = 0; l < config_.layers.size(); ++l) {
     activations_[l].reserve(cap * static_cast<size_t>(config_.layers[l]));
     // No gradient is taken for the input images, so layer 0 has no delta buffer.
@@ -582,14 +585,18 @@ void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, 
   TANDEM_CUDA_CHECK(cudaEventRecord(slot->used, stream_));
 }
 
+void CudaBackend::queue_zero_gradients() {
+  use_device();
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+}
+
 BatchStats CudaBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
                                           int64_t count) {
   check_batch(data, rows, count);
   if (count == 0) {
     // No rows, zero gradients, as the CPU twin leaves them: the last batch's, kept, would be
     // read back (get_gradients) or applied (apply_gradients) a second time.
-    use_device();
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+    queue_zero_gradients();
     return {};
   }
   queue_gradients(data, rows, count, nullptr);
@@ -610,8 +617,7 @@ const std::vector<Backend::GradientPiece>& CudaBackend::enqueue_gradients(const 
   // the caller in a wait) is ordered after it on the stream; finish_gradients reports this one.
   if (count == 0) {
     // No batch for this member: zero gradients, ready in the same pieces as a real step's.
-    use_device();
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+    queue_zero_gradients();
     for (size_t l = layer_ready_.size(); l-- > 0;)
       TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
   } else {

@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
   void create_device_state();
   void release_device_state() noexcept;
   void use_device() const;  // makes options_.device the calling thread's current device
+  void queue_zero_gradients();  // the gradient arena set to 0 on the stream (a batch of no rows)
   // Where a batch's pixels and labels are on the device, and which rows to take.
   struct DeviceBatch {
     PixelType pixel_type = PixelType::UInt8;

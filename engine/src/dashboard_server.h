@@ -59,8 +59,9 @@ class DashboardServer {
   int port() const;         // the bound port
   std::string url() const;  // http://host:port/
   // Stops listening, waits for the requests in flight, and joins the server's threads. Idempotent.
-  // Waits 3 s at most: a connection still busy then (a client trickling its request) is left to
-  // end with the process, and the callbacks are not called again.
+  // Waits 3 s for the connections (and longer only behind a state or metrics callback still
+  // running): one still busy then (a client trickling its request) is left to end with the
+  // process, and the callbacks are not called again. Not for two threads at once.
   void stop();
 
  private:

@@ -16,13 +16,15 @@ namespace tandem {
 namespace {
 
 // Creates `tmp` for writing, as a new file; the descriptor is returned only when that worked.
-// Never through what is already there: the name is predictable (PATH.tmp-PID), and in a shared
+// Never through what is already there: the name is predictable (temp_path), and in a shared
 // directory a link planted under it would have the write land on its target. A leftover (a
-// crashed process's of the same pid) is removed, not followed, and creating is tried again.
+// crashed process's of the same pid and thread id) is removed, not followed, and creating is
+// tried again.
 int create_for_writing(const std::string& tmp) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, 0644);
-  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0) fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
+    fd = ::open(tmp.c_str(), flags, 0644);
   if (fd < 0) io_error("create", tmp, errno);
   return fd;
 }
@@ -86,7 +88,7 @@ std::string parent_directory(const std::string& path) {
 void check_replaceable(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) io_error("write", path, EISDIR);
-  const std::string probe = path + ".tmp-" + std::to_string(::getpid());
+  const std::string probe = temp_path(path);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     if (errno == EEXIST) return;  // a leftover by that name: the directory takes files
@@ -110,8 +112,12 @@ void fsync_parent_directory(const std::string& path, const std::string& doing) {
   }
 }
 
+std::string temp_path(const std::string& path) {
+  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(::gettid());
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
-  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
+  AtomicFile out(path, temp_path(path));
   out.write(text.data(), text.size());
   out.commit();
   fsync_parent_directory(path, "writing");

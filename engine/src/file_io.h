@@ -58,7 +58,7 @@ std::string parent_directory(const std::string& path);
 
 // Fails now where replacing `path` atomically would fail later, after the work that produced its
 // content (a directory missing or not writable, a read-only filesystem, a directory by that
-// name): creates and removes the temporary file the replacement writes (PATH.tmp-PID). IoError
+// name): creates and removes the temporary file the replacement writes (temp_path). IoError
 // "cannot write 'PATH': <strerror>".
 void check_replaceable(const std::string& path);
 
@@ -95,14 +95,14 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The temporary file beside `path` that this thread writes it through: PATH.tmp-PID-TID, so two
+// threads or processes writing one path never share one.
+std::string temp_path(const std::string& path);
+
 // A file written through a temporary file `tmp` (in the same directory as `path`) and a rename,
 // so readers see the old file or the new one, never part of one. Construction creates `tmp`;
 // commit() fsyncs it, closes it and renames it over `path`; destroyed before commit() (a throw),
 // it removes `tmp`. commit() leaves the directory unsynced: see fsync_parent_directory.
-// Writes `text` as the whole of `path` through an AtomicFile and syncs the directory: a crash
-// or a full disk leaves the old file or the new one, never an empty or a partial one.
-void write_text_atomic(const std::string& path, const std::string& text);
-
 class AtomicFile {
  public:
   AtomicFile(std::string path, std::string tmp);
@@ -117,5 +117,9 @@ class AtomicFile {
   Fd fd_;
   TempFileGuard guard_;  // after fd_: it unlinks tmp only once fd_ holds it open
 };
+
+// Writes `text` as the whole of `path` through an AtomicFile and syncs the directory: a crash
+// or a full disk leaves the old file or the new one, never an empty or a partial one.
+void write_text_atomic(const std::string& path, const std::string& text);
 
 }  // namespace tandem

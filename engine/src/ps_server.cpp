@@ -243,10 +243,11 @@ std::string ParameterServer::init_mismatch(const Message& m) const {
 
 namespace {
 
-// A checkpoint write killed before its rename leaves SHARD-step-N.safetensors.tmp-PID, a whole
-// shard's size, which no pruning sees: removed when no process PID runs here and the file has
-// not been written to for a minute (a checkpoint directory on shared storage may hold a live
-// writer's from another machine, whose PID means nothing here; a write takes seconds).
+// A checkpoint write killed before its rename leaves SHARD-step-N.safetensors.tmp-PID-TID (or
+// .tmp-PID, from older versions), a whole shard's size, which no pruning sees: removed when no
+// process PID runs here and the file has not been written to for a minute (a checkpoint
+// directory on shared storage may hold a live writer's from another machine, whose PID means
+// nothing here; a write takes seconds).
 void remove_dead_writers_files(const std::string& dir, const std::string& shard) {
   const std::string prefix = shard + "-step-", marker = ".safetensors.tmp-";
   std::error_code ec;
@@ -255,7 +256,8 @@ void remove_dead_writers_files(const std::string& dir, const std::string& shard)
     const std::string name = it->path().filename().string();
     const size_t at = name.rfind(marker);
     if (name.rfind(prefix, 0) != 0 || at == std::string::npos) continue;
-    const std::string pid_text = name.substr(at + marker.size());
+    std::string pid_text = name.substr(at + marker.size());
+    pid_text = pid_text.substr(0, pid_text.find('-'));  // (the thread id after it)
     if (pid_text.empty() || pid_text.size() > 9 ||
         !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;

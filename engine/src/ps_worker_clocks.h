@@ -47,9 +47,11 @@ class WorkerClocks {
   // May a worker at `clock` be answered: true when no active worker is more than `bound`
   // pushes behind it (or none is active).
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
-  // Workers heard from within the timeout and not idle; workers ever registered.
+  // Workers heard from within the timeout and not idle.
   int active(Clock::time_point now) const;
-  int known() const { return registered_; }  // (forgotten ones too: they registered)
+  // Registrations: a worker forgotten (forget_departed) that pushes again under the same
+  // identity counts twice; a reconnect is a new identity anyway.
+  int known() const { return registered_; }
 
  private:
   struct Worker {

@@ -345,7 +345,7 @@ SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::
 
 void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& file) {
   const std::string prefix = file_prefix(path, file);
-  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()));
+  AtomicFile out(path, temp_path(path));
   out.write(prefix.data(), prefix.size());
   for (const SafeTensor& t : file.tensors) out.write(t.data.data(), t.data.size());
   out.commit();

@@ -29,12 +29,12 @@ struct SafeTensorsFile {
 // Bytes per element of a safetensors dtype; InputError for a dtype this code does not know.
 size_t safetensors_dtype_size(const std::string& dtype);
 
-// Writes to path + ".tmp-<pid>" in the same directory, fsyncs it, renames it over `path` and
+// Writes to temp_path(path) in the same directory, fsyncs it, renames it over `path` and
 // fsyncs the directory, so a crash leaves either the old file or the new one, never a mix.
 // Validates first (InputError): data sizes match shapes, names are unique, no tensor is called
 // "__metadata__". On any failure the temporary file is removed and an existing file at `path`
-// is left untouched (IoError for operating-system failures). Not safe for two threads of one
-// process writing the same path at once: they would share the temporary name.
+// is left untouched (IoError for operating-system failures). Two threads writing the same path at
+// once each write their own temporary file; the later rename wins.
 void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& file);
 
 // Reads and validates the whole file; never returns a partially loaded result. InputError (with

@@ -107,8 +107,9 @@ void SuccessiveHalving::report(int trial, double loss) {
   const int top = static_cast<int>(rung_epochs_.size()) - 1;
   t.status = t.rung == top ? TrialStatus::Completed : TrialStatus::Waiting;
   auto& rung = results_[t.rung];
-  // Ties go to the lower trial, whatever order the trials finished in (which depends on timing),
-  // so runs are reproducible: diverged trials all tie at infinity.
+  // Ties go to the lower trial, whatever order the trials finished in (which depends on timing):
+  // diverged trials all tie at infinity. (A promotion made before a tying trial reported stands,
+  // as one made before a better trial reported does: asynchronous halving.)
   const Result result{loss, trial};
   const auto before = [](const Result& a, const Result& b) {
     return a.loss < b.loss || (a.loss == b.loss && a.trial < b.trial);

@@ -335,6 +335,11 @@ void run_search(SearchOptions& o) {
   // where they are. Also checked as soon as trials end, before their ends are counted: a
   // terminal's Ctrl-C reaches the local trials too (one process group), and those it killed are
   // stopped, not failed.
+  // A trial the closing search ends where it is: stopped, not failed.
+  auto cut_short = [&](int trial) {
+    records[trial].cut = true;
+    halving.stop(trial);
+  };
   auto close_if_due = [&] {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const bool out_of_time = o.budget_seconds > 0 && elapsed >= o.budget_seconds;
@@ -344,10 +349,7 @@ void run_search(SearchOptions& o) {
     closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
     halving.close();
     for (RunningJob& r : running) runner->cancel(r.key);
-    for (const HalvingJob& j : refused) {
-      records[j.trial].cut = true;
-      halving.stop(j.trial);
-    }
+    for (const HalvingJob& j : refused) cut_short(j.trial);
     refused.clear();
     progress.print_line("tandem search: " +
                         (closed_by_signal ? closed_by : std::string("--budget-seconds reached")) +
@@ -411,8 +413,7 @@ void run_search(SearchOptions& o) {
       if (end.retry && closed) {
         // Refused (busy) after the search closed: it will not be started again. Kept waiting,
         // it would keep the search from ever ending (nothing starts or stops it any more).
-        rec.cut = true;
-        halving.stop(r.job.trial);
+        cut_short(r.job.trial);
         continue;
       }
       if (end.retry) {
@@ -436,13 +437,9 @@ void run_search(SearchOptions& o) {
                             fixed(best_loss(r.job.trial), 4) + "; " + status_line());
         // It finished just as the search closed: it goes no further (a promotion would never
         // start), but a last rung stays completed.
-        if (closed && halving.status(r.job.trial) != TrialStatus::Completed) {
-          rec.cut = true;
-          halving.stop(r.job.trial);
-        }
+        if (closed && halving.status(r.job.trial) != TrialStatus::Completed) cut_short(r.job.trial);
       } else if (closed) {
-        rec.cut = true;
-        halving.stop(r.job.trial);
+        cut_short(r.job.trial);
         progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else {
@@ -561,7 +558,10 @@ void run_search(SearchOptions& o) {
                 "; the results so far are in " + o.out);
   if (!no_slots.empty())
     throw Error("search: " + no_slots + "; the results so far are in " + o.out);
-  if (succeeded == 0 && closed)  // (nothing failed: the budget ended them all first)
+  const bool any_failed = std::any_of(order.begin(), order.end(), [&](int t) {
+    return halving.status(t) == TrialStatus::Failed;
+  });
+  if (succeeded == 0 && closed && !any_failed)  // the budget ended them all first
     throw Error("search: the time budget ended every trial before its first epoch; the results "
                 "are in " + o.out);
   if (succeeded == 0) throw Error("search: every trial failed; their logs are in " + o.out);

@@ -1,6 +1,7 @@
 // tandem train: single-process training on a data set directory of MNIST-format IDX files.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -142,18 +143,21 @@ void run_train(TrainOptions& o) {
   // (which a default-handled signal could cut, leaving its temporary file): the checkpoint then
   // holds the state after the last epoch completed, whole, and --resume goes on from it.
   const std::atomic<bool>& stop = stop_on_signals();
-  trainer.between_steps = [&] {
+  auto end_if_stopped = [&] {
     if (!stop.load()) return;
     progress.finish();
-    throw Error(std::string("stopped by ") + stop_signal_name() + "; " +
-                (config.checkpoint_path.empty()
-                     ? std::string("nothing was saved (no --checkpoint)")
-                     : "the checkpoint " + config.checkpoint_path +
-                           " holds the last epoch completed (--resume it to go on)"));
+    const std::string& path = config.checkpoint_path;
+    std::string saved = "the checkpoint " + path + " holds the last epoch completed (--resume it "
+                        "to go on)";
+    if (path.empty()) saved = "nothing was saved (no --checkpoint)";
+    else if (!std::filesystem::exists(path)) saved = "no epoch was completed, nothing was saved";
+    throw Error(std::string("stopped by ") + stop_signal_name() + "; " + saved);
   };
+  trainer.between_steps = end_if_stopped;
   const TrainSummary s =
       stream ? trainer.fit(*stream, data.validation.view(), data.test.view())
              : trainer.fit(data.train.view(), data.validation.view(), data.test.view());
+  end_if_stopped();  // a signal during the last evaluations is not passed over either
   progress.finish();
   if (o.json) {
     nlohmann::json j{{"backend", s.backend},     {"threads", s.threads},

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -33,9 +32,13 @@ struct TrialSlotPool::Server {
   // it, not from last_heard. A client busy elsewhere (a search preparing its data after it
   // connected) sends nothing meanwhile, and its servers' silence then is its own.
   Clock::time_point asked_since;
-  std::vector<std::string> jobs;
-  int sent = 0;  // messages sent: a heartbeat carries its count, and each start's is kept
-  std::map<std::string, int> start_sent;  // job -> the count its start went out as
+  struct Job {
+    std::string id;
+    int start_sent = 0;  // the count of messages sent when its start went out
+    bool operator==(const std::string& other) const { return id == other; }
+  };
+  std::vector<Job> jobs;
+  int sent = 0;  // messages sent: a heartbeat carries its count
 };
 
 namespace {
@@ -142,7 +145,6 @@ void TrialSlotPool::add(const std::string& endpoint) {
 void TrialSlotPool::send(Server& s, SlotMessage m) {
   ++s.sent;
   if (m.type == SlotMessageType::Heartbeat) m.seq = s.sent;
-  if (m.type == SlotMessageType::Start) s.start_sent[m.job] = s.sent;
   const std::string text = encode_slot_message(m);
   try {
     transport::send_frames(s.socket, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
@@ -198,7 +200,7 @@ std::string TrialSlotPool::start(const std::string& job,
   m.args = args(best->threads);
   m.log = log;
   send(*best, m);
-  best->jobs.push_back(job);
+  best->jobs.push_back({job, best->sent});
   return best->endpoint;
 }
 
@@ -218,17 +220,14 @@ void TrialSlotPool::lost_jobs(Server& s, const SlotMessage& heartbeat,
   // search's jobs after hearing nothing from it for its heartbeat timeout. Waited for, it
   // would keep the search from ever ending.
   for (auto it = s.jobs.begin(); it != s.jobs.end();) {
-    const auto sent = s.start_sent.find(*it);
-    const bool before = sent != s.start_sent.end() && sent->second < heartbeat.seq;
-    if (!before || std::find(heartbeat.jobs.begin(), heartbeat.jobs.end(), *it) !=
-                       heartbeat.jobs.end()) {
+    if (it->start_sent >= heartbeat.seq ||
+        std::find(heartbeat.jobs.begin(), heartbeat.jobs.end(), it->id) != heartbeat.jobs.end()) {
       ++it;
       continue;
     }
-    ended.push_back({*it, false,
+    ended.push_back({it->id, false,
                      "slot server " + s.endpoint + " no longer runs it (restarted, or it ended " +
                          "this client's jobs after hearing nothing from it)"});
-    s.start_sent.erase(*it);
     it = s.jobs.erase(it);
   }
 }
@@ -236,10 +235,9 @@ void TrialSlotPool::lost_jobs(Server& s, const SlotMessage& heartbeat,
 void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJobEnd>& ended) {
   s.alive = false;
   s.lost = reason;
-  for (const std::string& job : s.jobs)
-    ended.push_back({job, false, "slot server " + s.endpoint + " " + reason});
+  for (const Server::Job& job : s.jobs)
+    ended.push_back({job.id, false, "slot server " + s.endpoint + " " + reason});
   s.jobs.clear();
-  s.start_sent.clear();
   // A server that is only frozen or cut off for a while reads this bye when it comes back (after
   // any start still queued to it) and ends the jobs nobody waits for any more, rather than
   // running them, or starting them, beside the rerun that finishes their work. The socket's
@@ -309,7 +307,6 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
         case SlotMessageType::Exited:
           if (job == s.jobs.end()) break;
           s.jobs.erase(job);
-          s.start_sent.erase(m.job);
           ended.push_back({m.job, m.exit_code == 0,
                            m.signal > 0 ? "killed by signal " + std::to_string(m.signal)
                                         : "exited with status " + std::to_string(m.exit_code)});
@@ -317,7 +314,6 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
         case SlotMessageType::Error:
           if (job != s.jobs.end()) {
             s.jobs.erase(job);
-            s.start_sent.erase(m.job);
             if (m.busy) s.busy = true;
             ended.push_back(
                 {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});

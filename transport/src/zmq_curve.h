@@ -81,8 +81,8 @@ std::vector<std::string> read_curve_allowed_clients(const std::string& path);
 //
 // Each request is answered 200 when its domain is registered, its mechanism is CURVE and the
 // client's key is in the domain's set (or the set is empty: any client that knows the server's
-// public key), else 400. A rejected key is counted, and logged to stderr once per domain (the
-// first 100 keys; the rest only counted).
+// public key), else 400. A rejected key is counted, and logged to stderr once per key and
+// domain, for the first 100 keys of a domain (the rest only counted).
 class ZapAuthenticator {
  public:
   // One domain's place in its context's handler; releasing it (destructor, move-assignment)

@@ -80,8 +80,7 @@ enum class Durability { Data, DataAndDirectory };
 // one, never part of one, and two threads or processes never share a temporary file.
 void write_file_atomic(const std::string& path, const void* data, size_t size,
                        Durability durability) {
-  AtomicFile out(path, path + ".tmp-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(::gettid()));
+  AtomicFile out(path, temp_path(path));
   out.write(data, size);
   out.commit();
   if (durability == Durability::DataAndDirectory) fsync_parent_directory(path, "writing");
