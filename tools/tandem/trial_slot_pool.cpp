@@ -35,6 +35,7 @@ struct TrialSlotPool::Server {
   struct Job {
     std::string id;
     int start_sent = 0;  // the count of messages sent when its start went out
+    bool unsent = false;  // its start could not be sent: it never reached the server
     bool operator==(const std::string& other) const { return id == other; }
   };
   std::vector<Job> jobs;
@@ -200,7 +201,7 @@ std::string TrialSlotPool::start(const std::string& job,
   m.args = args(best->threads);
   m.log = log;
   send(*best, m);
-  best->jobs.push_back({job, best->sent});
+  best->jobs.push_back({job, best->sent, !best->send_error.empty()});
   return best->endpoint;
 }
 
@@ -235,8 +236,9 @@ void TrialSlotPool::lost_jobs(Server& s, const SlotMessage& heartbeat,
 void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJobEnd>& ended) {
   s.alive = false;
   s.lost = reason;
+  // A job whose start never left is started elsewhere (retry), not failed.
   for (const Server::Job& job : s.jobs)
-    ended.push_back({job.id, false, "slot server " + s.endpoint + " " + reason});
+    ended.push_back({job.id, false, "slot server " + s.endpoint + " " + reason, job.unsent});
   s.jobs.clear();
   // A server that is only frozen or cut off for a while reads this bye when it comes back (after
   // any start still queued to it) and ends the jobs nobody waits for any more, rather than

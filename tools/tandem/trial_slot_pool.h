@@ -36,7 +36,8 @@ struct TrialSlotPoolOptions {
 };
 
 // A job that ended: `clean` when it exited 0; `how` says how it ended otherwise. `retry`: it
-// never started (the server was busy); start it again when there is a free slot.
+// never started (the server was busy, or its start could not be sent to a server since
+// dropped); start it again when there is a free slot.
 struct SlotJobEnd {
   std::string job;
   bool clean = false;
