@@ -10,6 +10,7 @@
 
 #include "dashboard_server.h"
 #include "prometheus_text.h"
+#include "test_support.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -232,9 +233,13 @@ TEST(DashboardServer, StopReturnsWhileAClientTricklesItsRequest) {
   const auto took = std::chrono::steady_clock::now() - t0;
   done = true;
   trickle.join();
+  EXPECT_EQ(DashboardServer::abandoned_running(), 1);
   ::close(fd);
   EXPECT_LT(took, std::chrono::seconds(20)) << "stop() waited for the trickling client";
   EXPECT_EQ(state_calls.load(), 0);
+  // The client gone, the given-up server ends and frees itself (not left for the process's end).
+  EXPECT_TRUE(test::eventually([] { return DashboardServer::abandoned_running() == 0; }, 20000,
+                               20));
 }
 
 TEST(DashboardServer, StopsPromptlyAndTwiceAndThePortIsFreedAgain) {

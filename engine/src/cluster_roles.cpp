@@ -646,16 +646,26 @@ static void worker_role(const RoleOptions& o) {
   // checkpoint) that gradient is lost and the parameters are pulled again once the servers
   // answer, into `model`, and installed from there. False when training ended meanwhile.
   auto exchange = [&](const std::function<void()>& run) {
-    try {
-      run();
-    } catch (const transport::TransportError& e) {
-      std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), e.what());
+    // A server that restarted without a checkpoint may answer before the request times out
+    // (a request queued while it was down reaches the new one): "not initialised" is the
+    // same news as the silence, and goes the same way.
+    auto recover = [&](const char* what) {
+      std::fprintf(stderr, "%s: %s; waiting for the servers\n", r.name.c_str(), what);
       // `model` holds the parameters last pulled into it, not those installed since (a plain
       // worker installs each reply straight into its backend): a server that lost its
       // parameters is given the newest this worker has, not those of the run's start.
       backend->get_parameters(model);
       if (!repull(client, link, o, r, model)) return false;
       install();
+      return true;
+    };
+    try {
+      run();
+    } catch (const transport::TransportError& e) {
+      return recover(e.what());
+    } catch (const ServerError& e) {
+      if (!e.not_initialised()) throw;
+      return recover(e.what());
     }
     return true;
   };

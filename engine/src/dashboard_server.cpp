@@ -110,7 +110,10 @@ namespace {
 // so a client that sends a byte now and then holds its connection's thread for as long as it
 // likes, and stop() would wait for it for ever.
 constexpr auto kStopWait = std::chrono::seconds(3);
+std::atomic<int> g_abandoned{0};  // servers stop() gave up on whose thread has not ended
 }  // namespace
+
+int DashboardServer::abandoned_running() { return g_abandoned.load(); }
 
 DashboardServer::DashboardServer(DashboardOptions options, std::function<std::string()> state,
                                  std::function<std::string()> metrics)
@@ -170,6 +173,7 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
     if (!owner) return;
     { std::lock_guard<std::mutex> wait_for_stop(impl->stop_mutex); }  // stop() has returned
     delete impl;
+    --g_abandoned;
   });
   // httplib's stop() does nothing until the accept loop has started, so wait for it here; a
   // stop() right after construction would otherwise leave the loop running forever.
@@ -210,6 +214,7 @@ void DashboardServer::stop() {
     return;
   }
   abandoned_ = true;
+  ++g_abandoned;  // (before the thread can end: it waits for stop_mutex, held here)
   s.thread.detach();
   std::fprintf(stderr,
                "tandem: the dashboard stopped listening, but a client still holds a connection "

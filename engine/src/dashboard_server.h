@@ -63,6 +63,9 @@ class DashboardServer {
   // running): one still busy then (a client trickling its request) is left to end with the
   // process, and the callbacks are not called again. Not for two threads at once.
   void stop();
+  // How many servers stop() gave up on are still running (their clients not yet gone): each
+  // frees itself when its last connection ends.
+  static int abandoned_running();
 
  private:
   struct Impl;
