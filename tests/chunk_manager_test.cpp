@@ -345,6 +345,49 @@ TEST(ChunkManager, UncompressedChunkOfTheWrongSizeSurfacesInTheConsumer) {
   EXPECT_EQ(rows[99], f.all_rows()[99]);
 }
 
+// Whether this process maps `path` now (a line of /proc/self/maps ends with it).
+bool process_maps(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t n = path.size();
+    if (line.size() >= n && line.compare(line.size() - n, n, path) == 0) return true;
+  }
+  return false;
+}
+
+// An uncompressed chunk already mapped, waiting for the assembler, then cut short in place (cp
+// onto it): reading it faulted with SIGBUS and killed the process. Now the consumer gets an error.
+TEST(ChunkManager, AMappedChunkCutShortSurfacesInTheConsumer) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, "none");
+  const std::string key = f.dir.file("s") + "/images/c/2/0";
+  ChunkManagerOptions o;
+  o.batch_rows = 50;
+  o.shuffle = false;
+  o.readers = 1;
+  o.assemblers = 1;
+  // The consumer holds batch 0's slot, batch 1 fills the other: band 2 waits, mapped.
+  o.ring_slots = 2;
+  o.pin_for_device = -1;
+  ChunkManager cm(split, 10, o);
+  cm.start_epoch(0);
+  DatasetView batch;
+  ASSERT_TRUE(cm.next(batch));
+  for (int i = 0; i < 1000 && !process_maps(key); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(process_maps(key)) << "the reader never mapped " << key;
+  std::filesystem::resize_file(key, 0);
+  try {
+    while (cm.next(batch)) {
+    }
+    FAIL() << "expected an error";
+  } catch (const InputError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("the file '" + key + "' shrank below its 1200 mapped bytes"),
+              std::string::npos) << text;
+  }
+}
+
 TEST(ChunkManager, CancelsMidEpochAndRestarts) {
   Fixture f;
   const auto split = write_split(f.dir.file("s"), f.data, 10, 24, 413, zarr::Format::V3);

@@ -8,6 +8,7 @@
 #endif
 
 #include "batch_count.h"
+#include "mapped_read_guard.h"
 #include "array_stats.h"
 #include "random.h"
 #include "tandem/error.h"
@@ -360,6 +361,7 @@ void ChunkManager::assembler_loop() {
         if (lo >= hi) break;
         const Band* band = acquire_band(cursor);
         if (band == nullptr) return;  // stopping
+        const MappedReadGuard guard(band->mapping);  // a chunk file cut short faults: a clear error
         const uint8_t* band_labels = labels_.data() + band_order_[position] * band_rows_;
         uint8_t* out = pixels + (lo - plan.begin) * row_bytes;
         uint8_t* out_labels = slot.labels.data() + (lo - plan.begin);
@@ -395,6 +397,7 @@ void ChunkManager::assembler_loop() {
             out_labels[k - first] = band_labels[order[k]];
           }
         }
+        guard.check("zarr store '" + split_.images.path() + "'");
         release_band(cursor);
         if (hi == plan.end) break;
       }

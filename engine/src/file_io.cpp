@@ -155,6 +155,7 @@ MappedFile MappedFile::map_if_exists(const std::string& path) {
 MappedFile MappedFile::map_open(int fd, size_t size, const std::string& path) {
   MappedFile mapped;
   mapped.size_ = size;
+  mapped.path_ = path;
   if (size == 0) {
     static const uint8_t empty = 0;
     mapped.data_ = &empty;  // nothing to map; a non-null pointer still says "the file exists"
@@ -171,11 +172,14 @@ MappedFile::~MappedFile() {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      path_(std::move(other.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(size_, other.size_);
+  std::swap(path_, other.path_);
   return *this;
 }
 

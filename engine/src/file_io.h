@@ -89,10 +89,12 @@ class MappedFile {
 
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  const std::string& path() const { return path_; }  // the file mapped, for messages
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  std::string path_;
 };
 
 // The temporary file beside `path` that this thread writes it through: PATH.tmp-PID-TID, so two

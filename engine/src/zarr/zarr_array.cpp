@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "file_io.h"
+#include "mapped_read_guard.h"
 #include "tandem/error.h"
 #include "zarr/zarr_metadata.h"
 
@@ -290,11 +291,18 @@ bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
   // A large chunk's file is mapped, not read: the decompressor reads it straight from the page
   // cache instead of from a copy in a fresh buffer. The chunk manager's stream of a zstd store
   // went from 74-83% of the bare decompressor's speed to 81-89% (bench/RESULTS.md). Small files
-  // are cheaper to read than to map. Store files are replaced by rename, never rewritten in
-  // place, so a mapped file does not shrink under the decompressor.
+  // are cheaper to read than to map. Store files are replaced by rename, not rewritten in
+  // place; a file something else cut short under the decompressor is a clear error, not SIGBUS.
   if (stored >= kMapChunkFilesFrom) {
     const MappedFile mapped = MappedFile::map_open(fd.get(), size_t(stored), file);
-    decompress(meta_.compressor, mapped.data(), mapped.size(), out, size, what);
+    const MappedReadGuard guard(mapped);
+    try {
+      decompress(meta_.compressor, mapped.data(), mapped.size(), out, size, what);
+    } catch (const Error&) {
+      guard.check(what);  // the zeros read in place of the missing pages are not the corruption
+      throw;
+    }
+    guard.check(what);
     return true;
   }
   std::vector<uint8_t> data(stored);
