@@ -1,0 +1,61 @@
+// The metrics log's lines: every one valid JSON, whatever the numbers and text written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "metrics_log.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+std::vector<nlohmann::json> records_of(const std::string& path) {
+  std::vector<nlohmann::json> records;
+  std::istringstream lines(test::read_bytes(path));
+  for (std::string line; std::getline(lines, line);) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+// nlohmann writes NaN as null: a diverged loss read as a missing one.
+TEST(MetricsLog, NonFiniteNumbersAreNamedNotNull) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsLog log(path, false);
+    const double inf = std::numeric_limits<double>::infinity();
+    log.write({{"loss", std::nan("")}, {"nested", {{"up", inf}, {"down", -inf}}},
+               {"list", {1.5, -inf}}, {"fine", 0.25}});
+    StepReport step;
+    step.loss_sum = std::nan("");
+    log.step(step);
+  }
+  const auto records = records_of(path);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["loss"], "NaN");
+  EXPECT_EQ(records[0]["nested"]["up"], "Infinity");
+  EXPECT_EQ(records[0]["nested"]["down"], "-Infinity");
+  EXPECT_EQ(records[0]["list"], nlohmann::json::parse("[1.5, \"-Infinity\"]"));
+  EXPECT_EQ(records[0]["fine"], 0.25);
+  EXPECT_EQ(records[1]["loss"], "NaN");
+}
+
+// Text that is not UTF-8 (a role's name, a path) made dump() throw: the record was lost.
+TEST(MetricsLog, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsLog log(path, false);
+    log.write({{"name", std::string("worker\xff") + "1"}});
+  }
+  const auto records = records_of(path);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["name"], "worker\xEF\xBF\xBD" "1");
+}
+
+}  // namespace
+}  // namespace tandem
