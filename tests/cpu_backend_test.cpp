@@ -155,6 +155,28 @@ TEST(CpuBackend, RefusesRowsOutsideTheData) {
   }
 }
 
+// A label past the model's outputs was used as an index: the loss kernel read and wrote past the
+// row's logits and gradient (valgrind: invalid reads and writes), and training went on.
+TEST(CpuBackend, RefusesALabelPastTheModelsOutputs) {
+  Dataset data = test::random_dataset(PixelType::UInt8, 10, 64, 10, 13);
+  data.label_data()[6] = 250;
+  CpuBackend backend(small_model(), OptimizerConfig{}, 1);
+  const std::string expected = "row 6 has label 250; expected a class in [0, 10)";
+  const std::vector<int32_t> with_row_6{0, 6}, without{0, 5};
+  EXPECT_TRUE(test::contains(test::error_of<InputError>([&] { backend.evaluate(data.view()); }),
+                             expected));
+  EXPECT_TRUE(test::contains(
+      test::error_of<InputError>([&] { backend.compute_gradients(data.view(), nullptr, 10); }),
+      expected));
+  EXPECT_TRUE(test::contains(test::error_of<InputError>([&] {
+                               backend.compute_gradients(data.view(), with_row_6.data(), 2);
+                             }),
+                             expected));
+  // Only the batch's rows are looked at: batches without row 6 are taken.
+  EXPECT_NO_THROW(backend.compute_gradients(data.view(), without.data(), 2));
+  EXPECT_NO_THROW(backend.compute_gradients(data.view(), nullptr, 6));
+}
+
 // A refused optimizer state changes nothing: the first moments were copied in before the second
 // moments' shapes were looked at (the CUDA twin stages both first).
 TEST(CpuBackend, ARefusedOptimizerStateLeavesTheMomentsAsTheyWere) {

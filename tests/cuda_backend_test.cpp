@@ -791,6 +791,12 @@ TEST_F(CudaBackendTest, RefusesWhatTheCpuBackendRefuses) {
   DatasetView many_classes = data.view();
   many_classes.num_classes = 11;  // more classes than the model has outputs
   EXPECT_THROW(gpu->evaluate(many_classes), InputError);
+  Dataset bad_label = data;
+  bad_label.label_data()[4] = 10;  // past the 10 outputs: the loss kernel would index by it
+  const std::vector<int32_t> rows{1, 4};
+  EXPECT_THROW(gpu->evaluate(bad_label.view()), InputError);
+  EXPECT_THROW(gpu->compute_gradients(bad_label.view(), rows.data(), 2), InputError);
+  EXPECT_THROW(gpu->train_step(bad_label.view(), nullptr, 10), InputError);
   EXPECT_THROW(gpu->set_parameters(Model::initialized(ModelConfig::parse("784-50-10"), 1)),
                InputError);
   OptimizerState state;

@@ -166,6 +166,16 @@ TEST(Trainer, RefusesACheckpointItCannotWriteBeforeTraining) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 0);
 }
 
+// An embedder's data set with a label past the model's outputs trained "successfully" while the
+// loss kernel wrote past each bad row's gradient. The first batch holding one is refused.
+TEST(Trainer, RefusesALabelPastTheModelsOutputs) {
+  Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  train.label_data()[123] = 4;  // a 4-class model: labels 0..3
+  Trainer trainer(small_config(1));
+  const std::string why = test::error_of<InputError>([&] { trainer.fit(train.view(), {}, {}); });
+  EXPECT_TRUE(test::contains(why, "row 123 has label 4; expected a class in [0, 4)")) << why;
+}
+
 // A run that keeps its best epoch, cut in two and resumed, keeps the same epoch as the run done
 // in one go, whether the checkpoint it resumes is its best state or a later one (the best then
 // travels beside it in the checkpoint).

@@ -26,17 +26,30 @@ struct BatchStats {
 // InputError unless a batch of `count` rows can be taken from `data`: without `rows` the first
 // `count` rows (count <= data.rows); with them every listed index in [0, data.rows). An index
 // outside reads past the data: on the CPU undefined behaviour, on a GPU an illegal address
-// that ends the device's context for the whole process.
-inline void check_batch_rows(const DatasetView& data, const int32_t* rows, int64_t count) {
+// that ends the device's context for the whole process. The batch's labels, when the view has
+// them, must be below `classes` (the model's outputs): the loss kernels index by them, and a
+// label past the outputs writes past the gradient. Only the batch's rows are looked at, so a
+// step over a large resident view costs O(batch), not O(view).
+inline void check_batch_rows(const DatasetView& data, const int32_t* rows, int64_t count,
+                             int classes) {
   if (count < 0 || (rows == nullptr && count > data.rows))
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
-  if (rows == nullptr) return;
-  for (int64_t i = 0; i < count; ++i)
-    if (rows[i] < 0 || rows[i] >= data.rows)
-      throw InputError("row " + std::to_string(rows[i]) + " (entry " + std::to_string(i) +
-                       " of the batch) is outside a view of " + std::to_string(data.rows) +
-                       " rows");
+  if (rows != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+      if (rows[i] < 0 || rows[i] >= data.rows)
+        throw InputError("row " + std::to_string(rows[i]) + " (entry " + std::to_string(i) +
+                         " of the batch) is outside a view of " + std::to_string(data.rows) +
+                         " rows");
+  if (data.labels == nullptr) return;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = rows != nullptr ? rows[i] : i;
+    if (data.labels[row] >= classes)
+      throw InputError("row " + std::to_string(row) + " has label " +
+                       std::to_string(int(data.labels[row])) + "; expected a class in [0, " +
+                       std::to_string(classes) + ") for a model with " + std::to_string(classes) +
+                       " outputs");
+  }
 }
 
 class Backend {

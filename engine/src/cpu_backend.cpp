@@ -151,7 +151,7 @@ void CpuBackend::run_rows(Workspace& ws, const DatasetView& data, const int32_t*
 BatchStats CpuBackend::compute_gradients(const DatasetView& data, const int32_t* rows,
                                          int64_t count) {
   check_data(data, true);
-  check_batch_rows(data, rows, count);
+  check_batch_rows(data, rows, count, config_.classes());
   return run_partitioned(data, rows, count, /*backward=*/true, nullptr);
 }
 
@@ -204,6 +204,7 @@ void CpuBackend::apply_gradients() {
 
 BatchStats CpuBackend::evaluate(const DatasetView& data) {
   check_data(data, true);
+  check_batch_rows(data, nullptr, data.rows, config_.classes());
   return run_partitioned(data, nullptr, data.rows, /*backward=*/false, nullptr);
 }
 

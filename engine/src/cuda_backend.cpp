@@ -572,7 +572,7 @@ void CudaBackend::check_batch(const DatasetView& data, const int32_t* rows, int6
   if (count < min_count)
     throw InputError("batch of " + std::to_string(count) + " rows from a view of " +
                      std::to_string(data.rows));
-  check_batch_rows(data, rows, count);
+  check_batch_rows(data, rows, count, config_.classes());
 }
 
 void CudaBackend::queue_gradients(const DatasetView& data, const int32_t* rows, int64_t count,
@@ -665,6 +665,7 @@ BatchStats CudaBackend::take_stats() {
 BatchStats CudaBackend::evaluate(const DatasetView& data) {
   use_device();
   check_data(data, true);
+  check_batch_rows(data, nullptr, data.rows, config_.classes());
   ensure_capacity(std::min(data.rows, kEvalChunkRows));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(call_totals_.data(), 0, sizeof(kernels::DeviceStats), stream_));
   for (int64_t begin = 0; begin < data.rows; begin += kEvalChunkRows) {
