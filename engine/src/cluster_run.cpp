@@ -10,6 +10,7 @@
 
 #include "batch_count.h"
 #include "dataset_store.h"
+#include "file_io.h"
 #include "ps_client.h"
 #include "tandem/error.h"
 #include "zmq_curve.h"
@@ -54,22 +55,23 @@ void secure_coordinator(CoordinatorOptions& o, const RunSettings& s) {
     o.curve_allowed_clients = transport::read_curve_allowed_clients(s.curve_allowed_path);
 }
 
-ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
-  complete_curve_settings(options_.settings);
-  const RunSettings& s = options_.settings;
-  if (options_.ps < 1) throw InputError("a cluster needs at least one parameter server");
-  if (options_.workers < 1) throw InputError("a cluster needs at least one worker");
-  if (options_.scorers < 0 || options_.scorers > 1) throw InputError("a cluster has 0 or 1 scorer");
-  if (options_.scorers == 0 && options_.target > 0)
+void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, double target,
+                     int64_t max_epochs, double max_seconds) {
+  if (ps < 1) throw InputError("a cluster needs at least one parameter server");
+  if (workers < 1) throw InputError("a cluster needs at least one worker");
+  if (scorers < 0 || scorers > 1) throw InputError("a cluster has 0 or 1 scorer");
+  if (scorers == 0 && target > 0)
     throw InputError("--target needs a scorer (the score is the validation loss it measures)");
-  if (options_.scorers == 0 && options_.max_epochs == 0 && options_.max_seconds == 0)
-    throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops training");
+  if (max_epochs < 0) throw InputError("max_epochs must be >= 0 (0: no limit)");
+  if (scorers == 0 && max_epochs == 0 && max_seconds == 0)
+    throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops "
+                     "training");
   // Numbers that would otherwise fail far from where they were given: a NaN learning rate as a
   // JSON type error in every role, a score interval past the clock's range as scores without
   // pause, a NaN target or time limit as one that never stops the run.
-  if (!(std::isfinite(options_.target) && options_.target >= 0))
+  if (!(std::isfinite(target) && target >= 0))
     throw InputError("the target must be a finite number >= 0 (0: off)");
-  if (!(std::isfinite(options_.max_seconds) && options_.max_seconds >= 0))
+  if (!(std::isfinite(max_seconds) && max_seconds >= 0))
     throw InputError("max_seconds must be a finite number >= 0 (0: no limit)");
   s.optimizer.validate();
   if (!(s.score_interval_s > 0 && s.score_interval_s <= 86400))
@@ -82,6 +84,13 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
     throw InputError("step_timeout_s must be from 0 to 1e7 (0: never)");
   check_overlap(s);
   check_worker_group(s);
+}
+
+ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
+  complete_curve_settings(options_.settings);
+  const RunSettings& s = options_.settings;
+  check_run_shape(s, options_.ps, options_.workers, options_.scorers, options_.target,
+                  options_.max_epochs, options_.max_seconds);
   if (!options_.worker_gpus.empty() && int(options_.worker_gpus.size()) != options_.workers)
     throw InputError("GPUs are given for " + std::to_string(options_.worker_gpus.size()) +
                      " workers, the cluster has " + std::to_string(options_.workers));
@@ -93,6 +102,8 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
   if (options_.scorers > 0 && store.validation.rows == 0)
     throw InputError(s.data + ": no validation split for the scorer");
+  // Written after the whole run: a path that cannot take it would lose the trained model.
+  if (!options_.model_out.empty()) check_replaceable(options_.model_out);
   eval_splits_ = load_store_eval_splits(s.data);
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
   // finds (its predecessor's, when it is restarted within the run).

@@ -69,6 +69,12 @@ void complete_curve_settings(RunSettings& settings);
 // on, one key secures the whole run. Nothing without CURVE.
 void secure_coordinator(CoordinatorOptions& options, const RunSettings& settings);
 
+// InputError naming the bad value unless a run of `ps` servers, `workers` workers and `scorers`
+// (0 or 1) scorers with these settings and stop rule can start: checked before anything starts,
+// by ClusterRun and the public ClusterCoordinator alike.
+void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, double target,
+                     int64_t max_epochs, double max_seconds);
+
 struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop

@@ -20,6 +20,7 @@
 #include "dataset_store.h"
 #include "ps_client.h"
 #include "score_subscriber.h"
+#include "seconds_to_ms.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -28,8 +29,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-int to_ms(double seconds) { return seconds < 0 ? -1 : int(seconds * 1000.0); }
 
 // The run's settings: the user's JSON object over the defaults. An unknown key is an error
 // naming the known ones. Sync mode aggregates one gradient per worker unless told otherwise.
@@ -135,8 +134,8 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.advertise_host = options.advertise_host;
   o.model_out = options.model_out;
   o.keep_best = options.keep_best;
-  o.startup_timeout_ms = to_ms(options.startup_timeout_s);
-  o.heartbeat_timeout_ms = to_ms(options.heartbeat_timeout_s);
+  o.startup_timeout_ms = seconds_to_ms(options.startup_timeout_s);
+  o.heartbeat_timeout_ms = seconds_to_ms(options.heartbeat_timeout_s);
   o.test_threads = options.test_threads;
   int64_t newest = 0;
   if (options.on_score) {
@@ -185,8 +184,6 @@ struct ClusterCoordinator::Impl {
 
 ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  if (options.ps < 1 || options.workers < 1 || options.scorers < 0)
-    throw InputError("a cluster needs at least one parameter server and one worker");
   for (const std::string* address : {&options.bind, &options.scores_bind})
     if (address->rfind("inproc://", 0) == 0)
       throw InputError("a ClusterCoordinator serves other threads and processes over tcp://, not " +
@@ -194,8 +191,8 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
   Impl& d = *impl_;
   d.settings = parse_settings(options.settings, options.workers);
   complete_curve_settings(d.settings);
-  check_overlap(d.settings);
-  check_worker_group(d.settings);
+  check_run_shape(d.settings, options.ps, options.workers, options.scorers, options.target,
+                  options.max_epochs, options.max_seconds);
   CoordinatorOptions o;
   o.bind = options.bind;
   o.scores_bind = options.scores_bind.empty() ? scores_bind_beside(options.bind) : options.scores_bind;
@@ -214,13 +211,15 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
                        "tandem::write_cluster_store");
     const DatasetStore store = DatasetStore::open(d.settings.data);
     if (store.train.rows == 0) throw InputError(d.settings.data + ": the training split is empty");
+    if (options.scorers > 0 && store.validation.rows == 0)
+      throw InputError(d.settings.data + ": no validation split for the scorer");
     o.batches_per_epoch = batch_count(store.train.rows, d.settings.batch);
   }
   o.max_epochs = options.max_epochs;
   o.max_seconds = options.max_seconds;
   o.target = options.target;
-  o.startup_timeout_ms = to_ms(options.startup_timeout_s);
-  o.heartbeat_timeout_ms = to_ms(options.heartbeat_timeout_s);
+  o.startup_timeout_ms = seconds_to_ms(options.startup_timeout_s);
+  o.heartbeat_timeout_ms = seconds_to_ms(options.heartbeat_timeout_s);
   secure_coordinator(o, d.settings);
   d.coordinator = std::make_unique<Coordinator>(o);
 }
@@ -239,7 +238,8 @@ std::string ClusterCoordinator::phase() const { return to_string(impl_->coordina
 std::string ClusterCoordinator::wait_for(const std::string& phase, double timeout_s) const {
   const ClusterPhase wanted = parse_phase(phase);
   Coordinator& c = *impl_->coordinator;
-  if (timeout_s >= 0) return to_string(c.wait_for(wanted, to_ms(timeout_s)));
+  const int timeout_ms = seconds_to_ms(timeout_s);  // first: NaN is refused
+  if (timeout_ms >= 0) return to_string(c.wait_for(wanted, timeout_ms));
   for (;;) {
     const ClusterPhase now = c.wait_for(wanted, 1000);
     if (now == ClusterPhase::Failed || int(now) >= int(wanted)) return to_string(now);
@@ -248,7 +248,8 @@ std::string ClusterCoordinator::wait_for(const std::string& phase, double timeou
 
 bool ClusterCoordinator::wait(double timeout_s) const {
   Coordinator& c = *impl_->coordinator;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(0, to_ms(timeout_s)));
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(std::max(0, seconds_to_ms(timeout_s)));
   auto slice = [&] {
     if (timeout_s < 0) return 1000;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -284,10 +285,11 @@ Model ClusterCoordinator::pull_model() const {
 }
 
 bool ClusterCoordinator::finish(double timeout_s) {
+  const int timeout_ms = seconds_to_ms(timeout_s);  // first: NaN is refused
   Coordinator& c = *impl_->coordinator;
   c.request_stop("requested");  // no-op once draining
   c.finish();
-  if (timeout_s >= 0) return c.wait_servers_gone(to_ms(timeout_s));
+  if (timeout_ms >= 0) return c.wait_servers_gone(timeout_ms);
   while (!c.wait_servers_gone(1000)) {
   }
   return true;
@@ -365,7 +367,7 @@ ClusterRole ClusterRole::start(const std::string& kind, const std::string& coord
   o.advertise = options.advertise;
   o.data = options.data;
   o.gpus = options.gpus;
-  o.coordinator_lost_ms = to_ms(options.coordinator_lost_s);
+  o.coordinator_lost_ms = seconds_to_ms(options.coordinator_lost_s);
   o.coordinator_curve = curve_client_keys(options.curve);
   o.cancel = std::make_shared<std::atomic<bool>>(false);
   // The thread holds the state, so a role object dropped while its thread still runs (stuck in
@@ -417,7 +419,8 @@ bool ClusterRole::join(double timeout_s) {
     std::unique_lock<std::mutex> lock(state_->mutex);
     auto done = [&] { return state_->done; };
     if (timeout_s < 0) state_->changed.wait(lock, done);
-    else if (!state_->changed.wait_for(lock, std::chrono::milliseconds(to_ms(timeout_s)), done))
+    else if (!state_->changed.wait_for(lock, std::chrono::milliseconds(seconds_to_ms(timeout_s)),
+                                       done))
       return false;
   }
   {
@@ -455,10 +458,15 @@ struct ClusterScoreStream::Impl {
 };
 
 ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s,
-                                       const ClusterCurveKeys& curve)
+                                       const ClusterCurveKeys& curve, double coordinator_lost_s)
     : impl_(std::make_unique<Impl>()) {
+  if (!(coordinator_lost_s > 0 && coordinator_lost_s <= 86400))
+    throw InputError("coordinator_lost_s must be above 0 and at most 86400, got " +
+                     std::to_string(coordinator_lost_s));
   impl_->subscriber = std::make_unique<ScoreSubscriber>(
-      coordinator, impl_->context, std::max(1, to_ms(timeout_s)), curve_client_keys(curve));
+      coordinator, impl_->context, std::max(1, seconds_to_ms(timeout_s)),
+      curve_client_keys(curve));
+  impl_->subscriber->fail_when_coordinator_lost(coordinator_lost_s);
 }
 
 ClusterScoreStream::~ClusterScoreStream() {
@@ -466,7 +474,8 @@ ClusterScoreStream::~ClusterScoreStream() {
 }
 
 bool ClusterScoreStream::next(ClusterScore& score, double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(0, to_ms(timeout_s)));
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(std::max(0, seconds_to_ms(timeout_s)));
   for (;;) {
     if (impl_->subscriber->ended()) return false;
     int wait_ms = 1000;

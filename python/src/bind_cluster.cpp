@@ -26,6 +26,7 @@
 #include "ps_client.h"
 #include "py_json.h"
 #include "score_subscriber.h"
+#include "seconds_to_ms.h"
 #include "tandem/tandem.h"
 
 namespace py = pybind11;
@@ -35,14 +36,6 @@ using json = nlohmann::json;
 namespace tandem::python {
 
 namespace {
-
-// Seconds as the engine's milliseconds: negative is -1 (no end, where a wait takes that); an
-// infinite or huge number of seconds is the most an int holds (24.8 days), not an overflow.
-int to_ms(double seconds) {
-  if (std::isnan(seconds)) throw py::value_error("a number of seconds cannot be NaN");
-  if (seconds < 0) return -1;
-  return int(std::min(seconds * 1000.0, double(std::numeric_limits<int>::max())));
-}
 
 // Waits by `attempt(ms)`, which waits up to ms without the GIL and says whether what it waits
 // for has come, in slices of at most 100 ms: between them Ctrl-C reaches Python (raised as
@@ -112,8 +105,8 @@ class PyCoordinator {
     o.max_epochs = max_epochs;
     o.max_seconds = max_seconds;
     o.target = target;
-    o.startup_timeout_ms = to_ms(startup_timeout_s);
-    o.heartbeat_timeout_ms = to_ms(heartbeat_timeout_s);
+    o.startup_timeout_ms = seconds_to_ms(startup_timeout_s);
+    o.heartbeat_timeout_ms = seconds_to_ms(heartbeat_timeout_s);
     secure_coordinator(o, settings_);
     coordinator_ = std::make_unique<Coordinator>(o);
   }
@@ -246,7 +239,7 @@ RoleOptions role_options(const std::string& coordinator, const std::string& name
   RoleOptions o;
   o.coordinator = coordinator;
   o.name = name;
-  o.coordinator_lost_ms = to_ms(coordinator_lost_s);
+  o.coordinator_lost_ms = seconds_to_ms(coordinator_lost_s);
   o.coordinator_curve = curve_keys(curve_server_key, curve_key_file);
   return o;
 }

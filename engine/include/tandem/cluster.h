@@ -265,9 +265,12 @@ class ClusterRole {
 class ClusterScoreStream {
  public:
   // `coordinator`: the coordinator's address(); `curve`: for a run under CURVE. Throws Error
-  // when it does not answer within timeout_s (naming a refused key).
+  // when it does not answer within timeout_s (naming a refused key). A coordinator that dies
+  // (killed, its node gone) never sends the end: next() throws Error once it has not answered
+  // for coordinator_lost_s (above 0, at most a day) while no message came.
   explicit ClusterScoreStream(const std::string& coordinator, double timeout_s = 5,
-                              const ClusterCurveKeys& curve = {});
+                              const ClusterCurveKeys& curve = {},
+                              double coordinator_lost_s = 30);
   ~ClusterScoreStream();
   ClusterScoreStream(const ClusterScoreStream&) = delete;
   ClusterScoreStream& operator=(const ClusterScoreStream&) = delete;
