@@ -544,6 +544,27 @@ TEST(DatasetStore, LabelsMayBeAbsentOnlyWhenOptional) {
   EXPECT_THROW(DatasetStore::open(root, DatasetStore::Labels::Optional), InputError);
 }
 
+// A split whose metadata is damaged was taken as no split: training ran without validation and
+// kept "the best" epoch of zero samples. Only a split that is not there at all is absent.
+TEST(DatasetStore, ADamagedOptionalSplitIsAnErrorNotAbsent) {
+  TempDir dir;
+  const std::string root = dir.file("s.zarr");
+  zarr::Group::create(root, zarr::Format::V3);
+  const auto u8 = zarr::DType::UInt8;
+  for (const std::string group : {std::string(), std::string("/validation")}) {
+    if (!group.empty()) zarr::Group::create(root + group, zarr::Format::V3);
+    zarr::Array::create(root + group + "/images", meta_of(zarr::Format::V3, u8, {10, 4}, {5, 4}));
+    zarr::Array::create(root + group + "/labels", meta_of(zarr::Format::V3, u8, {10}, {5}));
+  }
+  EXPECT_EQ(DatasetStore::open(root).validation.rows, 10);
+  const std::string metadata = root + "/validation/zarr.json";
+  test::write_bytes(metadata, test::read_bytes(metadata).substr(0, 30));  // cut short
+  const std::string why = test::error_of<InputError>([&] { DatasetStore::open(root); });
+  EXPECT_TRUE(test::contains(why, root + "/validation")) << why;
+  fs::remove_all(root + "/validation");
+  EXPECT_EQ(DatasetStore::open(root).validation.rows, 0);  // none: fine
+}
+
 TEST(DatasetStore, CorruptChunkNamesStoreAndKey) {
   for (const char* comp : {"zstd", "none", "blosc-lz4"}) {
     TempDir dir;

@@ -5,6 +5,7 @@
 #include "zarr/zarr_array.h"
 
 #include <blosc.h>
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 #include <zstd.h>
 
@@ -355,6 +356,58 @@ std::string write_v3(const TempDir& dir, const std::function<void(json&)>& edit)
   fs::create_directories(dir.file("a"));
   write_bytes(dir.file("a/zarr.json"), doc.dump(2));
   return dir.file("a");
+}
+
+// Chunks are opened by path: a store deleted under a reader read as the fill value everywhere,
+// and one replaced (another prepare --overwrite) gave its rows beside the old store's labels.
+TEST(Zarr, AnArrayRemovedOrReplacedWhileBeingReadIsAnError) {
+  for (const char* compressor : {"zstd", "none"}) {
+    SCOPED_TRACE(compressor);
+    TempDir dir;
+    const std::string path = dir.file("a");
+    const ArrayMeta meta = make_meta(Format::V3, DType::UInt8, {4, 3}, {2, 3}, compressor);
+    write_logical(Array::create(path, meta), make_values(DType::UInt8, 12, 5));
+    const Array a = Array::open(path);
+    std::vector<uint8_t> chunk(meta.chunk_bytes());
+    EXPECT_TRUE(a.read_chunk({0, 0}, chunk.data()));
+    fs::rename(path, dir.file("old"));
+    write_logical(Array::create(path, meta), make_values(DType::UInt8, 12, 6));  // a new one
+    std::string why = test::error_of<InputError>([&] { a.read_chunk({1, 0}, chunk.data()); });
+    EXPECT_TRUE(test::contains(why, "chunk 'c/1/0': the array's directory was removed or replaced"))
+        << why;
+    if (std::string(compressor) == "none")
+      EXPECT_THROW(a.map_chunk({1, 0}), InputError);
+    fs::remove_all(path);
+    fs::remove_all(dir.file("old"));
+    why = test::error_of<InputError>([&] { a.read_chunk({1, 0}, chunk.data()); });
+    EXPECT_TRUE(test::contains(why, "removed or replaced")) << why;
+  }
+}
+
+// A FIFO in a chunk's or the metadata's place: open() blocked forever waiting for a writer.
+TEST(Zarr, AFifoInAFilesPlaceIsRefusedNotWaitedOn) {
+  for (const char* compressor : {"zstd", "none"}) {
+    SCOPED_TRACE(compressor);
+    TempDir dir;
+    const ArrayMeta meta = make_meta(Format::V3, DType::UInt8, {4, 3}, {2, 3}, compressor);
+    const Array a = Array::create(dir.file("a"), meta);
+    write_logical(a, make_values(DType::UInt8, 12, 5));
+    const std::string chunk_file = dir.file("a/c/1/0");
+    fs::remove(chunk_file);
+    ASSERT_EQ(::mkfifo(chunk_file.c_str(), 0600), 0);
+    std::vector<uint8_t> chunk(meta.chunk_bytes());
+    const Array b = Array::open(dir.file("a"));
+    std::string why = test::error_of<InputError>([&] { b.read_chunk({1, 0}, chunk.data()); });
+    EXPECT_TRUE(test::contains(why, "not a regular file")) << why;
+    if (std::string(compressor) == "none") {
+      why = test::error_of<InputError>([&] { b.map_chunk({1, 0}); });
+      EXPECT_TRUE(test::contains(why, "not a regular file")) << why;
+    }
+    fs::remove(dir.file("a/zarr.json"));
+    ASSERT_EQ(::mkfifo(dir.file("a/zarr.json").c_str(), 0600), 0);
+    why = test::error_of<InputError>([&] { Array::open(dir.file("a")); });
+    EXPECT_TRUE(test::contains(why, "not a regular file")) << why;
+  }
 }
 
 TEST(Zarr, FillValueForms) {

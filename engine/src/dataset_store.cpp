@@ -442,7 +442,10 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
                                                             {"test", &store.test}};
   for (const auto& [name, split] : optional_splits) {
     const std::string dir = join(path, name);
-    if (!zarr::Group::exists(dir)) continue;
+    if (!path_exists(dir)) continue;  // the store has no such split
+    // One that is there must open: damaged metadata is an error, not a split taken as absent
+    // (training went on without validation, keeping "the best" of zero samples).
+    zarr::Group::open(dir);
     *split = open_split(path, dir, std::string("the ") + name + " split", labels);
     if (split->rows > 0 && split->features != store.train.features)
       throw InputError(path + ": the " + name + " split has " + std::to_string(split->features) +

@@ -141,7 +141,7 @@ void AtomicFile::commit() {
 
 MappedFile MappedFile::map_if_exists(const std::string& path) {
   MappedFile mapped;
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: refused below
   if (fd.get() < 0) {
     if (errno == ENOENT) return mapped;
     io_error("open", path, errno);

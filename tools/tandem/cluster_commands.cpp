@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "backend.h"
 #include "cluster_commands.h"
@@ -273,7 +274,7 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
            {"final_score", s.scores.empty() ? json(nullptr) : json(best)},
            {"validation", to_json(s.validation)}, {"test", to_json(s.test)},
            {"model", s.model_path}, {"kept", s.kept}, {"kept_step", s.kept_step}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   if (s.kept == "none") {
@@ -358,10 +359,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     // Public: lets `tandem scores` and roles given this file find the run's key.
     if (!o.cluster.settings.curve_server_public.empty())
       spec["curve_public_key"] = o.cluster.settings.curve_server_public;
-    if (!o.json_summary) std::printf("%s\n", spec.dump().c_str());
+    if (!o.json_summary) std::printf("%s\n", json_text(spec).c_str());
     std::fflush(stdout);
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
-    write_text_atomic(o.run_dir + "/cluster.json", spec.dump(2) + "\n");
+    write_text_atomic(o.run_dir + "/cluster.json", json_text(spec, 2) + "\n");
   };
   // Each score once, in order, to TensorBoard, the metrics log and the terminal.
   double rate = 0.0;  // the cluster's samples/s at the newest tick
@@ -580,7 +581,7 @@ void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, dou
       std::printf("end: %s\n", m->value("reason", std::string()).c_str());
       return;
     }
-    std::printf("%s\n", m->dump().c_str());
+    std::printf("%s\n", json_text(*m).c_str());
     std::fflush(stdout);
   }
 }

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "commands.h"
 #include "json_output.h"
@@ -69,7 +70,7 @@ void run_eval(const EvalOptions& o) {
     nlohmann::json j = to_json(r);
     j["split"] = o.split;
     j["model"] = ckpt.model.config().describe();
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf("%s split of %s: %lld samples, loss %.2f (%.4f/sample), accuracy %.4f\n",
                 o.split.c_str(), data.source.c_str(), static_cast<long long>(r.samples),

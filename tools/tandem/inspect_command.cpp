@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "array_stats.h"
 #include "dataset_store.h"
@@ -143,7 +144,7 @@ void run_inspect(const InspectOptions& o) {
                      {"column_variance", chosen_report->images.variance},
                      {"stats_seconds", chosen_seconds},
                      {"seconds", seconds}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("store %s: %d classes, image shape %lldx%lld\n", store.path.c_str(),

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "commands.h"
 #include "predictor.h"
@@ -206,7 +207,7 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
       j["accuracy"] = s.accuracy;
       j["correct"] = s.correct;
     }
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("%s split: %lld rows in %lld chunks, %lld written, %lld already done; %.0f "

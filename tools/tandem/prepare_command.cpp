@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "dataset_store.h"
 #include "idx_reader.h"
@@ -209,7 +210,7 @@ void run_prepare(const PrepareOptions& o) {
                      {"load_seconds", load_s},
                      {"seconds", write_s},
                      {"mb_per_s", mb_per_s}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf("wrote %s: zarr v%d, %s pixels, %lld features, chunks of %lld rows, compressor %s\n",
                 o.out.c_str(), o.format, o.dtype.c_str(), static_cast<long long>(features),

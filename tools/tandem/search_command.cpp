@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "json_text.h"
 #include "commands.h"
 #include "data_store_of.h"
 #include "dataset_store.h"
@@ -531,10 +532,10 @@ void run_search(SearchOptions& o) {
   nlohmann::json results = summary;
   results["results"] = trials;
   write_text_atomic((fs::path(o.out) / "results.csv").string(), csv.str());
-  write_text_atomic((fs::path(o.out) / "results.json").string(), results.dump(2) + "\n");
+  write_text_atomic((fs::path(o.out) / "results.json").string(), json_text(results, 2) + "\n");
 
   if (o.json) {
-    std::printf("%s\n", summary.dump().c_str());
+    std::printf("%s\n", json_text(summary).c_str());
   } else {
     std::printf("%4s %5s %-9s %4s %6s %10s %8s  %s\n", "rank", "trial", "status", "rung", "epochs",
                 "val loss", "val acc", "configuration");

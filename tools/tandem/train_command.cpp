@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "json_text.h"
 #include "number_checks.h"
 #include "batch_count.h"
 #include "commands.h"
@@ -167,7 +168,7 @@ void run_train(TrainOptions& o) {
                      {"steps", s.steps},         {"samples", s.samples},
                      {"seconds", s.seconds},     {"samples_per_s", s.samples_per_s},
                      {"validation", to_json(s.validation)}, {"test", to_json(s.test)}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", json_text(j).c_str());
   } else {
     std::printf("trained %s on %s (%s, %d threads): %d epochs, %lld steps, %.1f s, %s samples/s\n",
                 config.model.describe().c_str(), data.source.c_str(), s.backend.c_str(), s.threads,

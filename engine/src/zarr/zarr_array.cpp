@@ -103,7 +103,9 @@ void write_metadata(const std::string& store, const std::string& name, const Jso
 // The text of the store's metadata file `name`, or nullopt when there is none.
 std::optional<std::string> read_metadata_file(const std::string& store, const std::string& name) {
   const std::string path = store + "/" + name;
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO in the file's place opens at once, to be refused below, instead of
+  // blocking forever. Regular files read as ever.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
     io_error("open", path, errno);
@@ -208,7 +210,22 @@ Array Array::open(const std::string& path) {
     store_error(store, "no Zarr array here (neither zarr.json nor .zarray); expected an array "
                        "written by zarr-python, dask or Tandem");
   }
+  struct stat st {};
+  if (::stat(store.c_str(), &st) != 0) io_error("stat", store, errno);
+  a.directory_device_ = uint64_t(st.st_dev);
+  a.directory_inode_ = uint64_t(st.st_ino);
   return a;
+}
+
+void Array::check_still_there(const std::string& what) const {
+  if (directory_inode_ == 0) return;
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && uint64_t(st.st_dev) == directory_device_ &&
+      uint64_t(st.st_ino) == directory_inode_)
+    return;
+  throw InputError(what + ": the array's directory was removed or replaced while it was being "
+                   "read (another `tandem prepare --overwrite`, or the store deleted); what was "
+                   "read may mix two stores, so the reading stops here");
 }
 
 Array Array::create(const std::string& path, const ArrayMeta& meta) {
@@ -257,10 +274,18 @@ std::string Array::chunk_key(const std::vector<int64_t>& index) const {
 
 bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
   const std::string key = chunk_key(index);
+  const bool found = read_chunk_file(key, out);
+  // After the read: a store replaced before it read the other store's chunk, one removed gave
+  // the fill value. Replaced after it, the read was of this store's file, which is fine.
+  check_still_there("zarr store '" + path_ + "', chunk '" + key + "'");
+  return found;
+}
+
+bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
   const std::string file = path_ + "/" + key;
   const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
   const size_t size = meta_.chunk_bytes();
-  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: see above
   if (fd.get() < 0) {
     // zarr-python and dask leave out chunks that hold only the fill value.
     if (errno == ENOENT) {
@@ -313,16 +338,31 @@ bool Array::read_chunk(const std::vector<int64_t>& index, uint8_t* out) const {
 
 MappedFile Array::map_chunk(const std::vector<int64_t>& index) const {
   const std::string key = chunk_key(index);
+  MappedFile mapped = map_chunk_file(key);
+  check_still_there("zarr store '" + path_ + "', chunk '" + key + "'");  // as read_chunk
+  return mapped;
+}
+
+MappedFile Array::map_chunk_file(const std::string& key) const {
   const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
   if (meta_.compressor.kind != Compressor::Kind::None)
     throw InputError(what + ": only uncompressed chunks can be mapped (this array uses " +
                      meta_.compressor.describe() + ")");
-  MappedFile mapped = MappedFile::map_if_exists(path_ + "/" + key);
-  if (mapped.data() != nullptr && mapped.size() != meta_.chunk_bytes())
-    throw InputError(what + ": uncompressed chunk is " + std::to_string(mapped.size()) +
+  const std::string file = path_ + "/" + key;
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: see above
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return MappedFile();  // a missing chunk: the fill value
+    io_error("open", file, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat", file, errno);
+  if (!S_ISREG(st.st_mode)) throw InputError(what + ": not a regular file");
+  // The size before mapping: a huge (sparse) file would be mapped and paged in whole first.
+  if (uint64_t(st.st_size) != meta_.chunk_bytes())
+    throw InputError(what + ": uncompressed chunk is " + std::to_string(st.st_size) +
                      " bytes; expected " + std::to_string(meta_.chunk_bytes()) +
                      " bytes (the chunk size)");
-  return mapped;
+  return MappedFile::map_open(fd.get(), size_t(st.st_size), file);
 }
 
 void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const {

@@ -87,8 +87,17 @@ class Array {
   void set_attributes(const nlohmann::json& attributes);
 
  private:
+  bool read_chunk_file(const std::string& key, uint8_t* out) const;
+  MappedFile map_chunk_file(const std::string& key) const;
+  // Chunks are opened by path, so a store removed or replaced under a reader gave the fill value
+  // for every chunk (all gone) or another store's rows, beside labels read from this one.
+  // InputError naming `what` unless path_ is still the directory open() found (a created
+  // array is not checked: its directory may be renamed into place while it is written).
+  void check_still_there(const std::string& what) const;
+
   std::string path_;
   ArrayMeta meta_;
+  uint64_t directory_device_ = 0, directory_inode_ = 0;  // 0: not checked
 };
 
 // A group: a directory with .zgroup (+ .zattrs) in v2, or zarr.json with node_type "group" in v3.
