@@ -69,6 +69,29 @@ acc = EventAccumulator(sys.argv[1]); acc.Reload()
 loss = acc.Scalars('score/validation_loss'); n = json.loads(sys.argv[2])['scores']
 sys.exit(0 if len(loss) == n and 'score/validation_accuracy' in acc.Tags()['scalars'] else 1)" \
   "$dir/run1/tensorboard" "$out"
+check "TensorBoard's points carry the scores' times, and the kept model's evaluation is logged" \
+  "$py" -c "
+import sys, json
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1]); acc.Reload()
+out = json.loads(sys.argv[2])
+records = [json.loads(l) for l in open(sys.argv[3])]
+t = [r['t'] for r in records if r['type'] == 'score']
+wall = [e.wall_time for e in acc.Scalars('score/validation_loss')]
+assert len(t) == len(wall) >= 2, (t, wall)
+assert all(abs((wall[i] - wall[0]) - (t[i] - t[0])) < 0.01 for i in range(len(t))), (t, wall)
+final = [r for r in records if r['type'] == 'final']
+assert len(final) == 1 and final[0]['kept_step'] == out['kept_step'], final
+assert final[0]['test']['accuracy'] == out['test']['accuracy'], final
+test_acc = acc.Scalars('final/test_accuracy')
+assert len(test_acc) == 1 and test_acc[0].step == out['kept_step'], test_acc
+assert abs(test_acc[0].value - out['test']['accuracy']) < 1e-6, test_acc
+" "$dir/run1/tensorboard" "$out" "$dir/run1/metrics.jsonl"
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1tb" --max-epochs 1 --target 0 \
+  --dashboard -1 --tensorboard "$dir/run1/tensorboard" >/dev/null 2>"$dir/err1tb"; rc=$?
+check "a fresh run is refused a --tensorboard directory holding another run's events" \
+  test $rc -ne 0 -a ! -e "$dir/run1tb/cluster.json"
+check "... saying why" grep -q "holds another run's event files" "$dir/err1tb"
 steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$out")
 check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
 # 1a. --resume continues from those checkpoints (a copy of them, run1 stays as it is); with none

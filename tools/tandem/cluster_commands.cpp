@@ -203,6 +203,19 @@ bool holds_server_checkpoint(const std::string& dir) {
   return false;
 }
 
+// TensorBoard shows the event files of one directory as one run: a fresh run writing beside an
+// earlier run's files would draw both as one curve, stepping back and forth. The default
+// directory is cleared (it is the run's own); a directory given is the user's, so it is refused.
+void refuse_other_runs_events(const std::string& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      throw InputError("--tensorboard " + dir + " holds another run's event files (" +
+                       it->path().filename().string() + "), which TensorBoard would draw as "
+                       "one curve with this run's: give a new directory (TensorBoard shows each "
+                       "subdirectory of its --logdir as a run), or --resume to continue that run");
+}
+
 // Resolves --data (an IDX directory is prepared into the run directory once) and fills the rest
 // of the settings from the options and the store.
 void resolve(ClusterCommandOptions& o) {
@@ -229,6 +242,7 @@ void resolve(ClusterCommandOptions& o) {
   if (!o.resume) {
     std::filesystem::remove_all(s.checkpoint_dir);
     if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
+    else refuse_other_runs_events(o.tensorboard_dir);
   }
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
@@ -262,6 +276,22 @@ void assign_worker_gpus(ClusterCommandOptions& o) {
                      "train on the CPU)");
   if (devices == 0 || (!group_given && lists.empty())) return;
   o.cluster.worker_gpus = tandem::assign_worker_gpus(o.cluster.workers, s.worker_group, devices, lists);
+}
+
+// The kept parameters' evaluation, which only the terminal had: the metrics log's last record
+// and TensorBoard scalars at the kept step (nothing for a run stopped before training).
+void log_final_evaluation(const ClusterSummary& s, MetricsLog& metrics,
+                          TensorBoardWriter& tensorboard) {
+  if (s.kept == "none") return;
+  metrics.write(json{{"type", "final"}, {"stop_reason", s.stop_reason}, {"kept", s.kept},
+                     {"kept_step", s.kept_step}, {"validation", to_json(s.validation)},
+                     {"test", to_json(s.test)}});
+  tensorboard.add_scalar("final/validation_loss", s.kept_step, float(s.validation.loss_sum));
+  tensorboard.add_scalar("final/validation_accuracy", s.kept_step, float(s.validation.accuracy));
+  if (s.test.samples > 0) {
+    tensorboard.add_scalar("final/test_loss", s.kept_step, float(s.test.loss_sum));
+    tensorboard.add_scalar("final/test_accuracy", s.kept_step, float(s.test.accuracy));
+  }
 }
 
 void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
@@ -349,7 +379,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
   const std::atomic<bool>& stop = stop_on_signals();
+  double training_started_wall = 0.0;  // seconds since the epoch; 0: not announced yet
   o.cluster.on_training = [&](const json& announced) {
+    training_started_wall = wall_clock_seconds();
     json spec = announced;
     // Each worker's GPUs, where launch assigned them (worker i is named "worker<i>").
     const WorkerGpus& gpus = o.cluster.worker_gpus;
@@ -364,14 +396,18 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
     write_text_atomic(o.run_dir + "/cluster.json", json_text(spec, 2) + "\n");
   };
-  // Each score once, in order, to TensorBoard, the metrics log and the terminal.
+  // Each score once, in order, to TensorBoard, the metrics log and the terminal. TensorBoard's
+  // points carry the time the score was taken (training's start, as this side saw it announced,
+  // plus the score's own time), not the time it was drawn here, up to a tick later.
   double rate = 0.0;  // the cluster's samples/s at the newest tick
   auto show_scores = [&](const std::vector<ScoreRecord>& scores) {
     for (; scores_shown < scores.size(); ++scores_shown) {
       const ScoreRecord& s = scores[scores_shown];
-      tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss));
-      tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy));
-      tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate));
+      const double wall =
+          training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
+      tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss), wall);
+      tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
+      tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
       tensorboard.flush();
       metrics.write(json{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                          {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
@@ -423,6 +459,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // counts.
   show_scores(summary.scores);
   progress.finish();
+  log_final_evaluation(summary, metrics, tensorboard);
   tensorboard.close();
   print_summary(o, summary);
 }
