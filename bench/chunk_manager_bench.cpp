@@ -35,10 +35,11 @@ std::vector<std::string> chunk_files(const std::string& array_dir) {
 }
 
 // Reads every file whole with read(), `threads` files at a time; returns bytes read per second.
-// With one buffer per thread (the goal's ceiling) the destination stays in the cache and only
-// the page cache's bytes cross the memory bus. With `buffers_per_thread` > 1 each thread takes
-// its buffers in turn, so that, like the chunk manager's ring of batch-sized slots, every byte
-// is also written out to memory: the same traffic as the chunk manager's one copy.
+// With one chunk-sized buffer per thread (the goal's ceiling) the destination stays in the cache
+// and only the page cache's bytes cross the memory bus. With batch-sized buffers, as many as the
+// chunk manager's ring has slots, each read() fills the next buffer in turn: the chunk manager's
+// traffic for its one copy (every byte written out to memory when the ring is larger than the
+// cache, kept in the cache when it is not).
 double plain_read_rate(const std::vector<std::string>& files, int threads, size_t buffer_bytes,
                        int buffers_per_thread = 1) {
   tandem::ThreadPool pool(threads);
@@ -49,12 +50,15 @@ double plain_read_rate(const std::vector<std::string>& files, int threads, size_
   pool.run([&](int t) {
     int turn = 0;
     for (size_t i = t; i < files.size(); i += threads) {
-      auto& buffer = buffers[static_cast<size_t>(t * buffers_per_thread + turn)];
-      turn = (turn + 1) % buffers_per_thread;
       const int fd = ::open(files[i].c_str(), O_RDONLY);
       if (fd < 0) throw std::runtime_error("open " + files[i]);
-      ssize_t n;
-      while ((n = ::read(fd, buffer.data(), buffer.size())) > 0) bytes[t] += static_cast<size_t>(n);
+      for (;;) {
+        auto& buffer = buffers[static_cast<size_t>(t * buffers_per_thread + turn)];
+        turn = (turn + 1) % buffers_per_thread;
+        const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+        if (n <= 0) break;
+        bytes[t] += static_cast<size_t>(n);
+      }
       ::close(fd);
     }
   });
@@ -70,6 +74,7 @@ double raw_decompress_rate(const tandem::zarr::Array& array, const std::vector<s
   std::vector<std::vector<uint8_t>> compressed;
   for (const auto& f : files) {
     std::FILE* in = std::fopen(f.c_str(), "rb");
+    if (in == nullptr) throw std::runtime_error("open " + f);
     std::vector<uint8_t> data(std::filesystem::file_size(f));
     if (std::fread(data.data(), 1, data.size(), in) != data.size()) throw std::runtime_error("read " + f);
     std::fclose(in);
@@ -130,9 +135,10 @@ int main(int argc, char** argv) {
       o.assemblers = assemblers;
       o.shuffle = shuffle;
       tandem::ChunkManager cm(store.train, store.num_classes, o);  // its buffers are reused
-      // read() into rotating buffers: at least as many in all as the ring has slots, and two per
-      // thread at least.
+      // read() into rotating batch-sized buffers: at least as many in all as the ring has slots,
+      // and two per thread at least.
       const int buffers_per_thread = std::max(2, (o.ring_slots + readers - 1) / readers);
+      const size_t slot_bytes = static_cast<size_t>(batch * store.train.features);  // uint8
       for (int round = 0; round < rounds; ++round) {
         // The ceiling: read() for plain stores, the decompressor itself for compressed ones. The
         // first round also warms the page cache for everyone.
@@ -140,7 +146,7 @@ int main(int argc, char** argv) {
                                      : raw_decompress_rate(store.train.images, files, readers);
         if (plain)
           best_ring_read = std::max(
-              best_ring_read, plain_read_rate(files, readers, chunk_bytes, buffers_per_thread));
+              best_ring_read, plain_read_rate(files, readers, slot_bytes, buffers_per_thread));
         const auto start = Clock::now();
         cm.start_epoch(round);
         tandem::DatasetView view;

@@ -7,8 +7,9 @@ In one invocation, for --rounds rounds (default 2), it runs as child
 processes, alternating between them:
 
   1. the Tandem benchmark binary (--tandem-bench, default
-     build/bench/tandem_train_bench under the repository root):
-         TANDEM_BENCH --batch B1,B2,B3 --seconds S --json
+     build/bench/tandem_train_bench under the repository root), with
+     --threads 2 and --threads 1 (each a separate process):
+         TANDEM_BENCH --batch B1,B2,B3 --seconds S --threads T --json
      which prints JSON lines
          {"impl": "tandem", "mode": "train"|"infer", "batch": B,
           "samples_per_s": ..., "steps": ..., "seconds": ...}
@@ -19,10 +20,13 @@ processes, alternating between them:
      workers do not spin and starve OpenBLAS), run by --python
      (default /usr/bin/python3, Debian's python3-torch).
 
-The order within a round is tandem, torch, torch; the two torch thread
-settings swap places every other round.  Each configuration keeps the best
-of its rounds.  PyTorch is credited with its faster thread setting per
-(mode, batch); both are shown.
+The order within a round is tandem, tandem, torch, torch; each side's two
+thread settings swap places every other round.  Each configuration keeps
+the best of its rounds.  Each side is credited with its faster thread
+setting per (mode, batch); every setting is shown.  Tandem's thread pool
+spins briefly between steps, so on a machine whose cores are busy with
+something else its 2-thread rate collapses: the load average at the start
+is printed, and a warning when it is above half the cores.
 
 It then prints, per (mode, batch): Tandem samples/s, PyTorch best samples/s
 (and its thread setting), the ratio, the goal, PASS/MISS, and the
@@ -43,7 +47,7 @@ lines, every raw measurement and the table as JSON.
 How to run (from the repository root, after building the benchmark):
 
   /usr/bin/python3 bench/compare_cpu.py --batch 100,1000,10000 --seconds 3 \
-      --rounds 2 --json-out /tmp/compare_cpu.json
+      --rounds 2 --json-out bench/results/DATE-cpu-compare.json
 
 Only the Python standard library is used here; torch is imported only by
 the torch_reference.py children.
@@ -216,22 +220,24 @@ def best_sgemm(records):
     return best
 
 
-def build_table(batches, torch_threads, best, sgemm):
+def best_of_settings(best, impl, mode, batch, threads):
+    """({threads: samples/s}, the fastest setting, its samples/s)."""
+    per_thread = {t: best.get((impl, mode, batch, t)) for t in threads}
+    avail = {t: v for t, v in per_thread.items() if v}
+    fastest = max(avail, key=avail.get) if avail else None
+    return per_thread, fastest, (avail[fastest] if avail else None)
+
+
+def build_table(batches, tandem_threads, torch_threads, best, sgemm):
     top_shape = max(sgemm, key=sgemm.get) if sgemm else None
     top_gflops = sgemm[top_shape] if top_shape else None
     rows = []
     for mode in MODES:
         for b in batches:
-            tandem = best.get(("tandem", mode, b, None))
-            if tandem is None:  # the binary may report a thread count
-                cands = [v for (i, m, bb, _t), v in best.items()
-                         if i == "tandem" and m == mode and bb == b]
-                tandem = max(cands) if cands else None
-            per_thread = {t: best.get(("pytorch", mode, b, t))
-                          for t in torch_threads}
-            avail = {t: v for t, v in per_thread.items() if v}
-            pt_threads = max(avail, key=avail.get) if avail else None
-            pt_best = avail[pt_threads] if avail else None
+            td_per_thread, td_threads, tandem = best_of_settings(
+                best, "tandem", mode, b, tandem_threads)
+            per_thread, pt_threads, pt_best = best_of_settings(
+                best, "pytorch", mode, b, torch_threads)
             ratio = tandem / pt_best if tandem and pt_best else None
             goal = GOALS.get((mode, b))
             if goal is None:
@@ -246,6 +252,9 @@ def build_table(batches, torch_threads, best, sgemm):
                 "mode": mode,
                 "batch": b,
                 "tandem_samples_per_s": tandem,
+                "tandem_best_threads": td_threads,
+                "tandem_samples_per_s_by_threads":
+                    {str(t): v for t, v in td_per_thread.items()},
                 "pytorch_best_samples_per_s": pt_best,
                 "pytorch_best_threads": pt_threads,
                 "pytorch_samples_per_s_by_threads":
@@ -265,17 +274,23 @@ def _num(v, fmt="%.0f"):
     return fmt % v if v is not None else "n/a"
 
 
-def print_table(rows, torch_threads, top_shape, top_gflops, sgemm):
+def print_table(rows, tandem_threads, torch_threads, top_shape, top_gflops,
+                sgemm):
+    td_cols = ["td t=%d/s" % t for t in tandem_threads]
     pt_cols = ["pt t=%d/s" % t for t in torch_threads]
-    head = (["mode", "batch", "tandem/s", "pytorch best/s", "thr"] + pt_cols
+    head = (["mode", "batch", "tandem best/s", "thr"] + td_cols
+            + ["pytorch best/s", "thr"] + pt_cols
             + ["ratio", "goal", "result", "floor/s", "of floor"])
     lines = [head]
     for r in rows:
+        td_by = r["tandem_samples_per_s_by_threads"]
         by = r["pytorch_samples_per_s_by_threads"]
         lines.append(
             [r["mode"], str(r["batch"]), _num(r["tandem_samples_per_s"]),
-             _num(r["pytorch_best_samples_per_s"]),
-             str(r["pytorch_best_threads"] or "-")]
+             str(r["tandem_best_threads"] or "-")]
+            + [_num(td_by.get(str(t))) for t in tandem_threads]
+            + [_num(r["pytorch_best_samples_per_s"]),
+               str(r["pytorch_best_threads"] or "-")]
             + [_num(by.get(str(t))) for t in torch_threads]
             + [_num(r["ratio"], "%.2fx"),
                ">=%.2fx" % r["goal"] if r["goal"] else "-",
@@ -324,6 +339,8 @@ def main(argv=None):
                         "(default 2)")
     p.add_argument("--torch-threads", type=positive_int_list, default=[2, 1],
                    help="torch.set_num_threads settings to try (default 2,1)")
+    p.add_argument("--tandem-threads", type=positive_int_list, default=[2, 1],
+                   help="Tandem --threads settings to try (default 2,1)")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="interpreter for torch_reference.py "
                         "(default %(default)s)")
@@ -354,12 +371,24 @@ def main(argv=None):
           % (machine["cpu_model"], machine["nproc"], machine["kernel"],
              machine["loadavg_at_start"]))
     print("command: %s" % command)
+    load_warning = None
+    try:
+        load1 = float(str(machine["loadavg_at_start"]).split()[0])
+        if load1 > 0.5 * int(machine["nproc"]):
+            load_warning = ("load average %.2f on %s cores at the start: other "
+                            "work holds the cores, and Tandem's spinning pool "
+                            "(and any timing) suffers; rerun on a quiet machine"
+                            % (load1, machine["nproc"]))
+            print("warning: " + load_warning)
+    except (ValueError, KeyError, IndexError):
+        pass
     print(flush=True)
 
     batch_arg = ",".join(str(b) for b in args.batch)
     seconds_arg = "%g" % args.seconds
-    tandem_cmd = [args.tandem_bench, "--batch", batch_arg,
-                  "--seconds", seconds_arg, "--json"]
+    def tandem_cmd(threads):
+        return [args.tandem_bench, "--batch", batch_arg, "--seconds", seconds_arg,
+                "--threads", str(threads), "--json"]
 
     def torch_cmd(threads):
         return [args.python, args.torch_script, "--batch", batch_arg,
@@ -370,9 +399,12 @@ def main(argv=None):
     try:
         for rnd in range(args.rounds):
             threads_order = list(args.torch_threads)
+            tandem_order = list(args.tandem_threads)
             if rnd % 2:
                 threads_order.reverse()
-            plan = [("tandem", tandem_cmd, {}, "tandem")]
+                tandem_order.reverse()
+            plan = [("tandem t=%d" % t, tandem_cmd(t), {}, "tandem")
+                    for t in tandem_order]
             plan += [("pytorch t=%d" % t, torch_cmd(t),
                       {"OMP_WAIT_POLICY": "passive"}, "pytorch")
                      for t in threads_order]
@@ -392,11 +424,12 @@ def main(argv=None):
         best = best_rates(records)
         sgemm = best_sgemm(records)
         rows, top_shape, top_gflops = build_table(
-            args.batch, args.torch_threads, best, sgemm)
-        print("best of %d round(s); PyTorch with OMP_WAIT_POLICY=passive, "
-              "credited with its faster thread setting" % args.rounds)
+            args.batch, args.tandem_threads, args.torch_threads, best, sgemm)
+        print("best of %d round(s); PyTorch with OMP_WAIT_POLICY=passive; "
+              "each side credited with its faster thread setting" % args.rounds)
         print()
-        print_table(rows, args.torch_threads, top_shape, top_gflops, sgemm)
+        print_table(rows, args.tandem_threads, args.torch_threads, top_shape,
+                    top_gflops, sgemm)
         missed = [r for r in rows if r["result"] == "MISS"]
         print()
         print("goals: %d met, %d missed"
@@ -411,6 +444,7 @@ def main(argv=None):
             "args": {"tandem_bench": args.tandem_bench, "batch": args.batch,
                      "seconds": args.seconds, "rounds": args.rounds,
                      "torch_threads": args.torch_threads,
+                     "tandem_threads": args.tandem_threads,
                      "python": args.python},
             "flops_per_sample": FLOPS_PER_SAMPLE,
             "goals": [{"mode": m, "batch": b, "ratio": g}
@@ -421,6 +455,7 @@ def main(argv=None):
             "sgemm_floor_from": {"shape": top_shape, "gflops": top_gflops},
             "table": rows,
             "error": error,
+            "load_warning": load_warning,
         }
         with open(args.json_out, "w") as f:
             json.dump(doc, f, indent=2)

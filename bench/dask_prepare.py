@@ -1,5 +1,6 @@
 """The seed's data preparation in Dask, for comparison with `tandem prepare`: Fashion-MNIST's
-55,000 training images (the first 55,000 rows, as TensorFlow's reader keeps them), concatenated
+55,000 training images (the first 55,000 rows, the training split `tandem prepare` keeps; the
+seed's TensorFlow reader holds out the first 5,000 instead), concatenated
 COPIES times, rechunked to CHUNK rows, written with dask.array.to_zarr (uncompressed, Zarr v3
 with zarr 3, the format Tandem writes by default). Validation and test splits are left out; the
 training split is all but 1% of the bytes.

@@ -130,7 +130,7 @@ echo "exit status $?"
 
 stage "whole training steps: PyTorch eager and torch.compile"
 timeout "$(limit 170)" "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
-  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile --json "$res/torch_steps.json"
+  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile,graph --json "$res/torch_steps.json"
 echo "exit status $?"
 
 stage "kernels and ceilings"

@@ -21,7 +21,7 @@ missing key, is reported in the output and never stops the script):
                   eager launches, "graph": true/false) the fastest is shown,
                   with its mode; other precisions are listed in the notes.
   --torch PATH    bench/torch_gpu_bench.py's JSON (impls eager, eager_fused,
-                  compile).
+                  compile, graph).
   --feed PATH     tandem_train_step_cuda_bench --store's JSON (the data feed).
   --group PATH    tandem_group_step_cuda_bench's JSON: {"results": [{"batch",
                   "way": plain | group-host | group-nccl, "us_per_step",
@@ -395,13 +395,20 @@ def build(args):
     impls = ["eager", "compile"]
     if any(i == "eager_fused" for i, _ in torch):
         impls.insert(1, "eager_fused")
+    with_graph = any(i == "graph" for i, _ in torch)
+    if with_graph:
+        impls.append("graph")
     batches = sorted(set(tandem) | {b for _, b in torch})
-    short = {"eager": "eager/s", "eager_fused": "fused/s", "compile": "compile/s"}
+    short = {"eager": "eager/s", "eager_fused": "fused/s", "compile": "compile/s",
+             "graph": "graph/s"}
     modes = any(t.get("mode") for t in tandem.values())
     t1_head = (["batch", "tandem/s"] + (["mode"] if modes else []) + [short[i] for i in impls]
-               + ["vs eager", "vs compile", "floor ms", "tandem ms", "x floor"])
+               + ["vs eager", "vs compile"] + (["vs graph"] if with_graph else [])
+               + ["floor ms", "tandem ms", "x floor"])
     # "vs eager": against the faster of PyTorch's two eager ways (foreach Adam, fused Adam), so
-    # the ratio is not flattered by the slower one.
+    # the ratio is not flattered by the slower one. "vs graph": against PyTorch's step captured
+    # in a CUDA Graph, like for like with Tandem's graph replays (the goals are set against
+    # eager and compile, which launch every kernel from the host).
     t1_right = [h != "mode" for h in t1_head]
     t1_rows, derived, errors = [], {}, []
     flops_note = False
@@ -431,8 +438,10 @@ def build(args):
         x_floor = ratio(t_ms, floor_ms)
         derived[b] = {"eager": r_eager, "compile": r_compile, "x_floor": x_floor,
                       "tandem": t_sps is not None, "floor_ms": floor_ms}
-        cells += [fmt(r_eager, ".2f", "x"), fmt(r_compile, ".2f", "x"),
-                  fmt(floor_ms, ".4f"), fmt(t_ms, ".4f"), fmt(x_floor, ".2f", "x")]
+        cells += [fmt(r_eager, ".2f", "x"), fmt(r_compile, ".2f", "x")]
+        if with_graph:
+            cells.append(fmt(ratio(t_sps, rates.get("graph")), ".2f", "x"))
+        cells += [fmt(floor_ms, ".4f"), fmt(t_ms, ".4f"), fmt(x_floor, ".2f", "x")]
         t1_rows.append(cells)
     if flops_note:
         notes.append("tandem: flops_per_step missing; used %d x batch (784-100-10)"
@@ -603,7 +612,8 @@ EXTRA_TABLES = (("t4", "Worker group of one GPU against the plain GPU worker (st
 
 def text_report(rep):
     out = ["GPU check summary" + (" (" + "; ".join(rep["devices"]) + ")" if rep["devices"] else ""),
-           rep["ceilings"], "", "Training steps, fp32: steps/s of tandem and torch eager / eager_fused / compile;",
+           rep["ceilings"], "", "Training steps, fp32: steps/s of tandem and torch eager / eager_fused / compile / "
+           "graph (the step captured in a CUDA Graph);",
            "vs = tandem/torch (eager: the faster of eager and fused); "
            "floor = flops_per_step / sgemm rate; x floor = tandem ms / floor ms"]
     head, rows, right = rep["t1"]
@@ -633,7 +643,8 @@ def md_report(rep):
         out += ["Run: " + "; ".join(rep["devices"]) + ".", ""]
     out += [rep["ceilings"][0].upper() + rep["ceilings"][1:] + ".", "",
             "## Training steps, fp32", "",
-            "Steps/s of tandem and PyTorch (eager, eager with fused Adam, torch.compile); "
+            "Steps/s of tandem and PyTorch (eager, eager with fused Adam, torch.compile, the "
+            "eager step captured in a CUDA Graph); "
             "vs = tandem / PyTorch; floor = flops_per_step / the sgemm fp32 ceiling; "
             "x floor = tandem ms/step / floor ms.", ""]
     head, rows, right = rep["t1"]

@@ -153,21 +153,30 @@ void BM_AdamBound(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamBound)->Arg(0)->Arg(1);
 
+// Arg 1: rows per call; arg 2: 0 gathers the same rows every call (they stay in cache after the
+// first), 1 fresh random rows every call, as training draws them from the whole 43 MB array.
 void BM_GatherScaleU8(benchmark::State& state) {
   const int64_t rows = state.range(0), features = 784, source_rows = 55000;
+  const bool fresh = state.range(1) != 0;
   std::vector<uint8_t> src(source_rows * features);
   std::mt19937 gen(1);
   for (auto& x : src) x = static_cast<uint8_t>(gen());
-  std::vector<int32_t> order(rows);
+  // 4,096 index sets of fresh rows: 512k rows, many times the source, cycled through.
+  const int64_t sets = fresh ? 4096 : 1;
+  std::vector<int32_t> order(rows * sets);
   for (auto& r : order) r = static_cast<int32_t>(gen() % source_rows);
   std::vector<float> dst(rows * features);
+  int64_t set = 0;
   for (auto _ : state) {
-    tandem::kernels::gather_rows_u8_cpu(src.data(), features, order.data(), rows, dst.data());
+    tandem::kernels::gather_rows_u8_cpu(src.data(), features, order.data() + set * rows, rows,
+                                        dst.data());
     benchmark::DoNotOptimize(dst.data());
+    set = set + 1 == sets ? 0 : set + 1;
   }
+  state.SetLabel(fresh ? "fresh rows each call" : "the same rows each call (in cache)");
   state.SetBytesProcessed(state.iterations() * rows * features * 5);
 }
-BENCHMARK(BM_GatherScaleU8)->Arg(128);
+BENCHMARK(BM_GatherScaleU8)->Args({128, 0})->Args({128, 1});
 
 }  // namespace
 

@@ -34,6 +34,15 @@ Implementations (--impls, comma list):
                torch.compile as the PyTorch optimizer tutorial shows.
                Compilation happens during warm-up.  A failure is caught, its
                text recorded in the JSON, and the other impls still run.
+               (The default mode launches every kernel from the host: no
+               CUDA Graphs, unlike Tandem's graph replays.)
+  graph        the eager step (Adam with capturable=True) captured whole in
+               a CUDA Graph per batch size, as PyTorch's "whole network
+               capture" recipe does (three warm-up steps on a side stream,
+               then torch.cuda.graph), and replayed with the batch's row
+               indices copied into the captured index tensor: the
+               like-for-like comparison with Tandem's CUDA Graph steps.
+               CUDA only.
 
 Timing: per (impl, batch), --warmup-steps steps (compilation included), a
 short calibration run, then --repeats (3) timed loops of N steps, N chosen
@@ -87,7 +96,7 @@ ROWS = 60000
 LEARNING_RATE = 0.01
 BETAS = (0.9, 0.999)
 EPS = 1e-8
-KNOWN_IMPLS = ("eager", "eager_fused", "compile")
+KNOWN_IMPLS = ("eager", "eager_fused", "compile", "graph")
 
 
 def impl_list(text):
@@ -223,9 +232,16 @@ class Trainer:
         self.impl = impl
         self.model = make_model(layers, device)
         params = list(self.model.parameters())
+        self.images, self.labels, self.graphs = images, labels, {}
         if impl == "eager_fused":
             self.opt = torch.optim.Adam(params, lr=LEARNING_RATE, betas=BETAS,
                                         eps=EPS, fused=True)
+        elif impl == "graph":
+            if device.type != "cuda":
+                raise RuntimeError("graph needs a CUDA device (torch.cuda.graph)")
+            # capturable: the step count stays on the device, so a replay steps it.
+            self.opt = torch.optim.Adam(params, lr=LEARNING_RATE, betas=BETAS, eps=EPS,
+                                        capturable=True)
         else:
             # Default implementation (foreach on CUDA).
             self.opt = torch.optim.Adam(params, lr=LEARNING_RATE, betas=BETAS, eps=EPS)
@@ -253,10 +269,42 @@ class Trainer:
             self.opt_step = opt.step
 
     def step(self, idx):
+        if self.impl == "graph":
+            self.graph_step(idx)
+            return
         loss = self.fwd_loss(idx)
         loss.backward()
         self.opt_step()
         self.opt.zero_grad(set_to_none=True)
+
+    def graph_step(self, idx):
+        entry = self.graphs.get(idx.numel())
+        if entry is None:
+            entry = self.graphs[idx.numel()] = self.capture(idx)
+        graph, static_idx = entry
+        static_idx.copy_(idx)
+        graph.replay()
+
+    def capture(self, idx):
+        """PyTorch's whole-network capture: warm up on a side stream, then
+        capture forward, backward and Adam's step.  The gradients are
+        allocated inside the capture (set_to_none before it), so each replay
+        writes them afresh."""
+        static_idx = idx.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.opt.zero_grad(set_to_none=True)
+                loss_fn(self.model, self.images, self.labels, static_idx).backward()
+                self.opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            loss_fn(self.model, self.images, self.labels, static_idx).backward()
+            self.opt.step()
+        return graph, static_idx
 
 
 # --------------------------------------------------------------------------
