@@ -28,7 +28,8 @@ target_include_directories(tandem INTERFACE
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_compile_features(tandem INTERFACE cxx_std_17)
 set_target_properties(tandem PROPERTIES
-  VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+  # Below 1.0 every minor release may break the ABI: the soname carries it (libtandem.so.0.1).
+  VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
   EXPORT_NAME tandem
   # The installed library and binary find cuBLASLt where they were linked against it.
   INSTALL_RPATH_USE_LINK_PATH ON)

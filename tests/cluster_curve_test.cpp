@@ -189,6 +189,11 @@ TEST(ClusterCurve, RolesJoiningByHandTrainUnderOneKey) {
   EXPECT_GT(evaluate_model(model, splits.validation.view(), 1).accuracy, 0.5);
   EXPECT_TRUE(coordinator.finish(10));
   EXPECT_TRUE(ps.join(10));
+  // Asked after finish(), it says so at once instead of waiting out the servers' timeout.
+  const auto asked = std::chrono::steady_clock::now();
+  const std::string gone = error_of<Error>([&] { coordinator.pull_model(); });
+  EXPECT_TRUE(contains(gone, "pull_model() before finish()")) << gone;
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(5));
   ClusterScore score;
   int streamed = 0;
   while (stream.next(score, 2.0)) ++streamed;

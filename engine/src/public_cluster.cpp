@@ -275,6 +275,9 @@ void ClusterCoordinator::request_stop(const std::string& reason) {
 void ClusterCoordinator::fail(const std::string& why) { impl_->coordinator->fail(why); }
 
 Model ClusterCoordinator::pull_model() const {
+  // After finish() the servers are leaving or gone: asking them would wait out a request timeout.
+  if (impl_->coordinator->phase() == ClusterPhase::Done)
+    throw Error("the run is finished and its servers have exited: pull_model() before finish()");
   const std::vector<std::string> endpoints = impl_->coordinator->ps_endpoints();
   if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
   PsClient client(endpoints, cluster_client_options(impl_->settings, nullptr));

@@ -6,14 +6,17 @@
 
 #include <cuda_runtime.h>
 
-#include <stdexcept>
 #include <string>
+
+#include "tandem/error.h"
 
 namespace tandem::kernels {
 
-class CudaError : public std::runtime_error {
+// A tandem::Error: the library's one error policy holds for device failures too, so a caller of
+// the public API (or Python's tandem.Error) catches them with everything else.
+class CudaError : public ::tandem::Error {
  public:
-  using std::runtime_error::runtime_error;
+  using ::tandem::Error::Error;
 };
 
 [[noreturn]] void throw_cuda_error(const char* library, const char* call, const char* file,

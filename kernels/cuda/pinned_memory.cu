@@ -5,9 +5,9 @@
 #include <new>
 #include <string>
 
+#include "cuda_check.h"
 #include "cuda_device.h"
 #include "pinned_memory.h"
-#include <stdexcept>
 
 namespace tandem::kernels {
 
@@ -24,11 +24,15 @@ void* page_aligned(size_t bytes) {
 PinnedAllocation pinned_alloc(size_t bytes, int device) {
   if (bytes == 0) bytes = 1;
   if (device < 0 || cuda_device_count() == 0) return {page_aligned(bytes), false};
+  if (device >= cuda_device_count())
+    throw CudaError("page-locked memory for CUDA device " + std::to_string(device) +
+                    ": this machine has " + std::to_string(cuda_device_count()) +
+                    " CUDA device(s), numbered from 0");
   void* p = nullptr;
   cudaError_t status = cudaSetDevice(device);
   if (status == cudaSuccess) status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (status != cudaSuccess)
-    throw std::runtime_error(std::string("cudaHostAlloc(") + std::to_string(bytes) +
+    throw CudaError(std::string("cudaHostAlloc(") + std::to_string(bytes) +
                              " bytes) for device " + std::to_string(device) + " failed: " +
                              cudaGetErrorString(status) + " (" __FILE__ ")");
   return {p, true};

@@ -17,7 +17,8 @@ struct PinnedAllocation {
 // first time it is made current, so an allocation for GPU 2 must not go through GPU 0). With
 // `device` < 0 (the data goes to the CPU) or no device present, page-aligned ordinary memory:
 // page-locking it would only cost a CUDA context. Throws std::bad_alloc (plain memory), or
-// std::runtime_error with the CUDA error's text.
+// CudaError (a tandem::Error) for a device this machine does not have or with the CUDA error's
+// text.
 PinnedAllocation pinned_alloc(size_t bytes, int device);
 void pinned_free(const PinnedAllocation& allocation) noexcept;
 

@@ -21,6 +21,11 @@ sys.path.insert(1, sys.argv[1])
 import tandem, tandem.dask
 from synthetic_rows import make_rows
 assert tandem.__file__.startswith(sys.path[0]), tandem.__file__  # the installed copy
+# The distribution's version is CMakeLists.txt's (pyproject reads it), the module's too.
+import importlib.metadata
+dist = importlib.metadata.distribution("tandem")
+assert str(dist.locate_file("")).startswith(sys.path[0]), dist.locate_file("")
+assert dist.version == tandem.__version__, (dist.version, tandem.__version__)
 x, y = make_rows(2000, 1)
 model, summary = tandem.train((x, y), validation=make_rows(300, 2), layers=[784, 16, 10],
                               epochs=2, batch=100, backend="cpu", threads=1)
