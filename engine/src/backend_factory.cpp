@@ -1,4 +1,8 @@
 #include "cuda/cuda_device.h"
+
+#include <cstdio>
+#include <mutex>
+
 #include "backend.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
@@ -42,7 +46,21 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model
                        " needs the CUDA backend; the CPU backend computes in fp32");
     return make_cpu_backend(model, opt, threads);
   }
-  const bool have_device = TANDEM_WITH_CUDA && kernels::cuda_device_count() > 0;
+  const int devices = TANDEM_WITH_CUDA ? kernels::cuda_device_count() : 0;
+  // A device the kernels were not compiled for: auto trains on the CPU instead (saying why, once
+  // per process), an explicit CUDA backend is refused with the rebuild to make.
+  const std::string unusable = devices > 0 && device >= 0 && device < devices
+                                   ? kernels::cuda_kernels_unusable_on(device)
+                                   : std::string();
+  if (!unusable.empty()) {
+    if (kind != BackendKind::Auto || precision != Precision::Fp32)
+      throw InputError(unusable + "; or use --backend cpu");
+    static std::once_flag said;
+    std::call_once(said, [&] { std::fprintf(stderr, "tandem: %s; training on the CPU\n",
+                                            unusable.c_str()); });
+    return make_cpu_backend(model, opt, threads);
+  }
+  const bool have_device = devices > 0;
   if (kind == BackendKind::Auto && !have_device) {
     if (precision != Precision::Fp32)
       throw InputError(std::string("precision ") + to_string(precision) +

@@ -4,7 +4,16 @@
 
 #include <sstream>
 
+#ifndef TANDEM_CUDA_ARCHITECTURES
+#define TANDEM_CUDA_ARCHITECTURES "?"
+#endif
+
 namespace tandem::kernels {
+namespace {
+
+__global__ void probe_kernel() {}  // has an image for the device exactly when every kernel has
+
+}  // namespace
 
 int cuda_device_count() {
   int count = 0;
@@ -24,6 +33,22 @@ std::string cuda_device_description(int index) {
   text << prop.name << " (sm_" << prop.major << prop.minor << ", "
        << (prop.totalGlobalMem >> 30) << " GiB)";
   return text.str();
+}
+
+std::string cuda_kernels_unusable_on(int index) {
+  cudaFuncAttributes attributes{};
+  cudaError_t status = cudaSetDevice(index);
+  if (status == cudaSuccess) status = cudaFuncGetAttributes(&attributes, probe_kernel);
+  if (status == cudaSuccess) return "";
+  cudaGetLastError();  // not sticky; cleared so later calls start clean
+  cudaDeviceProp prop{};
+  const std::string arch = cudaGetDeviceProperties(&prop, index) == cudaSuccess
+                               ? std::to_string(prop.major) + std::to_string(prop.minor)
+                               : "N";
+  return "CUDA device " + std::to_string(index) + " (" + cuda_device_description(index) +
+         ") cannot run this build's kernels (" + cudaGetErrorString(status) +
+         "): they were compiled for CUDA architectures " TANDEM_CUDA_ARCHITECTURES
+         "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + arch + " (or native)";
 }
 
 }  // namespace tandem::kernels

@@ -5,5 +5,6 @@ namespace tandem::kernels {
 
 int cuda_device_count() { return 0; }
 std::string cuda_device_description(int) { return "built without CUDA"; }
+std::string cuda_kernels_unusable_on(int) { return "this build of tandem has no CUDA"; }
 
 }  // namespace tandem::kernels
