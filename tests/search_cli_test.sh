@@ -219,6 +219,13 @@ small_search idx-b 3
 check "... and prepared again from other files, saying why" \
     grep -qF "(it was prepared from $(readlink -f "$dir/idx-a"))" "$dir/err14-3"
 check "... recording the new files" test "$(source_of)" = "$(readlink -f "$dir/idx-b")"
+# The same directory with other files in it (copied over the old ones): prepared again.
+cp "$dir/idx-a/train-images-idx3-ubyte" "$dir/idx-a/train-labels-idx1-ubyte" "$dir/idx-b/"
+small_search idx-b 4
+check "... and again when the same directory's files have changed, saying so" \
+    grep -qF "(its files have changed since it was prepared from them)" "$dir/err14-4"
+small_search idx-b 5
+check "... then reused while they stay as they are" test -z "$(grep 'preparing' "$dir/err14-5")"
 # A store the user made there (tandem prepare, with options of their own) is not replaced.
 mkdir -p "$dir/s15"
 "$tandem" prepare --out "$dir/s15/data.zarr" >/dev/null 2>&1

@@ -1,5 +1,7 @@
 #include "data_store_of.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -21,14 +23,33 @@ std::string resolved(const std::string& path) {
   return where.string();
 }
 
+// The IDX files' names, sizes and modification times: a store prepared from them is stale once
+// they change (new files copied over the old ones, the same directory named again).
+nlohmann::json idx_fingerprint(const std::string& dir) {
+  nlohmann::json files = nlohmann::json::object();
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    struct stat st {};
+    if (name.find("-ubyte") == std::string::npos || ::stat(it->path().c_str(), &st) != 0 ||
+        !S_ISREG(st.st_mode))
+      continue;
+    files[name] = {{"bytes", int64_t(st.st_size)},
+                   {"mtime_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec}};
+  }
+  return files;
+}
+
 }  // namespace
 
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by) {
   if (is_dataset_store(data)) return data;
   const std::string store = dir + "/data.zarr";
-  // The store records where its files were, and one prepared from other files (the same
-  // directory given another --data) is not reused: it would train on the old files.
+  // The store records where its files were and what they were (sizes and times), and one
+  // prepared from other files, or from these before they changed, is not reused: it would train
+  // on the old files.
   const std::string source = resolved(data);
+  const nlohmann::json fingerprint = idx_fingerprint(data);
   std::string why;
   if (is_dataset_store(store)) {
     const nlohmann::json attributes = zarr::Group::open(store).second;
@@ -38,22 +59,28 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
                  : std::string();
     };
     const std::string recorded = text("source");
-    if (!recorded.empty() && resolved(recorded) == source) return store;
+    const bool same_source = !recorded.empty() && resolved(recorded) == source;
     // Replaced only when a command made it this way: one the user put there (tandem prepare,
     // with its own options) is theirs to keep.
-    if (text("by") != "tandem launch" && text("by") != "tandem search")
+    const bool ours = text("by") == "tandem launch" || text("by") == "tandem search";
+    const bool same_files = attributes.is_object() && attributes.contains("source_files") &&
+                            attributes["source_files"] == fingerprint;
+    if (same_source && (!ours || same_files)) return store;
+    if (!ours)
       throw InputError(store + " holds a store prepared from " +
                        (recorded.empty() ? "files it does not name" : recorded) + ", not from " +
                        data + ": give --data " + store + " to train on it, or remove it to "
                        "prepare it from " + data);
-    why = " (it was prepared from " + (recorded.empty() ? "files it does not name" : recorded) +
-          ")";
+    why = same_source ? " (its files have changed since it was prepared from them)"
+                      : " (it was prepared from " +
+                            (recorded.empty() ? "files it does not name" : recorded) + ")";
   }
   std::fprintf(stderr, "preparing %s from %s%s\n", store.c_str(), data.c_str(), why.c_str());
   const DataSplits splits = load_mnist_splits(data);
   StoreWriteOptions options;
   options.overwrite = true;
-  write_dataset_store(splits, store, options, nlohmann::json{{"source", source}, {"by", by}});
+  write_dataset_store(splits, store, options,
+                      nlohmann::json{{"source", source}, {"source_files", fingerprint}, {"by", by}});
   return store;
 }
 

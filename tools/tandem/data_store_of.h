@@ -10,7 +10,8 @@ namespace tandem::cli {
 
 // `data` when it is a dataset store, else DIR/data.zarr: written from the IDX files in `data`
 // when it is not there yet (said on stderr, naming `by`), reused when it was prepared from
-// them, prepared again when a launch or search prepared it from other files. InputError for a
+// them as they are now (names, sizes, modification times), prepared again when a launch or
+// search prepared it from other files or from these before they changed. InputError for a
 // store there prepared otherwise (tandem prepare) from other files, and, naming the missing IDX
 // file, when `data` is neither a store nor IDX files.
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by);
