@@ -524,6 +524,26 @@ TEST(DatasetStore, OpenChecksShapesAndCounts) {
   EXPECT_TRUE(DatasetStore::looks_like_store(root2));
 }
 
+// A declared shape of 2^40 rows is valid Zarr with every chunk missing (the fill value), and
+// inspect walked its trillions of chunks; a split is at most 2^31-1 rows (and features).
+TEST(DatasetStore, RefusesSplitsPastInt32RowsOrFeatures) {
+  TempDir dir;
+  const auto u8 = zarr::DType::UInt8;
+  const int64_t huge = int64_t{1} << 40;
+  for (const bool wide : {false, true}) {
+    const std::string root = dir.file(wide ? "wide.zarr" : "long.zarr");
+    zarr::Group::create(root, zarr::Format::V3);
+    const std::vector<int64_t> shape = wide ? std::vector<int64_t>{10, huge}
+                                            : std::vector<int64_t>{huge, 4};
+    zarr::Array::create(root + "/images", meta_of(zarr::Format::V3, u8, shape, {5, 4}));
+    zarr::Array::create(root + "/labels", meta_of(zarr::Format::V3, u8, {shape[0]}, {5}));
+    const std::string why = test::error_of<InputError>([&] { DatasetStore::open(root); });
+    EXPECT_TRUE(test::contains(why, std::to_string(huge) + (wide ? " features" : " rows")))
+        << why;
+    EXPECT_TRUE(test::contains(why, "at most 2147483647")) << why;
+  }
+}
+
 // Prediction opens a split without labels (new images to classify); everything else needs them,
 // and a labels array that is there must fit even for prediction.
 TEST(DatasetStore, LabelsMayBeAbsentOnlyWhenOptional) {
@@ -647,6 +667,17 @@ TEST(ArrayStats, MatchesTwoPassFloat64WithEdgeChunks) {
       EXPECT_EQ(s4.variance[5], 0.0);
     }
   }
+}
+
+// Readers hold a chunk buffer or two per thread, and a chunk may be up to 2 GB: the threads are
+// capped by a 1 GiB budget of buffers (one thread at least), as well as by the jobs.
+TEST(ArrayStats, ReadThreadsFitTheBufferBudget) {
+  const size_t mb = size_t{1} << 20;
+  EXPECT_EQ(chunk_read_threads(4, 100, 100 * mb, 2), 4);   // 800 MB of buffers: all four
+  EXPECT_EQ(chunk_read_threads(8, 100, 256 * mb, 2), 2);   // 512 MB a thread: two
+  EXPECT_EQ(chunk_read_threads(8, 100, 2000 * mb, 1), 1);  // one 2 GB chunk: one thread
+  EXPECT_EQ(chunk_read_threads(8, 3, mb, 1), 3);           // three jobs: three threads
+  EXPECT_THROW(chunk_read_threads(-1, 3, mb, 1), InputError);
 }
 
 TEST(ArrayStats, RefusesOtherDtypesAndShapes) {

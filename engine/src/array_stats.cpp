@@ -18,17 +18,13 @@ namespace {
 // bytes, however many chunks the array has.
 constexpr int64_t kPartialBudgetBytes = int64_t(64) << 20;
 
-int pool_size(int threads, int64_t jobs) {
-  if (threads < 0) throw InputError("threads is " + std::to_string(threads) + ", expected >= 0");
-  const int wanted = threads == 0 ? ThreadPool::available_cores() : threads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, jobs)));
-}
 
-// Runs job(j, member) for j in [0, jobs) on `threads` members, each job once, in any order.
+// Runs job(j, member) for j in [0, jobs) on `threads` members (chunk_read_threads), each job
+// once, in any order.
 template <typename Job>
 void parallel_jobs(int64_t jobs, int threads, Job&& job) {
   if (jobs <= 0) return;
-  ThreadPool pool(pool_size(threads, jobs));
+  ThreadPool pool(std::max(1, threads));
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   pool.run([&](int member) {
@@ -196,6 +192,15 @@ int64_t ChunkLayout::columns() const {
   return n;
 }
 
+int chunk_read_threads(int threads, int64_t jobs, size_t chunk_bytes, int buffers_per_thread) {
+  if (threads < 0) throw InputError("threads is " + std::to_string(threads) + ", expected >= 0");
+  const int wanted = threads == 0 ? ThreadPool::available_cores() : threads;
+  const size_t per_thread = std::max<size_t>(1, chunk_bytes * size_t(buffers_per_thread));
+  const int64_t affordable = int64_t(std::max<size_t>(1, kChunkReadBudget / per_thread));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({int64_t(wanted), jobs, affordable})));
+}
+
 int64_t chunk_count(const std::vector<int64_t>& grid) {
   int64_t n = 1;
   for (int64_t g : grid) n *= g;
@@ -319,7 +324,7 @@ ColumnStats column_stats(const zarr::Array& array, int threads) {
     std::vector<uint64_t> sum, sum_sq;
     std::vector<double> s1;
   };
-  const int size = pool_size(threads, blocks * column_tuples);
+  const int size = chunk_read_threads(threads, blocks * column_tuples, meta.chunk_bytes(), 1);
   std::vector<Scratch> scratch(static_cast<size_t>(size));
   parallel_jobs(blocks * column_tuples, size, [&](int64_t job, int member) {
     Scratch& s = scratch[size_t(member)];
@@ -372,7 +377,7 @@ IntegerHistogram integer_histogram(const zarr::Array& array, int threads) {
                      zarr::dtype_name(meta.dtype));
   const std::vector<int64_t> grid = meta.grid();
   const int64_t chunks = meta.shape.empty() ? 1 : chunk_count(grid);
-  const int size = pool_size(threads, chunks);
+  const int size = chunk_read_threads(threads, chunks, meta.chunk_bytes(), 2);
   struct Part {
     std::vector<uint8_t> chunk;
     std::vector<uint8_t> valid;

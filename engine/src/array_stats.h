@@ -16,6 +16,14 @@ namespace tandem {
 // (1 for a 1-D array).
 int64_t matrix_features(const zarr::ArrayMeta& meta);
 
+// Threads for reading `jobs` chunks of `chunk_bytes` each with `buffers_per_thread` chunk
+// buffers per thread: `threads` (0: every core), no more than there are jobs, and no more than
+// kChunkReadBudget of buffers allows (one at least). A chunk may be up to 2 GB (zarr-python writes
+// what it is told), and a large machine's cores times that would not fit in memory.
+// InputError for threads < 0.
+constexpr size_t kChunkReadBudget = size_t{1} << 30;
+int chunk_read_threads(int threads, int64_t jobs, size_t chunk_bytes, int buffers_per_thread);
+
 // Where the valid (non-padding) part of one chunk lies in that matrix. Each chunk row holds
 // `chunk_row_elements` elements in the decompressed chunk; of those, `runs` are contiguous both in
 // the chunk and in the matrix row.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -318,6 +319,8 @@ void convert_labels(const T* src, int64_t n, uint8_t* dst, int64_t first_index, 
   }
 }
 
+constexpr int64_t kMaxSplitRows = std::numeric_limits<int32_t>::max();
+
 DatasetStore::Split open_split(const std::string& store, const std::string& dir,
                                const std::string& name, DatasetStore::Labels labels) {
   DatasetStore::Split s;
@@ -331,6 +334,15 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
                      ", expected uint8 or float32");
   s.rows = im.shape[0];
   s.features = matrix_features(im);
+  // Row orders are int32 (the chunk manager's permutations, the trainer's batches), and a
+  // declared shape of 2^50 rows, valid Zarr with every chunk missing, would have readers walk
+  // trillions of fill-value chunks: refused here, before anything reads it.
+  if (s.rows > kMaxSplitRows)
+    throw InputError(store + ": " + name + " has " + std::to_string(s.rows) +
+                     " rows; at most " + std::to_string(kMaxSplitRows) + " rows per split");
+  if (s.features > kMaxSplitRows)  // a model's inputs, and every per-feature statistic
+    throw InputError(store + ": " + name + " has " + std::to_string(s.features) +
+                     " features per row; at most " + std::to_string(kMaxSplitRows));
   // Only a labels array that is absent is let go: anything there must read as labels that fit.
   s.has_labels = labels == DatasetStore::Labels::Required || path_exists(join(dir, "labels"));
   if (!s.has_labels) return s;
@@ -496,8 +508,8 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
   const std::vector<int64_t> igrid = im.grid(), lgrid = lm.grid();
   const int64_t image_chunks = chunk_count(igrid), label_chunks = chunk_count(lgrid);
   const int64_t jobs = image_chunks + label_chunks;
-  const int threads = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(ThreadPool::available_cores(), jobs)));
+  const int threads =
+      chunk_read_threads(0, jobs, std::max(im.chunk_bytes(), lm.chunk_bytes()), 1);
   ThreadPool pool(threads);
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
