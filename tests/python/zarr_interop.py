@@ -86,9 +86,10 @@ def versions():
     print(json.dumps(info))
 
 
-def write(store, zarr_format, blosc_cname=None):
+def write(store, zarr_format, blosc_cname=None, crc32c=False):
     """The known arrays with dask's and zarr's defaults: only shape, chunks (from the dask
-    chunks) and, for f32_sparse, a NaN fill value are chosen (and blosc_cname if given)."""
+    chunks) and, for f32_sparse, a NaN fill value are chosen (and blosc_cname if given; with
+    crc32c, zarr 3's zstd followed by its crc32c checksum codec)."""
     import zarr
 
     da = import_dask_array()
@@ -105,6 +106,11 @@ def write(store, zarr_format, blosc_cname=None):
             sys.exit("--blosc-cname is for zarr 2 (numcodecs' Blosc as the v2 compressor)")
         from numcodecs import Blosc
         fmt["compressor"] = Blosc(cname=blosc_cname, clevel=5, shuffle=Blosc.SHUFFLE)
+    if crc32c:
+        if not v3 or zarr_format == 2:
+            sys.exit("--crc32c is for Zarr v3 (zarr 3's Crc32cCodec)")
+        from zarr.codecs import Crc32cCodec, ZstdCodec
+        fmt["compressors"] = [ZstdCodec(level=0), Crc32cCodec()]
     for name in WRITTEN_BY_DASK:
         dtype, shape, chunks = KNOWN[name]
         x = da.from_array(expected(name), chunks=chunks)
@@ -188,6 +194,7 @@ def main():
     w.add_argument("store")
     w.add_argument("--zarr-format", type=int, choices=(2, 3))
     w.add_argument("--blosc-cname")
+    w.add_argument("--crc32c", action="store_true")
     c = sub.add_parser("check")
     c.add_argument("store")
     c.add_argument("tandem_dump")
@@ -197,7 +204,7 @@ def main():
         versions()
         return 0
     if args.command == "write":
-        write(args.store, args.zarr_format, args.blosc_cname)
+        write(args.store, args.zarr_format, args.blosc_cname, args.crc32c)
         return 0
     return check(args.store, args.tandem_dump, args.format)
 

@@ -85,6 +85,20 @@ done
 run "dask/zarr 3 writes v3 (defaults), Tandem reads" python_to_tandem "$venv_python" 3
 run "dask/zarr 3 writes v2 (zarr_format=2), Tandem reads" \
   python_to_tandem "$venv_python" 2 --zarr-format 2
+# zarr 3's crc32c checksum codec after zstd: read, the checksum checked; one flipped byte in a
+# chunk is refused naming it, not decompressed.
+crc32c_to_tandem() {
+  python_to_tandem "$venv_python" 3 --crc32c && grep -q 'zstd:0+crc32c' "$dir/py$n.jsonl"
+}
+run "dask/zarr 3 writes v3 zstd + crc32c, Tandem reads" crc32c_to_tandem
+crc32c_corrupt_refused() {
+  local chunk
+  chunk=$(find "$dir/py$n" -path '*/c/*' -type f | sort | head -1)
+  "$venv_python" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
+b[len(b) // 2] ^= 0xFF; open(p, 'wb').write(b)" "$chunk"
+  ! "$tool" dump "$dir/py$n" >/dev/null 2>"$dir/crc.err" && grep -q "crc32c checksum is" "$dir/crc.err"
+}
+run "... and a flipped byte in a checksummed chunk is refused" crc32c_corrupt_refused
 for format in 3 2; do
   for c in $compressors; do
     run "Tandem writes v$format $c, zarr 3 reads" tandem_to_python "$venv_python" "$format" "$c"

@@ -305,7 +305,7 @@ bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
                      std::to_string(limit) + " for a " + std::to_string(size) + "-byte chunk (" +
                      meta_.compressor.describe() + ")");
   }
-  if (meta_.compressor.kind == Compressor::Kind::None) {
+  if (meta_.compressor.kind == Compressor::Kind::None && !meta_.compressor.crc32c) {
     if (stored != size) {
       throw InputError(what + ": uncompressed chunk is " + std::to_string(stored) +
                        " bytes; expected " + std::to_string(size) + " bytes (the chunk size)");
@@ -345,9 +345,9 @@ MappedFile Array::map_chunk(const std::vector<int64_t>& index) const {
 
 MappedFile Array::map_chunk_file(const std::string& key) const {
   const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
-  if (meta_.compressor.kind != Compressor::Kind::None)
-    throw InputError(what + ": only uncompressed chunks can be mapped (this array uses " +
-                     meta_.compressor.describe() + ")");
+  if (meta_.compressor.kind != Compressor::Kind::None || meta_.compressor.crc32c)
+    throw InputError(what + ": only uncompressed chunks without a checksum can be mapped (this "
+                     "array uses " + meta_.compressor.describe() + ")");
   const std::string file = path_ + "/" + key;
   Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: see above
   if (fd.get() < 0) {

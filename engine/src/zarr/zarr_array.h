@@ -32,6 +32,10 @@ struct Compressor {
   std::string blosc_cname = "lz4";  // blosc: lz4, lz4hc, zstd, blosclz, zlib
   int blosc_shuffle = 1;           // blosc: 0 none, 1 byte, 2 bit
   int blosc_blocksize = 0;         // blosc: 0 = automatic
+  // Zarr v3's crc32c codec last in the chain: each chunk file ends with the CRC-32C of what
+  // precedes it (4 bytes, little-endian), checked and stripped before decompressing. Read, not
+  // written (zarr-python writes it when asked: compressors=[..., Crc32cCodec()]).
+  bool crc32c = false;
 
   // "none", "zstd", "zstd:5", "blosc-lz4", "blosc-zstd:5", ... (what `tandem prepare --compressor`
   // takes); InputError naming the text otherwise.

@@ -6,9 +6,11 @@
 #include <zstd.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
+#include "crc32c.h"
 #include "tandem/error.h"
 #include "zarr/zarr_array.h"
 #include "zarr/zarr_metadata.h"
@@ -201,11 +203,13 @@ Compressor Compressor::parse(const std::string& text) {
 }
 
 std::string Compressor::describe() const {
+  const std::string checksum = crc32c ? "+crc32c" : "";
   switch (kind) {
-    case Kind::None: return "none";
-    case Kind::Zstd: return "zstd:" + std::to_string(level);
+    case Kind::None: return "none" + checksum;
+    case Kind::Zstd: return "zstd:" + std::to_string(level) + checksum;
     case Kind::Blosc:
-      return "blosc-" + blosc_cname + shuffle_suffix(blosc_shuffle) + ":" + std::to_string(level);
+      return "blosc-" + blosc_cname + shuffle_suffix(blosc_shuffle) + ":" +
+             std::to_string(level) + checksum;
   }
   return "unknown";
 }
@@ -242,18 +246,20 @@ std::string compressor_problem(const Compressor& c) {
 }
 
 std::string unwritable_compressor_problem(const Compressor& c) {
+  if (c.crc32c) return "the crc32c codec is read (checked and stripped), not written";
   if (c.kind != Compressor::Kind::Blosc || c.blosc_cname != "snappy") return "";
   return "blosc-snappy stores are read but not written: zarr-python 3's numcodecs (from PyPI) is "
          "built without snappy and could not read them";
 }
 
 size_t max_stored_size(const Compressor& c, size_t chunk_bytes) {
+  const size_t checksum = c.crc32c ? 4 : 0;
   switch (c.kind) {
-    case Compressor::Kind::None: return chunk_bytes;
-    case Compressor::Kind::Zstd: return ZSTD_compressBound(chunk_bytes);
-    case Compressor::Kind::Blosc: return chunk_bytes + BLOSC_MAX_OVERHEAD;
+    case Compressor::Kind::None: return chunk_bytes + checksum;
+    case Compressor::Kind::Zstd: return ZSTD_compressBound(chunk_bytes) + checksum;
+    case Compressor::Kind::Blosc: return chunk_bytes + BLOSC_MAX_OVERHEAD + checksum;
   }
-  return chunk_bytes;
+  return chunk_bytes + checksum;
 }
 
 }  // namespace detail
@@ -272,6 +278,22 @@ std::vector<uint8_t> compress(const Compressor& c, const uint8_t* data, size_t s
 
 void decompress(const Compressor& c, const uint8_t* in, size_t in_size, uint8_t* out,
                 size_t out_size, const std::string& what) {
+  if (c.crc32c) {
+    if (in_size < 4) {
+      corrupt(what, "chunk is " + std::to_string(in_size) + " bytes, shorter than its 4-byte "
+                    "crc32c checksum");
+    }
+    in_size -= 4;
+    const uint32_t stored = uint32_t(in[in_size]) | uint32_t(in[in_size + 1]) << 8 |
+                            uint32_t(in[in_size + 2]) << 16 | uint32_t(in[in_size + 3]) << 24;
+    const uint32_t computed = crc32c(in, in_size);
+    if (stored != computed) {
+      char text[96];
+      std::snprintf(text, sizeof(text), "crc32c checksum is %08x, the data's is %08x", stored,
+                    computed);
+      corrupt(what, std::string(text) + " (the chunk is corrupt)");
+    }
+  }
   switch (c.kind) {
     case Compressor::Kind::None:
       if (in_size != out_size) {

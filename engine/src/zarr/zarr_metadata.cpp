@@ -337,10 +337,11 @@ Compressor parse_v3_compressor(const Reader& r, const std::string& name, const j
   return c;
 }
 
-// codecs = [bytes] or [bytes, zstd|blosc]: anything else (transpose, sharding, crc32c, gzip) is
-// refused rather than misread.
+// codecs = [bytes] or [bytes, zstd|blosc], either followed by crc32c: anything else (transpose,
+// sharding, gzip) is refused rather than misread.
 Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
-  const char* expected = "; expected [bytes] or [bytes, zstd] or [bytes, blosc]";
+  const char* expected = "; expected [bytes] or [bytes, zstd] or [bytes, blosc], optionally "
+                         "followed by crc32c";
   if (!codecs.is_array() || codecs.empty()) {
     r.fail("\"codecs\" is " + brief(codecs) + expected);
   }
@@ -351,6 +352,8 @@ Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
       parse_v3_bytes_codec(r, config, type);
     } else if (i == 1 && (name == "zstd" || name == "blosc")) {
       c = parse_v3_compressor(r, name, config);
+    } else if (i >= 1 && i + 1 == codecs.size() && name == "crc32c") {
+      c.crc32c = true;  // after the compressor: its config is empty in the spec
     } else {
       r.fail("codec \"" + name + "\" at position " + std::to_string(i) + " is not supported" +
              expected);
@@ -660,6 +663,9 @@ ordered_json v3_array_json(const ArrayMeta& meta) {
                         {"clevel", c.level},
                         {"shuffle", v3_shuffle_name(c.blosc_shuffle)},
                         {"blocksize", c.blosc_blocksize}}}});
+  }
+  if (c.crc32c) {  // last, as read: set_attributes rewrites an opened array's document
+    codecs.push_back({{"name", "crc32c"}});
   }
   doc["codecs"] = codecs;
   doc["attributes"] = meta.attributes;
