@@ -37,7 +37,7 @@ std::vector<std::string> chunk_files(const std::string& array_dir) {
 // Reads every file whole with read(), `threads` files at a time; returns bytes read per second.
 // With one chunk-sized buffer per thread (the goal's ceiling) the destination stays in the cache
 // and only the page cache's bytes cross the memory bus. With batch-sized buffers, as many as the
-// chunk manager's ring has slots, each read() fills the next buffer in turn: the chunk manager's
+// chunk manager's ring has slots, filled whole one after the other: the chunk manager's
 // traffic for its one copy (every byte written out to memory when the ring is larger than the
 // cache, kept in the cache when it is not).
 double plain_read_rate(const std::vector<std::string>& files, int threads, size_t buffer_bytes,
@@ -48,16 +48,23 @@ double plain_read_rate(const std::vector<std::string>& files, int threads, size_
   std::vector<size_t> bytes(threads, 0);
   const auto start = Clock::now();
   pool.run([&](int t) {
+    // Each buffer is filled whole before the next is taken (chunks smaller than a buffer fill it
+    // at a running offset, one after the other, as the ring's slots are filled batch by batch).
     int turn = 0;
+    size_t offset = 0;
     for (size_t i = t; i < files.size(); i += threads) {
       const int fd = ::open(files[i].c_str(), O_RDONLY);
       if (fd < 0) throw std::runtime_error("open " + files[i]);
       for (;;) {
         auto& buffer = buffers[static_cast<size_t>(t * buffers_per_thread + turn)];
-        turn = (turn + 1) % buffers_per_thread;
-        const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+        const ssize_t n = ::read(fd, buffer.data() + offset, buffer.size() - offset);
         if (n <= 0) break;
         bytes[t] += static_cast<size_t>(n);
+        offset += static_cast<size_t>(n);
+        if (offset == buffer.size()) {
+          offset = 0;
+          turn = (turn + 1) % buffers_per_thread;
+        }
       }
       ::close(fd);
     }
@@ -138,7 +145,8 @@ int main(int argc, char** argv) {
       // read() into rotating batch-sized buffers: at least as many in all as the ring has slots,
       // and two per thread at least.
       const int buffers_per_thread = std::max(2, (o.ring_slots + readers - 1) / readers);
-      const size_t slot_bytes = static_cast<size_t>(batch * store.train.features);  // uint8
+      const size_t slot_bytes = static_cast<size_t>(batch * store.train.features) *
+                                tandem::zarr::dtype_size(store.train.images.meta().dtype);
       for (int round = 0; round < rounds; ++round) {
         // The ceiling: read() for plain stores, the decompressor itself for compressed ones. The
         // first round also warms the page cache for everyone.

@@ -612,7 +612,8 @@ EXTRA_TABLES = (("t4", "Worker group of one GPU against the plain GPU worker (st
 
 def text_report(rep):
     out = ["GPU check summary" + (" (" + "; ".join(rep["devices"]) + ")" if rep["devices"] else ""),
-           rep["ceilings"], "", "Training steps, fp32: steps/s of tandem and torch eager / eager_fused / compile / "
+           rep["ceilings"], "",
+           "Training steps, fp32: steps/s of tandem and torch eager / eager_fused / compile / "
            "graph (the step captured in a CUDA Graph);",
            "vs = tandem/torch (eager: the faster of eager and fused); "
            "floor = flops_per_step / sgemm rate; x floor = tandem ms / floor ms"]

@@ -571,7 +571,7 @@ TEST(DatasetStore, ADamagedOptionalSplitIsAnErrorNotAbsent) {
   const std::string root = dir.file("s.zarr");
   zarr::Group::create(root, zarr::Format::V3);
   const auto u8 = zarr::DType::UInt8;
-  for (const std::string group : {std::string(), std::string("/validation")}) {
+  for (const std::string& group : {std::string(), std::string("/validation")}) {
     if (!group.empty()) zarr::Group::create(root + group, zarr::Format::V3);
     zarr::Array::create(root + group + "/images", meta_of(zarr::Format::V3, u8, {10, 4}, {5, 4}));
     zarr::Array::create(root + group + "/labels", meta_of(zarr::Format::V3, u8, {10}, {5}));
@@ -583,6 +583,8 @@ TEST(DatasetStore, ADamagedOptionalSplitIsAnErrorNotAbsent) {
   EXPECT_TRUE(test::contains(why, root + "/validation")) << why;
   fs::remove_all(root + "/validation");
   EXPECT_EQ(DatasetStore::open(root).validation.rows, 0);  // none: fine
+  fs::create_directory(root + "/test");  // a stray empty directory: no split, as before
+  EXPECT_EQ(DatasetStore::open(root).test.rows, 0);
 }
 
 TEST(DatasetStore, CorruptChunkNamesStoreAndKey) {

@@ -49,6 +49,19 @@ TEST(MappedReadGuard, AFileCutShortReadsZerosPastItsEndAndCheckSaysSo) {
   }
 }
 
+// Cut inside its only page, the file faults nowhere: past the cut the page reads zeros. check()
+// asks the file.
+TEST(MappedReadGuard, ACutInsideAPageIsSeenWithoutAFault) {
+  test::TempDir dir;
+  const std::string path = dir.file("chunk");
+  const MappedFile mapped = mapped_file(path, 1);
+  std::filesystem::resize_file(path, 100);
+  const MappedReadGuard guard(mapped);
+  EXPECT_EQ(count_bytes_of_ab(mapped), 100u);
+  EXPECT_FALSE(guard.faulted());
+  EXPECT_THROW(guard.check("chunk"), InputError);
+}
+
 TEST(MappedReadGuard, AWholeFileReadsWholeAndChecksClean) {
   test::TempDir dir;
   const MappedFile mapped = mapped_file(dir.file("chunk"), 2);

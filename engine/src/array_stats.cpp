@@ -18,7 +18,6 @@ namespace {
 // bytes, however many chunks the array has.
 constexpr int64_t kPartialBudgetBytes = int64_t(64) << 20;
 
-
 // Runs job(j, member) for j in [0, jobs) on `threads` members (chunk_read_threads), each job
 // once, in any order.
 template <typename Job>

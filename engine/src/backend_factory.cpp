@@ -54,7 +54,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model
                                    : std::string();
   if (!unusable.empty()) {
     if (kind != BackendKind::Auto || precision != Precision::Fp32)
-      throw InputError(unusable + "; or use --backend cpu");
+      throw InputError(unusable + (precision == Precision::Fp32 ? "; or use --backend cpu" : ""));
     static std::once_flag said;
     std::call_once(said, [&] { std::fprintf(stderr, "tandem: %s; training on the CPU\n",
                                             unusable.c_str()); });

@@ -915,18 +915,22 @@ static void scorer_role(const RoleOptions& o) {
   // "run" is not this run's id: an embedding run that keeps the path, a scorer on another
   // host) is replaced by the first score.
   if (!s.best_model_path.empty() && std::filesystem::exists(s.best_model_path)) {
+    // Only reading the file is let fail: an error of the backend (a device failure, bad data)
+    // is the scorer's own and ends it, as it would at its first score.
+    std::optional<Checkpoint> found;
     try {
-      const Checkpoint found = load_checkpoint(s.best_model_path, &s.model);
-      const auto run = found.extra.find("run");
-      if (!r.run.empty() && run != found.extra.end() && run->second == r.run) {
-        backend->set_parameters(found.model);
-        best_loss = backend->evaluate(validation).loss_sum;
-        std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
-                     "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
-      }
+      found = load_checkpoint(s.best_model_path, &s.model);
     } catch (const Error& e) {
       std::fprintf(stderr, "%s: %s is unreadable (%s); the next score replaces it\n",
                    r.name.c_str(), s.best_model_path.c_str(), e.what());
+    }
+    const bool same_run = found && !r.run.empty() && found->extra.count("run") > 0 &&
+                          found->extra.at("run") == r.run;
+    if (same_run) {
+      backend->set_parameters(found->model);
+      best_loss = backend->evaluate(validation).loss_sum;
+      std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
+                   "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
     }
   }
   auto last_answer = Clock::now();

@@ -56,16 +56,17 @@ void secure_coordinator(CoordinatorOptions& o, const RunSettings& s) {
 }
 
 void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, double target,
-                     int64_t max_epochs, double max_seconds) {
+                     int64_t max_epochs, double max_seconds, bool driven) {
   if (ps < 1) throw InputError("a cluster needs at least one parameter server");
   if (workers < 1) throw InputError("a cluster needs at least one worker");
   if (scorers < 0 || scorers > 1) throw InputError("a cluster has 0 or 1 scorer");
   if (scorers == 0 && target > 0)
-    throw InputError("--target needs a scorer (the score is the validation loss it measures)");
+    throw InputError("a target (--target) needs a scorer: the score is the validation loss it "
+                     "measures");
   if (max_epochs < 0) throw InputError("max_epochs must be >= 0 (0: no limit)");
-  if (scorers == 0 && max_epochs == 0 && max_seconds == 0)
-    throw InputError("without a scorer, give --max-epochs or --max-seconds: nothing else stops "
-                     "training");
+  if (!driven && scorers == 0 && max_epochs == 0 && max_seconds == 0)
+    throw InputError("without a scorer, give a number of epochs or seconds (--max-epochs, "
+                     "--max-seconds): nothing else stops training");
   // Numbers that would otherwise fail far from where they were given: a NaN learning rate as a
   // JSON type error in every role, a score interval past the clock's range as scores without
   // pause, a NaN target or time limit as one that never stops the run.
@@ -90,7 +91,7 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   complete_curve_settings(options_.settings);
   const RunSettings& s = options_.settings;
   check_run_shape(s, options_.ps, options_.workers, options_.scorers, options_.target,
-                  options_.max_epochs, options_.max_seconds);
+                  options_.max_epochs, options_.max_seconds, /*driven=*/false);
   if (!options_.worker_gpus.empty() && int(options_.worker_gpus.size()) != options_.workers)
     throw InputError("GPUs are given for " + std::to_string(options_.worker_gpus.size()) +
                      " workers, the cluster has " + std::to_string(options_.workers));

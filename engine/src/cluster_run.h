@@ -71,9 +71,10 @@ void secure_coordinator(CoordinatorOptions& options, const RunSettings& settings
 
 // InputError naming the bad value unless a run of `ps` servers, `workers` workers and `scorers`
 // (0 or 1) scorers with these settings and stop rule can start: checked before anything starts,
-// by ClusterRun and the public ClusterCoordinator alike.
+// by ClusterRun, the public ClusterCoordinator and Python's Coordinator alike. `driven`: a
+// coordinator whose driver can stop it (request_stop), which may then have no stop rule.
 void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, double target,
-                     int64_t max_epochs, double max_seconds);
+                     int64_t max_epochs, double max_seconds, bool driven);
 
 struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested

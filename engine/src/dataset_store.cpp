@@ -454,7 +454,8 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
                                                             {"test", &store.test}};
   for (const auto& [name, split] : optional_splits) {
     const std::string dir = join(path, name);
-    if (!path_exists(dir)) continue;  // the store has no such split
+    // No such split: no directory, or one without group metadata (a stray empty directory).
+    if (!path_exists(join(dir, "zarr.json")) && !path_exists(join(dir, ".zgroup"))) continue;
     // One that is there must open: damaged metadata is an error, not a split taken as absent
     // (training went on without validation, keeping "the best" of zero samples).
     zarr::Group::open(dir);

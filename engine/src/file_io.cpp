@@ -164,22 +164,32 @@ MappedFile MappedFile::map_open(int fd, size_t size, const std::string& path) {
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) io_error("map", path, errno);
   mapped.data_ = static_cast<const uint8_t*>(p);
+  mapped.fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mapped.fd_ < 0) io_error("duplicate the descriptor of", path, errno);
   return mapped;
+}
+
+bool MappedFile::shrunk() const {
+  struct stat st {};
+  return fd_ >= 0 && ::fstat(fd_, &st) == 0 && uint64_t(st.st_size) < uint64_t(size_);
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr && size_ != 0) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      path_(std::move(other.path_)) {}
+      path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(size_, other.size_);
   std::swap(path_, other.path_);
+  std::swap(fd_, other.fd_);
   return *this;
 }
 

@@ -90,11 +90,16 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }  // the file mapped, for messages
+  // Whether the file mapped (the same file, wherever its name now points) is now shorter than
+  // its mapping: its last pages are gone (reading them faults) and, past a cut inside a page,
+  // bytes read as zeros without any fault.
+  bool shrunk() const;
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::string path_;
+  int fd_ = -1;  // the file, kept open for shrunk()'s fstat
 };
 
 // The temporary file beside `path` that this thread writes it through: PATH.tmp-PID-TID, so two

@@ -192,7 +192,7 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
   d.settings = parse_settings(options.settings, options.workers);
   complete_curve_settings(d.settings);
   check_run_shape(d.settings, options.ps, options.workers, options.scorers, options.target,
-                  options.max_epochs, options.max_seconds);
+                  options.max_epochs, options.max_seconds, /*driven=*/true);
   CoordinatorOptions o;
   o.bind = options.bind;
   o.scores_bind = options.scores_bind.empty() ? scores_bind_beside(options.bind) : options.scores_bind;
@@ -463,9 +463,7 @@ struct ClusterScoreStream::Impl {
 ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s,
                                        const ClusterCurveKeys& curve, double coordinator_lost_s)
     : impl_(std::make_unique<Impl>()) {
-  if (!(coordinator_lost_s > 0 && coordinator_lost_s <= 86400))
-    throw InputError("coordinator_lost_s must be above 0 and at most 86400, got " +
-                     std::to_string(coordinator_lost_s));
+  check_lost_after(coordinator_lost_s, "coordinator_lost_s");
   impl_->subscriber = std::make_unique<ScoreSubscriber>(
       coordinator, impl_->context, std::max(1, seconds_to_ms(timeout_s)),
       curve_client_keys(curve));

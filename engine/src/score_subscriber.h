@@ -28,6 +28,10 @@ namespace tandem {
 
 class CoordinatorLink;
 
+// InputError "NAME must be above 0 and at most 86400, got S" unless 0 < seconds <= a day: the
+// silence after which a coordinator counts as lost, however an API names it.
+void check_lost_after(double seconds, const std::string& name);
+
 class ScoreSubscriber {
  public:
   // `coordinator`: the coordinator's control address (asked for the channel's address).
@@ -47,6 +51,7 @@ class ScoreSubscriber {
   // For a follower: from now on, next() throws Error when the coordinator has not answered for
   // lost_after_s while the channel is silent (it is asked at most once a second then). One that
   // died (killed, its node gone) never sends the end message, and a follower would wait forever.
+  // InputError unless 0 < lost_after_s <= 86400 (check_lost_after).
   void fail_when_coordinator_lost(double lost_after_s);
 
   ~ScoreSubscriber();

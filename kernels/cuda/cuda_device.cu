@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "cuda_check.h"
+
 #ifndef TANDEM_CUDA_ARCHITECTURES
 #define TANDEM_CUDA_ARCHITECTURES "?"
 #endif
@@ -36,11 +38,14 @@ std::string cuda_device_description(int index) {
 }
 
 std::string cuda_kernels_unusable_on(int index) {
+  TANDEM_CUDA_CHECK(cudaSetDevice(index));  // busy, exclusive, out of memory: said as it is
   cudaFuncAttributes attributes{};
-  cudaError_t status = cudaSetDevice(index);
-  if (status == cudaSuccess) status = cudaFuncGetAttributes(&attributes, probe_kernel);
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, probe_kernel);
   if (status == cudaSuccess) return "";
   cudaGetLastError();  // not sticky; cleared so later calls start clean
+  // Only a missing image means "rebuild"; any other failure is the device's, reported as such.
+  if (status != cudaErrorNoKernelImageForDevice && status != cudaErrorInvalidDeviceFunction)
+    TANDEM_CUDA_CHECK(status);
   cudaDeviceProp prop{};
   const std::string arch = cudaGetDeviceProperties(&prop, index) == cudaSuccess
                                ? std::to_string(prop.major) + std::to_string(prop.minor)

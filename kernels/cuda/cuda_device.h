@@ -12,7 +12,8 @@ std::string cuda_device_description(int index);
 // Empty when this build's kernels run on device `index`; else why not, in a sentence that says
 // what to rebuild with. The kernels are compiled for CMAKE_CUDA_ARCHITECTURES only (sm_90 and
 // its PTX by default): an older GPU has no image to run, and its first launch would fail deep
-// inside a training step. Makes `index` the calling thread's current device.
+// inside a training step. Makes `index` the calling thread's current device. CudaError for
+// any other failure (the device busy or out of memory): that is not a build problem.
 std::string cuda_kernels_unusable_on(int index);
 
 }  // namespace tandem::kernels

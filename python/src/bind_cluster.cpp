@@ -43,7 +43,7 @@ namespace {
 // timeout_s: no end. False once timeout_s has passed.
 template <typename Attempt>
 bool wait_in_slices(double timeout_s, Attempt attempt) {
-  if (std::isnan(timeout_s)) throw py::value_error("a timeout cannot be NaN seconds");
+  seconds_to_ms(timeout_s);  // refuses NaN (InputError: a ValueError too)
   const bool forever = timeout_s < 0 || timeout_s > 1e9;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(forever ? 0 : int64_t(timeout_s * 1000.0));
@@ -80,9 +80,9 @@ class PyCoordinator {
                 const std::string& scores_bind, const std::string& advertise_host,
                 double startup_timeout_s, double heartbeat_timeout_s)
       : settings_(settings_from(settings)) {
-    if (ps < 1 || workers < 1 || scorers < 0)
-      throw InputError("a cluster needs at least one parameter server and one worker");
     complete_curve_settings(settings_);
+    check_run_shape(settings_, ps, workers, scorers, target, max_epochs, max_seconds,
+                    /*driven=*/true);
     CoordinatorOptions o;
     o.bind = bind;
     o.scores_bind = scores_bind.empty() ? bind : scores_bind;
@@ -506,9 +506,7 @@ void bind_cluster(py::module_& m) {
       [](const std::string& coordinator, bool follow, std::optional<double> timeout_s,
          const std::string& curve_server_key, const std::string& curve_key_file,
          double lost_after_s) {
-        if (!(lost_after_s > 0 && lost_after_s <= 86400))
-          throw InputError("lost_after_s must be above 0 and at most 86400, got " +
-                           std::to_string(lost_after_s));
+        check_lost_after(lost_after_s, "lost_after_s");
         return std::make_unique<ScoreStream>(coordinator, follow, timeout_s,
                                              curve_keys(curve_server_key, curve_key_file),
                                              lost_after_s);

@@ -96,7 +96,8 @@ crc32c_corrupt_refused() {
   chunk=$(find "$dir/py$n" -path '*/c/*' -type f | sort | head -1)
   "$venv_python" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
 b[len(b) // 2] ^= 0xFF; open(p, 'wb').write(b)" "$chunk"
-  ! "$tool" dump "$dir/py$n" >/dev/null 2>"$dir/crc.err" && grep -q "crc32c checksum is" "$dir/crc.err"
+  ! "$tool" dump "$dir/py$n" >/dev/null 2>"$dir/crc.err" &&
+    grep -q "crc32c checksum is" "$dir/crc.err"
 }
 run "... and a flipped byte in a checksummed chunk is refused" crc32c_corrupt_refused
 for format in 3 2; do

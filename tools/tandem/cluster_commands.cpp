@@ -226,6 +226,9 @@ void resolve(ClusterCommandOptions& o) {
   if (o.resume && !holds_server_checkpoint(s.checkpoint_dir))
     throw InputError("--resume: no parameter server checkpoint in " + s.checkpoint_dir +
                      " (nothing to continue; leave out --resume to start afresh)");
+  // First too: refused, a fresh run must have removed nothing (its checkpoints) nor prepared
+  // anything, so that the --resume the message offers still can continue the run.
+  if (!o.resume && !o.tensorboard_dir.empty()) refuse_other_runs_events(o.tensorboard_dir);
   s.data = std::filesystem::absolute(data_store_of(o.data, o.run_dir, "tandem launch")).string();
   // Absolute: the roles may run elsewhere; then checked, with the servers' public key derived
   // (the cluster spec names it).
@@ -242,7 +245,6 @@ void resolve(ClusterCommandOptions& o) {
   if (!o.resume) {
     std::filesystem::remove_all(s.checkpoint_dir);
     if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
-    else refuse_other_runs_events(o.tensorboard_dir);
   }
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
@@ -286,8 +288,11 @@ void log_final_evaluation(const ClusterSummary& s, MetricsLog& metrics,
   metrics.write(json{{"type", "final"}, {"stop_reason", s.stop_reason}, {"kept", s.kept},
                      {"kept_step", s.kept_step}, {"validation", to_json(s.validation)},
                      {"test", to_json(s.test)}});
-  tensorboard.add_scalar("final/validation_loss", s.kept_step, float(s.validation.loss_sum));
-  tensorboard.add_scalar("final/validation_accuracy", s.kept_step, float(s.validation.accuracy));
+  if (s.validation.samples > 0) {  // none without a validation split
+    tensorboard.add_scalar("final/validation_loss", s.kept_step, float(s.validation.loss_sum));
+    tensorboard.add_scalar("final/validation_accuracy", s.kept_step,
+                           float(s.validation.accuracy));
+  }
   if (s.test.samples > 0) {
     tensorboard.add_scalar("final/test_loss", s.kept_step, float(s.test.loss_sum));
     tensorboard.add_scalar("final/test_accuracy", s.kept_step, float(s.test.accuracy));

@@ -71,16 +71,19 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
                        (recorded.empty() ? "files it does not name" : recorded) + ", not from " +
                        data + ": give --data " + store + " to train on it, or remove it to "
                        "prepare it from " + data);
-    why = same_source ? " (its files have changed since it was prepared from them)"
-                      : " (it was prepared from " +
-                            (recorded.empty() ? "files it does not name" : recorded) + ")";
+    const bool fingerprinted = attributes.is_object() && attributes.contains("source_files");
+    why = !same_source ? " (it was prepared from " +
+                             (recorded.empty() ? "files it does not name" : recorded) + ")"
+          : fingerprinted ? " (its files have changed since it was prepared from them)"
+                          : " (it does not record what its files were, only where)";
   }
   std::fprintf(stderr, "preparing %s from %s%s\n", store.c_str(), data.c_str(), why.c_str());
   const DataSplits splits = load_mnist_splits(data);
   StoreWriteOptions options;
   options.overwrite = true;
   write_dataset_store(splits, store, options,
-                      nlohmann::json{{"source", source}, {"source_files", fingerprint}, {"by", by}});
+                      nlohmann::json{
+                          {"source", source}, {"source_files", fingerprint}, {"by", by}});
   return store;
 }
 

@@ -189,12 +189,35 @@ void refuse_existing(const std::string& store, std::initializer_list<const char*
   }
 }
 
+// Chunk file `file` open for reading, its size in `size`; -1 when there is none (the fill
+// value). O_NONBLOCK, as for metadata files: a FIFO in its place is refused, not waited on.
+// IoError for a failure to open, InputError "WHAT: not a regular file".
+int open_chunk_file(const std::string& file, const std::string& what, uint64_t& size) {
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return -1;
+    io_error("open", file, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat", file, errno);
+  if (!S_ISREG(st.st_mode)) throw InputError(what + ": not a regular file");
+  size = uint64_t(st.st_size);
+  return fd.release();
+}
+
 }  // namespace
 
 Array Array::open(const std::string& path) {
   Array a;
   a.path_ = normalize(path);
   const std::string& store = a.path_;
+  // The directory's identity before its metadata is read: a store swapped in between is caught
+  // by the first chunk read (check_still_there).
+  struct stat st {};
+  if (::stat(store.c_str(), &st) == 0) {
+    a.directory_device_ = uint64_t(st.st_dev);
+    a.directory_inode_ = uint64_t(st.st_ino);
+  }
   if (const auto v3 = read_metadata_file(store, "zarr.json")) {
     a.meta_ = parse_guarded(store, "zarr.json", [&] {
       return detail::parse_v3_array(store, detail::parse_metadata_text(store, "zarr.json", *v3));
@@ -210,19 +233,20 @@ Array Array::open(const std::string& path) {
     store_error(store, "no Zarr array here (neither zarr.json nor .zarray); expected an array "
                        "written by zarr-python, dask or Tandem");
   }
-  struct stat st {};
-  if (::stat(store.c_str(), &st) != 0) io_error("stat", store, errno);
-  a.directory_device_ = uint64_t(st.st_dev);
-  a.directory_inode_ = uint64_t(st.st_ino);
   return a;
 }
 
 void Array::check_still_there(const std::string& what) const {
   if (directory_inode_ == 0) return;
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0 && uint64_t(st.st_dev) == directory_device_ &&
-      uint64_t(st.st_ino) == directory_inode_)
+  if (::stat(path_.c_str(), &st) != 0) {
+    // Gone is what this is about; any other failure (permissions, a stale NFS handle) is said
+    // as it is.
+    if (errno != ENOENT && errno != ENOTDIR) io_error("stat", path_, errno);
+  } else if (uint64_t(st.st_dev) == directory_device_ &&
+             uint64_t(st.st_ino) == directory_inode_) {
     return;
+  }
   throw InputError(what + ": the array's directory was removed or replaced while it was being "
                    "read (another `tandem prepare --overwrite`, or the store deleted); what was "
                    "read may mix two stores, so the reading stops here");
@@ -285,19 +309,12 @@ bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
   const std::string file = path_ + "/" + key;
   const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
   const size_t size = meta_.chunk_bytes();
-  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: see above
-  if (fd.get() < 0) {
-    // zarr-python and dask leave out chunks that hold only the fill value.
-    if (errno == ENOENT) {
-      fill_chunk(meta_, out);
-      return false;
-    }
-    io_error("open", file, errno);
+  uint64_t stored = 0;
+  Fd fd(open_chunk_file(file, what, stored));
+  if (fd.get() < 0) {  // zarr-python and dask leave out chunks that hold only the fill value
+    fill_chunk(meta_, out);
+    return false;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) io_error("stat", file, errno);
-  if (!S_ISREG(st.st_mode)) throw InputError(what + ": not a regular file");
-  const uint64_t stored = uint64_t(st.st_size);
   // The file size is checked before anything is allocated for it: a huge file is corrupt.
   const size_t limit = detail::max_stored_size(meta_.compressor, size);
   if (stored > limit) {
@@ -349,20 +366,15 @@ MappedFile Array::map_chunk_file(const std::string& key) const {
     throw InputError(what + ": only uncompressed chunks without a checksum can be mapped (this "
                      "array uses " + meta_.compressor.describe() + ")");
   const std::string file = path_ + "/" + key;
-  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: see above
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return MappedFile();  // a missing chunk: the fill value
-    io_error("open", file, errno);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) io_error("stat", file, errno);
-  if (!S_ISREG(st.st_mode)) throw InputError(what + ": not a regular file");
+  uint64_t stored = 0;
+  Fd fd(open_chunk_file(file, what, stored));
+  if (fd.get() < 0) return MappedFile();  // a missing chunk: the fill value
   // The size before mapping: a huge (sparse) file would be mapped and paged in whole first.
-  if (uint64_t(st.st_size) != meta_.chunk_bytes())
-    throw InputError(what + ": uncompressed chunk is " + std::to_string(st.st_size) +
+  if (stored != meta_.chunk_bytes())
+    throw InputError(what + ": uncompressed chunk is " + std::to_string(stored) +
                      " bytes; expected " + std::to_string(meta_.chunk_bytes()) +
                      " bytes (the chunk size)");
-  return MappedFile::map_open(fd.get(), size_t(st.st_size), file);
+  return MappedFile::map_open(fd.get(), size_t(stored), file);
 }
 
 void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) const {

@@ -96,7 +96,9 @@ class Array {
   // Chunks are opened by path, so a store removed or replaced under a reader gave the fill value
   // for every chunk (all gone) or another store's rows, beside labels read from this one.
   // InputError naming `what` unless path_ is still the directory open() found (a created
-  // array is not checked: its directory may be renamed into place while it is written).
+  // array is not checked: its directory may be renamed into place while it is written). The
+  // check is by device and inode number: a store deleted and made again at once may get the
+  // same inode, which it cannot tell apart.
   void check_still_there(const std::string& what) const;
 
   std::string path_;
