@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -25,6 +26,7 @@
 #include "dataset_store.h"
 #include "score_subscriber.h"
 #include "signal_storm.h"
+#include "tandem/cluster.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "test_support.h"
@@ -254,6 +256,31 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
   receive_until(13);
   EXPECT_TRUE(seqs.count(13));
+}
+
+// A diverged scorer's NaN loss travels as null (JSON has no NaN): the coordinator took it with
+// value("loss", 0.0), which throws nlohmann's type_error on null. It is a NaN score now, kept and
+// published, and the public stream reads it back as NaN.
+TEST(Coordinator, ANaNScoreIsKeptAsNaN) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.context = nullptr;  // on tcp, so that the public stream, with a context of its own, reaches it
+  o.bind = "tcp://127.0.0.1:*";
+  o.scores_bind = "tcp://127.0.0.1:*";
+  Coordinator c(o);
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  ClusterScoreStream stream(c.endpoint(), 5);
+  CoordinatorLink link(c.endpoint(), context);
+  const json reply = link.request({{"type", "score"}, {"step", 1},
+                                   {"loss", std::numeric_limits<double>::quiet_NaN()},
+                                   {"accuracy", 0.1}});
+  EXPECT_FALSE(reply.contains("error")) << reply.dump();
+  ASSERT_EQ(c.scores().size(), 1u);
+  EXPECT_TRUE(std::isnan(c.scores()[0].loss));
+  ClusterScore score;
+  ASSERT_TRUE(stream.next(score, 5));
+  EXPECT_TRUE(std::isnan(score.loss));
+  EXPECT_EQ(score.accuracy, 0.1);
 }
 
 // The coordinator's side of the scores channel by hand, to make an interleaving that a real

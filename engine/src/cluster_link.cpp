@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "tandem/error.h"
 #include "zmq_messaging.h"
@@ -11,8 +12,21 @@ namespace tandem {
 
 using transport::TransportError;
 
+std::string wire_text(const nlohmann::json& message) {
+  return message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+double json_number(const nlohmann::json& message, const char* key, double missing) {
+  const auto it = message.find(key);
+  if (it == message.end()) return missing;
+  if (it->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (!it->is_number())
+    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected a number");
+  return it->get<double>();
+}
+
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer) {
-  const std::string text = message.dump();
+  const std::string text = wire_text(message);
   // Never block: a peer that is gone must not stall the sender (its queue may be full).
   if (peer != nullptr &&
       !transport::send_through_signals(socket, zmq::buffer(peer->data(), peer->size()),

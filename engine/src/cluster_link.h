@@ -26,8 +26,15 @@
 namespace tandem {
 
 // One JSON frame, preceded by a routing id when `peer` is given (a ROUTER replying). Never
-// blocks: false when the message cannot be queued now.
+// blocks: false when the message cannot be queued now. Text that is not UTF-8 (a role's name
+// from a command line) is sent with U+FFFD in its place rather than throwing; a NaN or infinite
+// number travels as null (JSON has none), which json_number reads back as NaN.
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer);
+std::string wire_text(const nlohmann::json& message);  // the frame send_json sends
+
+// `message[key]` as a number: NaN for null (a NaN sent as JSON), `missing` when absent.
+// InputError naming the key for anything else.
+double json_number(const nlohmann::json& message, const char* key, double missing);
 
 // A DEALER connected to the coordinator at `endpoint` (a CURVE client with `curve` when enabled).
 // TransportError naming the address when it cannot connect.

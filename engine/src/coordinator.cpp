@@ -207,7 +207,7 @@ void Coordinator::serve() {
 }
 
 void Coordinator::publish(const json& message) {
-  const std::string text = message.dump();
+  const std::string text = wire_text(message);
   transport::send_through_signals(scores_, zmq::str_buffer("scores"),
                                  zmq::send_flags::sndmore | zmq::send_flags::dontwait);
   transport::send_through_signals(scores_, zmq::buffer(text), zmq::send_flags::dontwait);
@@ -380,9 +380,10 @@ json Coordinator::handle_score(const json& r) {
   s.seq = static_cast<int64_t>(scores_log_.size()) + 1;
   s.t = since_start(Clock::now());
   s.step = r.value("step", int64_t{0});
-  s.loss = r.value("loss", 0.0);
-  s.loss_mean = r.value("loss_mean", 0.0);
-  s.accuracy = r.value("accuracy", 0.0);
+  // A diverged scorer's NaN loss arrives as null: a NaN score, not an error.
+  s.loss = json_number(r, "loss", 0.0);
+  s.loss_mean = json_number(r, "loss_mean", 0.0);
+  s.accuracy = json_number(r, "accuracy", 0.0);
   s.samples = r.value("samples", int64_t{0});
   scores_log_.push_back(s);
   to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "batch_count.h"
+#include "cluster_link.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
@@ -493,9 +494,9 @@ bool ClusterScoreStream::next(ClusterScore& score, double timeout_s) {
       score.seq = m->value("seq", int64_t{0});
       score.t = m->value("t", 0.0);
       score.step = m->value("step", int64_t{0});
-      score.loss = m->value("loss", 0.0);
-      score.loss_mean = m->value("loss_mean", 0.0);
-      score.accuracy = m->value("accuracy", 0.0);
+      score.loss = json_number(*m, "loss", 0.0);  // NaN comes as null
+      score.loss_mean = json_number(*m, "loss_mean", 0.0);
+      score.accuracy = json_number(*m, "accuracy", 0.0);
       score.samples = m->value("samples", int64_t{0});
       return true;
     }
