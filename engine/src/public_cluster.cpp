@@ -323,7 +323,9 @@ std::string ClusterCoordinator::summary_json() const {
       .dump();
 }
 
-std::string ClusterCoordinator::state_json() const { return impl_->coordinator->state().dump(); }
+std::string ClusterCoordinator::state_json() const {
+  return wire_text(impl_->coordinator->state());  // a role name that is not UTF-8: replaced
+}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -336,7 +336,7 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
 std::unique_ptr<DashboardServer> start_dashboard(const ClusterCommandOptions& o, ClusterRun& run) {
   if (o.dashboard_port < 0) return nullptr;
   Coordinator& c = run.coordinator();
-  auto state = [&c] { return c.state().dump(); };
+  auto state = [&c] { return wire_text(c.state()); };  // NaN as null, bad UTF-8 replaced
   auto metrics = [&c] { return prometheus_from_state(c.state()); };
   try {
     return std::make_unique<DashboardServer>(DashboardOptions{o.dashboard_host, o.dashboard_port},
