@@ -26,7 +26,10 @@ build=${TANDEM_BUILD_DIR:-build}
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 generator=()
 [ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_PYTHON="$PWD/$venv/bin/python" "$@" >/dev/null
+# Everything on, explicitly: a ./build the quick start configured has tests, benchmarks and the
+# Python module off.
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUILD_TESTS=ON \
+  -DTANDEM_BUILD_BENCH=ON -DTANDEM_BUILD_PYTHON=ON -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
+  "$@" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --parallel 2
