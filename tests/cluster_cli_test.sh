@@ -86,6 +86,10 @@ assert final[0]['test']['accuracy'] == out['test']['accuracy'], final
 test_acc = acc.Scalars('final/test_accuracy')
 assert len(test_acc) == 1 and test_acc[0].step == out['kept_step'], test_acc
 assert abs(test_acc[0].value - out['test']['accuracy']) < 1e-6, test_acc
+# Throughput is drawn once a worker has counted samples, never as a 0 before that.
+rates = [e.value for e in acc.Scalars('throughput/samples_per_s')]
+logged = [r['samples_per_s'] for r in records if r['type'] == 'score' and 'samples_per_s' in r]
+assert rates and rates[0] > 0 and logged and logged[0] > 0, (rates, logged)
 " "$dir/run1/tensorboard" "$out" "$dir/run1/metrics.jsonl"
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1tb" --max-epochs 1 --target 0 \
   --dashboard -1 --tensorboard "$dir/run1/tensorboard" >/dev/null 2>"$dir/err1tb"; rc=$?

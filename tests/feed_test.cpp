@@ -537,6 +537,54 @@ TEST(FedRun, AWorkerGroupOfThreeStepsOverBlocksWhoseBatchesAreNotAMultipleOfThre
   expect_fed_blocks_trained(3, {130, 20, 250, 100}, 11, 5);
 }
 
+// How many of the run's scores were taken at this step.
+size_t scores_at_step(const Coordinator& c, int64_t step) {
+  size_t n = 0;
+  for (const ScoreRecord& r : c.scores()) n += r.step == step ? 1 : 0;
+  return n;
+}
+
+bool wait_for_score_at_step(const Coordinator& c, int64_t step, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (scores_at_step(c, step) == 0) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+TEST(FedRun, TheScorerScoresParametersOnceWhileTheWorkersWaitForBlocks) {
+  Owners owners;
+  RunSettings s = fed_settings();  // batch 50, a score every 0.1 s
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 1));
+  RoleThreads roles(c);
+  auto feed = std::make_shared<FeedQueue>();
+  std::atomic<int> live_validation{0};
+  RoleOptions so = role_options(c, context, "scorer0");
+  so.validation = std::make_shared<const FedBlock>(
+      data_block(test::separable_dataset(200, 40, 4, 2), live_validation));
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  roles.start(run_worker_role, o);
+  roles.start(run_scorer_role, so);
+  // One block of 130 rows: three steps; then the worker waits for the next block.
+  feed->push(owners.block(test::separable_dataset(130, 40, 4, 7)));
+  ASSERT_TRUE(owners.wait_all_released(60000)) << roles.errors();
+  ASSERT_TRUE(wait_for_score_at_step(c, 3, 30000)) << roles.errors();
+  // Ten score intervals with nothing trained: the same parameters are not scored again.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(scores_at_step(c, 3), 1u);
+  // New parameters are scored as before.
+  feed->push(owners.block(test::separable_dataset(100, 40, 4, 8)));
+  ASSERT_TRUE(owners.wait_all_released(60000)) << roles.errors();
+  EXPECT_TRUE(wait_for_score_at_step(c, 5, 30000)) << roles.errors();
+  EXPECT_EQ(scores_at_step(c, 3), 1u);
+  finish_run(c, roles);
+  EXPECT_EQ(roles.errors(), "");
+}
+
 TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
   std::atomic<int> live{0};
   RunSettings s = fed_settings();

@@ -233,6 +233,18 @@ bool chief_alive(CoordinatorLink& link) {
 // chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
 // initial parameters are the chief's, value for value, and a server takes only the first Init.
 // Returns false when training ended while waiting.
+// Whether two sets of tensors hold the same bits (NaNs included, which == would not match).
+bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::vector<float>& x = a[i].values;
+    const std::vector<float>& y = b[i].values;
+    if (x.size() != y.size()) return false;
+    if (!x.empty() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
 bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model,
                      bool may_stand_in) {
   std::vector<NamedTensor> initial;
@@ -943,6 +955,7 @@ static void scorer_role(const RoleOptions& o) {
                   " s: " + e.what());
     std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
   };
+  bool scored = false;  // model holds the parameters of the last score
   for (auto next = Clock::now();;) {
     const std::string phase = link.phase();
     if (training_over(phase)) break;
@@ -967,6 +980,10 @@ static void scorer_role(const RoleOptions& o) {
       try_again_later("a parameter server has had no parameters", e);
       continue;
     }
+    // Parameters that have not changed since the last score (workers waiting for data, for a
+    // lost worker's replacement, or done) would score the same again: a repeated point.
+    if (scored && same_bits(result.tensors, model.parameters())) continue;
+    scored = true;
     model.parameters() = std::move(result.tensors);
     backend->set_parameters(model);
     const BatchStats stats = backend->evaluate(validation);

@@ -404,7 +404,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // Each score once, in order, to TensorBoard, the metrics log and the terminal. TensorBoard's
   // points carry the time the score was taken (training's start, as this side saw it announced,
   // plus the score's own time), not the time it was drawn here, up to a tick later.
-  double rate = 0.0;  // the cluster's samples/s at the newest tick
+  // The cluster's samples/s at the newest tick; not known until a worker's heartbeat has
+  // counted samples (a score taken before that would otherwise show a throughput of 0).
+  double rate = 0.0;
+  bool rate_known = false;
   auto show_scores = [&](const std::vector<ScoreRecord>& scores) {
     for (; scores_shown < scores.size(); ++scores_shown) {
       const ScoreRecord& s = scores[scores_shown];
@@ -412,11 +415,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
           training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
       tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss), wall);
       tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
-      tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
+      if (rate_known)
+        tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
       tensorboard.flush();
-      metrics.write(json{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
-                         {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
-                         {"samples_per_s", rate}});
+      json record{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
+                  {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy}};
+      if (rate_known) record["samples_per_s"] = rate;
+      metrics.write(record);
       if (!o.quiet && !o.json_summary) {
         char line[200];
         std::snprintf(line, sizeof(line), "%7.1f s  step %6lld  validation loss %8.1f  accuracy %.4f",
@@ -430,6 +435,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     const json state = c.state();
     const json& cl = state["cluster"];
     rate = cl.value("samples_per_s", 0.0);
+    for (const json& w : state["workers"]) rate_known |= w.value("steps", int64_t{0}) > 0;
     show_scores(c.scores());
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
