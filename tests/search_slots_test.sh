@@ -186,6 +186,28 @@ check "SIGTERM ended that search (exit status $rc), its trials stopped" py_check
     "$dir/joined/results.json" "all(t['stopped_by_signal'] == 'SIGTERM' for t in r['results'])"
 { kill -TERM "$D_pid" "$E_pid"; wait "$D_pid" "$E_pid"; } 2>/dev/null
 
+# 3c. A server killed outright and started again at the same endpoint (its old entry left
+# behind) joins the search again under its new entry and runs the trial that was waiting.
+start_server G --slots 1 --endpoint-dir "$dir/again"
+start_server F --slots 1 --bind "ipc://$dir/f.sock" --endpoint-dir "$dir/again"
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 seed=1,2,3 --budget $long \
+    --min-epochs $long --threads-per-trial 1 --slots "$dir/again" --slots-timeout $hb \
+    --out "$dir/again-out" >/dev/null 2>"$dir/again.err" &
+search=$!
+background+=("$search")
+wait_started F 1 && wait_started G 1
+{ kill -9 "$F_pid"; wait "$F_pid"; } 2>/dev/null
+for _ in $(seq 300); do grep -q "slot server $F stopped answering" "$dir/again.err" && break; sleep 0.1; done
+start_server F2 --slots 1 --bind "ipc://$dir/f.sock" --endpoint-dir "$dir/again"
+check "a server started again at a dropped server's endpoint runs the waiting trial" wait_started F2 1
+kill -TERM "$search"
+wait_within $search 60
+check "... having joined the search, said on stderr" \
+    grep -q "slot server $F joined with 1 slot(s)" "$dir/again.err"
+check "... and its trial is the third, on that endpoint" py_check "$dir/again-out/results.json" \
+    "sorted(t['slot'] for t in r['results']) == sorted(['$F', '$F', '$G'])"
+{ kill -TERM "$G_pid" "$F2_pid"; wait "$G_pid" "$F2_pid"; } 2>/dev/null
+
 # 4. --budget-seconds cancels the remote trials (SIGTERM through the server) and ends on time.
 seconds=3 on_time=15
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then seconds=15 on_time=45; fi

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "tandem/error.h"
 #include "zmq_curve.h"
 
@@ -18,12 +20,22 @@ namespace tandem::cli {
 
 namespace {
 
+// Which server wrote an entry: its file (named after the server's host and process) and inode
+// (a new file each time it is written, the file being renamed into place). A server started
+// again at the endpoint of one that died writes a new entry.
+std::string entry_of(const std::string& file) {
+  struct stat st {};
+  const unsigned long long inode = ::stat(file.c_str(), &st) == 0 ? st.st_ino : 0;
+  return file + " " + std::to_string(inode);
+}
+
 // The endpoints in DIR's *.endpoint files, sorted by file name; a file that goes while being
 // read (its server stopping) is passed over. `may_be_missing`: a DIR not there yet lists none
 // (its servers make it). `bad`: where a file that holds no endpoint goes, passed over, instead
-// of an InputError.
+// of an InputError. `entries`: where each endpoint's entry goes (entry_of).
 std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing,
-                                   std::vector<std::string>* bad = nullptr) {
+                                   std::vector<std::string>* bad = nullptr,
+                                   std::vector<std::string>* entries = nullptr) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (may_be_missing && !fs::exists(dir, error)) return {};
@@ -49,6 +61,7 @@ std::vector<std::string> listed_in(const std::string& dir, bool may_be_missing,
       continue;
     }
     endpoints.push_back(endpoint);
+    if (entries) entries->push_back(entry_of(file));
   }
   return endpoints;
 }
@@ -89,7 +102,9 @@ void SlotClientOptions::prepare(const std::string& command) {
   for (;;) {
     listed.clear();
     for (const std::string& dir : dirs) {
-      const std::vector<std::string> here = listed_in(dir, expect > 0);
+      std::vector<std::string> entries;
+      const std::vector<std::string> here = listed_in(dir, expect > 0, nullptr, &entries);
+      seen_entries.insert(entries.begin(), entries.end());
       if (here.empty() && expect == 0)
         throw InputError("--slots " + dir + ": no *.endpoint files there (start the servers with "
                          "tandem trial-slots --endpoint-dir " + dir + ")");
@@ -108,6 +123,7 @@ void SlotClientOptions::prepare(const std::string& command) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  this->named = named;
   endpoints = named;
   endpoints.insert(endpoints.end(), listed.begin(), listed.end());
 }
@@ -129,9 +145,9 @@ std::unique_ptr<TrialSlotPool> SlotClientOptions::connect(const std::string& com
 std::vector<std::string> SlotClientOptions::newly_listed() {
   std::vector<std::string> fresh;
   for (const std::string& dir : dirs) {
-    std::vector<std::string> here, bad;
+    std::vector<std::string> here, bad, entries;
     try {
-      here = listed_in(dir, true, &bad);
+      here = listed_in(dir, true, &bad, &entries);
     } catch (const std::exception&) {
       continue;  // unreadable for now: the next look may do
     }
@@ -141,12 +157,17 @@ std::vector<std::string> SlotClientOptions::newly_listed() {
         std::fprintf(stderr, "tandem: --slots %s: %s holds no endpoint; passed over\n",
                      dir.c_str(), file.c_str());
       }
-    for (const std::string& endpoint : here)
-      if (std::find(listed.begin(), listed.end(), endpoint) == listed.end() &&
-          std::find(endpoints.begin(), endpoints.end(), endpoint) == endpoints.end()) {
+    for (size_t i = 0; i < here.size(); ++i) {
+      const std::string& endpoint = here[i];
+      if (!seen_entries.insert(entries[i]).second) continue;  // the same server's entry
+      // A named endpoint is the pool's from the start; a server listed again under a new
+      // entry was started again there (the pool connects afresh if the old one is gone).
+      if (std::find(named.begin(), named.end(), endpoint) != named.end()) continue;
+      if (std::find(listed.begin(), listed.end(), endpoint) == listed.end())
         listed.push_back(endpoint);
+      if (std::find(fresh.begin(), fresh.end(), endpoint) == fresh.end())
         fresh.push_back(endpoint);
-      }
+    }
   }
   return fresh;
 }

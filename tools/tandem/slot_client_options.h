@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct SlotClientOptions {
   std::vector<std::string> listed;  // after prepare(): the endpoints found only in directories
   std::vector<std::string> dirs;    // after prepare(): the --slots directories
   std::vector<std::string> passed_over;  // entries newly_listed() found without an endpoint
+  std::vector<std::string> named;   // after prepare(): the endpoints --slots names itself
+  std::set<std::string> seen_entries;  // the directories' entries read so far (their servers)
 
   bool remote() const { return !endpoints.empty(); }
   // Checks the options: InputError naming `command` for --slots-timeout, --slots-expect or a key
@@ -43,9 +46,10 @@ struct SlotClientOptions {
   // killed outright leaves its file): those that do not answer are said on stderr and taken out
   // of `endpoints` (what the results name).
   std::unique_ptr<TrialSlotPool> connect(const std::string& command);
-  // The endpoints the directories list now that were never listed or named before (servers
-  // started since), for TrialSlotPool::add. A directory that cannot be read now lists none: a
-  // long search does not end for a hiccup of its shared filesystem.
+  // The endpoints the directories list now under entries not read before (servers started
+  // since, at a new endpoint or at that of one that stopped), for TrialSlotPool::add; an
+  // endpoint --slots names itself is never among them. A directory that cannot be read now
+  // lists none: a long search does not end for a hiccup of its shared filesystem.
   std::vector<std::string> newly_listed();
 };
 

@@ -128,18 +128,27 @@ std::unique_ptr<TrialSlotPool::Server> TrialSlotPool::connect_server(const std::
 }
 
 void TrialSlotPool::add(const std::string& endpoint) {
-  for (const auto& s : servers_)
-    if (s->endpoint == endpoint) return;
-  for (const auto& [skipped, why] : skipped_)
-    if (skipped == endpoint) return;
+  const auto same = [&](const auto& s) { return s->endpoint == endpoint; };
+  const auto known = std::find_if(servers_.begin(), servers_.end(), same);
+  if (known != servers_.end() && (*known)->alive) {
+    send(**known, SlotMessage{SlotMessageType::Hello});
+    return;
+  }
+  std::unique_ptr<Server> server;
   try {
-    servers_.push_back(connect_server(endpoint, Clock::now()));
+    server = connect_server(endpoint, Clock::now());
   } catch (const transport::TransportError& e) {
     std::fprintf(stderr, "tandem %s: left out slot server %s: %s\n", options_.client.c_str(),
                  endpoint.c_str(), e.what());
     return;
   }
-  servers_.back()->joining = true;
+  // The one that was there is gone (its jobs were reported when it was dropped).
+  if (known != servers_.end()) servers_.erase(known);
+  skipped_.erase(std::remove_if(skipped_.begin(), skipped_.end(),
+                                [&](const auto& entry) { return entry.first == endpoint; }),
+                 skipped_.end());
+  server->joining = true;
+  servers_.push_back(std::move(server));
   send(*servers_.back(), SlotMessage{SlotMessageType::Hello});
 }
 

@@ -66,7 +66,10 @@ class TrialSlotPool {
                     const std::string& log);
   // A server that came after the start (listed in a --slots directory since): it joins once it
   // answers hello (said on stderr), and is left out, as a stale entry, if it does not within
-  // timeout_ms. An endpoint the pool already has, or had, is ignored.
+  // timeout_ms. At the endpoint of a server the pool dropped or left out, it is a server started
+  // again there: connected afresh, it joins the same way. At that of a server still in the
+  // pool (restarted within the timeout: its socket has reconnected), hello is said again, for
+  // its slots and threads.
   void add(const std::string& endpoint);
   // Asks the job's server to end it (SIGTERM); its end comes from wait() as usual.
   void cancel(const std::string& job);
