@@ -216,6 +216,26 @@ TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {
 }
 
 
+TEST(Coordinator, TheStateShowsALongRunsOlderScoresThinnedAndNoTargetAsNull) {
+  zmq::context_t context(1);
+  Coordinator c(test::bare_coordinator_options(context));  // no target
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  CoordinatorLink link(c.endpoint(), context);
+  for (int i = 1; i <= 2500; ++i)
+    link.request({{"type", "score"}, {"step", i}, {"loss", 5000.0 - i}, {"accuracy", 0.5}});
+  const json state = c.state();
+  EXPECT_TRUE(state.at("cluster").at("target").is_null()) << state.at("cluster").dump();
+  EXPECT_EQ(state.at("cluster").at("scores_total"), 2500);
+  const json& scores = state.at("scores");
+  ASSERT_EQ(scores.size(), 2000u);
+  EXPECT_EQ(scores.front().at("step"), 1);
+  for (size_t k = 1; k < scores.size(); ++k)  // in order, each once
+    ASSERT_LT(scores[k - 1].at("step").get<int64_t>(), scores[k].at("step").get<int64_t>());
+  for (size_t k = 1000; k < 2000; ++k)  // the newest 1,000 all there
+    ASSERT_EQ(scores[k].at("step").get<int64_t>(), int64_t(k) + 501);
+  EXPECT_EQ(c.scores().size(), 2500u);  // the run keeps them all
+}
+
 TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   zmq::context_t context(1);
   Coordinator c(test::bare_coordinator_options(context));
@@ -371,6 +391,24 @@ TEST_F(ScoreChannelByHand, WithoutAReplayLiveScoresComeAfterAHold) {
   EXPECT_EQ(seqs_until_the_end(), seq_range(1, 2));  // after the 2 s hold for a replay
 }
 
+TEST_F(ScoreChannelByHand, MessagesWithFieldsOfTheWrongTypeArePassedOver) {
+  replay(1, 1, 2);
+  publish({{"seq", "x"}, {"loss", 1.0}});  // before, each of these threw json's type_error
+  publish({{"end", "yes"}, {"seq", 3}, {"loss", 97.0}});  // not an end: a score
+  publish({{"end", false}, {"seq", 4}, {"loss", 96.0}});
+  publish({{"end", true}, {"reason", 5}});
+  std::vector<int64_t> seqs;
+  while (auto m = subscriber_->next(10000)) {
+    if (is_end_message(*m)) {
+      EXPECT_EQ(end_reason_of(*m), "");
+      break;
+    }
+    seqs.push_back(m->at("seq").get<int64_t>());
+  }
+  EXPECT_TRUE(subscriber_->ended());
+  EXPECT_EQ(seqs, seq_range(1, 4));
+}
+
 TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
   zmq::context_t context(1);
   CoordinatorOptions o = test::bare_coordinator_options(context);
@@ -460,8 +498,71 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   zmq::message_t reply;
   ASSERT_TRUE(raw.recv(reply));
   EXPECT_NE(reply.to_string().find("error"), std::string::npos);
+  // Numbers that are not integers where integers belong are refused, naming the field (read
+  // as int64 by nlohmann, 1e300 would be undefined behaviour).
+  std::string why = test::error_of<Error>([&] {
+    link.request({{"type", "register"}, {"role", "worker"}, {"name", "w"}, {"pid", 1e300}});
+  });
+  EXPECT_TRUE(test::contains(why, "\"pid\" is 1e+300, expected an integer")) << why;
+  why = test::error_of<Error>(
+      [&] { link.request({{"type", "score"}, {"name", "s"}, {"step", 2.5}}); });
+  EXPECT_TRUE(test::contains(why, "\"step\" is 2.5")) << why;
+  // A worker's status with counters of the wrong type: its heartbeat is refused, and the state
+  // still reads (those counters as 0).
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker9"}});
+  why = test::error_of<Error>([&] {
+    link.request({{"type", "heartbeat"}, {"name", "worker9"},
+                  {"status", {{"task", "x"}, {"steps", json::array()}, {"samples_per_s", "y"}}}});
+  });
+  EXPECT_TRUE(test::contains(why, "\"task\" is \"x\"")) << why;
+  const json state = c.state();
+  ASSERT_EQ(state.at("workers").size(), 1u) << state.dump();
+  EXPECT_EQ(state.at("workers").at(0).at("steps"), 0) << state.dump();
   // Still serving.
   EXPECT_TRUE(link.request({{"type", "spec"}}).contains("spec"));
+}
+
+// The link reads only what answers its request: replies that are not objects, or whose seq is
+// not its request's, are passed over; a heartbeat reply's phase that is not text is ignored
+// (before, it threw out of the heartbeat thread and ended the process).
+TEST(CoordinatorLink, PassesOverRepliesThatAreNotAnswersToItsRequest) {
+  zmq::context_t context(1);
+  zmq::socket_t fake(context, zmq::socket_type::router);
+  fake.set(zmq::sockopt::rcvtimeo, 50);
+  fake.bind("inproc://fake-coordinator");
+  std::atomic<bool> stop{false};
+  std::atomic<int> beats{0};
+  std::thread answer([&] {
+    while (!stop) {
+      zmq::message_t peer, body;
+      if (!fake.recv(peer)) continue;
+      if (!fake.recv(body)) return;
+      const json request = json::parse(body.to_string());
+      const auto reply = [&](const std::string& text) {
+        fake.send(zmq::buffer(peer.to_string()), zmq::send_flags::sndmore);
+        fake.send(zmq::buffer(text), zmq::send_flags::none);
+      };
+      if (request.at("type") == "heartbeat") {
+        reply("{\"phase\": 5}");
+        reply("[\"training\"]");
+        ++beats;
+        continue;
+      }
+      reply("[1]");
+      reply("{\"seq\": \"x\"}");
+      reply("{\"seq\": 12345}");
+      reply(json{{"seq", request.at("seq")}, {"answer", 42}}.dump());
+    }
+  });
+  {
+    CoordinatorLink link("inproc://fake-coordinator", context, 5000);
+    link.start_heartbeats("worker0", nullptr, 20);
+    EXPECT_EQ(link.request({{"type", "spec"}}).at("answer"), 42);
+    EXPECT_TRUE(test::eventually([&] { return beats.load() >= 3; }, 10000, 10));
+    EXPECT_EQ(link.phase(), "");  // none said yet
+  }
+  stop = true;
+  answer.join();
 }
 
 TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
@@ -496,6 +597,27 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   }
   const json orphans = alive.request({{"type", "work"}, {"name", "worker1"}}).at("task");
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
+}
+
+TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOutAgain) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_workers = 2;
+  Coordinator c(o);
+  CoordinatorLink stopping(c.endpoint(), context), staying(c.endpoint(), context);
+  stopping.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  staying.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  const json task = stopping.request({{"type", "work"}, {"name", "worker0"}}).at("task");
+  EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 5));
+  // One batch reported by a heartbeat, three by the goodbye (trained since).
+  stopping.request({{"type", "heartbeat"}, {"name", "worker0"},
+                    {"status", {{"task", task.at("id")}, {"done", 1}}}});
+  stopping.request({{"type", "goodbye"}, {"name", "worker0"},
+                    {"status", {{"task", task.at("id")}, {"done", 4}}}});
+  const json orphans = staying.request({{"type", "work"}, {"name", "worker1"}}).at("task");
+  EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(4, 5));
+  EXPECT_EQ(c.batches_done(), 4);
 }
 
 // Once training has started the servers are fixed: an unnamed server registering then takes the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 #include "tandem/error.h"
@@ -23,6 +24,21 @@ double json_number(const nlohmann::json& message, const char* key, double missin
   if (!it->is_number())
     throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected a number");
   return it->get<double>();
+}
+
+int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing) {
+  const auto it = message.find(key);
+  if (it == message.end()) return missing;
+  if (it->is_number_unsigned()) {
+    if (it->get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()))
+      return int64_t(it->get<uint64_t>());
+  } else if (it->is_number_integer()) {
+    return it->get<int64_t>();
+  } else if (it->is_number_float()) {  // 3.0 from a language without integers
+    const double v = it->get<double>();
+    if (std::floor(v) == v && std::fabs(v) <= 9007199254740992.0) return int64_t(v);
+  }
+  throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
 }
 
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer) {
@@ -65,7 +81,7 @@ bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
     zmq::message_t frame;
     if (!transport::recv_through_signals(socket, frame, zmq::recv_flags::dontwait)) continue;
     out = nlohmann::json::parse(frame.to_string_view(), nullptr, false);
-    if (!out.is_discarded()) return true;
+    if (!out.is_discarded() && out.is_object()) return true;  // anything else is not a message
   }
 }
 
@@ -129,9 +145,15 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
     nlohmann::json reply;
     // In slices, to notice a cancel while waiting.
     if (!receive_json(socket_, reply, shortened ? left : std::min<long>(left, 100))) continue;
-    if (reply.value("seq", uint64_t{0}) != seq) continue;  // the late answer to an older request
-    if (reply.contains("error"))
-      throw Error("coordinator at " + endpoint_ + ": " + reply["error"].get<std::string>());
+    const auto replied_to = reply.find("seq");
+    if (replied_to == reply.end() || !replied_to->is_number_unsigned() ||
+        replied_to->get<uint64_t>() != seq)
+      continue;  // the late answer to an older request
+    if (reply.contains("error")) {
+      const nlohmann::json& error = reply["error"];
+      throw Error("coordinator at " + endpoint_ + ": " +
+                  (error.is_string() ? error.get<std::string>() : wire_text(error)));
+    }
     return reply;
   }
 }
@@ -170,7 +192,9 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
       }
       if (!answered) continue;
       last_reply_ = std::chrono::steady_clock::now();
-      const std::string phase = reply.value("phase", phase_);
+      const auto said = reply.find("phase");
+      const std::string phase = said != reply.end() && said->is_string() ? said->get<std::string>()
+                                                                        : phase_;
       if (phase != phase_) {
         phase_ = phase;
         phase_changed_.notify_all();

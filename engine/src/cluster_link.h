@@ -35,6 +35,10 @@ std::string wire_text(const nlohmann::json& message);  // the frame send_json se
 // `message[key]` as a number: NaN for null (a NaN sent as JSON), `missing` when absent.
 // InputError naming the key for anything else.
 double json_number(const nlohmann::json& message, const char* key, double missing);
+// `message[key]` as an integer, `missing` when absent. InputError naming the key for anything
+// else, a number with a fraction or out of int64's range included (nlohmann's own conversion
+// of such a number is undefined behaviour).
+int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
 
 // A DEALER connected to the coordinator at `endpoint` (a CURVE client with `curve` when enabled).
 // TransportError naming the address when it cannot connect.

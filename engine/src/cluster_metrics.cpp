@@ -23,7 +23,9 @@ std::string prometheus_from_state(const json& state) {
   t.gauge("tandem_cluster_samples_per_second", "Samples per second over all workers",
           c.value("samples_per_s", 0.0));
   const json& scores = state.at("scores");
-  t.counter("tandem_scores_total", "Scores published", double(scores.size()));
+  // The state shows a long run's older scores thinned out; scores_total counts them all.
+  t.counter("tandem_scores_total", "Scores published",
+            double(c.value("scores_total", int64_t(scores.size()))));
   if (!scores.empty()) {
     t.gauge("tandem_score_loss", "Newest validation loss (summed over the split)",
             scores.back().value("loss", 0.0));

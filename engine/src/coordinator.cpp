@@ -32,6 +32,37 @@ const char* to_string(ClusterPhase phase) {
 
 namespace {
 
+// A figure a role reported in its status, read for the state: what is not a number there (a
+// role's bug, not this request's) counts as 0 rather than failing every reader of the state.
+int64_t reported_count(const json& status, const char* key) {
+  try {
+    return json_integer(status, key, 0);
+  } catch (const InputError&) {
+    return 0;
+  }
+}
+double reported_rate(const json& status, const char* key) {
+  try {
+    return json_number(status, key, 0.0);
+  } catch (const InputError&) {
+    return 0.0;
+  }
+}
+
+// Which of n scores the state shows: all of the newest kStateScores / 2, and as many again
+// spread evenly over the older ones (the first included), so that a long run's state, built
+// every second under the coordinator's lock and drawn point by point by the dashboard, stays
+// the same size however many scores there are.
+constexpr size_t kStateScores = 2000;
+std::vector<size_t> scores_shown(size_t n) {
+  std::vector<size_t> shown;
+  const size_t newest = std::min(n, kStateScores / 2), older = n - newest;
+  const size_t spread = std::min(older, kStateScores - newest);
+  for (size_t k = 0; k < spread; ++k) shown.push_back(k * older / spread);
+  for (size_t i = older; i < n; ++i) shown.push_back(i);
+  return shown;
+}
+
 std::string bind_socket(zmq::socket_t& socket, const std::string& address, const char* what) {
   try {
     socket.bind(address);
@@ -255,7 +286,8 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     if (r.contains("status") && r["status"].is_object()) {
       role.status = r["status"];
       if (role.role == "worker" && role.status.contains("task"))
-        work_.progress(name, role.status.value("task", int64_t{0}), role.status.value("done", int64_t{0}));
+        work_.progress(name, json_integer(role.status, "task", 0),
+                       json_integer(role.status, "done", 0));
     }
     return {{"phase", to_string(phase_)}};
   }
@@ -280,12 +312,17 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     return json::object();
   }
   if (type == "progress") {
-    work_.progress(name, r.value("task", int64_t{0}), r.value("done", int64_t{0}));
+    work_.progress(name, json_integer(r, "task", 0), json_integer(r, "done", 0));
     return json::object();
   }
   if (type == "goodbye") {
     role.state = "stopped";
     if (r.contains("status") && r["status"].is_object()) role.status = r["status"];
+    // A worker stopping mid-task says how far it got: only the batches after that are
+    // handed out again (from its last heartbeat, they would be trained twice).
+    if (role.role == "worker" && role.status.is_object() && role.status.contains("task"))
+      work_.progress(name, reported_count(role.status, "task"),
+                     reported_count(role.status, "done"));
     if (role.role == "worker") work_.worker_lost(name);
     changed_.notify_all();
     return json::object();
@@ -337,7 +374,7 @@ json Coordinator::handle_register(const json& r) {
   role.role = kind;
   role.name = name;
   role.index = index;
-  role.pid = r.value("pid", int64_t{0});
+  role.pid = json_integer(r, "pid", 0);
   role.host = r.value("host", std::string());
   role.address = r.value("address", std::string());
   role.previous_address = previous_address;
@@ -379,12 +416,12 @@ json Coordinator::handle_score(const json& r) {
   ScoreRecord s;
   s.seq = static_cast<int64_t>(scores_log_.size()) + 1;
   s.t = since_start(Clock::now());
-  s.step = r.value("step", int64_t{0});
+  s.step = json_integer(r, "step", 0);
   // A diverged scorer's NaN loss arrives as null: a NaN score, not an error.
   s.loss = json_number(r, "loss", 0.0);
   s.loss_mean = json_number(r, "loss_mean", 0.0);
   s.accuracy = json_number(r, "accuracy", 0.0);
-  s.samples = r.value("samples", int64_t{0});
+  s.samples = json_integer(r, "samples", 0);
   scores_log_.push_back(s);
   to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                          {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},
@@ -410,9 +447,8 @@ void Coordinator::on_tick() {
     } else if (now - created_ > std::chrono::milliseconds(options_.startup_timeout_ms)) {
       std::string missing;
       for (const std::string& m : missing_roles()) missing += (missing.empty() ? "" : "; ") + m;
-      failure_ = "after " + std::to_string(options_.startup_timeout_ms / 1000) +
-                 " s the cluster is still waiting for: " + missing;
-      set_phase(ClusterPhase::Failed);
+      fail_locked("after " + std::to_string(options_.startup_timeout_ms / 1000) +
+                  " s the cluster is still waiting for: " + missing);
     }
   } else if (phase_ == ClusterPhase::Training) {
     if (options_.max_seconds > 0 && since_start(now) >= options_.max_seconds) {
@@ -558,9 +594,14 @@ void Coordinator::request_stop(const std::string& reason) {
 
 void Coordinator::fail(const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
+  fail_locked(why);
+}
+
+void Coordinator::fail_locked(const std::string& why) {
+  if (phase_ == ClusterPhase::Failed) return;  // failed already: one end message, one reason
   if (failure_.empty()) failure_ = why;
   set_phase(ClusterPhase::Failed);
-  to_publish_.push_back({{"end", true}, {"reason", "failed: " + why}});
+  to_publish_.push_back({{"end", true}, {"reason", "failed: " + failure_}});
 }
 
 void Coordinator::mark_lost(const std::string& name, const std::string& why) {
@@ -630,7 +671,7 @@ int64_t Coordinator::batches_done_locked() const {
   if (!options_.fed) return work_.batches_done();
   int64_t sum = 0;
   for (const auto& [name, role] : roles_)
-    if (role.role == "worker") sum += role.status.value("batches_done", int64_t{0});
+    if (role.role == "worker") sum += reported_count(role.status, "batches_done");
   return sum;
 }
 
@@ -641,7 +682,8 @@ json Coordinator::state() const {
                {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
                {"epoch", work_.epochs_completed()},
                {"batches_done", batches_done_locked()},
-               {"target", options_.target},
+               {"target", options_.target > 0 ? json(options_.target) : json(nullptr)},
+               {"scores_total", int64_t(scores_log_.size())},
                {"stop_reason", stop_reason_},
                {"failure", failure_}};
   json roles = json::array({{{"role", "coordinator"}, {"name", "coordinator"},
@@ -656,28 +698,29 @@ json Coordinator::state() const {
                      {"last_seen_s", std::chrono::duration<double>(now - role.last_seen).count()}});
     const json& st = role.status;
     if (role.role == "worker") {
-      const double rate = gone(role.state) ? 0.0 : st.value("samples_per_s", 0.0);
+      const double rate = gone(role.state) ? 0.0 : reported_rate(st, "samples_per_s");
       samples_per_s += rate;
       workers.push_back({{"name", name}, {"samples_per_s", rate},
-                         {"queue_depth", st.value("queue_depth", 0)},
-                         {"steps", st.value("steps", int64_t{0})},
-                         {"batches_done", st.value("batches_done", int64_t{0})}});
+                         {"queue_depth", reported_count(st, "queue_depth")},
+                         {"steps", reported_count(st, "steps")},
+                         {"batches_done", reported_count(st, "batches_done")}});
     } else if (role.role == "ps" && st.contains("stats")) {
       const json& s = st["stats"];
-      step = std::max<int64_t>(step, s.value("version", int64_t{0}));
+      step = std::max<int64_t>(step, reported_count(s, "version"));
       json staleness = json::object();
       if (s.contains("staleness_histogram") && s["staleness_histogram"].is_object())
         staleness = s["staleness_histogram"];
-      servers.push_back({{"name", name}, {"pushes_per_s", s.value("pushes_per_s", 0.0)},
-                         {"pulls_per_s", s.value("pulls_per_s", 0.0)},
-                         {"version", s.value("version", int64_t{0})}, {"staleness", staleness}});
+      servers.push_back({{"name", name}, {"pushes_per_s", reported_rate(s, "pushes_per_s")},
+                         {"pulls_per_s", reported_rate(s, "pulls_per_s")},
+                         {"version", reported_count(s, "version")}, {"staleness", staleness}});
     }
   }
   cluster["step"] = step;
   cluster["samples_per_s"] = samples_per_s;
   json scores = json::array();
-  for (const ScoreRecord& s : scores_log_)
-    scores.push_back({{"t", s.t}, {"step", s.step}, {"loss", s.loss}, {"accuracy", s.accuracy}});
+  for (const size_t i : scores_shown(scores_log_.size()))
+    scores.push_back({{"t", scores_log_[i].t}, {"step", scores_log_[i].step},
+                      {"loss", scores_log_[i].loss}, {"accuracy", scores_log_[i].accuracy}});
   return {{"cluster", cluster}, {"roles", roles}, {"scores", scores}, {"workers", workers},
           {"servers", servers}};
 }

@@ -37,6 +37,8 @@ class FeedQueue {
   void close(const std::string& why);
 
   size_t depth() const;
+  // What push() has queued so far: counted when queued, so blocks that close() then released
+  // untrained are among them (the rows trained are the worker's batches, not these).
   int64_t rows_fed() const;
   int64_t blocks_fed() const;
   bool closed() const;

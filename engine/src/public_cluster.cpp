@@ -489,17 +489,18 @@ bool ClusterScoreStream::next(ClusterScore& score, double timeout_s) {
           0, 1000));
     const std::optional<json> m = impl_->subscriber->next(wait_ms);
     if (m) {
-      if (m->value("end", false)) {
-        impl_->end_reason = m->value("reason", std::string());
+      if (is_end_message(*m)) {
+        impl_->end_reason = end_reason_of(*m);
         return false;
       }
-      score.seq = m->value("seq", int64_t{0});
-      score.t = m->value("t", 0.0);
-      score.step = m->value("step", int64_t{0});
+      // A field of the wrong type is an InputError naming it (json_number, json_integer).
+      score.seq = json_integer(*m, "seq", 0);
+      score.t = json_number(*m, "t", 0.0);
+      score.step = json_integer(*m, "step", 0);
       score.loss = json_number(*m, "loss", 0.0);  // NaN comes as null
       score.loss_mean = json_number(*m, "loss_mean", 0.0);
       score.accuracy = json_number(*m, "accuracy", 0.0);
-      score.samples = m->value("samples", int64_t{0});
+      score.samples = json_integer(*m, "samples", 0);
       return true;
     }
     if (timeout_s >= 0 && Clock::now() >= deadline) return false;

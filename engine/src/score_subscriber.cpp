@@ -69,19 +69,30 @@ namespace {
 // coordinator never answered): then they are given as they are.
 constexpr auto kReplayWait = std::chrono::seconds(2);
 
-// The replay number under `key` (0 when it is not a positive integer).
+// The (replay or sequence) number under `key` (0 when it is not a positive integer).
 int64_t replay_id(const json& m, const char* key) {
   const auto it = m.find(key);
   return it != m.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
 }
 }  // namespace
 
+bool is_end_message(const json& message) {
+  const auto end = message.find("end");
+  return end != message.end() && end->is_boolean() && end->get<bool>();
+}
+
+std::string end_reason_of(const json& message) {
+  const auto reason = message.find("reason");
+  return reason != message.end() && reason->is_string() ? reason->get<std::string>() : "";
+}
+
 std::optional<json> ScoreSubscriber::take(json m) {
-  if (m.value("end", false)) {
+  if (is_end_message(m)) {
     ended_ = true;
     return m;
   }
-  const int64_t seq = m.value("seq", int64_t{0});
+  // A score's seq counts from 1; a message without a proper one is not a score.
+  const int64_t seq = replay_id(m, "seq");
   if (seq <= newest_) return std::nullopt;  // given already (a replay for another subscriber)
   newest_ = seq;
   m.erase("replay");

@@ -32,6 +32,11 @@ class CoordinatorLink;
 // silence after which a coordinator counts as lost, however an API names it.
 void check_lost_after(double seconds, const std::string& name);
 
+// Whether a message of next() is the run's end ({"end": true, "reason": ...}), and its reason
+// (empty unless given as text).
+bool is_end_message(const nlohmann::json& message);
+std::string end_reason_of(const nlohmann::json& message);
+
 class ScoreSubscriber {
  public:
   // `coordinator`: the coordinator's control address (asked for the channel's address).

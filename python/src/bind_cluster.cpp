@@ -325,8 +325,8 @@ class ScoreStream {
       const std::optional<json> m = without_gil([&] { return subscriber_->next(100); });
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (m) {
-        if (m->value("end", false)) {
-          end_reason_ = m->value("reason", std::string());
+        if (is_end_message(*m)) {
+          end_reason_ = end_reason_of(*m);
           throw py::stop_iteration();
         }
         return to_python(*m);
@@ -474,8 +474,11 @@ void bind_cluster(py::module_& m) {
            "(kept alive until trained on), as are uint8 class ids; other dtypes and one-hot labels "
            "are converted once. Returns {rows, pixels_copied, labels_copied, pixels_address}.")
       .def_property_readonly("queue_depth", [](PyWorkerRole& r) { return r.queue().depth(); })
-      .def_property_readonly("rows_fed", [](PyWorkerRole& r) { return r.queue().rows_fed(); })
-      .def_property_readonly("blocks_fed", [](PyWorkerRole& r) { return r.queue().blocks_fed(); })
+      .def_property_readonly("rows_fed", [](PyWorkerRole& r) { return r.queue().rows_fed(); },
+                             "Rows queued by feed() so far (a block dropped untrained when the "
+                             "worker stopped among them)")
+      .def_property_readonly("blocks_fed", [](PyWorkerRole& r) { return r.queue().blocks_fed(); },
+                             "Blocks queued by feed() so far")
       .def("close_feed", [](PyWorkerRole& r) { r.queue().close("its feed was closed"); });
 
   py::class_<PyScorerRole, PyRole>(m, "ScorerRole",

@@ -250,9 +250,13 @@ class RolesTest(unittest.TestCase):
 
     def test_scores_channel_history_and_end(self):
         coordinator, roles, _ = start_fed_cluster(self)
-        deadline = time.monotonic() + 30
+        # The scorer scores new parameters only: blocks are fed until there are 12 scores.
+        deadline = time.monotonic() + 60
+        seed = 300
         while len(coordinator.scores()) < 12 and time.monotonic() < deadline:
-            time.sleep(0.1)
+            roles[1].feed(*make_rows(200, seed), timeout_s=5)
+            seed += 1
+            time.sleep(0.05)
         self.assertGreaterEqual(len(coordinator.scores()), 12)
         history = list(tandem.scores(coordinator.endpoint, follow=False, timeout_s=0.3))
         seqs = [s["seq"] for s in history]
