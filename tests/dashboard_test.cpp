@@ -159,6 +159,43 @@ TEST(DashboardServer, ServesHealthStateMetricsPageAnd404) {
   }
 }
 
+// The dashboard reads nothing from its clients: other methods are refused, a large body is not
+// kept (before, a POST's whole body went into memory for a 404), and on loopback a request
+// addressed to another name (a page's own domain resolving to 127.0.0.1) is refused.
+TEST(DashboardServer, RefusesOtherMethodsAndForeignHostNames) {
+  std::atomic<int> state_calls{0};
+  DashboardServer server = start(&state_calls);
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(std::chrono::seconds(5));
+  auto post = client.Post("/api/state", std::string(1000, 'x'), "text/plain");
+  ASSERT_TRUE(post) << httplib::to_string(post.error());
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->get_header_value("Allow"), "GET, HEAD");
+  auto large = client.Post("/", std::string(1 << 20, 'x'), "text/plain");
+  ASSERT_TRUE(large) << httplib::to_string(large.error());
+  EXPECT_EQ(large->status, 413);
+  auto put = client.Put("/", "x", "text/plain");
+  ASSERT_TRUE(put) << httplib::to_string(put.error());
+  EXPECT_EQ(put->status, 405);
+
+  const std::string port = std::to_string(server.port());
+  for (const std::string& host :
+       {"evil.example:" + port, std::string("evil.example"), "127.0.0.1.evil.example:" + port}) {
+    auto foreign = client.Get("/api/state", {{"Host", host}});
+    ASSERT_TRUE(foreign) << host << ": " << httplib::to_string(foreign.error());
+    EXPECT_EQ(foreign->status, 403) << host;
+  }
+  EXPECT_EQ(state_calls.load(), 0);
+  for (const std::string& host : {"localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port}) {
+    auto own = client.Get("/api/state", {{"Host", host}});
+    ASSERT_TRUE(own) << host << ": " << httplib::to_string(own.error());
+    EXPECT_EQ(own->status, 200) << host;
+  }
+  auto missing = get(server, "/nope");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->get_header_value("X-Content-Type-Options"), "nosniff");
+}
+
 TEST(DashboardServer, ACallbackThatThrowsGivesA500NamingTheError) {
   DashboardServer server(
       DashboardOptions{"127.0.0.1", 0}, []() -> std::string { throw Error("no coordinator"); },

@@ -1,5 +1,6 @@
 #include "dashboard_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -77,6 +78,39 @@ void respond(httplib::Response& res, const char* what, const char* content_type,
   res.set_header("Cache-Control", "no-store");
 }
 
+// Whether the server listens on the loopback interface only (a host name or address of it).
+bool loopback_host(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+// The host part of a Host header ("127.0.0.1:8787", "[::1]:8787", "localhost").
+std::string host_of_header(const std::string& header) {
+  if (!header.empty() && header[0] == '[') {
+    const size_t close = header.find(']');
+    return close == std::string::npos ? header : header.substr(1, close - 1);
+  }
+  return header.substr(0, header.find(':'));
+}
+
+// On a loopback server, a request must be addressed to a loopback name: a web page the user
+// opens can send requests to 127.0.0.1, and one under a name of its own that it resolves to
+// 127.0.0.1 (DNS rebinding) would otherwise read the cluster's state.
+httplib::Server::HandlerResponse screen(const DashboardOptions& options,
+                                        const httplib::Request& req, httplib::Response& res) {
+  if (loopback_host(options.host) && req.has_header("Host") &&
+      !loopback_host(host_of_header(req.get_header_value("Host")))) {
+    res.status = 403;
+    res.set_content("this dashboard serves loopback names only (localhost, 127.0.0.1, [::1])\n",
+                    "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
 }  // namespace
 
 struct DashboardServer::Impl {
@@ -132,6 +166,17 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   // An idle keep-alive connection (a browser holds one) is dropped after 1 s, so stop() returns
   // within about a second instead of the default five.
   server.set_keep_alive_timeout(1);
+  // The dashboard reads nothing from its clients: a body over 64 KiB is refused (413) and
+  // read past, not kept (httplib's default keeps any size in memory), and a client that goes
+  // quiet for 2 s in the middle of a request is dropped (a slow client holds one of httplib's
+  // threads; README: keep the dashboard on loopback or behind a proxy).
+  server.set_payload_max_length(64 * 1024);
+  server.set_read_timeout(2);
+  server.set_default_headers({{"X-Content-Type-Options", "nosniff"}});
+  const DashboardOptions* served = &s.options;  // s outlives the server
+  server.set_pre_routing_handler([served](const httplib::Request& req, httplib::Response& res) {
+    return screen(*served, req, res);
+  });
   server.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kDashboardPage, sizeof(kDashboardPage) - 1, "text/html; charset=utf-8");
     res.set_header("Cache-Control", "no-store");
@@ -146,6 +191,15 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
   });
+  const auto refuse_method = [](const httplib::Request&, httplib::Response& res) {
+    res.status = 405;
+    res.set_header("Allow", "GET, HEAD");
+    res.set_content("the dashboard answers GET and HEAD only\n", "text/plain");
+  };
+  server.Post(".*", refuse_method);
+  server.Put(".*", refuse_method);
+  server.Patch(".*", refuse_method);
+  server.Delete(".*", refuse_method);
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     res.set_content(res.status == 404 ? "not found: " + req.path + "\n"

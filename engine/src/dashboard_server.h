@@ -10,10 +10,13 @@
 //                with PrometheusText, prometheus_text.h)
 //   /healthz     200 "ok"
 //   anything else 404. A callback that throws gives a 500 with the exception's message.
+// Other methods are refused (405; a body over 64 KiB: 413, read past, not kept); a server bound
+// to loopback refuses a Host header naming anything but a loopback name (403: DNS rebinding).
 //
 // The state document (the coordinator produces exactly this; the page reads nothing else):
 //   {"cluster": {"state": "starting|training|draining|done|failed", "elapsed_s": 12.3,
-//                "epoch": 2, "step": 530, "target": 1700.0, "samples_per_s": 91000.0},
+//                "epoch": 2, "step": 530, "target": 1700.0, "samples_per_s": 91000.0,
+//                "scores_total": 41, "stop_reason": "target", "failure": ""},
 //    "roles":   [{"role": "coordinator|ps|worker|scorer", "name": "ps0",
 //                 "address": "tcp://127.0.0.1:40123",
 //                 "state": "running|registered|starting|lost|stopped", "pid": 1234,
@@ -24,6 +27,8 @@
 //    "servers": [{"name": "ps0", "pushes_per_s": 45.0, "pulls_per_s": 46.0, "version": 530,
 //                 "staleness": {"0": 400, "1": 100, "2": 30}}]}
 // cluster.target is the score (loss) the run aims for (null or absent: none, no line drawn);
+// scores holds at most 2,000 of the run's scores_total (the newest 1,000, and the older ones
+// thinned evenly); failure says why a failed run failed;
 // scores[].t and last_seen_s are seconds (since the start, and since the role was last heard);
 // staleness maps a staleness in steps to how many updates arrived that stale.
 //
