@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes one target with libFuzzer (Debian's clang), AddressSanitizer and UBSan:
 #   bash tests/fuzz/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags...]
-# TARGET: zarr_metadata, zarr_chunk, wire_frames, slot_message, safetensors, trial_configs,
-# idx_file or ps_shard.
+# TARGET: zarr_metadata, zarr_chunk, wire_frames, slot_message, safetensors, checkpoint,
+# trial_configs, idx_file, ps_shard or coordinator_requests.
 # Builds into build-fuzz (CPU only), starts from tests/fuzz/corpus/TARGET and keeps what it
 # finds in build-fuzz/fuzz-corpus/TARGET, so the repository's corpus stays the seeds and the
 # fixed crashes. A crash or failed property stops it and writes the input to

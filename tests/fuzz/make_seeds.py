@@ -67,10 +67,21 @@ def zarr_metadata():
     write("zarr_metadata", "v3-v2-keys", b"\1" + json.dumps(v3).encode())
 
 
+def crc32c(data):
+    """CRC-32C (Castagnoli), bit by bit: what Zarr v3's crc32c codec appends."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
 def zarr_chunk():
-    # [compressor index][expected size, uint16 LE][stored chunk]; the index order is the
-    # target's: none, zstd, blosc-lz4, blosc-zstd, blosc-lz4hc, blosc-blosclz, blosc-zlib,
-    # blosc-zstd-bitshuffle.
+    # [selector][expected size, uint16 LE][stored chunk]; the selector's low 3 bits are the
+    # compressor in the target's order: none, zstd, blosc-lz4, blosc-zstd, blosc-lz4hc,
+    # blosc-blosclz, blosc-zlib, blosc-zstd-bitshuffle; bit 3: the chunk ends with its crc32c
+    # checksum; bit 4: the target appends the right one.
     rng = np.random.default_rng(7)
     plain = (np.arange(3000) % 251).astype(np.uint8).tobytes()
     floats = rng.standard_normal(500).astype(np.float32).tobytes()
@@ -89,6 +100,44 @@ def zarr_chunk():
             stored = codec.encode(np.frombuffer(data, np.float32 if kind == "floats" else np.uint8))
             write("zarr_chunk", f"{name}-{kind}",
                   bytes([index]) + struct.pack("<H", len(data)) + bytes(stored))
+    # With the checksum: stored (as zarr-python writes it), and appended by the target.
+    for index, name, data in ((0, "none", plain), (1, "zstd-bytes", plain),
+                              (2, "blosc-lz4-floats", floats)):
+        codec = dict((i, c) for i, _, c in codecs).get(index)
+        stored = data if codec is None else bytes(codec.encode(
+            np.frombuffer(data, np.float32 if name.endswith("floats") else np.uint8)))
+        head = struct.pack("<H", len(data))
+        write("zarr_chunk", f"{name}-crc32c",
+              bytes([index | 0x08]) + head + stored + struct.pack("<I", crc32c(stored)))
+        write("zarr_chunk", f"{name}-crc32c-appended", bytes([index | 0x18]) + head + stored)
+
+
+def checkpoint():
+    # What encode_checkpoint writes (checkpoint.cpp): the parameters under their names, Adam's
+    # moments as NAME.adam_m / NAME.adam_v, the best state as best/NAME, the rest in metadata.
+    from safetensors.numpy import save
+    rng = np.random.default_rng(11)
+    shapes = {"hid_w": (4, 3), "hid_b": (3,), "sm_w": (3, 2), "sm_b": (2,)}
+    base = {"format": "tandem-checkpoint", "format_version": "1", "layers": "4-3-2",
+            "learning_rate": "0.00999999978", "beta1": "0.899999976", "beta2": "0.999000013",
+            "epsilon": "9.99999994e-09", "step": "7", "epoch": "1", "seed": "42", "batch": "8"}
+
+    def tensors(prefix, adam):
+        out = {}
+        for name, shape in shapes.items():
+            out[prefix + name] = rng.standard_normal(shape).astype(np.float32)
+            if adam:
+                out[prefix + name + ".adam_m"] = rng.standard_normal(shape).astype(np.float32)
+                out[prefix + name + ".adam_v"] = rng.random(shape).astype(np.float32)
+        return out
+
+    write("checkpoint", "sgd", save(tensors("", False), metadata=dict(base, optimizer="sgd")))
+    write("checkpoint", "adam", save(tensors("", True), metadata=dict(base, optimizer="adam")))
+    both = tensors("", True)
+    both.update(tensors("best/", True))
+    write("checkpoint", "adam-best", save(both, metadata=dict(
+        base, optimizer="adam", best_step="5", best_epoch="1", best_validation_loss="0.5",
+        best_validation_samples="10")))
 
 
 def frames(*parts):
@@ -238,6 +287,7 @@ def idx_file():
 if __name__ == "__main__":
     zarr_metadata()
     zarr_chunk()
+    checkpoint()
     wire_frames()
     ps_shard()
     slot_message()

@@ -1,13 +1,18 @@
 // Fuzz target: a stored Zarr chunk through each compressor's decoder. The input's first byte
-// chooses the compressor, the next two the chunk's expected size (up to 64 KiB, little-endian);
-// the rest is the stored chunk. The output buffer is exactly that size, so a decoder writing
-// past it is an overflow the address sanitizer reports. A chunk that decodes must give exactly
-// the bytes the same compressor's encoder round-trips.
+// chooses the compressor (its low 3 bits), whether the chunk ends with Zarr v3's crc32c checksum
+// (bit 3) and whether this target appends the right checksum to the rest (bit 4: random bytes
+// then reach the decoder behind the check); the next two bytes give the chunk's expected size
+// (up to 64 KiB, little-endian); the rest is the stored chunk. The output buffer is that size
+// and followed by a guard of known bytes: a decoder writing past the size changes the guard,
+// which is checked in every build (the address sanitizer sees only writes made through calls it
+// intercepts, not those inside Debian's uninstrumented libzstd and libblosc). A chunk that
+// decodes must give exactly the bytes the same compressor's encoder round-trips.
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
 #include <vector>
 
+#include "crc32c.h"
 #include "fuzz_target.h"
 #include "zarr/zarr_array.h"
 
@@ -28,18 +33,31 @@ const std::vector<Compressor>& compressors() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
-  const Compressor& c = compressors()[data[0] % compressors().size()];
+  Compressor c = compressors()[data[0] % 8];
+  c.crc32c = (data[0] & 0x08) != 0;
+  const bool append_checksum = (data[0] & 0x10) != 0;
   const size_t out_size = size_t(data[1]) | size_t(data[2]) << 8;
-  const uint8_t* stored = data + 3;
-  const size_t stored_size = size - 3;
-  std::vector<uint8_t> out(out_size);
-  if (!tandem::fuzz::accepts([&] {
-        tandem::zarr::decompress(c, stored, stored_size, out.data(), out.size(), "fuzz");
-      }))
-    return 0;
+  std::vector<uint8_t> stored(data + 3, data + size);
+  if (c.crc32c && append_checksum) {
+    const uint32_t sum = tandem::crc32c(stored.data(), stored.size());
+    for (int b = 0; b < 4; ++b) stored.push_back(uint8_t(sum >> (8 * b)));
+  }
+  constexpr size_t kGuard = 64;
+  constexpr uint8_t kGuardByte = 0xA5;
+  std::vector<uint8_t> out(out_size + kGuard, kGuardByte);
+  const bool accepted = tandem::fuzz::accepts([&] {
+    tandem::zarr::decompress(c, stored.data(), stored.size(), out.data(), out_size, "fuzz");
+  });
+  FUZZ_CHECK(std::all_of(out.begin() + std::ptrdiff_t(out_size), out.end(),
+                         [](uint8_t b) { return b == kGuardByte; }));
+  if (!accepted) return 0;
+  out.resize(out_size);
+  const size_t payload = stored.size() - (c.crc32c ? 4 : 0);  // accepted: the checksum was there
   if (c.kind == Compressor::Kind::None)
-    FUZZ_CHECK(stored_size == out_size && std::equal(out.begin(), out.end(), stored));
-  // What decoded re-encodes and decodes to the same bytes (the encoder's side of the codec).
+    FUZZ_CHECK(payload == out_size && std::equal(out.begin(), out.end(), stored.begin()));
+  // What decoded re-encodes and decodes to the same bytes (the encoder's side of the codec; it
+  // writes no checksum).
+  c.crc32c = false;
   const std::vector<uint8_t> again = tandem::zarr::compress(c, out.data(), out.size(), 1);
   std::vector<uint8_t> back(out_size);
   FUZZ_CHECK(tandem::fuzz::accepts([&] {
