@@ -306,8 +306,35 @@ check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4
 check "... and saved the model" test -s "$dir/run4b/model.safetensors"
 check "no role process is left behind (group SIGTERM)" no_role_left
 
+# 4f. A second stop signal, a second or more after the first, stops at once: the first waits
+#     for a worker that is frozen (SIGSTOP), the second kills the launcher by that signal, and
+#     its roles die with it (before, it waited 15 s and more, then exited 0).
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4f" --workers 2 --max-epochs 1000 \
+  --target 0 --dashboard -1 --json >"$dir/out4f" 2>"$dir/err4f" &
+launcher=$!
+wait_for "$dir/run4f/metrics.jsonl" '"type":"score"' 60
+kill -TSTP "$launcher"  # Ctrl-Z: the roles would run on without their coordinator
+sleep 0.5
+check "Ctrl-Z (SIGTSTP) does not suspend launch, which says so" \
+  grep -q "the coordinator does not suspend" "$dir/err4f"
+check "... and runs on" test "$(ps -o stat= -p "$launcher" | cut -c1)" != T
+frozen=$(role_pid "$launcher" worker0)
+kill -STOP "$frozen"
+kill -TERM "$launcher"
+sleep 1.5
+kill -TERM "$launcher"
+wait_within "$launcher" 10; rc=$?
+check "a second SIGTERM ends launch at once, killed by it (status $rc)" test $rc -eq 143
+check "... saying so" grep -q "SIGTERM again: stopping at once" "$dir/err4f" ||
+  tail -5 "$dir/err4f"
+for _ in $(seq 50); do no_role_left && break; sleep 0.1; done
+check "... and no role process is left behind, the frozen worker included" no_role_left
+
 # 4e. A coordinator stopped before training began (its roles were never started): no parameters
 #     to read or keep, and not a failure (it once failed, saying a parameter server was gone).
+#     An earlier run's model in the run directory is removed when this one starts (it would pass
+#     for this run's).
+mkdir -p "$dir/run4e" && echo "an earlier run's model" >"$dir/run4e/model.safetensors"
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4e" --workers 1 --max-epochs 10 \
   --target 0 --dashboard -1 >"$dir/out4e" 2>"$dir/err4e" &
 coordinator=$!

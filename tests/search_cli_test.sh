@@ -59,6 +59,19 @@ check "a search with a diverged trial exits 0" test $? -eq 0
 check "the diverged trial is failed, saying so; the other is best" py_check "$dir/sd/results.json" \
     "r['failed'] == 1 and r['best']['config']['lr'] == 0.001 and r['results'][1]['status'] == 'failed' and 'training diverged' in r['results'][1]['error']"
 
+# Started by a parent that ignores SIGCHLD (a daemon; Python's signal(SIGCHLD, SIG_IGN)), which
+# exec passes on: the search still sees its trials end (it once waited for ever).
+ignoring_sigchld="import os, signal, sys
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+os.execv(sys.argv[1], sys.argv[1:])"
+"$py" -c "$ignoring_sigchld" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 hidden=16 --budget 1 --min-epochs 1 \
+    --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/sg" >/dev/null 2>"$dir/errg" &
+search=$!
+wait_within $search 120; rc=$?
+check "a search started with SIGCHLD ignored ends, its trial completed (status $rc)" \
+    py_check "$dir/sg/results.json" "r['results'][0]['status'] == 'completed'"
+
 # A JSON list of trials, and a time budget that ends the search with trials still running.
 cat >"$dir/trials.json" <<'JSON'
 [{"lr": 0.001, "hidden": "256x128", "batch": 100}, {"lr": 0.003, "hidden": [50], "optimizer": "adam"}]

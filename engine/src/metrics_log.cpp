@@ -11,7 +11,7 @@
 namespace tandem {
 
 MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  file_ = std::fopen(path.c_str(), append ? "ae" : "we");
   if (file_ == nullptr)
     throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
 }

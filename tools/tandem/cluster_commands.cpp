@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -245,6 +246,10 @@ void resolve(ClusterCommandOptions& o) {
   if (!o.resume) {
     std::filesystem::remove_all(s.checkpoint_dir);
     if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
+    // Nor does an earlier run's model stay beside this run's files: a run stopped before it
+    // trained writes none, and the old one would pass for it.
+    std::filesystem::remove(o.run_dir + "/model.safetensors");
+    std::filesystem::remove(o.run_dir + "/best-score.safetensors");
   }
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
@@ -362,7 +367,30 @@ std::vector<std::string> role_curve_args(const ClusterCommandOptions& o) {
   return args;
 }
 
+// Ctrl-Z (SIGTSTP) would suspend the coordinator alone (launch's roles run in process groups
+// of their own, a hand-started role elsewhere): the roles would give it up as gone within
+// seconds and the run would fail. It is said and ignored instead.
+void say_not_suspended(int) {
+  static const char text[] =
+      "tandem: the coordinator does not suspend (its roles would give it up); Ctrl-C stops the "
+      "run\n";
+  [[maybe_unused]] const ssize_t ignored = ::write(2, text, sizeof text - 1);
+}
+
+void refuse_to_suspend() {
+  struct sigaction sa {};
+  sa.sa_handler = say_not_suspended;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTSTP, &sa, nullptr);
+}
+
 void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
+  // A closed pipe on stdout (`tandem launch | head`) fails a write instead of killing the run
+  // before it saves its model, with or without the dashboard (whose HTTP library ignores
+  // SIGPIPE once it serves).
+  std::signal(SIGPIPE, SIG_IGN);
+  refuse_to_suspend();
   std::filesystem::create_directories(o.run_dir);
   const RunDirLock run_dir_lock(o.run_dir);  // before resolve() clears the previous checkpoints
   resolve(o);
@@ -625,8 +653,8 @@ void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, dou
     if (!follow && clock::now() > until) return;
     const std::optional<json> m = scores.next(100);
     if (!m) continue;
-    if (m->value("end", false)) {
-      std::printf("end: %s\n", m->value("reason", std::string()).c_str());
+    if (is_end_message(*m)) {
+      std::printf("end: %s\n", end_reason_of(*m).c_str());
       return;
     }
     std::printf("%s\n", json_text(*m).c_str());

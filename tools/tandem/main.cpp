@@ -1,6 +1,7 @@
 // The tandem command: one binary, one subcommand per job. Each subcommand lives in its own file;
 // this one only wires them to the command line and turns engine errors into messages.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <new>
 
@@ -12,6 +13,10 @@
 #include "tandem/version.h"
 
 int main(int argc, char** argv) {
+  // SIGCHLD ignored by whoever started us (a daemon, Python's signal(SIGCHLD, SIG_IGN)) would
+  // be inherited through exec: the kernel would reap our children itself, and every loop that
+  // waits for a trial, a role or a share would wait for ever.
+  std::signal(SIGCHLD, SIG_DFL);
   tandem::prepare_nccl_environment();  // while this process has one thread (setenv)
   CLI::App app{"Tandem: train models with parameter servers, on CPUs and GPUs"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);

@@ -134,8 +134,7 @@ void ProcessLauncher::stop_all(int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   for (Child& c : children_)
     if (!c.exited) {
-      kill(c.pid, SIGKILL);
-      waitpid(c.pid, nullptr, 0);
+      kill_and_reap(c.pid);
       c.exited = true;
     }
 }

@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -121,7 +122,9 @@ class LocalTrials final : public TrialRunner {
     return "local";
   }
   void cancel(const std::string& key) override {
-    if (const auto it = pids_.find(key); it != pids_.end()) kill(it->second, SIGTERM);
+    // One SIGTERM per trial: a second would stop it at once, unsaved (stop_signals.h).
+    if (const auto it = pids_.find(key); it != pids_.end() && cancelled_.insert(key).second)
+      kill(it->second, SIGTERM);
   }
   std::vector<SlotJobEnd> wait(long timeout_ms) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
@@ -133,6 +136,7 @@ class LocalTrials final : public TrialRunner {
         continue;
       }
       ended.push_back({it->first, WIFEXITED(status) && WEXITSTATUS(status) == 0, describe_exit(status)});
+      cancelled_.erase(it->first);
       it = pids_.erase(it);
     }
     return ended;
@@ -142,6 +146,7 @@ class LocalTrials final : public TrialRunner {
   const std::string self_ = self_path();
   int processes_, threads_;
   std::map<std::string, pid_t> pids_;
+  std::set<std::string> cancelled_;  // trials sent their SIGTERM
 };
 
 class RemoteTrials final : public TrialRunner {

@@ -2,6 +2,11 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <ctime>
 
 namespace tandem::cli {
 
@@ -12,10 +17,58 @@ std::atomic<int> g_signal{0};
 std::atomic<bool> g_handled[3] = {{false}, {false}, {false}};  // SIGINT, SIGTERM, SIGHUP
 constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
 
+// write(2) of a text, from a signal handler.
+void say(const char* text) {
+  [[maybe_unused]] const ssize_t ignored = ::write(2, text, std::strlen(text));
+}
+
+const char* name_of(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "no signal";
+  }
+}
+
+int64_t monotonic_ms() {  // clock_gettime is async-signal-safe
+  timespec now {};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
+// When the first stop signal came (monotonic ms).
+std::atomic<int64_t> g_first_ms{0};
+// Signals this soon after the first are the same stop reaching this process twice: a terminal's
+// Ctrl-C delivered to a child and passed on by its parent, or a batch system signalling every
+// process of a job whose parent passes it on too.
+constexpr int64_t kSameStopMs = 1000;
+
 void on_stop_signal(int sig) {
   int none = 0;
-  g_signal.compare_exchange_strong(none, sig);  // the first signal is the one reported
-  g_stop.store(true);
+  if (g_signal.compare_exchange_strong(none, sig)) {  // the first signal is the one reported
+    g_first_ms.store(monotonic_ms());
+    g_stop.store(true);
+    say("tandem: ");
+    say(name_of(sig));
+    say(": stopping cleanly; another stop signal stops at once\n");
+    return;
+  }
+  if (monotonic_ms() - g_first_ms.load() < kSameStopMs) return;
+  // A second stop signal: the clean stop takes too long for whoever sends it. Die of this signal
+  // (children die with this process: PR_SET_PDEATHSIG).
+  say("tandem: ");
+  say(name_of(sig));
+  say(" again: stopping at once\n");
+  struct sigaction fallback {};
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(sig, &fallback, nullptr);
+  sigset_t just_this;
+  sigemptyset(&just_this);
+  sigaddset(&just_this, sig);
+  pthread_sigmask(SIG_UNBLOCK, &just_this, nullptr);
+  raise(sig);
 }
 
 }  // namespace
@@ -43,14 +96,7 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
   return std::shared_ptr<std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
 }
 
-const char* stop_signal_name() {
-  switch (g_signal.load()) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    default: return "no signal";
-  }
-}
+const char* stop_signal_name() { return name_of(g_signal.load()); }
 
 StopSignalsBlocked::StopSignalsBlocked() {
   sigset_t block;

@@ -12,8 +12,12 @@
 namespace tandem::cli {
 
 // Installs the handlers (once; later calls only return the flag). The flag turns true at the
-// first of those signals. A signal this process was started ignoring (nohup, a background job
-// of a non-interactive shell) stays ignored.
+// first of those signals (said on stderr). Another one, a second or more after the first,
+// ends the process at once, killed by that signal: whoever sends it will not wait for the clean
+// stop (its children die with it, PR_SET_PDEATHSIG). Within the first second it is the same
+// stop arriving twice: a Ctrl-C that reaches a child both from the terminal and from its
+// parent. A signal this process was started ignoring (nohup, a background job of a
+// non-interactive shell) stays ignored.
 const std::atomic<bool>& stop_on_signals();
 
 // The same flag (handlers installed as above) for code that takes a shared cancel flag, such as

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "stop_signals.h"
 #include "tandem/error.h"
@@ -59,12 +61,29 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
     reset_stop_signals_in_child();
     execv(argv[0], argv.data());
     (void)!write(STDERR_FILENO, failure.data(), failure.size());
-    const char* reason = std::strerror(errno);
+    // strerrordesc_np, not strerror: no locale lookup (not async-signal-safe) in a forked child.
+    const char* reason = strerrordesc_np(errno);
+    if (reason == nullptr) reason = "unknown error";
     (void)!write(STDERR_FILENO, reason, std::strlen(reason));
     (void)!write(STDERR_FILENO, "\n", 1);
     _exit(127);
   }
   return pid;
+}
+
+bool kill_and_reap(pid_t pid, int timeout_ms) {
+  kill(pid, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const pid_t reaped = waitpid(pid, nullptr, WNOHANG);
+    if (reaped == pid || (reaped < 0 && errno == ECHILD)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::fprintf(stderr, "tandem: process %d has not ended %d ms after SIGKILL (stuck in the "
+               "kernel: a hung device or file system?); going on without it\n",
+               static_cast<int>(pid), timeout_ms);
+  return false;
 }
 
 std::string describe_exit(int status) {

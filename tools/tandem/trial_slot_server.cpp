@@ -273,9 +273,12 @@ void TrialSlotServer::expire() {
 }
 
 void TrialSlotServer::end_job(Job& job) {
+  // Once: a second request neither extends the grace nor sends a second SIGTERM, which the job
+  // would take as "stop at once" (stop_signals.h).
+  if (job.terminated) return;
   kill(job.pid, SIGTERM);
-  if (job.kill_at == Clock::time_point::max())  // a second request does not extend the grace
-    job.kill_at = Clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
+  job.terminated = true;
+  job.kill_at = Clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
 }
 
 void TrialSlotServer::kill_overdue() {
@@ -291,7 +294,11 @@ void TrialSlotServer::kill_overdue() {
 
 void TrialSlotServer::stop_jobs(int grace_ms) {
   if (jobs_.empty()) return;
-  for (const Job& j : jobs_) kill(j.pid, SIGTERM);
+  for (Job& j : jobs_)
+    if (!j.terminated) {
+      kill(j.pid, SIGTERM);
+      j.terminated = true;
+    }
   const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
   auto reap_all = [&] {
     for (size_t i = 0; i < jobs_.size();) {
@@ -301,10 +308,7 @@ void TrialSlotServer::stop_jobs(int grace_ms) {
     return jobs_.empty();
   };
   while (!reap_all() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  for (const Job& j : jobs_) {
-    kill(j.pid, SIGKILL);
-    waitpid(j.pid, nullptr, 0);
-  }
+  for (const Job& j : jobs_) kill_and_reap(j.pid);
   jobs_.clear();
 }
 

@@ -79,6 +79,7 @@ class TrialSlotServer {
     pid_t pid = 0;
     bool orphaned = false;  // its search went silent or said bye; ended, not reported
     Clock::time_point kill_at = Clock::time_point::max();  // set by end_job: SIGKILL then
+    bool terminated = false;  // sent its SIGTERM (only one: a second means "stop at once")
   };
   struct Client {
     Clock::time_point last_heard;
