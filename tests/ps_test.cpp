@@ -723,6 +723,38 @@ TEST(PsClient, TimeoutOverTcpNamesTheServerThatStopped) {
   }
 }
 
+// A request to a server that is gone waits in the client's socket. Once the caller has given it
+// up (timed out), a server started again at the address must not receive it: the caller may
+// send that gradient again, and it would be applied twice.
+TEST(PsClient, ARequestThatTimedOutIsNotDeliveredToAServerStartedLater) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(31);
+  ServerOptions o = inproc_options(ctx, "unused");
+  o.bind = "ipc://" + dir.file("ps.sock");  // the same address again for the second server
+  PsClient client({o.bind}, client_options(&ctx, 300));
+  {
+    ParameterServer server(o);
+    client.init(params).wait();
+  }
+  // The client's socket notices the server is gone (and tries to reconnect).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_THROW(client.push_pull(gradients_like(params, 3100)).wait(), transport::TransportError);
+  ParameterServer again(o);
+  bool answered = false;
+  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
+    try {
+      client.init(params).wait();
+      answered = true;
+    } catch (const transport::TransportError&) {
+    }
+  }
+  ASSERT_TRUE(answered);
+  const ServerStats st = client.stats().at(0);
+  EXPECT_EQ(st.by_type.count("PushPull"), 0u) << "the abandoned PushPull reached the new server";
+  EXPECT_EQ(st.version, 0);
+}
+
 TEST(ParameterServer, ShutdownStopsServing) {
   zmq::context_t ctx;
   ParameterServer server(inproc_options(ctx, "ps-shutdown"));

@@ -60,26 +60,32 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
     options_.context = own_context_.get();
   }
   for (size_t s = 0; s < endpoints_.size(); ++s) {
-    const std::string& endpoint = endpoints_[s];
     auto server = std::make_unique<Server>();
-    server->endpoint = endpoint;
-    try {
-      server->socket = zmq::socket_t(*options_.context, zmq::socket_type::dealer);
-      // Requests to a server that is gone are abandoned, never waited on at close.
-      server->socket.set(zmq::sockopt::linger, 0);
-      server->socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
-      if (!server_keys[s].empty()) {  // before connect, as the handshake starts there
-        server->socket.set(zmq::sockopt::curve_serverkey, server_keys[s]);
-        server->socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-        server->socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-        server->handshakes = transport::CurveHandshakeWatch(*options_.context, server->socket,
-                                                            options_.curve_public_key);
-      }
-      server->socket.connect(endpoint);
-    } catch (const zmq::error_t& e) {
-      throw TransportError("parameter server " + endpoint + ": cannot connect: " + e.what());
-    }
+    server->endpoint = endpoints_[s];
+    server->curve_key = server_keys[s];
+    open_socket(*server);
     servers_.push_back(std::move(server));
+  }
+}
+
+void PsClient::open_socket(Server& server) {
+  server.handshakes = transport::CurveHandshakeWatch();  // (watches the socket: closed first)
+  try {
+    // Assigning closes the old socket, if any; its linger of 0 drops what it still queued.
+    server.socket = zmq::socket_t(*options_.context, zmq::socket_type::dealer);
+    // Requests to a server that is gone are abandoned, never waited on at close.
+    server.socket.set(zmq::sockopt::linger, 0);
+    server.socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+    if (!server.curve_key.empty()) {  // before connect, as the handshake starts there
+      server.socket.set(zmq::sockopt::curve_serverkey, server.curve_key);
+      server.socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+      server.socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      server.handshakes = transport::CurveHandshakeWatch(*options_.context, server.socket,
+                                                         options_.curve_public_key);
+    }
+    server.socket.connect(server.endpoint);
+  } catch (const zmq::error_t& e) {
+    throw TransportError("parameter server " + server.endpoint + ": cannot connect: " + e.what());
   }
 }
 
@@ -272,8 +278,14 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
-      server.outstanding.erase(request_id);  // a late reply is dropped when it comes
-      const std::string& why = server.handshakes.problem();
+      const std::string why = server.handshakes.problem();
+      // A server that is gone has not read this request: it waits in the socket's queue, and a
+      // server started again at the address would read it and apply it (a gradient the caller
+      // has given up on and may send again). A new socket drops the queue, and with it every
+      // request still unanswered there (each times out in turn; their replies would be dropped).
+      server.outstanding.clear();
+      server.early.clear();
+      open_socket(server);
       throw TransportError(where + " did not answer " + transport::to_string(type) +
                            " request " + std::to_string(request_id) + " within " +
                            std::to_string(options_.timeout_ms) + " ms" +

@@ -197,11 +197,15 @@ class PsClient {
     // from an older checkpoint counts from there again.
     uint64_t last_version = 0;
     uint64_t last_version_request = 0;  // the request id it came with
+    std::string curve_key;  // the server's public key (empty: no CURVE)
     // CURVE only: the DEALER's handshake events, so that a timeout can say "authentication
     // failed" when that is why. Declared after `socket`, so it closes first.
     transport::CurveHandshakeWatch handshakes;
   };
 
+  // (Re)creates the server's DEALER and connects it; a socket it replaces is closed with what
+  // it still queued. TransportError naming the server when it cannot connect.
+  void open_socket(Server& server);
   // Drops what is still expected for the handle's requests: their ids, and replies that came
   // early (a late reply is then dropped when it comes).
   void forget(const Handle& handle) noexcept;
