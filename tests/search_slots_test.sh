@@ -197,9 +197,13 @@ search=$!
 background+=("$search")
 wait_started F 1 && wait_started G 1
 { kill -9 "$F_pid"; wait "$F_pid"; } 2>/dev/null
-for _ in $(seq 300); do grep -q "slot server $F stopped answering" "$dir/again.err" && break; sleep 0.1; done
+for _ in $(seq 300); do
+  grep -q "slot server $F stopped answering" "$dir/again.err" && break
+  sleep 0.1
+done
 start_server F2 --slots 1 --bind "ipc://$dir/f.sock" --endpoint-dir "$dir/again"
-check "a server started again at a dropped server's endpoint runs the waiting trial" wait_started F2 1
+check "a server started again at a dropped server's endpoint runs the waiting trial" \
+    wait_started F2 1
 kill -TERM "$search"
 wait_within $search 60
 check "... having joined the search, said on stderr" \

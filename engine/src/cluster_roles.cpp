@@ -229,10 +229,6 @@ bool chief_alive(CoordinatorLink& link) {
   return std::find(workers.begin(), workers.end(), "worker0") != workers.end();
 }
 
-// The chief sets the parameters; the others wait until someone has. A worker whose wait finds the
-// chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
-// initial parameters are the chief's, value for value, and a server takes only the first Init.
-// Returns false when training ended while waiting.
 // Whether two sets of tensors hold the same bits (NaNs included, which == would not match).
 bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
   if (a.size() != b.size()) return false;
@@ -245,6 +241,10 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
   return true;
 }
 
+// The chief sets the parameters; the others wait until someone has. A worker whose wait finds the
+// chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
+// initial parameters are the chief's, value for value, and a server takes only the first Init.
+// Returns false when training ended while waiting.
 bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model,
                      bool may_stand_in) {
   std::vector<NamedTensor> initial;

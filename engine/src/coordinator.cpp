@@ -334,6 +334,10 @@ json Coordinator::handle_register(const json& r) {
   const std::string kind = r.value("role", std::string());
   if (kind != "ps" && kind != "worker" && kind != "scorer")
     throw InputError("register: role must be ps, worker or scorer, not '" + kind + "'");
+  // Read before anything changes: a malformed request changes nothing.
+  const int64_t pid = json_integer(r, "pid", 0);
+  const std::string host = r.value("host", std::string());
+  const std::string address = r.value("address", std::string());
   std::lock_guard<std::mutex> lock(mutex_);
   std::string name = r.value("name", std::string());
   int index = name.empty() ? -1 : index_from_name(name, kind);
@@ -374,9 +378,9 @@ json Coordinator::handle_register(const json& r) {
   role.role = kind;
   role.name = name;
   role.index = index;
-  role.pid = json_integer(r, "pid", 0);
-  role.host = r.value("host", std::string());
-  role.address = r.value("address", std::string());
+  role.pid = pid;
+  role.host = host;
+  role.address = address;
   role.previous_address = previous_address;
   role.state = kind == "ps" && role.address.empty() ? "registered" : "running";
   role.last_seen = Clock::now();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -79,7 +80,9 @@ void respond(httplib::Response& res, const char* what, const char* content_type,
 }
 
 // Whether the server listens on the loopback interface only (a host name or address of it).
-bool loopback_host(const std::string& host) {
+bool loopback_host(std::string host) {
+  for (char& c : host) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (!host.empty() && host.back() == '.') host.pop_back();  // the fully qualified form
   if (host == "localhost") return true;
   in_addr v4{};
   if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
@@ -96,11 +99,20 @@ std::string host_of_header(const std::string& header) {
   return header.substr(0, header.find(':'));
 }
 
-// On a loopback server, a request must be addressed to a loopback name: a web page the user
-// opens can send requests to 127.0.0.1, and one under a name of its own that it resolves to
+// What a request may be before any route sees it, and before its body is read: GET or HEAD (the
+// dashboard reads nothing from its clients; httplib would read a chunked body of any size into
+// memory), and, on a loopback server, addressed to a loopback name: a web page the user opens
+// can send requests to 127.0.0.1, and one under a name of its own that it resolves to
 // 127.0.0.1 (DNS rebinding) would otherwise read the cluster's state.
 httplib::Server::HandlerResponse screen(const DashboardOptions& options,
                                         const httplib::Request& req, httplib::Response& res) {
+  if (req.method != "GET" && req.method != "HEAD") {
+    res.status = 405;
+    res.set_header("Allow", "GET, HEAD");
+    res.set_header("Connection", "close");  // the body stays unread
+    res.set_content("the dashboard answers GET and HEAD only\n", "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  }
   if (loopback_host(options.host) && req.has_header("Host") &&
       !loopback_host(host_of_header(req.get_header_value("Host")))) {
     res.status = 403;
@@ -166,11 +178,10 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   // An idle keep-alive connection (a browser holds one) is dropped after 1 s, so stop() returns
   // within about a second instead of the default five.
   server.set_keep_alive_timeout(1);
-  // The dashboard reads nothing from its clients: a body over 64 KiB is refused (413) and
-  // read past, not kept (httplib's default keeps any size in memory), and a client that goes
-  // quiet for 2 s in the middle of a request is dropped (a slow client holds one of httplib's
-  // threads; README: keep the dashboard on loopback or behind a proxy).
-  server.set_payload_max_length(64 * 1024);
+  // Bodies are refused unread (screen()); a client that goes quiet for 2 s in the middle of a
+  // request is dropped (a slow client holds one of httplib's threads; README: keep the
+  // dashboard on loopback or behind a proxy).
+  server.set_payload_max_length(64 * 1024);  // (a second guard: httplib's default is no limit)
   server.set_read_timeout(2);
   server.set_default_headers({{"X-Content-Type-Options", "nosniff"}});
   const DashboardOptions* served = &s.options;  // s outlives the server
@@ -191,15 +202,6 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
   });
-  const auto refuse_method = [](const httplib::Request&, httplib::Response& res) {
-    res.status = 405;
-    res.set_header("Allow", "GET, HEAD");
-    res.set_content("the dashboard answers GET and HEAD only\n", "text/plain");
-  };
-  server.Post(".*", refuse_method);
-  server.Put(".*", refuse_method);
-  server.Patch(".*", refuse_method);
-  server.Delete(".*", refuse_method);
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     res.set_content(res.status == 404 ? "not found: " + req.path + "\n"

@@ -10,8 +10,8 @@
 //                with PrometheusText, prometheus_text.h)
 //   /healthz     200 "ok"
 //   anything else 404. A callback that throws gives a 500 with the exception's message.
-// Other methods are refused (405; a body over 64 KiB: 413, read past, not kept); a server bound
-// to loopback refuses a Host header naming anything but a loopback name (403: DNS rebinding).
+// Other methods are refused (405) before a body is read; a server bound to loopback refuses a
+// Host header naming anything but a loopback name (403: DNS rebinding).
 //
 // The state document (the coordinator produces exactly this; the page reads nothing else):
 //   {"cluster": {"state": "starting|training|draining|done|failed", "elapsed_s": 12.3,

@@ -69,7 +69,8 @@ namespace {
 // coordinator never answered): then they are given as they are.
 constexpr auto kReplayWait = std::chrono::seconds(2);
 
-// The (replay or sequence) number under `key` (0 when it is not a positive integer).
+// The (replay or sequence) number under `key` (0 when it is not an integer; a negative one is
+// given as it is, and is never a new one).
 int64_t replay_id(const json& m, const char* key) {
   const auto it = m.find(key);
   return it != m.end() && it->is_number_integer() ? it->get<int64_t>() : 0;

@@ -34,7 +34,8 @@ bool same(const tandem::Checkpoint& a, const tandem::Checkpoint& b) {
          std::memcmp(&a.optimizer.learning_rate, &b.optimizer.learning_rate, sizeof(float)) == 0 &&
          same_tensors(a.model.parameters(), b.model.parameters()) &&
          same_tensors(a.state.m, b.state.m) && same_tensors(a.state.v, b.state.v) &&
-         (a.best == nullptr) == (b.best == nullptr) && (a.best == nullptr || same(*a.best, *b.best));
+         (a.best == nullptr) == (b.best == nullptr) &&
+         (a.best == nullptr || same(*a.best, *b.best));
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 // (--seed S, default 1) so that a run is the same every time; --max-seconds T stops mutating
 // after T seconds. This is the suite's bounded random-input test: no coverage guidance, unlike
 // libFuzzer, but random bytes reach every decoder at every run. An input that crashes is
-// written to the file $FUZZ_CRASH_FILE names (default: fuzz-crash-input in the working
-// directory) before the process dies.
+// written to the file $FUZZ_CRASH_FILE names (default: PROGRAM-crash-input in the working
+// directory, PROGRAM this program's name) before the process dies.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -34,10 +34,11 @@ namespace {
 // The input being run, for the crash handler (which may only make async-signal-safe calls).
 const uint8_t* g_current = nullptr;
 size_t g_current_size = 0;
+volatile bool g_running = false;  // an input is being run (an empty one included)
 std::string g_crash_file;
 
 void write_current_input(int signal_number) {
-  if (g_current_size > 0 || g_current != nullptr) {
+  if (g_running) {
     const int fd = ::open(g_crash_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
       for (size_t done = 0; done < g_current_size;) {
@@ -59,9 +60,9 @@ void write_current_input(int signal_number) {
 void run(const std::vector<uint8_t>& bytes) {
   g_current = bytes.data();
   g_current_size = bytes.size();
+  g_running = true;
   LLVMFuzzerTestOneInput(bytes.empty() ? nullptr : bytes.data(), bytes.size());
-  g_current = nullptr;
-  g_current_size = 0;
+  g_running = false;
 }
 
 std::vector<uint8_t> read_file(const std::filesystem::path& path) {
@@ -171,7 +172,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* crash_file = std::getenv("FUZZ_CRASH_FILE");
-  g_crash_file = crash_file != nullptr && *crash_file ? crash_file : "fuzz-crash-input";
+  g_crash_file = crash_file != nullptr && *crash_file
+                     ? std::string(crash_file)
+                     : std::filesystem::path(argv[0]).filename().string() + "-crash-input";
   // (Under the address sanitizer its own handlers report faults; only an abort is caught here.)
 #if defined(__SANITIZE_ADDRESS__)
   for (int signal_number : {SIGABRT})

@@ -33,6 +33,7 @@ const std::vector<Compressor>& compressors() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
+  FUZZ_CHECK(compressors().size() == 8);  // the selector's low 3 bits
   Compressor c = compressors()[data[0] % 8];
   c.crc32c = (data[0] & 0x08) != 0;
   const bool append_checksum = (data[0] & 0x10) != 0;

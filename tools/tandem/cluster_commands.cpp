@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -367,29 +366,11 @@ std::vector<std::string> role_curve_args(const ClusterCommandOptions& o) {
   return args;
 }
 
-// Ctrl-Z (SIGTSTP) would suspend the coordinator alone (launch's roles run in process groups
-// of their own, a hand-started role elsewhere): the roles would give it up as gone within
-// seconds and the run would fail. It is said and ignored instead.
-void say_not_suspended(int) {
-  static const char text[] =
-      "tandem: the coordinator does not suspend (its roles would give it up); Ctrl-C stops the "
-      "run\n";
-  [[maybe_unused]] const ssize_t ignored = ::write(2, text, sizeof text - 1);
-}
-
-void refuse_to_suspend() {
-  struct sigaction sa {};
-  sa.sa_handler = say_not_suspended;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTSTP, &sa, nullptr);
-}
-
 void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
-  // A closed pipe on stdout (`tandem launch | head`) fails a write instead of killing the run
-  // before it saves its model, with or without the dashboard (whose HTTP library ignores
-  // SIGPIPE once it serves).
-  std::signal(SIGPIPE, SIG_IGN);
+  // Before anything is started: a stop signal stops the run in order, a closed pipe on stdout
+  // (`tandem launch | head`) fails a write instead of killing the run before it saves its
+  // model (stop_on_signals ignores SIGPIPE), and Ctrl-Z does not suspend the coordinator alone.
+  stop_on_signals();
   refuse_to_suspend();
   std::filesystem::create_directories(o.run_dir);
   const RunDirLock run_dir_lock(o.run_dir);  // before resolve() clears the previous checkpoints

@@ -80,7 +80,7 @@ const PredictSummary& unless_stopped(const PredictSummary& s) {
 // Runs the shares in child processes; throws naming every child that failed. A stop signal
 // (SIGINT, SIGTERM, SIGHUP) is passed on to the children as SIGTERM, and the parent waits for
 // them to finish their chunks in flight: dying at once would take them along (PR_SET_PDEATHSIG)
-// in the middle of a write.
+// in the middle of a write, which only a second stop signal asks for (stop_signals.h).
 void run_processes(const PredictCliOptions& o) {
   const std::atomic<bool>& stop = stop_on_signals();
   const std::string self = self_path();

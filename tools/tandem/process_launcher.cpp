@@ -132,11 +132,13 @@ void ProcessLauncher::stop_all(int timeout_ms) {
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!reap() && std::chrono::steady_clock::now() < grace)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<pid_t> left;
   for (Child& c : children_)
     if (!c.exited) {
-      kill_and_reap(c.pid);
+      left.push_back(c.pid);
       c.exited = true;
     }
+  if (!left.empty()) kill_and_reap(left);
 }
 
 void ProcessLauncher::set_role_args(const std::string& name, std::vector<std::string> args) {

@@ -20,13 +20,16 @@ namespace tandem::cli {
 
 namespace {
 
-// Which server wrote an entry: its file (named after the server's host and process) and inode
-// (a new file each time it is written, the file being renamed into place). A server started
-// again at the endpoint of one that died writes a new entry.
+// Which server wrote an entry: its file (named after the server's host and process), inode and
+// modification time (a new file each time it is written, the file being renamed into place;
+// the time tells it apart from an earlier file that had the same name and, freed, the same
+// inode: a container's server restarted with its host name and pid). A server started again at
+// the endpoint of one that died writes a new entry.
 std::string entry_of(const std::string& file) {
   struct stat st {};
-  const unsigned long long inode = ::stat(file.c_str(), &st) == 0 ? st.st_ino : 0;
-  return file + " " + std::to_string(inode);
+  if (::stat(file.c_str(), &st) != 0) return file;
+  return file + " " + std::to_string(st.st_ino) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
 }
 
 // The endpoints in DIR's *.endpoint files, sorted by file name; a file that goes while being

@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -17,10 +19,17 @@ std::atomic<int> g_signal{0};
 std::atomic<bool> g_handled[3] = {{false}, {false}, {false}};  // SIGINT, SIGTERM, SIGHUP
 constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
 
-// write(2) of a text, from a signal handler.
+// write(2) of a text, from a signal handler (SIGPIPE is ignored once the handlers are
+// installed: stderr on a pipe whose reader has gone must not kill the clean stop).
 void say(const char* text) {
   [[maybe_unused]] const ssize_t ignored = ::write(2, text, std::strlen(text));
 }
+
+// Keeps errno as the interrupted code left it: a handler's own calls may change it.
+struct SavedErrno {
+  const int saved = errno;
+  ~SavedErrno() { errno = saved; }
+};
 
 const char* name_of(int sig) {
   switch (sig) {
@@ -45,16 +54,19 @@ std::atomic<int64_t> g_first_ms{0};
 constexpr int64_t kSameStopMs = 1000;
 
 void on_stop_signal(int sig) {
+  const SavedErrno saved;
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {  // the first signal is the one reported
     g_first_ms.store(monotonic_ms());
     g_stop.store(true);
     say("tandem: ");
     say(name_of(sig));
-    say(": stopping cleanly; another stop signal stops at once\n");
+    say(": stopping cleanly; another stop signal, a second or more from now, stops at once\n");
     return;
   }
-  if (monotonic_ms() - g_first_ms.load() < kSameStopMs) return;
+  // (0: the first signal's handler, on another thread, has not noted its time yet.)
+  const int64_t first = g_first_ms.load();
+  if (first == 0 || monotonic_ms() - first < kSameStopMs) return;
   // A second stop signal: the clean stop takes too long for whoever sends it. Die of this signal
   // (children die with this process: PR_SET_PDEATHSIG).
   say("tandem: ");
@@ -75,10 +87,12 @@ void on_stop_signal(int sig) {
 
 const std::atomic<bool>& stop_on_signals() {
   static const bool installed = [] {
+    std::signal(SIGPIPE, SIG_IGN);  // (see say())
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
+    sigemptyset(&sa.sa_mask);  // one handler at a time on a thread: none interrupts another
+    for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);
     for (int i = 0; i < 3; ++i) {
       struct sigaction old {};
       if (sigaction(kStopSignals[i], nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
@@ -97,6 +111,22 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
 }
 
 const char* stop_signal_name() { return name_of(g_signal.load()); }
+
+namespace {
+void say_not_suspended(int) {
+  const SavedErrno saved;
+  say("tandem: the coordinator does not suspend (its roles would give it up); Ctrl-C stops "
+      "the run\n");
+}
+}  // namespace
+
+void refuse_to_suspend() {
+  struct sigaction sa {};
+  sa.sa_handler = say_not_suspended;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTSTP, &sa, nullptr);
+}
 
 StopSignalsBlocked::StopSignalsBlocked() {
   sigset_t block;

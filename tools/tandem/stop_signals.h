@@ -11,8 +11,9 @@
 
 namespace tandem::cli {
 
-// Installs the handlers (once; later calls only return the flag). The flag turns true at the
-// first of those signals (said on stderr). Another one, a second or more after the first,
+// Installs the handlers (once; later calls only return the flag), and ignores SIGPIPE (a write
+// to a closed pipe fails instead). The flag turns true at the first of those signals (said on
+// stderr). Another one, a second or more after the first,
 // ends the process at once, killed by that signal: whoever sends it will not wait for the clean
 // stop (its children die with it, PR_SET_PDEATHSIG). Within the first second it is the same
 // stop arriving twice: a Ctrl-C that reaches a child both from the terminal and from its
@@ -24,6 +25,11 @@ const std::atomic<bool>& stop_on_signals();
 // RoleOptions::cancel: a role process stopped by a signal ends as if its run were over (a
 // parameter server writes its final checkpoint) instead of dying with its state unsaved.
 std::shared_ptr<std::atomic<bool>> shared_stop_flag();
+
+// Ctrl-Z (SIGTSTP) said and ignored, for the coordinator (launch, coordinator): suspended alone
+// (launch's roles run in process groups of their own, a hand-started role elsewhere), it would
+// be given up as gone by its roles within seconds and the run would fail.
+void refuse_to_suspend();
 
 // The name of the signal that set the flag ("SIGTERM"; "no signal" before one came).
 const char* stop_signal_name();

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -71,18 +72,24 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   return pid;
 }
 
-bool kill_and_reap(pid_t pid, int timeout_ms) {
-  kill(pid, SIGKILL);
+bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms) {
+  for (const pid_t pid : pids) kill(pid, SIGKILL);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    const pid_t reaped = waitpid(pid, nullptr, WNOHANG);
-    if (reaped == pid || (reaped < 0 && errno == ECHILD)) return true;
+    pids.erase(std::remove_if(pids.begin(), pids.end(),
+                              [](pid_t pid) {
+                                const pid_t reaped = waitpid(pid, nullptr, WNOHANG);
+                                return reaped == pid || (reaped < 0 && errno == ECHILD);
+                              }),
+               pids.end());
+    if (pids.empty()) return true;
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::fprintf(stderr, "tandem: process %d has not ended %d ms after SIGKILL (stuck in the "
-               "kernel: a hung device or file system?); going on without it\n",
-               static_cast<int>(pid), timeout_ms);
+  for (const pid_t pid : pids)
+    std::fprintf(stderr, "tandem: process %d has not ended %d ms after SIGKILL (stuck in the "
+                 "kernel: a hung device or file system?); going on without it\n",
+                 static_cast<int>(pid), timeout_ms);
   return false;
 }
 

@@ -25,10 +25,10 @@ namespace tandem::cli {
 pid_t start_child_process(const std::vector<std::string>& argv, const std::string& log,
                           const std::string& what, bool own_process_group = false);
 
-// SIGKILL to pid, then waits up to timeout_ms for it to be reaped: true once it is. A process
-// in uninterruptible sleep (a hung GPU driver, a dead NFS server) dies only when it leaves the
-// kernel; the caller goes on without it rather than hanging with it.
-bool kill_and_reap(pid_t pid, int timeout_ms = 5000);
+// SIGKILL to each pid, then waits up to timeout_ms in all for them to be reaped: true once all
+// are. A process in uninterruptible sleep (a hung GPU driver, a dead NFS server) dies only when
+// it leaves the kernel; the caller goes on without it (said on stderr) rather than hanging.
+bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms = 5000);
 
 // "exited with status N" or "killed by signal N", for a waitpid status.
 std::string describe_exit(int status);

@@ -131,6 +131,9 @@ void TrialSlotPool::add(const std::string& endpoint) {
   const auto same = [&](const auto& s) { return s->endpoint == endpoint; };
   const auto known = std::find_if(servers_.begin(), servers_.end(), same);
   if (known != servers_.end() && (*known)->alive) {
+    // Still joining: the join's timeout starts again with this hello (the server listed anew
+    // may have started only now).
+    if ((*known)->joining) (*known)->last_heard = Clock::now();
     send(**known, SlotMessage{SlotMessageType::Hello});
     return;
   }

@@ -308,7 +308,9 @@ void TrialSlotServer::stop_jobs(int grace_ms) {
     return jobs_.empty();
   };
   while (!reap_all() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  for (const Job& j : jobs_) kill_and_reap(j.pid);
+  std::vector<pid_t> left;
+  for (const Job& j : jobs_) left.push_back(j.pid);
+  if (!left.empty()) kill_and_reap(left);
   jobs_.clear();
 }
 
