@@ -102,6 +102,20 @@ DashboardServer start(std::atomic<int>* state_calls = nullptr) {
       });
 }
 
+// A plain TCP connection to the server, for requests httplib's client will not send (-1 when
+// it cannot connect).
+int connect_raw(const DashboardServer& server) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) return fd;
+  ::close(fd);
+  return -1;
+}
+
 httplib::Result get(const DashboardServer& server, const std::string& path) {
   httplib::Client client("127.0.0.1", server.port());
   client.set_connection_timeout(std::chrono::seconds(5));
@@ -197,13 +211,8 @@ TEST(DashboardServer, RefusesOtherMethodsAndForeignHostNames) {
 // A chunked body (no length to refuse up front) is not waited for: the 405 comes at once.
 TEST(DashboardServer, AChunkedPostIsAnsweredBeforeItsBodyIsSent) {
   DashboardServer server = start();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_raw(server);
   ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server.port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
   const timeval wait{1, 500000};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
   const std::string headers =
@@ -267,13 +276,8 @@ TEST(DashboardServer, BadHostFailsWithAClearMessage) {
 TEST(DashboardServer, StopReturnsWhileAClientTricklesItsRequest) {
   std::atomic<int> state_calls{0};
   DashboardServer server = start(&state_calls);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_raw(server);
   ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server.port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
   const std::string start_of_request = "GET /api/state HTTP/1.1\r\nHost: x\r\nX-Slow: ";
   ASSERT_EQ(::send(fd, start_of_request.data(), start_of_request.size(), MSG_NOSIGNAL),
             ssize_t(start_of_request.size()));
