@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -377,6 +378,65 @@ TEST_F(TrialSlotServerTest, AJobWhoseLogCannotBeOpenedIsRefusedWithTheReason) {
   EXPECT_NE(m.error.find("cannot open its log /nonexistent-dir/trial.log: No such file"),
             std::string::npos)
       << m.error;
+}
+
+// With --root, a job that names a path outside the directory (its log, an argument, the value
+// of --flag=value; "..", symbolic links and relative paths resolved) is refused, naming it; a
+// job within it runs there.
+TEST(TrialSlotServerRoot, JobsNamingPathsOutsideTheRootAreRefusedAndTheOthersRunThere) {
+  test::TempDir root, elsewhere;
+  std::filesystem::create_symlink(elsewhere.path(), root.file("door"));
+  TrialSlotServerOptions o;
+  o.program = "/bin/sh";
+  o.allowed_commands = {"-c"};
+  o.root = root.path().string();
+  o.log = [](const std::string&) {};
+  EXPECT_THROW(
+      {
+        TrialSlotServerOptions bad = o;
+        bad.root = root.file("missing");
+        TrialSlotServer refused(bad);
+      },
+      InputError);
+  TrialSlotServer server(o);
+  std::atomic<bool> stop{false};
+  std::thread serving([&] { server.serve(stop); });
+  zmq::context_t context(1);
+  Client c(context, server.endpoint());
+  auto start = [&](const std::string& job, const std::vector<std::string>& args,
+                   const std::string& log) {
+    SlotMessage m(SlotMessageType::Start);
+    m.job = job;
+    m.args = args;
+    m.log = log;
+    c.send(m);
+    return c.next();
+  };
+  const std::string inside_log = root.file("job.log");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"-c", "exit 0"}, elsewhere.file("job.log")},
+      {{"-c", "exit 0", "--model-out=" + elsewhere.file("m.safetensors")}, inside_log},
+      {{"-c", "exit 0", "--data", "../x/y"}, inside_log},
+      {{"-c", "exit 0", "door/m.safetensors"}, inside_log},  // a link out of the root
+  };
+  for (const auto& [args, log] : refused) {
+    const SlotMessage m = start("out", args, log);
+    ASSERT_EQ(m.type, SlotMessageType::Error) << args.back();
+    EXPECT_NE(m.error.find("is outside this server's --root"), std::string::npos) << m.error;
+  }
+  // Relative paths and plain words stay in the root, where the job runs.
+  const SlotMessage ok = start("in", {"-c", "pwd > where.txt", "--out=sub/dir"}, "job.log");
+  ASSERT_EQ(ok.type, SlotMessageType::Started) << ok.error;
+  const SlotMessage ended = c.next();
+  EXPECT_EQ(ended.type, SlotMessageType::Exited);
+  EXPECT_EQ(ended.exit_code, 0);
+  std::ifstream where(root.file("where.txt"));
+  std::string cwd;
+  std::getline(where, cwd);
+  EXPECT_EQ(cwd, std::filesystem::canonical(root.path()).string());
+  EXPECT_TRUE(std::filesystem::exists(root.file("job.log")));
+  stop = true;
+  serving.join();
 }
 
 // A server that ends a search's jobs without a word (it restarted, or gave the search up after

@@ -21,7 +21,8 @@
 namespace tandem::cli {
 
 pid_t start_child_process(const std::vector<std::string>& args, const std::string& log,
-                          const std::string& what, bool own_process_group) {
+                          const std::string& what, bool own_process_group,
+                          const std::string& working_dir) {
   if (args.empty()) throw InputError(what + ": no command to run");
   // Everything the child needs is built before fork: between fork and exec only
   // async-signal-safe calls are allowed (other threads may hold the allocator's locks).
@@ -60,6 +61,16 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
     // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
     // sent since the fork (a cancel right after the start) then ends it as it would the program.
     reset_stop_signals_in_child();
+    if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) {
+      const char* reason = strerrordesc_np(errno);
+      (void)!write(STDERR_FILENO, failure.data(), failure.size());
+      (void)!write(STDERR_FILENO, "cannot enter ", 13);
+      (void)!write(STDERR_FILENO, working_dir.data(), working_dir.size());
+      (void)!write(STDERR_FILENO, ": ", 2);
+      if (reason != nullptr) (void)!write(STDERR_FILENO, reason, std::strlen(reason));
+      (void)!write(STDERR_FILENO, "\n", 1);
+      _exit(127);
+    }
     execv(argv[0], argv.data());
     (void)!write(STDERR_FILENO, failure.data(), failure.size());
     // strerrordesc_np, not strerror: no locale lookup (not async-signal-safe) in a forked child.

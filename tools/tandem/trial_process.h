@@ -22,8 +22,10 @@ namespace tandem::cli {
 // process's group (a terminal's Ctrl-C, a batch system's cancel) reaches this process alone,
 // which then stops the child in its own order (launch's roles: the servers last, with their
 // final checkpoints).
+// `working_dir`: where the child runs (empty: this process's working directory).
 pid_t start_child_process(const std::vector<std::string>& argv, const std::string& log,
-                          const std::string& what, bool own_process_group = false);
+                          const std::string& what, bool own_process_group = false,
+                          const std::string& working_dir = "");
 
 // SIGKILL to each pid, then waits up to timeout_ms in all for them to be reaped: true once all
 // are. A process in uninterruptible sleep (a hung GPU driver, a dead NFS server) dies only when

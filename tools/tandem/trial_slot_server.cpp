@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "trial_process.h"
@@ -12,6 +13,37 @@
 namespace tandem::cli {
 
 namespace {
+
+// `path` (relative: to `root`) with "..", "." and symbolic links resolved as far as it exists.
+std::filesystem::path resolved(const std::string& root, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path full = fs::path(path).is_absolute() ? fs::path(path) : fs::path(root) / path;
+  fs::path out = fs::weakly_canonical(full, error);
+  return error ? full.lexically_normal() : out;
+}
+
+bool inside(const std::filesystem::path& root, const std::filesystem::path& path) {
+  const auto mismatch = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+  return mismatch.first == root.end();
+}
+
+// Why a job naming these is refused under `root`: "" when every path lies in it. Paths are
+// the log and each argument (or value after --flag=) holding a '/'; plain words ("0.001",
+// "cpu", a file name) stay in the job's working directory, the root.
+std::string outside_root(const std::string& root, const std::string& log,
+                         const std::vector<std::string>& args) {
+  std::vector<std::string> paths{log};
+  for (const std::string& arg : args) {
+    const size_t equals = arg.rfind("--", 0) == 0 ? arg.find('=') : std::string::npos;
+    const std::string value = equals == std::string::npos ? arg : arg.substr(equals + 1);
+    if (value.find('/') != std::string::npos) paths.push_back(value);
+  }
+  for (const std::string& path : paths)
+    if (!inside(root, resolved(root, path)))
+      return path + " is outside this server's --root " + root;
+  return "";
+}
 
 std::string printable(const std::string& bytes) {
   std::string out;
@@ -46,6 +78,14 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
     curve_public_key_ = transport::curve_public_from_secret(options_.curve_secret_key);
   } else if (!options_.curve_allowed_clients.empty()) {
     throw InputError(where + ": allowed client keys without a CURVE secret key");
+  }
+  if (!options_.root.empty()) {
+    std::error_code error;
+    const std::filesystem::path root = std::filesystem::canonical(options_.root, error);
+    if (error || !std::filesystem::is_directory(root))
+      throw InputError(where + ": --root " + options_.root + " is not a directory" +
+                       (error ? " (" + error.message() + ")" : ""));
+    options_.root = root.string();
   }
   try {
     if (curve) {
@@ -206,6 +246,10 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
     answer.error = "job " + m.job + " refused: all " + std::to_string(options_.slots) +
                    " slot(s) of this server are busy";
     answer.busy = true;
+  } else if (const std::string why =
+                 options_.root.empty() ? "" : outside_root(options_.root, m.log, m.args);
+             !why.empty()) {
+    answer.error = "job " + m.job + " refused: " + why;
   } else {
     for (const Job& j : jobs_)
       if (j.client == client && j.id == m.job) answer.error = "job " + m.job + " is already running";
@@ -213,8 +257,11 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
   if (answer.error.empty()) {
     std::vector<std::string> argv{options_.program};
     argv.insert(argv.end(), m.args.begin(), m.args.end());
+    // Under --root the log is opened as resolved (relative: in the root), and the job runs there.
+    const std::string log =
+        options_.root.empty() ? m.log : resolved(options_.root, m.log).string();
     try {
-      const pid_t pid = start_child_process(argv, m.log, "job " + m.job);
+      const pid_t pid = start_child_process(argv, log, "job " + m.job, false, options_.root);
       jobs_.push_back({client, m.job, pid, false});
       say("job " + m.job + " started: pid " + std::to_string(pid) + " (" +
           std::to_string(running()) + "/" + std::to_string(options_.slots) + " slots), log " + m.log);

@@ -15,7 +15,9 @@
 //
 // Only `program` is ever run, with args[0] one of allowed_commands: a peer cannot make the
 // server run anything else. Paths in a job (data, checkpoints, metrics, the log) are the
-// search's, so the search and the servers share a filesystem.
+// search's, so the search and the servers share a filesystem; with `root`, a job naming a path
+// outside that directory is refused (a peer cannot have files written anywhere the server's
+// user may write).
 #pragma once
 
 #include <sys/types.h>
@@ -44,6 +46,10 @@ struct TrialSlotServerOptions {
   int kill_grace_ms = 2000;          // a job sent SIGTERM is sent SIGKILL this long after
   std::string curve_secret_key;      // Z85; empty: no CURVE
   std::vector<std::string> curve_allowed_clients;  // Z85 public keys; empty: any key holder
+  // Non-empty: an existing directory every path a job names must lie in (its log, and each
+  // argument, or value of --flag=value, holding a '/'), checked after resolving "..", symbolic
+  // links and relative paths (against it); jobs run there. Empty: any path.
+  std::string root;
   std::function<void(const std::string&)> log;     // event lines (default: stderr)
 };
 

@@ -32,6 +32,7 @@ struct TrialSlotsOptions {
   double kill_grace = 2;
   std::string endpoint_file;
   std::string endpoint_dir;
+  std::string root;  // --root: jobs name paths in this directory only
   std::string advertise;  // the host clients reach this server by, for a wildcard bind
   std::string curve_secret;
   std::string curve_allowed;
@@ -82,6 +83,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   options.program = self_path();
   options.heartbeat_timeout_ms = static_cast<int>(o.heartbeat_timeout * 1000);
   options.kill_grace_ms = static_cast<int>(o.kill_grace * 1000);
+  options.root = o.root;
   if (!o.curve_secret.empty()) {
     const transport::CurveKeyPair keys = transport::read_curve_secret_key_file(o.curve_secret);
     options.curve_secret_key = keys.secret_key;
@@ -146,6 +148,9 @@ void add_trial_slots_command(CLI::App& app) {
                   "With --bind tcp://0.0.0.0:PORT: the host name or address clients reach this "
                   "server by (default: this machine's name)");
   cmd->add_option("--endpoint-file", o->endpoint_file, "Also write the bound endpoint to this file");
+  cmd->add_option("--root", o->root,
+                  "Refuse jobs that name a path (data, outputs, their log) outside this directory; "
+                  "jobs run in it (default: any path the server's user may use)");
   cmd->add_option("--endpoint-dir", o->endpoint_dir,
                   "Also list this server in a directory (its endpoint in HOST-PID.endpoint, "
                   "removed when it stops): a search or prediction given --slots DIR uses every "
