@@ -755,6 +755,69 @@ TEST(PsClient, ARequestThatTimedOutIsNotDeliveredToAServerStartedLater) {
   EXPECT_EQ(st.version, 0);
 }
 
+// The same with two servers, both gone: the PushPull waits in both sockets, and both are reset
+// (once, only the first server's was: the second server got the gradient when it came back).
+TEST(PsClient, ARequestThatTimedOutReachesNoServerOfTheHandle) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(32);
+  std::vector<ServerOptions> o(2, inproc_options(ctx, "unused"));
+  o[0].bind = "ipc://" + dir.file("ps0.sock");
+  o[1].bind = "ipc://" + dir.file("ps1.sock");
+  PsClient client({o[0].bind, o[1].bind}, client_options(&ctx, 300));
+  {
+    ParameterServer a(o[0]), b(o[1]);
+    client.init(params).wait();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_THROW(client.push_pull(gradients_like(params, 3200)).wait(), transport::TransportError);
+  ParameterServer a(o[0]), b(o[1]);
+  bool answered = false;
+  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
+    try {
+      client.init(params).wait();
+      answered = true;
+    } catch (const transport::TransportError&) {
+    }
+  }
+  ASSERT_TRUE(answered);
+  for (const ServerStats& st : client.stats())
+    EXPECT_EQ(st.by_type.count("PushPull"), 0u) << "the abandoned PushPull reached a new server";
+}
+
+// A request sent on a connection that was reset since (another request to the server timed
+// out) says at once that it was dropped, without resetting the new connection again.
+TEST(PsClient, ARequestDroppedByAResetSaysSoAndLeavesTheNewConnectionAlone) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(33);
+  ServerOptions o = inproc_options(ctx, "unused");
+  o.bind = "ipc://" + dir.file("ps.sock");
+  PsClient client({o.bind}, client_options(&ctx, 300));
+  {
+    ParameterServer server(o);
+    client.init(params).wait();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  PsClient::Handle first = client.pull();
+  PsClient::Handle second = client.pull();
+  EXPECT_THROW(first.wait(), transport::TransportError);  // the reset
+  ParameterServer again(o);
+  bool answered = false;
+  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
+    try {
+      client.init(params).wait();
+      answered = true;
+    } catch (const transport::TransportError&) {
+    }
+  }
+  ASSERT_TRUE(answered);
+  PsClient::Handle third = client.pull();  // on the new connection
+  const std::string why = test::error_of<transport::TransportError>([&] { second.wait(); });
+  EXPECT_TRUE(test::contains(why, "was dropped when the connection was reset")) << why;
+  EXPECT_EQ(third.wait().tensors.size(), params.size());  // its connection was not reset again
+}
+
 TEST(ParameterServer, ShutdownStopsServing) {
   zmq::context_t ctx;
   ParameterServer server(inproc_options(ctx, "ps-shutdown"));

@@ -125,6 +125,10 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
   expect_refused(R"({"v": 1, "type": "error", "error": "e", "busy": 1})", "\"busy\" is not a boolean");
   expect_refused(R"({"v": 1, "type": "started", "job": "j", "pid": 1e30})", "\"pid\" is not an integer");
   expect_refused(R"({"v": 1, "type": "heartbeat", "running": 99999999999})", "out of range");
+  // exec would cut an argument at a NUL: what a --root checks would not be what the job gets.
+  expect_refused(
+      R"({"v": 1, "type": "start", "job": "j", "log": "l", "args": ["train", "/a\u0000/../b"]})",
+      "a NUL character in \"args\"");
 }
 
 bool process_running(pid_t pid) {
@@ -418,6 +422,7 @@ TEST(TrialSlotServerRoot, JobsNamingPathsOutsideTheRootAreRefusedAndTheOthersRun
       {{"-c", "exit 0", "--model-out=" + elsewhere.file("m.safetensors")}, inside_log},
       {{"-c", "exit 0", "--data", "../x/y"}, inside_log},
       {{"-c", "exit 0", "door/m.safetensors"}, inside_log},  // a link out of the root
+      {{"-c", "exit 0", "--data", ".."}, inside_log},
   };
   for (const auto& [args, log] : refused) {
     const SlotMessage m = start("out", args, log);

@@ -19,6 +19,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// A request's deadline passed (its server's connection has been reset): collect() resets the
+// connections of the handle's other unanswered servers too.
+class RequestTimedOut : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
 int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -69,24 +76,37 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
 }
 
 void PsClient::open_socket(Server& server) {
-  server.handshakes = transport::CurveHandshakeWatch();  // (watches the socket: closed first)
+  // Made aside and swapped in whole: a failure leaves the server as it was.
+  zmq::socket_t socket;
+  transport::CurveHandshakeWatch handshakes;
   try {
-    // Assigning closes the old socket, if any; its linger of 0 drops what it still queued.
-    server.socket = zmq::socket_t(*options_.context, zmq::socket_type::dealer);
+    socket = zmq::socket_t(*options_.context, zmq::socket_type::dealer);
     // Requests to a server that is gone are abandoned, never waited on at close.
-    server.socket.set(zmq::sockopt::linger, 0);
-    server.socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
     if (!server.curve_key.empty()) {  // before connect, as the handshake starts there
-      server.socket.set(zmq::sockopt::curve_serverkey, server.curve_key);
-      server.socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-      server.socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-      server.handshakes = transport::CurveHandshakeWatch(*options_.context, server.socket,
-                                                         options_.curve_public_key);
+      socket.set(zmq::sockopt::curve_serverkey, server.curve_key);
+      socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+      socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      handshakes =
+          transport::CurveHandshakeWatch(*options_.context, socket, options_.curve_public_key);
     }
-    server.socket.connect(server.endpoint);
+    socket.connect(server.endpoint);
   } catch (const zmq::error_t& e) {
     throw TransportError("parameter server " + server.endpoint + ": cannot connect: " + e.what());
   }
+  server.handshakes = transport::CurveHandshakeWatch();  // (watches the old socket: closed first)
+  // The old socket, if any, closes here; its linger of 0 drops what it still queued.
+  server.socket = std::move(socket);
+  server.handshakes = std::move(handshakes);
+}
+
+void PsClient::reset_connection(Server& server) {
+  // Replies to the requests sent on the old socket can no longer come (those already here, in
+  // `early`, are kept for their handles).
+  server.outstanding.clear();
+  open_socket(server);
+  ++server.generation;
 }
 
 PsClient::~PsClient() = default;
@@ -160,7 +180,7 @@ PsClient::Handle PsClient::send_each(MessageType type,
     }
     if (type != MessageType::Push && type != MessageType::Idle) {
       server.outstanding.insert(id);
-      handle.parts_.push_back({s, id});
+      handle.parts_.push_back({s, id, server.generation});
     }
   }
   return handle;
@@ -263,9 +283,9 @@ std::vector<uint64_t> PsClient::versions() const {
   return out;
 }
 
-Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline,
-                       MessageType type) {
-  Server& server = *servers_[s];
+Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, MessageType type) {
+  const uint64_t request_id = part.request_id;
+  Server& server = *servers_[part.server];
   const std::string where = "parameter server " + server.endpoint;
   for (;;) {
     const auto early = server.early.find(request_id);
@@ -275,21 +295,28 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
       server.outstanding.erase(request_id);
       return frames;
     }
+    if (part.generation != server.generation)  // (and its socket with it: no reset now)
+      throw TransportError(where + ": " + transport::to_string(type) + " request " +
+                           std::to_string(request_id) + " was dropped when the connection was " +
+                           "reset after another request to this server timed out");
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
-      const std::string why = server.handshakes.problem();
+      std::string why = server.handshakes.problem();
       // A server that is gone has not read this request: it waits in the socket's queue, and a
       // server started again at the address would read it and apply it (a gradient the caller
       // has given up on and may send again). A new socket drops the queue, and with it every
-      // request still unanswered there (each times out in turn; their replies would be dropped).
-      server.outstanding.clear();
-      server.early.clear();
-      open_socket(server);
-      throw TransportError(where + " did not answer " + transport::to_string(type) +
-                           " request " + std::to_string(request_id) + " within " +
-                           std::to_string(options_.timeout_ms) + " ms" +
-                           (why.empty() ? "" : ": " + why));
+      // request still unanswered there (awaited, each says it was dropped).
+      try {
+        reset_connection(server);
+      } catch (const TransportError& e) {
+        why += std::string(why.empty() ? "" : "; ") + "and the connection could not be reset (" +
+               e.what() + ")";
+      }
+      throw RequestTimedOut(where + " did not answer " + transport::to_string(type) +
+                            " request " + std::to_string(request_id) + " within " +
+                            std::to_string(options_.timeout_ms) + " ms" +
+                            (why.empty() ? "" : ": " + why));
     }
     if (options_.cancel && *options_.cancel) {
       server.outstanding.erase(request_id);
@@ -315,9 +342,29 @@ Frames PsClient::await(size_t s, uint64_t request_id, Clock::time_point deadline
 PsResult PsClient::collect(Handle& handle, ReceivedParameters& into) {
   try {
     return collect_replies(handle, into);
+  } catch (const RequestTimedOut&) {
+    reset_unanswered(handle);
+    forget(handle);
+    throw;
   } catch (...) {
     forget(handle);  // the other servers' replies to this handle will not be waited for
     throw;
+  }
+}
+
+void PsClient::reset_unanswered(const Handle& handle) noexcept {
+  // One server timed out (its connection reset) and the handle's deadline, shared, has passed:
+  // the other servers whose part is still unanswered may be gone too, their request queued for
+  // a server started later. Their connections are reset as well.
+  for (const Handle::Part& part : handle.parts_) {
+    Server& server = *servers_[part.server];
+    if (part.generation != server.generation || server.early.count(part.request_id) != 0 ||
+        server.outstanding.count(part.request_id) == 0)
+      continue;  // reset already, or answered
+    try {
+      reset_connection(server);
+    } catch (const TransportError&) {
+    }
   }
 }
 
@@ -337,7 +384,7 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
   for (size_t k = 0; k < handle.parts_.size(); ++k) {
     const auto& part = handle.parts_[k];
     const std::string where = "parameter server " + servers_[part.server]->endpoint;
-    into.frames_[k] = await(part.server, part.request_id, handle.deadline_, handle.type_);
+    into.frames_[k] = await(part, handle.deadline_, handle.type_);
     replies[k] = transport::decode_frames(into.frames_[k], 0, options_.limits);
     const DecodeResult& r = replies[k];
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
@@ -549,7 +596,7 @@ std::vector<ServerStats> PsClient::stats() {
                             all_servers());
   std::vector<ServerStats> out;
   for (const auto& part : handle.parts_) {
-    const Frames frames = await(part.server, part.request_id, handle.deadline_, handle.type_);
+    const Frames frames = await(part, handle.deadline_, handle.type_);
     const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
     const std::string where = "parameter server " + servers_[part.server]->endpoint;
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);

@@ -15,9 +15,9 @@
 // CURVE: with ClientOptions::curve_server_key set, every DEALER is a CURVE client (traffic
 // encrypted, the server authenticated by its public key, this client by its own key pair). A
 // server that refuses the key never answers: wait() throws the usual timeout TransportError (or a
-// later request's send times out: libzmq does not retry a refused handshake, so a client must be
-// made anew once its key is admitted), saying "CURVE authentication failed" when the handshake
-// events tell so.
+// later request's send times out: libzmq does not retry a refused handshake; a request that
+// times out makes a new connection, which tries again), saying "CURVE authentication failed"
+// when the handshake events tell so.
 #pragma once
 
 #include <zmq.hpp>
@@ -134,6 +134,7 @@ class PsClient {
     struct Part {
       size_t server;
       uint64_t request_id;
+      uint64_t generation;  // the server's connection it was sent on (Server::generation)
     };
     PsClient* client_ = nullptr;
     transport::MessageType type_ = transport::MessageType::Pull;
@@ -198,14 +199,22 @@ class PsClient {
     uint64_t last_version = 0;
     uint64_t last_version_request = 0;  // the request id it came with
     std::string curve_key;  // the server's public key (empty: no CURVE)
+    uint64_t generation = 0;  // connections reset so far (reset_connection)
     // CURVE only: the DEALER's handshake events, so that a timeout can say "authentication
     // failed" when that is why. Declared after `socket`, so it closes first.
     transport::CurveHandshakeWatch handshakes;
   };
 
   // (Re)creates the server's DEALER and connects it; a socket it replaces is closed with what
-  // it still queued. TransportError naming the server when it cannot connect.
+  // it still queued. TransportError naming the server when it cannot connect (the server is
+  // then left as it was).
   void open_socket(Server& server);
+  // A new connection to the server after a request to it timed out: what the old one queued is
+  // dropped, and the requests sent on it, awaited, say they were dropped.
+  void reset_connection(Server& server);
+  // After one of the handle's requests timed out: reset_connection for every server whose part
+  // of it is still unanswered.
+  void reset_unanswered(const Handle& handle) noexcept;
   // Drops what is still expected for the handle's requests: their ids, and replies that came
   // early (a late reply is then dropped when it comes).
   void forget(const Handle& handle) noexcept;
@@ -220,7 +229,7 @@ class PsClient {
                         const std::shared_ptr<transport::SendHold>& hold,
                         const std::vector<uint64_t>* versions = nullptr);
   void require_init(const char* what) const;
-  transport::Frames await(size_t server, uint64_t request_id,
+  transport::Frames await(const Handle::Part& part,
                           std::chrono::steady_clock::time_point deadline,
                           transport::MessageType type);
   // Waits for the handle's replies, kept in `into` with their parameters' runs (none when the

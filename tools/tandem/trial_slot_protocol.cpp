@@ -132,6 +132,14 @@ SlotMessage decode_slot_message(const std::string& frame) {
       }
       if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
       if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
+      // exec and open would cut a text at its first NUL: what the server checks (a --root)
+      // would not be what the job gets.
+      for (const std::string* text : {&m.log, &m.job})
+        if (text->find('\0') != std::string::npos)
+          throw SlotProtocolError("start: a NUL character in \"log\" or \"job\"");
+      for (const std::string& a : m.args)
+        if (a.find('\0') != std::string::npos)
+          throw SlotProtocolError("start: a NUL character in \"args\"");
       break;
     }
     case SlotMessageType::Started:

@@ -28,16 +28,17 @@ bool inside(const std::filesystem::path& root, const std::filesystem::path& path
   return mismatch.first == root.end();
 }
 
-// Why a job naming these is refused under `root`: "" when every path lies in it. Paths are
-// the log and each argument (or value after --flag=) holding a '/'; plain words ("0.001",
-// "cpu", a file name) stay in the job's working directory, the root.
+// Why a job naming these is refused under `root`: "" when every path lies in it. Every
+// argument (or value after --flag=) is taken for a path: plain words ("0.001", "cpu", a file
+// name) resolve into the root, the job's working directory, and pass; "..", "../x" and
+// "/etc/x" do not.
 std::string outside_root(const std::string& root, const std::string& log,
                          const std::vector<std::string>& args) {
   std::vector<std::string> paths{log};
   for (const std::string& arg : args) {
     const size_t equals = arg.rfind("--", 0) == 0 ? arg.find('=') : std::string::npos;
     const std::string value = equals == std::string::npos ? arg : arg.substr(equals + 1);
-    if (value.find('/') != std::string::npos) paths.push_back(value);
+    if (!value.empty()) paths.push_back(value);
   }
   for (const std::string& path : paths)
     if (!inside(root, resolved(root, path)))

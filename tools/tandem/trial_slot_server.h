@@ -47,8 +47,8 @@ struct TrialSlotServerOptions {
   std::string curve_secret_key;      // Z85; empty: no CURVE
   std::vector<std::string> curve_allowed_clients;  // Z85 public keys; empty: any key holder
   // Non-empty: an existing directory every path a job names must lie in (its log, and each
-  // argument, or value of --flag=value, holding a '/'), checked after resolving "..", symbolic
-  // links and relative paths (against it); jobs run there. Empty: any path.
+  // argument, or value of --flag=value, taken for a path), checked after resolving "..",
+  // symbolic links and relative paths (against it); jobs run there. Empty: any path.
   std::string root;
   std::function<void(const std::string&)> log;     // event lines (default: stderr)
 };
