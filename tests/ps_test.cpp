@@ -723,6 +723,19 @@ TEST(PsClient, TimeoutOverTcpNamesTheServerThatStopped) {
   }
 }
 
+// Sends Init until a server started again answers it (a request sent before the client's
+// socket has reconnected times out): true once one is answered, within 20 tries.
+bool init_once_answered(PsClient& client, const std::vector<NamedTensor>& params) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    try {
+      client.init(params).wait();
+      return true;
+    } catch (const transport::TransportError&) {
+    }
+  }
+  return false;
+}
+
 // A request to a server that is gone waits in the client's socket. Once the caller has given it
 // up (timed out), a server started again at the address must not receive it: the caller may
 // send that gradient again, and it would be applied twice.
@@ -741,15 +754,7 @@ TEST(PsClient, ARequestThatTimedOutIsNotDeliveredToAServerStartedLater) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_THROW(client.push_pull(gradients_like(params, 3100)).wait(), transport::TransportError);
   ParameterServer again(o);
-  bool answered = false;
-  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
-    try {
-      client.init(params).wait();
-      answered = true;
-    } catch (const transport::TransportError&) {
-    }
-  }
-  ASSERT_TRUE(answered);
+  ASSERT_TRUE(init_once_answered(client, params));
   const ServerStats st = client.stats().at(0);
   EXPECT_EQ(st.by_type.count("PushPull"), 0u) << "the abandoned PushPull reached the new server";
   EXPECT_EQ(st.version, 0);
@@ -772,15 +777,7 @@ TEST(PsClient, ARequestThatTimedOutReachesNoServerOfTheHandle) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_THROW(client.push_pull(gradients_like(params, 3200)).wait(), transport::TransportError);
   ParameterServer a(o[0]), b(o[1]);
-  bool answered = false;
-  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
-    try {
-      client.init(params).wait();
-      answered = true;
-    } catch (const transport::TransportError&) {
-    }
-  }
-  ASSERT_TRUE(answered);
+  ASSERT_TRUE(init_once_answered(client, params));
   for (const ServerStats& st : client.stats())
     EXPECT_EQ(st.by_type.count("PushPull"), 0u) << "the abandoned PushPull reached a new server";
 }
@@ -803,15 +800,7 @@ TEST(PsClient, ARequestDroppedByAResetSaysSoAndLeavesTheNewConnectionAlone) {
   PsClient::Handle second = client.pull();
   EXPECT_THROW(first.wait(), transport::TransportError);  // the reset
   ParameterServer again(o);
-  bool answered = false;
-  for (int attempt = 0; attempt < 20 && !answered; ++attempt) {
-    try {
-      client.init(params).wait();
-      answered = true;
-    } catch (const transport::TransportError&) {
-    }
-  }
-  ASSERT_TRUE(answered);
+  ASSERT_TRUE(init_once_answered(client, params));
   PsClient::Handle third = client.pull();  // on the new connection
   const std::string why = test::error_of<transport::TransportError>([&] { second.wait(); });
   EXPECT_TRUE(test::contains(why, "was dropped when the connection was reset")) << why;
