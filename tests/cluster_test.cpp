@@ -759,6 +759,36 @@ TEST(RunSettings, TheStepTimeoutTravelsAndANegativeOneIsRefused) {
   EXPECT_THROW(run_settings_from_json(bad), InputError);
 }
 
+// Settings (from the public API's dict or JSON, or a coordinator) are read as their types:
+// nlohmann's own conversions truncated 2.5 to 2, made 1e10 threads an undefined int, wrapped a
+// seed of -1, and named no setting when a type was wrong.
+TEST(RunSettings, ASettingOfTheWrongTypeOrRangeIsRefusedNamingIt) {
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"batch", 2.5}}, "cluster setting 'batch' is 2.5, expected an integer"},
+      {{{"batch", 1e300}}, "cluster setting 'batch' is 1e+300, expected an integer"},
+      {{{"worker_threads", 1e10}}, "'worker_threads' is 10000000000.0, expected an integer within"},
+      {{{"seed", -1}}, "cluster setting 'seed' is -1, expected a non-negative integer"},
+      {{{"lr", "x"}}, "cluster setting 'lr' is \"x\", expected a number"},
+      {{{"lr", 1e300}}, "'lr' is 1e+300, expected a number within float32's range"},
+      {{{"shuffle", 1}}, "cluster setting 'shuffle' is 1, expected true or false"},
+      {{{"backend", 3}}, "cluster setting 'backend' is 3, expected text"},
+  };
+  for (const auto& [overrides, expected] : bad) {
+    const std::string why =
+        test::error_of<InputError>([&] { run_settings_over_defaults(overrides); });
+    EXPECT_TRUE(test::contains(why, expected)) << overrides.dump() << ": " << why;
+  }
+  json missing = to_json(RunSettings{});
+  missing.erase("batch");
+  const std::string why = test::error_of<InputError>([&] { run_settings_from_json(missing); });
+  EXPECT_TRUE(test::contains(why, "'batch' is missing")) << why;
+  // Integral floats (from a language without integers) and the largest seed still read.
+  const RunSettings s = run_settings_over_defaults(
+      json{{"batch", 250.0}, {"seed", std::numeric_limits<uint64_t>::max()}});
+  EXPECT_EQ(s.batch, 250);
+  EXPECT_EQ(s.seed, std::numeric_limits<uint64_t>::max());
+}
+
 TEST(ClusterRun, StopsAtTheTargetAndKeepsTheParametersThatMetIt) {
   test::TempDir dir;
   ClusterOptions o = small_run(dir, write_small_store(dir));

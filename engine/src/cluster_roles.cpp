@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -99,47 +100,119 @@ RunSettings run_settings_over_defaults(const json& overrides) {
   return run_settings_from_json(j);
 }
 
-RunSettings run_settings_from_json(const json& j) {
-  RunSettings s;
-  try {
-    s.data = j.at("data").get<std::string>();
-    s.model = ModelConfig::parse(j.at("model").get<std::string>());
-    s.optimizer.kind = parse_optimizer(j.at("optimizer").get<std::string>());
-    s.optimizer.learning_rate = j.at("lr").get<float>();
-    s.optimizer.beta1 = j.at("beta1").get<float>();
-    s.optimizer.beta2 = j.at("beta2").get<float>();
-    s.optimizer.epsilon = j.at("epsilon").get<float>();
-    s.batch = j.at("batch").get<int64_t>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.shuffle = j.at("shuffle").get<bool>();
-    s.backend = j.at("backend").get<std::string>();
-    s.precision = j.at("precision").get<std::string>();
-    s.worker_threads = j.at("worker_threads").get<int>();
-    s.worker_group = j.value("worker_group", 1);  // absent from older settings
-    s.scorer_threads = j.at("scorer_threads").get<int>();
-    s.readers = j.at("readers").get<int>();
-    s.assemblers = j.at("assemblers").get<int>();
-    s.score_interval_s = j.at("score_interval_s").get<double>();
-    s.ps_mode = j.at("ps_mode").get<std::string>();
-    s.ps_device = j.at("ps_device").get<std::string>();
-    s.replicas_to_aggregate = j.at("replicas_to_aggregate").get<int>();
-    s.staleness_bound = j.at("staleness_bound").get<int64_t>();
-    s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
-    s.checkpoint_every_s = j.at("checkpoint_every_s").get<double>();
-    s.checkpoint_every_steps = j.value("checkpoint_every_steps", int64_t{0});  // (newer)
-    s.best_model_path = j.at("best_model_path").get<std::string>();
-    s.overlap = j.at("overlap").get<bool>();
-    s.curve_server_public = j.at("curve_server_public").get<std::string>();
-    s.curve_secret_file = j.at("curve_secret_file").get<std::string>();
-    s.curve_allowed_path = j.at("curve_allowed_path").get<std::string>();
-    s.curve_client_file = j.at("curve_client_file").get<std::string>();
-    s.fed = j.value("fed", false);
-    s.ps_timeout_ms = j.at("ps_timeout_ms").get<int>();
-    s.init_timeout_ms = j.at("init_timeout_ms").get<int>();
-    s.step_timeout_s = j.value("step_timeout_s", 600.0);  // absent from older settings
-  } catch (const json::exception& e) {
-    throw InputError(std::string("cluster settings from the coordinator: ") + e.what());
+namespace {
+
+// Each setting read as its type, or an InputError naming it: nlohmann's own conversions cast a
+// number of the wrong kind (2.5 for an integer: 2; 1e10 for an int, or 1e300 for a float:
+// undefined) and name no setting when a type is wrong.
+class SettingsReader {
+ public:
+  explicit SettingsReader(const json& j) : j_(j) {}
+  // `fallback`: the value when the setting is absent (settings from an older release); null:
+  // the setting is required.
+  std::string text(const char* key) const {
+    return typed<std::string>(key, nullptr, &json::is_string, "text");
   }
+  bool flag(const char* key, const bool* fallback = nullptr) const {
+    return typed(key, fallback, &json::is_boolean, "true or false");
+  }
+  double number(const char* key, const double* fallback = nullptr) const {
+    return typed(key, fallback, &json::is_number, "a number");
+  }
+  float single(const char* key) const {
+    const double v = number(key);
+    if (!(std::fabs(v) <= double(std::numeric_limits<float>::max())))
+      wrong(key, j_.at(key), "a number within float32's range");
+    return float(v);
+  }
+  int64_t integer(const char* key, const int64_t* fallback = nullptr) const {
+    const json* v = find(key, fallback != nullptr);
+    if (v == nullptr) return *fallback;
+    try {
+      return json_integer(j_, key, 0);
+    } catch (const InputError&) {
+      wrong(key, *v, "an integer");
+    }
+  }
+  int small_integer(const char* key, const int64_t* fallback = nullptr) const {
+    const int64_t v = integer(key, fallback);
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      wrong(key, j_.at(key), "an integer within int32's range");
+    return int(v);
+  }
+  uint64_t unsigned_integer(const char* key) const {
+    const json* v = find(key, false);
+    if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
+      wrong(key, *v, "a non-negative integer");
+    return v->get<uint64_t>();
+  }
+
+ private:
+  template <typename T>
+  T typed(const char* key, const T* fallback, bool (json::*is)() const noexcept,
+          const char* expected) const {
+    const json* v = find(key, fallback != nullptr);
+    if (v == nullptr) return *fallback;
+    if (!(v->*is)()) wrong(key, *v, expected);
+    return v->get<T>();
+  }
+  const json* find(const char* key, bool optional) const {
+    const auto it = j_.find(key);
+    if (it != j_.end()) return &*it;
+    if (optional) return nullptr;
+    throw InputError(std::string("cluster settings: '") + key + "' is missing");
+  }
+  [[noreturn]] static void wrong(const char* key, const json& v, const char* expected) {
+    throw InputError(std::string("cluster setting '") + key + "' is " + wire_text(v) +
+                     ", expected " + expected);
+  }
+  const json& j_;
+};
+
+}  // namespace
+
+RunSettings run_settings_from_json(const json& j) {
+  if (!j.is_object()) throw InputError("cluster settings: " + wire_text(j) + " is not an object");
+  const SettingsReader r(j);
+  RunSettings s;
+  s.data = r.text("data");
+  s.model = ModelConfig::parse(r.text("model"));
+  s.optimizer.kind = parse_optimizer(r.text("optimizer"));
+  s.optimizer.learning_rate = r.single("lr");
+  s.optimizer.beta1 = r.single("beta1");
+  s.optimizer.beta2 = r.single("beta2");
+  s.optimizer.epsilon = r.single("epsilon");
+  s.batch = r.integer("batch");
+  s.seed = r.unsigned_integer("seed");
+  s.shuffle = r.flag("shuffle");
+  s.backend = r.text("backend");
+  s.precision = r.text("precision");
+  s.worker_threads = r.small_integer("worker_threads");
+  const int64_t one = 1, zero = 0;
+  const bool no = false;
+  const double ten_minutes = 600.0;
+  s.worker_group = r.small_integer("worker_group", &one);  // absent from older settings
+  s.scorer_threads = r.small_integer("scorer_threads");
+  s.readers = r.small_integer("readers");
+  s.assemblers = r.small_integer("assemblers");
+  s.score_interval_s = r.number("score_interval_s");
+  s.ps_mode = r.text("ps_mode");
+  s.ps_device = r.text("ps_device");
+  s.replicas_to_aggregate = r.small_integer("replicas_to_aggregate");
+  s.staleness_bound = r.integer("staleness_bound");
+  s.checkpoint_dir = r.text("checkpoint_dir");
+  s.checkpoint_every_s = r.number("checkpoint_every_s");
+  s.checkpoint_every_steps = r.integer("checkpoint_every_steps", &zero);  // (newer)
+  s.best_model_path = r.text("best_model_path");
+  s.overlap = r.flag("overlap");
+  s.curve_server_public = r.text("curve_server_public");
+  s.curve_secret_file = r.text("curve_secret_file");
+  s.curve_allowed_path = r.text("curve_allowed_path");
+  s.curve_client_file = r.text("curve_client_file");
+  s.fed = r.flag("fed", &no);
+  s.ps_timeout_ms = r.small_integer("ps_timeout_ms");
+  s.init_timeout_ms = r.small_integer("init_timeout_ms");
+  s.step_timeout_s = r.number("step_timeout_s", &ten_minutes);  // absent from older settings
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
   try {
     s.optimizer.validate();
