@@ -41,6 +41,28 @@ int64_t json_integer(const nlohmann::json& message, const char* key, int64_t mis
   throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
 }
 
+int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback) {
+  try {
+    return json_integer(message, key, fallback);
+  } catch (const InputError&) {
+    return fallback;
+  }
+}
+
+double json_number_or(const nlohmann::json& message, const char* key, double fallback) {
+  try {
+    return json_number(message, key, fallback);
+  } catch (const InputError&) {
+    return fallback;
+  }
+}
+
+std::string json_string_or(const nlohmann::json& message, const char* key,
+                           const std::string& fallback) {
+  const auto it = message.find(key);
+  return it != message.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer) {
   const std::string text = wire_text(message);
   // Never block: a peer that is gone must not stall the sender (its queue may be full).
@@ -192,9 +214,7 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
       }
       if (!answered) continue;
       last_reply_ = std::chrono::steady_clock::now();
-      const auto said = reply.find("phase");
-      const std::string phase = said != reply.end() && said->is_string() ? said->get<std::string>()
-                                                                        : phase_;
+      const std::string phase = json_string_or(reply, "phase", phase_);
       if (phase != phase_) {
         phase_ = phase;
         phase_changed_.notify_all();

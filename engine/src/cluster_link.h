@@ -39,6 +39,12 @@ double json_number(const nlohmann::json& message, const char* key, double missin
 // else, a number with a fraction or out of int64's range included (nlohmann's own conversion
 // of such a number is undefined behaviour).
 int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
+// The same, for what is read but not checked (what a role reported, for a state; a replay's
+// number): `fallback` when absent or of any other type, never an error.
+int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback);
+double json_number_or(const nlohmann::json& message, const char* key, double fallback);
+std::string json_string_or(const nlohmann::json& message, const char* key,
+                           const std::string& fallback);
 
 // A DEALER connected to the coordinator at `endpoint` (a CURVE client with `curve` when enabled).
 // TransportError naming the address when it cannot connect.

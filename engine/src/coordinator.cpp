@@ -32,23 +32,6 @@ const char* to_string(ClusterPhase phase) {
 
 namespace {
 
-// A figure a role reported in its status, read for the state: what is not a number there (a
-// role's bug, not this request's) counts as 0 rather than failing every reader of the state.
-int64_t reported_count(const json& status, const char* key) {
-  try {
-    return json_integer(status, key, 0);
-  } catch (const InputError&) {
-    return 0;
-  }
-}
-double reported_rate(const json& status, const char* key) {
-  try {
-    return json_number(status, key, 0.0);
-  } catch (const InputError&) {
-    return 0.0;
-  }
-}
-
 // Which of n scores the state shows: all of the newest kStateScores / 2, and as many again
 // spread evenly over the older ones (the first included), so that a long run's state, built
 // every second under the coordinator's lock and drawn point by point by the dashboard, stays
@@ -320,9 +303,11 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     if (r.contains("status") && r["status"].is_object()) role.status = r["status"];
     // A worker stopping mid-task says how far it got: only the batches after that are
     // handed out again (from its last heartbeat, they would be trained twice).
+    // (What roles report is read with the _or readers: a figure that is not a number, a role's
+    // bug and not this request's, counts as 0 instead of failing the request or the state.)
     if (role.role == "worker" && role.status.is_object() && role.status.contains("task"))
-      work_.progress(name, reported_count(role.status, "task"),
-                     reported_count(role.status, "done"));
+      work_.progress(name, json_integer_or(role.status, "task", 0),
+                     json_integer_or(role.status, "done", 0));
     if (role.role == "worker") work_.worker_lost(name);
     changed_.notify_all();
     return json::object();
@@ -675,7 +660,7 @@ int64_t Coordinator::batches_done_locked() const {
   if (!options_.fed) return work_.batches_done();
   int64_t sum = 0;
   for (const auto& [name, role] : roles_)
-    if (role.role == "worker") sum += reported_count(role.status, "batches_done");
+    if (role.role == "worker") sum += json_integer_or(role.status, "batches_done", 0);
   return sum;
 }
 
@@ -702,21 +687,21 @@ json Coordinator::state() const {
                      {"last_seen_s", std::chrono::duration<double>(now - role.last_seen).count()}});
     const json& st = role.status;
     if (role.role == "worker") {
-      const double rate = gone(role.state) ? 0.0 : reported_rate(st, "samples_per_s");
+      const double rate = gone(role.state) ? 0.0 : json_number_or(st, "samples_per_s", 0);
       samples_per_s += rate;
       workers.push_back({{"name", name}, {"samples_per_s", rate},
-                         {"queue_depth", reported_count(st, "queue_depth")},
-                         {"steps", reported_count(st, "steps")},
-                         {"batches_done", reported_count(st, "batches_done")}});
+                         {"queue_depth", json_integer_or(st, "queue_depth", 0)},
+                         {"steps", json_integer_or(st, "steps", 0)},
+                         {"batches_done", json_integer_or(st, "batches_done", 0)}});
     } else if (role.role == "ps" && st.contains("stats")) {
       const json& s = st["stats"];
-      step = std::max<int64_t>(step, reported_count(s, "version"));
+      step = std::max<int64_t>(step, json_integer_or(s, "version", 0));
       json staleness = json::object();
       if (s.contains("staleness_histogram") && s["staleness_histogram"].is_object())
         staleness = s["staleness_histogram"];
-      servers.push_back({{"name", name}, {"pushes_per_s", reported_rate(s, "pushes_per_s")},
-                         {"pulls_per_s", reported_rate(s, "pulls_per_s")},
-                         {"version", reported_count(s, "version")}, {"staleness", staleness}});
+      servers.push_back({{"name", name}, {"pushes_per_s", json_number_or(s, "pushes_per_s", 0)},
+                         {"pulls_per_s", json_number_or(s, "pulls_per_s", 0)},
+                         {"version", json_integer_or(s, "version", 0)}, {"staleness", staleness}});
     }
   }
   cluster["step"] = step;

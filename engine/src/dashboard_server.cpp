@@ -181,7 +181,6 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   // Bodies are refused unread (screen()); a client that goes quiet for 2 s in the middle of a
   // request is dropped (a slow client holds one of httplib's threads; README: keep the
   // dashboard on loopback or behind a proxy).
-  server.set_payload_max_length(64 * 1024);  // (a second guard: httplib's default is no limit)
   server.set_read_timeout(2);
   server.set_default_headers({{"X-Content-Type-Options", "nosniff"}});
   const DashboardOptions* served = &s.options;  // s outlives the server

@@ -358,9 +358,9 @@ void PsClient::reset_unanswered(const Handle& handle) noexcept {
   // a server started later. Their connections are reset as well.
   for (const Handle::Part& part : handle.parts_) {
     Server& server = *servers_[part.server];
-    if (part.generation != server.generation || server.early.count(part.request_id) != 0 ||
-        server.outstanding.count(part.request_id) == 0)
-      continue;  // reset already, or answered
+    // (A reset clears `outstanding`: a part no longer there was reset already, or answered.)
+    if (server.outstanding.count(part.request_id) == 0 || server.early.count(part.request_id) != 0)
+      continue;
     try {
       reset_connection(server);
     } catch (const TransportError&) {

@@ -71,10 +71,7 @@ constexpr auto kReplayWait = std::chrono::seconds(2);
 
 // The (replay or sequence) number under `key` (0 when it is not an integer; a negative one is
 // given as it is, and is never a new one).
-int64_t replay_id(const json& m, const char* key) {
-  const auto it = m.find(key);
-  return it != m.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
-}
+int64_t replay_id(const json& m, const char* key) { return json_integer_or(m, key, 0); }
 }  // namespace
 
 bool is_end_message(const json& message) {
@@ -82,10 +79,7 @@ bool is_end_message(const json& message) {
   return end != message.end() && end->is_boolean() && end->get<bool>();
 }
 
-std::string end_reason_of(const json& message) {
-  const auto reason = message.find("reason");
-  return reason != message.end() && reason->is_string() ? reason->get<std::string>() : "";
-}
+std::string end_reason_of(const json& message) { return json_string_or(message, "reason", ""); }
 
 std::optional<json> ScoreSubscriber::take(json m) {
   if (is_end_message(m)) {
