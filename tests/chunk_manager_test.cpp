@@ -442,8 +442,8 @@ namespace {
 
 // The epoch's row stream depends on the seed and epoch alone: not on how many threads assemble
 // it, nor on the batch size (which decides whether a batch is gathered row by row or scattered
-// from a band read in order), nor on whether rows are copied with streaming stores (rows of 32
-// bytes) or plain copies (rows of 24 bytes).
+// from a band read in order). The slots here are small, so rows are copied with ordinary stores;
+// the next test covers the streaming stores of slots larger than the cache.
 TEST(ChunkManager, StreamOrderIndependentOfAssemblersAndBatchSize) {
   for (int64_t features : {24, 32})
     for (const char* compressor : {"none", "zstd"}) {
@@ -464,6 +464,39 @@ TEST(ChunkManager, StreamOrderIndependentOfAssemblersAndBatchSize) {
           EXPECT_EQ(rows, reference) << features << " " << compressor << " assemblers "
                                      << assemblers << " batch " << batch;
         }
+    }
+}
+
+// A slot over a megabyte is written with non-temporal stores (whole 16-byte words: rows of 32
+// bytes) or, where the bytes do not allow them, plain copies (rows of 24 bytes); a smaller slot
+// with ordinary stores. Batches of either size carry the same rows in the same order, shuffled
+// (scattered from a band read in order, or gathered) and not.
+TEST(ChunkManager, SlotsLargerThanTheCacheStreamTheSameRows) {
+  for (int64_t features : {24, 32})
+    for (bool shuffle : {true, false}) {
+      test::TempDir dir;
+      const Dataset data = test::random_dataset(PixelType::UInt8, 160000, features, 10, 6);
+      const auto split = write_split(dir.file("s"), data, 150000, features, 150000,
+                                     zarr::Format::V3, "none");
+      std::vector<RowKey> reference;
+      // 1,000 rows: a small slot, gathered when shuffled; 36,000 rows of 32 bytes: a large slot,
+      // gathered (under a quarter of a band); 80,000 rows: a large slot, scattered.
+      for (int64_t batch : {1000, 36000, 80000}) {
+        ChunkManagerOptions o;
+        o.batch_rows = batch;
+        o.shuffle = shuffle;
+        o.seed = 8;
+        o.pin_for_device = -1;
+        ChunkManager cm(split, 10, o);
+        const auto rows = epoch_rows(cm, 1);
+        if (reference.empty()) {
+          reference = rows;
+          std::vector<RowKey> all;
+          for (int64_t r = 0; r < data.rows(); ++r) all.push_back(row_key(data.view(), r));
+          EXPECT_EQ(sorted_rows(rows), sorted_rows(all)) << features << " " << shuffle;
+        }
+        EXPECT_EQ(rows, reference) << features << " shuffle " << shuffle << " batch " << batch;
+      }
     }
 }
 

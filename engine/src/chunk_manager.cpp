@@ -23,9 +23,10 @@ constexpr uint64_t kBandOrderStream = 1ull << 40;
 constexpr uint64_t kRowOrderStream = 1ull << 41;
 
 // Copies rows into a ring slot with non-temporal stores where the bytes allow (16-byte aligned
-// destination, whole 16-byte words): the slot is written once and read next by the consumer or
-// the GPU's copy engine, so pulling its lines into the cache first (a read for every write)
-// only halves the bandwidth. streaming_stores_done() orders them before the slot is handed out.
+// destination, whole 16-byte words): a slot larger than the cache is written once and read next
+// by the consumer or the GPU's copy engine, so pulling its lines into the cache first (a read
+// for every write) only halves the bandwidth. streaming_stores_done() orders them before the
+// slot is handed out.
 void copy_rows_streaming(uint8_t* dst, const uint8_t* src, size_t bytes) {
 #if defined(__SSE2__)
   if (reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 16 == 0) {
@@ -37,6 +38,16 @@ void copy_rows_streaming(uint8_t* dst, const uint8_t* src, size_t bytes) {
 #endif
   std::memcpy(dst, src, bytes);
 }
+
+// The same copy with ordinary stores, for slots small enough to stay in the cache from one use to
+// the next (kCachedSlotBytes): writing them there is cheaper than sending every byte out to
+// memory, and a CPU consumer then reads its batch from the cache.
+void copy_rows_cached(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+
+// A core's L2 cache on the hosts measured (Zen 3 and Zen 4: bench/RESULTS.md).
+constexpr size_t kCachedSlotBytes = size_t{1} << 20;
 
 void streaming_stores_done() {
 #if defined(__SSE2__)
@@ -337,6 +348,8 @@ void ChunkManager::release_band(size_t cursor) {
 void ChunkManager::assembler_loop() {
   try {
     const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
+    const size_t slot_bytes = static_cast<size_t>(options_.batch_rows) * row_bytes;
+    const auto copy_rows = slot_bytes <= kCachedSlotBytes ? copy_rows_cached : copy_rows_streaming;
     for (;;) {
       // The batch and its slot are taken together, so the slots always hold the oldest batches
       // not yet handed out (the consumer can never wait on a batch that has no slot).
@@ -369,8 +382,8 @@ void ChunkManager::assembler_loop() {
         const int64_t first = lo - band_start_[position], last = hi - band_start_[position];
         if (row_orders_[position].empty()) {
           // Unshuffled: one contiguous run.
-          copy_rows_streaming(out, band->pixels + first * row_bytes,
-                              static_cast<size_t>(last - first) * row_bytes);
+          copy_rows(out, band->pixels + first * row_bytes,
+                    static_cast<size_t>(last - first) * row_bytes);
           std::memcpy(out_labels, band_labels + first, static_cast<size_t>(last - first));
         } else if ((last - first) * 4 >= band->rows) {
           // Shuffled, a large part of the band: walk the band's rows in storage order and scatter
@@ -380,7 +393,7 @@ void ChunkManager::assembler_loop() {
           for (int64_t j = 0; j < band->rows; ++j) {
             const int64_t k = where[j];
             if (k < first || k >= last) continue;
-            copy_rows_streaming(out + (k - first) * row_bytes, band->pixels + j * row_bytes, row_bytes);
+            copy_rows(out + (k - first) * row_bytes, band->pixels + j * row_bytes, row_bytes);
             out_labels[k - first] = band_labels[j];
           }
         } else {
@@ -393,8 +406,8 @@ void ChunkManager::assembler_loop() {
               const uint8_t* ahead = band->pixels + order[k + kAhead] * row_bytes;
               for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
             }
-            copy_rows_streaming(out + (k - first) * row_bytes, band->pixels + order[k] * row_bytes,
-                                row_bytes);
+            copy_rows(out + (k - first) * row_bytes, band->pixels + order[k] * row_bytes,
+                      row_bytes);
             out_labels[k - first] = band_labels[order[k]];
           }
         }
