@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "ps_checkpoint_file.h"
 #include "safetensors.h"
 #include "tandem/error.h"
 
@@ -121,8 +122,6 @@ ParameterServer::ParameterServer(ServerOptions options)
 }
 
 namespace {
-constexpr const char* kShardFormat = "tandem-ps-shard";
-
 // This shard's checkpoint files in `dir`, newest (highest step) first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir,
                                                               const std::string& shard) {
@@ -142,75 +141,6 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
     out.emplace_back(std::stoll(digits), it->path().string());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return out;
-}
-
-SafeTensor float_tensor(const std::string& name, const std::vector<int64_t>& shape,
-                        const float* values, int64_t count) {
-  SafeTensor t;
-  t.name = name;
-  t.dtype = "F32";
-  t.shape = shape;
-  t.data.resize(size_t(count) * sizeof(float));
-  if (count > 0) std::memcpy(t.data.data(), values, t.data.size());
-  return t;
-}
-
-std::vector<float> floats_of(const SafeTensor& t) {
-  std::vector<float> v(t.data.size() / sizeof(float));
-  if (!v.empty()) std::memcpy(v.data(), t.data.data(), v.size() * sizeof(float));
-  return v;
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// Reads a whole shard checkpoint; InputError/IoError when anything is missing or wrong.
-std::vector<PsShard::Restored> read_shard_checkpoint(const std::string& path, bool adam,
-                                                     int64_t& step, std::string& model_order) {
-  const SafeTensorsFile file = read_safetensors(path);
-  auto meta = [&](const std::string& key) -> const std::string& {
-    auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) throw InputError(path + ": metadata has no '" + key + "'");
-    return it->second;
-  };
-  if (meta("format") != kShardFormat)
-    throw InputError(path + ": metadata format is '" + meta("format") + "', expected " +
-                     kShardFormat);
-  const std::string& step_text = meta("step");
-  if (step_text.empty() || step_text.size() > 18 ||
-      !std::all_of(step_text.begin(), step_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    throw InputError(path + ": metadata step '" + step_text + "' is not a number");
-  step = std::stoll(step_text);
-  auto order = file.metadata.find("model_order");
-  model_order = order == file.metadata.end() ? std::string() : order->second;
-  std::vector<PsShard::Restored> out;
-  size_t expected = 0;
-  for (const auto& t : file.tensors) {
-    if (ends_with(t.name, ".adam_m") || ends_with(t.name, ".adam_v")) continue;
-    if (t.dtype != "F32") throw InputError(path + ": tensor '" + t.name + "' is not F32");
-    PsShard::Restored r{t.name, t.shape, floats_of(t), {}, {}};
-    for (float x : r.values)
-      if (!std::isfinite(x)) throw InputError(path + ": tensor '" + t.name + "' is not finite");
-    ++expected;
-    const SafeTensor* m = file.find(t.name + ".adam_m");
-    const SafeTensor* v = file.find(t.name + ".adam_v");
-    if (adam && (m == nullptr || v == nullptr))
-      throw InputError(path + ": no Adam moments for '" + t.name + "'");
-    for (const SafeTensor* mv : {m, v}) {
-      if (mv == nullptr) continue;
-      if (mv->dtype != "F32" || mv->shape != t.shape)
-        throw InputError(path + ": moment '" + mv->name + "' does not match its parameter");
-      ++expected;
-    }
-    if (m) r.m = floats_of(*m);
-    if (v) r.v = floats_of(*v);
-    out.push_back(std::move(r));
-  }
-  if (out.empty()) throw InputError(path + ": no parameters");
-  if (expected != file.tensors.size())
-    throw InputError(path + ": moments without a parameter");
   return out;
 }
 }  // namespace
@@ -282,11 +212,11 @@ void ParameterServer::restore_newest() {
   for (const auto& [step_in_name, path] :
        list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
     try {
-      int64_t step = 0;
-      std::string order;
-      auto tensors = read_shard_checkpoint(path, adam, step, order);
-      shard_.restore(tensors, step);
-      model_order_ = order;
+      const ShardCheckpoint checkpoint =
+          decode_shard_checkpoint(read_safetensors(path), path, adam);
+      const int64_t step = checkpoint.step;
+      shard_.restore(checkpoint.tensors, step);
+      model_order_ = checkpoint.model_order;
       checkpointed_step_ = step;
       restored_from_ = path;
       stats_.version = step;
@@ -304,20 +234,11 @@ void ParameterServer::restore_newest() {
 
 std::string ParameterServer::submit_checkpoint() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
-  SafeTensorsFile file;
   shard_.fetch_moments();
-  for (const auto& e : shard_.entries()) {
-    file.tensors.push_back(float_tensor(e.name, e.shape, shard_.values(e), e.size));
-    if (!adam) continue;
-    file.tensors.push_back(float_tensor(e.name + ".adam_m", e.shape, shard_.adam_m(e), e.size));
-    file.tensors.push_back(float_tensor(e.name + ".adam_v", e.shape, shard_.adam_v(e), e.size));
-  }
-  file.metadata["format"] = kShardFormat;
-  file.metadata["step"] = std::to_string(shard_.step());
-  file.metadata["mode"] = to_string(options_.mode);
-  file.metadata["shard"] = options_.shard_name;
-  file.metadata["optimizer"] = to_string(options_.optimizer.kind);
-  file.metadata["model_order"] = model_order_;
+  SafeTensorsFile file = encode_shard_checkpoint(
+      shard_, adam,
+      {to_string(options_.mode), options_.shard_name, to_string(options_.optimizer.kind),
+       model_order_});
   const std::string path =
       (std::filesystem::path(options_.checkpoint_dir) /
        (options_.shard_name + "-step-" + std::to_string(shard_.step()) + ".safetensors"))

@@ -140,6 +140,36 @@ def checkpoint():
         best_validation_samples="10")))
 
 
+def ps_checkpoint():
+    # What a parameter server writes (ps_checkpoint_file.cpp): the shard's parameters under their
+    # names, Adam's moments as NAME.adam_m / NAME.adam_v, the rest in metadata.
+    from safetensors.numpy import save
+    rng = np.random.default_rng(12)
+    shapes = {"hidden/weights": (4, 3), "hidden/bias": (3,), "softmax/weights": (3, 2),
+              "scale": ()}
+    order = "\n".join(shapes)
+
+    def tensors(adam):
+        out = {}
+        for name, shape in shapes.items():
+            out[name] = rng.standard_normal(shape).astype(np.float32)
+            if adam:
+                out[name + ".adam_m"] = rng.standard_normal(shape).astype(np.float32)
+                out[name + ".adam_v"] = rng.random(shape).astype(np.float32)
+        return out
+
+    def meta(optimizer, step):
+        return {"format": "tandem-ps-shard", "step": step, "mode": "async", "shard": "ps0",
+                "optimizer": optimizer, "model_order": order}
+
+    write("ps_checkpoint", "adam", save(tensors(True), metadata=meta("adam", "120")))
+    write("ps_checkpoint", "sgd", save(tensors(False), metadata=meta("sgd", "7")))
+    # From an older version: no model order.
+    old = meta("adam", "0")
+    del old["model_order"]
+    write("ps_checkpoint", "adam-no-order", save(tensors(True), metadata=old))
+
+
 def frames(*parts):
     return b"".join(struct.pack("<H", len(p)) + p for p in parts)
 
@@ -288,6 +318,7 @@ if __name__ == "__main__":
     zarr_metadata()
     zarr_chunk()
     checkpoint()
+    ps_checkpoint()
     wire_frames()
     ps_shard()
     slot_message()

@@ -1,0 +1,102 @@
+#include "ps_checkpoint_file.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+
+constexpr const char* kShardFormat = "tandem-ps-shard";
+
+SafeTensor float_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                        const float* values, int64_t count) {
+  SafeTensor t;
+  t.name = name;
+  t.dtype = "F32";
+  t.shape = shape;
+  t.data.resize(size_t(count) * sizeof(float));
+  if (count > 0) std::memcpy(t.data.data(), values, t.data.size());
+  return t;
+}
+
+std::vector<float> floats_of(const SafeTensor& t) {
+  std::vector<float> v(t.data.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), t.data.data(), v.size() * sizeof(float));
+  return v;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+SafeTensorsFile encode_shard_checkpoint(const PsShard& shard, bool adam,
+                                        const ShardCheckpointLabels& labels) {
+  SafeTensorsFile file;
+  for (const auto& e : shard.entries()) {
+    file.tensors.push_back(float_tensor(e.name, e.shape, shard.values(e), e.size));
+    if (!adam) continue;
+    file.tensors.push_back(float_tensor(e.name + ".adam_m", e.shape, shard.adam_m(e), e.size));
+    file.tensors.push_back(float_tensor(e.name + ".adam_v", e.shape, shard.adam_v(e), e.size));
+  }
+  file.metadata["format"] = kShardFormat;
+  file.metadata["step"] = std::to_string(shard.step());
+  file.metadata["mode"] = labels.mode;
+  file.metadata["shard"] = labels.shard;
+  file.metadata["optimizer"] = labels.optimizer;
+  file.metadata["model_order"] = labels.model_order;
+  return file;
+}
+
+ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::string& path,
+                                        bool adam) {
+  auto meta = [&](const std::string& key) -> const std::string& {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) throw InputError(path + ": metadata has no '" + key + "'");
+    return it->second;
+  };
+  if (meta("format") != kShardFormat)
+    throw InputError(path + ": metadata format is '" + meta("format") + "', expected " +
+                     kShardFormat);
+  ShardCheckpoint out;
+  const std::string& step_text = meta("step");
+  if (step_text.empty() || step_text.size() > 18 ||
+      !std::all_of(step_text.begin(), step_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    throw InputError(path + ": metadata step '" + step_text + "' is not a number");
+  out.step = std::stoll(step_text);
+  auto order = file.metadata.find("model_order");
+  if (order != file.metadata.end()) out.model_order = order->second;
+  size_t expected = 0;
+  for (const auto& t : file.tensors) {
+    if (ends_with(t.name, ".adam_m") || ends_with(t.name, ".adam_v")) continue;
+    if (t.dtype != "F32") throw InputError(path + ": tensor '" + t.name + "' is not F32");
+    PsShard::Restored r{t.name, t.shape, floats_of(t), {}, {}};
+    for (float x : r.values)
+      if (!std::isfinite(x)) throw InputError(path + ": tensor '" + t.name + "' is not finite");
+    ++expected;
+    const SafeTensor* m = file.find(t.name + ".adam_m");
+    const SafeTensor* v = file.find(t.name + ".adam_v");
+    if (adam && (m == nullptr || v == nullptr))
+      throw InputError(path + ": no Adam moments for '" + t.name + "'");
+    for (const SafeTensor* mv : {m, v}) {
+      if (mv == nullptr) continue;
+      if (mv->dtype != "F32" || mv->shape != t.shape)
+        throw InputError(path + ": moment '" + mv->name + "' does not match its parameter");
+      ++expected;
+    }
+    if (m) r.m = floats_of(*m);
+    if (v) r.v = floats_of(*v);
+    out.tensors.push_back(std::move(r));
+  }
+  if (out.tensors.empty()) throw InputError(path + ": no parameters");
+  if (expected != file.tensors.size())
+    throw InputError(path + ": moments without a parameter");
+  return out;
+}
+
+}  // namespace tandem
