@@ -764,14 +764,14 @@ TEST(RunSettings, TheStepTimeoutTravelsAndANegativeOneIsRefused) {
 // seed of -1, and named no setting when a type was wrong.
 TEST(RunSettings, ASettingOfTheWrongTypeOrRangeIsRefusedNamingIt) {
   const std::vector<std::pair<json, std::string>> bad = {
-      {{{"batch", 2.5}}, "cluster setting 'batch' is 2.5, expected an integer"},
-      {{{"batch", 1e300}}, "cluster setting 'batch' is 1e+300, expected an integer"},
+      {{{"batch", 2.5}}, "cluster settings: 'batch' is 2.5, expected an integer"},
+      {{{"batch", 1e300}}, "cluster settings: 'batch' is 1e+300, expected an integer"},
       {{{"worker_threads", 1e10}}, "'worker_threads' is 10000000000.0, expected an integer within"},
-      {{{"seed", -1}}, "cluster setting 'seed' is -1, expected a non-negative integer"},
-      {{{"lr", "x"}}, "cluster setting 'lr' is \"x\", expected a number"},
+      {{{"seed", -1}}, "cluster settings: 'seed' is -1, expected a non-negative integer"},
+      {{{"lr", "x"}}, "cluster settings: 'lr' is \"x\", expected a number"},
       {{{"lr", 1e300}}, "'lr' is 1e+300, expected a number within float32's range"},
-      {{{"shuffle", 1}}, "cluster setting 'shuffle' is 1, expected true or false"},
-      {{{"backend", 3}}, "cluster setting 'backend' is 3, expected text"},
+      {{{"shuffle", 1}}, "cluster settings: 'shuffle' is 1, expected true or false"},
+      {{{"backend", 3}}, "cluster settings: 'backend' is 3, expected text"},
   };
   for (const auto& [overrides, expected] : bad) {
     const std::string why =

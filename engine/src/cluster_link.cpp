@@ -26,19 +26,32 @@ double json_number(const nlohmann::json& message, const char* key, double missin
   return it->get<double>();
 }
 
+bool json_as_integer(const nlohmann::json& value, int64_t& out) {
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    out = int64_t(value.get<uint64_t>());
+    return true;
+  }
+  if (value.is_number_integer()) {
+    out = value.get<int64_t>();
+    return true;
+  }
+  if (value.is_number_float()) {  // 3.0 from a language without integers
+    const double v = value.get<double>();
+    if (std::floor(v) != v || !(std::fabs(v) <= 9007199254740992.0)) return false;
+    out = int64_t(v);
+    return true;
+  }
+  return false;
+}
+
 int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing) {
   const auto it = message.find(key);
   if (it == message.end()) return missing;
-  if (it->is_number_unsigned()) {
-    if (it->get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()))
-      return int64_t(it->get<uint64_t>());
-  } else if (it->is_number_integer()) {
-    return it->get<int64_t>();
-  } else if (it->is_number_float()) {  // 3.0 from a language without integers
-    const double v = it->get<double>();
-    if (std::floor(v) == v && std::fabs(v) <= 9007199254740992.0) return int64_t(v);
-  }
-  throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
+  int64_t out = 0;
+  if (!json_as_integer(*it, out))
+    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
+  return out;
 }
 
 int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback) {

@@ -20,9 +20,11 @@
 #include "backend.h"
 #include "chunk_manager.h"
 #include "cluster_link.h"
+#include "coordinator_replies.h"
 #include "cluster_ranks.h"
 #include "dataset_store.h"
 #include "group_collective.h"
+#include "json_fields.h"
 #include "ps_client.h"
 #include "ps_server.h"
 #include "ps_shard_device.h"
@@ -100,80 +102,8 @@ RunSettings run_settings_over_defaults(const json& overrides) {
   return run_settings_from_json(j);
 }
 
-namespace {
-
-// Each setting read as its type, or an InputError naming it: nlohmann's own conversions cast a
-// number of the wrong kind (2.5 for an integer: 2; 1e10 for an int, or 1e300 for a float:
-// undefined) and name no setting when a type is wrong.
-class SettingsReader {
- public:
-  explicit SettingsReader(const json& j) : j_(j) {}
-  // `fallback`: the value when the setting is absent (settings from an older release); null:
-  // the setting is required.
-  std::string text(const char* key) const {
-    return typed<std::string>(key, nullptr, &json::is_string, "text");
-  }
-  bool flag(const char* key, const bool* fallback = nullptr) const {
-    return typed(key, fallback, &json::is_boolean, "true or false");
-  }
-  double number(const char* key, const double* fallback = nullptr) const {
-    return typed(key, fallback, &json::is_number, "a number");
-  }
-  float single(const char* key) const {
-    const double v = number(key);
-    if (!(std::fabs(v) <= double(std::numeric_limits<float>::max())))
-      wrong(key, j_.at(key), "a number within float32's range");
-    return float(v);
-  }
-  int64_t integer(const char* key, const int64_t* fallback = nullptr) const {
-    const json* v = find(key, fallback != nullptr);
-    if (v == nullptr) return *fallback;
-    try {
-      return json_integer(j_, key, 0);
-    } catch (const InputError&) {
-      wrong(key, *v, "an integer");
-    }
-  }
-  int small_integer(const char* key, const int64_t* fallback = nullptr) const {
-    const int64_t v = integer(key, fallback);
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-      wrong(key, j_.at(key), "an integer within int32's range");
-    return int(v);
-  }
-  uint64_t unsigned_integer(const char* key) const {
-    const json* v = find(key, false);
-    if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
-      wrong(key, *v, "a non-negative integer");
-    return v->get<uint64_t>();
-  }
-
- private:
-  template <typename T>
-  T typed(const char* key, const T* fallback, bool (json::*is)() const noexcept,
-          const char* expected) const {
-    const json* v = find(key, fallback != nullptr);
-    if (v == nullptr) return *fallback;
-    if (!(v->*is)()) wrong(key, *v, expected);
-    return v->get<T>();
-  }
-  const json* find(const char* key, bool optional) const {
-    const auto it = j_.find(key);
-    if (it != j_.end()) return &*it;
-    if (optional) return nullptr;
-    throw InputError(std::string("cluster settings: '") + key + "' is missing");
-  }
-  [[noreturn]] static void wrong(const char* key, const json& v, const char* expected) {
-    throw InputError(std::string("cluster setting '") + key + "' is " + wire_text(v) +
-                     ", expected " + expected);
-  }
-  const json& j_;
-};
-
-}  // namespace
-
 RunSettings run_settings_from_json(const json& j) {
-  if (!j.is_object()) throw InputError("cluster settings: " + wire_text(j) + " is not an object");
-  const SettingsReader r(j);
+  const JsonFields r(j, "cluster settings");
   RunSettings s;
   s.data = r.text("data");
   s.model = ModelConfig::parse(r.text("model"));
@@ -236,24 +166,10 @@ struct RoleContext {
   zmq::context_t& context;
 };
 
-struct Registration {
-  std::string name;
-  int index = 0;
-  bool chief = false;
-  RunSettings settings;
-  std::string run;  // the coordinator's id of this run
-};
-
-Registration register_role(CoordinatorLink& link, const RoleOptions& o, const char* role) {
+RoleRegistration register_role(CoordinatorLink& link, const RoleOptions& o, const char* role) {
   json request{{"type", "register"}, {"role", role}, {"pid", int64_t(getpid())}, {"host", host_name()}};
   if (!o.name.empty()) request["name"] = o.name;
-  const json reply = link.request(request);
-  Registration r;
-  r.name = reply.at("name").get<std::string>();
-  r.index = reply.at("index").get<int>();
-  r.chief = reply.value("chief", false);
-  r.run = reply.value("run", std::string());
-  r.settings = run_settings_from_json(reply.at("config"));
+  RoleRegistration r = read_registration_reply(link.request(request));
   if (!o.data.empty()) r.settings.data = o.data;
   return r;
 }
@@ -268,27 +184,16 @@ void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const 
                 std::to_string(o.coordinator_lost_ms / 1000) + " s");
 }
 
-// One field of every live member of a role, in index order, from the coordinator's answer to
-// a "spec" request ("ps", "address": the parameter servers' addresses).
-std::vector<std::string> spec_field(const json& spec_reply, const char* role, const char* field) {
-  std::vector<std::string> out;
-  if (!spec_reply.contains("spec") || !spec_reply["spec"].contains(role)) return out;
-  for (const json& member : spec_reply["spec"][role]) out.push_back(member.at(field));
-  return out;
-}
-
 // Waits until the coordinator says the cluster is complete; returns the parameter servers'
 // addresses in index order, or an empty list when training ended meanwhile.
 std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptions& o,
                                           const std::string& who) {
   for (;;) {
-    const json reply = link.request({{"type", "spec"}});
-    const std::string phase = reply.value("phase", std::string());
-    if (training_over(phase) || training_over(link.phase())) return {};
-    if (reply.value("ready", false)) {
-      const std::vector<std::string> endpoints = spec_field(reply, "ps", "address");
-      if (endpoints.empty()) throw Error(who + ": the cluster has no parameter server");
-      return endpoints;
+    const ClusterSpec spec = read_spec_reply(link.request({{"type", "spec"}}));
+    if (training_over(spec.phase) || training_over(link.phase())) return {};
+    if (spec.ready) {
+      if (spec.ps_addresses.empty()) throw Error(who + ": the cluster has no parameter server");
+      return spec.ps_addresses;
     }
     check_coordinator(link, o, who);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -298,7 +203,7 @@ std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptio
 // Whether the chief worker (worker0) is among the live workers the coordinator lists.
 bool chief_alive(CoordinatorLink& link) {
   const std::vector<std::string> workers =
-      spec_field(link.request({{"type", "spec"}}), "worker", "name");
+      read_spec_reply(link.request({{"type", "spec"}})).worker_names;
   return std::find(workers.begin(), workers.end(), "worker0") != workers.end();
 }
 
@@ -318,7 +223,7 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
 // chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
 // initial parameters are the chief's, value for value, and a server takes only the first Init.
 // Returns false when training ended while waiting.
-bool init_parameters(PsClient& client, const Registration& r, CoordinatorLink& link, Model& model,
+bool init_parameters(PsClient& client, const RoleRegistration& r, CoordinatorLink& link, Model& model,
                      bool may_stand_in) {
   std::vector<NamedTensor> initial;
   if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
@@ -391,7 +296,7 @@ PsMode parse_mode(const std::string& text) {
 
 // Pulls until every server answers again (false when training ended meanwhile). Throws when
 // they stay silent for init_timeout_ms.
-bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const Registration& r,
+bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const RoleRegistration& r,
             Model& model) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
   for (;;) {
@@ -511,7 +416,7 @@ static void ps_role(const RoleOptions& o) {
   std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
-  const Registration r = register_role(link, o, "ps");
+  const RoleRegistration r = register_role(link, o, "ps");
   ServerOptions so;
   so.mode = parse_mode(r.settings.ps_mode);
   so.replicas_to_aggregate = r.settings.replicas_to_aggregate;
@@ -560,7 +465,7 @@ static void worker_role(const RoleOptions& o) {
   FeedCloser feed_closer(o.feed, o.name.empty() ? "the worker" : o.name);
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
-  const Registration r = register_role(link, o, "worker");
+  const RoleRegistration r = register_role(link, o, "worker");
   feed_closer.name(r.name);
   // What the heartbeats carry; written by this thread, read by the heartbeat thread.
   struct Status {
@@ -894,10 +799,10 @@ static void worker_role(const RoleOptions& o) {
       check_coordinator(link, o, r.name);
       json request{{"type", "work"}, {"name", r.name}};
       if (!finished.is_null()) request["finished"] = finished;
-      const json reply = link.request(request);
+      const WorkReply reply = read_work_reply(link.request(request));
       finished = nullptr;
-      if (reply.value("stop", false)) break;
-      if (!reply.contains("task")) {
+      if (reply.stop) break;
+      if (!reply.has_task) {
         // No batch for now (the others finish the epoch): a sync step need not wait for this
         // worker's gradient, nor a bounded-staleness reply for its clock. Advisory: a server
         // that misses it waits as it would have. Said at every poll, not once: a server counts
@@ -910,14 +815,13 @@ static void worker_role(const RoleOptions& o) {
           } catch (const transport::TransportError&) {
           }
         }
-        link.wait_phase_change(link.phase(), reply.value("wait_ms", 50));
+        link.wait_phase_change(link.phase(), reply.wait_ms);
         continue;
       }
-      const json& task = reply["task"];
-      const int64_t task_id = task.at("id").get<int64_t>();
+      const int64_t task_id = reply.task_id;
       status->done = 0;
       status->task = task_id;
-      stream->start_epoch(task.at("epoch").get<int64_t>(), task.at("batches").get<std::vector<int64_t>>());
+      stream->start_epoch(reply.epoch, reply.batches);
       if (group) {
         if (train_group_task()) finished = task_id;
         else stop = true;
@@ -961,7 +865,7 @@ static void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);
-  const Registration r = register_role(link, o, "scorer");
+  const RoleRegistration r = register_role(link, o, "scorer");
   auto scores = std::make_shared<std::atomic<int64_t>>(0);
   link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; }, o.heartbeat_ms);
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);

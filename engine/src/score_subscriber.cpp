@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cluster_link.h"
+#include "coordinator_replies.h"
 #include "zmq_through_signals.h"
 
 namespace tandem {
@@ -15,7 +16,9 @@ ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t&
                                  int timeout_ms, const transport::CurveClientKeys& curve)
     : context_(context), coordinator_(coordinator) {
   CoordinatorLink link(coordinator, context, timeout_ms, curve);
-  endpoint_ = link.request({{"type", "spec"}}).at("spec").at("scores").get<std::string>();
+  endpoint_ = read_spec_reply(link.request({{"type", "spec"}})).scores;
+  if (endpoint_.empty())
+    throw InputError("the coordinator at " + coordinator + " names no scores channel");
   curve_ = link.curve();
   socket_ = connect_to_coordinator(context, endpoint_, curve_, zmq::socket_type::sub);
   socket_.set(zmq::sockopt::subscribe, "scores");

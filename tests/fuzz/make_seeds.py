@@ -254,6 +254,41 @@ def coordinator_requests():
                                              b'not json\n{"type": 5}')
 
 
+def coordinator_replies():
+    # The input's first byte: 0 for a reply to "register", 1 to "spec", 2 to "work"; then the
+    # reply as a coordinator sends it (coordinator.cpp). The run's settings as this release's
+    # to_json(RunSettings) writes its defaults.
+    config = {"assemblers": 1, "backend": "cpu", "batch": 1000, "best_model_path": "",
+              "beta1": 0.8999999761581421, "beta2": 0.9990000128746033, "checkpoint_dir": "",
+              "checkpoint_every_s": 0.0, "checkpoint_every_steps": 0, "curve_allowed_path": "",
+              "curve_client_file": "", "curve_secret_file": "", "curve_server_public": "",
+              "data": "", "epsilon": 9.99999993922529e-09, "fed": False,
+              "init_timeout_ms": 60000, "lr": 0.009999999776482582, "model": "784-100-10",
+              "optimizer": "adam", "overlap": False, "precision": "fp32", "ps_device": "auto",
+              "ps_mode": "async", "ps_timeout_ms": 10000, "readers": 1,
+              "replicas_to_aggregate": 1, "score_interval_s": 1.0, "scorer_threads": 1,
+              "seed": 1, "shuffle": True, "staleness_bound": 0, "step_timeout_s": 600.0,
+              "worker_group": 1, "worker_threads": 1}
+
+    def reply(kind, message):
+        return bytes([kind]) + json.dumps(message).encode()
+
+    write("coordinator_replies", "register", reply(0, {
+        "name": "worker0", "index": 0, "chief": True, "config": config, "phase": "starting",
+        "run": "1764921600-4242"}))
+    member = {"host": "h", "pid": 11}
+    write("coordinator_replies", "spec", reply(1, {
+        "ready": True, "phase": "training", "waiting_for": [],
+        "spec": {"coordinator": "tcp://127.0.0.1:5000", "scores": "tcp://127.0.0.1:5001",
+                 "ps": [dict(member, name="ps0", address="tcp://127.0.0.1:5002")],
+                 "worker": [dict(member, name="worker0", address="")],
+                 "scorer": [dict(member, name="scorer0", address="")]}}))
+    write("coordinator_replies", "work-task", reply(2, {
+        "task": {"id": 7, "epoch": 1, "batches": [0, 3, 6, 9]}}))
+    write("coordinator_replies", "work-wait", reply(2, {"wait_ms": 100}))
+    write("coordinator_replies", "work-stop", reply(2, {"stop": True}))
+
+
 def slot_message():
     messages = [
         {"v": 1, "type": "hello"},
@@ -323,6 +358,7 @@ if __name__ == "__main__":
     ps_shard()
     slot_message()
     coordinator_requests()
+    coordinator_replies()
     safetensors_seeds()
     trial_configs()
     idx_file()

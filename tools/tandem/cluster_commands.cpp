@@ -26,6 +26,7 @@
 #include "dashboard_server.h"
 #include "dataset_store.h"
 #include "file_io.h"
+#include "json_fields.h"
 #include "json_output.h"
 #include "metrics_log.h"
 #include "process_launcher.h"
@@ -515,11 +516,13 @@ struct CoordinatorAccess {
         std::filesystem::is_regular_file(coordinator)) {
       std::ifstream in(coordinator);
       const json spec = json::parse(in, nullptr, false);
-      if (spec.is_discarded() || !spec.contains("coordinator") || !spec["coordinator"].is_string())
+      if (spec.is_discarded() || !spec.is_object())
         throw InputError(coordinator +
                          " is not a cluster spec: a JSON object with a \"coordinator\" address");
-      out = spec["coordinator"].get<std::string>();
-      spec_key = spec.value("curve_public_key", std::string());
+      const JsonFields fields(spec, "cluster spec " + coordinator);
+      const std::string none;
+      out = fields.text("coordinator");
+      spec_key = fields.text("curve_public_key", &none);
     }
     const std::string server_public =
         curve_server.empty() ? spec_key : transport::read_curve_key_file(curve_server).public_key;

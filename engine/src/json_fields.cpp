@@ -1,0 +1,107 @@
+#include "json_fields.h"
+
+#include <cmath>
+#include <limits>
+
+#include "cluster_link.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+using json = nlohmann::json;
+
+JsonFields::JsonFields(const json& object, std::string whose)
+    : j_(object), whose_(std::move(whose)) {
+  if (!j_.is_object()) throw InputError(whose_ + ": " + wire_text(j_) + " is not an object");
+}
+
+bool JsonFields::has(const char* key) const { return j_.find(key) != j_.end(); }
+
+std::string JsonFields::text(const char* key, const std::string* fallback) const {
+  return typed(key, fallback, &json::is_string, "text");
+}
+
+bool JsonFields::flag(const char* key, const bool* fallback) const {
+  return typed(key, fallback, &json::is_boolean, "true or false");
+}
+
+double JsonFields::number(const char* key, const double* fallback) const {
+  return typed(key, fallback, &json::is_number, "a number");
+}
+
+float JsonFields::single(const char* key) const {
+  const double v = number(key);
+  if (!(std::fabs(v) <= double(std::numeric_limits<float>::max())))
+    wrong(key, j_.at(key), "a number within float32's range");
+  return float(v);
+}
+
+int64_t JsonFields::integer(const char* key, const int64_t* fallback) const {
+  const json* v = find(key, fallback != nullptr);
+  if (v == nullptr) return *fallback;
+  int64_t value = 0;
+  if (!json_as_integer(*v, value)) wrong(key, *v, "an integer");
+  return value;
+}
+
+int JsonFields::small_integer(const char* key, const int64_t* fallback) const {
+  const int64_t v = integer(key, fallback);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    wrong(key, j_.at(key), "an integer within int32's range");
+  return int(v);
+}
+
+uint64_t JsonFields::unsigned_integer(const char* key) const {
+  const json* v = find(key, false);
+  if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
+    wrong(key, *v, "a non-negative integer");
+  return v->get<uint64_t>();
+}
+
+std::vector<int64_t> JsonFields::integers(const char* key) const {
+  const json& list = array(key);
+  std::vector<int64_t> out;
+  out.reserve(list.size());
+  for (const json& item : list) {
+    int64_t value = 0;
+    if (!json_as_integer(item, value)) wrong(key, item, "an array of integers (one item is not)");
+    out.push_back(value);
+  }
+  return out;
+}
+
+const json& JsonFields::object(const char* key) const {
+  const json* v = find(key, false);
+  if (!v->is_object()) wrong(key, *v, "an object");
+  return *v;
+}
+
+const json& JsonFields::array(const char* key) const {
+  const json* v = find(key, false);
+  if (!v->is_array()) wrong(key, *v, "an array");
+  return *v;
+}
+
+template <typename T>
+T JsonFields::typed(const char* key, const T* fallback, bool (json::*is)() const noexcept,
+                    const char* expected) const {
+  const json* v = find(key, fallback != nullptr);
+  if (v == nullptr) return *fallback;
+  if (!(v->*is)()) wrong(key, *v, expected);
+  return v->get<T>();
+}
+
+const json* JsonFields::find(const char* key, bool optional) const {
+  const auto it = j_.find(key);
+  if (it != j_.end()) return &*it;
+  if (optional) return nullptr;
+  throw InputError(whose_ + ": '" + key + "' is missing");
+}
+
+void JsonFields::wrong(const char* key, const json& value, const char* expected) const {
+  std::string shown = wire_text(value);
+  if (shown.size() > 200) shown = shown.substr(0, 200) + "...";
+  throw InputError(whose_ + ": '" + key + "' is " + shown + ", expected " + expected);
+}
+
+}  // namespace tandem
