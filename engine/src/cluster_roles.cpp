@@ -223,8 +223,8 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
 // chief gone (it died before its Init, workers started by hand) sets them itself: the seeded
 // initial parameters are the chief's, value for value, and a server takes only the first Init.
 // Returns false when training ended while waiting.
-bool init_parameters(PsClient& client, const RoleRegistration& r, CoordinatorLink& link, Model& model,
-                     bool may_stand_in) {
+bool init_parameters(PsClient& client, const RoleRegistration& r, CoordinatorLink& link,
+                     Model& model, bool may_stand_in) {
   std::vector<NamedTensor> initial;
   if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
   const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
@@ -296,8 +296,8 @@ PsMode parse_mode(const std::string& text) {
 
 // Pulls until every server answers again (false when training ended meanwhile). Throws when
 // they stay silent for init_timeout_ms.
-bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o, const RoleRegistration& r,
-            Model& model) {
+bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o,
+            const RoleRegistration& r, Model& model) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
   for (;;) {
     if (training_over(link.phase())) return false;
