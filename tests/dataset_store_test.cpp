@@ -176,6 +176,11 @@ TEST(DatasetStore, SquareFeaturesGiveASquareImageShape) {
   // An image shape that does not describe the features is refused.
   EXPECT_THROW(write_dataset_store(s, dir.file("t"), kDefaults, {{"image_shape", {3, 4}}}),
                InputError);
+  // Sides whose product overflows 64 bits are refused too: 16 x (2^60 + 1) wraps to 16.
+  const int64_t wraps = (int64_t{1} << 60) + 1;
+  EXPECT_THROW(
+      write_dataset_store(s, dir.file("t"), kDefaults, {{"image_shape", {16, wraps}}}),
+      InputError);
 }
 
 TEST(DatasetStore, RefusesAnExistingOut) {

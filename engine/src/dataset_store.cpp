@@ -102,8 +102,11 @@ nlohmann::json image_shape_for(const nlohmann::json& provenance, int64_t feature
     bool ok = s.is_array() && !s.empty();
     if (ok)
       for (const auto& d : s) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 1) ok = false;
-        else product *= d.get<int64_t>();
+        // Every partial product is at most the feature count, or the product overflows.
+        if (!d.is_number_integer() || d.get<int64_t>() < 1 || product > features / d.get<int64_t>())
+          ok = false;
+        else
+          product *= d.get<int64_t>();
       }
     if (!ok || product != features)
       throw InputError("provenance image_shape " + s.dump() + " does not describe " +
