@@ -18,6 +18,8 @@
 #include <random>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1301,6 +1303,49 @@ TEST(PsMode, StatsJsonCarriesModeHistogramAndRates) {
   EXPECT_GT(back.seconds, 0.0);
   EXPECT_GT(back.pushes_per_s, 0.0);
   EXPECT_GT(back.pulls_per_s, 0.0);
+}
+
+// A server's stats come from another process (perhaps of another release): each field is read
+// as its type or refused naming it, where nlohmann's conversions cast 1e300 to an integer
+// (undefined) and named nothing.
+TEST(PsMode, StatsFromAServerAreReadFieldByField) {
+  ServerStats s;
+  s.mode = "bounded_staleness";
+  s.version = 12;
+  s.pushes = 30;
+  s.staleness[6] = 4;
+  s.seconds = 2.5;
+  s.by_type["PushPull"] = 30;
+  const nlohmann::json good = nlohmann::json::parse(to_json(s));
+  const ServerStats back = stats_from_json(good.dump());
+  EXPECT_EQ(back.mode, s.mode);
+  EXPECT_EQ(back.version, 12);
+  EXPECT_EQ(back.staleness[6], 4);
+  EXPECT_EQ(back.by_type, s.by_type);
+  nlohmann::json older = good;  // from before these were counted
+  older.erase("curve_rejected");
+  older.erase("overflowed_steps");
+  EXPECT_EQ(stats_from_json(older.dump()).curve_rejected, 0);
+  auto with = [&](const char* key, nlohmann::json value) {
+    nlohmann::json j = good;
+    j[key] = std::move(value);
+    return j.dump();
+  };
+  nlohmann::json no_bucket = good;
+  no_bucket["staleness_histogram"].erase("16+");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{", "server stats: not JSON"},
+      {"[1]", "server stats: [1] is not an object"},
+      {with("version", 1e300), "server stats: 'version' is 1e+300, expected an integer"},
+      {with("pushes", "many"), "'pushes' is \"many\", expected an integer"},
+      {with("seconds", nullptr), "'seconds' is null, expected a number"},
+      {with("by_type", {{"Push", 2.5}}), "by_type 'Push' is 2.5, expected an integer"},
+      {no_bucket.dump(), "staleness_histogram: '16+' is missing"},
+  };
+  for (const auto& [text, expected] : bad) {
+    const std::string why = test::error_of<InputError>([&] { stats_from_json(text); });
+    EXPECT_TRUE(test::contains(why, expected)) << text << ": " << why;
+  }
 }
 
 // ---- Checkpoints -----------------------------------------------------------------------------

@@ -74,6 +74,22 @@ expect_error "eval --validation-rows with a store" "holds its own validation spl
   "$tandem" eval --model "$dir/m.safetensors" --data "$dir/one.zarr" --split validation \
   --validation-rows 100
 
+# A store's attributes are anyone's text: an image shape whose sides overflow 64 bits when
+# multiplied (16 x (2^60 + 49) wraps to 784) is not taken for the images' shape.
+cp -r "$dir/one.zarr" "$dir/odd-shape.zarr"
+"$python" - "$dir/odd-shape.zarr/zarr.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["attributes"]["image_shape"] = [16, 2**60 + 49]
+json.dump(doc, open(sys.argv[1], "w"))
+PY
+check "inspect ignores an image shape whose sides overflow" \
+  "$tandem" inspect "$dir/odd-shape.zarr" --out "$dir/png-odd"
+check "... and draws square images of 784 features" "$python" -c "
+import struct, sys
+width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
+sys.exit(width != height)" "$dir/png-odd/sample.png"
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "json_fields.h"
 #include "tandem/error.h"
 #include "zmq_messaging.h"
 #include "zmq_through_signals.h"
@@ -24,25 +25,6 @@ double json_number(const nlohmann::json& message, const char* key, double missin
   if (!it->is_number())
     throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected a number");
   return it->get<double>();
-}
-
-bool json_as_integer(const nlohmann::json& value, int64_t& out) {
-  if (value.is_number_unsigned()) {
-    if (value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) return false;
-    out = int64_t(value.get<uint64_t>());
-    return true;
-  }
-  if (value.is_number_integer()) {
-    out = value.get<int64_t>();
-    return true;
-  }
-  if (value.is_number_float()) {  // 3.0 from a language without integers
-    const double v = value.get<double>();
-    if (std::floor(v) != v || !(std::fabs(v) <= 9007199254740992.0)) return false;
-    out = int64_t(v);
-    return true;
-  }
-  return false;
 }
 
 int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing) {

@@ -39,9 +39,6 @@ double json_number(const nlohmann::json& message, const char* key, double missin
 // else, a number with a fraction or out of int64's range included (nlohmann's own conversion
 // of such a number is undefined behaviour).
 int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
-// The same test for one value: true, with `out` set, for an integer within int64's range (an
-// integral float up to 2^53 included).
-bool json_as_integer(const nlohmann::json& value, int64_t& out);
 // The same, for what is read but not checked (what a role reported, for a state; a replay's
 // number): `fallback` when absent or of any other type, never an error.
 int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback);

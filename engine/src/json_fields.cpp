@@ -3,16 +3,45 @@
 #include <cmath>
 #include <limits>
 
-#include "cluster_link.h"
 #include "tandem/error.h"
 
 namespace tandem {
 
 using json = nlohmann::json;
 
+bool json_as_integer(const json& value, int64_t& out) {
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    out = int64_t(value.get<uint64_t>());
+    return true;
+  }
+  if (value.is_number_integer()) {
+    out = value.get<int64_t>();
+    return true;
+  }
+  if (value.is_number_float()) {  // 3.0 from a language without integers
+    const double v = value.get<double>();
+    if (std::floor(v) != v || !(std::fabs(v) <= 9007199254740992.0)) return false;
+    out = int64_t(v);
+    return true;
+  }
+  return false;
+}
+
+namespace {
+
+// A value as an error shows it: invalid UTF-8 replaced, at most 200 characters.
+std::string shown(const json& value) {
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 200) text = text.substr(0, 200) + "...";
+  return text;
+}
+
+}  // namespace
+
 JsonFields::JsonFields(const json& object, std::string whose)
     : j_(object), whose_(std::move(whose)) {
-  if (!j_.is_object()) throw InputError(whose_ + ": " + wire_text(j_) + " is not an object");
+  if (!j_.is_object()) throw InputError(whose_ + ": " + shown(j_) + " is not an object");
 }
 
 bool JsonFields::has(const char* key) const { return j_.find(key) != j_.end(); }
@@ -99,9 +128,7 @@ const json* JsonFields::find(const char* key, bool optional) const {
 }
 
 void JsonFields::wrong(const char* key, const json& value, const char* expected) const {
-  std::string shown = wire_text(value);
-  if (shown.size() > 200) shown = shown.substr(0, 200) + "...";
-  throw InputError(whose_ + ": '" + key + "' is " + shown + ", expected " + expected);
+  throw InputError(whose_ + ": '" + key + "' is " + shown(value) + ", expected " + expected);
 }
 
 }  // namespace tandem

@@ -13,6 +13,10 @@
 
 namespace tandem {
 
+// True, with `out` set, for an integer within int64's range (an integral float up to 2^53
+// included: 3.0 from a language without integers).
+bool json_as_integer(const nlohmann::json& value, int64_t& out);
+
 class JsonFields {
  public:
   // `whose` starts every error ("cluster settings", "the coordinator's reply to 'work'"). The

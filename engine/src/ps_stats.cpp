@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_fields.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -41,31 +42,37 @@ std::string to_json(const ServerStats& s) {
 }
 
 ServerStats stats_from_json(const std::string& text) {
-  try {
-    const auto j = nlohmann::json::parse(text);
-    ServerStats s;
-    s.mode = j.at("mode").get<std::string>();
-    s.version = j.at("version").get<int64_t>();
-    s.pushes = j.at("pushes").get<int64_t>();
-    s.pulls = j.at("pulls").get<int64_t>();
-    s.rejected = j.at("rejected").get<int64_t>();
-    s.dropped = j.at("dropped").get<int64_t>();
-    s.stale_dropped = j.at("stale_dropped").get<int64_t>();
-    s.partial_steps = j.at("partial_steps").get<int64_t>();
-    s.overflowed_steps = j.value("overflowed_steps", int64_t{0});  // absent before it was counted
-    s.deferred = j.at("deferred").get<int64_t>();
-    s.curve_rejected = j.value("curve_rejected", int64_t(0));  // absent from older servers
-    const auto& hist = j.at("staleness_histogram");
-    for (size_t i = 0; i < kStalenessBuckets; ++i)
-      s.staleness[i] = hist.at(staleness_bucket_label(i)).get<int64_t>();
-    s.seconds = j.at("seconds").get<double>();
-    s.pushes_per_s = j.at("pushes_per_s").get<double>();
-    s.pulls_per_s = j.at("pulls_per_s").get<double>();
-    s.by_type = j.at("by_type").get<std::map<std::string, int64_t>>();
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(std::string("server stats: malformed JSON: ") + e.what());
+  // From another process: every field read as its type (json_fields.h), none cast blindly.
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) throw InputError("server stats: not JSON");
+  const JsonFields f(j, "server stats");
+  const int64_t zero = 0;
+  ServerStats s;
+  s.mode = f.text("mode");
+  s.version = f.integer("version");
+  s.pushes = f.integer("pushes");
+  s.pulls = f.integer("pulls");
+  s.rejected = f.integer("rejected");
+  s.dropped = f.integer("dropped");
+  s.stale_dropped = f.integer("stale_dropped");
+  s.partial_steps = f.integer("partial_steps");
+  s.overflowed_steps = f.integer("overflowed_steps", &zero);  // absent before it was counted
+  s.deferred = f.integer("deferred");
+  s.curve_rejected = f.integer("curve_rejected", &zero);  // absent from older servers
+  const JsonFields hist(f.object("staleness_histogram"), "server stats: staleness_histogram");
+  for (size_t i = 0; i < kStalenessBuckets; ++i)
+    s.staleness[i] = hist.integer(staleness_bucket_label(i));
+  s.seconds = f.number("seconds");
+  s.pushes_per_s = f.number("pushes_per_s");
+  s.pulls_per_s = f.number("pulls_per_s");
+  for (const auto& [type, count] : f.object("by_type").items()) {
+    int64_t n = 0;
+    if (!json_as_integer(count, n))
+      throw InputError("server stats: by_type '" + type + "' is " + count.dump() +
+                       ", expected an integer");
+    s.by_type[type] = n;
   }
+  return s;
 }
 
 }  // namespace tandem

@@ -35,6 +35,6 @@ struct ServerStats {
 };
 
 std::string to_json(const ServerStats& stats);
-ServerStats stats_from_json(const std::string& text);  // InputError for malformed JSON
+ServerStats stats_from_json(const std::string& text);  // InputError naming a malformed field
 
 }  // namespace tandem
