@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "aligned_buffer.h"
+#include "curve_client.h"
 #include "backend.h"
 #include "cpu/adam_cpu.h"
 #include "ps_checkpoint_writer.h"
@@ -2591,6 +2593,67 @@ TEST(Curve, ServersSharingAContextEnforceTheirOwnAllowedLists) {
     EXPECT_GE(a.stats().curve_rejected, 1);
     EXPECT_GE(b.stats().curve_rejected, 1);
   }
+}
+
+// A handshake watch closed while its socket still runs (a PsClient resetting its connection, or
+// closing) must stop the socket's monitor first. It closed only its own end: when a handshake
+// then ended (a refused key's, still in flight), libzmq's I/O thread blocked for good on sending
+// that event, and every socket of the context went silent. Here the ZAP handler holds its
+// answer until the watch is gone, so the handshake ends after it.
+TEST(Curve, AWatchClosedDuringAHandshakeLeavesTheContextWorking) {
+  zmq::context_t ctx;
+  zmq::socket_t zap(ctx, zmq::socket_type::rep);  // a handler of the test's own, to hold
+  zap.set(zmq::sockopt::linger, 0);
+  zap.bind("inproc://zeromq.zap.01");
+  const auto server_keys = transport::generate_curve_keypair();
+  const auto client_keys = transport::generate_curve_keypair();
+  zmq::socket_t server(ctx, zmq::socket_type::router);
+  server.set(zmq::sockopt::linger, 0);
+  transport::set_curve_server(server, server_keys.secret_key, "watch-test");
+  server.bind("tcp://127.0.0.1:*");
+  zmq::socket_t client(ctx, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.set(zmq::sockopt::curve_serverkey, server_keys.public_key);
+  client.set(zmq::sockopt::curve_publickey, client_keys.public_key);
+  client.set(zmq::sockopt::curve_secretkey, client_keys.secret_key);
+  std::vector<zmq::message_t> request;
+  {
+    transport::CurveHandshakeWatch watch(ctx, client, client_keys.public_key);
+    client.connect(server.get(zmq::sockopt::last_endpoint));
+    // The handshake has reached the ZAP request: it is in flight.
+    zmq::pollitem_t item{zap.handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(3000)), 1);
+    do {
+      request.emplace_back();
+      ASSERT_TRUE(zap.recv(request.back(), zmq::recv_flags::none));
+    } while (request.back().more());
+    ASSERT_GE(request.size(), 2u);
+  }
+  // Refused now, after the watch closed (and its end of the pipe is gone): the client's
+  // handshake fails with nobody reading.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  zap.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+  zap.send(request[1], zmq::send_flags::sndmore);  // the request id
+  zap.send(zmq::str_buffer("400"), zmq::send_flags::sndmore);
+  zap.send(zmq::str_buffer("refused"), zmq::send_flags::sndmore);
+  zap.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+  zap.send(zmq::str_buffer(""), zmq::send_flags::none);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the failure reaches the client
+
+  // The context's I/O thread still moves messages: a fresh pair over TCP talks.
+  zmq::socket_t echo(ctx, zmq::socket_type::pair), caller(ctx, zmq::socket_type::pair);
+  echo.set(zmq::sockopt::linger, 0);
+  caller.set(zmq::sockopt::linger, 0);
+  echo.bind("tcp://127.0.0.1:*");
+  caller.connect(echo.get(zmq::sockopt::last_endpoint));
+  ASSERT_TRUE(caller.send(zmq::str_buffer("still here"), zmq::send_flags::dontwait));
+  zmq::pollitem_t item{echo.handle(), 0, ZMQ_POLLIN, 0};
+  const bool arrived = zmq::poll(&item, 1, std::chrono::milliseconds(3000)) == 1;
+  EXPECT_TRUE(arrived) << "the context's I/O thread is stuck";
+  if (!arrived) std::_Exit(1);  // closing the context would wait for that thread for ever
+  zmq::message_t got;
+  ASSERT_TRUE(echo.recv(got, zmq::recv_flags::none));
+  EXPECT_EQ(got.to_string(), "still here");
 }
 
 }  // namespace

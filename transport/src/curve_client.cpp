@@ -64,9 +64,47 @@ CurveHandshakeWatch::CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t&
                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
     throw zmq::error_t();
-  monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
-  monitor_.set(zmq::sockopt::linger, 0);
-  monitor_.connect(address);
+  watched_ = socket.handle();
+  try {
+    monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
+    monitor_.set(zmq::sockopt::linger, 0);
+    // No high-water mark on this side (set before connecting, it lifts the pipe's): events are
+    // read only when a request times out, and a full pipe would block libzmq's I/O thread.
+    monitor_.set(zmq::sockopt::rcvhwm, 0);
+    monitor_.connect(address);
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
+CurveHandshakeWatch::~CurveHandshakeWatch() { stop(); }
+
+CurveHandshakeWatch::CurveHandshakeWatch(CurveHandshakeWatch&& other) noexcept
+    : watched_(other.watched_), monitor_(std::move(other.monitor_)),
+      client_public_key_(std::move(other.client_public_key_)),
+      problem_(std::move(other.problem_)) {
+  other.watched_ = nullptr;
+}
+
+CurveHandshakeWatch& CurveHandshakeWatch::operator=(CurveHandshakeWatch&& other) noexcept {
+  if (this != &other) {
+    stop();
+    watched_ = other.watched_;
+    monitor_ = std::move(other.monitor_);
+    client_public_key_ = std::move(other.client_public_key_);
+    problem_ = std::move(other.problem_);
+    other.watched_ = nullptr;
+  }
+  return *this;
+}
+
+void CurveHandshakeWatch::stop() {
+  // Monitoring stops first, under libzmq's monitor lock: after this no event is sent, so the
+  // PAIR can close without leaving the I/O thread blocked on a send nobody will read.
+  if (watched_ != nullptr) zmq_socket_monitor(watched_, nullptr, 0);
+  watched_ = nullptr;
+  monitor_.close();
 }
 
 const std::string& CurveHandshakeWatch::problem(int wait_ms) {

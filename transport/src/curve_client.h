@@ -46,8 +46,11 @@ void set_curve_server(zmq::socket_t& socket, const std::string& secret_key,
 
 // Reads a client socket's handshake events (ZeroMQ's socket monitor, on a PAIR socket of the
 // same context) and keeps the latest failure's explanation. A plain client (no key) is watched
-// too: its handshake with a CURVE server fails, and the explanation says so. Declare it after the socket it
-// watches, so that it closes first. Not thread-safe: use it from the thread that owns the socket.
+// too: its handshake with a CURVE server fails, and the explanation says so. Declare it after
+// the socket it watches, so that it closes first: closing stops the socket's monitor before the
+// PAIR that reads it (libzmq's I/O thread sends each event blocking, and a monitor whose reader
+// is gone would stop that thread, and with it every socket of the context, for good). Not
+// thread-safe: use it from the thread that owns the socket.
 class CurveHandshakeWatch {
  public:
   // How long a caller that has just seen its request go unanswered waits for the handshake's
@@ -58,6 +61,9 @@ class CurveHandshakeWatch {
   // Starts watching `socket` (before it connects). `client_public_key` is named in the message
   // of a refused key; empty for a plain client.
   CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t& socket, std::string client_public_key);
+  ~CurveHandshakeWatch();
+  CurveHandshakeWatch(CurveHandshakeWatch&& other) noexcept;
+  CurveHandshakeWatch& operator=(CurveHandshakeWatch&& other) noexcept;
 
   // The latest failed handshake's explanation ("CURVE authentication failed: the server refused
   // this client's key ..."), after reading the events queued so far; "" when none failed since
@@ -66,6 +72,9 @@ class CurveHandshakeWatch {
   const std::string& problem(int wait_ms = 0);
 
  private:
+  void stop();  // the socket's monitor, then the PAIR reading it
+
+  void* watched_ = nullptr;  // the socket's handle, while its monitor runs
   zmq::socket_t monitor_;
   std::string client_public_key_;
   std::string problem_;
