@@ -475,13 +475,13 @@ TEST(ChunkManager, SlotsLargerThanTheCacheStreamTheSameRows) {
   for (int64_t features : {24, 32})
     for (bool shuffle : {true, false}) {
       test::TempDir dir;
-      const Dataset data = test::random_dataset(PixelType::UInt8, 160000, features, 10, 6);
-      const auto split = write_split(dir.file("s"), data, 150000, features, 150000,
+      const Dataset data = test::random_dataset(PixelType::UInt8, 210000, features, 10, 6);
+      const auto split = write_split(dir.file("s"), data, 200000, features, 200000,
                                      zarr::Format::V3, "none");
       std::vector<RowKey> reference;
-      // 1,000 rows: a small slot, gathered when shuffled; 36,000 rows of 32 bytes: a large slot,
-      // gathered (under a quarter of a band); 80,000 rows: a large slot, scattered.
-      for (int64_t batch : {1000, 36000, 80000}) {
+      // 1,000 rows: a small slot, gathered when shuffled; 45,000 rows (over 1 MiB at 24 bytes): a
+      // large slot, gathered (under a quarter of a band); 100,000 rows: a large slot, scattered.
+      for (int64_t batch : {1000, 45000, 100000}) {
         ChunkManagerOptions o;
         o.batch_rows = batch;
         o.shuffle = shuffle;

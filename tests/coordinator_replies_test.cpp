@@ -83,10 +83,17 @@ TEST(CoordinatorReplies, AReplyOfAnotherShapeIsRefusedNamingTheField) {
     const std::string why = test::error_of<InputError>([&] { read_registration_reply(reply); });
     EXPECT_TRUE(test::contains(why, expected)) << reply.dump() << ": " << why;
   }
+  // A long value is shown cut, between characters: the text reaches Python as UTF-8.
+  std::string accents;
+  for (int i = 0; i < 150; ++i) accents += "\xC3\xA9";  // U+00E9, two bytes each
+  const json long_index = with(registered, "index", accents);
+  const std::string cut = test::error_of<InputError>([&] { read_registration_reply(long_index); });
+  EXPECT_TRUE(test::contains(cut, "...")) << cut;
+  EXPECT_NO_THROW(json(cut).dump()) << "not UTF-8";
   json no_config = registered;
   no_config.erase("config");
-  EXPECT_TRUE(test::contains(test::error_of<InputError>([&] { read_registration_reply(no_config); }),
-                             "'register': 'config' is missing"));
+  const std::string why = test::error_of<InputError>([&] { read_registration_reply(no_config); });
+  EXPECT_TRUE(test::contains(why, "'register': 'config' is missing")) << why;
 
   const std::vector<std::pair<json, std::string>> bad_specs = {
       {{{"ready", "yes"}, {"spec", json::object()}}, "'spec': 'ready' is \"yes\""},

@@ -1341,7 +1341,7 @@ TEST(PsMode, StatsFromAServerAreReadFieldByField) {
       {with("version", 1e300), "server stats: 'version' is 1e+300, expected an integer"},
       {with("pushes", "many"), "'pushes' is \"many\", expected an integer"},
       {with("seconds", nullptr), "'seconds' is null, expected a number"},
-      {with("by_type", {{"Push", 2.5}}), "by_type 'Push' is 2.5, expected an integer"},
+      {with("by_type", {{"Push", 2.5}}), "by_type: 'Push' is 2.5, expected an integer"},
       {no_bucket.dump(), "staleness_histogram: '16+' is missing"},
   };
   for (const auto& [text, expected] : bad) {

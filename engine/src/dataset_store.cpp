@@ -21,6 +21,19 @@
 
 namespace tandem {
 namespace fs = std::filesystem;
+
+bool image_shape_describes(const nlohmann::json& shape, int64_t features) {
+  if (!shape.is_array() || shape.empty() || features < 1) return false;
+  int64_t product = 1;
+  for (const auto& d : shape) {
+    // Every partial product is at most the feature count, or the product overflows.
+    if (!d.is_number_integer() || d.get<int64_t>() < 1 || product > features / d.get<int64_t>())
+      return false;
+    product *= d.get<int64_t>();
+  }
+  return product == features;
+}
+
 namespace {
 
 
@@ -98,17 +111,7 @@ bool is_integer_dtype(zarr::DType t) {
 nlohmann::json image_shape_for(const nlohmann::json& provenance, int64_t features) {
   if (provenance.contains("image_shape")) {
     const nlohmann::json& s = provenance["image_shape"];
-    int64_t product = 1;
-    bool ok = s.is_array() && !s.empty();
-    if (ok)
-      for (const auto& d : s) {
-        // Every partial product is at most the feature count, or the product overflows.
-        if (!d.is_number_integer() || d.get<int64_t>() < 1 || product > features / d.get<int64_t>())
-          ok = false;
-        else
-          product *= d.get<int64_t>();
-      }
-    if (!ok || product != features)
+    if (!image_shape_describes(s, features))
       throw InputError("provenance image_shape " + s.dump() + " does not describe " +
                        std::to_string(features) + " features; expected positive sides whose "
                        "product is the feature count");

@@ -70,6 +70,10 @@ struct DatasetStore {
   static bool looks_like_store(const std::string& path);  // a Zarr group is at path
 };
 
+// Whether `shape` (an image_shape attribute: anyone's JSON) is a non-empty array of positive
+// integers whose product is `features`; the product is checked as it grows, never overflowing.
+bool image_shape_describes(const nlohmann::json& shape, int64_t features);
+
 // Reads a whole split into memory (for validation/test evaluation and small stores).
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what);
 

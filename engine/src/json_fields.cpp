@@ -30,11 +30,14 @@ bool json_as_integer(const json& value, int64_t& out) {
 
 namespace {
 
-// A value as an error shows it: invalid UTF-8 replaced, at most 200 characters.
+// A value as an error shows it: invalid UTF-8 replaced, at most about 200 bytes, cut between
+// characters (the text reaches Python, which refuses a broken one).
 std::string shown(const json& value) {
   std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 200) text = text.substr(0, 200) + "...";
-  return text;
+  if (text.size() <= 200) return text;
+  size_t cut = 200;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "...";
 }
 
 }  // namespace

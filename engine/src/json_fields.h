@@ -1,9 +1,9 @@
-// The fields of a JSON object that came from another process (a coordinator's reply, cluster
-// settings from the public API or a coordinator), each read as its type or refused with an
-// InputError naming the object, the field, its value and what was expected. nlohmann's own
-// conversions cast a number of the wrong kind (2.5 for an integer: 2; 1e10 for an int, or 1e300
-// for a float: undefined behaviour), throw their own exceptions for a wrong type, and name no
-// field.
+// The fields of a JSON object that came from another process or a file (a coordinator's reply,
+// cluster settings from the public API or a coordinator, a parameter server's stats, a cluster
+// spec file), each read as its type or refused with an InputError naming the object, the field,
+// its value and what was expected. nlohmann's own conversions cast a number of the wrong kind
+// (2.5 for an integer: 2; 1e10 for an int, or 1e300 for a float: undefined behaviour), throw
+// their own exceptions for a wrong type, and name no field.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,7 @@ class JsonFields {
   // `whose` starts every error ("cluster settings", "the coordinator's reply to 'work'"). The
   // object must outlive the reader. InputError when `object` is not a JSON object.
   JsonFields(const nlohmann::json& object, std::string whose);
+  JsonFields(nlohmann::json&& object, std::string whose) = delete;  // it would dangle
 
   // `fallback`: the value when the field is absent (from an older release, or optional); null:
   // the field is required.

@@ -65,13 +65,10 @@ ServerStats stats_from_json(const std::string& text) {
   s.seconds = f.number("seconds");
   s.pushes_per_s = f.number("pushes_per_s");
   s.pulls_per_s = f.number("pulls_per_s");
-  for (const auto& [type, count] : f.object("by_type").items()) {
-    int64_t n = 0;
-    if (!json_as_integer(count, n))
-      throw InputError("server stats: by_type '" + type + "' is " + count.dump() +
-                       ", expected an integer");
-    s.by_type[type] = n;
-  }
+  const nlohmann::json& by_type = f.object("by_type");
+  const JsonFields counts(by_type, "server stats: by_type");
+  for (const auto& entry : by_type.items())
+    s.by_type[entry.key()] = counts.integer(entry.key().c_str());
   return s;
 }
 

@@ -33,12 +33,8 @@ std::pair<int64_t, int64_t> image_shape(const DatasetStore& store, int64_t featu
   const nlohmann::json& a = store.attributes;
   if (a.is_object() && a.contains("image_shape") && a["image_shape"].is_array()) {
     const nlohmann::json& s = a["image_shape"];
-    if (s.size() == 2 && s[0].is_number_integer() && s[1].is_number_integer()) {
-      const int64_t height = s[0].get<int64_t>(), width = s[1].get<int64_t>();
-      // Sides checked before they are multiplied: a store's attributes are anyone's text.
-      if (height > 0 && width > 0 && height <= features / width && height * width == features)
-        return {height, width};
-    }
+    if (s.size() == 2 && image_shape_describes(s, features))
+      return {s[0].get<int64_t>(), s[1].get<int64_t>()};
   }
   const auto side = static_cast<int64_t>(std::llround(std::sqrt(double(features))));
   if (side * side == features) return {side, side};

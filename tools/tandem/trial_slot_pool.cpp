@@ -257,6 +257,7 @@ void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJ
   // running them, or starting them, beside the rerun that finishes their work. The socket's
   // linger (200 ms) lets the bye leave without waiting on a server that is gone.
   if (s.send_error.empty()) send(s, SlotMessage{SlotMessageType::Bye});
+  s.handshakes = transport::CurveHandshakeWatch();  // (stops the socket's monitor: first)
   s.socket.close();
   const bool others = total_slots() > 0;
   std::fprintf(stderr, "tandem %s: slot server %s %s; %s\n", options_.client.c_str(),
@@ -357,6 +358,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
                   (why.empty() ? "" : " (" + why + ")");
       }
       s->socket.set(zmq::sockopt::linger, 0);
+      s->handshakes = transport::CurveHandshakeWatch();  // (stops the socket's monitor: first)
       s->socket.close();
       std::fprintf(stderr, "tandem %s: left out slot server %s, listed in a --slots directory: %s\n",
                    options_.client.c_str(), s->endpoint.c_str(), s->lost.c_str());

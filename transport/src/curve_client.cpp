@@ -69,7 +69,9 @@ CurveHandshakeWatch::CurveHandshakeWatch(zmq::context_t& context, zmq::socket_t&
     monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
     monitor_.set(zmq::sockopt::linger, 0);
     // No high-water mark on this side (set before connecting, it lifts the pipe's): events are
-    // read only when a request times out, and a full pipe would block libzmq's I/O thread.
+    // read only when a request times out, and a full pipe would block libzmq's I/O thread. The
+    // cost is memory: a socket refused again and again between two reads queues an event (about
+    // 100 bytes) per attempt (libzmq 4.3 does not retry after a refused key).
     monitor_.set(zmq::sockopt::rcvhwm, 0);
     monitor_.connect(address);
   } catch (...) {

@@ -46,11 +46,12 @@ void set_curve_server(zmq::socket_t& socket, const std::string& secret_key,
 
 // Reads a client socket's handshake events (ZeroMQ's socket monitor, on a PAIR socket of the
 // same context) and keeps the latest failure's explanation. A plain client (no key) is watched
-// too: its handshake with a CURVE server fails, and the explanation says so. Declare it after
-// the socket it watches, so that it closes first: closing stops the socket's monitor before the
-// PAIR that reads it (libzmq's I/O thread sends each event blocking, and a monitor whose reader
-// is gone would stop that thread, and with it every socket of the context, for good). Not
-// thread-safe: use it from the thread that owns the socket.
+// too: its handshake with a CURVE server fails, and the explanation says so. It holds the
+// socket's handle: declare it after the socket, so that it closes first, and reset it (assign an
+// empty watch) before closing the socket any other way. Closing stops the socket's monitor
+// before the PAIR that reads it (libzmq's I/O thread sends each event blocking, and a monitor
+// whose reader is gone would stop that thread, and with it every socket of the context, for
+// good). Not thread-safe: use it from the thread that owns the socket.
 class CurveHandshakeWatch {
  public:
   // How long a caller that has just seen its request go unanswered waits for the handshake's
