@@ -7,6 +7,7 @@
 // train.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <zmq.hpp>
 
 #include <atomic>
@@ -14,12 +15,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
 #include "test_support.h"
 #include "trial_slot_pool.h"
 #include "trial_slot_protocol.h"
+#include "trial_process.h"
 #include "trial_slot_server.h"
 
 namespace tandem::cli {
@@ -387,6 +390,29 @@ TEST_F(TrialSlotServerTest, AJobWhoseLogCannotBeOpenedIsRefusedWithTheReason) {
 // With --root, a job that names a path outside the directory (its log, an argument, the value
 // of --flag=value; "..", symbolic links and relative paths resolved) is refused, naming it; a
 // job within it runs there.
+// A child that cannot start says why in its log (written between fork and exec, with
+// async-signal-safe calls only) and exits 127: a working directory it cannot enter, a program
+// that does not exist.
+TEST(TrialProcess, AChildThatCannotStartSaysWhyInItsLog) {
+  test::TempDir dir;
+  int runs = 0;
+  auto run = [&](const std::vector<std::string>& argv, const std::string& working_dir) {
+    const std::string log = dir.file("log-" + std::to_string(++runs));
+    const pid_t pid = cli::start_child_process(argv, log, "test", false, working_dir);
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 127) << status;
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string gone = dir.file("no-such-dir");
+  EXPECT_EQ(run({"/bin/true"}, gone), "tandem: cannot run /bin/true: cannot enter " + gone +
+                                          ": No such file or directory\n");
+  const std::string missing = dir.file("no-such-program");
+  EXPECT_EQ(run({missing}, ""),
+            "tandem: cannot run " + missing + ": No such file or directory\n");
+}
+
 TEST(TrialSlotServerRoot, JobsNamingPathsOutsideTheRootAreRefusedAndTheOthersRunThere) {
   test::TempDir root, elsewhere;
   std::filesystem::create_symlink(elsewhere.path(), root.file("door"));

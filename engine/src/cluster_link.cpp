@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <limits>
 
 #include "json_fields.h"
 #include "tandem/error.h"
@@ -16,46 +14,6 @@ using transport::TransportError;
 
 std::string wire_text(const nlohmann::json& message) {
   return message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-double json_number(const nlohmann::json& message, const char* key, double missing) {
-  const auto it = message.find(key);
-  if (it == message.end()) return missing;
-  if (it->is_null()) return std::numeric_limits<double>::quiet_NaN();
-  if (!it->is_number())
-    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected a number");
-  return it->get<double>();
-}
-
-int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing) {
-  const auto it = message.find(key);
-  if (it == message.end()) return missing;
-  int64_t out = 0;
-  if (!json_as_integer(*it, out))
-    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
-  return out;
-}
-
-int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback) {
-  try {
-    return json_integer(message, key, fallback);
-  } catch (const InputError&) {
-    return fallback;
-  }
-}
-
-double json_number_or(const nlohmann::json& message, const char* key, double fallback) {
-  try {
-    return json_number(message, key, fallback);
-  } catch (const InputError&) {
-    return fallback;
-  }
-}
-
-std::string json_string_or(const nlohmann::json& message, const char* key,
-                           const std::string& fallback) {
-  const auto it = message.find(key);
-  return it != message.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer) {

@@ -32,20 +32,6 @@ namespace tandem {
 bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::message_t* peer);
 std::string wire_text(const nlohmann::json& message);  // the frame send_json sends
 
-// `message[key]` as a number: NaN for null (a NaN sent as JSON), `missing` when absent.
-// InputError naming the key for anything else.
-double json_number(const nlohmann::json& message, const char* key, double missing);
-// `message[key]` as an integer, `missing` when absent. InputError naming the key for anything
-// else, a number with a fraction or out of int64's range included (nlohmann's own conversion
-// of such a number is undefined behaviour).
-int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
-// The same, for what is read but not checked (what a role reported, for a state; a replay's
-// number): `fallback` when absent or of any other type, never an error.
-int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback);
-double json_number_or(const nlohmann::json& message, const char* key, double fallback);
-std::string json_string_or(const nlohmann::json& message, const char* key,
-                           const std::string& fallback);
-
 // A DEALER connected to the coordinator at `endpoint` (a CURVE client with `curve` when enabled).
 // TransportError naming the address when it cannot connect.
 zmq::socket_t connect_to_coordinator(zmq::context_t& context, const std::string& endpoint,

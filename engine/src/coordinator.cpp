@@ -7,6 +7,7 @@
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "curve_client.h"
+#include "json_fields.h"
 #include "parameter_layout.h"
 #include "ps_placement.h"
 #include "tandem/error.h"

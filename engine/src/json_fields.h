@@ -4,6 +4,9 @@
 // its value and what was expected. nlohmann's own conversions cast a number of the wrong kind
 // (2.5 for an integer: 2; 1e10 for an int, or 1e300 for a float: undefined behaviour), throw
 // their own exceptions for a wrong type, and name no field.
+//
+// Two forms: the json_* functions read one field of a message (a cluster message, named by its
+// key alone), the _or ones tolerantly; JsonFields reads a whole object and names it in errors.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,21 @@ namespace tandem {
 // included: 3.0 from a language without integers).
 bool json_as_integer(const nlohmann::json& value, int64_t& out);
 
+// `message[key]` as a number: NaN for null (a NaN sent as JSON), `missing` when absent.
+// InputError naming the key for anything else.
+double json_number(const nlohmann::json& message, const char* key, double missing);
+// `message[key]` as an integer, `missing` when absent. InputError naming the key for anything
+// else, a number with a fraction or out of int64's range included (nlohmann's own conversion
+// of such a number is undefined behaviour).
+int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
+// The same, for what is read but not checked (what a role reported, for a state; a replay's
+// number): `fallback` when absent or of any other type, never an error.
+int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback);
+double json_number_or(const nlohmann::json& message, const char* key, double fallback);
+std::string json_string_or(const nlohmann::json& message, const char* key,
+                           const std::string& fallback);
+
+// A whole object, field by field.
 class JsonFields {
  public:
   // `whose` starts every error ("cluster settings", "the coordinator's reply to 'work'"). The

@@ -19,6 +19,7 @@
 #include "cluster_run.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "json_fields.h"
 #include "ps_client.h"
 #include "score_subscriber.h"
 #include "seconds_to_ms.h"

@@ -6,6 +6,7 @@
 
 #include "cluster_link.h"
 #include "coordinator_replies.h"
+#include "json_fields.h"
 #include "zmq_through_signals.h"
 
 namespace tandem {

@@ -21,7 +21,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -114,30 +113,31 @@ class TrialRunner {
 class LocalTrials final : public TrialRunner {
  public:
   LocalTrials(int processes, int threads) : processes_(processes), threads_(threads) {}
-  int free_slots() const override { return processes_ - static_cast<int>(pids_.size()); }
+  int free_slots() const override { return processes_ - static_cast<int>(trials_.size()); }
   std::string start(const std::string& key, const Args& args, const std::string& log) override {
     std::vector<std::string> argv{self_};
     for (const std::string& a : args(threads_)) argv.push_back(a);
-    pids_[key] = start_child_process(argv, log, "search: cannot start " + key);
+    trials_[key] = {start_child_process(argv, log, "search: cannot start " + key), false};
     return "local";
   }
   void cancel(const std::string& key) override {
     // One SIGTERM per trial: a second would stop it at once, unsaved (stop_signals.h).
-    if (const auto it = pids_.find(key); it != pids_.end() && cancelled_.insert(key).second)
-      kill(it->second, SIGTERM);
+    if (const auto it = trials_.find(key); it != trials_.end() && !it->second.cancelled) {
+      kill(it->second.pid, SIGTERM);
+      it->second.cancelled = true;
+    }
   }
   std::vector<SlotJobEnd> wait(long timeout_ms) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
     std::vector<SlotJobEnd> ended;
-    for (auto it = pids_.begin(); it != pids_.end();) {
+    for (auto it = trials_.begin(); it != trials_.end();) {
       int status = 0;
-      if (waitpid(it->second, &status, WNOHANG) != it->second) {
+      if (waitpid(it->second.pid, &status, WNOHANG) != it->second.pid) {
         ++it;
         continue;
       }
       ended.push_back({it->first, WIFEXITED(status) && WEXITSTATUS(status) == 0, describe_exit(status)});
-      cancelled_.erase(it->first);
-      it = pids_.erase(it);
+      it = trials_.erase(it);
     }
     return ended;
   }
@@ -145,8 +145,11 @@ class LocalTrials final : public TrialRunner {
  private:
   const std::string self_ = self_path();
   int processes_, threads_;
-  std::map<std::string, pid_t> pids_;
-  std::set<std::string> cancelled_;  // trials sent their SIGTERM
+  struct Trial {
+    pid_t pid;
+    bool cancelled;  // sent its SIGTERM
+  };
+  std::map<std::string, Trial> trials_;
 };
 
 class RemoteTrials final : public TrialRunner {

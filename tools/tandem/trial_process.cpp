@@ -31,6 +31,17 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string failure = "tandem: cannot run " + args[0] + ": ";
+  const std::string no_dir = failure + "cannot enter " + working_dir + ": ";
+  // In the child: `what`, errno's description, a newline, then exit 127 (strerrordesc_np, not
+  // strerror: no locale lookup, which is not async-signal-safe, in a forked child).
+  auto fail_in_child = [](const std::string& what) {
+    const char* reason = strerrordesc_np(errno);
+    if (reason == nullptr) reason = "unknown error";
+    (void)!write(STDERR_FILENO, what.data(), what.size());
+    (void)!write(STDERR_FILENO, reason, std::strlen(reason));
+    (void)!write(STDERR_FILENO, "\n", 1);
+    _exit(127);
+  };
   // The log is opened here, not in the child: one that cannot be opened (a directory the server
   // does not share) is an error its caller can report, where the child would have run on with
   // the parent's output and left no reason anywhere.
@@ -61,24 +72,9 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
     // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
     // sent since the fork (a cancel right after the start) then ends it as it would the program.
     reset_stop_signals_in_child();
-    if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) {
-      const char* reason = strerrordesc_np(errno);
-      (void)!write(STDERR_FILENO, failure.data(), failure.size());
-      (void)!write(STDERR_FILENO, "cannot enter ", 13);
-      (void)!write(STDERR_FILENO, working_dir.data(), working_dir.size());
-      (void)!write(STDERR_FILENO, ": ", 2);
-      if (reason != nullptr) (void)!write(STDERR_FILENO, reason, std::strlen(reason));
-      (void)!write(STDERR_FILENO, "\n", 1);
-      _exit(127);
-    }
+    if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) fail_in_child(no_dir);
     execv(argv[0], argv.data());
-    (void)!write(STDERR_FILENO, failure.data(), failure.size());
-    // strerrordesc_np, not strerror: no locale lookup (not async-signal-safe) in a forked child.
-    const char* reason = strerrordesc_np(errno);
-    if (reason == nullptr) reason = "unknown error";
-    (void)!write(STDERR_FILENO, reason, std::strlen(reason));
-    (void)!write(STDERR_FILENO, "\n", 1);
-    _exit(127);
+    fail_in_child(failure);
   }
   return pid;
 }

@@ -323,9 +323,8 @@ void TrialSlotServer::expire() {
 void TrialSlotServer::end_job(Job& job) {
   // Once: a second request neither extends the grace nor sends a second SIGTERM, which the job
   // would take as "stop at once" (stop_signals.h).
-  if (job.terminated) return;
+  if (job.terminated()) return;
   kill(job.pid, SIGTERM);
-  job.terminated = true;
   job.kill_at = Clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
 }
 
@@ -342,12 +341,12 @@ void TrialSlotServer::kill_overdue() {
 
 void TrialSlotServer::stop_jobs(int grace_ms) {
   if (jobs_.empty()) return;
-  for (Job& j : jobs_)
-    if (!j.terminated) {
-      kill(j.pid, SIGTERM);
-      j.terminated = true;
-    }
   const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
+  for (Job& j : jobs_)
+    if (!j.terminated()) {
+      kill(j.pid, SIGTERM);
+      j.kill_at = deadline;
+    }
   auto reap_all = [&] {
     for (size_t i = 0; i < jobs_.size();) {
       if (waitpid(jobs_[i].pid, nullptr, WNOHANG) == jobs_[i].pid) jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));

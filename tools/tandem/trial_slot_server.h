@@ -84,8 +84,9 @@ class TrialSlotServer {
     std::string id;
     pid_t pid = 0;
     bool orphaned = false;  // its search went silent or said bye; ended, not reported
-    Clock::time_point kill_at = Clock::time_point::max();  // set by end_job: SIGKILL then
-    bool terminated = false;  // sent its SIGTERM (only one: a second means "stop at once")
+    // Set when it is sent its SIGTERM (only one: a second means "stop at once"): SIGKILL then.
+    Clock::time_point kill_at = Clock::time_point::max();
+    bool terminated() const { return kill_at != Clock::time_point::max(); }
   };
   struct Client {
     Clock::time_point last_heard;
