@@ -507,6 +507,20 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   why = test::error_of<Error>(
       [&] { link.request({{"type", "score"}, {"name", "s"}, {"step", 2.5}}); });
   EXPECT_TRUE(test::contains(why, "\"step\" is 2.5")) << why;
+  // Text fields of another type are refused naming the field (nlohmann's own conversion named
+  // none), and a refused registration adds no role.
+  why = test::error_of<Error>([&] {
+    link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}, {"address", 5}});
+  });
+  EXPECT_TRUE(test::contains(why, "\"address\" is 5, expected text")) << why;
+  why = test::error_of<Error>(
+      [&] { link.request({{"type", "register"}, {"role", json::array()}}); });
+  EXPECT_TRUE(test::contains(why, "\"role\" is [], expected text")) << why;
+  why = test::error_of<Error>([&] {
+    link.request({{"type", "register"}, {"role", "worker"}, {"host", {{"h", 1}}}});
+  });
+  EXPECT_TRUE(test::contains(why, "\"host\" is {\"h\":1}, expected text")) << why;
+  EXPECT_EQ(c.state().at("workers").size(), 0u) << c.state().dump();
   // A worker's status with counters of the wrong type: its heartbeat is refused, and the state
   // still reads (those counters as 0).
   link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker9"}});

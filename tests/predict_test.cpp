@@ -450,5 +450,34 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   EXPECT_EQ(test::read_bytes(data + "/keep"), "keep me");
 }
 
+// A predictions group whose attributes hold another type where text belongs (edited by hand, or
+// written by another tool): refused naming the store and the attribute, where nlohmann's own
+// conversion threw an exception naming neither. A rerun's prepare reads them tolerantly.
+TEST(Predictor, AttributesOfAnotherTypeAreRefusedNamingTheStoreAndTheAttribute) {
+  test::TempDir dir;
+  const std::string out = dir.file("pred.zarr");
+  PredictionsLayout layout;
+  layout.rows = 4;
+  layout.chunk_rows = 2;
+  layout.classes = 3;
+  layout.fingerprint = "model:a;input:b";
+  const std::string hint = "pass overwrite=True to replace it";
+  prepare_predictions_output(out, layout, json::object(), false, hint);
+  for (const char* key : {"fingerprint", "output_id"}) {
+    SCOPED_TRACE(key);
+    auto [format, attributes] = zarr::Group::open(out);
+    const json kept = attributes[key];
+    attributes[key] = 7;
+    zarr::Group::create(out, format, attributes);
+    const std::string why =
+        test::error_of<InputError>([&] { PredictionsOutput(out, layout, hint); });
+    EXPECT_TRUE(test::contains(why, out + "'s attributes: '" + key + "' is 7, expected text"))
+        << why;
+    attributes[key] = kept;
+    zarr::Group::create(out, format, attributes);
+    EXPECT_NO_THROW(PredictionsOutput(out, layout, hint));
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,6 +233,7 @@ class DeviceMemoryCollective final : public GroupCollective {
  public:
   int size() const override { return 2; }
   Memory memory() const override { return Memory::Device; }
+  int timeout_ms() const override { return 1000; }
   void all_reduce_sum(int, float*, size_t) override { ADD_FAILURE() << "all_reduce_sum called"; }
   void broadcast(int, float*, size_t, int) override { ADD_FAILURE() << "broadcast called"; }
   void abort(const std::string&) override {}
@@ -619,6 +622,122 @@ TEST(WorkerGroup, GroupsStartAndStopTheirMemberThreadsCleanly) {
       group.step(std::vector<DatasetView>(static_cast<size_t>(n), data.view()));
     }
   }
+}
+
+// A CPU backend whose compute_gradients, once hang() was called, waits until release(): a GPU
+// stuck in a kernel, as far as the group can tell (no collective is involved in the wait).
+class HangingBackend final : public Backend {
+ public:
+  explicit HangingBackend(const ModelConfig& model) : inner_(make_cpu_backend(model, adam(), 1)) {}
+  void hang() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hanging_ = true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hanging_ = false;
+    }
+    released_.notify_all();
+  }
+  std::string name() const override { return "hanging " + inner_->name(); }
+  int threads() const override { return inner_->threads(); }
+  void set_parameters(const Model& model) override { inner_->set_parameters(model); }
+  void set_parameters(const ParameterRuns& runs) override { inner_->set_parameters(runs); }
+  void get_parameters(Model& model) const override { inner_->get_parameters(model); }
+  void set_optimizer_state(const OptimizerState& state, int64_t step) override {
+    inner_->set_optimizer_state(state, step);
+  }
+  void get_optimizer_state(OptimizerState& state) const override {
+    inner_->get_optimizer_state(state);
+  }
+  int64_t step() const override { return inner_->step(); }
+  BatchStats compute_gradients(const DatasetView& data, const int32_t* rows,
+                               int64_t count) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      released_.wait(lock, [&] { return !hanging_; });
+    }
+    return inner_->compute_gradients(data, rows, count);
+  }
+  void apply_gradients() override { inner_->apply_gradients(); }
+  void get_gradients(std::vector<NamedTensor>& out) const override { inner_->get_gradients(out); }
+  BatchStats evaluate(const DatasetView& data) override { return inner_->evaluate(data); }
+  void predict(const DatasetView& data, uint8_t* out) override { inner_->predict(data, out); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool hanging_ = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Issue 8: a GPU that hangs is reported with its rank within a timeout instead of hanging the
+// node. Rank 1 hangs in its backend before the all-reduce: the others time out in the
+// collective, and the step, which once waited for rank 1 forever, throws within the timeout
+// after that, naming rank 1; every later call throws the same at once. Rank 1 comes back before
+// the group is destroyed, and the destructor joins it (it found the collective aborted).
+TEST(WorkerGroup, AMemberHangingInItsBackendIsNamedWithinTheTimeoutAndNotWaitedFor) {
+  constexpr int kMembers = 3, kTimeoutMs = 300;
+  const Dataset data = test::random_dataset(PixelType::UInt8, 12, kTiny.inputs(), 3, 35);
+  const std::vector<DatasetView> batches(kMembers, data.view());
+  Members members(kMembers);
+  HangingBackend hanging(kTiny);
+  members.pointers[1] = &hanging;
+  auto collective = make_thread_collective(kMembers, kTimeoutMs);
+  const std::string expected = "worker group: rank 1 did not finish its step within 300 ms of "
+                               "rank 0 (its backend hangs";
+  {
+    WorkerGroup group(kTiny, members.pointers, *collective);
+    group.install(Model::initialized(kTiny, 11));
+    group.step(batches);  // the group works before the hang
+    hanging.hang();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      group.step(batches);
+      ADD_FAILURE() << "a step with a hanging member returned";
+    } catch (const GroupError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+    }
+    // The collective's timeout, then the same again for the members: well under a minute.
+    EXPECT_LT(seconds_since(start), 30.0);
+    for (int call = 0; call < 3; ++call) {
+      const auto again = std::chrono::steady_clock::now();
+      try {
+        if (call % 2 == 0) group.install(Model::initialized(kTiny, 11));
+        else group.step(batches);
+        ADD_FAILURE() << "a group that left a member behind ran call " << call;
+      } catch (const GroupError& e) {
+        EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+      }
+      EXPECT_LT(seconds_since(again), 0.25);  // at once: no new round, no timeout
+    }
+    hanging.release();
+  }
+}
+
+// A member still hanging when its group is destroyed: the destructor does not wait for it
+// forever (it is detached after a few seconds; the process would end). Its backend must outlive
+// the thread that hangs in it, so it is left allocated on purpose.
+TEST(WorkerGroup, DestroyingAGroupWithAMemberStillHangingReturns) {
+  constexpr int kMembers = 2;
+  const Dataset data = test::random_dataset(PixelType::UInt8, 12, kTiny.inputs(), 3, 36);
+  const std::vector<DatasetView> batches(kMembers, data.view());
+  Members members(kMembers);
+  auto* hanging = new HangingBackend(kTiny);  // never freed: its thread never returns
+  members.pointers[1] = hanging;
+  auto collective = make_thread_collective(kMembers, 200);
+  auto group = std::make_unique<WorkerGroup>(kTiny, members.pointers, *collective);
+  group->install(Model::initialized(kTiny, 12));
+  hanging->hang();
+  EXPECT_THROW(group->step(batches), GroupError);
+  const auto start = std::chrono::steady_clock::now();
+  group.reset();
+  EXPECT_LT(seconds_since(start), 30.0);
 }
 
 TEST(WorkerGroup, RefusesAMismatchedCollective) {

@@ -229,7 +229,7 @@ void Coordinator::publish(const json& message) {
 }
 
 json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
-  const std::string type = r.value("type", std::string());
+  const std::string type = json_string(r, "type", "");
   if (type == "register") return handle_register(r);
   if (type == "work") return handle_work(r);
   if (type == "score") return handle_score(r);
@@ -243,10 +243,10 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   }
   if (type == "stop") {
     lock.unlock();
-    request_stop(r.value("reason", std::string("requested")));
+    request_stop(json_string(r, "reason", "requested"));
     return json::object();
   }
-  const std::string name = r.value("name", std::string());
+  const std::string name = json_string(r, "name", "");
   auto it = roles_.find(name);
   if (it == roles_.end()) {
     if (type == "heartbeat") return {{"phase", to_string(phase_)}, {"unknown", true}};
@@ -276,7 +276,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     return {{"phase", to_string(phase_)}};
   }
   if (type == "ready") {
-    const std::string address = r.value("address", std::string());
+    const std::string address = json_string(r, "address", "");
     if (address.empty()) throw InputError("'ready' from " + name + " without an address");
     if (role.role == "ps" && phase_ != ClusterPhase::Starting && !role.previous_address.empty() &&
         address != role.previous_address) {
@@ -317,15 +317,15 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
 }
 
 json Coordinator::handle_register(const json& r) {
-  const std::string kind = r.value("role", std::string());
+  const std::string kind = json_string(r, "role", "");
   if (kind != "ps" && kind != "worker" && kind != "scorer")
     throw InputError("register: role must be ps, worker or scorer, not '" + kind + "'");
   // Read before anything changes: a malformed request changes nothing.
   const int64_t pid = json_integer(r, "pid", 0);
-  const std::string host = r.value("host", std::string());
-  const std::string address = r.value("address", std::string());
+  const std::string host = json_string(r, "host", "");
+  const std::string address = json_string(r, "address", "");
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string name = r.value("name", std::string());
+  std::string name = json_string(r, "name", "");
   int index = name.empty() ? -1 : index_from_name(name, kind);
   if (name.empty() && kind == "ps" && phase_ != ClusterPhase::Starting) {
     // The servers are fixed once training has started (the workers split the parameters over
@@ -379,7 +379,7 @@ json Coordinator::handle_register(const json& r) {
 
 json Coordinator::handle_work(const json& r) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::string name = r.value("name", std::string());
+  const std::string name = json_string(r, "name", "");
   auto it = roles_.find(name);
   if (it == roles_.end() || it->second.role != "worker")
     throw InputError("'work' from '" + name + "', which is not a registered worker");

@@ -64,6 +64,7 @@ class ThreadCollective final : public GroupCollective {
 
   int size() const override { return members_; }
   Memory memory() const override { return Memory::Host; }
+  int timeout_ms() const override { return timeout_ms_; }
 
   void all_reduce_sum(int rank, float* data, size_t count) override {
     run(Kind::AllReduce, rank, data, count, 0);

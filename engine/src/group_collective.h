@@ -20,12 +20,11 @@
 //
 // What the timeout cannot cover: a GPU that hangs outside a collective, in a wait of its own
 // backend (reading the step's statistics after the sum, synchronising before a broadcast). That
-// member's thread stays in the CUDA call, and WorkerGroup::step() or install() waits for it;
-// the other members either finish the step or time out in their next collective, naming the
-// rank. The CUDA runtime offers no way to abandon such a wait, so the worker process must be
-// ended from outside. Its heartbeats come from another thread and go on; they say how long the
-// step has been running, and past RunSettings::step_timeout_s the coordinator counts the worker
-// lost and hands its batches to the others (cluster_roles.cpp).
+// member's thread stays in the CUDA call, which the CUDA runtime offers no way to abandon; the
+// other members either finish the step or time out in their next collective, naming the rank.
+// WorkerGroup::step() and install() wait for such a member no longer than timeout_ms() after
+// the leader is done, then throw GroupError naming it and leave its thread behind
+// (worker_group.h): the worker process reports the rank and ends.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +52,8 @@ class GroupCollective {
   virtual int size() const = 0;
   // Where the buffers passed to the collectives must be.
   virtual Memory memory() const = 0;
+  // How long a member waits for the others in a collective before it gives up on them.
+  virtual int timeout_ms() const = 0;
 
   // In place: every member's `data` ends holding the element-wise sum of all members' `data`.
   // Every member passes the same count. Throws GroupError (see the top of this file);

@@ -143,6 +143,7 @@ class NcclCollective final : public GroupCollective {
 
   int size() const override { return static_cast<int>(devices_.size()); }
   Memory memory() const override { return Memory::Device; }
+  int timeout_ms() const override { return timeout_ms_; }
 
   void all_reduce_sum(int rank, float* data, size_t count) override {
     const int64_t number = enter(rank, "all_reduce", data, count, 0);

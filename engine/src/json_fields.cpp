@@ -9,6 +9,20 @@ namespace tandem {
 
 using json = nlohmann::json;
 
+namespace {
+
+// A value as an error shows it: invalid UTF-8 replaced, at most about 200 bytes, cut between
+// characters (the text reaches Python, which refuses a broken one).
+std::string shown(const json& value) {
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() <= 200) return text;
+  size_t cut = 200;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "...";
+}
+
+}  // namespace
+
 bool json_as_integer(const json& value, int64_t& out) {
   if (value.is_number_unsigned()) {
     if (value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) return false;
@@ -33,7 +47,7 @@ double json_number(const json& message, const char* key, double missing) {
   if (it == message.end()) return missing;
   if (it->is_null()) return std::numeric_limits<double>::quiet_NaN();
   if (!it->is_number())
-    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected a number");
+    throw InputError(std::string("\"") + key + "\" is " + shown(*it) + ", expected a number");
   return it->get<double>();
 }
 
@@ -42,7 +56,7 @@ int64_t json_integer(const json& message, const char* key, int64_t missing) {
   if (it == message.end()) return missing;
   int64_t out = 0;
   if (!json_as_integer(*it, out))
-    throw InputError(std::string("\"") + key + "\" is " + it->dump() + ", expected an integer");
+    throw InputError(std::string("\"") + key + "\" is " + shown(*it) + ", expected an integer");
   return out;
 }
 
@@ -68,19 +82,14 @@ std::string json_string_or(const json& message, const char* key,
   return it != message.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
-namespace {
 
-// A value as an error shows it: invalid UTF-8 replaced, at most about 200 bytes, cut between
-// characters (the text reaches Python, which refuses a broken one).
-std::string shown(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() <= 200) return text;
-  size_t cut = 200;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut) + "...";
+std::string json_string(const json& message, const char* key, const std::string& missing) {
+  const auto it = message.find(key);
+  if (it == message.end()) return missing;
+  if (!it->is_string())
+    throw InputError(std::string("\"") + key + "\" is " + shown(*it) + ", expected text");
+  return it->get<std::string>();
 }
-
-}  // namespace
 
 JsonFields::JsonFields(const json& object, std::string whose)
     : j_(object), whose_(std::move(whose)) {

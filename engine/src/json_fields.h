@@ -27,6 +27,8 @@ double json_number(const nlohmann::json& message, const char* key, double missin
 // else, a number with a fraction or out of int64's range included (nlohmann's own conversion
 // of such a number is undefined behaviour).
 int64_t json_integer(const nlohmann::json& message, const char* key, int64_t missing);
+// `message[key]` as text, `missing` when absent. InputError naming the key for anything else.
+std::string json_string(const nlohmann::json& message, const char* key, const std::string& missing);
 // The same, for what is read but not checked (what a role reported, for a state; a replay's
 // number): `fallback` when absent or of any other type, never an error.
 int64_t json_integer_or(const nlohmann::json& message, const char* key, int64_t fallback);

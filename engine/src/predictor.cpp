@@ -22,6 +22,7 @@
 #include "crc32c.h"
 #include "cuda/cuda_device.h"
 #include "dataset_store.h"
+#include "json_fields.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
 #include "thread_pool.h"
@@ -191,7 +192,7 @@ std::string new_output_id() {
 std::optional<std::string> output_id_of(const std::string& out) {
   if (!zarr::Group::exists(out)) return std::nullopt;
   const json attributes = zarr::Group::open(out).second;
-  return attributes.is_object() ? attributes.value("output_id", std::string()) : "";
+  return json_string_or(attributes, "output_id", "");  // "" for a group of another shape too
 }
 
 bool chunk_file_complete(const zarr::Array& array, const std::vector<int64_t>& index) {
@@ -212,7 +213,7 @@ bool is_predictions_group(const std::string& path) {
 void create_missing_arrays(const std::string& out, const PredictionsLayout& layout) {
   const auto [format, attributes] = zarr::Group::open(out);
   if (format != layout.format || !attributes.is_object() ||
-      attributes.value("fingerprint", std::string()) != layout.fingerprint)
+      json_string_or(attributes, "fingerprint", "") != layout.fingerprint)
     return;
   for (const bool probabilities : {false, true}) {
     const std::string path = join(out, probabilities ? "probabilities" : "classes");
@@ -344,7 +345,9 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
     throw InputError(out + ": a Zarr group not written by tandem predict");
   classes_ = zarr::Array::open(join(out, "classes"));
   probabilities_ = zarr::Array::open(join(out, "probabilities"));
-  output_id_ = attributes.value("output_id", std::string());
+  const JsonFields fields(attributes, out + "'s attributes");
+  const std::string none;
+  output_id_ = fields.text("output_id", &none);
   const zarr::ArrayMeta want_c = output_meta(layout, false), want_p = output_meta(layout, true);
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || c.shape != want_c.shape || c.chunks != want_c.chunks ||
@@ -353,7 +356,7 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
       p.compressor.kind != zarr::Compressor::Kind::None)
     throw InputError(out + ": holds predictions of " + found_layout(format, c, p) +
                      ", but this input needs " + layout.describe() + "; " + overwrite_hint);
-  const std::string found = attributes.value("fingerprint", std::string());
+  const std::string found = fields.text("fingerprint", &none);
   if (found != layout.fingerprint)
     throw InputError(out + ": written from another model or input (fingerprint " + found +
                      ", now " + layout.fingerprint + "); " + overwrite_hint);

@@ -1,6 +1,7 @@
 #include "worker_group.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <string>
 #include <utility>
@@ -42,6 +43,7 @@ WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members
   }
   leader_gradients_ = layout_.parameters();
   errors_.resize(n);
+  busy_.assign(n, 0);
   threads_.reserve(n - 1);
   try {
     for (size_t r = 1; r < n; ++r)
@@ -56,29 +58,39 @@ WorkerGroup::~WorkerGroup() { stop_members(); }
 
 void WorkerGroup::stop_members() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
+    // A member left behind by run_members gets a moment to come back (its wait may have ended
+    // meanwhile), then is detached: joining it could wait forever.
+    const auto grace = std::min<std::chrono::milliseconds>(
+        kAbandonedGrace, std::chrono::milliseconds(collective_.timeout_ms()));
+    if (pending_ > 0) done_.wait_for(lock, grace, [&] { return pending_ == 0; });
+    for (size_t r = 1; r < busy_.size(); ++r)
+      if (busy_[r]) threads_[r - 1].detach();
   }
   wake_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
   threads_.clear();
+}
+
+void WorkerGroup::throw_if_abandoned() const {
+  if (!abandoned_.empty()) throw GroupError(abandoned_);
 }
 
 void WorkerGroup::member_loop(int rank) {
   uint64_t seen = 0;  // the last round this member ran
   for (;;) {
-    const std::function<void(int)>* job = nullptr;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || round_ != seen; });
       // Only between rounds: run_members returns after every member reported.
       if (stopping_) return;
       seen = round_;
-      job = job_;
     }
     std::exception_ptr error;
     try {
-      (*job)(rank);
+      job_(rank);  // not replaced before this member reports (run_members)
     } catch (...) {
       error = std::current_exception();
     }
@@ -86,6 +98,7 @@ void WorkerGroup::member_loop(int rank) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       errors_[static_cast<size_t>(rank)] = error;
+      busy_[static_cast<size_t>(rank)] = 0;
       last = --pending_ == 0;
     }
     if (last) done_.notify_one();
@@ -228,18 +241,20 @@ void WorkerGroup::broadcast_on_device(int rank, const Model* leader_parameters) 
   collective_.broadcast(rank, buffers.parameters, size_t(buffers.count), 0);
 }
 
-void WorkerGroup::run_members(const std::function<void(int)>& body) {
+void WorkerGroup::run_members(const char* what, std::function<void(int)> body) {
+  throw_if_abandoned();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &body;
+    job_ = std::move(body);
     pending_ = size() - 1;
     std::fill(errors_.begin(), errors_.end(), nullptr);
+    std::fill(busy_.begin() + 1, busy_.end(), 1);
     ++round_;
   }
   wake_.notify_all();
   std::exception_ptr leader_error;
   try {
-    body(0);
+    job_(0);
   } catch (...) {
     // The member threads are not left waiting: a failing member aborts the collective first
     // (reduce_gradients, broadcast_parameters), which ends the others' waits in it.
@@ -247,10 +262,25 @@ void WorkerGroup::run_members(const std::function<void(int)>& body) {
   }
   std::vector<std::exception_ptr> errors;
   {
+    // Once the leader is done, every member is past the round's last collective (or the
+    // collective is broken and throws at once), so a member that has not come back by the
+    // collective's own timeout hangs in its backend, where no collective's timeout reaches.
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    job_ = nullptr;
+    const auto timeout = std::chrono::milliseconds(collective_.timeout_ms());
+    if (!done_.wait_for(lock, timeout, [&] { return pending_ == 0; })) {
+      std::string ranks;
+      for (size_t r = 1; r < busy_.size(); ++r)
+        if (busy_[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      abandoned_ = "worker group: rank " + ranks + " did not finish " + what + " within " +
+                   std::to_string(collective_.timeout_ms()) +
+                   " ms of rank 0 (its backend hangs: a GPU stuck in a kernel or a copy); the "
+                   "group has left it behind and cannot step again";
+    }
     errors = errors_;
+  }
+  if (!abandoned_.empty()) {
+    collective_.abort(abandoned_);  // a member that comes back fails at once instead of waiting
+    throw GroupError(abandoned_);
   }
   errors[0] = leader_error;
   // A member's own error first: the GroupErrors of the others are its consequence.
@@ -270,10 +300,12 @@ const std::vector<NamedTensor>& WorkerGroup::step(const std::vector<DatasetView>
   if (static_cast<int>(batches.size()) != size())
     throw InputError("worker group: " + std::to_string(batches.size()) + " batches for " +
                      std::to_string(size()) + " members");
+  throw_if_abandoned();  // before the state that a member left behind may still touch
   member_stats_.assign(members_.size(), BatchStats{});
-  run_members([&](int rank) {
+  round_batches_ = batches;
+  run_members("its step", [this](int rank) {
     member_stats_[static_cast<size_t>(rank)] =
-        reduce_gradients(rank, batches[static_cast<size_t>(rank)]);
+        reduce_gradients(rank, round_batches_[static_cast<size_t>(rank)]);
   });
   if (stats != nullptr)
     for (const auto& s : member_stats_) {
@@ -285,7 +317,9 @@ const std::vector<NamedTensor>& WorkerGroup::step(const std::vector<DatasetView>
 }
 
 void WorkerGroup::install(const Model& parameters) {
-  run_members([&](int rank) { broadcast_parameters(rank, rank == 0 ? &parameters : nullptr); });
+  run_members("the parameters' broadcast", [this, &parameters](int rank) {
+    broadcast_parameters(rank, rank == 0 ? &parameters : nullptr);
+  });
 }
 
 }  // namespace tandem

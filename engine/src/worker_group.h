@@ -26,6 +26,18 @@
 // ...") at once, from every member, and the caller builds a new group. The member threads
 // outlive the error (they are parked again, not lost), and the destructor joins them as usual.
 //
+// A member that hangs in its backend (a GPU stuck in a kernel or a copy, where the collective's
+// timeout does not reach: group_collective.h) is not waited for forever: once rank 0 is done
+// with a step or install, step() and install() wait for the others no longer than the
+// collective's timeout_ms(), then throw GroupError naming the ranks still out ("worker group:
+// rank 2 did not finish its step within 60000 ms of rank 0 ..."), abort the collective, and
+// throw that error at once from every later call. The group keeps what such a member's thread
+// may still touch (the round's job and batches, its buffers) while it lives, so a member that
+// comes back late fails in the aborted collective and parks. The destructor gives it the
+// timeout once more (5 s at most), then detaches its thread: the process is expected to end, as
+// the worker role's does, since a call that the CUDA runtime cannot abandon would return into a
+// destroyed group.
+//
 // Two ways, chosen by the collective's memory:
 //   host (make_thread_collective, CPU or CUDA backends): gradients come out with
 //     Backend::get_gradients, are flattened into one host buffer per member in the model's
@@ -39,11 +51,13 @@
 //     backend's parameter arena into the others' in place.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -62,7 +76,7 @@ class WorkerGroup {
   // device memory, every backend is a GPU backend (Backend::device_buffers) with arenas of one
   // size. Starts the member threads of ranks 1..size()-1.
   WorkerGroup(const ModelConfig& model, std::vector<Backend*> members, GroupCollective& collective);
-  ~WorkerGroup();  // stops and joins the member threads
+  ~WorkerGroup();  // stops and joins the member threads (detaches one left behind, above)
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
@@ -85,8 +99,9 @@ class WorkerGroup {
   // One step from the calling thread: batches[r] to rank r (empty: none, as above), rank 0 on
   // the calling thread and the others on their member threads. Not reentrant: one step() or
   // install() at a time.
-  // Returns the summed gradients (the leader's, valid until the next step); `stats` (if given) gets the members' statistics added in rank
-  // order. Rethrows a member's own error in preference to the GroupError it caused in the others.
+  // Returns the summed gradients (the leader's, valid until the next step); `stats` (if given)
+  // gets the members' statistics added in rank order. Rethrows a member's own error in
+  // preference to the GroupError it caused in the others.
   const std::vector<NamedTensor>& step(const std::vector<DatasetView>& batches,
                                        BatchStats* stats = nullptr);
 
@@ -95,8 +110,10 @@ class WorkerGroup {
 
  private:
   // Runs body(rank) for every rank, rank 0 on the calling thread and the others on their member
-  // threads, returns when all are done, and rethrows as step() says.
-  void run_members(const std::function<void(int)>& body);
+  // threads, returns when all are done, and rethrows as step() says; `what` names the round in
+  // the error for a member left behind.
+  void run_members(const char* what, std::function<void(int)> body);
+  void throw_if_abandoned() const;  // the error of a member left behind, if any
   void member_loop(int rank);  // a member thread: wait for a round, run it, report, repeat
   void stop_members();         // wakes the member threads to exit and joins them
 
@@ -117,21 +134,27 @@ class WorkerGroup {
   std::vector<std::vector<NamedTensor>> gradients_;
   std::vector<Model> models_;
   std::vector<BatchStats> member_stats_;  // step()'s, one per rank
+  std::vector<DatasetView> round_batches_;  // step()'s batches, for the member threads
   std::vector<NamedTensor> leader_gradients_;
 
   // The member threads and what they share with the caller, under mutex_. A round is one
   // run_members call: the caller sets job_ and pending_, bumps round_ and wakes them; each
   // member runs job_ once per round_ it sees, stores its error and counts pending_ down; the
   // caller waits for 0. The caller waits for every member before the next round, so no member
-  // can miss one.
+  // can miss one, and job_ is replaced only when no member runs it.
   std::mutex mutex_;
   std::condition_variable wake_;  // members: a new round, or stopping_
   std::condition_variable done_;  // the caller: pending_ reached 0
-  const std::function<void(int)>* job_ = nullptr;
+  std::function<void(int)> job_;
   uint64_t round_ = 0;
   int pending_ = 0;  // member threads not done with this round
   bool stopping_ = false;
   std::vector<std::exception_ptr> errors_;  // per rank, of the current round
+  std::vector<char> busy_;                  // per rank: a member thread in this round's job_
+  // Not empty once a member was left behind: the error every later call throws. The calling
+  // thread's alone.
+  std::string abandoned_;
+  static constexpr std::chrono::seconds kAbandonedGrace{5};  // the destructor's longest wait
   std::vector<std::thread> threads_;        // ranks 1..size()-1
 };
 
