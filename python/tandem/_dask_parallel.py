@@ -250,14 +250,25 @@ def _whole_rows(images):
 
 
 def _fingerprint(model, images):
-    """The model's parameters and the input's shape and dtype (a dask array has no place on
-    disk: arrays of the same shape, chunking and dtype are taken for the same input)."""
+    """The model's parameters, the input's shape and dtype, and the bytes of its first and last
+    blocks. A dask array has no place on disk, and comparing all of it would compute all of it:
+    the two blocks (computed once more for this) tell apart another data set of the same shape,
+    not an edit confined to the blocks between them."""
+    import dask
+
     digest = hashlib.sha256(repr(list(model.layers)).encode())
     for name, values in sorted(model.parameters().items()):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(values, dtype="<f4").tobytes())
+    sample = hashlib.sha256()
+    if images.numblocks[0] > 0:
+        for block in dask.compute(images.blocks[0], images.blocks[-1]):
+            block = np.ascontiguousarray(block)
+            sample.update(f"{block.dtype.str}{block.shape}".encode())
+            sample.update(block.tobytes())
     return (f"model-sha256:{digest.hexdigest()[:16]};input:dask array {tuple(images.shape)} "
-            f"{np.dtype(images.dtype).name}")
+            f"{np.dtype(images.dtype).name}, first and last blocks sha256:"
+            f"{sample.hexdigest()[:16]}")
 
 
 def _predict_chunk_to(block, chunk, model, out, layout, threads):
@@ -299,10 +310,12 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     chunks are first made regular). Each Dask task predicts one block and writes its chunk
     files through a temporary file and a rename; chunks already complete are skipped, so a run
     that was interrupted is finished by calling predict again with the same model and input
-    (arrays of the same shape, chunking and dtype count as the same input). A group written from
-    another model or input, or of another shape or chunking, is refused naming ``out``, unless
-    ``overwrite=True``, which starts afresh (it replaces only a predictions group). Computed at
-    once, on the current Dask scheduler (a distributed Client when one is active).
+    (arrays of the same shape, chunking and dtype whose first and last blocks hold the same
+    bytes count as the same input; those two blocks are computed once more to compare them). A
+    group written from another model or input, or of another shape or chunking, is refused
+    naming ``out``, unless ``overwrite=True``, which starts afresh (it replaces only a
+    predictions group). Computed at once, on the current Dask scheduler (a distributed Client
+    when one is active).
 
     labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows.
     threads: CPU threads per task.

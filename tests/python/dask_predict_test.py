@@ -185,6 +185,14 @@ class DaskPredictTest(unittest.TestCase):
         message = str(e.exception)
         for text in (out, "2500 rows in chunks of 700", "chunks of 500", "overwrite=True"):
             self.assertIn(text, message)
+        # Other data of the same shape, chunking and dtype (another data set, or the rows in
+        # another order): refused, where a rerun once took it for the same input.
+        with self.assertRaisesRegex(tandem.InputError, "written from another model or input"):
+            tdask.predict(self.model, self.dask_images()[::-1], out)
+        changed = self.images.reshape(2500, 28, 28).copy()
+        changed[-1, 0, 0] ^= 1  # one byte, in the last block
+        with self.assertRaisesRegex(tandem.InputError, "written from another model or input"):
+            tdask.predict(self.model, da.from_array(changed, chunks=(700, 14, 28)), out)
         # Another model: refused too.
         other, _ = tandem.train(make_rows(500, 5), layers=[784, 16, 10], epochs=1, batch=100,
                                 backend="cpu", threads=1, seed=3)
