@@ -442,7 +442,8 @@ namespace {
 
 // The epoch's row stream depends on the seed and epoch alone: not on how many threads assemble
 // it, nor on the batch size (which decides whether a batch is gathered row by row or scattered
-// from a band read in order). The slots here are small, so rows are copied with ordinary stores;
+// from a band read in order, and whether small shuffled batches are filled in units: batch 7,
+// in units of 7 batches). The slots here are small, so rows are copied with ordinary stores;
 // the next test covers the streaming stores of slots larger than the cache.
 TEST(ChunkManager, StreamOrderIndependentOfAssemblersAndBatchSize) {
   for (int64_t features : {24, 32})
@@ -479,8 +480,10 @@ TEST(ChunkManager, SlotsLargerThanTheCacheStreamTheSameRows) {
       const auto split = write_split(dir.file("s"), data, 200000, features, 200000,
                                      zarr::Format::V3, "none");
       std::vector<RowKey> reference;
-      // 1,000 rows: a small slot, gathered when shuffled; 45,000 rows (over 1 MiB at 24 bytes): a
-      // large slot, gathered (under a quarter of a band); 100,000 rows: a large slot, scattered.
+      // 1,000 rows: shuffled, units of 200 batches (large slots, scattered), a small slot
+      // unshuffled; 45,000 rows (over 1 MiB at 24 bytes): shuffled, units of 4 batches, the
+      // second's rows in band 0 gathered (under a quarter of it); 100,000 rows: a large slot,
+      // scattered.
       for (int64_t batch : {1000, 45000, 100000}) {
         ChunkManagerOptions o;
         o.batch_rows = batch;
@@ -498,6 +501,55 @@ TEST(ChunkManager, SlotsLargerThanTheCacheStreamTheSameRows) {
         EXPECT_EQ(rows, reference) << features << " shuffle " << shuffle << " batch " << batch;
       }
     }
+}
+
+// Small shuffled batches are filled in units (here 6 batches of 8 rows, bands of 50): a listed
+// assignment whose batches are not all consecutive (units of several runs, the epoch's last,
+// short batch among them) streams the same rows as the whole epoch; a unit's batches are ready
+// together; an epoch cancelled, restarted or dropped in the middle of a unit goes on cleanly.
+TEST(ChunkManager, SmallShuffledBatchesFilledInUnitsKeepTheirRows) {
+  Fixture f;
+  const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, "none");
+  ChunkManagerOptions o;
+  o.batch_rows = 8;  // 52 batches: 51 x 8 + 5
+  o.seed = 12;
+  ChunkManager whole(split, 10, o), listed(split, 10, o);
+  const auto all = epoch_rows(whole, 1);
+  EXPECT_EQ(sorted_rows(all), sorted_rows(f.all_rows()));
+  const std::vector<int64_t> batches = {0, 1, 2, 5, 9, 10, 11, 12, 13, 14, 15, 30, 51};
+  listed.start_epoch(1, batches);
+  std::vector<int64_t> sizes;
+  const std::vector<RowKey> got = streamed_rows(listed, &sizes);
+  std::vector<RowKey> expected;
+  for (const int64_t b : batches)
+    for (int64_t r = b * 8; r < std::min<int64_t>(413, (b + 1) * 8); ++r)
+      expected.push_back(all[size_t(r)]);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(sizes.back(), 5);
+
+  // The first batch out, and its unit's other five are ready with it.
+  whole.start_epoch(1);
+  DatasetView batch;
+  ASSERT_TRUE(whole.next(batch));
+  EXPECT_GE(whole.ready_batches(), 5u);
+  std::vector<RowKey> rest;
+  for (int64_t r = 0; r < batch.rows; ++r) rest.push_back(row_key(batch, r));
+  while (whole.next(batch))
+    for (int64_t r = 0; r < batch.rows; ++r) rest.push_back(row_key(batch, r));
+  EXPECT_EQ(rest, all);
+  EXPECT_EQ(whole.ready_batches(), 0u);
+
+  for (int repeat = 0; repeat < 10; ++repeat) {
+    ChunkManager cm(split, 10, o);
+    cm.start_epoch(1);
+    for (int k = 0; k < 1 + repeat % 4; ++k) ASSERT_TRUE(cm.next(batch));  // inside a unit
+    if (repeat % 3 == 0) {
+      cm.cancel();
+      EXPECT_FALSE(cm.next(batch));
+    } else if (repeat % 3 == 1) {
+      EXPECT_EQ(epoch_rows(cm, 1), all);  // restarted mid-unit: the whole epoch again
+    }
+  }  // the others dropped mid-unit: must not hang
 }
 
 }  // namespace

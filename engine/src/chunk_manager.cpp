@@ -109,8 +109,17 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   const int64_t batches = batch_count(split_.rows, options_.batch_rows);
   for (int64_t b = options_.shard_index; b < batches; b += options_.shard_count)
     rows_per_epoch_ += std::min(options_.batch_rows, split_.rows - b * options_.batch_rows);
-  // No batch holds more rows than the split: a batch size past it page-locks no more than that.
-  const int64_t slot_rows = std::max<int64_t>(1, std::min(options_.batch_rows, split_.rows));
+  // Units of several batches where batches are small and shuffled (chunk_manager.h). Not for a
+  // shard of every n-th batch: its batches are never consecutive in the stream.
+  const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
+  const size_t batch_bytes = static_cast<size_t>(options_.batch_rows) * row_bytes;
+  if (options_.shuffle && options_.shard_count == 1 && options_.batch_rows * 4 < band_rows_) {
+    const auto fit = static_cast<int64_t>(kMaxUnitBytes / std::max<size_t>(1, batch_bytes));
+    unit_batches_ = std::max<int64_t>(1, std::min(band_rows_ / options_.batch_rows, fit));
+  }
+  // No unit holds more rows than the split: a batch size past it page-locks no more than that.
+  const int64_t slot_rows =
+      std::max<int64_t>(1, std::min(unit_batches_ * options_.batch_rows, split_.rows));
   ring_.resize(static_cast<size_t>(options_.ring_slots));
   try {
     for (auto& slot : ring_) {
@@ -161,7 +170,12 @@ void ChunkManager::wake_all() {
 
 size_t ChunkManager::ready_batches() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return filled_slots_.size();
+  const size_t units = static_cast<size_t>(unit_batches_), batches = my_batches_.size();
+  size_t ready = 0;
+  for (const auto& filled : filled_slots_)
+    ready += std::min(units, batches - filled.first * units);
+  if (held_slot_ >= 0) ready += std::min((held_unit_ + 1) * units, batches) - next_batch_out_;
+  return ready;
 }
 
 int64_t ChunkManager::batches_per_epoch() const {
@@ -210,26 +224,41 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
             static_cast<int32_t>(k);
     }
   }
-  // This shard's batches, and the stream positions (bands) they touch.
+  // This shard's batches, their units and runs, and the stream positions (bands) they touch.
   my_batches_.clear();
+  runs_.clear();
+  unit_first_run_.clear();
   needed_positions_.clear();
-  first_cursor_.clear();
   band_uses_.clear();
   rows_per_epoch_ = 0;  // this epoch's: the listed batches' rows
-  for (const int64_t b : batches) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int64_t b = batches[i];
     const BatchPlan plan{b * options_.batch_rows, std::min(rows, (b + 1) * options_.batch_rows)};
     my_batches_.push_back(plan);
     rows_per_epoch_ += plan.end - plan.begin;
-    size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(), plan.begin) -
+    // Every batch of a unit but the epoch's last is whole, so batch k of a unit starts at row
+    // k x batch_rows of its slot.
+    const int64_t in_unit = static_cast<int64_t>(i) % unit_batches_;
+    if (in_unit == 0) unit_first_run_.push_back(runs_.size());
+    if (in_unit > 0 && runs_.back().end == plan.begin) {
+      runs_.back().end = plan.end;  // the same run goes on
+    } else {
+      runs_.push_back(Run{plan.begin, plan.end, in_unit * options_.batch_rows, 0});
+    }
+  }
+  unit_first_run_.push_back(runs_.size());
+  for (Run& run : runs_) {
+    size_t p = static_cast<size_t>(std::upper_bound(band_start_.begin(), band_start_.end(),
+                                                    run.begin) -
                                    band_start_.begin()) - 1;
     bool first = true;
-    for (; p < band_count_ && band_start_[p] < plan.end; ++p) {
+    for (; p < band_count_ && band_start_[p] < run.end; ++p) {
       if (needed_positions_.empty() || needed_positions_.back() < p) {
         needed_positions_.push_back(p);
         band_uses_.push_back(0);
       }
-      // Positions only grow from batch to batch, so p is the last needed position.
-      if (first) first_cursor_.push_back(needed_positions_.size() - 1);
+      // Positions only grow from run to run, so p is the last needed position.
+      if (first) run.first_cursor = needed_positions_.size() - 1;
       first = false;
       ++band_uses_.back();
     }
@@ -249,7 +278,7 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   free_band_buffers_ = std::max<size_t>(
       2, std::min(options_.memory_budget / band_bytes, static_cast<size_t>(options_.readers) + 2));
   ready_bands_.clear();
-  next_batch_ = 0;
+  next_unit_ = 0;
   filled_slots_.clear();
   next_batch_out_ = 0;
   free_slots_.clear();
@@ -349,78 +378,84 @@ void ChunkManager::release_band(size_t cursor) {
 void ChunkManager::assembler_loop() {
   try {
     const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
-    const size_t slot_bytes = static_cast<size_t>(options_.batch_rows) * row_bytes;
+    const size_t slot_bytes =
+        static_cast<size_t>(unit_batches_ * options_.batch_rows) * row_bytes;
     const auto copy_rows = slot_bytes <= kCachedSlotBytes ? copy_rows_cached : copy_rows_streaming;
+    const size_t units = unit_first_run_.size() - 1;
     for (;;) {
-      // The batch and its slot are taken together, so the slots always hold the oldest batches
-      // not yet handed out (the consumer can never wait on a batch that has no slot).
-      size_t batch_index, slot_index;
+      // The unit and its slot are taken together, so the slots always hold the oldest units
+      // not yet handed out (the consumer can never wait on a unit that has no slot).
+      size_t unit, slot_index;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         assembler_go_.wait(lock, [&] {
-          return stopping_ || next_batch_ >= my_batches_.size() || !free_slots_.empty();
+          return stopping_ || next_unit_ >= units || !free_slots_.empty();
         });
-        if (stopping_ || next_batch_ >= my_batches_.size()) return;
-        batch_index = next_batch_++;
+        if (stopping_ || next_unit_ >= units) return;
+        unit = next_unit_++;
         slot_index = free_slots_.back();
         free_slots_.pop_back();
       }
-      const BatchPlan plan = my_batches_[batch_index];
       Slot& slot = ring_[slot_index];
-      auto* pixels = static_cast<uint8_t*>(slot.pixels.data);
-      // Band by band: the part of the batch that lies in each band of the stream.
-      for (size_t cursor = first_cursor_[batch_index];; ++cursor) {
-        const size_t position = needed_positions_[cursor];
-        const int64_t lo = std::max(plan.begin, band_start_[position]);
-        const int64_t hi = std::min(plan.end, band_start_[position + 1]);
-        if (lo >= hi) break;
-        const Band* band = acquire_band(cursor);
-        if (band == nullptr) return;  // stopping
-        const MappedReadGuard guard(band->mapping);  // a chunk file cut short faults: a clear error
-        const uint8_t* band_labels = labels_.data() + band_order_[position] * band_rows_;
-        uint8_t* out = pixels + (lo - plan.begin) * row_bytes;
-        uint8_t* out_labels = slot.labels.data() + (lo - plan.begin);
-        const int64_t first = lo - band_start_[position], last = hi - band_start_[position];
-        if (row_orders_[position].empty()) {
-          // Unshuffled: one contiguous run.
-          copy_rows(out, band->pixels + first * row_bytes,
-                    static_cast<size_t>(last - first) * row_bytes);
-          std::memcpy(out_labels, band_labels + first, static_cast<size_t>(last - first));
-        } else if ((last - first) * 4 >= band->rows) {
-          // Shuffled, a large part of the band: walk the band's rows in storage order and scatter
-          // those that belong here to their shuffled places. Reading in order (rather than
-          // gathering rows in shuffled order) lets the prefetcher stream the band from memory.
-          const int32_t* where = inverse_orders_[position].data();
-          for (int64_t j = 0; j < band->rows; ++j) {
-            const int64_t k = where[j];
-            if (k < first || k >= last) continue;
-            copy_rows(out + (k - first) * row_bytes, band->pixels + j * row_bytes, row_bytes);
-            out_labels[k - first] = band_labels[j];
-          }
-        } else {
-          // Shuffled, a small part of the band: gather its rows, prefetching a few rows ahead
-          // (they are scattered over the band, so the hardware cannot guess them).
-          const int32_t* order = row_orders_[position].data();
-          constexpr int64_t kAhead = 4;
-          for (int64_t k = first; k < last; ++k) {
-            if (k + kAhead < last) {
-              const uint8_t* ahead = band->pixels + order[k + kAhead] * row_bytes;
-              for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+      for (size_t r = unit_first_run_[unit]; r < unit_first_run_[unit + 1]; ++r) {
+        const Run run = runs_[r];
+        uint8_t* const pixels = static_cast<uint8_t*>(slot.pixels.data) + run.slot_row * row_bytes;
+        uint8_t* const labels = slot.labels.data() + run.slot_row;
+        // Band by band: the part of the run that lies in each band of the stream.
+        for (size_t cursor = run.first_cursor;; ++cursor) {
+          const size_t position = needed_positions_[cursor];
+          const int64_t lo = std::max(run.begin, band_start_[position]);
+          const int64_t hi = std::min(run.end, band_start_[position + 1]);
+          if (lo >= hi) break;
+          const Band* band = acquire_band(cursor);
+          if (band == nullptr) return;  // stopping
+          // A chunk file cut short faults: a clear error.
+          const MappedReadGuard guard(band->mapping);
+          const uint8_t* band_labels = labels_.data() + band_order_[position] * band_rows_;
+          uint8_t* out = pixels + (lo - run.begin) * row_bytes;
+          uint8_t* out_labels = labels + (lo - run.begin);
+          const int64_t first = lo - band_start_[position], last = hi - band_start_[position];
+          if (row_orders_[position].empty()) {
+            // Unshuffled: one contiguous run.
+            copy_rows(out, band->pixels + first * row_bytes,
+                      static_cast<size_t>(last - first) * row_bytes);
+            std::memcpy(out_labels, band_labels + first, static_cast<size_t>(last - first));
+          } else if ((last - first) * 4 >= band->rows) {
+            // Shuffled, a large part of the band: walk the band's rows in storage order and
+            // scatter those that belong here to their shuffled places. Reading in order (rather
+            // than gathering rows in shuffled order) lets the prefetcher stream the band from
+            // memory.
+            const int32_t* where = inverse_orders_[position].data();
+            for (int64_t j = 0; j < band->rows; ++j) {
+              const int64_t k = where[j];
+              if (k < first || k >= last) continue;
+              copy_rows(out + (k - first) * row_bytes, band->pixels + j * row_bytes, row_bytes);
+              out_labels[k - first] = band_labels[j];
             }
-            copy_rows(out + (k - first) * row_bytes, band->pixels + order[k] * row_bytes,
-                      row_bytes);
-            out_labels[k - first] = band_labels[order[k]];
+          } else {
+            // Shuffled, a small part of the band: gather its rows, prefetching a few rows ahead
+            // (they are scattered over the band, so the hardware cannot guess them).
+            const int32_t* order = row_orders_[position].data();
+            constexpr int64_t kAhead = 4;
+            for (int64_t k = first; k < last; ++k) {
+              if (k + kAhead < last) {
+                const uint8_t* ahead = band->pixels + order[k + kAhead] * row_bytes;
+                for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+              }
+              copy_rows(out + (k - first) * row_bytes, band->pixels + order[k] * row_bytes,
+                        row_bytes);
+              out_labels[k - first] = band_labels[order[k]];
+            }
           }
+          guard.check("zarr store '" + split_.images.path() + "'");
+          release_band(cursor);
+          if (hi == run.end) break;
         }
-        guard.check("zarr store '" + split_.images.path() + "'");
-        release_band(cursor);
-        if (hi == plan.end) break;
       }
       streaming_stores_done();
-      slot.rows = plan.end - plan.begin;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        filled_slots_.emplace(batch_index, slot_index);
+        filled_slots_.emplace(unit, slot_index);
       }
       batch_filled_.notify_one();  // there is one consumer
     }
@@ -431,26 +466,36 @@ void ChunkManager::assembler_loop() {
 
 bool ChunkManager::next(DatasetView& batch) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (held_slot_ >= 0) {
+  const size_t unit = next_batch_out_ / static_cast<size_t>(unit_batches_);
+  const bool over = next_batch_out_ >= my_batches_.size();
+  if (held_slot_ >= 0 && (over || held_unit_ != unit || stopping_)) {
+    // The consumer has moved past the unit's last batch: its slot goes back to the ring.
     free_slots_.push_back(static_cast<size_t>(held_slot_));
     held_slot_ = -1;
     assembler_go_.notify_all();  // an assembler may be waiting for a band, another for a slot
   }
-  batch_filled_.wait(lock, [&] {
-    return error_ || stopping_ || next_batch_out_ >= my_batches_.size() ||
-           filled_slots_.count(next_batch_out_) > 0;
-  });
-  if (error_) std::rethrow_exception(error_);
-  auto filled = filled_slots_.find(next_batch_out_);
-  if (filled == filled_slots_.end()) return false;  // the epoch is over, or cancelled
-  held_slot_ = static_cast<long long>(filled->second);
-  filled_slots_.erase(filled);
+  if (held_slot_ < 0) {
+    batch_filled_.wait(lock, [&] {
+      return error_ || stopping_ || over || filled_slots_.count(unit) > 0;
+    });
+    if (error_) std::rethrow_exception(error_);
+    if (stopping_ || over) return false;  // cancelled, or the epoch is over
+    auto filled = filled_slots_.find(unit);
+    held_slot_ = static_cast<long long>(filled->second);
+    held_unit_ = unit;
+    filled_slots_.erase(filled);
+  }
+  const BatchPlan plan = my_batches_[next_batch_out_];
+  const int64_t slot_row =
+      static_cast<int64_t>(next_batch_out_ % static_cast<size_t>(unit_batches_)) *
+      options_.batch_rows;
   ++next_batch_out_;
   const Slot& slot = ring_[static_cast<size_t>(held_slot_)];
   batch.pixel_type = pixel_type_;
-  batch.pixels = slot.pixels.data;
-  batch.labels = slot.labels.data();
-  batch.rows = slot.rows;
+  batch.pixels = static_cast<const uint8_t*>(slot.pixels.data) +
+                 static_cast<size_t>(slot_row * features_) * pixel_bytes_;
+  batch.labels = slot.labels.data() + slot_row;
+  batch.rows = plan.end - plan.begin;
   batch.features = features_;
   batch.num_classes = num_classes_;
   return true;

@@ -2,12 +2,20 @@
 //
 //   reader threads: read + decompress row bands (one chunk row of the images array) in the
 //                   epoch's band order, into a bounded pool of band buffers
-//   assemblers:     each takes the next batch together with a free slot of a ring of pinned host
-//                   buffers, and copies the batch's rows into it from the bands (shared, read-only
-//                   once read; a band returns to the pool when every batch using it is done),
-//                   applying the within-band row shuffle (batches of any size, spanning bands)
-//   consumer:       next() hands out the filled slots in batch order; the previous one returns
-//                   to the ring
+//   assemblers:     each takes the next unit (one batch, or several: below) together with a free
+//                   slot of a ring of pinned host buffers, and copies the unit's rows into it from
+//                   the bands (shared, read-only once read; a band returns to the pool when every
+//                   unit using it is done), applying the within-band row shuffle (batches of any
+//                   size, spanning bands)
+//   consumer:       next() hands out the batches in order, each a view into its unit's slot; a
+//                   slot returns to the ring once the consumer has moved past its last batch
+//
+// A unit is one batch, except for shuffled batches smaller than a quarter of a band: those would
+// each gather their rows from all over a band, waiting on memory for every row. A unit of such
+// batches (consecutive, about a band's rows, at most kMaxUnitBytes) is filled instead by walking
+// the bands in storage order and scattering each row to its shuffled place, as large batches
+// are; the slots are that much larger (bench/RESULTS.md, "Small shuffled batches filled a band
+// at a time").
 //
 // Per-epoch shuffling (band order and rows within a band, from the seed and the epoch number),
 // sharding of the batch sequence across workers (batch b goes to worker b % shard_count), a memory
@@ -79,13 +87,19 @@ class ChunkManager final : public BatchStream {
     const uint8_t* pixels = nullptr;
     int64_t rows = 0;
   };
-  struct Slot {
+  struct Slot {  // one unit's batches, one after the other
     kernels::PinnedAllocation pixels;
     std::vector<uint8_t> labels;
-    int64_t rows = 0;
   };
   struct BatchPlan {  // rows [begin, end) of the epoch's row stream
     int64_t begin, end;
+  };
+  // Consecutive batches of a unit that are consecutive in the stream too, copied together: rows
+  // [begin, end) of the stream into the unit's slot from row slot_row on.
+  struct Run {
+    int64_t begin, end;
+    int64_t slot_row;
+    size_t first_cursor;  // index into needed_positions_ of the first band it touches
   };
 
   void stop_threads();
@@ -109,6 +123,8 @@ class ChunkManager final : public BatchStream {
   int64_t band_rows_;
   size_t band_count_;
   int64_t rows_per_epoch_ = 0;
+  int64_t unit_batches_ = 1;  // batches per unit (the top of this file)
+  static constexpr size_t kMaxUnitBytes = size_t{16} << 20;
   std::vector<uint8_t> labels_;  // the whole split's labels, read once (they are small)
 
   // The current epoch's plan.
@@ -117,9 +133,10 @@ class ChunkManager final : public BatchStream {
   std::vector<std::vector<int32_t>> inverse_orders_;  // per position: storage row -> stream offset
   std::vector<int64_t> band_start_;               // per stream position: first row in the stream
   std::vector<BatchPlan> my_batches_;             // this shard's batches, in order
+  std::vector<Run> runs_;                         // every unit's runs, unit by unit
+  std::vector<size_t> unit_first_run_;            // per unit (and one past the last): into runs_
   std::vector<size_t> needed_positions_;          // stream positions whose rows this shard uses
-  std::vector<size_t> first_cursor_;              // per batch: index into needed_positions_
-  std::vector<int> band_uses_;                    // per needed position: batches touching it
+  std::vector<int> band_uses_;                    // per needed position: runs touching it
 
   // Shared state, guarded by mutex_.
   std::mutex mutex_;
@@ -134,11 +151,12 @@ class ChunkManager final : public BatchStream {
   size_t free_band_buffers_ = 0;
   std::map<size_t, Band> ready_bands_;  // by index into needed_positions_
   std::vector<Band> spare_bands_;
-  size_t next_batch_ = 0;               // the next batch an assembler takes
-  std::map<size_t, size_t> filled_slots_;  // batch index -> slot
+  size_t next_unit_ = 0;                // the next unit an assembler takes
+  std::map<size_t, size_t> filled_slots_;  // unit index -> slot
   size_t next_batch_out_ = 0;           // the next batch next() hands out
   std::vector<size_t> free_slots_;
-  long long held_slot_ = -1;            // the slot the consumer is using
+  long long held_slot_ = -1;            // the slot of the unit the consumer is in
+  size_t held_unit_ = 0;
 
   std::vector<Slot> ring_;
   std::vector<std::thread> threads_;
