@@ -69,6 +69,7 @@ PsClient::PsClient(std::vector<std::string> server_endpoints, ClientOptions opti
   for (size_t s = 0; s < endpoints_.size(); ++s) {
     auto server = std::make_unique<Server>();
     server->endpoint = endpoints_[s];
+    server->where = "parameter server " + server->endpoint;
     server->curve_key = server_keys[s];
     open_socket(*server);
     servers_.push_back(std::move(server));
@@ -286,7 +287,7 @@ std::vector<uint64_t> PsClient::versions() const {
 Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, MessageType type) {
   const uint64_t request_id = part.request_id;
   Server& server = *servers_[part.server];
-  const std::string where = "parameter server " + server.endpoint;
+  const std::string& where = server.where;
   for (;;) {
     const auto early = server.early.find(request_id);
     if (early != server.early.end()) {
@@ -383,7 +384,7 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
   std::string order;
   for (size_t k = 0; k < handle.parts_.size(); ++k) {
     const auto& part = handle.parts_[k];
-    const std::string where = "parameter server " + servers_[part.server]->endpoint;
+    const std::string& where = servers_[part.server]->where;
     into.frames_[k] = await(part, handle.deadline_, handle.type_);
     replies[k] = transport::decode_frames(into.frames_[k], 0, options_.limits);
     const DecodeResult& r = replies[k];
@@ -417,7 +418,7 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
   std::vector<bool> got(layout_.size(), false);
   for (size_t k = 0; k < replies.size(); ++k) {
     const DecodeResult& r = replies[k];
-    const std::string where = "parameter server " + servers_[handle.parts_[k].server]->endpoint;
+    const std::string& where = servers_[handle.parts_[k].server]->where;
     for (size_t i = 0; i < r.message.tensors.size(); ++i) {
       const auto& info = r.message.tensors[i];
       const auto it = part_index_.find(info.name);
@@ -598,7 +599,7 @@ std::vector<ServerStats> PsClient::stats() {
   for (const auto& part : handle.parts_) {
     const Frames frames = await(part, handle.deadline_, handle.type_);
     const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
-    const std::string where = "parameter server " + servers_[part.server]->endpoint;
+    const std::string& where = servers_[part.server]->where;
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
     if (r.message.header.type == MessageType::Error) throw error_reply(where, r.message);
     if (r.message.header.type != MessageType::Reply)

@@ -189,6 +189,7 @@ class PsClient {
  private:
   struct Server {
     std::string endpoint;
+    std::string where;  // "parameter server ENDPOINT", how errors name it
     zmq::socket_t socket;
     std::set<uint64_t> outstanding;               // request ids still expected
     std::map<uint64_t, transport::Frames> early;  // replies that came while waiting for others
