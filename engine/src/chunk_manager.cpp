@@ -113,7 +113,7 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
   // shard of every n-th batch: its batches are never consecutive in the stream.
   const size_t row_bytes = static_cast<size_t>(features_) * pixel_bytes_;
   const size_t batch_bytes = static_cast<size_t>(options_.batch_rows) * row_bytes;
-  if (options_.shuffle && options_.shard_count == 1 && options_.batch_rows * 4 < band_rows_) {
+  if (options_.shuffle && options_.shard_count == 1 && options_.batch_rows < (band_rows_ + 3) / 4) {
     const auto fit = static_cast<int64_t>(kMaxUnitBytes / std::max<size_t>(1, batch_bytes));
     unit_batches_ = std::max<int64_t>(1, std::min(band_rows_ / options_.batch_rows, fit));
   }

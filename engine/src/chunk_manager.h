@@ -45,8 +45,10 @@ struct ChunkManagerOptions {
   int shard_index = 0;  // this worker's share of the batch sequence:
   int shard_count = 1;  // batches b with b % shard_count == shard_index
   int readers = 2;      // threads reading and decompressing bands
-  int assemblers = 2;   // threads copying rows into ring slots (one batch each at a time)
-  int ring_slots = 3;   // pinned batch buffers: triple buffering
+  int assemblers = 2;   // threads copying rows into ring slots (one unit each at a time)
+  // Pinned buffers of one unit each (a batch, or up to kMaxUnitBytes of small shuffled batches:
+  // the top of this file), outside memory_budget: triple buffering.
+  int ring_slots = 3;
   // The CUDA device the batches go to: the ring is page-locked in its context. -1: a CPU
   // consumer, plain memory (page-locking would only create a CUDA context, on device 0).
   int pin_for_device = 0;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -597,6 +598,21 @@ static void worker_role(const RoleOptions& o) {
     if (!collective) collective = make_thread_collective(members, group_timeout_ms(s));
     group = std::make_unique<WorkerGroup>(s.model, pointers, *collective);
   }
+  // A group call that left a member behind, hung in its backend (worker_group.h): this worker
+  // cannot go on, and it must not unwind either, since destroying that member's backend, its
+  // batches or the group would wait for the hung GPU or be read by the member's thread. It says
+  // which rank and ends the process at once; the launcher or the missed heartbeats tell the
+  // coordinator, and its batches go to the other workers.
+  auto in_group = [&](const auto& call) {
+    try {
+      call();
+    } catch (const GroupError& e) {
+      if (!group->abandoned()) throw;
+      std::fprintf(stderr, "%s: %s; the process ends here\n", r.name.c_str(), e.what());
+      std::fflush(stderr);
+      std::_Exit(EXIT_FAILURE);
+    }
+  };
   ClientOptions client_settings = client_options(s, rc.context, o);
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);
@@ -608,7 +624,7 @@ static void worker_role(const RoleOptions& o) {
   // Every member gets the parameters `model` holds (a group's by the leader's broadcast).
   auto install = [&] {
     const InBackend in(*status, "installing the parameters", now_ns());
-    if (group) group->install(model);
+    if (group) in_group([&] { group->install(model); });
     else backend->set_parameters(model);
   };
   install();
@@ -620,7 +636,7 @@ static void worker_role(const RoleOptions& o) {
     const InBackend in(*status, "installing the parameters", now_ns());
     if (!group) return backend->set_parameters(received.runs());
     received.copy_into(model.parameters());
-    group->install(model);
+    in_group([&] { group->install(model); });
   };
 
   // The step's gradients, pushed zero-copy: ZeroMQ reads them in place after push_pull returns
@@ -715,7 +731,7 @@ static void worker_role(const RoleOptions& o) {
     gradients = gradient_buffers.take();
     {
       const InBackend in(*status, "its group's step", now_ns());
-      gradients->value = group->step(step_batches);
+      in_group([&] { gradients->value = group->step(step_batches); });
     }
     int64_t rows = 0;
     for (int m = 0; m < count; ++m) rows += step_batches[size_t(m)].rows;

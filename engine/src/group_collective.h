@@ -24,7 +24,7 @@
 // other members either finish the step or time out in their next collective, naming the rank.
 // WorkerGroup::step() and install() wait for such a member no longer than timeout_ms() after
 // the leader is done, then throw GroupError naming it and leave its thread behind
-// (worker_group.h): the worker process reports the rank and ends.
+// (worker_group.h): the worker process says so, naming the rank, and ends.
 #pragma once
 
 #include <cstddef>

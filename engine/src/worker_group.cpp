@@ -62,9 +62,12 @@ void WorkerGroup::stop_members() {
     stopping_ = true;
     // A member left behind by run_members gets a moment to come back (its wait may have ended
     // meanwhile), then is detached: joining it could wait forever.
-    const auto grace = std::min<std::chrono::milliseconds>(
-        kAbandonedGrace, std::chrono::milliseconds(collective_.timeout_ms()));
-    if (pending_ > 0) done_.wait_for(lock, grace, [&] { return pending_ == 0; });
+    if (pending_ > 0) {
+      const auto grace = std::clamp<std::chrono::milliseconds>(
+          std::chrono::milliseconds(collective_.timeout_ms()), kAbandonedGraceMin,
+          kAbandonedGraceMax);
+      done_.wait_for(lock, grace, [&] { return pending_ == 0; });
+    }
     for (size_t r = 1; r < busy_.size(); ++r)
       if (busy_[r]) threads_[r - 1].detach();
   }

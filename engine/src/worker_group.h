@@ -31,12 +31,15 @@
 // with a step or install, step() and install() wait for the others no longer than the
 // collective's timeout_ms(), then throw GroupError naming the ranks still out ("worker group:
 // rank 2 did not finish its step within 60000 ms of rank 0 ..."), abort the collective, and
-// throw that error at once from every later call. The group keeps what such a member's thread
-// may still touch (the round's job and batches, its buffers) while it lives, so a member that
-// comes back late fails in the aborted collective and parks. The destructor gives it the
-// timeout once more (5 s at most), then detaches its thread: the process is expected to end, as
-// the worker role's does, since a call that the CUDA runtime cannot abandon would return into a
-// destroyed group.
+// throw that error at once from every later call (abandoned() is then true). The group's own
+// state that such a member's thread may still touch (the round's job, the batches' views, its
+// buffers) stays in place while the group lives, so a member that comes back late fails in the
+// aborted collective and parks; the batches' bytes and the backends are the caller's to keep. The
+// destructor gives it the timeout once more (1 to 5 s), then detaches its thread. A caller should
+// end the process instead of destroying the group, the member's backend or its batches (the
+// worker role does: cluster_roles.cpp): a call the CUDA runtime cannot abandon may return into
+// them, and a hung backend's own destructor would wait for its GPU. A hang of rank 0 itself is
+// on the calling thread, and nothing here bounds it (the worker's heartbeats report it).
 //
 // Two ways, chosen by the collective's memory:
 //   host (make_thread_collective, CPU or CUDA backends): gradients come out with
@@ -81,6 +84,8 @@ class WorkerGroup {
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   int size() const { return static_cast<int>(members_.size()); }
+  // A member was left behind, hung in its backend (above): the group can never step again.
+  bool abandoned() const { return !abandoned_.empty(); }
 
   // Member `rank`: compute_gradients over every row of `batch` on its backend, then the group
   // all-reduce of the flattened gradients. Returns this member's own batch statistics. A batch
@@ -154,7 +159,8 @@ class WorkerGroup {
   // Not empty once a member was left behind: the error every later call throws. The calling
   // thread's alone.
   std::string abandoned_;
-  static constexpr std::chrono::seconds kAbandonedGrace{5};  // the destructor's longest wait
+  // The destructor's wait for it: the timeout, within these bounds.
+  static constexpr std::chrono::seconds kAbandonedGraceMin{1}, kAbandonedGraceMax{5};
   std::vector<std::thread> threads_;        // ranks 1..size()-1
 };
 

@@ -260,15 +260,24 @@ def _fingerprint(model, images):
     for name, values in sorted(model.parameters().items()):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(values, dtype="<f4").tobytes())
+    # The first and last blocks that hold rows, each hashed where it is computed (a worker of a
+    # distributed cluster): only the digests travel.
+    filled = [i for i, n in enumerate(images.chunks[0]) if n > 0] or [0]
     sample = hashlib.sha256()
-    if images.numblocks[0] > 0:
-        for block in dask.compute(images.blocks[0], images.blocks[-1]):
-            block = np.ascontiguousarray(block)
-            sample.update(f"{block.dtype.str}{block.shape}".encode())
-            sample.update(block.tobytes())
+    for block_digest in dask.compute(*(dask.delayed(_block_digest)(images.blocks[i])
+                                       for i in (filled[0], filled[-1]))):
+        sample.update(block_digest)
     return (f"model-sha256:{digest.hexdigest()[:16]};input:dask array {tuple(images.shape)} "
             f"{np.dtype(images.dtype).name}, first and last blocks sha256:"
             f"{sample.hexdigest()[:16]}")
+
+
+def _block_digest(block):
+    """sha256 of a block's dtype, shape and bytes (C order)."""
+    block = np.ascontiguousarray(block)
+    digest = hashlib.sha256(f"{block.dtype.str}{block.shape}".encode())
+    digest.update(block.tobytes())
+    return digest.digest()
 
 
 def _predict_chunk_to(block, chunk, model, out, layout, threads):
