@@ -323,6 +323,24 @@ TEST_F(CudaBackendTest, NoRowsLeaveZeroGradientsLikeTheCpuBackend) {
   }
 }
 
+// finish_gradients returns the statistics of its own enqueue_gradients, even when an evaluate
+// (whose totals come back through pinned memory too) runs between the two: the two once shared
+// one pinned buffer, and the evaluate's totals came out of finish_gradients.
+TEST_F(CudaBackendTest, AnEvaluateBetweenEnqueueAndFinishKeepsTheQueuedStatistics) {
+  const Dataset data = training_data();
+  auto gpu = cuda_backend(adam_config());
+  gpu->set_parameters(Model::initialized(mnist_model(), 49));
+  const DatasetView batch = data.view().slice(0, kBatch);
+  const BatchStats alone = gpu->compute_gradients(batch, nullptr, kBatch);
+  gpu->enqueue_gradients(batch, nullptr, kBatch);
+  const BatchStats other = gpu->evaluate(data.view().slice(kBatch, 3 * kBatch));
+  const BatchStats queued = gpu->finish_gradients();
+  EXPECT_EQ(other.samples, 2 * kBatch);
+  EXPECT_EQ(queued.samples, kBatch);
+  EXPECT_NEAR(queued.loss_sum, alone.loss_sum, kLossRtol * std::max(alone.loss_sum, 1.0));
+  EXPECT_EQ(queued.correct, alone.correct);
+}
+
 TEST_F(CudaBackendTest, AsynchronousStepsMatchTheSynchronousPath) {
   const Dataset data = training_data();
   const auto rows = batch_rows(kTrainRows, kBatch, 50, 44);

@@ -77,7 +77,11 @@ void CudaBackend::create_device_state() {
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming));
   }
-  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_totals_), sizeof(kernels::DeviceStats)));
+  // Two: [0] for the calls that read their totals at once, [1] for enqueue_gradients, whose
+  // totals finish_gradients reads later (a take_stats or evaluate between them must not
+  // overwrite them).
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_totals_),
+                                   2 * sizeof(kernels::DeviceStats)));
   // Pinned, so that parameters and gradients cross in one DMA each, without the driver staging
   // them through its own buffer. Zeroed: the padding between tensors stays zero, since nothing
   // else is ever written there (fills write tensors only, and the copies back of params_ and
@@ -554,14 +558,15 @@ void CudaBackend::clear_graphs() {
   TANDEM_CUDA_CHECK(destroy_status);  // the first cudaGraphExecDestroy that failed
 }
 
-void CudaBackend::queue_read_and_reset(kernels::DeviceStats* totals) {
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals, sizeof(kernels::DeviceStats),
+void CudaBackend::queue_read_and_reset(kernels::DeviceStats* totals,
+                                       kernels::DeviceStats* into) {
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(into, totals, sizeof(kernels::DeviceStats),
                                     cudaMemcpyDeviceToHost, stream_));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(totals, 0, sizeof(kernels::DeviceStats), stream_));
 }
 
 kernels::DeviceStats CudaBackend::read_and_reset(kernels::DeviceStats* totals) {
-  queue_read_and_reset(totals);
+  queue_read_and_reset(totals, host_totals_);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *host_totals_;
 }
@@ -622,7 +627,7 @@ const std::vector<Backend::GradientPiece>& CudaBackend::enqueue_gradients(const 
       TANDEM_CUDA_CHECK(cudaEventRecord(layer_ready_[l], stream_));
   } else {
     queue_gradients(data, rows, count, &layer_ready_);
-    queue_read_and_reset(call_totals_.data());
+    queue_read_and_reset(call_totals_.data(), host_totals_ + 1);
   }
   queued_rows_ = count;
   return gradient_pieces_;
@@ -635,7 +640,7 @@ BatchStats CudaBackend::finish_gradients() {
   use_device();
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (rows == 0) return {};
-  return {host_totals_->loss_sum, host_totals_->correct, rows};
+  return {host_totals_[1].loss_sum, host_totals_[1].correct, rows};
 }
 
 void CudaBackend::apply_gradients() {

@@ -137,8 +137,9 @@ class CudaBackend final : public Backend {
   void enqueue_train_step(const DeviceBatch& batch);
   void launch_train_step(const DeviceBatch& batch);
   void clear_graphs();
-  // Queues the copy of `totals` into host_totals_ and their reset; read_and_reset also waits.
-  void queue_read_and_reset(kernels::DeviceStats* totals);
+  // Queues the copy of `totals` into `into` (pinned) and their reset; read_and_reset queues it
+  // into host_totals_[0] and waits.
+  void queue_read_and_reset(kernels::DeviceStats* totals, kernels::DeviceStats* into);
   kernels::DeviceStats read_and_reset(kernels::DeviceStats* totals);
   // The checks of a batch of `count` rows (at least `min_count`; an empty one need not fit the
   // model): compute_gradients, enqueue_gradients and train_step.
@@ -164,7 +165,7 @@ class CudaBackend final : public Backend {
   float* host_gradients_ = nullptr;
   kernels::DeviceBuffer<kernels::AdamDeviceStep> adam_step_;
   kernels::DeviceBuffer<kernels::DeviceStats> train_totals_, call_totals_;
-  kernels::DeviceStats* host_totals_ = nullptr;  // pinned, for reading totals back
+  kernels::DeviceStats* host_totals_ = nullptr;  // pinned, two, for reading totals back
   // enqueue_gradients: per layer, recorded when the backward pass has written its gradients;
   // the rows queued, for finish_gradients' statistics (-1: nothing queued).
   std::vector<cudaEvent_t> layer_ready_;

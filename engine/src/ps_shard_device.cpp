@@ -42,7 +42,7 @@ class CudaShardDevice final : public ShardDevice {
     total_ = 0;
     // The old buffers go first: a re-upload (a restore, a second Init) must not hold both sets,
     // on a GPU it may share with a worker.
-    params_ = {}, m_ = {}, v_ = {}, grads_ = {};
+    params_ = {}, m_ = {}, v_ = {}, grads_ = {}, step_ = {};
     const size_t n = static_cast<size_t>(total);
     params_ = kernels::DeviceBuffer<float>(n);
     m_ = kernels::DeviceBuffer<float>(n);
