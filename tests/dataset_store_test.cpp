@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -275,7 +276,7 @@ TEST(DatasetStore, AWriteInProgressIsNoStore) {
     TempDir dir;
     const DataSplits splits = small_splits();
     const std::string out = dir.file("store.zarr");
-    const std::string partial = out + ".partial-" + std::to_string(::getpid());
+    const std::string partial = partial_store_path(out);
     StoreWriteOptions o;
     o.format = format;
     // Progress is reported from the calling thread's chunks only: many small chunks, so that it
@@ -337,8 +338,10 @@ TEST(DatasetStore, StopFlagEndsTheWriteAndLeavesNothing) {
 }
 
 // The temporary directories that killed runs left beside the store are removed by the next write
-// of that store, unless their process still runs (another prepare of the same store) or they
-// belong to another store.
+// of that store, unless their process still runs (another prepare of the same store), they
+// belong to another store, or they were made on another machine (a shared filesystem: whether
+// that process runs cannot be told from here). Names with a PID alone, from before names carried
+// the host, count as this machine's.
 TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   TempDir dir;
   const std::string out = dir.file("store.zarr");
@@ -346,26 +349,36 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   ASSERT_GE(dead, 0);
   if (dead == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);  // reaped: its pid names no process now
-  const std::string stale = out + ".partial-" + std::to_string(dead);
-  const std::string live = out + ".partial-" + std::to_string(::getppid());
-  const std::string other = dir.file("other.zarr.partial-" + std::to_string(dead));
-  // A store renamed aside by a replacing run killed before it removed it: with no store in
-  // place it may be the one whole copy (killed between the two renames), so it stays.
-  const std::string old = out + ".old-" + std::to_string(dead);
-  for (const std::string& d : {stale, live, other, old}) {
-    fs::create_directories(d + "/images/c/0");
-    std::ofstream(d + "/images/c/0/0") << "x";
-  }
+  // partial_store_path names this process's; the same name with another PID is another's.
+  const std::string ours = partial_store_path(out).substr(out.size() + std::strlen(".partial-"));
+  const std::string host_and = ours.substr(0, ours.rfind('-') + 1);  // "HOST-"
+  ASSERT_EQ(ours, host_and + std::to_string(::getpid()));
+  const std::string d = std::to_string(dead), parent = std::to_string(::getppid());
+  const std::vector<std::string> removed = {"store.zarr.partial-" + host_and + d,
+                                            "store.zarr.partial-" + d};
+  const std::vector<std::string> kept = {
+      "other.zarr.partial-" + host_and + d,           // another store's
+      "store.zarr.old-" + host_and + d,               // see below
+      "store.zarr.partial-" + host_and + parent,      // a live process's
+      "store.zarr.partial-" + parent,                 // the same, named by an older release
+      "store.zarr.partial-another-machine-" + d};     // another machine's
+  for (const auto* names : {&removed, &kept})
+    for (const std::string& name : *names) {
+      fs::create_directories(dir.file(name + "/images/c/0"));
+      std::ofstream(dir.file(name + "/images/c/0/0")) << "x";
+    }
   write_dataset_store(small_splits(), out, kDefaults, nullptr);
-  std::vector<std::string> want = {"other.zarr.partial-" + std::to_string(dead), "store.zarr",
-                                   "store.zarr.old-" + std::to_string(dead),
-                                   "store.zarr.partial-" + std::to_string(::getppid())};
+  std::vector<std::string> want = kept;
+  want.push_back("store.zarr");
+  std::sort(want.begin(), want.end());
   EXPECT_EQ(entries(dir.path()), want);
-  // Replacing the store now in place removes it (a live process's would stay, as above).
+  // A store renamed aside by a replacing run killed before it removed it: with no store in
+  // place it may be the one whole copy (killed between the two renames), so it stayed. Replacing
+  // the store now in place removes it (a live process's would stay, as above).
   StoreWriteOptions replace;
   replace.overwrite = true;
   write_dataset_store(small_splits(), out, replace, nullptr);
-  want.erase(want.begin() + 2);
+  want.erase(std::find(want.begin(), want.end(), "store.zarr.old-" + host_and + d));
   EXPECT_EQ(entries(dir.path()), want);
 }
 

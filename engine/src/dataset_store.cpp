@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -173,20 +174,44 @@ bool stop_requested(const StoreWriteOptions& o) {
   return o.stop != nullptr && o.stop->load(std::memory_order_relaxed);
 }
 
-// Removes the directories named `out` + `kind` + PID (".partial-", ".old-") that earlier runs
-// writing `out` left when they were killed: those whose process is gone. A directory of a live
-// process (another prepare writing the same store right now) is left alone.
+// This machine's name as the temporary names carry it: a process id means something on its own
+// machine only, and a store on a shared filesystem may be written from several.
+std::string host_for_names() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  std::string host(name);
+  for (char& c : host)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  return host;
+}
+
+// `out` + `kind` (".partial-", ".old-") + HOST-PID: this process's temporary name of that kind.
+std::string temporary_path(const std::string& out, const char* kind) {
+  return out + kind + host_for_names() + "-" + std::to_string(::getpid());
+}
+
+// Removes the directories named `out` + `kind` + HOST-PID (".partial-", ".old-") that earlier
+// runs writing `out` on this machine left when they were killed: those whose process is gone. A
+// directory of a live process (another prepare writing the same store right now) is left alone,
+// and so is one of another machine. A name with a PID alone (written before names carried the
+// host) is taken as this machine's.
 void remove_stale(const std::string& out, const std::string& kind) {
   const fs::path target(out);
   const std::string prefix = target.filename().string() + kind;
+  const std::string this_host = host_for_names();
   fs::path parent = target.parent_path();
   if (parent.empty()) parent = ".";
   std::error_code ec;
   for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const std::string rest = name.substr(prefix.size());
+    const size_t dash = rest.rfind('-');
+    if (dash != std::string::npos && rest.compare(0, dash, this_host) != 0) continue;
+    const std::string digits = dash == std::string::npos ? rest : rest.substr(dash + 1);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+        digits.size() > 9)
+      continue;
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid == ::getpid()) continue;  // ours is removed by the caller
     if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
@@ -366,6 +391,10 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
 
 }  // namespace
 
+std::string partial_store_path(const std::string& out) {
+  return temporary_path(out, ".partial-");
+}
+
 void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                          const StoreWriteOptions& options, const nlohmann::json& provenance) {
   std::string out = strip_trailing_slashes(out_path);
@@ -402,8 +431,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                         {"validation", splits.validation.rows()},
                         {"test", splits.test.rows()}};
 
-  const std::string pid = std::to_string(::getpid());
-  const std::string partial = out + ".partial-" + pid;
+  const std::string partial = partial_store_path(out);
   remove_tree(partial);  // left by an earlier process with our pid
   remove_stale(out, ".partial-");
   // A replaced store renamed aside (`out.old-PID`) by a run killed before it removed it. Only
@@ -415,7 +443,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
     sync_tree(partial);
     if (replace) {
       // The old store is renamed aside, the new one into place, and only then the old removed.
-      const std::string old = out + ".old-" + pid;
+      const std::string old = temporary_path(out, ".old-");
       remove_tree(old);
       rename_no_replace(out, old);
       try {

@@ -37,13 +37,19 @@ class StoreWriteStopped : public Error {
 };
 
 // Writes `splits` as a dataset store at `out`. It is written under a temporary name beside `out`
-// (`out.partial-PID`) and renamed into place when complete, so an interrupted run leaves no store
-// that looks complete: the root group's metadata is written last, so even the temporary
-// directory of a killed run is not a store. Temporary directories of earlier runs whose process
-// is gone are removed first. Memory stays bounded by a few chunks however many copies are asked for. Refuses an
-// existing `out` unless options.overwrite. `provenance` goes into the root attributes.
+// (partial_store_path) and renamed into place when complete, so an interrupted run leaves no
+// store that looks complete: the root group's metadata is written last, so even the temporary
+// directory of a killed run is not a store. Temporary directories that earlier runs on this
+// machine left are removed first when their process is gone; those of other machines (a store
+// on a shared filesystem) are left alone, since their process cannot be checked from here.
+// Memory stays bounded by a few chunks however many copies are asked for. Refuses an existing
+// `out` unless options.overwrite. `provenance` goes into the root attributes.
 void write_dataset_store(const DataSplits& splits, const std::string& out,
                          const StoreWriteOptions& options, const nlohmann::json& provenance);
+
+// Where this process writes `out` until it is complete: `out.partial-HOST-PID`, HOST this
+// machine's name (letters, digits, '.' and '-'; anything else as '_').
+std::string partial_store_path(const std::string& out);
 
 // An opened dataset store: the arrays of each split.
 struct DatasetStore {
