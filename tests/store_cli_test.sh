@@ -43,7 +43,10 @@ check "no store left by a refused prepare" test ! -e "$dir/x.zarr"
 start_big_prepare() {  # sets big_pid once its temporary directory exists
   "$tandem" prepare --out "$dir/big.zarr" --copies 40 --compressor zstd >/dev/null 2>"$dir/big.err" &
   big_pid=$!
-  for _ in $(seq 300); do [ -d "$dir/big.zarr.partial-$(hostname)-$big_pid" ] && break; sleep 0.05; done
+  for _ in $(seq 300); do
+    [ -d "$dir/big.zarr.partial-$(hostname)-$big_pid" ] && break
+    sleep 0.05
+  done
   sleep 0.3
 }
 start_big_prepare
