@@ -361,14 +361,24 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
       "store.zarr.old-" + host_and + d,               // see below
       "store.zarr.partial-" + host_and + parent,      // a live process's
       "store.zarr.partial-" + parent,                 // the same, named by an older release
-      "store.zarr.partial-another-machine-" + d};     // another machine's
+      "store.zarr.partial-another-machine-" + d,      // another machine's
+      "store.zarr.partial-" + host_and + "x-" + d,    // host HOST-x's
+      "store.zarr.partial-" + host_and.substr(0, host_and.size() - 1) + "2-" + d,  // HOST2's
+      "store.zarr.partial-" + host_and,               // no PID
+      "store.zarr.partial-" + host_and + "0",         // no process has PID 0
+      "store.zarr.partial-" + host_and + "0" + d};    // not a PID as written
   for (const auto* names : {&removed, &kept})
     for (const std::string& name : *names) {
       fs::create_directories(dir.file(name + "/images/c/0"));
       std::ofstream(dir.file(name + "/images/c/0/0")) << "x";
     }
+  // A whole store under a temporary name (its metadata written: killed just before its rename,
+  // or named so by hand) is kept.
+  const std::string whole = "store.zarr.partial-" + host_and + d + "1";
+  write_dataset_store(small_splits(), dir.file(whole), kDefaults, nullptr);
   write_dataset_store(small_splits(), out, kDefaults, nullptr);
   std::vector<std::string> want = kept;
+  want.push_back(whole);
   want.push_back("store.zarr");
   std::sort(want.begin(), want.end());
   EXPECT_EQ(entries(dir.path()), want);

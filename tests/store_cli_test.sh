@@ -40,11 +40,13 @@ check "no store left by a refused prepare" test ! -e "$dir/x.zarr"
 # An interrupted prepare leaves no store: SIGTERM stops it between chunks with its temporary
 # directory removed; kill -9 leaves a directory that is no store, removed by the next prepare.
 # (SIGTERM, not SIGINT: a background job of a script starts with SIGINT ignored.)
+# This machine's name as the temporary names carry it (uname -n: hostname may not be installed).
+host=$(uname -n | tr -c 'A-Za-z0-9.\n-' _)
 start_big_prepare() {  # sets big_pid once its temporary directory exists
   "$tandem" prepare --out "$dir/big.zarr" --copies 40 --compressor zstd >/dev/null 2>"$dir/big.err" &
   big_pid=$!
   for _ in $(seq 300); do
-    [ -d "$dir/big.zarr.partial-$(hostname)-$big_pid" ] && break
+    [ -d "$dir/big.zarr.partial-$host-$big_pid" ] && break
     sleep 0.05
   done
   sleep 0.3
@@ -55,7 +57,7 @@ check "SIGTERM ends prepare with an error" failed_saying "$big_pid" "$dir/big.er
 check "no store and no temporary directory after SIGTERM" test -z "$(ls -d "$dir"/big.zarr* 2>/dev/null)"
 start_big_prepare
 kill -9 "$big_pid"; wait "$big_pid" 2>/dev/null
-partial=$dir/big.zarr.partial-$(hostname)-$big_pid
+partial=$dir/big.zarr.partial-$host-$big_pid
 check "kill -9 leaves the temporary directory" test -d "$partial"
 expect_error "which is no store" "a \`tandem prepare\` that was killed" "$tandem" inspect "$partial"
 check "the next prepare of that store" "$tandem" prepare --out "$dir/big.zarr" --chunk-rows 20000

@@ -209,14 +209,18 @@ void remove_stale(const std::string& out, const std::string& kind) {
     const size_t dash = rest.rfind('-');
     if (dash != std::string::npos && rest.compare(0, dash, this_host) != 0) continue;
     const std::string digits = dash == std::string::npos ? rest : rest.substr(dash + 1);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
-        digits.size() > 9)
+    // A PID as this code writes it: no leading zero, at most 9 digits.
+    if (digits.empty() || digits[0] == '0' ||
+        digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9)
       continue;
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid == ::getpid()) continue;  // ours is removed by the caller
-    if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
+    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // still running
     std::error_code sec;
     if (!it->is_directory(sec) || it->is_symlink(sec)) continue;
+    // A temporary directory gets its group metadata last, just before its rename: one that has
+    // it is a whole store (a run killed between the two, or a store someone named so), kept.
+    if (kind == ".partial-" && zarr::Group::exists(it->path().string())) continue;
     remove_tree(it->path().string());
   }
 }
@@ -434,7 +438,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   const std::string partial = partial_store_path(out);
   remove_tree(partial);  // left by an earlier process with our pid
   remove_stale(out, ".partial-");
-  // A replaced store renamed aside (`out.old-PID`) by a run killed before it removed it. Only
+  // A replaced store renamed aside (`out.old-HOST-PID`) by a run killed before it removed it. Only
   // with a store in place: a run killed between its two renames leaves the old store as the one
   // whole copy, for the user to rename back.
   if (replace) remove_stale(out, ".old-");

@@ -47,8 +47,10 @@ class StoreWriteStopped : public Error {
 void write_dataset_store(const DataSplits& splits, const std::string& out,
                          const StoreWriteOptions& options, const nlohmann::json& provenance);
 
-// Where this process writes `out` until it is complete: `out.partial-HOST-PID`, HOST this
-// machine's name (letters, digits, '.' and '-'; anything else as '_').
+// Where this process writes `out` (as write_dataset_store resolves it: no trailing slash, a
+// symbolic link followed) until it is complete: `out.partial-HOST-PID`, HOST this machine's name
+// (letters, digits, '.' and '-'; anything else as '_'). Machines that share a name but not
+// their process ids (containers with the host's network) are taken for one.
 std::string partial_store_path(const std::string& out);
 
 // An opened dataset store: the arrays of each split.
