@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
@@ -61,19 +63,24 @@ void WorkerGroup::stop_members() {
     std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
     // A member left behind by run_members gets a moment to come back (its wait may have ended
-    // meanwhile), then is detached: joining it could wait forever.
+    // meanwhile). One still out can be neither joined (that could wait forever) nor left behind
+    // (it would return into this group's freed memory): the process ends, saying why.
     if (pending_ > 0) {
       const auto grace = std::clamp<std::chrono::milliseconds>(
           std::chrono::milliseconds(collective_.timeout_ms()), kAbandonedGraceMin,
           kAbandonedGraceMax);
-      done_.wait_for(lock, grace, [&] { return pending_ == 0; });
+      if (!done_.wait_for(lock, grace, [&] { return pending_ == 0; })) {
+        std::fprintf(stderr,
+                     "%s; destroyed with that member still in its backend, which can neither be "
+                     "waited for nor left running: the process ends\n",
+                     abandoned_.c_str());
+        std::fflush(stderr);
+        std::abort();
+      }
     }
-    for (size_t r = 1; r < busy_.size(); ++r)
-      if (busy_[r]) threads_[r - 1].detach();
   }
   wake_.notify_all();
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
+  for (auto& t : threads_) t.join();
   threads_.clear();
 }
 

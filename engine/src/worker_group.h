@@ -34,12 +34,14 @@
 // throw that error at once from every later call (abandoned() is then true). The group's own
 // state that such a member's thread may still touch (the round's job, the batches' views, its
 // buffers) stays in place while the group lives, so a member that comes back late fails in the
-// aborted collective and parks; the batches' bytes and the backends are the caller's to keep. The
-// destructor gives it the timeout once more (1 to 5 s), then detaches its thread. A caller should
-// end the process instead of destroying the group, the member's backend or its batches (the
-// worker role does: cluster_roles.cpp): a call the CUDA runtime cannot abandon may return into
-// them, and a hung backend's own destructor would wait for its GPU. A hang of rank 0 itself is
-// on the calling thread, and nothing here bounds it (the worker's heartbeats report it).
+// aborted collective and parks; the batches' bytes and the backends are the caller's to keep. A
+// caller should end the process instead of destroying the group, the member's backend or its
+// batches (the worker role does: cluster_roles.cpp): a call the CUDA runtime cannot abandon may
+// return into them, and a hung backend's own destructor would wait for its GPU. The destructor
+// gives such a member the timeout once more (1 to 5 s) to come back, and otherwise ends the
+// process with std::abort, naming the rank: it can neither join that thread nor free what the
+// thread would return into. A hang of rank 0 itself is on the calling thread, and nothing here
+// bounds it (the worker's heartbeats report it).
 //
 // Two ways, chosen by the collective's memory:
 //   host (make_thread_collective, CPU or CUDA backends): gradients come out with
@@ -79,7 +81,7 @@ class WorkerGroup {
   // device memory, every backend is a GPU backend (Backend::device_buffers) with arenas of one
   // size. Starts the member threads of ranks 1..size()-1.
   WorkerGroup(const ModelConfig& model, std::vector<Backend*> members, GroupCollective& collective);
-  ~WorkerGroup();  // stops and joins the member threads (detaches one left behind, above)
+  ~WorkerGroup();  // stops and joins the member threads (one left behind: above)
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
@@ -159,7 +161,7 @@ class WorkerGroup {
   // Not empty once a member was left behind: the error every later call throws. The calling
   // thread's alone.
   std::string abandoned_;
-  // The destructor's wait for it: the timeout, within these bounds.
+  // The destructor's wait for a member left behind: the timeout, within these bounds.
   static constexpr std::chrono::seconds kAbandonedGraceMin{1}, kAbandonedGraceMax{5};
   std::vector<std::thread> threads_;        // ranks 1..size()-1
 };
