@@ -348,18 +348,26 @@ TEST(Predictor, SoftmaxKeepsThePredictedClassTheFirstMaximum) {
   EXPECT_EQ(p[1], 0.0f);
 }
 
+// The predictions layout of the tests of a group alone: 5 rows in chunks of 2 (the last an
+// edge), 3 classes.
+PredictionsLayout five_rows_in_chunks_of_two() {
+  PredictionsLayout layout;
+  layout.rows = 5;
+  layout.chunk_rows = 2;
+  layout.classes = 3;
+  layout.fingerprint = "model:a;input:b";
+  return layout;
+}
+constexpr const char* kOverwriteHint = "pass overwrite=True to replace it";
+
 // The group alone, for rows that come from elsewhere (tandem.dask.predict's dask blocks): written
 // chunk by chunk, read back with an edge chunk, its layout checked on a rerun, replaced only when
 // asked, and only when it is a predictions group.
 TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   test::TempDir dir;
   const std::string out = dir.file("pred.zarr");
-  PredictionsLayout layout;
-  layout.rows = 5;
-  layout.chunk_rows = 2;
-  layout.classes = 3;
-  layout.fingerprint = "model:a;input:b";
-  const std::string hint = "pass overwrite=True to replace it";
+  const PredictionsLayout layout = five_rows_in_chunks_of_two();
+  const std::string hint = kOverwriteHint;
   prepare_predictions_output(out, layout, json{{"created_by", "test"}}, false, hint);
   PredictionsOutput output(out, layout, hint);
   ASSERT_EQ(layout.chunks(), 3);
@@ -456,12 +464,8 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
 TEST(Predictor, AttributesOfAnotherTypeAreRefusedNamingTheStoreAndTheAttribute) {
   test::TempDir dir;
   const std::string out = dir.file("pred.zarr");
-  PredictionsLayout layout;
-  layout.rows = 4;
-  layout.chunk_rows = 2;
-  layout.classes = 3;
-  layout.fingerprint = "model:a;input:b";
-  const std::string hint = "pass overwrite=True to replace it";
+  const PredictionsLayout layout = five_rows_in_chunks_of_two();
+  const std::string hint = kOverwriteHint;
   prepare_predictions_output(out, layout, json::object(), false, hint);
   for (const char* key : {"fingerprint", "output_id"}) {
     SCOPED_TRACE(key);
