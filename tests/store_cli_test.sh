@@ -8,7 +8,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 
-for spec in "3 none uint8" "2 blosc-lz4 uint8" "3 zstd float32"; do
+for spec in "3 none uint8" "2 blosc-lz4 uint8" "3 zstd float32" "3 gzip uint8" "2 zlib:3 uint8"; do
   read -r format compressor dtype <<<"$spec"
   store=$dir/fm-$format-$compressor-$dtype.zarr
   "$tandem" prepare --out "$store" --copies 2 --chunk-rows 7000 --format "$format" \
@@ -36,6 +36,9 @@ check "eval on a store's test split" test "$(json_field "$ev" samples)" = 10000
 expect_error "prepare refuses an existing store" "$dir/one.zarr" "$tandem" prepare --out "$dir/one.zarr"
 check "overwrite replaces it" "$tandem" prepare --out "$dir/one.zarr" --overwrite --chunk-rows 5000
 expect_error "unknown compressor" "lz5" "$tandem" prepare --out "$dir/x.zarr" --compressor blosc-lz5
+check "no store left by a refused prepare" test ! -e "$dir/x.zarr"
+expect_error "zlib is refused in Zarr v3, naming gzip" "use gzip" "$tandem" prepare \
+  --out "$dir/x.zarr" --compressor zlib --format 3
 check "no store left by a refused prepare" test ! -e "$dir/x.zarr"
 # An interrupted prepare leaves no store: SIGTERM stops it between chunks with its temporary
 # directory removed; kill -9 leaves a directory that is no store, removed by the next prepare.

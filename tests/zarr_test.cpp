@@ -7,6 +7,7 @@
 #include <blosc.h>
 #include <sys/stat.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 #include <zstd.h>
 
 #include <cctype>
@@ -187,6 +188,77 @@ INSTANTIATE_TEST_SUITE_P(
                                          DType::Int32, DType::UInt64, DType::Float64),
                        ::testing::Values(1)),
     round_trip_name);
+
+// gzip in both formats; zlib is a v2 compressor only (DeflateStreams checks v3 refuses it).
+INSTANTIATE_TEST_SUITE_P(
+    Gzip, RoundTrip,
+    ::testing::Combine(::testing::Values(Format::V2, Format::V3),
+                       ::testing::Values("gzip", "gzip:0"),
+                       ::testing::Values(DType::UInt8, DType::Float32), ::testing::Values(1, 2)),
+    round_trip_name);
+INSTANTIATE_TEST_SUITE_P(
+    Zlib, RoundTrip,
+    ::testing::Combine(::testing::Values(Format::V2), ::testing::Values("zlib", "zlib:9"),
+                       ::testing::Values(DType::UInt8, DType::Float32), ::testing::Values(1, 2)),
+    round_trip_name);
+
+// Deflate streams as other writers make them: Python's gzip module reads a gzip stream of several
+// members, with zero bytes between or after them, as one (numcodecs' GZip decodes with it), so
+// Tandem does too; anything else after the end is refused, as is a stream cut short.
+TEST(Zarr, DeflateStreamsFromOtherWritersAndTheirDamage) {
+  const std::vector<uint8_t> plain = make_values(DType::Float32, 300, 8);
+  const auto gzip_member = [](const uint8_t* data, size_t size) {
+    z_stream s{};
+    EXPECT_EQ(deflateInit2(&s, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    gz_header header{};
+    header.name = reinterpret_cast<Bytef*>(const_cast<char*>("chunk.bin"));  // as gzip(1) does
+    header.time = 1700000000;
+    EXPECT_EQ(deflateSetHeader(&s, &header), Z_OK);
+    std::string out(deflateBound(&s, uLong(size)) + 64, '\0');
+    s.next_in = const_cast<Bytef*>(data);
+    s.avail_in = uInt(size);
+    s.next_out = reinterpret_cast<Bytef*>(out.data());
+    s.avail_out = uInt(out.size());
+    EXPECT_EQ(deflate(&s, Z_FINISH), Z_STREAM_END);
+    out.resize(s.total_out);
+    deflateEnd(&s);
+    return out;
+  };
+  const Compressor gzip = Compressor::parse("gzip"), zlib = Compressor::parse("zlib");
+  const auto decode = [&](const Compressor& c, const std::string& stored) {
+    std::vector<uint8_t> out(plain.size());
+    decompress(c, reinterpret_cast<const uint8_t*>(stored.data()), stored.size(), out.data(),
+               out.size(), "chunk 'x'");
+    return out;
+  };
+  const size_t half = plain.size() / 2;
+  const std::string one = gzip_member(plain.data(), plain.size());
+  const std::string two = gzip_member(plain.data(), half) +
+                          gzip_member(plain.data() + half, plain.size() - half);
+  EXPECT_EQ(decode(gzip, one), plain);
+  EXPECT_EQ(decode(gzip, two), plain);
+  EXPECT_EQ(decode(gzip, two + std::string(7, '\0')), plain);
+  const std::string first = gzip_member(plain.data(), half);
+  EXPECT_EQ(decode(gzip, first + std::string(3, '\0') + two.substr(first.size())), plain);
+  expect_input_error([&] { decode(gzip, two + "junk"); }, {"chunk 'x'", "gzip", "expected"});
+  expect_input_error([&] { decode(gzip, one + one); },
+                     {"chunk 'x'", "gzip data decompresses to more than 1200 bytes"});
+  expect_input_error([&] { decode(gzip, one.substr(0, one.size() - 3)); },
+                     {"chunk 'x'", "gzip data is truncated"});
+  // A zlib stream has one member; a gzip stream is not a zlib one, nor the other way round.
+  const std::vector<uint8_t> z = compress(zlib, plain.data(), plain.size(), 4);
+  EXPECT_EQ(decode(zlib, as_string(z)), plain);
+  expect_input_error([&] { decode(zlib, as_string(z) + std::string(1, '\0')); },
+                     {"chunk 'x'", "zlib data is followed by 1 bytes after its end"});
+  expect_input_error([&] { decode(zlib, one); }, {"chunk 'x'", "zlib data is corrupt"});
+  expect_input_error([&] { decode(gzip, as_string(z)); }, {"chunk 'x'", "gzip data is corrupt"});
+  // zlib in Zarr v3 would be a document no reader knows: refused before anything is written.
+  TempDir dir;
+  expect_input_error(
+      [&] { Array::create(dir.file("a"), make_meta(Format::V3, DType::UInt8, {4}, {2}, "zlib")); },
+      {dir.file("a"), "zlib is a Zarr v2 compressor", "gzip"});
+  EXPECT_FALSE(fs::exists(dir.file("a")));
+}
 
 TEST(Zarr, ZeroDimensionalArrays) {
   for (const Format format : {Format::V2, Format::V3}) {
@@ -562,7 +634,11 @@ std::string bad_chunk_name(const ::testing::TestParamInfo<BadChunk::ParamType>& 
 INSTANTIATE_TEST_SUITE_P(Compressors, BadChunk,
                          ::testing::Combine(::testing::Values(Format::V2, Format::V3),
                                             ::testing::Values("none", "zstd", "blosc-lz4",
-                                                              "blosc-zstd")),
+                                                              "blosc-zstd", "gzip")),
+                         bad_chunk_name);
+INSTANTIATE_TEST_SUITE_P(V2Only, BadChunk,
+                         ::testing::Combine(::testing::Values(Format::V2),
+                                            ::testing::Values("zlib")),
                          bad_chunk_name);
 
 // Large compressed chunk files are mapped instead of read (Array::kMapChunkFilesFrom): the same
@@ -633,7 +709,11 @@ TEST(Zarr, BadV2MetadataIsAnInputErrorNamingTheFile) {
       {"big-endian", [](json& d) { d["dtype"] = ">i8"; }},
       {"order \"F\"", [](json& d) { d["order"] = "F"; }},
       {"filters", [](json& d) { d["filters"] = {{{"id", "delta"}, {"dtype", "<f4"}}}; }},
-      {"compressor \"gzip\"", [](json& d) { d["compressor"] = {{"id", "gzip"}, {"level", 1}}; }},
+      {"compressor \"lzma\"", [](json& d) { d["compressor"] = {{"id", "lzma"}, {"preset", 1}}; }},
+      {"gzip level 12 is out of range 0 to 9",
+       [](json& d) { d["compressor"] = {{"id", "gzip"}, {"level", 12}}; }},
+      {"missing \"level\" in the zlib compressor",
+       [](json& d) { d["compressor"] = {{"id", "zlib"}}; }},
       {"blosc compressor 'nope'", [](json& d) { d["compressor"]["cname"] = "nope"; }},
       {"clevel", [](json& d) { d["compressor"]["clevel"] = 42; }},
       {"missing \"id\"", [](json& d) { d["compressor"].erase("id"); }},
@@ -676,13 +756,23 @@ TEST(Zarr, BadV3MetadataIsAnInputErrorNamingTheFile) {
        [](json& d) { d["codecs"].insert(d["codecs"].begin(), json::object({{"name", "transpose"}})); }},
       {"codec \"sharding_indexed\"",
        [](json& d) { d["codecs"] = json::array({json::object({{"name", "sharding_indexed"}})}); }},
-      // crc32c is read only last (a checksum of what the codecs before it wrote); gzip not at all.
+      // crc32c is read only last (a checksum of what the codecs before it wrote); one compressor.
       {"codec \"crc32c\" at position 1",
        [](json& d) {
          d["codecs"].insert(d["codecs"].begin() + 1, json::object({{"name", "crc32c"}}));
        }},
-      {"codec \"gzip\"", [](json& d) { d["codecs"].push_back(json::object({{"name", "gzip"}})); }},
-      {"codec \"gzip\"", [](json& d) { d["codecs"][1] = json::object({{"name", "gzip"}}); }},
+      {"codec \"gzip\" at position 2",
+       [](json& d) { d["codecs"].push_back(json::object({{"name", "gzip"}})); }},
+      {"missing \"level\" in the gzip codec",
+       [](json& d) { d["codecs"][1] = json::object({{"name", "gzip"}}); }},
+      {"gzip level -1 is out of range 0 to 9",
+       [](json& d) {
+         d["codecs"][1] = {{"name", "gzip"}, {"configuration", {{"level", -1}}}};
+       }},
+      {"codec \"zlib\" at position 1",
+       [](json& d) {
+         d["codecs"][1] = {{"name", "zlib"}, {"configuration", {{"level", 1}}}};
+       }},
       {"codec \"zstd\" at position 0", [](json& d) { d["codecs"].erase(0); }},
       {"\"codecs\" is []", [](json& d) { d["codecs"] = json::array(); }},
       {"big-endian", [](json& d) { d["codecs"][0]["configuration"]["endian"] = "big"; }},
@@ -826,14 +916,19 @@ TEST(Zarr, CompressorParseAndDescribe) {
       {"blosc-lz4-bitshuffle:1", "blosc-lz4-bitshuffle:1"},
       {"blosc-blosclz-noshuffle", "blosc-blosclz-noshuffle:5"},
       {"blosc-zlib-shuffle:9", "blosc-zlib:9"},
+      {"gzip", "gzip:5"},
+      {"gzip:0", "gzip:0"},
+      {"zlib", "zlib:1"},
+      {"zlib:9", "zlib:9"},
   };
   for (const auto& [text, described] : good) {
     const Compressor c = Compressor::parse(text);
     EXPECT_EQ(c.describe(), described);
     EXPECT_EQ(Compressor::parse(c.describe()).describe(), described);
   }
-  for (const std::string bad : {"", "gzip", "zstd:", "zstd:x", "zstd:3x", "zstd:99", "none:1",
-                                "blosc", "blosc-", "blosc-foo", "blosc-lz4:10", "blosc-lz4-swap"}) {
+  for (const std::string bad : {"", "gz", "zstd:", "zstd:x", "zstd:3x", "zstd:99", "none:1",
+                                "blosc", "blosc-", "blosc-foo", "blosc-lz4:10", "blosc-lz4-swap",
+                                "gzip:10", "gzip:-1", "zlib:", "gzip-lz4"}) {
     expect_input_error([&] { Compressor::parse(bad); }, {"compressor '" + bad + "'", "expected"});
   }
   EXPECT_EQ(parse_dtype_name("float32"), DType::Float32);
@@ -896,9 +991,10 @@ TEST(Zarr, FuzzDecompressAndOpen) {
     return s;
   };
 
-  // Chunks: 1500 tries over the three codecs.
+  // Chunks: 1500 tries over the codecs.
   const std::vector<Compressor> codecs = {Compressor::parse("zstd"), Compressor::parse("blosc-lz4"),
-                                          Compressor::parse("blosc-zstd-bitshuffle")};
+                                          Compressor::parse("blosc-zstd-bitshuffle"),
+                                          Compressor::parse("gzip"), Compressor::parse("zlib")};
   const std::vector<uint8_t> plain = make_values(DType::Float32, 512, 11);
   std::vector<std::string> valid;
   for (const Compressor& c : codecs) valid.push_back(as_string(compress(c, plain.data(), plain.size(), 4)));

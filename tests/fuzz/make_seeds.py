@@ -19,6 +19,7 @@ import numcodecs
 import numpy as np
 import safetensors.numpy
 import zarr
+from zarr.codecs import GzipCodec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,6 +41,9 @@ def zarr_metadata():
             ("v3-uint8-zstd", 3, "uint8", (70, 784), (10, 784), "default"),
             ("v3-float32-none", 3, "float32", (7, 10), (3, 4), None),
             ("v3-int64", 3, "int64", (5,), (2,), "default"),
+            ("v2-uint8-gzip", 2, "uint8", (70, 784), (10, 784), numcodecs.GZip(level=1)),
+            ("v2-float32-zlib", 2, "float32", (7, 10), (3, 4), numcodecs.Zlib(level=1)),
+            ("v3-float32-gzip", 3, "float32", (7, 10), (3, 4), GzipCodec(level=5)),
         ]
         for name, fmt, dtype, shape, chunks, codec in cases:
             path = os.path.join(tmp, name)
@@ -78,10 +82,10 @@ def crc32c(data):
 
 
 def zarr_chunk():
-    # [selector][expected size, uint16 LE][stored chunk]; the selector's low 3 bits are the
-    # compressor in the target's order: none, zstd, blosc-lz4, blosc-zstd, blosc-lz4hc,
-    # blosc-blosclz, blosc-zlib, blosc-zstd-bitshuffle; bit 3: the chunk ends with its crc32c
-    # checksum; bit 4: the target appends the right one.
+    # [selector][expected size, uint16 LE][stored chunk]; the selector's low 3 bits and bit 5
+    # (as the fourth) are the compressor in the target's order: none, zstd, blosc-lz4,
+    # blosc-zstd, blosc-lz4hc, blosc-blosclz, blosc-zlib, blosc-zstd-bitshuffle, gzip, zlib;
+    # bit 3: the chunk ends with its crc32c checksum; bit 4: the target appends the right one.
     rng = np.random.default_rng(7)
     plain = (np.arange(3000) % 251).astype(np.uint8).tobytes()
     floats = rng.standard_normal(500).astype(np.float32).tobytes()
@@ -93,6 +97,8 @@ def zarr_chunk():
         (5, "blosc-blosclz", numcodecs.Blosc(cname="blosclz", clevel=5, shuffle=1)),
         (6, "blosc-zlib", numcodecs.Blosc(cname="zlib", clevel=5, shuffle=1)),
         (7, "blosc-zstd-bitshuffle", numcodecs.Blosc(cname="zstd", clevel=5, shuffle=2)),
+        (0x20, "gzip", numcodecs.GZip(level=5)),
+        (0x21, "zlib", numcodecs.Zlib(level=1)),
     ]
     write("zarr_chunk", "none", bytes([0]) + struct.pack("<H", len(plain)) + plain)
     for index, name, codec in codecs:
@@ -100,6 +106,9 @@ def zarr_chunk():
             stored = codec.encode(np.frombuffer(data, np.float32 if kind == "floats" else np.uint8))
             write("zarr_chunk", f"{name}-{kind}",
                   bytes([index]) + struct.pack("<H", len(data)) + bytes(stored))
+    # A gzip stream of two members, zero-padded: Python's gzip module reads it as one.
+    two = gzip.compress(plain[:1000], mtime=0) + gzip.compress(plain[1000:], mtime=0) + bytes(8)
+    write("zarr_chunk", "gzip-two-members", bytes([0x20]) + struct.pack("<H", len(plain)) + two)
     # With the checksum: stored (as zarr-python writes it), and appended by the target.
     for index, name, data in ((0, "none", plain), (1, "zstd-bytes", plain),
                               (2, "blosc-lz4-floats", floats)):

@@ -3,10 +3,12 @@
 
   zarr_interop.py versions
       prints the zarr, dask and numpy versions this Python sees, as JSON
-  zarr_interop.py write DIR [--zarr-format N] [--blosc-cname NAME]
+  zarr_interop.py write DIR [--zarr-format N] [--blosc-cname NAME] [--deflate gzip|zlib]
       writes the known arrays into a group at DIR with dask.array.to_zarr and zarr's defaults
       (compressor, fill value, key separator), and a 0-d array with zarr itself; with
-      --blosc-cname (zarr 2 only), dask's arrays with blosc using that compressor instead
+      --blosc-cname (zarr 2 only), dask's arrays with blosc using that compressor instead; with
+      --deflate, numcodecs' GZip or Zlib in Zarr v2 and zarr's GzipCodec in v3, their default
+      levels
   zarr_interop.py check DIR TANDEM_DUMP [--format N]
       reads every known array at DIR with zarr-python and checks it bit-exactly against the
       known values, and against Tandem's reading of the same store (the JSON lines of
@@ -86,10 +88,10 @@ def versions():
     print(json.dumps(info))
 
 
-def write(store, zarr_format, blosc_cname=None, crc32c=False):
+def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None):
     """The known arrays with dask's and zarr's defaults: only shape, chunks (from the dask
     chunks) and, for f32_sparse, a NaN fill value are chosen (and blosc_cname if given; with
-    crc32c, zarr 3's zstd followed by its crc32c checksum codec)."""
+    crc32c, zarr 3's zstd followed by its crc32c checksum codec; deflate, gzip or zlib)."""
     import zarr
 
     da = import_dask_array()
@@ -111,6 +113,18 @@ def write(store, zarr_format, blosc_cname=None, crc32c=False):
             sys.exit("--crc32c is for Zarr v3 (zarr 3's Crc32cCodec)")
         from zarr.codecs import Crc32cCodec, ZstdCodec
         fmt["compressors"] = [ZstdCodec(level=0), Crc32cCodec()]
+    if deflate is not None:
+        import numcodecs
+        v2_codec = numcodecs.GZip() if deflate == "gzip" else numcodecs.Zlib()
+        if not v3:
+            fmt["compressor"] = v2_codec
+        elif zarr_format == 2:
+            fmt["compressors"] = [v2_codec]
+        elif deflate == "gzip":
+            from zarr.codecs import GzipCodec
+            fmt["compressors"] = [GzipCodec()]
+        else:
+            sys.exit("--deflate zlib is for Zarr v2 (Zarr v3 has gzip)")
     for name in WRITTEN_BY_DASK:
         dtype, shape, chunks = KNOWN[name]
         x = da.from_array(expected(name), chunks=chunks)
@@ -195,6 +209,7 @@ def main():
     w.add_argument("--zarr-format", type=int, choices=(2, 3))
     w.add_argument("--blosc-cname")
     w.add_argument("--crc32c", action="store_true")
+    w.add_argument("--deflate", choices=("gzip", "zlib"))
     c = sub.add_parser("check")
     c.add_argument("store")
     c.add_argument("tandem_dump")
@@ -204,7 +219,7 @@ def main():
         versions()
         return 0
     if args.command == "write":
-        write(args.store, args.zarr_format, args.blosc_cname, args.crc32c)
+        write(args.store, args.zarr_format, args.blosc_cname, args.crc32c, args.deflate)
         return 0
     return check(args.store, args.tandem_dump, args.format)
 

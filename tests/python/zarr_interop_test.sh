@@ -66,7 +66,9 @@ tandem_to_python() {  # PYTHON FORMAT COMPRESSOR
     "$python" "$script" check "$store" "$store.jsonl" --format "$format"
 }
 
-compressors="none zstd zstd:0 blosc-lz4 blosc-zstd:3 blosc-lz4-bitshuffle blosc-blosclz-noshuffle"
+compressors="none zstd zstd:0 blosc-lz4 blosc-zstd:3 blosc-lz4-bitshuffle blosc-blosclz-noshuffle
+  gzip gzip:0"
+v2_only="zlib zlib:9"  # numcodecs' Zlib: Zarr v3 has no zlib codec
 
 # (a) Debian's dask 2022.12 + zarr 2.13: Zarr v2.
 run "dask 2022.12/zarr 2 writes v2 (defaults), Tandem reads" python_to_tandem "$debian_python" 2
@@ -77,7 +79,17 @@ snappy_to_tandem() {  # and Tandem's dump must say that it read blosc-snappy
     grep -q '"blosc-snappy' "$dir/py$n.jsonl"
 }
 run "dask 2022.12/zarr 2 writes v2 blosc-snappy, Tandem reads" snappy_to_tandem
-for c in $compressors; do
+deflate_to_tandem() {  # PYTHON FORMAT gzip|zlib [--zarr-format N]: the dump names the codec
+  local python=$1 format=$2 codec=$3
+  shift 3
+  python_to_tandem "$python" "$format" --deflate "$codec" "$@" &&
+    grep -q "\"$codec:" "$dir/py$n.jsonl"
+}
+for codec in gzip zlib; do
+  run "dask 2022.12/zarr 2 writes v2 $codec, Tandem reads" deflate_to_tandem "$debian_python" 2 \
+    "$codec"
+done
+for c in $compressors $v2_only; do
   run "Tandem writes v2 $c, zarr 2 reads" tandem_to_python "$debian_python" 2 "$c"
 done
 
@@ -100,8 +112,15 @@ b[len(b) // 2] ^= 0xFF; open(p, 'wb').write(b)" "$chunk"
     grep -q "crc32c checksum is" "$dir/crc.err"
 }
 run "... and a flipped byte in a checksummed chunk is refused" crc32c_corrupt_refused
+run "dask/zarr 3 writes v3 gzip, Tandem reads" deflate_to_tandem "$venv_python" 3 gzip
+for codec in gzip zlib; do
+  run "dask/zarr 3 writes v2 $codec, Tandem reads" deflate_to_tandem "$venv_python" 2 "$codec" \
+    --zarr-format 2
+done
 for format in 3 2; do
-  for c in $compressors; do
+  extra=""
+  [ "$format" = 2 ] && extra=$v2_only
+  for c in $compressors $extra; do
     run "Tandem writes v$format $c, zarr 3 reads" tandem_to_python "$venv_python" "$format" "$c"
   done
 done

@@ -133,6 +133,9 @@ void run_prepare(const PrepareOptions& o) {
   w.pixel_type = o.dtype == "float32" ? PixelType::Float32 : PixelType::UInt8;
   w.chunk_rows = o.chunk_rows;
   w.compressor = zarr::Compressor::parse(o.compressor);
+  if (w.format == zarr::Format::V3 && w.compressor.kind == zarr::Compressor::Kind::Zlib)
+    throw InputError("--compressor " + o.compressor + ": zlib is a Zarr v2 compressor; with "
+                     "--format 3 use gzip (the same deflate data in gzip's wrapper)");
   w.copies = o.copies;
   w.overwrite = o.overwrite;
   w.stop = &stop_on_signals();  // handled from here on: see the write below
@@ -261,7 +264,8 @@ void add_prepare_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Pixel type: uint8, or float32 scaled to [0,1]")
       ->check(CLI::IsMember({"uint8", "float32"}))->capture_default_str();
   cmd->add_option("--compressor", o->compressor,
-                  "none, zstd, zstd:LEVEL, blosc-lz4, blosc-zstd or blosc-zstd:LEVEL")
+                  "none, zstd[:LEVEL], blosc-lz4, blosc-zstd[:LEVEL], gzip[:LEVEL] or "
+                  "zlib[:LEVEL] (Zarr v2 only)")
       ->capture_default_str();
   cmd->add_option("--format", o->format, "Zarr format: 2 or 3")
       ->check(CLI::IsMember({2, 3}))->capture_default_str();

@@ -2,8 +2,9 @@
 // Compatible with what dask.array.to_zarr and zarr-python write (C order, little-endian), so data
 // can be prepared in Dask and trained on in Tandem, and the other way round.
 //
-// Scope: C-order arrays of fixed-size little-endian numbers; compressors none, zstd and blosc
-// (v2 `compressor`, v3 `codecs` = [bytes, zstd|blosc]); v2 chunk keys "i.j" or "i/j", v3 keys
+// Scope: C-order arrays of fixed-size little-endian numbers; compressors none, zstd, blosc, gzip
+// and (v2 only) zlib (v2 `compressor`, v3 `codecs` = [bytes, zstd|blosc|gzip]); v2 chunk keys
+// "i.j" or "i/j", v3 keys
 // "c/i/j" (default chunk_key_encoding) or "i.j"/"i/j" (v2 encoding); missing chunks read as
 // fill_value. Everything else (F order, big-endian, filters, sharding, transposes) is refused
 // with an InputError naming the store, and the key where one is involved.
@@ -26,9 +27,11 @@ const char* dtype_name(DType type);  // "uint8", "float32", ... (v3 names)
 DType parse_dtype_name(const std::string& name);  // v3 name; InputError otherwise
 
 struct Compressor {
-  enum class Kind { None, Zstd, Blosc };
+  // Gzip: deflate in gzip's wrapper (RFC 1952: numcodecs GZip in v2, the gzip codec in v3).
+  // Zlib: deflate in zlib's wrapper (RFC 1950: numcodecs Zlib), a Zarr v2 compressor only.
+  enum class Kind { None, Zstd, Blosc, Gzip, Zlib };
   Kind kind = Kind::None;
-  int level = 3;                   // zstd level, or blosc clevel
+  int level = 3;                   // zstd level, blosc clevel, or gzip/zlib level (0 to 9)
   std::string blosc_cname = "lz4";  // blosc: lz4, lz4hc, zstd, blosclz, zlib
   int blosc_shuffle = 1;           // blosc: 0 none, 1 byte, 2 bit
   int blosc_blocksize = 0;         // blosc: 0 = automatic
@@ -37,8 +40,8 @@ struct Compressor {
   // written (zarr-python writes it when asked: compressors=[..., Crc32cCodec()]).
   bool crc32c = false;
 
-  // "none", "zstd", "zstd:5", "blosc-lz4", "blosc-zstd:5", ... (what `tandem prepare --compressor`
-  // takes); InputError naming the text otherwise.
+  // "none", "zstd", "zstd:5", "blosc-lz4", "blosc-zstd:5", "gzip", "zlib:9", ... (what `tandem
+  // prepare --compressor` takes); InputError naming the text otherwise.
   static Compressor parse(const std::string& text);
   std::string describe() const;
 };

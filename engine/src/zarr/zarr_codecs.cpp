@@ -1,11 +1,15 @@
-// Chunk compression for Zarr stores: none, zstd (libzstd) and blosc (c-blosc 1.x). Decompression
+// Chunk compression for Zarr stores: none, zstd (libzstd), blosc (c-blosc 1.x), and gzip and zlib
+// (deflate, from zlib). Decompression
 // treats every stored byte as hostile: the sizes a header declares are checked against the size
 // the array's metadata says a chunk has before anything is decompressed, and the output buffer is
 // never larger than that size.
 #include <blosc.h>
+#include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -20,6 +24,11 @@ namespace {
 
 constexpr int kDefaultZstdLevel = 3;   // zstd's own default
 constexpr int kDefaultBloscLevel = 5;  // numcodecs' and zarr-python's default clevel
+constexpr int kDefaultGzipLevel = 5;   // zarr-python 3's GzipCodec default
+constexpr int kDefaultZlibLevel = 1;   // numcodecs' Zlib default
+// Room beyond zlib's compressBound for what other gzip writers add: a header with a file name or
+// comment, or several members (Python's gzip reads them all, so this reader does too).
+constexpr size_t kDeflateWrapperSlack = size_t{64} << 10;
 
 [[noreturn]] void corrupt(const std::string& what, const std::string& problem) {
   throw InputError(what + ": " + problem);
@@ -167,14 +176,101 @@ void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t ou
   }
 }
 
+// windowBits for zlib's deflate/inflate: 16 + 15 is a gzip wrapper, 15 a zlib one.
+int deflate_window_bits(Compressor::Kind kind) {
+  return kind == Compressor::Kind::Gzip ? 16 + MAX_WBITS : MAX_WBITS;
+}
+
+const char* deflate_name(Compressor::Kind kind) {
+  return kind == Compressor::Kind::Gzip ? "gzip" : "zlib";
+}
+
+std::vector<uint8_t> compress_deflate(const Compressor& c, const uint8_t* data, size_t size) {
+  if (size > UINT_MAX) throw InputError(std::string(deflate_name(c.kind)) + " compression: " +
+                                        std::to_string(size) + " bytes is more than one call "
+                                        "takes; expected smaller chunks");
+  z_stream s{};
+  if (deflateInit2(&s, c.level, Z_DEFLATED, deflate_window_bits(c.kind), 8, Z_DEFAULT_STRATEGY) !=
+      Z_OK)
+    throw Error(std::string(deflate_name(c.kind)) + ": cannot start compression (out of memory)");
+  // zlib's gzip header: no name, time 0, so equal chunks compress to equal files.
+  std::vector<uint8_t> out(deflateBound(&s, uLong(size)));
+  s.next_in = const_cast<Bytef*>(data);
+  s.avail_in = uInt(size);
+  s.next_out = out.data();
+  s.avail_out = uInt(out.size());
+  const int rc = deflate(&s, Z_FINISH);  // deflateBound's room: one call finishes
+  const size_t n = size_t(s.total_out);
+  deflateEnd(&s);
+  if (rc != Z_STREAM_END)
+    throw Error(std::string(deflate_name(c.kind)) + " compression failed (code " +
+                std::to_string(rc) + ")");
+  out.resize(n);
+  return out;
+}
+
+// Inflates into exactly out_size bytes. A gzip stream may hold several members, one after the
+// other, with zero bytes between and after them, as Python's gzip module (numcodecs' GZip)
+// reads it.
+void decompress_deflate(Compressor::Kind kind, const uint8_t* in, size_t in_size, uint8_t* out,
+                        size_t out_size, const std::string& what) {
+  const std::string name = deflate_name(kind);
+  const std::string expected = "; expected " + std::to_string(out_size) + " bytes (the chunk size)";
+  if (in_size > UINT_MAX || out_size > UINT_MAX)
+    corrupt(what, name + " data of " + std::to_string(in_size) + " bytes is too large" + expected);
+  z_stream s{};
+  if (inflateInit2(&s, deflate_window_bits(kind)) != Z_OK)
+    throw Error(name + ": cannot start decompression (out of memory)");
+  struct End {
+    z_stream* s;
+    ~End() { inflateEnd(s); }
+  } end{&s};
+  s.next_in = const_cast<Bytef*>(in);
+  s.avail_in = uInt(in_size);
+  s.next_out = out;
+  s.avail_out = uInt(out_size);
+  const auto problem = [&](const std::string& text) {
+    corrupt(what, name + " data " + text + expected);
+  };
+  for (;;) {
+    const int rc = inflate(&s, Z_NO_FLUSH);
+    if (rc == Z_OK) continue;  // progress; the next call goes on
+    if (rc == Z_STREAM_END) {
+      if (kind != Compressor::Kind::Gzip) {
+        if (s.avail_in == 0) break;
+        problem("is followed by " + std::to_string(s.avail_in) + " bytes after its end");
+      }
+      // As Python's gzip module: zero bytes after a member are skipped, then the next member
+      // read, if there is one.
+      while (s.avail_in > 0 && *s.next_in == 0) {
+        ++s.next_in;
+        --s.avail_in;
+      }
+      if (s.avail_in == 0) break;
+      inflateReset(&s);
+      continue;
+    }
+    if (rc == Z_BUF_ERROR) {
+      // No progress possible: the output is full, or the input ended before the stream did.
+      if (s.avail_in == 0) problem("is truncated (the stream ends early)");
+      problem("decompresses to more than " + std::to_string(out_size) + " bytes");
+    }
+    if (rc == Z_MEM_ERROR) throw Error(name + ": out of memory while decompressing " + what);
+    const std::string why = s.msg != nullptr ? s.msg : "code " + std::to_string(rc);
+    problem("is corrupt (" + why + ")");
+  }
+  const size_t got = out_size - s.avail_out;
+  if (got != out_size) problem("decompresses to " + std::to_string(got) + " bytes");
+}
+
 }  // namespace
 
 Compressor Compressor::parse(const std::string& text) {
   const auto fail = [&](const std::string& problem) -> InputError {
     return InputError("compressor '" + text + "': " + problem +
-                      "; expected none, zstd[:LEVEL] or blosc-CNAME[-SHUFFLE][:LEVEL] with CNAME "
-                      "lz4, lz4hc, blosclz, zstd or zlib and SHUFFLE shuffle, noshuffle or "
-                      "bitshuffle");
+                      "; expected none, zstd[:LEVEL], gzip[:LEVEL], zlib[:LEVEL] or "
+                      "blosc-CNAME[-SHUFFLE][:LEVEL] with CNAME lz4, lz4hc, blosclz, zstd or zlib "
+                      "and SHUFFLE shuffle, noshuffle or bitshuffle");
   };
   const size_t colon = text.find(':');
   const std::string name = text.substr(0, colon);
@@ -186,6 +282,12 @@ Compressor Compressor::parse(const std::string& text) {
   if (name == "zstd") {
     c.kind = Kind::Zstd;
     c.level = kDefaultZstdLevel;
+  } else if (name == "gzip") {
+    c.kind = Kind::Gzip;
+    c.level = kDefaultGzipLevel;
+  } else if (name == "zlib") {
+    c.kind = Kind::Zlib;
+    c.level = kDefaultZlibLevel;
   } else if (name.rfind("blosc-", 0) == 0) {
     c.kind = Kind::Blosc;
     c.level = kDefaultBloscLevel;
@@ -210,6 +312,8 @@ std::string Compressor::describe() const {
     case Kind::Blosc:
       return "blosc-" + blosc_cname + shuffle_suffix(blosc_shuffle) + ":" +
              std::to_string(level) + checksum;
+    case Kind::Gzip: return "gzip:" + std::to_string(level) + checksum;
+    case Kind::Zlib: return "zlib:" + std::to_string(level) + checksum;
   }
   return "unknown";
 }
@@ -241,6 +345,13 @@ std::string compressor_problem(const Compressor& c) {
         return "blosc blocksize " + std::to_string(c.blosc_blocksize) + " is negative";
       }
       return "";
+    case Compressor::Kind::Gzip:
+    case Compressor::Kind::Zlib:
+      if (c.level < 0 || c.level > 9) {
+        return std::string(deflate_name(c.kind)) + " level " + std::to_string(c.level) +
+               " is out of range 0 to 9";
+      }
+      return "";
   }
   return "unknown compressor kind";
 }
@@ -258,6 +369,10 @@ size_t max_stored_size(const Compressor& c, size_t chunk_bytes) {
     case Compressor::Kind::None: return chunk_bytes + checksum;
     case Compressor::Kind::Zstd: return ZSTD_compressBound(chunk_bytes) + checksum;
     case Compressor::Kind::Blosc: return chunk_bytes + BLOSC_MAX_OVERHEAD + checksum;
+    case Compressor::Kind::Gzip:
+    case Compressor::Kind::Zlib:
+      return compressBound(uLong(std::min<size_t>(chunk_bytes, ULONG_MAX >> 1))) +
+             kDeflateWrapperSlack + checksum;
   }
   return chunk_bytes + checksum;
 }
@@ -272,6 +387,8 @@ std::vector<uint8_t> compress(const Compressor& c, const uint8_t* data, size_t s
     case Compressor::Kind::None: return std::vector<uint8_t>(data, data + size);
     case Compressor::Kind::Zstd: return compress_zstd(c, data, size);
     case Compressor::Kind::Blosc: return compress_blosc(c, data, size, type_size);
+    case Compressor::Kind::Gzip:
+    case Compressor::Kind::Zlib: return compress_deflate(c, data, size);
   }
   throw Error("unknown compressor kind");
 }
@@ -304,6 +421,9 @@ void decompress(const Compressor& c, const uint8_t* in, size_t in_size, uint8_t*
       return;
     case Compressor::Kind::Zstd: return decompress_zstd(in, in_size, out, out_size, what);
     case Compressor::Kind::Blosc: return decompress_blosc(in, in_size, out, out_size, what);
+    case Compressor::Kind::Gzip:
+    case Compressor::Kind::Zlib:
+      return decompress_deflate(c.kind, in, in_size, out, out_size, what);
   }
   throw Error(what + ": unknown compressor kind");
 }

@@ -277,8 +277,13 @@ Compressor parse_v2_compressor(const Reader& r, const json& j, DType type) {
         r.integer(r.need(j, "shuffle", " in the blosc compressor"), "compressor.shuffle");
     c.blosc_shuffle = resolve_shuffle(shuffle, dtype_size(type));
     if (const json* b = r.find(j, "blocksize")) c.blosc_blocksize = r.integer(*b, "blocksize");
+  } else if (id == "gzip" || id == "zlib") {
+    // The level only matters to the writer; numcodecs always records it.
+    c.kind = id == "gzip" ? Compressor::Kind::Gzip : Compressor::Kind::Zlib;
+    c.level = r.integer(r.need(j, "level", " in the " + id + " compressor"), "compressor.level");
   } else {
-    r.fail("compressor \"" + id + "\" is not supported; expected null, zstd or blosc");
+    r.fail("compressor \"" + id + "\" is not supported; expected null, zstd, blosc, gzip or "
+           "zlib");
   }
   return c;
 }
@@ -326,6 +331,9 @@ Compressor parse_v3_compressor(const Reader& r, const std::string& name, const j
     c.kind = Compressor::Kind::Zstd;
     c.level = r.integer(r.need(config, "level", " in the zstd codec"), "zstd level");
     if (const json* checksum = r.find(config, "checksum")) r.boolean(*checksum, "zstd checksum");
+  } else if (name == "gzip") {
+    c.kind = Compressor::Kind::Gzip;
+    c.level = r.integer(r.need(config, "level", " in the gzip codec"), "gzip level");
   } else {
     c.kind = Compressor::Kind::Blosc;
     c.blosc_cname = r.string(r.need(config, "cname", " in the blosc codec"), "blosc cname");
@@ -337,11 +345,11 @@ Compressor parse_v3_compressor(const Reader& r, const std::string& name, const j
   return c;
 }
 
-// codecs = [bytes] or [bytes, zstd|blosc], either followed by crc32c: anything else (transpose,
-// sharding, gzip) is refused rather than misread.
+// codecs = [bytes] or [bytes, zstd|blosc|gzip], either followed by crc32c: anything else
+// (transpose, sharding) is refused rather than misread.
 Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
-  const char* expected = "; expected [bytes] or [bytes, zstd] or [bytes, blosc], optionally "
-                         "followed by crc32c";
+  const char* expected = "; expected [bytes] or [bytes, zstd|blosc|gzip], optionally followed by "
+                         "crc32c";
   if (!codecs.is_array() || codecs.empty()) {
     r.fail("\"codecs\" is " + brief(codecs) + expected);
   }
@@ -350,7 +358,7 @@ Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
     const auto [name, config] = codec_parts(r, codecs[i]);
     if (i == 0 && name == "bytes") {
       parse_v3_bytes_codec(r, config, type);
-    } else if (i == 1 && (name == "zstd" || name == "blosc")) {
+    } else if (i == 1 && (name == "zstd" || name == "blosc" || name == "gzip")) {
       c = parse_v3_compressor(r, name, config);
     } else if (i >= 1 && i + 1 == codecs.size() && name == "crc32c") {
       c.crc32c = true;  // after the compressor: its config is empty in the spec
@@ -540,6 +548,11 @@ void check_array_meta(const std::string& store, const std::string& file, const A
   }
   const std::string problem = compressor_problem(meta.compressor);
   if (!problem.empty()) r.fail(problem);
+  // Only made, never read: a v3 document has no zlib codec.
+  if (meta.format == Format::V3 && meta.compressor.kind == Compressor::Kind::Zlib) {
+    r.fail("zlib is a Zarr v2 compressor (numcodecs Zlib); Zarr v3 has gzip, the same deflate "
+           "data in gzip's wrapper");
+  }
   if (meta.separator != '.' && meta.separator != '/') {
     r.fail(std::string("chunk key separator '") + meta.separator + "' is not '.' or '/'");
   }
@@ -620,6 +633,9 @@ ordered_json v2_array_json(const ArrayMeta& meta) {
                          {"cname", c.blosc_cname},
                          {"id", "blosc"},
                          {"shuffle", c.blosc_shuffle}};
+  } else if (c.kind == Compressor::Kind::Gzip || c.kind == Compressor::Kind::Zlib) {
+    doc["compressor"] = {{"id", c.kind == Compressor::Kind::Gzip ? "gzip" : "zlib"},
+                         {"level", c.level}};
   } else {
     doc["compressor"] = nullptr;
   }
@@ -663,6 +679,8 @@ ordered_json v3_array_json(const ArrayMeta& meta) {
                         {"clevel", c.level},
                         {"shuffle", v3_shuffle_name(c.blosc_shuffle)},
                         {"blocksize", c.blosc_blocksize}}}});
+  } else if (c.kind == Compressor::Kind::Gzip) {
+    codecs.push_back({{"name", "gzip"}, {"configuration", {{"level", c.level}}}});
   }
   if (c.crc32c) {  // last, as read: set_attributes rewrites an opened array's document
     codecs.push_back({{"name", "crc32c"}});
