@@ -14,10 +14,12 @@ namespace tandem {
 namespace {
 
 // Writes `data`'s pixels as images [rows, features] chunked (chunk_rows, chunk_cols) and its
-// labels as int64 [rows] chunked (label_chunk), like a Dask-written store would be.
+// labels as int64 [rows] chunked (label_chunk), like a Dask-written store would be. With
+// `inner_chunks` (v3), the image chunks are shards of such inner chunks.
 DatasetStore::Split write_split(const std::string& dir, const Dataset& data, int64_t chunk_rows,
                                 int64_t chunk_cols, int64_t label_chunk, zarr::Format format,
-                                const std::string& compressor = "zstd") {
+                                const std::string& compressor = "zstd",
+                                std::vector<int64_t> inner_chunks = {}) {
   const int64_t rows = data.rows(), features = data.features();
   const size_t px = data.pixel_type() == PixelType::UInt8 ? 1 : 4;
   zarr::ArrayMeta images;
@@ -26,6 +28,7 @@ DatasetStore::Split write_split(const std::string& dir, const Dataset& data, int
   images.shape = {rows, features};
   images.chunks = {chunk_rows, chunk_cols};
   images.compressor = zarr::Compressor::parse(compressor);
+  images.inner_chunks = std::move(inner_chunks);
   const zarr::Array image_array = zarr::Array::create(dir + "/images", images);
   std::vector<uint8_t> chunk(images.chunk_bytes());
   for (int64_t r = 0; r * chunk_rows < rows; ++r)
@@ -445,6 +448,27 @@ namespace {
 // from a band read in order, and whether small shuffled batches are filled in units: batch 7,
 // in units of 7 batches). The slots here are small, so rows are copied with ordinary stores;
 // the next test covers the streaming stores of slots larger than the cache.
+// A sharded store (zarr-python's `shards=`) streams as its shards: the same rows in the same
+// order as a store chunked like the shards, shuffled and not.
+TEST(ChunkManager, ShardedStoresStreamAsStoresChunkedLikeTheirShards) {
+  for (const char* compressor : {"none", "zstd"}) {
+    Fixture f;
+    const auto plain = write_split(f.dir.file("plain"), f.data, 50, 24, 64, zarr::Format::V3);
+    const auto sharded = write_split(f.dir.file("sharded"), f.data, 50, 24, 64, zarr::Format::V3,
+                                     compressor, {10, 12});
+    ASSERT_TRUE(sharded.images.meta().sharded());
+    for (const bool shuffle : {false, true}) {
+      ChunkManagerOptions o;
+      o.batch_rows = 37;
+      o.shuffle = shuffle;
+      ChunkManager from_plain(plain, 10, o), from_shards(sharded, 10, o);
+      const auto rows = epoch_rows(from_shards, 1);
+      EXPECT_EQ(rows, epoch_rows(from_plain, 1)) << compressor << (shuffle ? " shuffled" : "");
+      EXPECT_EQ(sorted_rows(rows), sorted_rows(f.all_rows()));
+    }
+  }
+}
+
 TEST(ChunkManager, StreamOrderIndependentOfAssemblersAndBatchSize) {
   for (int64_t features : {24, 32})
     for (const char* compressor : {"none", "zstd"}) {

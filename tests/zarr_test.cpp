@@ -3,6 +3,7 @@
 // metadata (an InputError naming the store and the key or file), and a bounded fuzz test that
 // feeds random and mutated chunks and metadata to the readers.
 #include "zarr/zarr_array.h"
+#include "zarr/zarr_metadata.h"
 
 #include <blosc.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include <thread>
 #include <tuple>
 
+#include "crc32c.h"
 #include "tandem/error.h"
 #include "test_support.h"
 #include "zarr_test_arrays.h"
@@ -40,6 +42,7 @@ using test_arrays::for_each_chunk;
 using test_arrays::for_each_run;
 using test_arrays::put_element;
 using test_arrays::read_logical;
+using detail::dims_text;
 
 // ---- helpers ----
 
@@ -258,6 +261,114 @@ TEST(Zarr, DeflateStreamsFromOtherWritersAndTheirDamage) {
       [&] { Array::create(dir.file("a"), make_meta(Format::V3, DType::UInt8, {4}, {2}, "zlib")); },
       {dir.file("a"), "zlib is a Zarr v2 compressor", "gzip"});
   EXPECT_FALSE(fs::exists(dir.file("a")));
+}
+
+// ---- sharding (Zarr v3's sharding_indexed codec) ----
+
+ArrayMeta sharded_meta(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> shards,
+                       std::vector<int64_t> inner, const std::string& compressor) {
+  ArrayMeta m = make_meta(Format::V3, dtype, std::move(shape), std::move(shards), compressor);
+  m.inner_chunks = std::move(inner);
+  return m;
+}
+
+// Shards whose inner chunks are whole rows of the shard (decoded in place) and ones that are not
+// (through a scratch buffer), edge shards, every compressor, the index at either end, with and
+// without its checksum: written, reopened from the metadata, read back.
+TEST(Zarr, ShardedArraysRoundTrip) {
+  struct Shape {
+    std::vector<int64_t> shape, shards, inner;
+  };
+  const std::vector<Shape> shapes = {
+      {{10, 6}, {4, 6}, {2, 6}},           // inner chunks are rows of the shard
+      {{7, 10}, {6, 8}, {3, 4}},           // 2 x 2 inner chunks per shard, edge shards
+      {{5, 3, 9}, {4, 2, 6}, {2, 1, 3}},   // 3-D
+      {{9}, {9}, {3}},                     // 1-D, one shard
+  };
+  for (const Shape& sh : shapes) {
+    for (const std::string compressor : {"none", "zstd", "gzip", "blosc-lz4"}) {
+      for (const bool at_start : {false, true}) {
+        for (const bool crc : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << dims_text(sh.shape) << " shards "
+                                            << dims_text(sh.shards) << " inner "
+                                            << dims_text(sh.inner) << " " << compressor
+                                            << (at_start ? " index first" : " index last")
+                                            << (crc ? " crc32c" : ""));
+          TempDir dir;
+          ArrayMeta meta = sharded_meta(DType::Float32, sh.shape, sh.shards, sh.inner, compressor);
+          meta.shard_index_at_start = at_start;
+          meta.shard_index_crc32c = crc;
+          const std::vector<uint8_t> data = make_values(DType::Float32, element_count(meta), 3);
+          write_logical(Array::create(dir.file("a"), meta), data);
+          const Array opened = Array::open(dir.file("a"));
+          EXPECT_EQ(opened.meta().inner_chunks, sh.inner);
+          EXPECT_EQ(opened.meta().shard_index_at_start, at_start);
+          EXPECT_EQ(opened.meta().shard_index_crc32c, crc);
+          EXPECT_EQ(opened.meta().compressor.describe(), meta.compressor.describe());
+          EXPECT_FALSE(opened.meta().stored_plain());
+          EXPECT_TRUE(read_logical(opened) == data);
+        }
+      }
+    }
+  }
+}
+
+// What zarr-python leaves out (inner chunks holding only the fill value) reads as the fill
+// value; a damaged shard is an InputError naming the store, the shard and, where one is at
+// fault, the inner chunk.
+TEST(Zarr, ShardsWithInnerChunksMissingOrDamaged) {
+  TempDir dir;
+  const ArrayMeta meta = sharded_meta(DType::Int32, {4, 6}, {4, 6}, {2, 3}, "zstd");
+  const Array a = Array::create(dir.file("a"), meta);
+  const std::vector<uint8_t> data = make_values(DType::Int32, 24, 4);
+  write_logical(a, data);
+  const std::string file = dir.file("a/c/0/0");
+  const std::string good = read_bytes(file);
+  const size_t index_at = good.size() - (4 * 16 + 4);  // four entries and the checksum
+  const auto with_entry = [&](size_t k, uint64_t offset, uint64_t size) {
+    std::string bytes = good;
+    for (int b = 0; b < 8; ++b) {
+      bytes[index_at + k * 16 + size_t(b)] = char(offset >> (8 * b));
+      bytes[index_at + k * 16 + 8 + size_t(b)] = char(size >> (8 * b));
+    }
+    const uint32_t sum = crc32c(reinterpret_cast<const uint8_t*>(bytes.data()) + index_at, 64);
+    for (int b = 0; b < 4; ++b) bytes[index_at + 64 + size_t(b)] = char(sum >> (8 * b));
+    return bytes;
+  };
+  // Inner chunk [1, 0] (rows 2-3, columns 0-2) not stored: the fill value there, data elsewhere.
+  const uint64_t none = ~uint64_t{0};
+  write_bytes(file, with_entry(2, none, none));
+  std::vector<uint8_t> chunk(meta.chunk_bytes());
+  EXPECT_TRUE(a.read_chunk({0, 0}, chunk.data()));
+  for (int64_t row = 0; row < 4; ++row) {
+    for (int64_t col = 0; col < 6; ++col) {
+      const size_t at = size_t(row * 6 + col) * 4;
+      const bool filled = row >= 2 && col < 3;
+      const uint8_t zeros[4] = {};
+      EXPECT_EQ(std::memcmp(chunk.data() + at, filled ? zeros : data.data() + at, 4), 0)
+          << "row " << row << ", column " << col;
+    }
+  }
+  const std::vector<std::string> where = {"zarr store '" + dir.file("a") + "'", "chunk 'c/0/0'"};
+  const auto expect_bad = [&](const std::string& bytes, const std::string& why) {
+    SCOPED_TRACE(why);
+    write_bytes(file, bytes);
+    std::vector<std::string> parts = where;
+    parts.push_back(why);
+    expect_input_error([&] { a.read_chunk({0, 0}, chunk.data()); }, parts);
+  };
+  expect_bad(good.substr(good.size() - 60), "shorter than its 68-byte index of 4 inner chunks");
+  std::string flipped = good;
+  flipped[index_at + 3] ^= 0x10;
+  expect_bad(flipped, "shard index crc32c checksum");
+  expect_bad(with_entry(1, index_at - 2, 8), "places inner chunk [0, 1] at bytes");
+  expect_bad(with_entry(3, 0, none), "places inner chunk [1, 1]");
+  std::string damaged = good;
+  damaged[0] ^= 0xFF;  // inner chunk [0, 0]'s zstd frame starts the shard
+  expect_bad(damaged, "inner chunk [0, 0]: not a zstd frame");
+  expect_bad(good + std::string(200000, 'x'), "chunk file is");  // larger than any shard
+  write_bytes(file, good);
+  EXPECT_TRUE(a.read_chunk({0, 0}, chunk.data()));
 }
 
 TEST(Zarr, ZeroDimensionalArrays) {
@@ -746,7 +857,25 @@ TEST(Zarr, BadV2MetadataIsAnInputErrorNamingTheFile) {
   }
 }
 
+// The test document's codecs as the inner chain of a sharding_indexed codec, inner chunks [3, 2]
+// (of the shard's [3, 4]), the index as zarr-python writes it.
+void shard_codecs(json& d) {
+  json sharding = json::parse(R"({"name": "sharding_indexed", "configuration": {
+      "chunk_shape": [3, 2],
+      "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                       {"name": "crc32c"}],
+      "index_location": "end"}})");
+  sharding["configuration"]["codecs"] = d["codecs"];
+  d["codecs"] = json::array({sharding});
+}
+
 TEST(Zarr, BadV3MetadataIsAnInputErrorNamingTheFile) {
+  const auto sharded = [](const std::function<void(json&)>& edit) {
+    return [edit](json& d) {
+      shard_codecs(d);
+      edit(d["codecs"][0]["configuration"]);
+    };
+  };
   const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
       {"dimensions", [](json& d) { d["chunk_grid"]["configuration"]["chunk_shape"] = {3}; }},
       {"chunk length > 0", [](json& d) { d["chunk_grid"]["configuration"]["chunk_shape"] = {0, 4}; }},
@@ -754,8 +883,31 @@ TEST(Zarr, BadV3MetadataIsAnInputErrorNamingTheFile) {
       {"expected a string", [](json& d) { d["data_type"] = {{"name", "float32"}}; }},
       {"codec \"transpose\"",
        [](json& d) { d["codecs"].insert(d["codecs"].begin(), json::object({{"name", "transpose"}})); }},
-      {"codec \"sharding_indexed\"",
+      {"missing \"chunk_shape\" in the sharding_indexed codec",
        [](json& d) { d["codecs"] = json::array({json::object({{"name", "sharding_indexed"}})}); }},
+      {"inner chunks [2, 4]: expected inner chunk lengths > 0 that divide the shard's",
+       sharded([](json& c) { c["chunk_shape"] = {2, 4}; })},
+      {"inner chunks [3]: not the same number of dimensions",
+       sharded([](json& c) { c["chunk_shape"] = {3}; })},
+      {"codec \"sharding_indexed\" at position 0 is not supported",  // nested
+       [](json& d) {
+         shard_codecs(d);
+         shard_codecs(d);
+       }},
+      {"codec \"crc32c\" after sharding_indexed is not supported",
+       [](json& d) {
+         shard_codecs(d);
+         d["codecs"].push_back({{"name", "crc32c"}});
+       }},
+      {"index codec \"crc32c\" is not supported",
+       sharded([](json& c) { c["index_codecs"].erase(0); })},
+      {"index codec \"zstd\" is not supported",
+       sharded([](json& c) { c["index_codecs"][1] = {{"name", "zstd"}}; })},
+      {"big-endian",
+       sharded([](json& c) { c["index_codecs"][0]["configuration"]["endian"] = "big"; })},
+      {"index_location \"middle\"", sharded([](json& c) { c["index_location"] = "middle"; })},
+      {"codec \"transpose\" at position 0",
+       sharded([](json& c) { c["codecs"][0] = {{"name", "transpose"}}; })},
       // crc32c is read only last (a checksum of what the codecs before it wrote); one compressor.
       {"codec \"crc32c\" at position 1",
        [](json& d) {

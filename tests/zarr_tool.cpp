@@ -1,8 +1,12 @@
 // Helper for the Zarr interoperability test (tests/python/zarr_interop_test.sh):
-//   zarr_tool write DIR FORMAT COMPRESSOR   a group at DIR with the known arrays below, FORMAT 2
-//                                           or 3, COMPRESSOR as Compressor::parse takes it
+//   zarr_tool write DIR FORMAT COMPRESSOR [sharded]
+//                                           a group at DIR with the known arrays below, FORMAT 2
+//                                           or 3, COMPRESSOR as Compressor::parse takes it; with
+//                                           sharded (v3), each array but the 0-d one in shards of
+//                                           2 x its chunks per dimension, the chunks inner chunks
 //   zarr_tool dump DIR                      one JSON line per array under DIR: its name, format,
-//                                           dtype, shape, chunks, FNV-1a 64 hash of the logical
+//                                           dtype, shape, chunks (and inner_chunks when sharded),
+//                                           FNV-1a 64 hash of the logical
 //                                           C-order little-endian bytes, sum (NaN skipped), and
 //                                           how many chunks were missing (read as fill_value)
 // tests/python/zarr_interop.py writes the same arrays with dask and checks both directions.
@@ -67,8 +71,15 @@ bool chunk_is_skipped(const Known& k, const std::vector<int64_t>& index) {
   return sum % 2 == 1;
 }
 
+// Element i of f32_sparse lies in a chunk chunk_is_skipped leaves out: in a shard, which holds
+// several such chunks, it is written as the fill value instead.
+bool in_skipped_chunk(const Known& k, int64_t i) {
+  if (std::string(k.name) != "f32_sparse") return false;
+  return chunk_is_skipped(k, {i / k.shape[1] / k.chunks[0], i % k.shape[1] / k.chunks[1]});
+}
+
 void write_known(const std::string& dir, tandem::zarr::Format format,
-                 const tandem::zarr::Compressor& compressor) {
+                 const tandem::zarr::Compressor& compressor, bool sharded) {
   tandem::zarr::Group::create(dir, format, {{"writer", "tandem zarr_tool"}});
   for (const Known& k : known_arrays()) {
     ArrayMeta meta;
@@ -81,18 +92,24 @@ void write_known(const std::string& dir, tandem::zarr::Format format,
     // zarr-python's defaults: "." for v2 keys, "c/i/j" for v3.
     meta.separator = format == tandem::zarr::Format::V2 ? '.' : '/';
     meta.v3_default_key_encoding = true;
+    if (sharded && !k.shape.empty()) {
+      meta.inner_chunks = k.chunks;
+      for (int64_t& c : meta.chunks) c *= 2;
+    }
     const Array a = Array::create(dir + "/" + k.name, meta);
     const size_t es = tandem::zarr::dtype_size(k.dtype);
     std::vector<uint8_t> chunk(meta.chunk_bytes());
     for_each_chunk(meta, [&](const std::vector<int64_t>& index) {
-      if (chunk_is_skipped(k, index)) return;
+      if (!meta.sharded() && chunk_is_skipped(k, index)) return;
       // Edge chunks are padded with the fill value, as zarr-python pads them.
       for (size_t e = 0; e < meta.chunk_elements(); ++e) {
         put_element(k.dtype, chunk.data() + e * es, k.fill_value);
       }
       for_each_run(meta, index, [&](size_t ao, size_t co, size_t n) {
         for (size_t j = 0; j < n; ++j) {
-          put_element(k.dtype, chunk.data() + (co + j) * es, known_value(k.name, int64_t(ao + j)));
+          const int64_t i = int64_t(ao + j);
+          put_element(k.dtype, chunk.data() + (co + j) * es,
+                      in_skipped_chunk(k, i) ? k.fill_value : known_value(k.name, i));
         }
       });
       a.write_chunk(index, chunk.data());
@@ -125,6 +142,7 @@ nlohmann::ordered_json dump_array(const std::string& dir, const std::string& nam
   line["dtype"] = tandem::zarr::dtype_name(m.dtype);
   line["shape"] = m.shape;
   line["chunks"] = m.chunks;
+  if (m.sharded()) line["inner_chunks"] = m.inner_chunks;
   line["compressor"] = m.compressor.describe();
   line["fnv1a64"] = hash;
   line["sum"] = sum;
@@ -148,7 +166,7 @@ std::vector<std::string> find_arrays(const std::string& dir) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: zarr_tool write DIR FORMAT(2|3) COMPRESSOR\n"
+               "usage: zarr_tool write DIR FORMAT(2|3) COMPRESSOR [sharded]\n"
                "       zarr_tool dump DIR\n");
   return 2;
 }
@@ -158,10 +176,11 @@ int usage() {
 int main(int argc, char** argv) {
   try {
     const std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.size() == 4 && args[0] == "write") {
+    if ((args.size() == 4 || args.size() == 5) && args[0] == "write") {
       if (args[2] != "2" && args[2] != "3") return usage();
+      if (args.size() == 5 && args[4] != "sharded") return usage();
       write_known(args[1], args[2] == "2" ? tandem::zarr::Format::V2 : tandem::zarr::Format::V3,
-                  tandem::zarr::Compressor::parse(args[3]));
+                  tandem::zarr::Compressor::parse(args[3]), args.size() == 5);
       return 0;
     }
     if (args.size() == 2 && args[0] == "dump") {

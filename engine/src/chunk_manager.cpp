@@ -295,8 +295,7 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   index[0] = band;
   const bool one_chunk = bands_are_chunks(meta);
   out.mapping = MappedFile();
-  if (one_chunk && meta.compressor.kind == zarr::Compressor::Kind::None &&
-      !meta.compressor.crc32c) {
+  if (one_chunk && meta.stored_plain()) {
     // Uncompressed: the assembler copies rows straight out of the page cache (one copy, not two).
     out.mapping = split_.images.map_chunk(index);
     if (out.mapping.data() != nullptr) {

@@ -352,8 +352,7 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || c.shape != want_c.shape || c.chunks != want_c.chunks ||
       c.dtype != want_c.dtype || p.shape != want_p.shape || p.chunks != want_p.chunks ||
-      p.dtype != want_p.dtype || c.compressor.kind != zarr::Compressor::Kind::None ||
-      p.compressor.kind != zarr::Compressor::Kind::None)
+      p.dtype != want_p.dtype || !c.stored_plain() || !p.stored_plain())
     throw InputError(out + ": holds predictions of " + found_layout(format, c, p) +
                      ", but this input needs " + layout.describe() + "; " + overwrite_hint);
   const std::string found = fields.text("fingerprint", &none);

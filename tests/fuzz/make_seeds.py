@@ -19,7 +19,7 @@ import numcodecs
 import numpy as np
 import safetensors.numpy
 import zarr
-from zarr.codecs import GzipCodec
+from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,6 +45,17 @@ def zarr_metadata():
             ("v2-float32-zlib", 2, "float32", (7, 10), (3, 4), numcodecs.Zlib(level=1)),
             ("v3-float32-gzip", 3, "float32", (7, 10), (3, 4), GzipCodec(level=5)),
         ]
+        # zarr-python's sharding (its index last, with a checksum), and one with the index first.
+        path = os.path.join(tmp, "v3-uint8-sharded")
+        zarr.create_array(path, shape=(70, 784), chunks=(10, 784), shards=(30, 784),
+                          dtype="uint8", fill_value=0)
+        with open(os.path.join(path, "zarr.json"), "rb") as f:
+            write("zarr_metadata", "v3-uint8-sharded", b"\1" + f.read())
+        path = os.path.join(tmp, "v3-float32-sharded-index-first")
+        zarr.create_array(path, shape=(7, 10), chunks=(4, 10), dtype="float32", fill_value=0,
+                          serializer=ShardingCodec(chunk_shape=(2, 5), index_location="start"))
+        with open(os.path.join(path, "zarr.json"), "rb") as f:
+            write("zarr_metadata", "v3-float32-sharded-index-first", b"\1" + f.read())
         for name, fmt, dtype, shape, chunks, codec in cases:
             path = os.path.join(tmp, name)
             kwargs = {}
@@ -109,6 +120,24 @@ def zarr_chunk():
     # A gzip stream of two members, zero-padded: Python's gzip module reads it as one.
     two = gzip.compress(plain[:1000], mtime=0) + gzip.compress(plain[1000:], mtime=0) + bytes(8)
     write("zarr_chunk", "gzip-two-members", bytes([0x20]) + struct.pack("<H", len(plain)) + two)
+    # Shards of an 8 x 8 uint8 chunk as zarr-python writes them (bit 6): inner chunks of 4 x 4
+    # (size's low bit 0) or 2 x 8 (1), zstd or gzip inside, the index last with its checksum
+    # (bit 3) or first (bit 7).
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, selector, inner, codec, location in (
+                ("shard-zstd-4x4", 0x40 | 1 | 0x08, (4, 4), ZstdCodec(level=3), "end"),
+                ("shard-gzip-2x8-index-first", 0x40 | 0x20 | 0x08 | 0x80, (2, 8),
+                 GzipCodec(level=5), "start")):
+            path = os.path.join(tmp, name)
+            z = zarr.create_array(path, shape=(8, 8), chunks=(8, 8), dtype="uint8", fill_value=0,
+                                  serializer=ShardingCodec(chunk_shape=inner,
+                                                           codecs=[BytesCodec(), codec],
+                                                           index_location=location))
+            z[...] = (np.arange(64) % 7).astype(np.uint8).reshape(8, 8)
+            with open(os.path.join(path, "c", "0", "0"), "rb") as f:
+                stored = f.read()
+            size = 64 | (1 if inner == (2, 8) else 0)  # the low bit picks the inner chunks
+            write("zarr_chunk", name, bytes([selector]) + struct.pack("<H", size) + stored)
     # With the checksum: stored (as zarr-python writes it), and appended by the target.
     for index, name, data in ((0, "none", plain), (1, "zstd-bytes", plain),
                               (2, "blosc-lz4-floats", floats)):

@@ -2,12 +2,16 @@
 // chooses the compressor (its low 3 bits, and bit 5 for the ones after the eighth), whether the
 // chunk ends with Zarr v3's crc32c checksum (bit 3) and whether this target appends the right
 // checksum to the rest (bit 4: random bytes then reach the decoder behind the check); the next
-// two bytes give the chunk's expected size
-// (up to 64 KiB, little-endian); the rest is the stored chunk. The output buffer is that size
-// and followed by a guard of known bytes: a decoder writing past the size changes the guard,
-// which is checked in every build (the address sanitizer sees only writes made through calls it
-// intercepts, not those inside Debian's uninstrumented libzstd and libblosc). A chunk that
-// decodes must give exactly the bytes the same compressor's encoder round-trips.
+// two bytes give the chunk's expected size (up to 64 KiB, little-endian); the rest is the stored
+// chunk. The output buffer is that size and followed by a guard of known bytes: a decoder
+// writing past the size changes the guard, which is checked in every build (the address
+// sanitizer sees only writes made through calls it intercepts, not those inside Debian's
+// uninstrumented libzstd and libblosc). A chunk that decodes must give exactly the bytes the
+// same compressor's encoder round-trips.
+// With bit 6 the rest is instead a shard (Zarr v3's sharding_indexed codec) of an 8 x 8 uint8
+// chunk in inner chunks of 4 x 4 (the size's low bit 0) or 2 x 8 (1), compressed as chosen; bit
+// 3 then says the index ends with its checksum, bit 4 that this target writes the right one in
+// its place, and bit 7 that the index comes first.
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
@@ -16,6 +20,7 @@
 #include "crc32c.h"
 #include "fuzz_target.h"
 #include "zarr/zarr_array.h"
+#include "zarr/zarr_stored_chunks.h"
 
 namespace {
 
@@ -31,12 +36,48 @@ const std::vector<Compressor>& compressors() {
   return all;
 }
 
+// A shard through the shard decoder: accepted, it must re-encode to a shard that decodes to the
+// same chunk.
+void fuzz_shard(const uint8_t* data, size_t size, Compressor c) {
+  tandem::zarr::ArrayMeta meta;
+  meta.dtype = tandem::zarr::DType::UInt8;
+  meta.shape = meta.chunks = {8, 8};
+  meta.inner_chunks = (data[1] & 1) ? std::vector<int64_t>{2, 8} : std::vector<int64_t>{4, 4};
+  meta.compressor = c;
+  meta.compressor.crc32c = false;
+  meta.shard_index_crc32c = (data[0] & 0x08) != 0;
+  meta.shard_index_at_start = (data[0] & 0x80) != 0;
+  std::vector<uint8_t> stored(data + 3, data + size);
+  const size_t entries = 4 * 16;
+  if (meta.shard_index_crc32c && (data[0] & 0x10) != 0 && stored.size() >= entries + 4) {
+    const size_t at = meta.shard_index_at_start ? 0 : stored.size() - entries - 4;
+    const uint32_t sum = tandem::crc32c(stored.data() + at, entries);
+    for (int b = 0; b < 4; ++b) stored[at + entries + size_t(b)] = uint8_t(sum >> (8 * b));
+  }
+  std::vector<uint8_t> out(meta.chunk_bytes()), back(meta.chunk_bytes());
+  if (!tandem::fuzz::accepts([&] {
+        tandem::zarr::detail::decode_stored_chunk(meta, stored.data(), stored.size(), out.data(),
+                                                  "fuzz");
+      }))
+    return;
+  const std::vector<uint8_t> again = tandem::zarr::detail::encode_stored_chunk(meta, out.data());
+  FUZZ_CHECK(tandem::fuzz::accepts([&] {
+    tandem::zarr::detail::decode_stored_chunk(meta, again.data(), again.size(), back.data(),
+                                              "fuzz");
+  }));
+  FUZZ_CHECK(back == out);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
   const size_t selected = (data[0] & 0x07) | (data[0] & 0x20) >> 2;  // 0 to 15
   Compressor c = compressors()[selected % compressors().size()];
+  if ((data[0] & 0x40) != 0) {
+    fuzz_shard(data, size, c);
+    return 0;
+  }
   c.crc32c = (data[0] & 0x08) != 0;
   const bool append_checksum = (data[0] & 0x10) != 0;
   const size_t out_size = size_t(data[1]) | size_t(data[2]) << 8;

@@ -24,7 +24,9 @@ bool same_fill(double a, double b) { return (std::isnan(a) && std::isnan(b)) || 
 bool same_array(const ArrayMeta& a, const ArrayMeta& b) {
   return a.format == b.format && a.dtype == b.dtype && a.shape == b.shape && a.chunks == b.chunks &&
          a.compressor.describe() == b.compressor.describe() && same_fill(a.fill_value, b.fill_value) &&
-         a.separator == b.separator && a.v3_default_key_encoding == b.v3_default_key_encoding;
+         a.separator == b.separator && a.v3_default_key_encoding == b.v3_default_key_encoding &&
+         a.inner_chunks == b.inner_chunks && a.shard_index_at_start == b.shard_index_at_start &&
+         a.shard_index_crc32c == b.shard_index_crc32c;
 }
 
 }  // namespace

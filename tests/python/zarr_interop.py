@@ -9,6 +9,9 @@
       --blosc-cname (zarr 2 only), dask's arrays with blosc using that compressor instead; with
       --deflate, numcodecs' GZip or Zlib in Zarr v2 and zarr's GzipCodec in v3, their default
       levels
+  zarr_interop.py write-sharded DIR [--index-location start|end] [--compressor gzip|zstd]
+      zarr 3 only: the known arrays but the 0-d one, written by zarr itself in shards of 2 x the
+      known chunks per dimension (Zarr v3's sharding_indexed codec), the known chunks inner ones
   zarr_interop.py check DIR TANDEM_DUMP [--format N]
       reads every known array at DIR with zarr-python and checks it bit-exactly against the
       known values, and against Tandem's reading of the same store (the JSON lines of
@@ -138,6 +141,28 @@ def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None):
     z[...] = 42
 
 
+def write_sharded(store, index_location, compressor):
+    """The known arrays in shards (zarr 3: create_array with a ShardingCodec serializer)."""
+    import zarr
+    from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
+
+    if zarr_major() < 3:
+        sys.exit("write-sharded needs zarr 3")
+    zarr.open_group(store, mode="w")
+    inner_compressor = GzipCodec() if compressor == "gzip" else ZstdCodec()
+    for name in WRITTEN_BY_DASK:
+        dtype, shape, chunks = KNOWN[name]
+        fill = np.nan if name == "f32_sparse" else 0
+        sharding = ShardingCodec(chunk_shape=chunks, codecs=[BytesCodec(), inner_compressor],
+                                 index_location=index_location)
+        z = zarr.create_array(f"{store}/{name}", shape=shape, dtype=dtype, fill_value=fill,
+                              chunks=tuple(2 * c for c in chunks), serializer=sharding,
+                              compressors=None)
+        z[...] = expected(name)
+    # The 0-d array as `write` makes it: sharding a 0-d array means nothing.
+    zarr.create_array(f"{store}/scalar", shape=(), dtype="int64")[...] = 42
+
+
 def open_format(z):
     """The Zarr format of an opened array, in zarr 2 and 3."""
     if hasattr(z, "metadata") and hasattr(z.metadata, "zarr_format"):
@@ -188,6 +213,13 @@ def check(store, dump_path, expect_format):
             mismatches.append(f"sum {t['sum']} vs {total}")
         if expect_format is not None and t["format"] != expect_format:
             mismatches.append(f"format {t['format']} vs expected {expect_format}")
+        # Sharded: zarr calls the inner chunks `chunks` and the shards `shards`.
+        shards = getattr(z, "shards", None)
+        if shards is not None or "inner_chunks" in t:
+            tandem_inner = tuple(t.get("inner_chunks", ()))
+            if shards is None or tandem_inner != tuple(z.chunks) or tuple(t["chunks"]) != shards:
+                mismatches.append(f"Tandem sees shards {t['chunks']} of {tandem_inner}; zarr "
+                                  f"shards {shards} of {z.chunks}")
         if mismatches:
             problems.append(f"{where}: Tandem and zarr {zarr.__version__} disagree: " +
                             "; ".join(mismatches))
@@ -210,6 +242,10 @@ def main():
     w.add_argument("--blosc-cname")
     w.add_argument("--crc32c", action="store_true")
     w.add_argument("--deflate", choices=("gzip", "zlib"))
+    ws = sub.add_parser("write-sharded")
+    ws.add_argument("store")
+    ws.add_argument("--index-location", choices=("start", "end"), default="end")
+    ws.add_argument("--compressor", choices=("gzip", "zstd"), default="zstd")
     c = sub.add_parser("check")
     c.add_argument("store")
     c.add_argument("tandem_dump")
@@ -217,6 +253,9 @@ def main():
     args = parser.parse_args()
     if args.command == "versions":
         versions()
+        return 0
+    if args.command == "write-sharded":
+        write_sharded(args.store, args.index_location, args.compressor)
         return 0
     if args.command == "write":
         write(args.store, args.zarr_format, args.blosc_cname, args.crc32c, args.deflate)

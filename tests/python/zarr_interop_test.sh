@@ -117,6 +117,28 @@ for codec in gzip zlib; do
   run "dask/zarr 3 writes v2 $codec, Tandem reads" deflate_to_tandem "$venv_python" 2 "$codec" \
     --zarr-format 2
 done
+# zarr 3 writes sharded arrays (sharding_indexed; the index at either end), Tandem reads them;
+# Tandem writes sharded arrays, zarr 3 reads them.
+sharded_to_tandem() {  # INDEX_LOCATION COMPRESSOR: the dump shows the inner chunks
+  n=$((n + 1))
+  local store=$dir/py$n
+  "$venv_python" "$script" write-sharded "$store" --index-location "$1" --compressor "$2" &&
+    "$tool" dump "$store" >"$store.jsonl" &&
+    grep -q '"inner_chunks"' "$store.jsonl" &&
+    "$venv_python" "$script" check "$store" "$store.jsonl" --format 3
+}
+run "zarr 3 writes sharded v3 (zstd, index last), Tandem reads" sharded_to_tandem end zstd
+run "zarr 3 writes sharded v3 (gzip, index first), Tandem reads" sharded_to_tandem start gzip
+tandem_sharded_to_python() {  # COMPRESSOR
+  n=$((n + 1))
+  local store=$dir/tandem$n
+  "$tool" write "$store" 3 "$1" sharded &&
+    "$tool" dump "$store" >"$store.jsonl" &&
+    "$venv_python" "$script" check "$store" "$store.jsonl" --format 3
+}
+for c in none zstd gzip blosc-lz4; do
+  run "Tandem writes sharded v3 $c, zarr 3 reads" tandem_sharded_to_python "$c"
+done
 for format in 3 2; do
   extra=""
   [ "$format" = 2 ] && extra=$v2_only

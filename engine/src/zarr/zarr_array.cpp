@@ -18,6 +18,7 @@
 #include "mapped_read_guard.h"
 #include "tandem/error.h"
 #include "zarr/zarr_metadata.h"
+#include "zarr/zarr_stored_chunks.h"
 
 namespace tandem::zarr {
 namespace {
@@ -141,43 +142,6 @@ json read_attributes_v2(const std::string& store) {
   return detail::parse_metadata_text(store, ".zattrs", *text);  // checks it is an object
 }
 
-// Fills a chunk with the fill value converted to the element type, copying the first element
-// forward in doubling blocks (chunks are large and `out` may be unaligned for T).
-template <typename T>
-void fill_typed(uint8_t* out, size_t elements, double value) {
-  if (elements == 0) return;
-  const T v = static_cast<T>(value);
-  std::memcpy(out, &v, sizeof v);
-  const size_t total = elements * sizeof v;
-  for (size_t filled = sizeof v; filled < total;) {
-    const size_t n = std::min(filled, total - filled);
-    std::memcpy(out + filled, out, n);
-    filled += n;
-  }
-}
-
-void fill_chunk(const ArrayMeta& meta, uint8_t* out) {
-  const size_t n = meta.chunk_elements();
-  switch (meta.dtype) {
-    case DType::UInt8: return fill_typed<uint8_t>(out, n, meta.fill_value);
-    case DType::Int8: return fill_typed<int8_t>(out, n, meta.fill_value);
-    case DType::UInt16: return fill_typed<uint16_t>(out, n, meta.fill_value);
-    case DType::Int16: return fill_typed<int16_t>(out, n, meta.fill_value);
-    case DType::UInt32: return fill_typed<uint32_t>(out, n, meta.fill_value);
-    case DType::Int32: return fill_typed<int32_t>(out, n, meta.fill_value);
-    case DType::UInt64: return fill_typed<uint64_t>(out, n, meta.fill_value);
-    case DType::Int64: return fill_typed<int64_t>(out, n, meta.fill_value);
-    case DType::Float32: return fill_typed<float>(out, n, meta.fill_value);
-    case DType::Float64: return fill_typed<double>(out, n, meta.fill_value);
-  }
-}
-
-std::string index_text(const std::vector<int64_t>& index) {
-  std::string s = "[";
-  for (size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
-  return s + "]";
-}
-
 // Refuses to create a node over an existing one (any of `names`): mixing an old array's chunks
 // into new data would be silent corruption.
 void refuse_existing(const std::string& store, std::initializer_list<const char*> names) {
@@ -278,8 +242,8 @@ std::string Array::chunk_key(const std::vector<int64_t>& index) const {
   bool inside = index.size() == grid.size();
   for (size_t i = 0; inside && i < index.size(); ++i) inside = index[i] >= 0 && index[i] < grid[i];
   if (!inside) {
-    store_error(path_, "chunk index " + index_text(index) + " is outside the chunk grid " +
-                           index_text(grid) + "; expected " + std::to_string(grid.size()) +
+    store_error(path_, "chunk index " + detail::dims_text(index) + " is outside the chunk grid " +
+                           detail::dims_text(grid) + "; expected " + std::to_string(grid.size()) +
                            " indices each below the grid's");
   }
   const std::string sep(1, meta_.separator);
@@ -312,17 +276,17 @@ bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
   uint64_t stored = 0;
   Fd fd(open_chunk_file(file, what, stored));
   if (fd.get() < 0) {  // zarr-python and dask leave out chunks that hold only the fill value
-    fill_chunk(meta_, out);
+    detail::fill_chunk(meta_, out);
     return false;
   }
   // The file size is checked before anything is allocated for it: a huge file is corrupt.
-  const size_t limit = detail::max_stored_size(meta_.compressor, size);
+  const size_t limit = detail::max_stored_chunk_size(meta_);
   if (stored > limit) {
     throw InputError(what + ": chunk file is " + std::to_string(stored) + " bytes; expected at most " +
                      std::to_string(limit) + " for a " + std::to_string(size) + "-byte chunk (" +
                      meta_.compressor.describe() + ")");
   }
-  if (meta_.compressor.kind == Compressor::Kind::None && !meta_.compressor.crc32c) {
+  if (meta_.stored_plain()) {
     if (stored != size) {
       throw InputError(what + ": uncompressed chunk is " + std::to_string(stored) +
                        " bytes; expected " + std::to_string(size) + " bytes (the chunk size)");
@@ -339,7 +303,7 @@ bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
     const MappedFile mapped = MappedFile::map_open(fd.get(), size_t(stored), file);
     const MappedReadGuard guard(mapped);
     try {
-      decompress(meta_.compressor, mapped.data(), mapped.size(), out, size, what);
+      detail::decode_stored_chunk(meta_, mapped.data(), mapped.size(), out, what);
     } catch (const Error&) {
       guard.check(what);  // the zeros read in place of the missing pages are not the corruption
       throw;
@@ -349,7 +313,7 @@ bool Array::read_chunk_file(const std::string& key, uint8_t* out) const {
   }
   std::vector<uint8_t> data(stored);
   read_exact(fd.get(), data.data(), data.size(), file, ended_early(what));
-  decompress(meta_.compressor, data.data(), data.size(), out, size, what);
+  detail::decode_stored_chunk(meta_, data.data(), data.size(), out, what);
   return true;
 }
 
@@ -362,9 +326,10 @@ MappedFile Array::map_chunk(const std::vector<int64_t>& index) const {
 
 MappedFile Array::map_chunk_file(const std::string& key) const {
   const std::string what = "zarr store '" + path_ + "', chunk '" + key + "'";
-  if (meta_.compressor.kind != Compressor::Kind::None || meta_.compressor.crc32c)
-    throw InputError(what + ": only uncompressed chunks without a checksum can be mapped (this "
-                     "array uses " + meta_.compressor.describe() + ")");
+  if (!meta_.stored_plain())
+    throw InputError(what + ": only uncompressed chunks without a checksum or sharding can be "
+                     "mapped (this array uses " + meta_.compressor.describe() +
+                     (meta_.sharded() ? ", sharded" : "") + ")");
   const std::string file = path_ + "/" + key;
   uint64_t stored = 0;
   Fd fd(open_chunk_file(file, what, stored));
@@ -385,11 +350,11 @@ void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) 
   // The chunk's data is fsynced but not its directory: one directory fsync per chunk would cost
   // as much again, and a store's publisher syncs every directory once before publishing it
   // (dataset_store.cpp, sync_tree), after which no chunk can be lost or torn by a crash.
-  if (meta_.compressor.kind == Compressor::Kind::None) {
+  if (meta_.stored_plain()) {
     write_file_atomic(file, data, size, Durability::Data);
     return;
   }
-  const std::vector<uint8_t> stored = compress(meta_.compressor, data, size, dtype_size(meta_.dtype));
+  const std::vector<uint8_t> stored = detail::encode_stored_chunk(meta_, data);
   write_file_atomic(file, stored.data(), stored.size(), Durability::Data);
 }
 

@@ -3,11 +3,12 @@
 // can be prepared in Dask and trained on in Tandem, and the other way round.
 //
 // Scope: C-order arrays of fixed-size little-endian numbers; compressors none, zstd, blosc, gzip
-// and (v2 only) zlib (v2 `compressor`, v3 `codecs` = [bytes, zstd|blosc|gzip]); v2 chunk keys
-// "i.j" or "i/j", v3 keys
-// "c/i/j" (default chunk_key_encoding) or "i.j"/"i/j" (v2 encoding); missing chunks read as
-// fill_value. Everything else (F order, big-endian, filters, sharding, transposes) is refused
-// with an InputError naming the store, and the key where one is involved.
+// and (v2 only) zlib (v2 `compressor`, v3 `codecs` = [bytes, zstd|blosc|gzip], or v3's
+// sharding_indexed codec holding such a chain for its inner chunks); v2 chunk keys "i.j" or
+// "i/j", v3 keys "c/i/j" (default chunk_key_encoding) or "i.j"/"i/j" (v2 encoding); missing
+// chunks (and a shard's missing inner chunks) read as fill_value. Everything else (F order,
+// big-endian, filters, nested sharding, transposes) is refused with an InputError naming the
+// store, and the key where one is involved.
 #pragma once
 
 #include <cstdint>
@@ -56,10 +57,21 @@ struct ArrayMeta {
   char separator = '/';              // v2: '.' (zarr's default) or '/'; v3: '/' (c/i/j) or as v2 encoding
   bool v3_default_key_encoding = true;  // v3: "c/i/j" (default) or the "v2" encoding
   nlohmann::json attributes = nlohmann::json::object();
+  // Zarr v3's sharding_indexed codec: each stored chunk (a shard, of `chunks`) holds inner chunks
+  // of `inner_chunks`, each encoded with `compressor`, and an index of where each one lies.
+  // Empty: not sharded. A shard is read and written whole, as any chunk.
+  std::vector<int64_t> inner_chunks;
+  bool shard_index_at_start = false;  // index_location "start"; zarr-python writes "end"
+  bool shard_index_crc32c = true;     // the index ends with its CRC-32C (zarr-python's default)
 
   size_t chunk_elements() const;  // product of chunks
   size_t chunk_bytes() const;     // chunk_elements() * dtype size
   std::vector<int64_t> grid() const;  // chunks per dimension, ceil(shape / chunks)
+  bool sharded() const { return !inner_chunks.empty(); }
+  // A chunk's file is the chunk's bytes as they are: no compressor, checksum or sharding.
+  bool stored_plain() const {
+    return compressor.kind == Compressor::Kind::None && !compressor.crc32c && !sharded();
+  }
 };
 
 class Array {

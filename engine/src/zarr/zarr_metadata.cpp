@@ -16,6 +16,9 @@
 namespace tandem::zarr {
 namespace {
 
+using detail::dims_text;
+using detail::kMaxChunkBytes;
+
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -68,12 +71,6 @@ std::string number_text(double v) {
   if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
   if (v == std::floor(v) && std::fabs(v) < 1e18) return std::to_string(int64_t(v));
   return json(v).dump();
-}
-
-std::string dims_text(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
 }
 
 // Reads metadata fields with their context, so each problem names the store, the file and the
@@ -370,6 +367,71 @@ Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
   return c;
 }
 
+// The array's codecs: a chain as above, or a sharding_indexed codec holding one for its inner
+// chunks (zarr-python's `shards=`). Nested sharding, and codecs after the sharding codec, are
+// refused.
+void parse_v3_array_codecs(const Reader& r, const json& codecs, ArrayMeta& meta) {
+  const bool sharded = codecs.is_array() && !codecs.empty() &&
+                       codec_parts(r, codecs[0]).first == "sharding_indexed";
+  if (!sharded) {
+    meta.compressor = parse_v3_codecs(r, codecs, meta.dtype);
+    return;
+  }
+  if (codecs.size() != 1) {
+    r.fail("codec \"" + codec_parts(r, codecs[1]).first + "\" after sharding_indexed is not "
+           "supported; expected sharding_indexed alone");
+  }
+  const json& config = codec_parts(r, codecs[0]).second;
+  meta.inner_chunks =
+      r.dims(r.need(config, "chunk_shape", " in the sharding_indexed codec"), "chunk_shape");
+  if (meta.inner_chunks.empty()) r.fail("sharding a 0-d array is not supported");
+  meta.compressor =
+      parse_v3_codecs(r, r.need(config, "codecs", " in the sharding_indexed codec"), meta.dtype);
+  // The index is (offset, size) pairs of uint64: [bytes] or [bytes, crc32c], little-endian.
+  const json& index = r.need(config, "index_codecs", " in the sharding_indexed codec");
+  const char* index_expected = "; expected [bytes] or [bytes, crc32c] (little-endian)";
+  if (!index.is_array() || index.empty() || index.size() > 2) {
+    r.fail("index_codecs " + brief(index) + index_expected);
+  }
+  const auto [first, first_config] = codec_parts(r, index[0]);
+  if (first != "bytes") r.fail("index codec \"" + first + "\" is not supported" + index_expected);
+  parse_v3_bytes_codec(r, first_config, DType::UInt64);
+  meta.shard_index_crc32c = index.size() == 2;
+  if (meta.shard_index_crc32c && codec_parts(r, index[1]).first != "crc32c") {
+    r.fail("index codec \"" + codec_parts(r, index[1]).first + "\" is not supported" +
+           index_expected);
+  }
+  meta.shard_index_at_start = false;  // the spec's default
+  if (const json* location = r.find(config, "index_location")) {
+    const std::string& l = r.string(*location, "index_location");
+    if (l != "start" && l != "end") r.fail("index_location \"" + l + "\" is not start or end");
+    meta.shard_index_at_start = l == "start";
+  }
+}
+
+// Inner chunks that tile each shard exactly (the spec requires it), and an index of a bounded
+// size. Checked on open and on create.
+void check_sharding(const Reader& r, const ArrayMeta& meta) {
+  if (meta.format != Format::V3) r.fail("sharding is a Zarr v3 codec; expected format 3");
+  const std::vector<int64_t>& inner = meta.inner_chunks;
+  const std::string shapes =
+      "shard shape (chunks) " + dims_text(meta.chunks) + ", inner chunks " + dims_text(inner);
+  if (inner.size() != meta.chunks.size()) {
+    r.fail(shapes + ": not the same number of dimensions");
+  }
+  uint64_t count = 1;
+  for (size_t i = 0; i < inner.size(); ++i) {
+    if (inner[i] <= 0 || meta.chunks[i] % inner[i] != 0) {
+      r.fail(shapes + ": expected inner chunk lengths > 0 that divide the shard's");
+    }
+    count *= uint64_t(meta.chunks[i] / inner[i]);  // at most the shard's elements: no overflow
+  }
+  if (count > kMaxChunkBytes / 16) {
+    r.fail(shapes + ": " + std::to_string(count) + " inner chunks per shard; expected at most " +
+           std::to_string(kMaxChunkBytes / 16));
+  }
+}
+
 // ---- v3 document structure ----
 
 // Fields a v3 array document may have. Others are extensions: the spec lets a reader ignore one
@@ -451,6 +513,12 @@ int json_depth(const std::string& text) {
 }
 
 }  // namespace
+
+std::string detail::dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
 
 // ---- public helpers declared in zarr_array.h ----
 
@@ -548,6 +616,7 @@ void check_array_meta(const std::string& store, const std::string& file, const A
   }
   const std::string problem = compressor_problem(meta.compressor);
   if (!problem.empty()) r.fail(problem);
+  if (meta.sharded()) check_sharding(r, meta);
   // Only made, never read: a v3 document has no zlib codec.
   if (meta.format == Format::V3 && meta.compressor.kind == Compressor::Kind::Zlib) {
     r.fail("zlib is a Zarr v2 compressor (numcodecs Zlib); Zarr v3 has gzip, the same deflate "
@@ -603,7 +672,7 @@ ArrayMeta parse_v3_array(const std::string& store, const json& doc) {
   meta.chunks = parse_v3_chunk_grid(r, r.need(doc, "chunk_grid"));
   parse_v3_key_encoding(r, r.need(doc, "chunk_key_encoding"), meta);
   meta.fill_value = parse_fill_value(r, r.need(doc, "fill_value"), meta.dtype, Format::V3);
-  meta.compressor = parse_v3_codecs(r, r.need(doc, "codecs"), meta.dtype);
+  parse_v3_array_codecs(r, r.need(doc, "codecs"), meta);
   if (const json* attributes = r.find(doc, "attributes")) {
     meta.attributes = r.object(*attributes, "attributes");
   }
@@ -684,6 +753,18 @@ ordered_json v3_array_json(const ArrayMeta& meta) {
   }
   if (c.crc32c) {  // last, as read: set_attributes rewrites an opened array's document
     codecs.push_back({{"name", "crc32c"}});
+  }
+  if (meta.sharded()) {
+    ordered_json index_codecs = ordered_json::array();
+    index_codecs.push_back({{"name", "bytes"}, {"configuration", {{"endian", "little"}}}});
+    if (meta.shard_index_crc32c) index_codecs.push_back({{"name", "crc32c"}});
+    ordered_json sharding = {{"name", "sharding_indexed"},
+                             {"configuration",
+                              {{"chunk_shape", meta.inner_chunks},
+                               {"codecs", codecs},
+                               {"index_codecs", index_codecs},
+                               {"index_location", meta.shard_index_at_start ? "start" : "end"}}}};
+    codecs = ordered_json::array({sharding});
   }
   doc["codecs"] = codecs;
   doc["attributes"] = meta.attributes;

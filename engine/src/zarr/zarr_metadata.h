@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "zarr/zarr_array.h"
 
@@ -20,6 +21,9 @@ constexpr size_t kMaxDimensions = 32;
 // One chunk must fit blosc's buffer limit (INT_MAX - 16), whatever its compressor, so any array
 // can be recompressed with any compressor and no chunk asks for an absurd allocation.
 constexpr size_t kMaxChunkBytes = 2147483647u - 16u;
+
+// "[1, 2, 3]": shapes, chunk shapes and chunk indices in messages.
+std::string dims_text(const std::vector<int64_t>& dims);
 
 // Throws InputError("zarr store '<store>', metadata '<file>': <problem>").
 [[noreturn]] void metadata_error(const std::string& store, const std::string& file,
