@@ -19,6 +19,7 @@
 
 #include "bare_coordinator.h"
 #include "cluster_link.h"
+#include "cluster_metrics.h"
 #include "cluster_ranks.h"
 #include "cluster_run.h"
 #include "cluster_work_queue.h"
@@ -613,15 +614,20 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
 }
 
+// worker0 and worker1 registered through their own links; training has started.
+void start_training_with(Coordinator& c, CoordinatorLink& worker0, CoordinatorLink& worker1) {
+  worker0.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  worker1.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+}
+
 TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOutAgain) {
   zmq::context_t context(1);
   CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
   Coordinator c(o);
   CoordinatorLink stopping(c.endpoint(), context), staying(c.endpoint(), context);
-  stopping.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
-  staying.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
-  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  ASSERT_NO_FATAL_FAILURE(start_training_with(c, stopping, staying));
   const json task = stopping.request({{"type", "work"}, {"name", "worker0"}}).at("task");
   EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 5));
   // One batch reported by a heartbeat, three by the goodbye (trained since).
@@ -632,6 +638,33 @@ TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOu
   const json orphans = staying.request({{"type", "work"}, {"name", "worker1"}}).at("task");
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(4, 5));
   EXPECT_EQ(c.batches_done(), 4);
+}
+
+// A batch whose gradient a server never answered is done (not handed out again) but not trained:
+// the cluster counts it apart, in the state, the metrics and batches_done.
+TEST(Coordinator, BatchesWhoseGradientsWereLostAreDoneButNotCountedTrained) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_workers = 2;
+  Coordinator c(o);
+  CoordinatorLink first(c.endpoint(), context), second(c.endpoint(), context);
+  ASSERT_NO_FATAL_FAILURE(start_training_with(c, first, second));
+  const json task = first.request({{"type", "work"}, {"name", "worker0"}}).at("task");
+  first.request({{"type", "heartbeat"}, {"name", "worker0"},
+                 {"status", {{"task", task.at("id")}, {"done", 5}, {"batches_done", 3},
+                             {"gradients_lost", 2}}}});
+  EXPECT_EQ(c.batches_done(), 3);
+  EXPECT_EQ(c.gradients_lost(), 2);
+  const json state = c.state();
+  EXPECT_EQ(state.at("cluster").at("batches_done"), 3) << state.dump();
+  EXPECT_EQ(state.at("cluster").at("gradients_lost"), 2) << state.dump();
+  for (const json& w : state.at("workers")) {
+    if (w.at("name") == "worker0") {
+      EXPECT_EQ(w.at("gradients_lost"), 2) << state.dump();
+    }
+  }
+  EXPECT_NE(prometheus_from_state(state).find("tandem_cluster_gradients_lost_total 2"),
+            std::string::npos);
 }
 
 // Once training has started the servers are fixed: an unnamed server registering then takes the

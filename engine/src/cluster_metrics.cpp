@@ -18,6 +18,9 @@ std::string prometheus_from_state(const json& state) {
   t.gauge("tandem_cluster_epochs_completed", "Epochs whose every batch is trained",
           double(c.value("epoch", int64_t{0})));
   t.counter("tandem_cluster_batches_total", "Batches trained", double(c.value("batches_done", int64_t{0})));
+  t.counter("tandem_cluster_gradients_lost_total",
+            "Batches whose gradients a parameter server never answered (it died or restarted)",
+            double(c.value("gradients_lost", int64_t{0})));
   t.gauge("tandem_cluster_step", "Optimizer steps on the parameter servers (global_step)",
           double(c.value("step", int64_t{0})));
   t.gauge("tandem_cluster_samples_per_second", "Samples per second over all workers",

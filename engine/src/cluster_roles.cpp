@@ -470,7 +470,10 @@ static void worker_role(const RoleOptions& o) {
   feed_closer.name(r.name);
   // What the heartbeats carry; written by this thread, read by the heartbeat thread.
   struct Status {
-    std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, task{0}, done{0};
+    // batches_done: batches whose gradients the servers applied; gradients_lost: batches whose
+    // gradients a server never answered (it died, or restarted). `done` counts both: the task's
+    // progress, batches this worker will not train again.
+    std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, gradients_lost{0}, task{0}, done{0};
     std::atomic<int> queue_depth{0};
     // Since when the backend has been in a call (steady-clock ns; 0: in none), and which: the
     // heartbeats report a call older than the step timeout (RunSettings::step_timeout_s).
@@ -493,6 +496,7 @@ static void worker_role(const RoleOptions& o) {
     *last = {now, samples};
     json beat{{"steps", status->steps.load()}, {"samples", samples},
               {"samples_per_s", rate}, {"batches_done", status->batches_done.load()},
+              {"gradients_lost", status->gradients_lost.load()},
               {"task", status->task.load()}, {"done", status->done.load()},
               {"queue_depth", status->queue_depth.load()}};
     const int64_t since = status->busy_since_ns.load();
@@ -647,10 +651,14 @@ static void worker_role(const RoleOptions& o) {
   // With settings.overlap, the push_pull of batch k is answered while batch k+1's gradient is
   // computed (on parameters one exchange older): communication hidden behind compute.
   std::optional<PsClient::Handle> inflight;
+  struct Pushed {
+    int64_t batches = 0, rows = 0;
+  } inflight_pushed;  // what the exchange in flight carries
+  enum class Exchanged { Applied, Lost, Ended };
   // Runs one exchange, which waits for it and installs the parameters it brings
   // (wait_and_install); when a server does not answer (it died, or is restarting from its
   // checkpoint) that gradient is lost and the parameters are pulled again once the servers
-  // answer, into `model`, and installed from there. False when training ended meanwhile.
+  // answer, into `model`, and installed from there. Ended when training ended meanwhile.
   auto exchange = [&](const std::function<void()>& run) {
     // A server that restarted without a checkpoint may answer before the request times out
     // (a request queued while it was down reaches the new one): "not initialised" is the
@@ -661,9 +669,9 @@ static void worker_role(const RoleOptions& o) {
       // worker installs each reply straight into its backend): a server that lost its
       // parameters is given the newest this worker has, not those of the run's start.
       backend->get_parameters(model);
-      if (!repull(client, link, o, r, model)) return false;
+      if (!repull(client, link, o, r, model)) return Exchanged::Ended;
       install();
-      return true;
+      return Exchanged::Lost;
     };
     try {
       run();
@@ -673,39 +681,53 @@ static void worker_role(const RoleOptions& o) {
       if (!e.not_initialised()) throw;
       return recover(e.what());
     }
-    return true;
+    return Exchanged::Applied;
+  };
+  // Counts an exchange's gradients (`batches` batches of `rows` rows) as applied or lost.
+  auto tally = [&](Exchanged outcome, Pushed pushed) {
+    if (outcome == Exchanged::Applied) {
+      status->steps += 1;
+      status->samples += pushed.rows;
+      status->batches_done += pushed.batches;
+    } else if (outcome == Exchanged::Lost) {
+      status->gradients_lost += pushed.batches;
+    }
   };
   // Pushes `gradients` (this worker's, or its group's sum over `batches` batches of `rows` rows
   // in all) and counts them done; false when training ended while the servers were away. In
   // sync mode a push counts as one replica, a group's as much as a plain worker's.
   auto push_gradients = [&](int64_t batches, int64_t rows) {
-    bool answered;
+    const Pushed pushed{batches, rows};
     if (s.overlap) {
       // The previous batch's exchange has been in flight while this gradient was computed, on
       // the parameters installed before it: their versions go with the push, not those of the
       // reply installed next (the servers' staleness counts would read one too low).
       const std::vector<uint64_t> computed_on = client.versions();
-      answered = !inflight || exchange([&] { wait_and_install(*inflight); });
-      inflight.reset();
-      if (answered) {
-        try {
-          inflight = client.push_pull(gradients, &computed_on);
-        } catch (const transport::TransportError& e) {
-          answered = exchange([&] { throw e; });
-        }
+      if (inflight) {
+        const Exchanged previous = exchange([&] { wait_and_install(*inflight); });
+        inflight.reset();
+        tally(previous, inflight_pushed);
+        if (previous == Exchanged::Ended) return false;
+      }
+      try {
+        inflight = client.push_pull(gradients, &computed_on);
+        inflight_pushed = pushed;  // counted once answered
+      } catch (const transport::TransportError& e) {
+        const Exchanged now = exchange([&] { throw e; });
+        tally(now, pushed);
+        if (now == Exchanged::Ended) return false;
       }
     } else {
-      answered = exchange([&] {
+      const Exchanged now = exchange([&] {
         PsClient::Handle handle = client.push_pull(gradients);
         wait_and_install(handle);
       });
+      tally(now, pushed);
+      if (now == Exchanged::Ended) return false;
     }
-    if (!answered) return false;
     // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
-    // its last report), so a group's step counts each of its batches.
-    status->steps += 1;
-    status->samples += rows;
-    status->batches_done += batches;
+    // its last report), so a group's step counts each of its batches; a batch whose gradient
+    // was lost is done too (it is not trained again).
     status->done += batches;
     return true;
   };
@@ -862,7 +884,8 @@ static void worker_role(const RoleOptions& o) {
     }
     stream->cancel();
   }
-  if (inflight) exchange([&] { wait_and_install(*inflight); });  // the last gradient is applied
+  // The last gradient, applied (or lost).
+  if (inflight) tally(exchange([&] { wait_and_install(*inflight); }), inflight_pushed);
   if (!finished.is_null()) {
     try {
       link.request({{"type", "progress"}, {"name", r.name}, {"task", finished}, {"done", status->done.load()}},
@@ -872,6 +895,7 @@ static void worker_role(const RoleOptions& o) {
   }
   say_goodbye(link, r.name, json{{"steps", status->steps.load()}, {"samples", status->samples.load()},
                                  {"batches_done", status->batches_done.load()},
+                                 {"gradients_lost", status->gradients_lost.load()},
                                  {"task", status->task.load()}, {"done", status->done.load()},
                                  {"queue_depth", 0}});
 }

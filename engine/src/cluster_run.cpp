@@ -248,6 +248,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   summary.seconds = c.training_seconds();
   summary.epochs = c.epochs_completed();
   summary.batches = c.batches_done();
+  summary.gradients_lost = c.gradients_lost();
   summary.scores = c.scores();
   summary.spec = c.spec();
 

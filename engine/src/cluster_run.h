@@ -81,6 +81,7 @@ struct ClusterSummary {
   double seconds = 0;       // from the start of training to the stop
   int64_t epochs = 0;       // completed epochs
   int64_t batches = 0;      // batches trained
+  int64_t gradients_lost = 0;  // batches whose gradients a server never answered (restarts)
   int64_t steps = 0;        // optimizer steps on the servers (global_step)
   std::vector<ScoreRecord> scores;
   EvalResult validation;    // of the final parameters

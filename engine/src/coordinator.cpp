@@ -658,10 +658,24 @@ int64_t Coordinator::batches_done() const {
 }
 
 int64_t Coordinator::batches_done_locked() const {
-  if (!options_.fed) return work_.batches_done();
+  // The queue counts the batches its tasks report done, those whose gradients were lost among
+  // them (they are not handed out again); a fed run has no queue, only the workers' counts.
+  if (!options_.fed) return std::max<int64_t>(0, work_.batches_done() - gradients_lost_locked());
   int64_t sum = 0;
   for (const auto& [name, role] : roles_)
     if (role.role == "worker") sum += json_integer_or(role.status, "batches_done", 0);
+  return sum;
+}
+
+int64_t Coordinator::gradients_lost() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return gradients_lost_locked();
+}
+
+int64_t Coordinator::gradients_lost_locked() const {
+  int64_t sum = 0;
+  for (const auto& [name, role] : roles_)
+    if (role.role == "worker") sum += json_integer_or(role.status, "gradients_lost", 0);
   return sum;
 }
 
@@ -672,6 +686,7 @@ json Coordinator::state() const {
                {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
                {"epoch", work_.epochs_completed()},
                {"batches_done", batches_done_locked()},
+               {"gradients_lost", gradients_lost_locked()},
                {"target", options_.target > 0 ? json(options_.target) : json(nullptr)},
                {"scores_total", int64_t(scores_log_.size())},
                {"stop_reason", stop_reason_},
@@ -693,7 +708,8 @@ json Coordinator::state() const {
       workers.push_back({{"name", name}, {"samples_per_s", rate},
                          {"queue_depth", json_integer_or(st, "queue_depth", 0)},
                          {"steps", json_integer_or(st, "steps", 0)},
-                         {"batches_done", json_integer_or(st, "batches_done", 0)}});
+                         {"batches_done", json_integer_or(st, "batches_done", 0)},
+                         {"gradients_lost", json_integer_or(st, "gradients_lost", 0)}});
     } else if (role.role == "ps" && st.contains("stats")) {
       const json& s = st["stats"];
       step = std::max<int64_t>(step, json_integer_or(s, "version", 0));

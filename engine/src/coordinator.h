@@ -134,7 +134,11 @@ class Coordinator {
   std::vector<ScoreRecord> scores() const;
   double training_seconds() const;  // from the start of training to draining (or now)
   int64_t epochs_completed() const;
+  // Batches trained: their gradients applied by the servers.
   int64_t batches_done() const;
+  // Batches whose gradients were lost: a server did not answer (it died or restarted), and the
+  // batch is not trained again. The workers' own counts, from their heartbeats and goodbyes.
+  int64_t gradients_lost() const;
 
  private:
   struct Role {
@@ -162,6 +166,7 @@ class Coordinator {
   void publish(const nlohmann::json& message);    // serving thread only
   bool all_ready() const;                         // with mutex_ held
   int64_t batches_done_locked() const;            // with mutex_ held
+  int64_t gradients_lost_locked() const;          // with mutex_ held
   std::vector<std::string> live_workers() const;  // with mutex_ held
   std::vector<std::string> missing_roles() const;  // with mutex_ held
   nlohmann::json spec_locked() const;

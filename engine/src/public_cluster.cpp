@@ -113,6 +113,7 @@ std::string ClusterRunSummary::to_json() const {
   if (spec.is_discarded()) spec = nullptr;
   return json{{"stop_reason", stop_reason}, {"seconds", seconds},
               {"epochs", epochs},           {"batches", batches},
+              {"gradients_lost", gradients_lost},
               {"steps", steps},             {"scores", scores_j},
               {"validation", eval_json(validation)},
               {"test", eval_json(test)},    {"kept", kept},
@@ -166,6 +167,7 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   out.seconds = s.seconds;
   out.epochs = s.epochs;
   out.batches = s.batches;
+  out.gradients_lost = s.gradients_lost;
   out.steps = s.steps;
   for (const ScoreRecord& r : s.scores) out.scores.push_back(to_public(r));
   out.validation = s.validation;
@@ -319,6 +321,7 @@ std::string ClusterCoordinator::summary_json() const {
               {"seconds", c.training_seconds()},
               {"epochs", c.epochs_completed()},
               {"batches", c.batches_done()},
+              {"gradients_lost", c.gradients_lost()},
               {"scores", scores_j},
               {"spec", c.spec()}}
       .dump();

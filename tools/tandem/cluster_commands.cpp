@@ -308,7 +308,7 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
   const double best = s.scores.empty() ? NAN : s.scores.back().loss;
   if (o.json_summary) {
     json j{{"stop_reason", s.stop_reason}, {"seconds", s.seconds}, {"epochs", s.epochs},
-           {"batches", s.batches}, {"steps", s.steps},
+           {"batches", s.batches}, {"gradients_lost", s.gradients_lost}, {"steps", s.steps},
            {"samples_per_s", s.seconds > 0 ? double(s.batches * o.cluster.settings.batch) / s.seconds : 0.0},
            {"ps", o.cluster.ps}, {"workers", o.cluster.workers}, {"scores", s.scores.size()},
            {"final_score", s.scores.empty() ? json(nullptr) : json(best)},
@@ -324,6 +324,10 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
   std::printf("stopped (%s) after %.1f s: %lld epochs, %lld batches, %lld steps on the servers\n",
               s.stop_reason.c_str(), s.seconds, static_cast<long long>(s.epochs),
               static_cast<long long>(s.batches), static_cast<long long>(s.steps));
+  if (s.gradients_lost > 0)
+    std::printf("%lld batches lost their gradients: a parameter server did not answer (it was "
+                "restarted); they were not trained again\n",
+                static_cast<long long>(s.gradients_lost));
   if (!s.scores.empty())
     std::printf("newest score: validation loss %.1f, accuracy %.4f (%zu scores)\n", best,
                 s.scores.back().accuracy, s.scores.size());
