@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "array_stats.h"
+#include "chunk_manager.h"
 #include "dataset_store.h"
 #include "png_writer.h"
 #include "tandem/error.h"
@@ -523,6 +524,78 @@ TEST(DatasetStore, LabelOutOfRangeNamesStoreIndexAndValue) {
     EXPECT_NE(m.find(root), std::string::npos) << m;
     EXPECT_NE(m.find("index 7"), std::string::npos) << m;
     EXPECT_NE(m.find("-3"), std::string::npos) << m;
+  }
+}
+
+// The seed's layout: labels as one-hot rows (float32 from TensorFlow's reader, persisted by Dask
+// as they are), here chunked along the classes too. The store's classes come from their width.
+TEST(DatasetStore, OneHotLabelsReadAsTheirClasses) {
+  for (zarr::Format f : {zarr::Format::V2, zarr::Format::V3}) {
+    TempDir dir;
+    const std::string root = dir.file("seed.zarr");
+    zarr::Group::create(root, f);  // no num_classes attribute
+    const int64_t rows = 60, classes = 10;
+    write_array(zarr::Array::create(root + "/images",
+                                    meta_of(f, zarr::DType::UInt8, {rows, 12}, {25, 12})),
+                random_bytes(size_t(rows * 12), 3), 1);
+    std::vector<float> one_hot(size_t(rows * classes), 0.0f);
+    std::vector<uint8_t> expected(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      expected[size_t(r)] = uint8_t((r * 7) % classes);
+      one_hot[size_t(r * classes + expected[size_t(r)])] = 1.0f;
+    }
+    const auto write_labels = [&](const std::vector<float>& values) {
+      std::vector<uint8_t> bytes(values.size() * 4);
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+      fs::remove_all(root + "/labels");
+      write_array(zarr::Array::create(root + "/labels", meta_of(f, zarr::DType::Float32,
+                                                                {rows, classes}, {25, 4}, "zstd")),
+                  bytes, 4);
+    };
+    write_labels(one_hot);
+    const DatasetStore store = DatasetStore::open(root);
+    EXPECT_EQ(store.num_classes, 10);
+    const Dataset train = read_split(store.train, store.num_classes, "train");
+    EXPECT_EQ(std::vector<uint8_t>(train.label_data(), train.label_data() + rows), expected);
+    ChunkManagerOptions o;
+    o.batch_rows = 16;
+    o.shuffle = false;
+    ChunkManager cm(store.train, store.num_classes, o);
+    cm.start_epoch(0);
+    std::vector<uint8_t> streamed;
+    for (DatasetView v; cm.next(v);) streamed.insert(streamed.end(), v.labels, v.labels + v.rows);
+    EXPECT_EQ(streamed, expected);
+
+    // Rows that are no one-hot row are refused naming the row.
+    const std::vector<std::pair<float, std::string>> bad = {
+        {1.0f, "one-hot label row 7 has 2 ones"}, {0.5f, "one-hot label row 7 has the value 0.5"},
+        {NAN, "one-hot label row 7 has the value nan"}};
+    for (const auto& [value, message] : bad) {
+      std::vector<float> spoiled = one_hot;
+      spoiled[size_t(7 * classes + (expected[7] + 1) % classes)] = value;
+      write_labels(spoiled);
+      const DatasetStore reopened = DatasetStore::open(root);
+      try {
+        read_split(reopened.train, reopened.num_classes, root + " train");
+        ADD_FAILURE() << "expected InputError: " << message;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      }
+    }
+    std::vector<float> empty_row = one_hot;
+    empty_row[size_t(7 * classes + expected[7])] = 0.0f;
+    write_labels(empty_row);
+    EXPECT_THROW(ChunkManager(DatasetStore::open(root).train, 10, o), InputError);
+    // A width other than the store's classes is refused on open.
+    write_labels(one_hot);
+    zarr::Group::create(root, f, {{"num_classes", 12}});
+    try {
+      DatasetStore::open(root);
+      ADD_FAILURE() << "expected InputError";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("one-hot labels of 10 classes"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -98,6 +98,37 @@ import struct, sys
 width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
 sys.exit(width != height)" "$dir/png-odd/sample.png"
 
+# The seed's layout, persisted by Dask as it is: float32 images in [0, 1] and one-hot float32
+# labels [rows, 10], for the training and test splits, no num_classes attribute.
+"$python" - "$dir/one.zarr" "$dir/seed.zarr" <<'PY'
+import sys
+import dask.array as da
+import numpy as np
+import zarr
+src, out = sys.argv[1], sys.argv[2]
+zarr.open_group(out, mode="w")
+for split in ("", "test/"):
+    if split:
+        zarr.open_group(out + "/" + split.rstrip("/"), mode="w")
+    images = da.from_zarr(zarr.open_array(src + "/" + split + "images", mode="r"))
+    labels = da.from_zarr(zarr.open_array(src + "/" + split + "labels", mode="r"))
+    da.to_zarr(images.astype(np.float32) / np.float32(255), out + "/" + split + "images")
+    one_hot = (labels[:, None] == da.arange(10)[None, :]).astype(np.float32)
+    da.to_zarr(one_hot.rechunk((5000, 10)), out + "/" + split + "labels")
+PY
+check "dask wrote the seed's layout" test -d "$dir/seed.zarr/labels"
+out=$("$tandem" train --data "$dir/seed.zarr" --epochs 2 --batch 1000 --json 2>"$dir/seed.err")
+acc=$(grep -o '"test":{[^}]*}' <<<"$out" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
+check "train on one-hot float32 labels learns (test accuracy $acc > 0.8)" \
+  awk -v a="$acc" 'BEGIN{exit !(a > 0.8)}'
+ins=$("$tandem" inspect "$dir/seed.zarr" --out "$dir/png-seed" --json 2>/dev/null)
+check "inspect counts the one-hot labels' classes" "$python" -c "
+import json, sys
+j = json.loads(sys.argv[1])
+h = j['arrays']['labels']['histogram']
+sys.exit(not (j['num_classes'] == 10 and sorted(h) == [str(c) for c in range(10)]
+              and sum(h.values()) == 55000))" "$ins"
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

@@ -11,6 +11,7 @@
 #include "mapped_read_guard.h"
 #include "array_stats.h"
 #include "random.h"
+#include "split_labels.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -56,23 +57,6 @@ void streaming_stores_done() {
 #endif
 }
 
-// Reads a 1-D integer labels array whole, as bytes, checking every value is a class index.
-std::vector<uint8_t> read_labels(const zarr::Array& array, int num_classes) {
-  const zarr::ArrayMeta& meta = array.meta();
-  if (meta.shape.size() != 1)
-    throw InputError("zarr store '" + array.path() + "': labels must be 1-D");
-  const int64_t rows = meta.shape[0], chunk = meta.chunks[0];
-  std::vector<uint8_t> out(static_cast<size_t>(rows));
-  std::vector<uint8_t> buffer(meta.chunk_bytes());
-  for (int64_t c = 0; c * chunk < rows; ++c) {
-    array.read_chunk({c}, buffer.data());
-    const int64_t first = c * chunk;
-    labels_to_classes(meta.dtype, buffer.data(), std::min(chunk, rows - first),
-                      out.data() + first, first, num_classes, "streaming a split", array.path());
-  }
-  return out;
-}
-
 // Whether a chunk of `meta` holds whole matrix rows and nothing else (no chunking after the row
 // dimension, no padding past the shape there): then a row band is exactly one chunk.
 bool bands_are_chunks(const zarr::ArrayMeta& meta) {
@@ -102,7 +86,7 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
                      std::to_string(options_.shard_count) + " does not exist");
   if (options_.readers < 1 || options_.assemblers < 1 || options_.ring_slots < 2)
     throw InputError("the chunk manager needs at least 1 reader, 1 assembler and 2 ring slots");
-  labels_ = read_labels(split_.labels, num_classes_);
+  labels_ = read_class_labels(split_.labels, num_classes_, "streaming a split");
   if (static_cast<int64_t>(labels_.size()) != split_.rows)
     throw InputError(what + ": " + std::to_string(split_.rows) + " images but " +
                      std::to_string(labels_.size()) + " labels");

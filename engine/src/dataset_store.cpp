@@ -1,4 +1,5 @@
 #include "dataset_store.h"
+#include "split_labels.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include "file_io.h"
 #include "tandem/error.h"
 #include "thread_pool.h"
+#include "zarr/zarr_metadata.h"
 
 namespace tandem {
 namespace fs = std::filesystem;
@@ -97,16 +99,6 @@ std::string parent_of(const std::string& path) {
 void remove_tree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-bool is_integer_dtype(zarr::DType t) {
-  return t != zarr::DType::Float32 && t != zarr::DType::Float64;
 }
 
 nlohmann::json image_shape_for(const nlohmann::json& provenance, int64_t features) {
@@ -362,7 +354,8 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
   s.images = zarr::Array::open(join(dir, "images"));
   const zarr::ArrayMeta& im = s.images.meta();
   if (im.shape.size() != 2 && im.shape.size() != 3)
-    throw InputError(store + ": " + name + " images have shape " + shape_text(im.shape) +
+    throw InputError(store + ": " + name + " images have shape " +
+                     zarr::detail::dims_text(im.shape) +
                      ", expected [rows, features] or [rows, height, width]");
   if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
     throw InputError(store + ": " + name + " images are " + zarr::dtype_name(im.dtype) +
@@ -382,14 +375,8 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
   s.has_labels = labels == DatasetStore::Labels::Required || path_exists(join(dir, "labels"));
   if (!s.has_labels) return s;
   s.labels = zarr::Array::open(join(dir, "labels"));
-  const zarr::ArrayMeta& lm = s.labels.meta();
-  if (lm.shape.size() != 1 || !is_integer_dtype(lm.dtype))
-    throw InputError(store + ": " + name + " labels are " + zarr::dtype_name(lm.dtype) +
-                     " with shape " + shape_text(lm.shape) +
-                     ", expected a 1-D array of integers");
-  if (im.shape[0] != lm.shape[0])
-    throw InputError(store + ": " + name + " has " + std::to_string(im.shape[0]) +
-                     " images but " + std::to_string(lm.shape[0]) + " labels");
+  const std::string problem = labels_layout_problem(s.labels.meta(), im.shape[0]);
+  if (!problem.empty()) throw InputError(store + ": " + name + " labels: " + problem);
   return s;
 }
 
@@ -509,6 +496,18 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
       throw InputError(path + ": attribute num_classes is " + n.dump() +
                        ", expected an integer from 1 to 256");
     store.num_classes = n.get<int>();
+  } else if (store.train.has_labels && one_hot_classes(store.train.labels.meta()) > 0) {
+    // One-hot labels say how many classes there are.
+    store.num_classes = int(one_hot_classes(store.train.labels.meta()));
+  }
+  // One-hot rows of every split must be as wide as the classes.
+  for (const Split* split : {&store.train, &store.validation, &store.test}) {
+    if (!split->has_labels || split->rows == 0) continue;
+    const int64_t width = one_hot_classes(split->labels.meta());
+    if (width > 0 && width != store.num_classes)
+      throw InputError(path + ": one-hot labels of " + std::to_string(width) + " classes in " +
+                       split->labels.path() + ", but the store has " +
+                       std::to_string(store.num_classes) + " classes");
   }
   return store;
 }
@@ -537,18 +536,17 @@ void labels_to_classes(zarr::DType dtype, const void* src, int64_t n, uint8_t* d
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what) {
   if (split.rows == 0) return Dataset(PixelType::UInt8, 0, split.features, num_classes);
   const zarr::ArrayMeta& im = split.images.meta();
-  const zarr::ArrayMeta& lm = split.labels.meta();
   const PixelType type = im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
   if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
     throw InputError(what + ": images are " + zarr::dtype_name(im.dtype) +
                      ", expected uint8 or float32 (" + split.images.path() + ")");
   Dataset d(type, split.rows, split.features, num_classes);
   const size_t esize = zarr::dtype_size(im.dtype);
-  const std::vector<int64_t> igrid = im.grid(), lgrid = lm.grid();
-  const int64_t image_chunks = chunk_count(igrid), label_chunks = chunk_count(lgrid);
-  const int64_t jobs = image_chunks + label_chunks;
-  const int threads =
-      chunk_read_threads(0, jobs, std::max(im.chunk_bytes(), lm.chunk_bytes()), 1);
+  const std::vector<uint8_t> labels = read_class_labels(split.labels, num_classes, what);
+  std::memcpy(d.label_data(), labels.data(), labels.size());
+  const std::vector<int64_t> igrid = im.grid();
+  const int64_t jobs = chunk_count(igrid);
+  const int threads = chunk_read_threads(0, jobs, im.chunk_bytes(), 1);
   ThreadPool pool(threads);
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
@@ -556,23 +554,12 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
     try {
       std::vector<uint8_t> buffer;
       for (int64_t j; !failed.load(std::memory_order_relaxed) && (j = next.fetch_add(1)) < jobs;) {
-        if (j < image_chunks) {
-          buffer.resize(im.chunk_bytes());
-          const std::vector<int64_t> index = chunk_index_of(igrid, j);
-          split.images.read_chunk(index, buffer.data());
-          const ChunkLayout layout = chunk_layout(im, index);
-          place_chunk_rows(layout, buffer.data(), esize, split.features,
-                           d.pixel_data() + size_t(layout.row_begin * split.features) * esize);
-        } else {
-          buffer.resize(lm.chunk_bytes());
-          const std::vector<int64_t> index = chunk_index_of(lgrid, j - image_chunks);
-          split.labels.read_chunk(index, buffer.data());
-          const ChunkLayout layout = chunk_layout(lm, index);
-          const int64_t first = layout.row_begin;
-          uint8_t* dst = d.label_data() + first;
-          labels_to_classes(lm.dtype, buffer.data(), layout.rows, dst, first, num_classes, what,
-                            split.labels.path());
-        }
+        buffer.resize(im.chunk_bytes());
+        const std::vector<int64_t> index = chunk_index_of(igrid, j);
+        split.images.read_chunk(index, buffer.data());
+        const ChunkLayout layout = chunk_layout(im, index);
+        place_chunk_rows(layout, buffer.data(), esize, split.features,
+                         d.pixel_data() + size_t(layout.row_begin * split.features) * esize);
       }
     } catch (...) {
       failed.store(true);

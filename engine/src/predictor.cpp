@@ -23,6 +23,7 @@
 #include "cuda/cuda_device.h"
 #include "dataset_store.h"
 #include "json_fields.h"
+#include "split_labels.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
 #include "thread_pool.h"
@@ -241,40 +242,6 @@ void read_row_chunk(const zarr::Array& images, int64_t chunk, int64_t features,
   const zarr::ArrayMeta& meta = images.meta();
   out.assign(size_t(meta.chunks[0] * features) * zarr::dtype_size(meta.dtype), 0);
   read_row_band(images, chunk, features, out.data(), buffer);
-}
-
-template <typename T>
-void labels_to_int64(const uint8_t* chunk, int64_t n, int64_t* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    T v;
-    std::memcpy(&v, chunk + size_t(i) * sizeof(T), sizeof(T));
-    out[i] = static_cast<int64_t>(v);
-  }
-}
-
-std::vector<int64_t> read_labels(const zarr::Array& labels, int64_t rows) {
-  const zarr::ArrayMeta& m = labels.meta();
-  std::vector<int64_t> out(static_cast<size_t>(rows));
-  std::vector<uint8_t> buffer(m.chunk_bytes());
-  for (int64_t c = 0, n = m.grid()[0]; c < n; ++c) {
-    labels.read_chunk({c}, buffer.data());
-    const int64_t first = c * m.chunks[0], count = std::min(m.chunks[0], rows - first);
-    int64_t* dst = out.data() + first;
-    switch (m.dtype) {
-      case zarr::DType::UInt8: labels_to_int64<uint8_t>(buffer.data(), count, dst); break;
-      case zarr::DType::Int8: labels_to_int64<int8_t>(buffer.data(), count, dst); break;
-      case zarr::DType::UInt16: labels_to_int64<uint16_t>(buffer.data(), count, dst); break;
-      case zarr::DType::Int16: labels_to_int64<int16_t>(buffer.data(), count, dst); break;
-      case zarr::DType::UInt32: labels_to_int64<uint32_t>(buffer.data(), count, dst); break;
-      case zarr::DType::Int32: labels_to_int64<int32_t>(buffer.data(), count, dst); break;
-      case zarr::DType::UInt64: labels_to_int64<uint64_t>(buffer.data(), count, dst); break;
-      case zarr::DType::Int64: labels_to_int64<int64_t>(buffer.data(), count, dst); break;
-      default:
-        throw InputError(labels.path() + ": labels are " + zarr::dtype_name(m.dtype) +
-                         ", expected integers");
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -528,16 +495,16 @@ void add_accuracy(const std::string& store_path, const std::string& out_path,
   const DatasetStore::Split& split = pick_split(store, options.split);
   if (!split.has_labels) return;  // new images to classify: the predictions are all there is
   const zarr::Array classes = zarr::Array::open(join(out_path, "classes"));
-  const std::vector<int64_t> labels = read_labels(split.labels, split.rows);
   // A label that names no class would count as a wrong prediction without a word: refused as
-  // tandem eval and training refuse it (dataset_store.cpp's convert_labels).
-  for (size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] < 0 || labels[i] >= store.num_classes)
-      throw InputError(store_path + " (" + options.split + "): label at index " +
-                       std::to_string(i) + " is " + std::to_string(labels[i]) +
-                       ", expected a class in [0, " + std::to_string(store.num_classes) + ") (" +
-                       split.labels.path() + "); the predictions are written, the accuracy is "
-                       "not counted");
+  // tandem eval and training refuse it.
+  std::vector<uint8_t> labels;
+  try {
+    labels = read_class_labels(split.labels, store.num_classes,
+                               store_path + " (" + options.split + ")");
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + "; the predictions are written, the accuracy is not "
+                     "counted");
+  }
   const int64_t chunk_rows = classes.meta().chunks[0];
   std::vector<uint8_t> ids(classes.meta().chunk_bytes());
   int64_t correct = 0;

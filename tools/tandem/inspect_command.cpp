@@ -1,5 +1,6 @@
 // tandem inspect: what the seed's notebook shows of its persisted array (a sample image, the mean
 // and the variance image), as PNG files, and per-array statistics of a dataset store.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "array_stats.h"
 #include "dataset_store.h"
 #include "png_writer.h"
+#include "split_labels.h"
 #include "store_commands.h"
 #include "tandem/error.h"
 
@@ -64,6 +66,28 @@ struct SplitReport {
   IntegerHistogram labels;  // empty when the split has no labels
 };
 
+// The labels' histogram: of the values of a 1-D array (out-of-range ones shown as they are), or
+// of the classes one-hot rows spell (each row checked to be one).
+IntegerHistogram label_histogram(const DatasetStore& store, const DatasetStore::Split& split,
+                                 int threads) {
+  if (one_hot_classes(split.labels.meta()) == 0) return integer_histogram(split.labels, threads);
+  IntegerHistogram h;
+  for (const uint8_t c : read_class_labels(split.labels, store.num_classes, store.path)) {
+    h.min = h.count == 0 ? c : std::min<int64_t>(h.min, c);
+    h.max = h.count == 0 ? c : std::max<int64_t>(h.max, c);
+    ++h.count;
+    ++h.counts[c];
+  }
+  return h;
+}
+
+// Row `row`'s label: its value, or the class of its one-hot row.
+double sample_label_of(const DatasetStore::Split& split, int64_t row) {
+  const std::vector<double> values = read_matrix_row(split.labels, row);
+  if (one_hot_classes(split.labels.meta()) == 0) return values[0];
+  return double(std::find(values.begin(), values.end(), 1.0) - values.begin());
+}
+
 void run_inspect(const InspectOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   // Images to classify may come without labels (DatasetStore::Labels): inspect shows them too.
@@ -92,7 +116,7 @@ void run_inspect(const InspectOptions& o) {
       chosen_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       chosen_report = &r;
     }
-    if (r.split->has_labels) r.labels = integer_histogram(r.split->labels, o.threads);
+    if (r.split->has_labels) r.labels = label_histogram(store, *r.split, o.threads);
   }
 
   // The images: row `sample`, the mean and the variance, each scaled by its own range.
@@ -101,7 +125,7 @@ void run_inspect(const InspectOptions& o) {
   if (ec) throw IoError("cannot create the output directory " + o.out + ": " + ec.message());
   const std::vector<double> sample = read_matrix_row(chosen.images, o.sample);
   const nlohmann::json sample_label =
-      chosen.has_labels ? nlohmann::json(read_matrix_row(chosen.labels, o.sample)[0]) : nullptr;
+      chosen.has_labels ? nlohmann::json(sample_label_of(chosen, o.sample)) : nullptr;
   PngOptions png;
   png.scale = o.scale;
   const std::string sample_png = (std::filesystem::path(o.out) / "sample.png").string();

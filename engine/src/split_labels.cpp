@@ -1,0 +1,121 @@
+#include "split_labels.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "array_stats.h"
+#include "dataset_store.h"
+#include "tandem/error.h"
+#include "zarr/zarr_metadata.h"
+
+namespace tandem {
+namespace {
+
+template <typename T>
+double element(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return static_cast<double>(v);
+}
+
+double element_as_double(zarr::DType type, const uint8_t* p) {
+  switch (type) {
+    case zarr::DType::UInt8: return element<uint8_t>(p);
+    case zarr::DType::Int8: return element<int8_t>(p);
+    case zarr::DType::UInt16: return element<uint16_t>(p);
+    case zarr::DType::Int16: return element<int16_t>(p);
+    case zarr::DType::UInt32: return element<uint32_t>(p);
+    case zarr::DType::Int32: return element<int32_t>(p);
+    case zarr::DType::UInt64: return element<uint64_t>(p);
+    case zarr::DType::Int64: return element<int64_t>(p);
+    case zarr::DType::Float32: return element<float>(p);
+    case zarr::DType::Float64: return element<double>(p);
+  }
+  return NAN;
+}
+
+// One-hot rows [n, classes] of `type` at `src` to class bytes; `first` is the first row's index.
+void one_hot_to_classes(zarr::DType type, const uint8_t* src, int64_t n, int64_t classes,
+                        uint8_t* dst, int64_t first, int num_classes, const std::string& what,
+                        const std::string& path) {
+  const size_t item = zarr::dtype_size(type);
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t hot = -1, ones = 0;
+    bool other = false;
+    double odd = 0;
+    for (int64_t c = 0; c < classes; ++c) {
+      const double v = element_as_double(type, src + size_t(r * classes + c) * item);
+      if (v == 1) {
+        hot = c;
+        ++ones;
+      } else if (v != 0 && !other) {
+        other = true;
+        odd = v;
+      }
+    }
+    if (ones != 1 || other) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%g", odd);
+      throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " has " +
+                       (other ? std::string("the value ") + value : std::to_string(ones) + " ones") +
+                       ", expected a single 1 among zeros (" + path + ")");
+    }
+    if (hot >= num_classes)
+      throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " is class " +
+                       std::to_string(hot) + ", expected a class in [0, " +
+                       std::to_string(num_classes) + ") (" + path + ")");
+    dst[r] = static_cast<uint8_t>(hot);
+  }
+}
+
+}  // namespace
+
+int64_t one_hot_classes(const zarr::ArrayMeta& labels) {
+  return labels.shape.size() == 2 ? labels.shape[1] : 0;
+}
+
+std::string labels_layout_problem(const zarr::ArrayMeta& labels, int64_t rows) {
+  const bool integers = labels.dtype != zarr::DType::Float32 && labels.dtype != zarr::DType::Float64;
+  const int64_t classes = one_hot_classes(labels);
+  const std::string found = std::string(zarr::dtype_name(labels.dtype)) + " with shape " +
+                            zarr::detail::dims_text(labels.shape);
+  if (!(labels.shape.size() == 1 && integers) && !(labels.shape.size() == 2 && classes >= 1))
+    return found + ", expected a 1-D array of integers or one-hot rows [rows, classes]";
+  if (classes > kMaxOneHotClasses)
+    return found + ": one-hot rows of " + std::to_string(classes) + " classes, expected at most " +
+           std::to_string(kMaxOneHotClasses);
+  if (labels.shape[0] != rows)
+    return std::to_string(labels.shape[0]) + " labels for " + std::to_string(rows) + " images";
+  return "";
+}
+
+std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classes,
+                                       const std::string& what) {
+  const zarr::ArrayMeta& meta = labels.meta();
+  const int64_t rows = meta.shape.empty() ? 0 : meta.shape[0];
+  const int64_t classes = one_hot_classes(meta);
+  const std::string problem = labels_layout_problem(meta, rows);
+  if (!problem.empty()) throw InputError(what + ": labels: " + problem + " (" + labels.path() + ")");
+  if (classes > 0 && classes != num_classes)
+    throw InputError(what + ": one-hot labels of " + std::to_string(classes) +
+                     " classes, but the store has " + std::to_string(num_classes) + " (" +
+                     labels.path() + ")");
+  std::vector<uint8_t> out(static_cast<size_t>(rows));
+  const int64_t width = std::max<int64_t>(classes, 1);
+  const int64_t band_rows = meta.chunks[0];
+  std::vector<uint8_t> band(static_cast<size_t>(band_rows * width) * zarr::dtype_size(meta.dtype));
+  std::vector<uint8_t> scratch;
+  for (int64_t b = 0; b * band_rows < rows; ++b) {
+    read_row_band(labels, b, width, band.data(), scratch);
+    const int64_t first = b * band_rows, n = std::min(band_rows, rows - first);
+    if (classes > 0)
+      one_hot_to_classes(meta.dtype, band.data(), n, classes, out.data() + first, first,
+                         num_classes, what, labels.path());
+    else
+      labels_to_classes(meta.dtype, band.data(), n, out.data() + first, first, num_classes, what,
+                        labels.path());
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,30 @@
+// A split's labels as the engine trains on them, one class index per row, from either layout a
+// store may hold: a 1-D array of integers (what `tandem prepare` writes), or one-hot rows
+// [rows, classes] of any number type (the seed's layout: float32 rows from TensorFlow's reader,
+// persisted by Dask as they are), each row a single 1 among zeros.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zarr/zarr_array.h"
+
+namespace tandem {
+
+// The most classes a one-hot labels array may have: class indices are bytes.
+constexpr int64_t kMaxOneHotClasses = 256;
+
+// The classes a one-hot labels array spells out (its second dimension), or 0 for a 1-D array.
+int64_t one_hot_classes(const zarr::ArrayMeta& labels);
+
+// What makes `labels` no labels for `rows` images ("" when it is fine): neither layout, another
+// number of rows, or one-hot rows wider than kMaxOneHotClasses.
+std::string labels_layout_problem(const zarr::ArrayMeta& labels, int64_t rows);
+
+// Every label as a class byte, each below `num_classes`. InputError naming `what`, the array and
+// the row for a label out of range or a one-hot row that is not a single 1 among zeros.
+std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classes,
+                                       const std::string& what);
+
+}  // namespace tandem
