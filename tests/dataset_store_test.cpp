@@ -599,6 +599,67 @@ TEST(DatasetStore, OneHotLabelsReadAsTheirClasses) {
   }
 }
 
+// float64 images (what Dask's `x / 255.` makes) are read narrowed to float32: a store of them
+// reads, streams (a band of one chunk and of several) and is summarised exactly as the same store
+// cast to float32.
+TEST(DatasetStore, Float64ImagesReadAsTheirFloat32Cast) {
+  TempDir dir;
+  const int64_t rows = 57, features = 12;
+  std::vector<double> wide(size_t(rows * features));
+  std::mt19937 gen(9);
+  for (double& v : wide) v = double(gen() % 256) / 255.0 + 1e-12 * double(gen() % 7);
+  std::vector<float> narrow(wide.begin(), wide.end());
+  std::vector<uint8_t> labels(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) labels[size_t(r)] = uint8_t(r % 10);
+  // Column chunks (several chunks per band) and whole rows (one, uncompressed: a float32 band
+  // of one plain chunk is mapped, a float64 one cannot be).
+  for (const int64_t column_chunk : {int64_t{5}, features}) {
+    SCOPED_TRACE(column_chunk);
+    const char* compressor = column_chunk == features ? "none" : "zstd";
+    const auto make = [&](const std::string& name, zarr::DType type, const void* values,
+                          size_t esize) {
+      const std::string root = dir.file(name + std::to_string(column_chunk));
+      zarr::Group::create(root, zarr::Format::V3);
+      std::vector<uint8_t> bytes(size_t(rows * features) * esize);
+      std::memcpy(bytes.data(), values, bytes.size());
+      write_array(zarr::Array::create(root + "/images",
+                                      meta_of(zarr::Format::V3, type, {rows, features},
+                                              {20, column_chunk}, compressor)),
+                  bytes, esize);
+      write_array(zarr::Array::create(root + "/labels",
+                                      meta_of(zarr::Format::V3, zarr::DType::UInt8, {rows}, {20})),
+                  labels, 1);
+      return DatasetStore::open(root);
+    };
+    const DatasetStore f64 = make("f64-", zarr::DType::Float64, wide.data(), 8);
+    const DatasetStore f32 = make("f32-", zarr::DType::Float32, narrow.data(), 4);
+    const Dataset a = read_split(f64.train, 10, "f64"), b = read_split(f32.train, 10, "f32");
+    ASSERT_EQ(a.pixel_type(), PixelType::Float32);
+    EXPECT_EQ(std::memcmp(a.pixel_data(), b.pixel_data(), narrow.size() * 4), 0);
+    for (const bool shuffle : {false, true}) {
+      ChunkManagerOptions o;
+      o.batch_rows = 8;
+      o.shuffle = shuffle;
+      ChunkManager from_wide(f64.train, 10, o), from_narrow(f32.train, 10, o);
+      from_wide.start_epoch(1);
+      from_narrow.start_epoch(1);
+      DatasetView x, y;
+      while (from_narrow.next(y)) {
+        ASSERT_TRUE(from_wide.next(x));
+        ASSERT_EQ(x.pixel_type, PixelType::Float32);
+        ASSERT_EQ(x.rows, y.rows);
+        EXPECT_EQ(std::memcmp(x.pixels, y.pixels, size_t(y.rows * features) * 4), 0);
+        EXPECT_EQ(std::memcmp(x.labels, y.labels, size_t(y.rows)), 0);
+      }
+      EXPECT_FALSE(from_wide.next(x));
+    }
+    const ColumnStats sa = column_stats(f64.train.images, 2);
+    const ColumnStats sb = column_stats(f32.train.images, 2);
+    EXPECT_EQ(sa.mean, sb.mean);
+    EXPECT_EQ(sa.variance, sb.variance);
+  }
+}
+
 TEST(DatasetStore, OpenChecksShapesAndCounts) {
   TempDir dir;
   const std::string root = dir.file("s.zarr");
@@ -787,7 +848,9 @@ TEST(ArrayStats, RefusesOtherDtypesAndShapes) {
   TempDir dir;
   const zarr::Array a = zarr::Array::create(
       dir.file("f64"), meta_of(zarr::Format::V2, zarr::DType::Float64, {4, 4}, {2, 2}));
-  EXPECT_THROW(column_stats(a), InputError);
+  const zarr::Array i32 = zarr::Array::create(
+      dir.file("i32"), meta_of(zarr::Format::V2, zarr::DType::Int32, {4, 4}, {2, 2}));
+  EXPECT_THROW(column_stats(i32), InputError);
   const zarr::Array b = zarr::Array::create(
       dir.file("labels"), meta_of(zarr::Format::V2, zarr::DType::UInt8, {4}, {2}));
   EXPECT_THROW(column_stats(b), InputError);

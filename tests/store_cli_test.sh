@@ -98,8 +98,10 @@ import struct, sys
 width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
 sys.exit(width != height)" "$dir/png-odd/sample.png"
 
-# The seed's layout, persisted by Dask as it is: float32 images in [0, 1] and one-hot float32
-# labels [rows, 10], for the training and test splits, no num_classes attribute.
+# The seed's layout, persisted by Dask as it is: images in [0, 1] and one-hot float32 labels
+# [rows, 10], for the training and test splits, no num_classes attribute. The training images
+# are float64, as Dask's `x / 255.` makes them (read narrowed to float32), the test ones
+# float32, as the seed has them.
 "$python" - "$dir/one.zarr" "$dir/seed.zarr" <<'PY'
 import sys
 import dask.array as da
@@ -112,11 +114,13 @@ for split in ("", "test/"):
         zarr.open_group(out + "/" + split.rstrip("/"), mode="w")
     images = da.from_zarr(zarr.open_array(src + "/" + split + "images", mode="r"))
     labels = da.from_zarr(zarr.open_array(src + "/" + split + "labels", mode="r"))
-    da.to_zarr(images.astype(np.float32) / np.float32(255), out + "/" + split + "images")
+    scaled = images.astype(np.float32) / np.float32(255) if split else images / 255.0
+    da.to_zarr(scaled, out + "/" + split + "images")
     one_hot = (labels[:, None] == da.arange(10)[None, :]).astype(np.float32)
     da.to_zarr(one_hot.rechunk((5000, 10)), out + "/" + split + "labels")
 PY
-check "dask wrote the seed's layout" test -d "$dir/seed.zarr/labels"
+check "dask wrote the seed's layout (float64 training images)" \
+  grep -q '"float64"' "$dir/seed.zarr/images/zarr.json"
 out=$("$tandem" train --data "$dir/seed.zarr" --epochs 2 --batch 1000 --json 2>"$dir/seed.err")
 acc=$(grep -o '"test":{[^}]*}' <<<"$out" | grep -o '"accuracy":[0-9.]*' | cut -d: -f2)
 check "train on one-hot float32 labels learns (test accuracy $acc > 0.8)" \

@@ -275,8 +275,31 @@ void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t el
   }
 }
 
+PixelType image_pixel_type(const zarr::ArrayMeta& images, const std::string& what) {
+  switch (images.dtype) {
+    case zarr::DType::UInt8: return PixelType::UInt8;
+    case zarr::DType::Float32:
+    case zarr::DType::Float64: return PixelType::Float32;
+    default:
+      throw InputError(what + ": images are " + zarr::dtype_name(images.dtype) +
+                       ", expected uint8, float32 or float64");
+  }
+}
+
+size_t pixels_in_place(const zarr::ArrayMeta& images, uint8_t* chunk) {
+  if (images.dtype != zarr::DType::Float64) return zarr::dtype_size(images.dtype);
+  // Element i's 4 bytes land at 4i, below element i+1's 8 at 8i + 8: read before overwritten.
+  for (size_t i = 0, n = images.chunk_elements(); i < n; ++i) {
+    double wide;
+    std::memcpy(&wide, chunk + i * sizeof wide, sizeof wide);
+    const float narrow = static_cast<float>(wide);
+    std::memcpy(chunk + i * sizeof narrow, &narrow, sizeof narrow);
+  }
+  return sizeof(float);
+}
+
 void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
-                   std::vector<uint8_t>& scratch) {
+                   std::vector<uint8_t>& scratch, bool as_pixels) {
   const zarr::ArrayMeta& meta = array.meta();
   const std::vector<int64_t> grid = meta.grid();
   const std::vector<int64_t> inner(grid.begin() + 1, grid.end());
@@ -285,16 +308,19 @@ void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uin
     std::vector<int64_t> index = chunk_index_of(inner, t);
     index.insert(index.begin(), band);
     array.read_chunk(index, scratch.data());
-    place_chunk_rows(chunk_layout(meta, index), scratch.data(), zarr::dtype_size(meta.dtype),
-                     features, out);
+    const size_t element =
+        as_pixels ? pixels_in_place(meta, scratch.data()) : zarr::dtype_size(meta.dtype);
+    place_chunk_rows(chunk_layout(meta, index), scratch.data(), element, features, out);
   }
 }
 
 ColumnStats column_stats(const zarr::Array& array, int threads) {
   const zarr::ArrayMeta& meta = array.meta();
   if (meta.shape.size() < 2 ||
-      (meta.dtype != zarr::DType::UInt8 && meta.dtype != zarr::DType::Float32))
-    throw InputError(array.path() + ": column statistics need a uint8 or float32 array with at "
+      (meta.dtype != zarr::DType::UInt8 && meta.dtype != zarr::DType::Float32 &&
+       meta.dtype != zarr::DType::Float64))
+    throw InputError(array.path() + ": column statistics need a uint8, float32 or float64 array "
+                     "with at "
                      "least 2 dimensions, got " + zarr::dtype_name(meta.dtype) + " with " +
                      std::to_string(meta.shape.size()) + " dimensions");
   ColumnStats result;
@@ -339,6 +365,7 @@ ColumnStats column_stats(const zarr::Array& array, int threads) {
       if (first) acc.reset(size_t(layout.columns()));
       first = false;
       array.read_chunk(index, s.chunk.data());
+      pixels_in_place(meta, s.chunk.data());
       if (meta.dtype == zarr::DType::UInt8)
         chunk_moments_u8(s.chunk.data(), layout, s.moments, s.sum, s.sum_sq);
       else

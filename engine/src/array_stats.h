@@ -8,9 +8,19 @@
 #include <map>
 #include <vector>
 
+#include "tandem/dataset.h"
 #include "zarr/zarr_array.h"
 
 namespace tandem {
+
+// The pixels the engine reads from an images array: uint8 as stored, float32 as stored, and
+// float64 (what Dask's `x / 255.` makes) narrowed to float32 as each chunk is read. InputError
+// naming `what` for any other dtype.
+PixelType image_pixel_type(const zarr::ArrayMeta& images, const std::string& what);
+// A decoded chunk of `images` (chunk_elements() of its dtype at `chunk`) made the engine's
+// pixels in place: float64 narrowed to float32 at the front of the buffer, others left as they
+// are. Returns the size of an element after.
+size_t pixels_in_place(const zarr::ArrayMeta& images, uint8_t* chunk);
 
 // An array [rows, d1, d2, ...] seen as a matrix [rows, features], features = d1 * d2 * ...
 // (1 for a 1-D array).
@@ -47,8 +57,10 @@ void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t el
 // Row band `band` (chunk row `band` of the grid) of an array [rows, ...] as a matrix [band rows,
 // features] at `out`, which holds chunks[0] rows: every chunk of the band read, through
 // `scratch` (resized to one chunk), and its valid part placed. InputError as read_chunk.
+// With `as_pixels`, each chunk is made the engine's pixels first (pixels_in_place), so `out` holds
+// elements of that size.
 void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
-                   std::vector<uint8_t>& scratch);
+                   std::vector<uint8_t>& scratch, bool as_pixels = false);
 // Chunk `linear` of the grid in C order, as a chunk index.
 std::vector<int64_t> chunk_index_of(const std::vector<int64_t>& grid, int64_t linear);
 int64_t chunk_count(const std::vector<int64_t>& grid);
@@ -63,7 +75,8 @@ struct ColumnStats {
   double overall_mean = 0.0;  // mean of all elements
 };
 
-// Per-column mean and variance of a uint8 or float32 array [rows, ...] in float64. Each chunk is
+// Per-column mean and variance of a uint8 or float32 array [rows, ...] in float64 (a float64
+// array as the engine reads it: narrowed to float32). Each chunk is
 // reduced on its own (uint8: exact integer sums; float32: corrected two-pass) and the partial
 // results are merged with Chan et al.'s pairwise formula in an order fixed by the array's shape,
 // so the result does not depend on `threads` (0: every core this process may use). InputError

@@ -72,10 +72,8 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
     : split_(split), options_(options), num_classes_(num_classes) {
   const zarr::ArrayMeta& meta = split_.images.meta();
   const std::string what = "zarr store '" + split_.images.path() + "'";
-  if (meta.dtype == zarr::DType::UInt8) pixel_type_ = PixelType::UInt8;
-  else if (meta.dtype == zarr::DType::Float32) pixel_type_ = PixelType::Float32;
-  else throw InputError(what + ": images have dtype " + zarr::dtype_name(meta.dtype) + ", expected uint8 or float32");
-  pixel_bytes_ = zarr::dtype_size(meta.dtype);
+  pixel_type_ = image_pixel_type(meta, what);
+  pixel_bytes_ = pixel_type_ == PixelType::UInt8 ? 1 : 4;
   if (meta.shape.size() < 2) throw InputError(what + ": images must have at least 2 dimensions");
   features_ = split_.features;
   band_rows_ = meta.chunks[0];
@@ -279,7 +277,7 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   index[0] = band;
   const bool one_chunk = bands_are_chunks(meta);
   out.mapping = MappedFile();
-  if (one_chunk && meta.stored_plain()) {
+  if (one_chunk && meta.stored_plain() && meta.dtype != zarr::DType::Float64) {
     // Uncompressed: the assembler copies rows straight out of the page cache (one copy, not two).
     out.mapping = split_.images.map_chunk(index);
     if (out.mapping.data() != nullptr) {
@@ -287,15 +285,18 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
       return;
     }
   }
-  out.buffer.resize(static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
+  // Room for the band's pixels, and for one chunk as stored (float64: twice the pixels' bytes).
+  const size_t band_bytes = static_cast<size_t>(band_rows_ * features_) * pixel_bytes_;
+  out.buffer.resize(one_chunk ? std::max(band_bytes, meta.chunk_bytes()) : band_bytes);
   out.pixels = out.buffer.data();
   if (one_chunk) {
     split_.images.read_chunk(index, out.buffer.data());  // the chunk is the whole band
+    pixels_in_place(meta, out.buffer.data());
     return;
   }
   // Chunked after the row dimension too (or chunks padded past the shape there): the band is
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
-  read_row_band(split_.images, band, features_, out.buffer.data(), scratch);
+  read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true);
 }
 
 void ChunkManager::reader_loop() {

@@ -357,9 +357,7 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
     throw InputError(store + ": " + name + " images have shape " +
                      zarr::detail::dims_text(im.shape) +
                      ", expected [rows, features] or [rows, height, width]");
-  if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
-    throw InputError(store + ": " + name + " images are " + zarr::dtype_name(im.dtype) +
-                     ", expected uint8 or float32");
+  image_pixel_type(im, store + ": " + name);
   s.rows = im.shape[0];
   s.features = matrix_features(im);
   // Row orders are int32 (the chunk manager's permutations, the trainer's batches), and a
@@ -536,12 +534,9 @@ void labels_to_classes(zarr::DType dtype, const void* src, int64_t n, uint8_t* d
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what) {
   if (split.rows == 0) return Dataset(PixelType::UInt8, 0, split.features, num_classes);
   const zarr::ArrayMeta& im = split.images.meta();
-  const PixelType type = im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
-  if (im.dtype != zarr::DType::UInt8 && im.dtype != zarr::DType::Float32)
-    throw InputError(what + ": images are " + zarr::dtype_name(im.dtype) +
-                     ", expected uint8 or float32 (" + split.images.path() + ")");
+  const PixelType type = image_pixel_type(im, what + " (" + split.images.path() + ")");
   Dataset d(type, split.rows, split.features, num_classes);
-  const size_t esize = zarr::dtype_size(im.dtype);
+  const size_t esize = type == PixelType::UInt8 ? 1 : 4;
   const std::vector<uint8_t> labels = read_class_labels(split.labels, num_classes, what);
   std::memcpy(d.label_data(), labels.data(), labels.size());
   const std::vector<int64_t> igrid = im.grid();
@@ -557,6 +552,7 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
         buffer.resize(im.chunk_bytes());
         const std::vector<int64_t> index = chunk_index_of(igrid, j);
         split.images.read_chunk(index, buffer.data());
+        pixels_in_place(im, buffer.data());
         const ChunkLayout layout = chunk_layout(im, index);
         place_chunk_rows(layout, buffer.data(), esize, split.features,
                          d.pixel_data() + size_t(layout.row_begin * split.features) * esize);

@@ -240,8 +240,9 @@ std::string found_layout(zarr::Format format, const zarr::ArrayMeta& classes,
 void read_row_chunk(const zarr::Array& images, int64_t chunk, int64_t features,
                     std::vector<uint8_t>& out, std::vector<uint8_t>& buffer) {
   const zarr::ArrayMeta& meta = images.meta();
-  out.assign(size_t(meta.chunks[0] * features) * zarr::dtype_size(meta.dtype), 0);
-  read_row_band(images, chunk, features, out.data(), buffer);
+  const size_t pixel = image_pixel_type(meta, images.path()) == PixelType::UInt8 ? 1 : 4;
+  out.assign(size_t(meta.chunks[0] * features) * pixel, 0);
+  read_row_band(images, chunk, features, out.data(), buffer, true);
 }
 
 }  // namespace
@@ -407,8 +408,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   const int workers = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(total_threads, int64_t(chunks_to_write.size()))));
   const zarr::ArrayMeta& im = in.split.images.meta();
-  const PixelType pixel_type =
-      im.dtype == zarr::DType::UInt8 ? PixelType::UInt8 : PixelType::Float32;
+  const PixelType pixel_type = image_pixel_type(im, in.split.images.path());
   const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
   // On a GPU, one backend for all the workers (one device context and one copy of the
   // parameters; the device takes the chunks one at a time, under `device_mutex`) while the
