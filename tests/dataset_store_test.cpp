@@ -660,6 +660,44 @@ TEST(DatasetStore, Float64ImagesReadAsTheirFloat32Cast) {
   }
 }
 
+// dask.array.to_zarr writing each array to its own path ('s.zarr/images', 's.zarr/labels',
+// 's.zarr/test/images', ...) leaves no group metadata above them: such a directory is a store
+// (no attributes), its splits found by their images. Group metadata that is there must read.
+TEST(DatasetStore, ArraysWrittenWithoutAGroupAreAStore) {
+  for (zarr::Format f : {zarr::Format::V2, zarr::Format::V3}) {
+    TempDir dir;
+    const std::string root = dir.file("dask.zarr");
+    EXPECT_FALSE(DatasetStore::looks_like_store(root));
+    for (const std::string split : {"", "test/"}) {
+      const int64_t rows = split.empty() ? 30 : 12;
+      write_array(zarr::Array::create(root + "/" + split + "images",
+                                      meta_of(f, zarr::DType::UInt8, {rows, 6}, {10, 6})),
+                  random_bytes(size_t(rows * 6), 4), 1);
+      write_array(zarr::Array::create(root + "/" + split + "labels",
+                                      meta_of(f, zarr::DType::UInt8, {rows}, {10})),
+                  std::vector<uint8_t>(size_t(rows), 3), 1);
+    }
+    EXPECT_FALSE(zarr::Group::exists(root));
+    EXPECT_TRUE(DatasetStore::looks_like_store(root));
+    const DatasetStore store = DatasetStore::open(root);
+    EXPECT_EQ(store.num_classes, 10);
+    EXPECT_EQ(store.train.rows, 30);
+    EXPECT_EQ(store.test.rows, 12);
+    EXPECT_EQ(store.validation.rows, 0);
+    EXPECT_EQ(read_split(store.test, 10, "test").label_data()[11], 3);
+    // A damaged zarr.json where a group's would be is an error, not a store without attributes.
+    const std::string damaged = f == zarr::Format::V3 ? "/zarr.json" : "/.zgroup";
+    test::write_bytes(root + damaged, std::string("{not json"));
+    EXPECT_THROW(DatasetStore::open(root), InputError);
+    fs::remove(root + damaged);
+    test::write_bytes(root + "/test" + damaged, std::string("{not json"));
+    EXPECT_THROW(DatasetStore::open(root), InputError);
+    // Labels alone are no store.
+    fs::remove_all(root + "/images");
+    EXPECT_FALSE(DatasetStore::looks_like_store(root));
+  }
+}
+
 TEST(DatasetStore, OpenChecksShapesAndCounts) {
   TempDir dir;
   const std::string root = dir.file("s.zarr");

@@ -99,7 +99,8 @@ width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
 sys.exit(width != height)" "$dir/png-odd/sample.png"
 
 # The seed's layout, persisted by Dask as it is: images in [0, 1] and one-hot float32 labels
-# [rows, 10], for the training and test splits, no num_classes attribute. The training images
+# [rows, 10], for the training and test splits, each array written to its own path with no group
+# metadata above it, no num_classes attribute. The training images
 # are float64, as Dask's `x / 255.` makes them (read narrowed to float32), the test ones
 # float32, as the seed has them.
 "$python" - "$dir/one.zarr" "$dir/seed.zarr" <<'PY'
@@ -108,10 +109,7 @@ import dask.array as da
 import numpy as np
 import zarr
 src, out = sys.argv[1], sys.argv[2]
-zarr.open_group(out, mode="w")
 for split in ("", "test/"):
-    if split:
-        zarr.open_group(out + "/" + split.rstrip("/"), mode="w")
     images = da.from_zarr(zarr.open_array(src + "/" + split + "images", mode="r"))
     labels = da.from_zarr(zarr.open_array(src + "/" + split + "labels", mode="r"))
     scaled = images.astype(np.float32) / np.float32(255) if split else images / 255.0

@@ -455,7 +455,37 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   }
 }
 
-bool DatasetStore::looks_like_store(const std::string& path) { return zarr::Group::exists(path); }
+namespace {
+
+// Node metadata is at `dir`: an array's (v2 .zarray), or v3's zarr.json of any node. Opening it
+// says what is wrong with it.
+bool array_exists(const std::string& dir) {
+  return path_exists(join(dir, ".zarray")) || path_exists(join(dir, "zarr.json"));
+}
+
+// Group metadata is at `dir`, or v3 node metadata that must read as a group's (damaged, it is an
+// error, not no group).
+bool has_group_metadata(const std::string& dir) {
+  return path_exists(join(dir, "zarr.json")) || path_exists(join(dir, ".zgroup"));
+}
+
+// A split (or a whole store) at `dir`: a Zarr group, or a directory holding an `images` array and
+// no group metadata, which is what dask.array.to_zarr leaves when each array is written to its
+// own path (zarr-python writes no metadata for the directories above an array).
+bool split_exists(const std::string& dir) {
+  return zarr::Group::exists(dir) ||
+         (!has_group_metadata(dir) && array_exists(join(dir, "images")));
+}
+
+}  // namespace
+
+bool DatasetStore::looks_like_store(const std::string& path) {
+  // A killed `tandem prepare`'s temporary directory holds arrays, and its group metadata only once
+  // complete: without it, it is no store (open() says what it is).
+  if (fs::path(path).filename().string().find(".partial-") != std::string::npos)
+    return zarr::Group::exists(path);
+  return split_exists(path);
+}
 
 DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
   const std::string path = strip_trailing_slashes(path_in);
@@ -469,19 +499,23 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
                      "a dataset store (the next prepare of that store removes it)");
   DatasetStore store;
   store.path = path;
-  auto [format, attributes] = zarr::Group::open(path);
-  (void)format;
+  // Without group metadata (arrays written one by one, as Dask does) there are no attributes.
+  const nlohmann::json attributes =
+      has_group_metadata(path) || !split_exists(path) ? zarr::Group::open(path).second
+                                                      : nlohmann::json::object();
   store.attributes = attributes;
   store.train = open_split(path, path, "the training split", labels);
   const std::pair<const char*, Split*> optional_splits[] = {{"validation", &store.validation},
                                                             {"test", &store.test}};
   for (const auto& [name, split] : optional_splits) {
     const std::string dir = join(path, name);
-    // No such split: no directory, or one without group metadata (a stray empty directory).
-    if (!path_exists(join(dir, "zarr.json")) && !path_exists(join(dir, ".zgroup"))) continue;
+    // No such split: no directory, or one with neither group metadata nor images (a stray empty
+    // directory).
+    const bool group = has_group_metadata(dir);
+    if (!group && !array_exists(join(dir, "images"))) continue;
     // One that is there must open: damaged metadata is an error, not a split taken as absent
     // (training went on without validation, keeping "the best" of zero samples).
-    zarr::Group::open(dir);
+    if (group) zarr::Group::open(dir);
     *split = open_split(path, dir, std::string("the ") + name + " split", labels);
     if (split->rows > 0 && split->features != store.train.features)
       throw InputError(path + ": the " + name + " split has " + std::to_string(split->features) +
