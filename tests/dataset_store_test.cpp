@@ -502,13 +502,22 @@ TEST(DatasetStore, ReadsColumnChunkingAnd3DImagesAndWideLabels) {
   }
 }
 
+// A v3 store at dir/name with random uint8 images [rows, features] in chunks of chunk_rows rows,
+// and no labels yet.
+std::string store_with_images(const TempDir& dir, const std::string& name, int64_t rows,
+                              int64_t features, int64_t chunk_rows) {
+  const std::string root = dir.file(name);
+  zarr::Group::create(root, zarr::Format::V3);
+  write_array(zarr::Array::create(root + "/images", meta_of(zarr::Format::V3, zarr::DType::UInt8,
+                                                            {rows, features},
+                                                            {chunk_rows, features})),
+              random_bytes(size_t(rows * features), 1), 1);
+  return root;
+}
+
 TEST(DatasetStore, LabelOutOfRangeNamesStoreIndexAndValue) {
   TempDir dir;
-  const std::string root = dir.file("bad.zarr");
-  zarr::Group::create(root, zarr::Format::V3);
-  write_array(zarr::Array::create(root + "/images",
-                                  meta_of(zarr::Format::V3, zarr::DType::UInt8, {10, 4}, {4, 4})),
-              random_bytes(40, 1), 1);
+  const std::string root = store_with_images(dir, "bad.zarr", 10, 4, 4);
   std::vector<int16_t> labels = {0, 1, 2, 3, 4, 5, 6, -3, 8, 9};
   std::vector<uint8_t> bytes(20);
   std::memcpy(bytes.data(), labels.data(), 20);
@@ -660,6 +669,54 @@ TEST(DatasetStore, Float64ImagesReadAsTheirFloat32Cast) {
   }
 }
 
+// Class indices as whole numbers in a float array, [rows] or [rows, 1] (pandas and NumPy
+// pipelines often leave them so), and integer indices [rows, 1]: read as their classes; a float
+// that is no whole number in range is refused naming it.
+TEST(DatasetStore, ClassIndicesInFloatsOrAColumnReadAsTheirClasses) {
+  struct Case {
+    zarr::DType type;
+    std::vector<int64_t> shape;
+  };
+  for (const Case& c : {Case{zarr::DType::Float64, {20}}, Case{zarr::DType::Float32, {20, 1}},
+                        Case{zarr::DType::Int16, {20, 1}}}) {
+    SCOPED_TRACE(zarr::dtype_name(c.type) + std::string(" ") + std::to_string(c.shape.size()));
+    TempDir dir;
+    const std::string root = store_with_images(dir, "s.zarr", 20, 3, 8);
+    const auto write_labels = [&](double spoil) {
+      std::vector<uint8_t> bytes(20 * zarr::dtype_size(c.type));
+      for (int i = 0; i < 20; ++i) {
+        const double v = i == 13 ? spoil : double(i % 10);
+        uint8_t* p = bytes.data() + size_t(i) * zarr::dtype_size(c.type);
+        if (c.type == zarr::DType::Float64) std::memcpy(p, &v, 8);
+        if (c.type == zarr::DType::Float32) { const float f = float(v); std::memcpy(p, &f, 4); }
+        if (c.type == zarr::DType::Int16) { const int16_t k = int16_t(v); std::memcpy(p, &k, 2); }
+      }
+      fs::remove_all(root + "/labels");
+      std::vector<int64_t> chunks = c.shape;
+      chunks[0] = 8;
+      write_array(zarr::Array::create(root + "/labels",
+                                      meta_of(zarr::Format::V3, c.type, c.shape, chunks)),
+                  bytes, zarr::dtype_size(c.type));
+    };
+    write_labels(3.0);
+    const DatasetStore store = DatasetStore::open(root);
+    EXPECT_EQ(store.num_classes, 10);
+    const Dataset d = read_split(store.train, 10, "train");
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(d.label_data()[i], i == 13 ? 3 : i % 10) << i;
+    if (c.type == zarr::DType::Int16) continue;
+    for (const double bad : {3.5, 10.0, -1.0}) {
+      write_labels(bad);
+      try {
+        read_split(DatasetStore::open(root).train, 10, "train");
+        ADD_FAILURE() << "expected InputError for " << bad;
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("label at index 13 is "), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
 // dask.array.to_zarr writing each array to its own path ('s.zarr/images', 's.zarr/labels',
 // 's.zarr/test/images', ...) leaves no group metadata above them: such a directory is a store
 // (no attributes), its splits found by their images. Group metadata that is there must read.
@@ -714,11 +771,12 @@ TEST(DatasetStore, OpenChecksShapesAndCounts) {
     EXPECT_NE(m.find("9 labels"), std::string::npos) << m;
   }
   EXPECT_THROW(DatasetStore::open(dir.file("missing")), InputError);
-  // Float labels are refused.
+  // Labels of three dimensions are no labels.
   const std::string root2 = dir.file("t.zarr");
   zarr::Group::create(root2, zarr::Format::V3);
   zarr::Array::create(root2 + "/images", meta_of(zarr::Format::V3, zarr::DType::UInt8, {10, 4}, {5, 4}));
-  zarr::Array::create(root2 + "/labels", meta_of(zarr::Format::V3, zarr::DType::Float32, {10}, {5}));
+  zarr::Array::create(root2 + "/labels",
+                      meta_of(zarr::Format::V3, zarr::DType::Float32, {10, 2, 5}, {5, 2, 5}));
   EXPECT_THROW(DatasetStore::open(root2), InputError);
   EXPECT_FALSE(DatasetStore::looks_like_store(dir.file("missing")));
   EXPECT_TRUE(DatasetStore::looks_like_store(root2));

@@ -1,6 +1,7 @@
 #include "split_labels.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "array_stats.h"
@@ -68,19 +69,42 @@ void one_hot_to_classes(zarr::DType type, const uint8_t* src, int64_t n, int64_t
   }
 }
 
+// Class indices stored as floats: each a whole number in range (3.0, not 3.5 or NaN).
+void float_labels_to_classes(zarr::DType type, const uint8_t* src, int64_t n, uint8_t* dst,
+                             int64_t first, int num_classes, const std::string& what,
+                             const std::string& path) {
+  const size_t item = zarr::dtype_size(type);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = element_as_double(type, src + size_t(i) * item);
+    if (!(v >= 0 && v < num_classes && v == std::floor(v))) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%g", v);
+      throw InputError(what + ": label at index " + std::to_string(first + i) + " is " + value +
+                       ", expected a class in [0, " + std::to_string(num_classes) + ") (" +
+                       path + ")");
+    }
+    dst[i] = static_cast<uint8_t>(v);
+  }
+}
+
+bool is_float(zarr::DType type) {
+  return type == zarr::DType::Float32 || type == zarr::DType::Float64;
+}
+
 }  // namespace
 
 int64_t one_hot_classes(const zarr::ArrayMeta& labels) {
-  return labels.shape.size() == 2 ? labels.shape[1] : 0;
+  return labels.shape.size() == 2 && labels.shape[1] >= 2 ? labels.shape[1] : 0;
 }
 
 std::string labels_layout_problem(const zarr::ArrayMeta& labels, int64_t rows) {
-  const bool integers = labels.dtype != zarr::DType::Float32 && labels.dtype != zarr::DType::Float64;
   const int64_t classes = one_hot_classes(labels);
   const std::string found = std::string(zarr::dtype_name(labels.dtype)) + " with shape " +
                             zarr::detail::dims_text(labels.shape);
-  if (!(labels.shape.size() == 1 && integers) && !(labels.shape.size() == 2 && classes >= 1))
-    return found + ", expected a 1-D array of integers or one-hot rows [rows, classes]";
+  const bool indices = labels.shape.size() == 1 ||
+                       (labels.shape.size() == 2 && labels.shape[1] == 1);
+  if (!indices && classes == 0)
+    return found + ", expected class indices [rows] or [rows, 1], or one-hot rows [rows, classes]";
   if (classes > kMaxOneHotClasses)
     return found + ": one-hot rows of " + std::to_string(classes) + " classes, expected at most " +
            std::to_string(kMaxOneHotClasses);
@@ -108,12 +132,15 @@ std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classe
   for (int64_t b = 0; b * band_rows < rows; ++b) {
     read_row_band(labels, b, width, band.data(), scratch);
     const int64_t first = b * band_rows, n = std::min(band_rows, rows - first);
+    uint8_t* const dst = out.data() + first;
     if (classes > 0)
-      one_hot_to_classes(meta.dtype, band.data(), n, classes, out.data() + first, first,
-                         num_classes, what, labels.path());
+      one_hot_to_classes(meta.dtype, band.data(), n, classes, dst, first, num_classes, what,
+                         labels.path());
+    else if (is_float(meta.dtype))
+      float_labels_to_classes(meta.dtype, band.data(), n, dst, first, num_classes, what,
+                              labels.path());
     else
-      labels_to_classes(meta.dtype, band.data(), n, out.data() + first, first, num_classes, what,
-                        labels.path());
+      labels_to_classes(meta.dtype, band.data(), n, dst, first, num_classes, what, labels.path());
   }
   return out;
 }

@@ -1,7 +1,8 @@
-// A split's labels as the engine trains on them, one class index per row, from either layout a
-// store may hold: a 1-D array of integers (what `tandem prepare` writes), or one-hot rows
-// [rows, classes] of any number type (the seed's layout: float32 rows from TensorFlow's reader,
-// persisted by Dask as they are), each row a single 1 among zeros.
+// A split's labels as the engine trains on them, one class index per row, from any layout a
+// store may hold: class indices [rows] or [rows, 1] (integers, as `tandem prepare` writes them,
+// or whole numbers in a float array, as pandas and NumPy pipelines often leave them), or one-hot
+// rows [rows, classes >= 2] of any number type (the seed's layout: float32 rows from
+// TensorFlow's reader, persisted by Dask as it is), each row a single 1 among zeros.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,8 @@ namespace tandem {
 // The most classes a one-hot labels array may have: class indices are bytes.
 constexpr int64_t kMaxOneHotClasses = 256;
 
-// The classes a one-hot labels array spells out (its second dimension), or 0 for a 1-D array.
+// The classes a one-hot labels array spells out (its second dimension, 2 or more), or 0 for
+// class indices.
 int64_t one_hot_classes(const zarr::ArrayMeta& labels);
 
 // What makes `labels` no labels for `rows` images ("" when it is fine): neither layout, another
