@@ -640,9 +640,10 @@ TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOu
   EXPECT_EQ(c.batches_done(), 4);
 }
 
-// A batch whose gradient a server never answered is done (not handed out again) but not trained:
-// the cluster counts it apart, in the state, the metrics and batches_done.
-TEST(Coordinator, BatchesWhoseGradientsWereLostAreDoneButNotCountedTrained) {
+// A batch whose gradient a server never answered is done (not handed out again), and the
+// cluster says how many were lost, in the state and the metrics; a worker registering again
+// under its name (restarted) keeps what it counted before.
+TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   zmq::context_t context(1);
   CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
@@ -653,10 +654,10 @@ TEST(Coordinator, BatchesWhoseGradientsWereLostAreDoneButNotCountedTrained) {
   first.request({{"type", "heartbeat"}, {"name", "worker0"},
                  {"status", {{"task", task.at("id")}, {"done", 5}, {"batches_done", 3},
                              {"gradients_lost", 2}}}});
-  EXPECT_EQ(c.batches_done(), 3);
+  EXPECT_EQ(c.batches_done(), 5);
   EXPECT_EQ(c.gradients_lost(), 2);
-  const json state = c.state();
-  EXPECT_EQ(state.at("cluster").at("batches_done"), 3) << state.dump();
+  json state = c.state();
+  EXPECT_EQ(state.at("cluster").at("batches_done"), 5) << state.dump();
   EXPECT_EQ(state.at("cluster").at("gradients_lost"), 2) << state.dump();
   for (const json& w : state.at("workers")) {
     if (w.at("name") == "worker0") {
@@ -665,6 +666,12 @@ TEST(Coordinator, BatchesWhoseGradientsWereLostAreDoneButNotCountedTrained) {
   }
   EXPECT_NE(prometheus_from_state(state).find("tandem_cluster_gradients_lost_total 2"),
             std::string::npos);
+  // Restarted under its name: its new status starts from zero, the two lost stay counted.
+  CoordinatorLink restarted(c.endpoint(), context);
+  restarted.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  restarted.request({{"type", "heartbeat"}, {"name", "worker0"},
+                     {"status", {{"batches_done", 1}, {"gradients_lost", 1}}}});
+  EXPECT_EQ(c.gradients_lost(), 3);
 }
 
 // Once training has started the servers are fixed: an unnamed server registering then takes the

@@ -749,6 +749,10 @@ TEST(DatasetStore, ArraysWrittenWithoutAGroupAreAStore) {
     fs::remove(root + damaged);
     test::write_bytes(root + "/test" + damaged, std::string("{not json"));
     EXPECT_THROW(DatasetStore::open(root), InputError);
+    // v2 attributes without their .zgroup are damage, not a store without attributes.
+    test::write_bytes(root + "/.zattrs", std::string("{\"num_classes\": 20}"));
+    EXPECT_THROW(DatasetStore::open(root), InputError);
+    fs::remove(root + "/.zattrs");
     // Labels alone are no store.
     fs::remove_all(root + "/images");
     EXPECT_FALSE(DatasetStore::looks_like_store(root));

@@ -99,8 +99,9 @@ width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
 sys.exit(width != height)" "$dir/png-odd/sample.png"
 
 # The seed's layout, persisted by Dask as it is: images in [0, 1] and one-hot float32 labels
-# [rows, 10], for the training and test splits, each array written to its own path with no group
-# metadata above it, no num_classes attribute. The training images
+# [rows, 10] for the training split, class indices as float64 [rows, 1] for the test split, each
+# array written to its own path with no group metadata above it, no num_classes attribute. The
+# training images
 # are float64, as Dask's `x / 255.` makes them (read narrowed to float32), the test ones
 # float32, as the seed has them.
 "$python" - "$dir/one.zarr" "$dir/seed.zarr" <<'PY'
@@ -114,8 +115,12 @@ for split in ("", "test/"):
     labels = da.from_zarr(zarr.open_array(src + "/" + split + "labels", mode="r"))
     scaled = images.astype(np.float32) / np.float32(255) if split else images / 255.0
     da.to_zarr(scaled, out + "/" + split + "images")
-    one_hot = (labels[:, None] == da.arange(10)[None, :]).astype(np.float32)
-    da.to_zarr(one_hot.rechunk((5000, 10)), out + "/" + split + "labels")
+    if split:  # class indices as whole floats in a column, as pandas leaves them
+        column = labels.astype(np.float64)[:, None]
+        da.to_zarr(column.rechunk((5000, 1)), out + "/" + split + "labels")
+    else:
+        one_hot = (labels[:, None] == da.arange(10)[None, :]).astype(np.float32)
+        da.to_zarr(one_hot.rechunk((5000, 10)), out + "/" + split + "labels")
 PY
 check "dask wrote the seed's layout (float64 training images)" \
   grep -q '"float64"' "$dir/seed.zarr/images/zarr.json"
@@ -124,12 +129,14 @@ acc=$(grep -o '"test":{[^}]*}' <<<"$out" | grep -o '"accuracy":[0-9.]*' | cut -d
 check "train on one-hot float32 labels learns (test accuracy $acc > 0.8)" \
   awk -v a="$acc" 'BEGIN{exit !(a > 0.8)}'
 ins=$("$tandem" inspect "$dir/seed.zarr" --out "$dir/png-seed" --json 2>/dev/null)
-check "inspect counts the one-hot labels' classes" "$python" -c "
+check "inspect counts the classes of one-hot rows and of float indices" "$python" -c "
 import json, sys
 j = json.loads(sys.argv[1])
-h = j['arrays']['labels']['histogram']
-sys.exit(not (j['num_classes'] == 10 and sorted(h) == [str(c) for c in range(10)]
-              and sum(h.values()) == 55000))" "$ins"
+ok = j['num_classes'] == 10
+for name, rows in (('labels', 55000), ('test/labels', 10000)):
+    h = j['arrays'][name]['histogram']
+    ok = ok and sorted(h) == [str(c) for c in range(10)] and sum(h.values()) == rows
+sys.exit(not ok)" "$ins"
 
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"

@@ -363,6 +363,19 @@ TEST(Zarr, ShardsWithInnerChunksMissingOrDamaged) {
   expect_bad(flipped, "shard index crc32c checksum");
   expect_bad(with_entry(1, index_at - 2, 8), "places inner chunk [0, 1] at bytes");
   expect_bad(with_entry(3, 0, none), "places inner chunk [1, 1]");
+  // Every inner chunk claiming the whole data: the same bytes would be decoded four times.
+  {
+    std::string all = good;
+    for (size_t k = 0; k < 4; ++k) {
+      for (int b = 0; b < 8; ++b) {
+        all[index_at + k * 16 + size_t(b)] = 0;
+        all[index_at + k * 16 + 8 + size_t(b)] = char(uint64_t(index_at) >> (8 * b));
+      }
+    }
+    const uint32_t sum = crc32c(reinterpret_cast<const uint8_t*>(all.data()) + index_at, 64);
+    for (int b = 0; b < 4; ++b) all[index_at + 64 + size_t(b)] = char(sum >> (8 * b));
+    expect_bad(all, "more bytes in all than the shard's data holds");
+  }
   std::string damaged = good;
   damaged[0] ^= 0xFF;  // inner chunk [0, 0]'s zstd frame starts the shard
   expect_bad(damaged, "inner chunk [0, 0]: not a zstd frame");

@@ -246,10 +246,13 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
     }
   }
 
-  // A band buffer holds a whole band (not one chunk: a band may be many). Not counted: each
-  // reader's scratch chunk, for bands made of several chunks (a chunk is at most a band).
-  const size_t band_bytes =
-      std::max<size_t>(1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_);
+  // A band buffer holds a whole band (not one chunk: a band may be many), or a band's one chunk
+  // as stored where that is more (float64, narrowed in place). Not counted: each reader's
+  // scratch chunk, for bands made of several chunks (a chunk is at most a band).
+  const zarr::ArrayMeta& meta = split_.images.meta();
+  const size_t band_bytes = std::max<size_t>(
+      {1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_,
+       bands_are_chunks(meta) ? meta.chunk_bytes() : 0});
   std::lock_guard<std::mutex> lock(mutex_);
   stopping_ = false;
   error_ = nullptr;

@@ -17,7 +17,8 @@ std::string prometheus_from_state(const json& state) {
           c.value("elapsed_s", 0.0));
   t.gauge("tandem_cluster_epochs_completed", "Epochs whose every batch is trained",
           double(c.value("epoch", int64_t{0})));
-  t.counter("tandem_cluster_batches_total", "Batches trained", double(c.value("batches_done", int64_t{0})));
+  t.counter("tandem_cluster_batches_total", "Batches finished (trained, or their gradients lost)",
+            double(c.value("batches_done", int64_t{0})));
   t.counter("tandem_cluster_gradients_lost_total",
             "Batches whose gradients a parameter server never answered (it died or restarted)",
             double(c.value("gradients_lost", int64_t{0})));

@@ -683,13 +683,14 @@ static void worker_role(const RoleOptions& o) {
     }
     return Exchanged::Applied;
   };
-  // Counts an exchange's gradients (`batches` batches of `rows` rows) as applied or lost.
+  // Counts an exchange's gradients (`batches` batches of `rows` rows) as applied or lost (an
+  // exchange that training ended while the servers were away is lost too: none answered it).
   auto tally = [&](Exchanged outcome, Pushed pushed) {
     if (outcome == Exchanged::Applied) {
       status->steps += 1;
       status->samples += pushed.rows;
       status->batches_done += pushed.batches;
-    } else if (outcome == Exchanged::Lost) {
+    } else {
       status->gradients_lost += pushed.batches;
     }
   };
@@ -706,7 +707,7 @@ static void worker_role(const RoleOptions& o) {
       if (inflight) {
         const Exchanged previous = exchange([&] { wait_and_install(*inflight); });
         inflight.reset();
-        tally(previous, inflight_pushed);
+        tally(previous, inflight_pushed);  // done when it was pushed
         if (previous == Exchanged::Ended) return false;
       }
       try {
@@ -714,16 +715,16 @@ static void worker_role(const RoleOptions& o) {
         inflight_pushed = pushed;  // counted once answered
       } catch (const transport::TransportError& e) {
         const Exchanged now = exchange([&] { throw e; });
+        if (now == Exchanged::Ended) return false;  // not done: neither trained nor lost
         tally(now, pushed);
-        if (now == Exchanged::Ended) return false;
       }
     } else {
       const Exchanged now = exchange([&] {
         PsClient::Handle handle = client.push_pull(gradients);
         wait_and_install(handle);
       });
+      if (now == Exchanged::Ended) return false;  // not done: neither trained nor lost
       tally(now, pushed);
-      if (now == Exchanged::Ended) return false;
     }
     // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
     // its last report), so a group's step counts each of its batches; a batch whose gradient

@@ -80,8 +80,8 @@ struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop
   int64_t epochs = 0;       // completed epochs
-  int64_t batches = 0;      // batches trained
-  int64_t gradients_lost = 0;  // batches whose gradients a server never answered (restarts)
+  int64_t batches = 0;      // batches finished: trained, or their gradients lost
+  int64_t gradients_lost = 0;  // of those, batches whose gradients no server answered
   int64_t steps = 0;        // optimizer steps on the servers (global_step)
   std::vector<ScoreRecord> scores;
   EvalResult validation;    // of the final parameters

@@ -370,6 +370,12 @@ json Coordinator::handle_register(const json& r) {
   role.previous_address = previous_address;
   role.state = kind == "ps" && role.address.empty() ? "registered" : "running";
   role.last_seen = Clock::now();
+  // A worker registering again under its name (restarted) starts a new status: what the old one
+  // counted stays counted.
+  if (const auto old = roles_.find(name); old != roles_.end() && old->second.role == "worker") {
+    retired_batches_done_ += json_integer_or(old->second.status, "batches_done", 0);
+    retired_gradients_lost_ += json_integer_or(old->second.status, "gradients_lost", 0);
+  }
   roles_[name] = role;
   changed_.notify_all();
   json config = options_.run_config;
@@ -660,10 +666,12 @@ int64_t Coordinator::batches_done() const {
 int64_t Coordinator::batches_done_locked() const {
   // The queue counts the batches its tasks report done, those whose gradients were lost among
   // them (they are not handed out again); a fed run has no queue, only the workers' counts.
-  if (!options_.fed) return std::max<int64_t>(0, work_.batches_done() - gradients_lost_locked());
-  int64_t sum = 0;
+  if (!options_.fed) return work_.batches_done();
+  int64_t sum = retired_batches_done_ + retired_gradients_lost_;
   for (const auto& [name, role] : roles_)
-    if (role.role == "worker") sum += json_integer_or(role.status, "batches_done", 0);
+    if (role.role == "worker")
+      sum += json_integer_or(role.status, "batches_done", 0) +
+             json_integer_or(role.status, "gradients_lost", 0);
   return sum;
 }
 
@@ -673,7 +681,7 @@ int64_t Coordinator::gradients_lost() const {
 }
 
 int64_t Coordinator::gradients_lost_locked() const {
-  int64_t sum = 0;
+  int64_t sum = retired_gradients_lost_;
   for (const auto& [name, role] : roles_)
     if (role.role == "worker") sum += json_integer_or(role.status, "gradients_lost", 0);
   return sum;

@@ -134,10 +134,11 @@ class Coordinator {
   std::vector<ScoreRecord> scores() const;
   double training_seconds() const;  // from the start of training to draining (or now)
   int64_t epochs_completed() const;
-  // Batches trained: their gradients applied by the servers.
+  // Batches finished: trained, or their gradients lost (gradients_lost).
   int64_t batches_done() const;
   // Batches whose gradients were lost: a server did not answer (it died or restarted), and the
-  // batch is not trained again. The workers' own counts, from their heartbeats and goodbyes.
+  // batch is not trained again. The workers' own counts, from their heartbeats and goodbyes
+  // (a restarted worker's earlier ones kept).
   int64_t gradients_lost() const;
 
  private:
@@ -172,6 +173,9 @@ class Coordinator {
   nlohmann::json spec_locked() const;
   double since_start(std::chrono::steady_clock::time_point t) const;
 
+  // Counts of workers that registered again under their names (restarted): their new statuses
+  // start from zero.
+  int64_t retired_batches_done_ = 0, retired_gradients_lost_ = 0;
   CoordinatorOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
   // The CURVE admissions of both sockets; released after the sockets close, before the context.

@@ -340,7 +340,8 @@ void convert_labels(const T* src, int64_t n, uint8_t* dst, int64_t first_index, 
     if (bad) {
       throw InputError(what + ": label at index " + std::to_string(first_index + i) + " is " +
                        std::to_string(v) + ", expected a class in [0, " +
-                       std::to_string(num_classes) + ") (" + array_path + ")");
+                       std::to_string(num_classes) + ") (" + array_path + ")" +
+                       kMoreClassesHint);
     }
     dst[i] = static_cast<uint8_t>(v);
   }
@@ -464,9 +465,10 @@ bool array_exists(const std::string& dir) {
 }
 
 // Group metadata is at `dir`, or v3 node metadata that must read as a group's (damaged, it is an
-// error, not no group).
+// error, not no group); v2 attributes are a group's too (their .zgroup lost is damage).
 bool has_group_metadata(const std::string& dir) {
-  return path_exists(join(dir, "zarr.json")) || path_exists(join(dir, ".zgroup"));
+  return path_exists(join(dir, "zarr.json")) || path_exists(join(dir, ".zgroup")) ||
+         path_exists(join(dir, ".zattrs"));
 }
 
 // A split (or a whole store) at `dir`: a Zarr group, or a directory holding an `images` array and

@@ -85,6 +85,11 @@ bool image_shape_describes(const nlohmann::json& shape, int64_t features);
 // Reads a whole split into memory (for validation/test evaluation and small stores).
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what);
 
+// Ends the error for a label past the classes: how a store says it has more than the default 10
+// (Dask writes no attributes).
+inline constexpr const char* kMoreClassesHint =
+    "; a store of more classes gives their number in its group attribute num_classes";
+
 // Converts `n` labels of a labels array's dtype (any integer type; `src` points at them) to class
 // bytes, each checked to lie in [0, num_classes): InputError naming `what`, the label's index
 // (first_index + i) and `array_path` for one that does not, or for a dtype that is no integer.

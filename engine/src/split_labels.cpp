@@ -56,7 +56,7 @@ void one_hot_to_classes(zarr::DType type, const uint8_t* src, int64_t n, int64_t
     }
     if (ones != 1 || other) {
       char value[32];
-      std::snprintf(value, sizeof value, "%g", odd);
+      std::snprintf(value, sizeof value, "%.9g", odd);  // 0.99999994 is not "1"
       throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " has " +
                        (other ? std::string("the value ") + value : std::to_string(ones) + " ones") +
                        ", expected a single 1 among zeros (" + path + ")");
@@ -78,10 +78,10 @@ void float_labels_to_classes(zarr::DType type, const uint8_t* src, int64_t n, ui
     const double v = element_as_double(type, src + size_t(i) * item);
     if (!(v >= 0 && v < num_classes && v == std::floor(v))) {
       char value[32];
-      std::snprintf(value, sizeof value, "%g", v);
+      std::snprintf(value, sizeof value, "%.17g", v);  // 2.9999998 is not "3"
       throw InputError(what + ": label at index " + std::to_string(first + i) + " is " + value +
                        ", expected a class in [0, " + std::to_string(num_classes) + ") (" +
-                       path + ")");
+                       path + ")" + kMoreClassesHint);
     }
     dst[i] = static_cast<uint8_t>(v);
   }

@@ -325,8 +325,8 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
               s.stop_reason.c_str(), s.seconds, static_cast<long long>(s.epochs),
               static_cast<long long>(s.batches), static_cast<long long>(s.steps));
   if (s.gradients_lost > 0)
-    std::printf("%lld batches lost their gradients: a parameter server did not answer (it was "
-                "restarted); they were not trained again\n",
+    std::printf("%lld of those batches lost their gradients: a parameter server did not answer "
+                "(it was restarted); they were not trained again\n",
                 static_cast<long long>(s.gradients_lost));
   if (!s.scores.empty())
     std::printf("newest score: validation loss %.1f, accuracy %.4f (%zu scores)\n", best,

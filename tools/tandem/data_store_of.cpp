@@ -52,7 +52,7 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
   const nlohmann::json fingerprint = idx_fingerprint(data);
   std::string why;
   if (is_dataset_store(store)) {
-    const nlohmann::json attributes = zarr::Group::open(store).second;
+    const nlohmann::json attributes = DatasetStore::open(store).attributes;
     const auto text = [&](const char* key) {
       return attributes.is_object() && attributes.contains(key) && attributes[key].is_string()
                  ? attributes[key].get<std::string>()

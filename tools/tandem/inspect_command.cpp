@@ -66,11 +66,13 @@ struct SplitReport {
   IntegerHistogram labels;  // empty when the split has no labels
 };
 
-// The labels' histogram: of the values of a 1-D array (out-of-range ones shown as they are), or
-// of the classes one-hot rows spell (each row checked to be one).
+// The labels' histogram: of the values of integer class indices (out-of-range ones shown as they
+// are), or of the classes that float indices or one-hot rows stand for (each checked).
 IntegerHistogram label_histogram(const DatasetStore& store, const DatasetStore::Split& split,
                                  int threads) {
-  if (one_hot_classes(split.labels.meta()) == 0) return integer_histogram(split.labels, threads);
+  const zarr::ArrayMeta& meta = split.labels.meta();
+  const bool floats = meta.dtype == zarr::DType::Float32 || meta.dtype == zarr::DType::Float64;
+  if (one_hot_classes(meta) == 0 && !floats) return integer_histogram(split.labels, threads);
   IntegerHistogram h;
   for (const uint8_t c : read_class_labels(split.labels, store.num_classes, store.path)) {
     h.min = h.count == 0 ? c : std::min<int64_t>(h.min, c);

@@ -112,9 +112,9 @@ struct ClusterRunSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop
   int64_t epochs = 0;       // completed epochs
-  int64_t batches = 0;      // batches trained
-  // Batches whose gradients a parameter server never answered (it died or restarted); they
-  // are not trained again, and not counted in `batches`.
+  int64_t batches = 0;      // batches finished: trained, or their gradients lost
+  // Of those, batches whose gradients a parameter server never answered (it died or
+  // restarted); they are not trained again.
   int64_t gradients_lost = 0;
   int64_t steps = 0;        // optimizer steps on the servers (global_step) at the stop
   std::vector<ClusterScore> scores;

@@ -29,6 +29,8 @@ constexpr int kDefaultZlibLevel = 1;   // numcodecs' Zlib default
 // Room beyond zlib's compressBound for what other gzip writers add: a header with a file name or
 // comment, or several members (Python's gzip reads them all, so this reader does too).
 constexpr size_t kDeflateWrapperSlack = size_t{64} << 10;
+// A plain gzip header and trailer (10 + 8 bytes), with room to spare.
+constexpr size_t kDeflatePartHeader = 64;
 
 [[noreturn]] void corrupt(const std::string& what, const std::string& problem) {
   throw InputError(what + ": " + problem);
@@ -237,6 +239,8 @@ void decompress_deflate(Compressor::Kind kind, const uint8_t* in, size_t in_size
     if (rc == Z_OK) continue;  // progress; the next call goes on
     if (rc == Z_STREAM_END) {
       if (kind != Compressor::Kind::Gzip) {
+        // Stricter than Python's zlib module, which ignores them: no writer leaves any, so
+        // they are damage.
         if (s.avail_in == 0) break;
         problem("is followed by " + std::to_string(s.avail_in) + " bytes after its end");
       }
@@ -364,17 +368,24 @@ std::string unwritable_compressor_problem(const Compressor& c) {
 }
 
 size_t max_stored_size(const Compressor& c, size_t chunk_bytes) {
+  return max_stored_size_of_parts(c, 1, chunk_bytes);
+}
+
+size_t max_stored_size_of_parts(const Compressor& c, size_t parts, size_t part_bytes) {
   const size_t checksum = c.crc32c ? 4 : 0;
   switch (c.kind) {
-    case Compressor::Kind::None: return chunk_bytes + checksum;
-    case Compressor::Kind::Zstd: return ZSTD_compressBound(chunk_bytes) + checksum;
-    case Compressor::Kind::Blosc: return chunk_bytes + BLOSC_MAX_OVERHEAD + checksum;
+    case Compressor::Kind::None: return parts * (part_bytes + checksum);
+    case Compressor::Kind::Zstd: return parts * (ZSTD_compressBound(part_bytes) + checksum);
+    case Compressor::Kind::Blosc: return parts * (part_bytes + BLOSC_MAX_OVERHEAD + checksum);
     case Compressor::Kind::Gzip:
-    case Compressor::Kind::Zlib:
-      return compressBound(uLong(std::min<size_t>(chunk_bytes, ULONG_MAX >> 1))) +
-             kDeflateWrapperSlack + checksum;
+    case Compressor::Kind::Zlib: {
+      // A gzip header of another writer (a name, a comment, several members) once per file, a
+      // plain one per part.
+      const size_t bound = compressBound(uLong(std::min<size_t>(part_bytes, ULONG_MAX >> 1)));
+      return parts * (bound + kDeflatePartHeader + checksum) + kDeflateWrapperSlack;
+    }
   }
-  return chunk_bytes + checksum;
+  return parts * (part_bytes + checksum);
 }
 
 }  // namespace detail

@@ -57,5 +57,7 @@ std::string unwritable_compressor_problem(const Compressor& c);
 // The largest stored chunk `c` can produce from `chunk_bytes` bytes: a larger chunk file is
 // corrupt, and refusing it before reading keeps memory bounded by the chunk size.
 size_t max_stored_size(const Compressor& c, size_t chunk_bytes);
+// The same for `parts` chunks of `part_bytes` stored in one file (a shard's inner chunks).
+size_t max_stored_size_of_parts(const Compressor& c, size_t parts, size_t part_bytes);
 
 }  // namespace tandem::zarr::detail

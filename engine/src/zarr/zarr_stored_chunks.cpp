@@ -125,7 +125,10 @@ void decode_shard(const ArrayMeta& meta, const uint8_t* in, size_t in_size, uint
     }
   }
   // Every entry is checked before anything is decoded; a missing inner chunk is the fill value.
+  // The inner chunks may not take more than the data in all: entries that overlap would have
+  // the same bytes decoded again and again (every entry the whole data: quadratic time).
   bool any_missing = false;
+  uint64_t taken = 0;
   for (size_t k = 0; k < layout.count; ++k) {
     const uint64_t offset = load_le64(index + k * kIndexEntryBytes);
     const uint64_t size = load_le64(index + k * kIndexEntryBytes + 8);
@@ -137,6 +140,13 @@ void decode_shard(const ArrayMeta& meta, const uint8_t* in, size_t in_size, uint
                        " to " + std::to_string(offset) + "+" + std::to_string(size) +
                        "; expected it within the shard's data, bytes " +
                        std::to_string(data_begin) + " to " + std::to_string(data_end));
+    } else if (size > data_end - data_begin - taken) {
+      throw InputError(what + ": the shard index gives its inner chunks more bytes in all than "
+                       "the shard's data holds (" + std::to_string(data_end - data_begin) +
+                       ", passed at inner chunk " + dims_text(layout.position(k)) +
+                       "); expected inner chunks that do not overlap");
+    } else {
+      taken += size;
     }
   }
   if (any_missing) fill_chunk(meta, out);
@@ -206,7 +216,8 @@ void fill_chunk(const ArrayMeta& meta, uint8_t* out) {
 size_t max_stored_chunk_size(const ArrayMeta& meta) {
   if (!meta.sharded()) return max_stored_size(meta.compressor, meta.chunk_bytes());
   const ShardLayout layout(meta);
-  return layout.count * max_stored_size(meta.compressor, layout.inner_bytes) + layout.index_bytes;
+  return max_stored_size_of_parts(meta.compressor, layout.count, layout.inner_bytes) +
+         layout.index_bytes;
 }
 
 void decode_stored_chunk(const ArrayMeta& meta, const uint8_t* in, size_t in_size, uint8_t* out,
