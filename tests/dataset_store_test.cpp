@@ -575,13 +575,20 @@ TEST(DatasetStore, OneHotLabelsReadAsTheirClasses) {
     for (DatasetView v; cm.next(v);) streamed.insert(streamed.end(), v.labels, v.labels + v.rows);
     EXPECT_EQ(streamed, expected);
 
-    // Rows that are no one-hot row are refused naming the row.
+    // A row's class is its largest entry, as the Python package reads fed rows: smoothed labels
+    // name their class; a row holding NaN, or nothing above 0, names none.
+    std::vector<float> smoothed(one_hot.size());
+    for (size_t i = 0; i < smoothed.size(); ++i) smoothed[i] = one_hot[i] * 0.9f + 0.01f;
+    write_labels(smoothed);
+    const Dataset from_smoothed = read_split(DatasetStore::open(root).train, 10, "train");
+    EXPECT_EQ(std::vector<uint8_t>(from_smoothed.label_data(), from_smoothed.label_data() + rows),
+              expected);
     const std::vector<std::pair<float, std::string>> bad = {
-        {1.0f, "one-hot label row 7 has 2 ones"}, {0.5f, "one-hot label row 7 has the value 0.5"},
-        {NAN, "one-hot label row 7 has the value nan"}};
+        {NAN, "one-hot label row 7 names no class (it holds NaN)"},
+        {0.0f, "one-hot label row 7 names no class (no entry above 0)"}};
     for (const auto& [value, message] : bad) {
       std::vector<float> spoiled = one_hot;
-      spoiled[size_t(7 * classes + (expected[7] + 1) % classes)] = value;
+      spoiled[size_t(7 * classes + expected[7])] = value;
       write_labels(spoiled);
       const DatasetStore reopened = DatasetStore::open(root);
       try {
@@ -590,11 +597,8 @@ TEST(DatasetStore, OneHotLabelsReadAsTheirClasses) {
       } catch (const InputError& e) {
         EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
       }
+      EXPECT_THROW(ChunkManager(reopened.train, 10, o), InputError);
     }
-    std::vector<float> empty_row = one_hot;
-    empty_row[size_t(7 * classes + expected[7])] = 0.0f;
-    write_labels(empty_row);
-    EXPECT_THROW(ChunkManager(DatasetStore::open(root).train, 10, o), InputError);
     // A width other than the store's classes is refused on open.
     write_labels(one_hot);
     zarr::Group::create(root, f, {{"num_classes", 12}});

@@ -36,36 +36,34 @@ double element_as_double(zarr::DType type, const uint8_t* p) {
 }
 
 // One-hot rows [n, classes] of `type` at `src` to class bytes; `first` is the first row's index.
+// Each row's class is its largest entry (the first of equals), as the Python package reads the
+// rows it is fed (python/src/array_rows.cpp): smoothed labels (0.9 among 0.011) name their class
+// too. A row holding NaN, or nothing above 0, names none.
 void one_hot_to_classes(zarr::DType type, const uint8_t* src, int64_t n, int64_t classes,
                         uint8_t* dst, int64_t first, int num_classes, const std::string& what,
                         const std::string& path) {
   const size_t item = zarr::dtype_size(type);
   for (int64_t r = 0; r < n; ++r) {
-    int64_t hot = -1, ones = 0;
-    bool other = false;
-    double odd = 0;
+    int64_t best = 0;
+    double best_value = -INFINITY;
+    bool nan = false;
     for (int64_t c = 0; c < classes; ++c) {
       const double v = element_as_double(type, src + size_t(r * classes + c) * item);
-      if (v == 1) {
-        hot = c;
-        ++ones;
-      } else if (v != 0 && !other) {
-        other = true;
-        odd = v;
+      nan = nan || std::isnan(v);
+      if (v > best_value) {
+        best = c;
+        best_value = v;
       }
     }
-    if (ones != 1 || other) {
-      char value[32];
-      std::snprintf(value, sizeof value, "%.9g", odd);  // 0.99999994 is not "1"
-      throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " has " +
-                       (other ? std::string("the value ") + value : std::to_string(ones) + " ones") +
-                       ", expected a single 1 among zeros (" + path + ")");
-    }
-    if (hot >= num_classes)
+    if (nan || !(best_value > 0))
+      throw InputError(what + ": one-hot label row " + std::to_string(first + r) +
+                       " names no class (" + (nan ? "it holds NaN" : "no entry above 0") + ") (" +
+                       path + ")");
+    if (best >= num_classes)
       throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " is class " +
-                       std::to_string(hot) + ", expected a class in [0, " +
+                       std::to_string(best) + ", expected a class in [0, " +
                        std::to_string(num_classes) + ") (" + path + ")");
-    dst[r] = static_cast<uint8_t>(hot);
+    dst[r] = static_cast<uint8_t>(best);
   }
 }
 

@@ -2,7 +2,7 @@
 // store may hold: class indices [rows] or [rows, 1] (integers, as `tandem prepare` writes them,
 // or whole numbers in a float array, as pandas and NumPy pipelines often leave them), or one-hot
 // rows [rows, classes >= 2] of any number type (the seed's layout: float32 rows from
-// TensorFlow's reader, persisted by Dask as it is), each row a single 1 among zeros.
+// TensorFlow's reader, persisted by Dask as it is), each row's class its largest entry.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ int64_t one_hot_classes(const zarr::ArrayMeta& labels);
 std::string labels_layout_problem(const zarr::ArrayMeta& labels, int64_t rows);
 
 // Every label as a class byte, each below `num_classes`. InputError naming `what`, the array and
-// the row for a label out of range or a one-hot row that is not a single 1 among zeros.
+// the row for a label out of range or a one-hot row that names no class (NaN, nothing above 0).
 std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classes,
                                        const std::string& what);
 
