@@ -138,6 +138,24 @@ for name, rows in (('labels', 55000), ('test/labels', 10000)):
     ok = ok and sorted(h) == [str(c) for c in range(10)] and sum(h.values()) == rows
 sys.exit(not ok)" "$ins"
 
+# Images [rows, height, width] that are not square, from a store without attributes: drawn at
+# their own height and width (28 x 32, scaled 10 times).
+"$python" - "$dir/wide.zarr" <<'PY'
+import sys
+import dask.array as da
+import numpy as np
+out = sys.argv[1]
+da.to_zarr(da.from_array(np.arange(100 * 28 * 32).reshape(100, 28, 32) % 251).astype(np.uint8),
+           out + "/images")
+da.to_zarr(da.from_array(np.arange(100) % 10), out + "/labels")
+PY
+check "inspect of non-square [rows, 28, 32] images" \
+  "$tandem" inspect "$dir/wide.zarr" --out "$dir/png-wide"
+check "... draws them 320 wide and 280 high" "$python" -c "
+import struct, sys
+width, height = struct.unpack('>II', open(sys.argv[1], 'rb').read(24)[16:24])
+sys.exit((width, height) != (320, 280))" "$dir/png-wide/sample.png"
+
 key=$dir/one.zarr/images/c/3/0   # a v3 store's chunk key, as zarr-python writes it
 check "chunk key exists" test -f "$key"
 printf 'garbage' > "$key"

@@ -30,14 +30,18 @@ struct InspectOptions {
   bool json = false;
 };
 
-// The image shape recorded by prepare when it describes `features`; else a square; else a strip.
+// The image shape recorded by prepare when it describes `features`; else the images array's own
+// height and width when it is [rows, height, width] (Dask's, or a store without attributes);
+// else a square; else a strip.
 std::pair<int64_t, int64_t> image_shape(const DatasetStore& store, int64_t features) {
   const nlohmann::json& a = store.attributes;
+  const std::vector<int64_t>& shape = store.train.images.meta().shape;
   if (a.is_object() && a.contains("image_shape") && a["image_shape"].is_array()) {
     const nlohmann::json& s = a["image_shape"];
     if (s.size() == 2 && image_shape_describes(s, features))
       return {s[0].get<int64_t>(), s[1].get<int64_t>()};
   }
+  if (shape.size() == 3 && shape[1] * shape[2] == features) return {shape[1], shape[2]};
   const auto side = static_cast<int64_t>(std::llround(std::sqrt(double(features))));
   if (side * side == features) return {side, side};
   return {1, features};
