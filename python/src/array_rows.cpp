@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -85,15 +86,37 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
     if (labels.ndim() < 1 || labels.shape(0) != rows)
       throw py::value_error("labels must have one entry per image: images are " +
                             shape_text(images) + ", labels " + shape_text(labels));
+    // A column [rows, 1] holds class ids (one column can be no one-hot row), as the store reads
+    // one (engine/src/split_labels.h).
+    if (labels.ndim() == 2 && labels.shape(1) == 1)
+      labels = py::array::ensure(labels.attr("reshape")(rows));
     const char lkind = labels.dtype().kind();
-    if (labels.ndim() == 2 && lkind == 'f') {
+    if (labels.ndim() == 1 && lkind == 'f') {
+      // Class ids as whole numbers in floats (3.0), as pandas and NumPy often leave them.
+      auto wide = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
+      py::array_t<uint8_t> ids(rows);
+      const double* in = wide.data();
+      uint8_t* ids_out = ids.mutable_data();
+      for (py::ssize_t r = 0; r < rows; ++r) {
+        if (!(in[r] >= 0 && in[r] < 256 && in[r] == std::floor(in[r]))) {
+          char value[32];
+          std::snprintf(value, sizeof value, "%.17g", in[r]);
+          throw py::value_error(std::string("label ") + value + " at row " + std::to_string(r) +
+                                " is not a class id in [0, 256)");
+        }
+        ids_out[r] = uint8_t(in[r]);
+        num_classes = std::max(num_classes, ids_out[r] + 1);
+      }
+      labels = ids;
+      out.labels_copied = true;
+    } else if (labels.ndim() == 2 && lkind == 'f') {
       // One-hot rows (the seed's labels): the class is the arg-max of each row. One column is
       // no one-hot (a column of class ids as floats would make every label 0), and a row with
       // no positive entry, or a NaN, names no class.
       const py::ssize_t classes = labels.shape(1);
       if (classes < 2 || classes > 256)
         throw py::value_error("one-hot labels need 2 to 256 columns, not " + shape_text(labels) +
-                              " (class ids go in a 1-D integer array)");
+                              " (class ids go in a 1-D array)");
       auto dense = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(labels);
       py::array_t<uint8_t> ids(rows);
       const float* in = dense.data();
@@ -132,7 +155,7 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       const uint8_t* ids = static_cast<const uint8_t*>(labels.data());
       for (py::ssize_t r = 0; r < rows; ++r) num_classes = std::max(num_classes, ids[r] + 1);
     } else {
-      throw py::type_error("labels must be class ids (rows,) of an integer type or one-hot rows "
+      throw py::type_error("labels must be class ids (rows,) or (rows, 1), or one-hot rows "
                            "(rows, classes) of a float type, not " + dtype_text(labels) + " " +
                            shape_text(labels));
     }

@@ -291,10 +291,9 @@ def _predict_chunk_to(block, chunk, model, out, layout, threads):
 
 def _labels_of(labels, rows):
     labels = np.asarray(labels.compute() if hasattr(labels, "__dask_graph__") else labels)
+    if labels.ndim == 2 and labels.shape[1] == 1:  # a column of class ids, as the engine reads it
+        labels = labels.reshape(-1)
     if labels.ndim == 2:  # one-hot rows, the seed's format (checked as the engine checks them)
-        if labels.shape[1] < 2:
-            raise InputError(f"one-hot labels need at least 2 columns, not shape {labels.shape} "
-                             "(class ids go in a 1-D integer array)")
         bad = np.isnan(labels).any(axis=1) | ~(labels.max(axis=1) > 0)
         if bad.any():
             raise InputError(f"one-hot label row {int(np.argmax(bad))} names no class (a NaN, "

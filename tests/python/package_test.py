@@ -77,10 +77,19 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True, "bacth": 10})
         with self.assertRaises(tandem.Error):
             tandem.load("/nonexistent/model.safetensors")
-        # One column of floats is no one-hot (every row's arg-max would be class 0), and a row
-        # with a NaN or no positive entry names no class.
+        # Class ids as whole floats, or in one column, read as the store reads them; a float
+        # that is no whole class id is refused naming it. A one-hot row with a NaN or no
+        # positive entry names no class.
+        self.assertEqual(model.evaluate(x, y.astype(np.float64)), model.evaluate(x, y))
+        self.assertEqual(model.evaluate(x, y.reshape(-1, 1).astype(np.float32)),
+                         model.evaluate(x, y))
+        self.assertEqual(model.evaluate(x, y.reshape(-1, 1)), model.evaluate(x, y))
+        spoiled = y.astype(np.float64)
+        spoiled[3] = 2.5
+        with self.assertRaisesRegex(ValueError, "label 2.5 at row 3 is not a class id"):
+            model.evaluate(x, spoiled)
         with self.assertRaisesRegex(ValueError, "need 2 to 256 columns"):
-            model.evaluate(x, y.reshape(-1, 1).astype(np.float32))
+            model.evaluate(x, np.zeros((len(y), 0), np.float32))
         one_hot = np.eye(10, dtype=np.float32)[y]
         one_hot[4] = 0
         with self.assertRaisesRegex(ValueError, "row 4 names no class"):
