@@ -109,10 +109,10 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       }
       labels = ids;
       out.labels_copied = true;
-    } else if (labels.ndim() == 2 && lkind == 'f') {
-      // One-hot rows (the seed's labels): the class is the arg-max of each row. One column is
-      // no one-hot (a column of class ids as floats would make every label 0), and a row with
-      // no positive entry, or a NaN, names no class.
+    } else if (labels.ndim() == 2 && (lkind == 'f' || lkind == 'u' || lkind == 'i')) {
+      // One-hot rows (the seed's labels, float; integer ones too, as the stores read them): the
+      // class is the arg-max of each row (the first of equals). A row with no positive entry,
+      // or a NaN, names no class. (A column [rows, 1] was taken as class ids above.)
       const py::ssize_t classes = labels.shape(1);
       if (classes < 2 || classes > 256)
         throw py::value_error("one-hot labels need 2 to 256 columns, not " + shape_text(labels) +
@@ -156,7 +156,7 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       for (py::ssize_t r = 0; r < rows; ++r) num_classes = std::max(num_classes, ids[r] + 1);
     } else {
       throw py::type_error("labels must be class ids (rows,) or (rows, 1), or one-hot rows "
-                           "(rows, classes) of a float type, not " + dtype_text(labels) + " " +
+                           "(rows, classes), of a number type, not " + dtype_text(labels) + " " +
                            shape_text(labels));
     }
   } else if (need_labels) {

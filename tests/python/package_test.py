@@ -90,6 +90,7 @@ class ModelTest(unittest.TestCase):
             model.evaluate(x, spoiled)
         with self.assertRaisesRegex(ValueError, "need 2 to 256 columns"):
             model.evaluate(x, np.zeros((len(y), 0), np.float32))
+        self.assertEqual(model.evaluate(x, np.eye(10, dtype=np.int8)[y]), model.evaluate(x, y))
         one_hot = np.eye(10, dtype=np.float32)[y]
         one_hot[4] = 0
         with self.assertRaisesRegex(ValueError, "row 4 names no class"):
