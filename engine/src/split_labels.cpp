@@ -117,7 +117,8 @@ std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classe
   const int64_t rows = meta.shape.empty() ? 0 : meta.shape[0];
   const int64_t classes = one_hot_classes(meta);
   const std::string problem = labels_layout_problem(meta, rows);
-  if (!problem.empty()) throw InputError(what + ": labels: " + problem + " (" + labels.path() + ")");
+  if (!problem.empty())
+    throw InputError(what + ": labels: " + problem + " (" + labels.path() + ")");
   if (classes > 0 && classes != num_classes)
     throw InputError(what + ": one-hot labels of " + std::to_string(classes) +
                      " classes, but the store has " + std::to_string(num_classes) + " (" +

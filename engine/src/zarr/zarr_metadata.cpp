@@ -371,17 +371,16 @@ Compressor parse_v3_codecs(const Reader& r, const json& codecs, DType type) {
 // chunks (zarr-python's `shards=`). Nested sharding, and codecs after the sharding codec, are
 // refused.
 void parse_v3_array_codecs(const Reader& r, const json& codecs, ArrayMeta& meta) {
-  const bool sharded = codecs.is_array() && !codecs.empty() &&
-                       codec_parts(r, codecs[0]).first == "sharding_indexed";
-  if (!sharded) {
-    meta.compressor = parse_v3_codecs(r, codecs, meta.dtype);
+  if (!codecs.is_array() || codecs.empty() ||
+      codec_parts(r, codecs[0]).first != "sharding_indexed") {
+    meta.compressor = parse_v3_codecs(r, codecs, meta.dtype);  // (which names what is wrong)
     return;
   }
   if (codecs.size() != 1) {
     r.fail("codec \"" + codec_parts(r, codecs[1]).first + "\" after sharding_indexed is not "
            "supported; expected sharding_indexed alone");
   }
-  const json& config = codec_parts(r, codecs[0]).second;
+  const auto [name, config] = codec_parts(r, codecs[0]);
   meta.inner_chunks =
       r.dims(r.need(config, "chunk_shape", " in the sharding_indexed codec"), "chunk_shape");
   if (meta.inner_chunks.empty()) r.fail("sharding a 0-d array is not supported");
@@ -397,9 +396,11 @@ void parse_v3_array_codecs(const Reader& r, const json& codecs, ArrayMeta& meta)
   if (first != "bytes") r.fail("index codec \"" + first + "\" is not supported" + index_expected);
   parse_v3_bytes_codec(r, first_config, DType::UInt64);
   meta.shard_index_crc32c = index.size() == 2;
-  if (meta.shard_index_crc32c && codec_parts(r, index[1]).first != "crc32c") {
-    r.fail("index codec \"" + codec_parts(r, index[1]).first + "\" is not supported" +
-           index_expected);
+  if (meta.shard_index_crc32c) {
+    const std::string second = codec_parts(r, index[1]).first;
+    if (second != "crc32c") {
+      r.fail("index codec \"" + second + "\" is not supported" + index_expected);
+    }
   }
   meta.shard_index_at_start = false;  // the spec's default
   if (const json* location = r.find(config, "index_location")) {
