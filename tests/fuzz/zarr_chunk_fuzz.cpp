@@ -54,12 +54,19 @@ void fuzz_shard(const uint8_t* data, size_t size, Compressor c) {
     const uint32_t sum = tandem::crc32c(stored.data() + at, entries);
     for (int b = 0; b < 4; ++b) stored[at + entries + size_t(b)] = uint8_t(sum >> (8 * b));
   }
-  std::vector<uint8_t> out(meta.chunk_bytes()), back(meta.chunk_bytes());
-  if (!tandem::fuzz::accepts([&] {
-        tandem::zarr::detail::decode_stored_chunk(meta, stored.data(), stored.size(), out.data(),
-                                                  "fuzz");
-      }))
-    return;
+  // The chunk, then a guard of known bytes that a decoder writing past it would change (as in
+  // the compressed mode below).
+  constexpr size_t kGuard = 64;
+  constexpr uint8_t kGuardByte = 0xA5;
+  std::vector<uint8_t> out(meta.chunk_bytes() + kGuard, kGuardByte), back(meta.chunk_bytes());
+  const bool accepted = tandem::fuzz::accepts([&] {
+    tandem::zarr::detail::decode_stored_chunk(meta, stored.data(), stored.size(), out.data(),
+                                              "fuzz");
+  });
+  FUZZ_CHECK(std::all_of(out.begin() + std::ptrdiff_t(meta.chunk_bytes()), out.end(),
+                         [](uint8_t b) { return b == kGuardByte; }));
+  if (!accepted) return;
+  out.resize(meta.chunk_bytes());
   const std::vector<uint8_t> again = tandem::zarr::detail::encode_stored_chunk(meta, out.data());
   FUZZ_CHECK(tandem::fuzz::accepts([&] {
     tandem::zarr::detail::decode_stored_chunk(meta, again.data(), again.size(), back.data(),
