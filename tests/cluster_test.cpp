@@ -614,20 +614,31 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
 }
 
-// worker0 and worker1 registered through their own links; training has started.
-void start_training_with(Coordinator& c, CoordinatorLink& worker0, CoordinatorLink& worker1) {
-  worker0.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
-  worker1.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
-  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
-}
-
-TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOutAgain) {
-  zmq::context_t context(1);
+CoordinatorOptions two_worker_options(zmq::context_t& context) {
   CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
-  Coordinator c(o);
-  CoordinatorLink stopping(c.endpoint(), context), staying(c.endpoint(), context);
-  ASSERT_NO_FATAL_FAILURE(start_training_with(c, stopping, staying));
+  return o;
+}
+
+// A coordinator expecting two workers, and a link for each (worker0, worker1).
+struct TwoWorkers {
+  zmq::context_t context{1};
+  Coordinator c{two_worker_options(context)};
+  CoordinatorLink worker0{c.endpoint(), context}, worker1{c.endpoint(), context};
+
+  // Both registered through their own links; training has started.
+  void start_training() {
+    worker0.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+    worker1.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+    ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  }
+};
+
+TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOutAgain) {
+  TwoWorkers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_training());
+  Coordinator& c = cluster.c;
+  CoordinatorLink &stopping = cluster.worker0, &staying = cluster.worker1;
   const json task = stopping.request({{"type", "work"}, {"name", "worker0"}}).at("task");
   EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 5));
   // One batch reported by a heartbeat, three by the goodbye (trained since).
@@ -644,12 +655,10 @@ TEST(Coordinator, AWorkerStoppingMidTaskHasOnlyTheBatchesAfterItsGoodbyeHandedOu
 // cluster says how many were lost, in the state and the metrics; a worker registering again
 // under its name (restarted) keeps what it counted before.
 TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
-  zmq::context_t context(1);
-  CoordinatorOptions o = test::bare_coordinator_options(context);
-  o.expected_workers = 2;
-  Coordinator c(o);
-  CoordinatorLink first(c.endpoint(), context), second(c.endpoint(), context);
-  ASSERT_NO_FATAL_FAILURE(start_training_with(c, first, second));
+  TwoWorkers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_training());
+  Coordinator& c = cluster.c;
+  CoordinatorLink& first = cluster.worker0;
   const json task = first.request({{"type", "work"}, {"name", "worker0"}}).at("task");
   first.request({{"type", "heartbeat"}, {"name", "worker0"},
                  {"status", {{"task", task.at("id")}, {"done", 5}, {"batches_done", 3},
@@ -667,7 +676,7 @@ TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   EXPECT_NE(prometheus_from_state(state).find("tandem_cluster_gradients_lost_total 2"),
             std::string::npos);
   // Restarted under its name: its new status starts from zero, the two lost stay counted.
-  CoordinatorLink restarted(c.endpoint(), context);
+  CoordinatorLink restarted(c.endpoint(), cluster.context);
   restarted.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
   restarted.request({{"type", "heartbeat"}, {"name", "worker0"},
                      {"status", {{"batches_done", 1}, {"gradients_lost", 1}}}});

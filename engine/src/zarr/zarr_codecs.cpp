@@ -211,6 +211,26 @@ std::vector<uint8_t> compress_deflate(const Compressor& c, const uint8_t* data, 
   return out;
 }
 
+// One inflate stream per thread, reset for each chunk to the wrapper it needs, as the zstd
+// context above: a fresh one allocates its state and 32 KiB window per chunk (a shard's inner
+// chunks may be many and small).
+z_stream& thread_inflater(Compressor::Kind kind) {
+  struct Inflater {
+    z_stream s{};
+    bool ready = false;
+    ~Inflater() {
+      if (ready) inflateEnd(&s);
+    }
+  };
+  thread_local Inflater inflater;
+  const int rc = inflater.ready ? inflateReset2(&inflater.s, deflate_window_bits(kind))
+                                : inflateInit2(&inflater.s, deflate_window_bits(kind));
+  if (rc != Z_OK)
+    throw Error(std::string(deflate_name(kind)) + ": cannot start decompression (out of memory)");
+  inflater.ready = true;
+  return inflater.s;
+}
+
 // Inflates into exactly out_size bytes. A gzip stream may hold several members, one after the
 // other, with zero bytes between and after them, as Python's gzip module (numcodecs' GZip)
 // reads it.
@@ -220,13 +240,7 @@ void decompress_deflate(Compressor::Kind kind, const uint8_t* in, size_t in_size
   const std::string expected = "; expected " + std::to_string(out_size) + " bytes (the chunk size)";
   if (in_size > UINT_MAX || out_size > UINT_MAX)
     corrupt(what, name + " data of " + std::to_string(in_size) + " bytes is too large" + expected);
-  z_stream s{};
-  if (inflateInit2(&s, deflate_window_bits(kind)) != Z_OK)
-    throw Error(name + ": cannot start decompression (out of memory)");
-  struct End {
-    z_stream* s;
-    ~End() { inflateEnd(s); }
-  } end{&s};
+  z_stream& s = thread_inflater(kind);
   s.next_in = const_cast<Bytef*>(in);
   s.avail_in = uInt(in_size);
   s.next_out = out;
