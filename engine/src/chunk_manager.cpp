@@ -189,22 +189,12 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   } else {
     for (size_t p = 0; p < band_count_; ++p) band_order_[p] = static_cast<int64_t>(p);
   }
-  row_orders_.assign(band_count_, {});
-  inverse_orders_.assign(band_count_, {});
+  // Each band's row order is drawn by the reader that reads it (shuffle_band).
+  epoch_ = epoch;
   band_start_.assign(band_count_ + 1, 0);
   for (size_t p = 0; p < band_count_; ++p) {
     const int64_t band = band_order_[p];
-    const int64_t band_rows = std::min(band_rows_, rows - band * band_rows_);
-    band_start_[p + 1] = band_start_[p] + band_rows;
-    if (options_.shuffle) {
-      row_orders_[p] = seeded_permutation(band_rows, options_.seed,
-                                          kRowOrderStream + static_cast<uint64_t>(epoch) * 1000003u +
-                                              static_cast<uint64_t>(band));
-      inverse_orders_[p].resize(static_cast<size_t>(band_rows));
-      for (int64_t k = 0; k < band_rows; ++k)
-        inverse_orders_[p][static_cast<size_t>(row_orders_[p][static_cast<size_t>(k)])] =
-            static_cast<int32_t>(k);
-    }
+    band_start_[p + 1] = band_start_[p] + std::min(band_rows_, rows - band * band_rows_);
   }
   // This shard's batches, their units and runs, and the stream positions (bands) they touch.
   my_batches_.clear();
@@ -302,6 +292,15 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true);
 }
 
+void ChunkManager::shuffle_band(int64_t band, Band& out) const {
+  fill_seeded_permutation(out.order, out.rows, options_.seed,
+                          kRowOrderStream + static_cast<uint64_t>(epoch_) * 1000003u +
+                              static_cast<uint64_t>(band));
+  out.inverse.resize(out.order.size());
+  for (size_t k = 0; k < out.order.size(); ++k)
+    out.inverse[static_cast<size_t>(out.order[k])] = static_cast<int32_t>(k);
+}
+
 void ChunkManager::reader_loop() {
   try {
     std::vector<uint8_t> scratch;  // one chunk, for bands of several chunks
@@ -321,7 +320,9 @@ void ChunkManager::reader_loop() {
           spare_bands_.pop_back();
         }
       }
-      read_band(band_order_[needed_positions_[index]], band, scratch);
+      const int64_t band_index = band_order_[needed_positions_[index]];
+      read_band(band_index, band, scratch);
+      if (options_.shuffle) shuffle_band(band_index, band);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ready_bands_.emplace(index, std::move(band));
@@ -402,7 +403,7 @@ void ChunkManager::assembler_loop() {
           uint8_t* out = pixels + (lo - run.begin) * row_bytes;
           uint8_t* out_labels = labels + (lo - run.begin);
           const int64_t first = lo - band_start_[position], last = hi - band_start_[position];
-          if (row_orders_[position].empty()) {
+          if (!options_.shuffle) {
             // Unshuffled: one contiguous run.
             copy_rows(out, band->pixels + first * row_bytes,
                       static_cast<size_t>(last - first) * row_bytes);
@@ -412,7 +413,7 @@ void ChunkManager::assembler_loop() {
             // scatter those that belong here to their shuffled places. Reading in order (rather
             // than gathering rows in shuffled order) lets the prefetcher stream the band from
             // memory.
-            const int32_t* where = inverse_orders_[position].data();
+            const int32_t* where = band->inverse.data();
             for (int64_t j = 0; j < band->rows; ++j) {
               const int64_t k = where[j];
               if (k < first || k >= last) continue;
@@ -422,7 +423,7 @@ void ChunkManager::assembler_loop() {
           } else {
             // Shuffled, a small part of the band: gather its rows, prefetching a few rows ahead
             // (they are scattered over the band, so the hardware cannot guess them).
-            const int32_t* order = row_orders_[position].data();
+            const int32_t* order = band->order.data();
             constexpr int64_t kAhead = 4;
             for (int64_t k = first; k < last; ++k) {
               if (k + kAhead < last) {

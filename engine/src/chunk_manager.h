@@ -88,6 +88,10 @@ class ChunkManager final : public BatchStream {
     MappedFile mapping;           // ...or an uncompressed chunk mapped from the page cache
     const uint8_t* pixels = nullptr;
     int64_t rows = 0;
+    // Shuffled epochs: the band's rows in stream order (stream offset -> storage row), and its
+    // inverse. Built by the reader that reads the band, so only bands this shard uses are
+    // shuffled, on the reader threads, while earlier bands are being copied.
+    std::vector<int32_t> order, inverse;
   };
   struct Slot {  // one unit's batches, one after the other
     kernels::PinnedAllocation pixels;
@@ -113,6 +117,7 @@ class ChunkManager final : public BatchStream {
   void release_band(size_t cursor);
   // `scratch`: the reader's own chunk buffer, for bands made of several chunks.
   void read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const;
+  void shuffle_band(int64_t band, Band& out) const;  // out.order and out.inverse, for epoch_
   void fail(std::exception_ptr error);
   void wake_all();  // every waiter: stopping, or an error
 
@@ -131,8 +136,7 @@ class ChunkManager final : public BatchStream {
 
   // The current epoch's plan.
   std::vector<int64_t> band_order_;               // bands in stream order
-  std::vector<std::vector<int32_t>> row_orders_;  // per stream position: row permutation (shuffle)
-  std::vector<std::vector<int32_t>> inverse_orders_;  // per position: storage row -> stream offset
+  int64_t epoch_ = 0;                             // seeds each band's row order
   std::vector<int64_t> band_start_;               // per stream position: first row in the stream
   std::vector<BatchPlan> my_batches_;             // this shard's batches, in order
   std::vector<Run> runs_;                         // every unit's runs, unit by unit

@@ -46,15 +46,22 @@ class Rng {
   uint64_t state_;
 };
 
-// A permutation of [0, n) by Fisher-Yates, the same for the same (seed, stream).
-inline std::vector<int32_t> seeded_permutation(int64_t n, uint64_t seed, uint64_t stream) {
-  std::vector<int32_t> order(static_cast<size_t>(n));
+// A permutation of [0, n) by Fisher-Yates, the same for the same (seed, stream), written into
+// `order` (its capacity is reused: a reader that builds one per band allocates once).
+inline void fill_seeded_permutation(std::vector<int32_t>& order, int64_t n, uint64_t seed,
+                                    uint64_t stream) {
+  order.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   Rng rng(seed, stream);
   for (int64_t i = n - 1; i > 0; --i) {
     const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
+}
+
+inline std::vector<int32_t> seeded_permutation(int64_t n, uint64_t seed, uint64_t stream) {
+  std::vector<int32_t> order;
+  fill_seeded_permutation(order, n, seed, stream);
   return order;
 }
 
