@@ -763,6 +763,38 @@ TEST(DatasetStore, ArraysWrittenWithoutAGroupAreAStore) {
   }
 }
 
+// `prepare --overwrite` replaces a store Dask wrote array by array, as it replaces its own; a
+// lone array (no `images` in it) is still no store to replace.
+TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
+  TempDir dir;
+  const std::string root = dir.file("dask.zarr");
+  write_array(zarr::Array::create(root + "/images",
+                                  meta_of(zarr::Format::V3, zarr::DType::UInt8, {30, 6}, {10, 6})),
+              random_bytes(180, 4), 1);
+  write_array(zarr::Array::create(root + "/labels",
+                                  meta_of(zarr::Format::V3, zarr::DType::UInt8, {30}, {10})),
+              std::vector<uint8_t>(30, 3), 1);
+  const DataSplits splits = small_splits();
+  StoreWriteOptions o;
+  EXPECT_THROW(write_dataset_store(splits, root, o, nullptr), InputError);  // no --overwrite
+  o.overwrite = true;
+  write_dataset_store(splits, root, o, nullptr);
+  EXPECT_TRUE(zarr::Group::exists(root));
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"dask.zarr"});
+  expect_split_equals(read_split(DatasetStore::open(root).train, 10, "train"), splits.train, 1,
+                      PixelType::UInt8);
+
+  const std::string lone = dir.file("lone.zarr");
+  zarr::Array::create(lone, meta_of(zarr::Format::V2, zarr::DType::UInt8, {30}, {10}));
+  try {
+    write_dataset_store(splits, lone, o, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a dataset store"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(lone + "/.zarray"));
+}
+
 TEST(DatasetStore, OpenChecksShapesAndCounts) {
   TempDir dir;
   const std::string root = dir.file("s.zarr");

@@ -403,9 +403,11 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                        " to replace it");
     std::error_code ec;
     const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
-    if (!empty_dir && !zarr::Group::exists(out))
-      throw InputError(out + " exists and is not a Zarr group; refusing to replace it even with " +
-                       options.overwrite_option + " (remove it yourself if it should go)");
+    // A store of arrays written without a group (as Dask writes them) is a store too.
+    if (!empty_dir && !DatasetStore::looks_like_store(out))
+      throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
+                       "array); refusing to replace it even with " + options.overwrite_option +
+                       " (remove it yourself if it should go)");
   }
 
   nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();

@@ -75,7 +75,8 @@ struct DatasetStore {
 
   // Opens and checks a store (InputError naming the path and the problem).
   static DatasetStore open(const std::string& path, Labels labels = Labels::Required);
-  static bool looks_like_store(const std::string& path);  // a Zarr group is at path
+  // A Zarr group is at path, or a directory holding an `images` array and no group metadata.
+  static bool looks_like_store(const std::string& path);
 };
 
 // Whether `shape` (an image_shape attribute: anyone's JSON) is a non-empty array of positive
