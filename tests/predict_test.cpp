@@ -458,6 +458,44 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   EXPECT_EQ(test::read_bytes(data + "/keep"), "keep me");
 }
 
+// With input_digests (tandem.dask.predict's groups), each chunk's input digest is written
+// before its other files and read back; a chunk without its digest is not done, and one cannot
+// be written without it. A group made without the digests' array is refused for such a layout.
+TEST(Predictor, PredictionsOutputRecordsEachChunksInputDigest) {
+  test::TempDir dir;
+  const std::string out = dir.file("pred.zarr");
+  PredictionsLayout layout = five_rows_in_chunks_of_two();
+  layout.input_digests = true;
+  const std::string hint = kOverwriteHint;
+  prepare_predictions_output(out, layout, json::object(), false, hint);
+  const PredictionsOutput output(out, layout, hint);
+  uint8_t digest[PredictionsLayout::kDigestBytes];
+  EXPECT_FALSE(output.read_input_digest(1, digest));
+  const uint8_t ids[2] = {1, 2};
+  const std::vector<float> p(6, 0.5f);
+  EXPECT_THROW(output.write_chunk(1, ids, p.data()), Error);
+  EXPECT_FALSE(output.chunk_done(1));
+  uint8_t written[PredictionsLayout::kDigestBytes];
+  for (size_t i = 0; i < sizeof written; ++i) written[i] = uint8_t(7 * i + 1);
+  output.write_chunk(1, ids, p.data(), written);
+  EXPECT_TRUE(output.chunk_done(1));
+  ASSERT_TRUE(output.read_input_digest(1, digest));
+  EXPECT_TRUE(std::equal(digest, digest + sizeof digest, written));
+  EXPECT_FALSE(output.read_input_digest(0, digest));
+  EXPECT_FALSE(output.read_input_digest(3, digest));  // past the last chunk
+  const zarr::Array digests = zarr::Array::open(out + "/input_sha256");
+  EXPECT_EQ(digests.meta().shape, (std::vector<int64_t>{3, 32}));
+  fs::remove(out + "/input_sha256/c/1/0");
+  EXPECT_FALSE(output.chunk_done(1));
+
+  const std::string plain = dir.file("plain.zarr");
+  PredictionsLayout without = layout;
+  without.input_digests = false;
+  prepare_predictions_output(plain, without, json::object(), false, hint);
+  EXPECT_FALSE(fs::exists(plain + "/input_sha256"));
+  EXPECT_THROW(PredictionsOutput(plain, layout, hint), InputError);
+}
+
 // A predictions group whose attributes hold another type where text belongs (edited by hand, or
 // written by another tool): refused naming the store and the attribute, where nlohmann's own
 // conversion threw an exception naming neither. A rerun's prepare reads them tolerantly.

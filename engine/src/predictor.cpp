@@ -138,18 +138,51 @@ Inputs open_inputs(const std::string& model_path, const std::string& store_path,
 
 constexpr const char* kOverwriteHint = "pass --overwrite to replace it";
 
-zarr::ArrayMeta output_meta(const PredictionsLayout& layout, bool probabilities) {
+// A predictions group's arrays, by their names in it.
+enum class Output { Classes, Probabilities, InputDigests };
+const char* output_name(Output array) {
+  switch (array) {
+    case Output::Classes: return "classes";
+    case Output::Probabilities: return "probabilities";
+    case Output::InputDigests: return "input_sha256";
+  }
+  return "";
+}
+
+// The arrays a group of `layout` holds.
+std::vector<Output> output_arrays(const PredictionsLayout& layout) {
+  std::vector<Output> arrays{Output::Classes, Output::Probabilities};
+  if (layout.input_digests) arrays.push_back(Output::InputDigests);
+  return arrays;
+}
+
+zarr::ArrayMeta output_meta(const PredictionsLayout& layout, Output array) {
   zarr::ArrayMeta m;
   m.format = layout.format;
   m.separator = m.format == zarr::Format::V2 ? '.' : '/';
-  m.dtype = probabilities ? zarr::DType::Float32 : zarr::DType::UInt8;
-  m.shape = {layout.rows};
-  m.chunks = {layout.chunk_rows};
-  if (probabilities) {
-    m.shape.push_back(layout.classes);
-    m.chunks.push_back(layout.classes);
+  m.dtype = array == Output::Probabilities ? zarr::DType::Float32 : zarr::DType::UInt8;
+  switch (array) {
+    case Output::Classes:
+      m.shape = {layout.rows};
+      m.chunks = {layout.chunk_rows};
+      break;
+    case Output::Probabilities:
+      m.shape = {layout.rows, layout.classes};
+      m.chunks = {layout.chunk_rows, layout.classes};
+      break;
+    case Output::InputDigests: {
+      const auto digest = static_cast<int64_t>(PredictionsLayout::kDigestBytes);
+      m.shape = {layout.chunks(), digest};
+      m.chunks = {1, digest};
+      break;
+    }
   }
   return m;
+}
+
+bool same_layout(const zarr::ArrayMeta& found, const zarr::ArrayMeta& wanted) {
+  return found.shape == wanted.shape && found.chunks == wanted.chunks &&
+         found.dtype == wanted.dtype && found.stored_plain();
 }
 
 json output_attributes(const Inputs& in, const std::string& model_path,
@@ -166,7 +199,8 @@ json output_attributes(const Inputs& in, const std::string& model_path,
 // Temporary chunk files (zarr_array.cpp's "KEY.tmp-PID-TID") that a killed run left behind.
 void remove_stray_temporaries(const std::string& out) {
   std::vector<fs::path> stray;
-  for (const char* name : {"classes", "probabilities"}) {
+  for (const Output array : {Output::Classes, Output::Probabilities, Output::InputDigests}) {
+    const char* name = output_name(array);
     std::error_code ec;
     for (auto it = fs::recursive_directory_iterator(join(out, name), ec);
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
@@ -216,11 +250,11 @@ void create_missing_arrays(const std::string& out, const PredictionsLayout& layo
   if (format != layout.format || !attributes.is_object() ||
       json_string_or(attributes, "fingerprint", "") != layout.fingerprint)
     return;
-  for (const bool probabilities : {false, true}) {
-    const std::string path = join(out, probabilities ? "probabilities" : "classes");
+  for (const Output array : output_arrays(layout)) {
+    const std::string path = join(out, output_name(array));
     std::error_code ec;
     if (!fs::exists(join(path, ".zarray"), ec) && !fs::exists(join(path, "zarr.json"), ec))
-      zarr::Array::create(path, output_meta(layout, probabilities));
+      zarr::Array::create(path, output_meta(layout, array));
   }
 }
 
@@ -290,8 +324,8 @@ void prepare_predictions_output(const std::string& out, const PredictionsLayout&
   all["fingerprint"] = layout.fingerprint;
   all["output_id"] = new_output_id();
   zarr::Group::create(out, layout.format, all);
-  zarr::Array::create(join(out, "classes"), output_meta(layout, false));
-  zarr::Array::create(join(out, "probabilities"), output_meta(layout, true));
+  for (const Output array : output_arrays(layout))
+    zarr::Array::create(join(out, output_name(array)), output_meta(layout, array));
 }
 
 void remove_predictions_output(const std::string& out) {
@@ -311,18 +345,26 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
   const auto [format, attributes] = zarr::Group::open(out);
   if (!attributes.is_object() || !attributes.contains(kMarker))
     throw InputError(out + ": a Zarr group not written by tandem predict");
-  classes_ = zarr::Array::open(join(out, "classes"));
-  probabilities_ = zarr::Array::open(join(out, "probabilities"));
+  classes_ = zarr::Array::open(join(out, output_name(Output::Classes)));
+  probabilities_ = zarr::Array::open(join(out, output_name(Output::Probabilities)));
   const JsonFields fields(attributes, out + "'s attributes");
   const std::string none;
   output_id_ = fields.text("output_id", &none);
-  const zarr::ArrayMeta want_c = output_meta(layout, false), want_p = output_meta(layout, true);
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
-  if (format != layout.format || c.shape != want_c.shape || c.chunks != want_c.chunks ||
-      c.dtype != want_c.dtype || p.shape != want_p.shape || p.chunks != want_p.chunks ||
-      p.dtype != want_p.dtype || !c.stored_plain() || !p.stored_plain())
+  if (format != layout.format || !same_layout(c, output_meta(layout, Output::Classes)) ||
+      !same_layout(p, output_meta(layout, Output::Probabilities)))
     throw InputError(out + ": holds predictions of " + found_layout(format, c, p) +
                      ", but this input needs " + layout.describe() + "; " + overwrite_hint);
+  if (layout.input_digests) {
+    const std::string path = join(out, output_name(Output::InputDigests));
+    std::error_code ec;
+    if (fs::exists(join(path, ".zarray"), ec) || fs::exists(join(path, "zarr.json"), ec))
+      input_digests_ = zarr::Array::open(path);
+    if (!input_digests_ ||
+        !same_layout(input_digests_->meta(), output_meta(layout, Output::InputDigests)))
+      throw InputError(out + ": holds no input digests of one row per chunk (" + path +
+                       "), which this writer compares its input with; " + overwrite_hint);
+  }
   const std::string found = fields.text("fingerprint", &none);
   if (found != layout.fingerprint)
     throw InputError(out + ": written from another model or input (fingerprint " + found +
@@ -330,20 +372,32 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
 }
 
 bool PredictionsOutput::chunk_done(int64_t chunk) const {
-  return chunk_file_complete(classes_, {chunk}) && chunk_file_complete(probabilities_, {chunk, 0});
+  return chunk_file_complete(classes_, {chunk}) &&
+         chunk_file_complete(probabilities_, {chunk, 0}) &&
+         (!input_digests_ || chunk_file_complete(*input_digests_, {chunk, 0}));
 }
 
-void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids,
-                                    const float* probabilities) const {
+void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids, const float* probabilities,
+                                    const uint8_t* input_digest) const {
+  if (input_digests_ && input_digest == nullptr)
+    throw Error(path_ + ": chunk " + std::to_string(chunk) + " written without its input's "
+                "digest, which this group records");
   if (chunk < 0 || chunk >= layout_.chunks())
     throw InputError(path_ + ": no chunk " + std::to_string(chunk) + " in predictions of " +
                      layout_.describe());
   if (output_id_of(path_) != output_id_)
     throw Error(path_ + ": replaced by another run (tandem predict --overwrite) while this one "
                 "was writing; chunk " + std::to_string(chunk) + " and later ones not written");
-  // Probabilities first: a chunk counts as done once both files exist.
+  // The classes last: a chunk counts as done once every file exists, and a rerun that finds the
+  // classes finds the digest they were made from.
+  if (input_digests_) input_digests_->write_chunk({chunk, 0}, input_digest);
   probabilities_.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probabilities));
   classes_.write_chunk({chunk}, ids);
+}
+
+bool PredictionsOutput::read_input_digest(int64_t chunk, uint8_t* digest) const {
+  if (!input_digests_ || chunk < 0 || chunk >= layout_.chunks()) return false;
+  return input_digests_->read_chunk({chunk, 0}, digest);
 }
 
 bool PredictionsOutput::read_classes(int64_t chunk, uint8_t* ids) const {

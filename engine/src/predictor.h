@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "tandem/config.h"
@@ -32,6 +33,12 @@ struct PredictionsLayout {
   int64_t chunk_rows = 0;
   int64_t classes = 0;
   std::string fingerprint;  // of the model and the input: a rerun resumes only when it matches
+  // A third array, `input_sha256` (uint8 [chunks, 32], one row per chunk), holds the SHA-256 the
+  // writer gave each chunk's input rows, written before the chunk. tandem.dask.predict's input
+  // is a dask array with no files to fingerprint: a rerun compares each done chunk's rows with
+  // the digest recorded for them.
+  bool input_digests = false;
+  static constexpr size_t kDigestBytes = 32;
   int64_t chunks() const { return chunk_rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 0; }
   int64_t rows_in_chunk(int64_t chunk) const;  // chunk_rows, less at the edge
   std::string describe() const;  // "10000 rows in chunks of 3000, 10 classes"
@@ -51,7 +58,8 @@ void prepare_predictions_output(const std::string& out, const PredictionsLayout&
 void remove_predictions_output(const std::string& out);
 
 // A prepared predictions group: `classes` uint8 [rows] and `probabilities` float32 [rows,
-// classes], both chunked by rows. A chunk is done once both its files exist at full size.
+// classes], both chunked by rows (and `input_sha256` with input_digests). A chunk is done once
+// its files exist at full size.
 class PredictionsOutput {
  public:
   // InputError naming `out` when no predictions group is there, or one of another layout or
@@ -62,10 +70,15 @@ class PredictionsOutput {
   const std::string& path() const { return path_; }
   bool chunk_done(int64_t chunk) const;
   // ids[chunk_rows] and probabilities[chunk_rows * classes], zero beyond the chunk's rows: the
-  // probabilities' file first, then the classes', each through a temporary file and a rename.
+  // input's digest (kDigestBytes; required with input_digests, else ignored) first, then the
+  // probabilities' file, then the classes', each through a temporary file and a rename.
   // Throws Error, writing nothing, once the group was replaced since this object opened it
   // (another run's --overwrite): its chunks would pass for the new output's.
-  void write_chunk(int64_t chunk, const uint8_t* ids, const float* probabilities) const;
+  void write_chunk(int64_t chunk, const uint8_t* ids, const float* probabilities,
+                   const uint8_t* input_digest = nullptr) const;
+  // The digest recorded for chunk `chunk`'s input (kDigestBytes into `digest`); false when there
+  // is none (not written, or the layout has no input_digests).
+  bool read_input_digest(int64_t chunk, uint8_t* digest) const;
   // Reads chunk `chunk` of the classes into ids[chunk_rows]; false when it is missing.
   bool read_classes(int64_t chunk, uint8_t* ids) const;
 
@@ -74,6 +87,7 @@ class PredictionsOutput {
   PredictionsLayout layout_;
   zarr::Array classes_;
   zarr::Array probabilities_;
+  std::optional<zarr::Array> input_digests_;  // with layout_.input_digests
   std::string output_id_;  // the group's, made anew each time the group is (re)created
 };
 

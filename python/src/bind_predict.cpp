@@ -34,6 +34,7 @@ PredictionsLayout layout_of(int format, int64_t rows, int64_t chunk_rows, int64_
   l.chunk_rows = chunk_rows;
   l.classes = classes;
   l.fingerprint = fingerprint;
+  l.input_digests = true;  // a dask array has no files to fingerprint: its blocks are hashed
   return l;
 }
 
@@ -98,11 +99,20 @@ void bind_predict(py::module_& m) {
                   "there).")
       .def_property_readonly("chunks", [](const PredictionsOutput& o) { return o.layout().chunks(); })
       .def("chunk_done", &PredictionsOutput::chunk_done, "chunk"_a,
-           "Both of the chunk's files exist at full size.")
+           "Every file of the chunk exists at full size.")
+      .def(
+          "input_digest",
+          [](const PredictionsOutput& o, int64_t chunk) -> py::object {
+            std::string digest(PredictionsLayout::kDigestBytes, '\0');
+            if (!o.read_input_digest(chunk, reinterpret_cast<uint8_t*>(digest.data())))
+              return py::none();
+            return py::bytes(digest);
+          },
+          "chunk"_a, "The digest recorded for the chunk's input rows (bytes), or None.")
       .def(
           "predict_chunk",
           [](const PredictionsOutput& o, int64_t chunk, const Model& model, py::handle images,
-             int threads) {
+             const std::string& input_digest, int threads) {
             const PredictionsLayout& l = o.layout();
             if (chunk < 0 || chunk >= l.chunks())
               throw InputError("no chunk " + std::to_string(chunk) + " in predictions of " +
@@ -113,6 +123,10 @@ void bind_predict(py::module_& m) {
               throw InputError("chunk " + std::to_string(chunk) + " of predictions of " +
                                l.describe() + " has " + std::to_string(l.rows_in_chunk(chunk)) +
                                " rows; the block given has " + std::to_string(view.rows));
+            if (input_digest.size() != PredictionsLayout::kDigestBytes)
+              throw InputError("the digest of chunk " + std::to_string(chunk) + "'s input has " +
+                               std::to_string(input_digest.size()) + " bytes, not " +
+                               std::to_string(PredictionsLayout::kDigestBytes));
             if (model.config().classes() != l.classes)
               throw InputError("model " + model.config().describe() + " has " +
                                std::to_string(model.config().classes()) +
@@ -123,12 +137,14 @@ void bind_predict(py::module_& m) {
               std::vector<uint8_t> ids(size_t(l.chunk_rows), 0);
               std::vector<float> probabilities(size_t(l.chunk_rows * l.classes), 0.0f);
               predict_view(model, view, threads, ids.data(), probabilities.data());
-              o.write_chunk(chunk, ids.data(), probabilities.data());
+              o.write_chunk(chunk, ids.data(), probabilities.data(),
+                            reinterpret_cast<const uint8_t*>(input_digest.data()));
             });
             return view.rows;
           },
-          "chunk"_a, "model"_a, "images"_a, "threads"_a = 1,
-          "Predicts the rows of chunk `chunk` and writes its two files; returns the rows.")
+          "chunk"_a, "model"_a, "images"_a, "input_digest"_a, "threads"_a = 1,
+          "Predicts the rows of chunk `chunk` and writes its files, the input's digest (32 "
+          "bytes) first; returns the rows.")
       .def("classes",
            [](const PredictionsOutput& o) {
              const PredictionsLayout& l = o.layout();

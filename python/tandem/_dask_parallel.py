@@ -250,26 +250,15 @@ def _whole_rows(images):
 
 
 def _fingerprint(model, images):
-    """The model's parameters, the input's shape and dtype, and the bytes of its first and last
-    blocks. A dask array has no place on disk, and comparing all of it would compute all of it:
-    the two blocks (computed once more for this) tell apart another data set of the same shape,
-    not an edit confined to the blocks between them."""
-    import dask
-
+    """The model's parameters and the input's shape and dtype. A dask array has no files to
+    fingerprint: each chunk's input rows are hashed instead (_block_digest), the digest recorded
+    with the chunk and compared on every rerun."""
     digest = hashlib.sha256(repr(list(model.layers)).encode())
     for name, values in sorted(model.parameters().items()):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(values, dtype="<f4").tobytes())
-    # The first and last blocks that hold rows, each hashed where it is computed (a worker of a
-    # distributed cluster): only the digests travel.
-    filled = [i for i, n in enumerate(images.chunks[0]) if n > 0] or [0]
-    sample = hashlib.sha256()
-    for block_digest in dask.compute(*(dask.delayed(_block_digest)(images.blocks[i])
-                                       for i in (filled[0], filled[-1]))):
-        sample.update(block_digest)
     return (f"model-sha256:{digest.hexdigest()[:16]};input:dask array {tuple(images.shape)} "
-            f"{np.dtype(images.dtype).name}, first and last blocks sha256:"
-            f"{sample.hexdigest()[:16]}")
+            f"{np.dtype(images.dtype).name}, each chunk's rows sha256 in input_sha256")
 
 
 def _block_digest(block):
@@ -280,13 +269,30 @@ def _block_digest(block):
     return digest.digest()
 
 
+def _other_input(out, chunks):
+    listed = ", ".join(map(str, chunks[:10])) + (", ..." if len(chunks) > 10 else "")
+    return InputError(f"{out}: written from another model or input: the rows of chunk(s) "
+                      f"{listed} differ from those their predictions were made from (another "
+                      f"sha256); {_OVERWRITE_HINT}")
+
+
+def _chunk_matches(block, chunk, out, layout):
+    """A Dask task: whether done chunk `chunk` was predicted from these rows (its recorded
+    digest is this block's). The block is hashed where it is computed: only a flag travels."""
+    return _Predictions(out, *layout, _OVERWRITE_HINT).input_digest(chunk) == _block_digest(block)
+
+
 def _predict_chunk_to(block, chunk, model, out, layout, threads):
     """A Dask task: predicts one block and writes it as chunk `chunk` of the group at `out`
-    (both files through a temporary file and a rename). 0 when another run did it meanwhile."""
+    (the block's digest, then both files, each through a temporary file and a rename). 0 when
+    another run did it meanwhile, from the same rows."""
     output = _Predictions(out, *layout, _OVERWRITE_HINT)
+    digest = _block_digest(block)
     if output.chunk_done(chunk):
+        if output.input_digest(chunk) != digest:
+            raise _other_input(out, [chunk])
         return 0
-    return output.predict_chunk(chunk, model, block.reshape(block.shape[0], -1), threads)
+    return output.predict_chunk(chunk, model, block.reshape(block.shape[0], -1), digest, threads)
 
 
 def _labels_of(labels, rows):
@@ -317,13 +323,14 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     the logits, whose first maximum is the class), chunked like images' rows (irregular row
     chunks are first made regular). Each Dask task predicts one block and writes its chunk
     files through a temporary file and a rename; chunks already complete are skipped, so a run
-    that was interrupted is finished by calling predict again with the same model and input
-    (arrays of the same shape, chunking and dtype whose first and last blocks hold the same
-    bytes count as the same input; those two blocks are computed once more to compare them). A
-    group written from another model or input, or of another shape or chunking, is refused
-    naming ``out``, unless ``overwrite=True``, which starts afresh (it replaces only a
-    predictions group). Computed at once, on the current Dask scheduler (a distributed Client
-    when one is active).
+    that was interrupted is finished by calling predict again with the same model and input.
+    The group records each chunk's input rows as a SHA-256 (``input_sha256``, uint8 [chunks,
+    32]), and a rerun computes and hashes the blocks of the chunks already done to compare
+    them, before it writes anything: a rerun reads its whole input once, whatever is left to
+    predict. A group written from another model or input (any chunk's rows changed), or of
+    another shape or chunking, is refused naming ``out``, unless ``overwrite=True``, which
+    starts afresh (it replaces only a predictions group). Computed at once, on the current Dask
+    scheduler (a distributed Client when one is active).
 
     labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows.
     threads: CPU threads per task.
@@ -364,8 +371,16 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
         _Predictions.remove(out)  # refuses anything but a predictions group
     _Predictions.prepare(out, *layout, attributes, False, _OVERWRITE_HINT)
     output = _Predictions(out, *layout, _OVERWRITE_HINT)
-    missing = [c for c in range(output.chunks) if not output.chunk_done(c)]
+    done = [c for c in range(output.chunks) if output.chunk_done(c)]
     blocks = images.to_delayed().ravel()
+    # The done chunks' rows first, all of them, so that a changed input is refused before a
+    # chunk of it is written beside predictions of the old one.
+    matches = dask.compute(*(dask.delayed(_chunk_matches, pure=False)(blocks[c], c, out, layout)
+                             for c in done))
+    changed = [c for c, same in zip(done, matches) if not same]
+    if changed:
+        raise _other_input(out, changed)
+    missing = sorted(set(range(output.chunks)) - set(done))
     shared_model = dask.delayed(model)  # once in the graph, not once per task
     tasks = [dask.delayed(_predict_chunk_to, pure=False)(blocks[c], c, shared_model, out, layout,
                                                          threads) for c in missing]

@@ -1,6 +1,7 @@
 """tandem.dask.predict with out=: a dask array's blocks predicted on a real distributed.LocalCluster
 of worker processes and written as the Zarr group `tandem predict` writes, read back with
-zarr-python; resumed after a lost chunk and a killed write's temporary file; bad output refused.
+zarr-python; resumed after a lost chunk and a killed write's temporary file; a rerun on changed
+rows refused; bad output refused.
 
 usage: dask_predict_test.py TANDEM (the tandem binary, to compare with `tandem predict`)
 """
@@ -21,6 +22,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 
 import tandem  # noqa: E402
 import tandem.dask as tdask  # noqa: E402
+from tandem import _dask_parallel  # noqa: E402
 from synthetic_rows import make_rows  # noqa: E402
 
 TANDEM = None  # set from the command line
@@ -155,6 +157,38 @@ class DaskPredictTest(unittest.TestCase):
         # Nothing left to do: every chunk skipped, no task run.
         done = tdask.predict(self.model, self.dask_images(), out)
         self.assertEqual((done["chunks_written"], done["chunks_skipped"]), (0, 4))
+
+    def test_a_rerun_compares_every_done_chunks_rows(self):
+        out = os.path.join(self.dir, "pred.zarr")
+        tdask.predict(self.model, self.dask_images(), out)
+        # Each chunk's rows are recorded as a SHA-256 zarr-python reads: the digest of the
+        # 700-row block (whole rows) the chunk was predicted from.
+        recorded = zarr.open_group(out, mode="r")["input_sha256"][:]
+        self.assertEqual(recorded.shape, (4, 32))
+        rows = self.images.reshape(2500, 28, 28)
+        for c in range(4):
+            block = rows[c * 700:(c + 1) * 700]
+            self.assertEqual(recorded[c].tobytes(), _dask_parallel._block_digest(block), c)
+        files = chunk_files(out)
+        mtimes = {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in files}
+        # One byte changed in a middle block (neither the first nor the last): refused, naming
+        # the chunk, with chunk 3 missing and nothing written.
+        changed = rows.copy()
+        changed[1000, 5, 5] ^= 1
+        os.remove(os.path.join(out, "classes/c/3"))
+        with self.assertRaises(tandem.InputError) as e:
+            tdask.predict(self.model, da.from_array(changed, chunks=(700, 14, 28)), out)
+        for text in (out, "written from another model or input", "chunk(s) 1 ", "overwrite=True"):
+            self.assertIn(text, str(e.exception))
+        self.assertFalse(os.path.exists(os.path.join(out, "classes/c/3")), "chunk 3 was written")
+        for f in files:
+            if f != "classes/c/3":
+                self.assertEqual(os.stat(os.path.join(out, f)).st_mtime_ns, mtimes[f], f)
+        # The same rows again: the missing chunk written, the others compared and kept.
+        s = tdask.predict(self.model, self.dask_images(), out)
+        self.assertEqual((s["chunks_written"], s["chunks_skipped"]), (1, 3))
+        np.testing.assert_array_equal(zarr.open_group(out, mode="r")["classes"][:],
+                                      self.model.predict(self.images))
 
     def test_irregular_blocks_are_written_in_regular_chunks(self):
         out = os.path.join(self.dir, "pred.zarr")
