@@ -155,12 +155,18 @@ void decode_shard(const ArrayMeta& meta, const uint8_t* in, size_t in_size, uint
     const uint64_t offset = load_le64(index + k * kIndexEntryBytes);
     const uint64_t size = load_le64(index + k * kIndexEntryBytes + 8);
     if (offset == kNotStored && size == kNotStored) continue;
-    const std::vector<int64_t> position = layout.position(k);
     uint8_t* target = layout.contiguous ? out + k * layout.inner_bytes : scratch.data();
-    decompress(meta.compressor, in + offset, size_t(size), target, layout.inner_bytes,
-               what + ", inner chunk " + dims_text(position));
+    try {
+      decompress(meta.compressor, in + offset, size_t(size), target, layout.inner_bytes, what);
+    } catch (const InputError& e) {
+      // The inner chunk is named only when one is at fault: a shard may hold many thousands.
+      std::string message = e.what();
+      if (message.rfind(what, 0) == 0)
+        message.insert(what.size(), ", inner chunk " + dims_text(layout.position(k)));
+      throw InputError(message);
+    }
     if (!layout.contiguous) {
-      for_each_inner_row(meta, position, [&](size_t to, size_t from, size_t bytes) {
+      for_each_inner_row(meta, layout.position(k), [&](size_t to, size_t from, size_t bytes) {
         std::memcpy(out + to, scratch.data() + from, bytes);
       });
     }
