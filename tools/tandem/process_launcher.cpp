@@ -113,32 +113,15 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
 }
 
 void ProcessLauncher::stop_all(int timeout_ms) {
-  auto reap = [&] {
-    bool all = true;
-    for (Child& c : children_) {
-      if (c.exited) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) c.exited = true;
-      else all = false;
-    }
-    return all;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!reap() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (reap()) return;
-  for (Child& c : children_)
-    if (!c.exited) kill(c.pid, SIGTERM);
-  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!reap() && std::chrono::steady_clock::now() < grace)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::vector<pid_t> left;
-  for (Child& c : children_)
-    if (!c.exited) {
-      left.push_back(c.pid);
-      c.exited = true;
-    }
-  if (!left.empty()) kill_and_reap(left);
+  // timeout_ms for the roles to end on their own (told by the coordinator), then SIGTERM.
+  std::vector<pid_t> running;
+  for (Child& c : children_) {
+    if (!c.exited) running.push_back(c.pid);
+    c.exited = true;
+  }
+  running = reap_until(std::move(running), std::chrono::steady_clock::now() +
+                                               std::chrono::milliseconds(timeout_ms));
+  if (!running.empty()) terminate_and_reap(std::move(running), 2000);
 }
 
 void ProcessLauncher::set_role_args(const std::string& name, std::vector<std::string> args) {

@@ -79,9 +79,8 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   return pid;
 }
 
-bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms) {
-  for (const pid_t pid : pids) kill(pid, SIGKILL);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+std::vector<pid_t> reap_until(std::vector<pid_t> pids,
+                              std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     pids.erase(std::remove_if(pids.begin(), pids.end(),
                               [](pid_t pid) {
@@ -89,15 +88,28 @@ bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms) {
                                 return reaped == pid || (reaped < 0 && errno == ECHILD);
                               }),
                pids.end());
-    if (pids.empty()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (pids.empty() || std::chrono::steady_clock::now() >= deadline) return pids;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms) {
+  for (const pid_t pid : pids) kill(pid, SIGKILL);
+  pids = reap_until(std::move(pids), std::chrono::steady_clock::now() +
+                                         std::chrono::milliseconds(timeout_ms));
+  if (pids.empty()) return true;
   for (const pid_t pid : pids)
     std::fprintf(stderr, "tandem: process %d has not ended %d ms after SIGKILL (stuck in the "
                  "kernel: a hung device or file system?); going on without it\n",
                  static_cast<int>(pid), timeout_ms);
   return false;
+}
+
+void terminate_and_reap(std::vector<pid_t> pids, int grace_ms) {
+  for (const pid_t pid : pids) kill(pid, SIGTERM);
+  pids = reap_until(std::move(pids),
+                    std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms));
+  if (!pids.empty()) kill_and_reap(std::move(pids));
 }
 
 std::string describe_exit(int status) {

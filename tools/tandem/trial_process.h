@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,10 +28,19 @@ pid_t start_child_process(const std::vector<std::string>& argv, const std::strin
                           const std::string& what, bool own_process_group = false,
                           const std::string& working_dir = "");
 
+// Reaps each of `pids` that has ended (or is no child of this process any more), polling until
+// all have or `deadline` passes; returns those still running.
+std::vector<pid_t> reap_until(std::vector<pid_t> pids,
+                              std::chrono::steady_clock::time_point deadline);
+
 // SIGKILL to each pid, then waits up to timeout_ms in all for them to be reaped: true once all
 // are. A process in uninterruptible sleep (a hung GPU driver, a dead NFS server) dies only when
 // it leaves the kernel; the caller goes on without it (said on stderr) rather than hanging.
 bool kill_and_reap(std::vector<pid_t> pids, int timeout_ms = 5000);
+
+// SIGTERM to each pid, up to grace_ms for them to end on their own terms (a role's last
+// checkpoint, a trial's result), then kill_and_reap for the rest.
+void terminate_and_reap(std::vector<pid_t> pids, int grace_ms);
 
 // "exited with status N" or "killed by signal N", for a waitpid status.
 std::string describe_exit(int status);

@@ -341,24 +341,10 @@ void TrialSlotServer::kill_overdue() {
 
 void TrialSlotServer::stop_jobs(int grace_ms) {
   if (jobs_.empty()) return;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
-  for (Job& j : jobs_)
-    if (!j.terminated()) {
-      kill(j.pid, SIGTERM);
-      j.kill_at = deadline;
-    }
-  auto reap_all = [&] {
-    for (size_t i = 0; i < jobs_.size();) {
-      if (waitpid(jobs_[i].pid, nullptr, WNOHANG) == jobs_[i].pid) jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
-      else ++i;
-    }
-    return jobs_.empty();
-  };
-  while (!reap_all() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::vector<pid_t> left;
-  for (const Job& j : jobs_) left.push_back(j.pid);
-  if (!left.empty()) kill_and_reap(left);
+  std::vector<pid_t> pids;
+  for (const Job& j : jobs_) pids.push_back(j.pid);
   jobs_.clear();
+  terminate_and_reap(std::move(pids), grace_ms);
 }
 
 }  // namespace tandem::cli
