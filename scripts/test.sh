@@ -33,3 +33,21 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUI
   "$@" >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --parallel 2
+# The decoders of outside input (the parameter server's frames, chunk files, checkpoints, the
+# coordinator's requests) again, under AddressSanitizer and UndefinedBehaviorSanitizer: their
+# corpus and its random mutants, at every run rather than only when someone fuzzes. Only the
+# fuzz targets are built (about 5 minutes on 2 cores); skipped when the caller chose its own
+# cmake options (a sanitizer build of the whole suite covers these already).
+if [ $# -eq 0 ]; then
+  san=${TANDEM_FUZZ_ASAN_DIR:-$build-fuzz-asan}
+  generator=()
+  [ -f "$san/CMakeCache.txt" ] || generator=(-G Ninja)
+  cmake -S . -B "$san" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF \
+    -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_BENCH=OFF -DTANDEM_BUILD_PYTHON=OFF \
+    -DTANDEM_SANITIZE_ADDRESS=ON >/dev/null
+  cmake --build "$san" --parallel "$(nproc)" --target tandem_fuzz_all
+  # (A build that lost its sanitizer would pass as a plain replay: refuse it.)
+  ldd "$san/tests/fuzz/tandem_fuzz_wire_frames" | grep -q libasan ||
+    { echo "scripts/test.sh: $san's fuzz targets are not built with AddressSanitizer" >&2; exit 1; }
+  ctest --test-dir "$san" --output-on-failure --parallel 2 -R '^fuzz\.'
+fi
