@@ -1,0 +1,148 @@
+// What the cluster's roles share (cluster_role_support.h).
+#include "cluster_role_support.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cluster_ranks.h"
+#include "tandem/error.h"
+
+namespace tandem::roles {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Whether the chief worker (worker0) is among the live workers the coordinator lists.
+bool chief_alive(CoordinatorLink& link) {
+  const std::vector<std::string> workers =
+      read_spec_reply(link.request({{"type", "spec"}})).worker_names;
+  return std::find(workers.begin(), workers.end(), "worker0") != workers.end();
+}
+
+}  // namespace
+
+RoleRegistration register_role(CoordinatorLink& link, const RoleOptions& o, const char* role) {
+  json request{{"type", "register"}, {"role", role}, {"pid", int64_t(getpid())},
+               {"host", host_name()}};
+  if (!o.name.empty()) request["name"] = o.name;
+  RoleRegistration r = read_registration_reply(link.request(request));
+  if (!o.data.empty()) r.settings.data = o.data;
+  return r;
+}
+
+bool training_over(const std::string& phase) {
+  return phase == "draining" || phase == "done" || phase == "failed";
+}
+
+void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const std::string& who) {
+  if (link.coordinator_lost(o.coordinator_lost_ms))
+    throw Error(who + ": the coordinator at " + link.endpoint() + " has not answered for " +
+                std::to_string(o.coordinator_lost_ms / 1000) + " s");
+}
+
+std::vector<std::string> wait_for_cluster(CoordinatorLink& link, const RoleOptions& o,
+                                          const std::string& who) {
+  for (;;) {
+    const ClusterSpec spec = read_spec_reply(link.request({{"type", "spec"}}));
+    if (training_over(spec.phase) || training_over(link.phase())) return {};
+    if (spec.ready) {
+      if (spec.ps_addresses.empty()) throw Error(who + ": the cluster has no parameter server");
+      return spec.ps_addresses;
+    }
+    check_coordinator(link, o, who);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+bool init_parameters(PsClient& client, const RoleRegistration& r, CoordinatorLink& link,
+                     Model& model, bool may_stand_in) {
+  std::vector<NamedTensor> initial;
+  if (r.chief) initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
+  auto next_chief_check = Clock::now() + std::chrono::seconds(1);
+  std::string waiting_for;  // the last refusal, naming a server still not initialised
+  for (;;) {
+    try {
+      PsResult result = client.init(initial).wait();
+      model.parameters() = std::move(result.tensors);
+      return true;
+    } catch (const ServerError& e) {
+      if (!e.not_initialised()) throw;
+      waiting_for = e.what();
+    }
+    if (training_over(link.phase())) return false;
+    if (may_stand_in && initial.empty() && Clock::now() >= next_chief_check) {
+      next_chief_check = Clock::now() + std::chrono::seconds(1);
+      if (!chief_alive(link)) {
+        std::fprintf(stderr, "%s: the chief worker (worker0) is gone before initialising the "
+                     "parameters; initialising them in its place\n", r.name.c_str());
+        initial = Model::initialized(r.settings.model, r.settings.seed).parameters();
+        continue;
+      }
+    }
+    if (Clock::now() > deadline)
+      throw Error(r.name + ": waited " + std::to_string(r.settings.init_timeout_ms / 1000) +
+                  " s for the chief worker (worker0) to initialise the parameters on every "
+                  "server; still not initialised: " + waiting_for);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+
+ClientOptions client_options(const RunSettings& s, zmq::context_t& context, const RoleOptions& o) {
+  ClientOptions c = cluster_client_options(s, &context);
+  if (!c.curve_server_key.empty() && !o.coordinator_curve.client.secret_key.empty()) {
+    c.curve_public_key = o.coordinator_curve.client.public_key;
+    c.curve_secret_key = o.coordinator_curve.client.secret_key;
+  }
+  return c;
+}
+
+bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o,
+            const RoleRegistration& r, Model& model) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(r.settings.init_timeout_ms);
+  for (;;) {
+    if (training_over(link.phase())) return false;
+    check_coordinator(link, o, r.name);
+    try {
+      model.parameters() = client.pull().wait().tensors;
+      return true;
+    } catch (const ServerError& e) {
+      // A server restarted without a checkpoint to resume from: give it this worker's newest
+      // parameters, which the caller put in `model` (the first Init wins; the servers that
+      // kept theirs ignore it).
+      if (!e.not_initialised()) throw;
+      std::fprintf(stderr, "%s: a parameter server lost its parameters (restarted without a "
+                   "checkpoint): initialising it with this worker's newest\n", r.name.c_str());
+      try {
+        model.parameters() = client.init(model.parameters()).wait().tensors;
+        return true;
+      } catch (const transport::TransportError&) {
+      }
+    } catch (const transport::TransportError& e) {
+      if (Clock::now() > deadline)
+        throw Error(r.name + ": the parameter servers have not answered for " +
+                    std::to_string(r.settings.init_timeout_ms / 1000) + " s: " + e.what());
+    }
+  }
+}
+
+void say_goodbye(CoordinatorLink& link, const std::string& name, const json& status) {
+  try {
+    json request{{"type", "goodbye"}, {"name", name}};
+    if (!status.is_null()) request["status"] = status;
+    // A role stopped from its own process may be stopping because the coordinator is gone:
+    // say goodbye, but do not wait long for an answer.
+    link.request(request, link.cancelled() ? 500 : -1);
+  } catch (const Error&) {
+    // The coordinator is gone already; nothing to tell.
+  }
+}
+
+}  // namespace tandem::roles
