@@ -763,8 +763,9 @@ TEST(DatasetStore, ArraysWrittenWithoutAGroupAreAStore) {
   }
 }
 
-// `prepare --overwrite` replaces a store Dask wrote array by array, as it replaces its own; a
-// lone array (no `images` in it) is still no store to replace.
+// `prepare --overwrite` replaces a store Dask wrote array by array, as it replaces its own,
+// unless other files are beside its arrays; a lone array (no `images` in it) is still no store
+// to replace.
 TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
   TempDir dir;
   const std::string root = dir.file("dask.zarr");
@@ -778,6 +779,16 @@ TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
   StoreWriteOptions o;
   EXPECT_THROW(write_dataset_store(splits, root, o, nullptr), InputError);  // no --overwrite
   o.overwrite = true;
+  // The user's own file beside the arrays: not a store's, so the directory is not replaced.
+  test::write_bytes(root + "/notes.txt", std::string("keep me"));
+  try {
+    write_dataset_store(splits, root, o, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds notes.txt"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_bytes(root + "/notes.txt"), "keep me");
+  fs::remove(root + "/notes.txt");
   write_dataset_store(splits, root, o, nullptr);
   EXPECT_TRUE(zarr::Group::exists(root));
   EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"dask.zarr"});

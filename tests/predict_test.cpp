@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda_device.h"
@@ -487,6 +490,40 @@ TEST(Predictor, PredictionsOutputRecordsEachChunksInputDigest) {
   EXPECT_EQ(digests.meta().shape, (std::vector<int64_t>{3, 32}));
   fs::remove(out + "/input_sha256/c/1/0");
   EXPECT_FALSE(output.chunk_done(1));
+
+  // Two runs writing chunk 2 at once from different rows: whenever the three files end up
+  // mixed (one run's digest, the other's predictions), at least one of the runs said so.
+  int mixed_rounds_said = 0;
+  for (int round = 0; round < 200; ++round) {
+    std::atomic<int> said{0};
+    auto run = [&](uint8_t mark) {
+      const PredictionsOutput writer(out, layout, hint);
+      const uint8_t run_ids[2] = {mark, mark};
+      const std::vector<float> run_p(6, float(mark));
+      uint8_t run_digest[PredictionsLayout::kDigestBytes];
+      std::fill(std::begin(run_digest), std::end(run_digest), mark);
+      try {
+        writer.write_chunk(2, run_ids, run_p.data(), run_digest);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("written meanwhile by another run"),
+                  std::string::npos) << e.what();
+        ++said;
+      }
+    };
+    std::thread a(run, uint8_t(1)), b(run, uint8_t(2));
+    a.join();
+    b.join();
+    uint8_t ids_now[2];
+    std::vector<float> p_now(6);
+    ASSERT_TRUE(output.read_classes(2, ids_now));
+    ASSERT_TRUE(output.read_input_digest(2, digest));
+    ASSERT_TRUE(zarr::Array::open(out + "/probabilities")
+                    .read_chunk({2, 0}, reinterpret_cast<uint8_t*>(p_now.data())));
+    const bool consistent = ids_now[0] == digest[0] && p_now[0] == float(digest[0]);
+    EXPECT_TRUE(consistent || said > 0) << "round " << round << ": a mixed chunk went unsaid";
+    if (!consistent) ++mixed_rounds_said;
+  }
+  std::printf("mixed chunks (each said by a run): %d of 200 rounds\n", mixed_rounds_said);
 
   const std::string plain = dir.file("plain.zarr");
   PredictionsLayout without = layout;

@@ -189,7 +189,7 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
 }
 
 // The role itself; run_ps_role wraps it (run_cancellable).
-static void ps_role(const RoleOptions& o) {
+void ps_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
@@ -237,7 +237,7 @@ static void ps_role(const RoleOptions& o) {
   say_goodbye(link, r.name);
 }
 // The role itself; run_scorer_role wraps it (run_cancellable).
-static void scorer_role(const RoleOptions& o) {
+void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
   link.set_cancel(o.cancel);

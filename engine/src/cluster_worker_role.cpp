@@ -101,7 +101,7 @@ DatasetView copy_batch(const DatasetView& batch, Dataset& into) {
 
 
 // The role itself; run_worker_role wraps it (run_cancellable).
-static void worker_role(const RoleOptions& o) {
+void worker_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   FeedCloser feed_closer(o.feed, o.name.empty() ? "the worker" : o.name);
   CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);

@@ -403,11 +403,21 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                        " to replace it");
     std::error_code ec;
     const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
-    // A store of arrays written without a group (as Dask writes them) is a store too.
+    // A store of arrays written without a group (as Dask writes them) is a store too, when it
+    // holds nothing else: its directory is what gets replaced, whatever else is in it.
     if (!empty_dir && !DatasetStore::looks_like_store(out))
       throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
                        "array); refusing to replace it even with " + options.overwrite_option +
                        " (remove it yourself if it should go)");
+    if (!empty_dir && !zarr::Group::exists(out)) {
+      for (const auto& entry : fs::directory_iterator(out)) {
+        const std::string name = entry.path().filename().string();
+        if (name != "images" && name != "labels" && name != "validation" && name != "test")
+          throw InputError(out + " holds " + name + " beside its arrays, which no dataset "
+                           "store has; refusing to replace it even with " +
+                           options.overwrite_option + " (remove it yourself if it should go)");
+      }
+    }
   }
 
   nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();

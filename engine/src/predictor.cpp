@@ -355,6 +355,10 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
       !same_layout(p, output_meta(layout, Output::Probabilities)))
     throw InputError(out + ": holds predictions of " + found_layout(format, c, p) +
                      ", but this input needs " + layout.describe() + "; " + overwrite_hint);
+  const std::string found = fields.text("fingerprint", &none);
+  if (found != layout.fingerprint)
+    throw InputError(out + ": written from another model or input (fingerprint " + found +
+                     ", now " + layout.fingerprint + "); " + overwrite_hint);
   if (layout.input_digests) {
     const std::string path = join(out, output_name(Output::InputDigests));
     std::error_code ec;
@@ -365,10 +369,6 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
       throw InputError(out + ": holds no input digests of one row per chunk (" + path +
                        "), which this writer compares its input with; " + overwrite_hint);
   }
-  const std::string found = fields.text("fingerprint", &none);
-  if (found != layout.fingerprint)
-    throw InputError(out + ": written from another model or input (fingerprint " + found +
-                     ", now " + layout.fingerprint + "); " + overwrite_hint);
 }
 
 bool PredictionsOutput::chunk_done(int64_t chunk) const {
@@ -393,6 +393,18 @@ void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids, const flo
   if (input_digests_) input_digests_->write_chunk({chunk, 0}, input_digest);
   probabilities_.write_chunk({chunk, 0}, reinterpret_cast<const uint8_t*>(probabilities));
   classes_.write_chunk({chunk}, ids);
+  // Two runs writing the same chunk from different rows at once (each file is replaced whole,
+  // but not the three together) can leave one's digest beside the other's predictions. Then
+  // whichever wrote a prediction file after the other's digest finds that digest here, and says
+  // so: a mixed chunk never passes silently.
+  if (input_digests_) {
+    uint8_t found[PredictionsLayout::kDigestBytes];
+    if (!input_digests_->read_chunk({chunk, 0}, found) ||
+        std::memcmp(found, input_digest, sizeof found) != 0)
+      throw Error(path_ + ": chunk " + std::to_string(chunk) + " was written meanwhile by another "
+                  "run from other input rows; its files may now be mixed: run again with the "
+                  "intended input and overwrite=True");
+  }
 }
 
 bool PredictionsOutput::read_input_digest(int64_t chunk, uint8_t* digest) const {

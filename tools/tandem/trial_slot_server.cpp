@@ -341,10 +341,16 @@ void TrialSlotServer::kill_overdue() {
 
 void TrialSlotServer::stop_jobs(int grace_ms) {
   if (jobs_.empty()) return;
+  // SIGTERM through end_job: a job cancelled or orphaned earlier has had it, and a second would
+  // stop it at once, without its result (stop_signals.h).
   std::vector<pid_t> pids;
-  for (const Job& j : jobs_) pids.push_back(j.pid);
+  for (Job& j : jobs_) {
+    end_job(j);
+    pids.push_back(j.pid);
+  }
   jobs_.clear();
-  terminate_and_reap(std::move(pids), grace_ms);
+  pids = reap_until(std::move(pids), Clock::now() + std::chrono::milliseconds(grace_ms));
+  if (!pids.empty()) kill_and_reap(std::move(pids));
 }
 
 }  // namespace tandem::cli

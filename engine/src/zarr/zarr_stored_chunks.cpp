@@ -156,14 +156,21 @@ void decode_shard(const ArrayMeta& meta, const uint8_t* in, size_t in_size, uint
     const uint64_t size = load_le64(index + k * kIndexEntryBytes + 8);
     if (offset == kNotStored && size == kNotStored) continue;
     uint8_t* target = layout.contiguous ? out + k * layout.inner_bytes : scratch.data();
+    // The inner chunk is named only when one is at fault: a shard may hold many thousands.
+    // decompress's messages begin "<what>: "; the name goes after `what`.
+    const auto named = [&](const char* message) {
+      std::string text = message;
+      const std::string prefix = what + ": ";
+      const std::string name = ", inner chunk " + dims_text(layout.position(k));
+      if (text.rfind(prefix, 0) == 0) return text.insert(what.size(), name);
+      return what + name + ": " + text;
+    };
     try {
       decompress(meta.compressor, in + offset, size_t(size), target, layout.inner_bytes, what);
     } catch (const InputError& e) {
-      // The inner chunk is named only when one is at fault: a shard may hold many thousands.
-      std::string message = e.what();
-      if (message.rfind(what, 0) == 0)
-        message.insert(what.size(), ", inner chunk " + dims_text(layout.position(k)));
-      throw InputError(message);
+      throw InputError(named(e.what()));
+    } catch (const Error& e) {  // (zlib out of memory, say)
+      throw Error(named(e.what()));
     }
     if (!layout.contiguous) {
       for_each_inner_row(meta, layout.position(k), [&](size_t to, size_t from, size_t bytes) {
