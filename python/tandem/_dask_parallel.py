@@ -328,10 +328,11 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     32]), and a rerun computes and hashes the blocks of the chunks already done to compare
     them, before it writes anything: a rerun computes every block of its input again, whatever
     is left to predict. Two runs at once onto one group from different rows can leave a chunk
-    they both wrote mixed; at least one of them then raises an Error naming it. A group written from another model or input (any chunk's rows changed), or of
-    another shape or chunking, is refused naming ``out``, unless ``overwrite=True``, which
-    starts afresh (it replaces only a predictions group). Computed at once, on the current Dask
-    scheduler (a distributed Client when one is active).
+    they both wrote mixed; at least one of them then raises an Error naming it. A group
+    written from another model or input (any chunk's rows changed), or of another shape or
+    chunking, is refused naming ``out``, unless ``overwrite=True``, which starts afresh (it
+    replaces only a predictions group). Computed at once, on the current Dask scheduler (a
+    distributed Client when one is active).
 
     labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows.
     threads: CPU threads per task.
