@@ -204,7 +204,7 @@ class TrialSlotServerTest : public ::testing::Test {
   }
   void TearDown() override {
     stop_.store(true);
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   zmq::context_t context_{1};
   std::unique_ptr<TrialSlotServer> server_;
@@ -356,6 +356,39 @@ TEST_F(TrialSlotServerTest, ACancelledJobThatIgnoresSigtermIsKilledAfterTheGrace
   EXPECT_EQ(m.job, "ignores-term");
   EXPECT_EQ(m.signal, SIGKILL);  // SIGTERM was ignored
   EXPECT_GE(Clock::now() - sent, std::chrono::milliseconds(500)) << "killed before its grace";
+}
+
+// A job cancelled (one SIGTERM) and then stopped with the server within its grace gets no second
+// SIGTERM: a trial takes a second one, a second or more after the first, as "stop at once"
+// (stop_signals.h), and ends without its result.
+TEST_F(TrialSlotServerTest, StoppingTheServerSignalsACancelledJobNoMore) {
+  Client c(context_, server_->endpoint());
+  c.log_ = ::testing::TempDir() + "trial_slots_one_term.log";
+  std::remove(c.log_.c_str());
+  SlotMessage m =
+      c.start("counts-terms", "trap 'echo TERM' TERM; echo ready; while :; do sleep 0.02; done");
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  const pid_t pid = m.pid;
+  wait_until_ready(c);
+  const auto terms = [&] {
+    std::ifstream in(c.log_);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line == "TERM";
+    return n;
+  };
+  SlotMessage cancel(SlotMessageType::Cancel);
+  cancel.job = "counts-terms";
+  c.send(cancel);
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        c.send(SlotMessage(SlotMessageType::Heartbeat));
+        return terms() == 1;
+      },
+      5000, 10));
+  stop_.store(true);  // the server stops its jobs, this one still within its 500 ms grace
+  thread_.join();
+  EXPECT_FALSE(process_running(pid));
+  EXPECT_EQ(terms(), 1) << "the cancelled job was sent SIGTERM again";
 }
 
 TEST_F(TrialSlotServerTest, ByeEndsTheClientsJobs) {
