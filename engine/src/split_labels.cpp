@@ -1,8 +1,10 @@
 #include "split_labels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "array_stats.h"
 #include "dataset_store.h"
@@ -35,30 +37,21 @@ double element_as_double(zarr::DType type, const uint8_t* p) {
   return NAN;
 }
 
-// One-hot rows [n, classes] of `type` at `src` to class bytes; `first` is the first row's index.
-// Each row's class is its largest entry (the first of equals), as the Python package reads the
-// rows it is fed (python/src/array_rows.cpp): smoothed labels (0.9 among 0.011) name their class
-// too. A row holding NaN, or nothing above 0, names none.
+// One-hot rows [n, classes] of `type` at `src` to class bytes (one_hot_row_class); `first` is
+// the first row's index.
 void one_hot_to_classes(zarr::DType type, const uint8_t* src, int64_t n, int64_t classes,
                         uint8_t* dst, int64_t first, int num_classes, const std::string& what,
                         const std::string& path) {
   const size_t item = zarr::dtype_size(type);
+  std::vector<double> row(static_cast<size_t>(classes));
   for (int64_t r = 0; r < n; ++r) {
-    int64_t best = 0;
-    double best_value = -INFINITY;
-    bool nan = false;
-    for (int64_t c = 0; c < classes; ++c) {
-      const double v = element_as_double(type, src + size_t(r * classes + c) * item);
-      nan = nan || std::isnan(v);
-      if (v > best_value) {
-        best = c;
-        best_value = v;
-      }
-    }
-    if (nan || !(best_value > 0))
+    for (int64_t c = 0; c < classes; ++c)
+      row[size_t(c)] = element_as_double(type, src + size_t(r * classes + c) * item);
+    const char* why = nullptr;
+    const int64_t best = one_hot_row_class(row.data(), classes, &why);
+    if (best < 0)
       throw InputError(what + ": one-hot label row " + std::to_string(first + r) +
-                       " names no class (" + (nan ? "it holds NaN" : "no entry above 0") + ") (" +
-                       path + ")");
+                       " names no class (" + why + ") (" + path + ")");
     if (best >= num_classes)
       throw InputError(what + ": one-hot label row " + std::to_string(first + r) + " is class " +
                        std::to_string(best) + ", expected a class in [0, " +
@@ -74,7 +67,7 @@ void float_labels_to_classes(zarr::DType type, const uint8_t* src, int64_t n, ui
   const size_t item = zarr::dtype_size(type);
   for (int64_t i = 0; i < n; ++i) {
     const double v = element_as_double(type, src + size_t(i) * item);
-    if (!(v >= 0 && v < num_classes && v == std::floor(v))) {
+    if (!is_class_id(v, num_classes)) {
       char value[32];
       std::snprintf(value, sizeof value, "%.17g", v);  // 2.9999998 is not "3"
       throw InputError(what + ": label at index " + std::to_string(first + i) + " is " + value +
@@ -90,6 +83,24 @@ bool is_float(zarr::DType type) {
 }
 
 }  // namespace
+
+int64_t one_hot_row_class(const double* row, int64_t classes, const char** why) {
+  int64_t best = 0;
+  bool nan = false;
+  for (int64_t c = 0; c < classes; ++c) {
+    nan = nan || std::isnan(row[c]);
+    if (row[c] > row[best]) best = c;
+  }
+  if (nan || classes == 0 || !(row[best] > 0)) {
+    *why = nan ? "it holds NaN" : "no entry above 0";
+    return -1;
+  }
+  return best;
+}
+
+bool is_class_id(double value, int64_t limit) {
+  return value >= 0 && value < double(limit) && value == std::floor(value);
+}
 
 int64_t one_hot_classes(const zarr::ArrayMeta& labels) {
   return labels.shape.size() == 2 && labels.shape[1] >= 2 ? labels.shape[1] : 0;

@@ -1,6 +1,7 @@
 #include "array_rows.h"
 
 #include "gil.h"
+#include "split_labels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -98,7 +99,7 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       const double* in = wide.data();
       uint8_t* ids_out = ids.mutable_data();
       for (py::ssize_t r = 0; r < rows; ++r) {
-        if (!(in[r] >= 0 && in[r] < 256 && in[r] == std::floor(in[r]))) {
+        if (!is_class_id(in[r], 256)) {
           char value[32];
           std::snprintf(value, sizeof value, "%.17g", in[r]);
           throw py::value_error(std::string("label ") + value + " at row " + std::to_string(r) +
@@ -110,28 +111,22 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
       labels = ids;
       out.labels_copied = true;
     } else if (labels.ndim() == 2 && (lkind == 'f' || lkind == 'u' || lkind == 'i')) {
-      // One-hot rows (the seed's labels, float; integer ones too, as the stores read them): the
-      // class is the arg-max of each row (the first of equals). A row with no positive entry,
-      // or a NaN, names no class. (A column [rows, 1] was taken as class ids above.)
+      // One-hot rows (the seed's labels, float; integer ones too), read by the stores' rule
+      // (one_hot_row_class). (A column [rows, 1] was taken as class ids above.)
       const py::ssize_t classes = labels.shape(1);
       if (classes < 2 || classes > 256)
         throw py::value_error("one-hot labels need 2 to 256 columns, not " + shape_text(labels) +
                               " (class ids go in a 1-D array)");
-      auto dense = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(labels);
+      auto dense = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
       py::array_t<uint8_t> ids(rows);
-      const float* in = dense.data();
+      const double* in = dense.data();
       uint8_t* ids_out = ids.mutable_data();
       for (py::ssize_t r = 0; r < rows; ++r) {
-        const float* row = in + r * classes;
-        py::ssize_t best = 0;
-        bool nan = std::isnan(row[0]);
-        for (py::ssize_t c = 1; c < classes; ++c) {
-          nan = nan || std::isnan(row[c]);
-          if (row[c] > row[best]) best = c;
-        }
-        if (nan || !(row[best] > 0.0f))
+        const char* why = nullptr;
+        const int64_t best = one_hot_row_class(in + r * classes, classes, &why);
+        if (best < 0)
           throw py::value_error("one-hot label row " + std::to_string(r) + " names no class (" +
-                                (nan ? "it holds NaN" : "no entry above 0") + ")");
+                                why + ")");
         ids_out[r] = uint8_t(best);
       }
       labels = ids;
