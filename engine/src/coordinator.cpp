@@ -667,12 +667,7 @@ int64_t Coordinator::batches_done_locked() const {
   // The queue counts the batches its tasks report done, those whose gradients were lost among
   // them (they are not handed out again); a fed run has no queue, only the workers' counts.
   if (!options_.fed) return work_.batches_done();
-  int64_t sum = retired_batches_done_ + retired_gradients_lost_;
-  for (const auto& [name, role] : roles_)
-    if (role.role == "worker")
-      sum += json_integer_or(role.status, "batches_done", 0) +
-             json_integer_or(role.status, "gradients_lost", 0);
-  return sum;
+  return worker_total_locked("batches_done", retired_batches_done_) + gradients_lost_locked();
 }
 
 int64_t Coordinator::gradients_lost() const {
@@ -681,9 +676,13 @@ int64_t Coordinator::gradients_lost() const {
 }
 
 int64_t Coordinator::gradients_lost_locked() const {
-  int64_t sum = retired_gradients_lost_;
+  return worker_total_locked("gradients_lost", retired_gradients_lost_);
+}
+
+int64_t Coordinator::worker_total_locked(const char* field, int64_t retired) const {
+  int64_t sum = retired;
   for (const auto& [name, role] : roles_)
-    if (role.role == "worker") sum += json_integer_or(role.status, "gradients_lost", 0);
+    if (role.role == "worker") sum += json_integer_or(role.status, field, 0);
   return sum;
 }
 

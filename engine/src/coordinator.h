@@ -168,6 +168,9 @@ class Coordinator {
   bool all_ready() const;                         // with mutex_ held
   int64_t batches_done_locked() const;            // with mutex_ held
   int64_t gradients_lost_locked() const;          // with mutex_ held
+  // Every worker's status `field`, summed, plus `retired` (what their earlier incarnations
+  // counted); with mutex_ held.
+  int64_t worker_total_locked(const char* field, int64_t retired) const;
   std::vector<std::string> live_workers() const;  // with mutex_ held
   std::vector<std::string> missing_roles() const;  // with mutex_ held
   nlohmann::json spec_locked() const;
