@@ -491,14 +491,17 @@ bool split_exists(const std::string& dir) {
          (!has_group_metadata(dir) && array_exists(join(dir, "images")));
 }
 
+// A killed `tandem prepare`'s temporary directory (partial_store_path) holds arrays, and its
+// group metadata only once complete: without it, it is no store.
+bool killed_prepare_output(const std::string& path) {
+  return fs::path(path).filename().string().find(".partial-") != std::string::npos &&
+         !zarr::Group::exists(path);
+}
+
 }  // namespace
 
 bool DatasetStore::looks_like_store(const std::string& path) {
-  // A killed `tandem prepare`'s temporary directory holds arrays, and its group metadata only once
-  // complete: without it, it is no store (open() says what it is).
-  if (fs::path(path).filename().string().find(".partial-") != std::string::npos)
-    return zarr::Group::exists(path);
-  return split_exists(path);
+  return !killed_prepare_output(path) && split_exists(path);
 }
 
 DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
@@ -507,8 +510,7 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
   if (!fs::is_directory(path, ec))
     throw InputError(path + ": no dataset store here (" +
                      (path_exists(path) ? "not a directory" : "no such directory") + ")");
-  if (fs::path(path).filename().string().find(".partial-") != std::string::npos &&
-      !zarr::Group::exists(path))
+  if (killed_prepare_output(path))
     throw InputError(path + ": the temporary directory of a `tandem prepare` that was killed, not "
                      "a dataset store (the next prepare of that store removes it)");
   DatasetStore store;
