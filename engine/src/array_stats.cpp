@@ -316,13 +316,10 @@ void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uin
 
 ColumnStats column_stats(const zarr::Array& array, int threads) {
   const zarr::ArrayMeta& meta = array.meta();
-  if (meta.shape.size() < 2 ||
-      (meta.dtype != zarr::DType::UInt8 && meta.dtype != zarr::DType::Float32 &&
-       meta.dtype != zarr::DType::Float64))
-    throw InputError(array.path() + ": column statistics need a uint8, float32 or float64 array "
-                     "with at "
-                     "least 2 dimensions, got " + zarr::dtype_name(meta.dtype) + " with " +
-                     std::to_string(meta.shape.size()) + " dimensions");
+  image_pixel_type(meta, array.path() + ": column statistics");  // the dtypes images may have
+  if (meta.shape.size() < 2)
+    throw InputError(array.path() + ": column statistics need an array of at least 2 "
+                     "dimensions, got " + std::to_string(meta.shape.size()));
   ColumnStats result;
   result.rows = meta.shape[0];
   result.features = matrix_features(meta);
