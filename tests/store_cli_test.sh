@@ -138,6 +138,24 @@ for name, rows in (('labels', 55000), ('test/labels', 10000)):
     ok = ok and sorted(h) == [str(c) for c in range(10)] and sum(h.values()) == rows
 sys.exit(not ok)" "$ins"
 
+# Smoothed one-hot rows (0.9 for the class, 0.011 elsewhere): inspect's sample label is the class
+# training reads (the row's largest entry), as its histogram is.
+"$python" - "$dir/smooth.zarr" <<'PY'
+import sys
+import dask.array as da
+import numpy as np
+out = sys.argv[1]
+classes = np.arange(100) % 10
+smooth = np.full((100, 10), 0.011, np.float32)
+smooth[np.arange(100), classes] = 0.9
+da.to_zarr(da.from_array(np.zeros((100, 784), np.uint8)), out + "/images")
+da.to_zarr(da.from_array(smooth), out + "/labels")
+PY
+ins=$("$tandem" inspect "$dir/smooth.zarr" --sample 7 --out "$dir/png-smooth" --json 2>/dev/null)
+check "inspect's sample label of a smoothed one-hot row is its class" "$python" -c "
+import json, sys
+sys.exit(json.loads(sys.argv[1])['sample']['label'] != 7)" "$ins"
+
 # Images [rows, height, width] that are not square, from a store without attributes: drawn at
 # their own height and width (28 x 32, scaled 10 times).
 "$python" - "$dir/wide.zarr" <<'PY'

@@ -87,11 +87,16 @@ IntegerHistogram label_histogram(const DatasetStore& store, const DatasetStore::
   return h;
 }
 
-// Row `row`'s label: its value, or the class of its one-hot row.
+// Row `row`'s label: its value, or the class of its one-hot row (by the rule training reads).
 double sample_label_of(const DatasetStore::Split& split, int64_t row) {
   const std::vector<double> values = read_matrix_row(split.labels, row);
   if (one_hot_classes(split.labels.meta()) == 0) return values[0];
-  return double(std::find(values.begin(), values.end(), 1.0) - values.begin());
+  const char* why = nullptr;
+  const int64_t c = one_hot_row_class(values.data(), int64_t(values.size()), &why);
+  if (c < 0)
+    throw InputError(split.labels.path() + ": one-hot label row " + std::to_string(row) +
+                     " names no class (" + why + ")");
+  return double(c);
 }
 
 void run_inspect(const InspectOptions& o) {
