@@ -248,7 +248,9 @@ TEST(ChunkManager, ShardsSplitTheBatchSequence) {
     whole_options.seed = 5;
     ChunkManager whole(split, 10, whole_options);
     const auto all = epoch_rows(whole, shuffle ? 2 : 0);
-    if (!shuffle) EXPECT_EQ(all, f.all_rows());
+    if (!shuffle) {
+      EXPECT_EQ(all, f.all_rows());
+    }
     std::vector<RowKey> together;
     int64_t rows = 0;
     for (int shard = 0; shard < 3; ++shard) {

@@ -236,13 +236,9 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
     }
   }
 
-  // A band buffer holds a whole band (not one chunk: a band may be many), or a band's one chunk
-  // as stored where that is more (float64, narrowed in place). Not counted: each reader's
-  // scratch chunk, for bands made of several chunks (a chunk is at most a band).
-  const zarr::ArrayMeta& meta = split_.images.meta();
-  const size_t band_bytes = std::max<size_t>(
-      {1, static_cast<size_t>(band_rows_ * features_) * pixel_bytes_,
-       bands_are_chunks(meta) ? meta.chunk_bytes() : 0});
+  // Not counted: each reader's scratch chunk, for bands made of several chunks (a chunk is at
+  // most a band).
+  const size_t band_bytes = std::max<size_t>(1, band_buffer_bytes());
   std::lock_guard<std::mutex> lock(mutex_);
   stopping_ = false;
   error_ = nullptr;
@@ -263,6 +259,12 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   for (int a = 0; a < options_.assemblers; ++a) threads_.emplace_back([this] { assembler_loop(); });
 }
 
+size_t ChunkManager::band_buffer_bytes() const {
+  const zarr::ArrayMeta& meta = split_.images.meta();
+  const size_t pixels = static_cast<size_t>(band_rows_ * features_) * pixel_bytes_;
+  return bands_are_chunks(meta) ? std::max(pixels, meta.chunk_bytes()) : pixels;
+}
+
 void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const {
   const zarr::ArrayMeta& meta = split_.images.meta();
   out.rows = std::min(band_rows_, split_.rows - band * band_rows_);
@@ -278,9 +280,7 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
       return;
     }
   }
-  // Room for the band's pixels, and for one chunk as stored (float64: twice the pixels' bytes).
-  const size_t band_bytes = static_cast<size_t>(band_rows_ * features_) * pixel_bytes_;
-  out.buffer.resize(one_chunk ? std::max(band_bytes, meta.chunk_bytes()) : band_bytes);
+  out.buffer.resize(band_buffer_bytes());
   out.pixels = out.buffer.data();
   if (one_chunk) {
     split_.images.read_chunk(index, out.buffer.data());  // the chunk is the whole band

@@ -118,6 +118,9 @@ class ChunkManager final : public BatchStream {
   // `scratch`: the reader's own chunk buffer, for bands made of several chunks.
   void read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const;
   void shuffle_band(int64_t band, Band& out) const;  // out.order and out.inverse, for epoch_
+  // A band buffer's size: a whole band's pixels (not one chunk: a band may be many), or the
+  // band's one chunk as stored where that is more (float64, narrowed in place).
+  size_t band_buffer_bytes() const;
   void fail(std::exception_ptr error);
   void wake_all();  // every waiter: stopping, or an error
 
