@@ -1427,6 +1427,30 @@ TEST(PsCheckpoint, RequestWritesAFileThatReadsBackBitExactly) {
       << reply.extra;
 }
 
+// A Checkpoint request is answered once its file is written, and the server serves on meanwhile:
+// a Stats request sent after it is answered first (writing and syncing 48 MB, the parameters and
+// Adam's moments, takes far longer than a Stats reply).
+TEST(PsCheckpoint, ServingGoesOnWhileARequestedCheckpointIsWritten) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-serving", dir));
+  PsClient client({server.endpoint()}, client_options(&ctx));
+  const std::vector<NamedTensor> params = {{"w", {4000, 1000}, std::vector<float>(4000000, 0.5f)}};
+  client.init(params).wait();
+  client.push_pull(gradients_like(params, 4050)).wait();
+  RawPeer raw(ctx, server.endpoint());
+  raw.send(frames_of(MessageType::Checkpoint, 81, {}));
+  raw.send(frames_of(MessageType::Stats, 82, {}));
+  transport::Message first, second;
+  ASSERT_TRUE(raw.receive(first, 10000));
+  ASSERT_TRUE(raw.receive(second, 10000));
+  EXPECT_EQ(first.header.request_id, 82u) << "the Stats request waited for the write";
+  EXPECT_EQ(second.header.request_id, 81u);
+  EXPECT_EQ(second.header.type, MessageType::Reply) << second.extra;
+  EXPECT_EQ(second.extra, dir.file("ps0-step-1.safetensors"));
+  EXPECT_EQ(read_safetensors(second.extra).metadata.at("step"), "1");
+}
+
 TEST(PsCheckpoint, EveryNStepsWritesAndKeepsTheNewestTwo) {
   zmq::context_t ctx;
   test::TempDir dir;

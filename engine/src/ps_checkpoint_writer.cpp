@@ -19,18 +19,27 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-void CheckpointWriter::submit(std::string path, int64_t step, SafeTensorsFile file) {
+uint64_t CheckpointWriter::submit(std::string path, int64_t step, SafeTensorsFile file) {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    waiting_ = Job{std::move(path), step, std::move(file)};
+    ticket = ++submitted_;
+    waiting_ = Job{std::move(path), step, std::move(file), ticket};
   }
   changed_.notify_all();
+  return ticket;
+}
+
+std::optional<CheckpointWriter::Outcome> CheckpointWriter::outcome_since(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ended_ticket_ < ticket) return std::nullopt;
+  return last_outcome_;
 }
 
 std::string CheckpointWriter::wait_idle() {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !waiting_ && !busy_; });
-  return last_error_;
+  return last_outcome_.error;
 }
 
 void CheckpointWriter::run() {
@@ -54,7 +63,8 @@ void CheckpointWriter::run() {
     }
     lock.lock();
     busy_ = false;
-    last_error_ = error;
+    last_outcome_ = {std::move(job.path), std::move(error)};
+    ended_ticket_ = job.ticket;
     changed_.notify_all();
   }
 }

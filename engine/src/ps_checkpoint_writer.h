@@ -26,18 +26,28 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Queues `file` for `path` (written atomically: write_safetensors_atomic), replacing a
-  // submission that has not started. Returns at once.
-  void submit(std::string path, int64_t step, SafeTensorsFile file);
+  // submission that has not started. Returns at once, with the submission's ticket: 1, 2, ... in
+  // submission order.
+  uint64_t submit(std::string path, int64_t step, SafeTensorsFile file);
   // Waits until every submission so far is written or has failed. Returns the error of the last
   // job written ("" when it succeeded: the newest submission's outcome, since a submission that
   // never started was replaced). Failures are also logged to stderr.
   std::string wait_idle();
+
+  // Without waiting: the outcome of the newest write that has ended, once its ticket is `ticket`
+  // or later (a later one holds everything the replaced submission did); until then nothing.
+  struct Outcome {
+    std::string path;
+    std::string error;  // "" when written
+  };
+  std::optional<Outcome> outcome_since(uint64_t ticket);
 
  private:
   struct Job {
     std::string path;
     int64_t step = 0;
     SafeTensorsFile file;
+    uint64_t ticket = 0;
   };
   void run();
 
@@ -48,7 +58,9 @@ class CheckpointWriter {
   std::optional<Job> waiting_;  // the next job, not started
   bool busy_ = false;           // a job is being written
   bool stopping_ = false;
-  std::string last_error_;
+  uint64_t submitted_ = 0;   // the newest submission's ticket
+  Outcome last_outcome_;     // of the newest write that ended, whose ticket is:
+  uint64_t ended_ticket_ = 0;
   std::thread thread_;  // last: starts once everything above exists
 };
 

@@ -485,11 +485,11 @@ void PsClient::learn_layout(const std::string& order,
   }
   if (names.empty())
     for (const auto& kv : parts) names.push_back(kv.first);
-  names_.clear();
-  shapes_.clear();
-  layout_.clear();
-  index_.clear();
-  part_index_.clear();
+  // Built aside and swapped in whole: a layout that does not tile leaves the client's as it was.
+  std::vector<std::string> new_names;
+  std::vector<std::vector<int64_t>> new_shapes;
+  std::vector<TensorPart> new_layout;
+  std::map<std::string, size_t> new_index, new_part_index;
   for (const auto& name : names) {
     auto it = parts.find(name);
     if (it == parts.end())
@@ -513,10 +513,10 @@ void PsClient::learn_layout(const std::string& order,
       next_row = p.row_end;
     }
     if (!whole) shape[0] = next_row;
-    const size_t t = names_.size();
-    index_[name] = t;
-    names_.push_back(name);
-    shapes_.push_back(shape);
+    const size_t t = new_names.size();
+    new_index[name] = t;
+    new_names.push_back(name);
+    new_shapes.push_back(shape);
     const int64_t per_row = row_size(shape);
     for (const auto& p : seen) {
       TensorPart part;
@@ -528,13 +528,18 @@ void PsClient::learn_layout(const std::string& order,
       part.offset = p.row_begin * per_row;
       part.size = element_count(p.shape);
       part.server = int(p.server);
-      part_index_[p.name] = layout_.size();
-      layout_.push_back(std::move(part));
+      new_part_index[p.name] = new_layout.size();
+      new_layout.push_back(std::move(part));
     }
   }
-  if (part_index_.size() != held.size())
+  if (new_part_index.size() != held.size())
     throw ServerError("parameter servers: they hold parts that are no parameter of the model, "
                       "or one part twice");
+  names_ = std::move(new_names);
+  shapes_ = std::move(new_shapes);
+  layout_ = std::move(new_layout);
+  index_ = std::move(new_index);
+  part_index_ = std::move(new_part_index);
 }
 
 PsClient::Handle& PsClient::Handle::operator=(Handle&& other) noexcept {

@@ -232,7 +232,7 @@ void ParameterServer::restore_newest() {
   }
 }
 
-std::string ParameterServer::submit_checkpoint() {
+uint64_t ParameterServer::submit_checkpoint() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
   shard_.fetch_moments();
   SafeTensorsFile file = encode_shard_checkpoint(
@@ -243,10 +243,32 @@ std::string ParameterServer::submit_checkpoint() {
       (std::filesystem::path(options_.checkpoint_dir) /
        (options_.shard_name + "-step-" + std::to_string(shard_.step()) + ".safetensors"))
           .string();
-  writer_->submit(path, shard_.step(), std::move(file));
+  const uint64_t ticket = writer_->submit(path, shard_.step(), std::move(file));
   checkpointed_step_ = shard_.step();
   checkpointed_at_ = Clock::now();
-  return path;
+  return ticket;
+}
+
+void ParameterServer::answer_checkpoint_requests() {
+  if (checkpoint_requests_.empty()) return;
+  std::vector<Pending> still;
+  for (Pending& p : checkpoint_requests_) {
+    const std::optional<CheckpointWriter::Outcome> outcome = writer_->outcome_since(p.ticket);
+    if (!outcome) {
+      still.push_back(std::move(p));
+      continue;
+    }
+    try {  // one failed send (a peer gone) must not leave the others unanswered
+      if (!outcome->error.empty())
+        reply_error(p.peer, MessageType::Checkpoint, p.request_id,
+                    "checkpoint failed: " + outcome->error, transport::kCheckpointFailed);
+      else
+        reply_extra(p.peer, p.request_id, outcome->path);
+    } catch (const std::exception& e) {
+      log_failure(e);
+    }
+  }
+  checkpoint_requests_.swap(still);
 }
 
 void ParameterServer::prune_checkpoints(int64_t written) const {
@@ -309,6 +331,15 @@ void ParameterServer::log_once(const std::string& kind, const std::string& text)
                endpoint_.c_str(), kind.c_str(), text.c_str());
 }
 
+void ParameterServer::log_failure(const std::exception& e) {
+  // Logged once per kind of failure: the text may name a request id or a peer, which would make
+  // every occurrence a kind of its own, logged and remembered each time.
+  std::string kind = std::string("internal: ") + e.what();
+  kind.erase(std::remove_if(kind.begin(), kind.end(), [](char c) { return c >= '0' && c <= '9'; }),
+             kind.end());
+  log_once(kind, e.what());
+}
+
 void ParameterServer::serve() {
   Frames frames;
   while (!stopping_) {
@@ -318,21 +349,27 @@ void ParameterServer::serve() {
       on_tick();
     } catch (const std::exception& e) {
       // A failed send to one peer (or a bad_alloc on one message) must not stop the server.
-      // Logged once per kind of failure: the text may name a request id or a peer, which would
-      // make every occurrence a kind of its own, logged and remembered each time.
-      std::string kind = std::string("internal: ") + e.what();
-      kind.erase(std::remove_if(kind.begin(), kind.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                 kind.end());
-      log_once(kind, e.what());
+      log_failure(e);
     }
   }
-  maybe_checkpoint(true);  // the final one, if anything changed since the last
   // Written before stop() returns. When the newest write failed (a periodic one, with nothing
-  // changed since, or this one), try once more: this is the last chance.
-  if (writer_ && !writer_->wait_idle().empty() && shard_.initialized() &&
-      shard_.device_failure().empty()) {
-    submit_checkpoint();
+  // changed since, or this one), try once more: this is the last chance. A failure here (no
+  // memory for the snapshot, a GPU shard's moments that cannot be read back) is said and the
+  // thread still ends: thrown from it, it would end the process.
+  try {
+    maybe_checkpoint(true);  // the final one, if anything changed since the last
+    if (writer_ && !writer_->wait_idle().empty() && shard_.initialized() &&
+        shard_.device_failure().empty()) {
+      submit_checkpoint();
+      writer_->wait_idle();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem parameter server %s: the final checkpoint failed: %s\n",
+                 endpoint_.c_str(), e.what());
+  }
+  if (writer_) {
     writer_->wait_idle();
+    answer_checkpoint_requests();  // every write has ended
   }
   socket_.close();  // the socket belongs to this thread; nothing uses it after this
 }
@@ -448,7 +485,7 @@ void ParameterServer::fail_waiting_requests() {
       reply_error(p.peer, MessageType::PushPull, p.request_id, shard_failure_text(),
                   transport::kShardFailed);
     } catch (const std::exception& e) {
-      log_once(std::string("internal: ") + e.what(), e.what());
+      log_failure(e);
     }
   }
 }
@@ -522,14 +559,14 @@ void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r
       if (!shard_.initialized())
         return reply_error(peer, type, id, "not initialised yet",
                            transport::kNotInitialised);
-      // Answered once the file is written (the writer then has nothing older queued: a
-      // submission that had not started was replaced by this one).
-      const std::string path = submit_checkpoint();
-      const std::string error = writer_->wait_idle();
-      if (!error.empty())
-        return reply_error(peer, type, id, "checkpoint failed: " + error,
-                           transport::kCheckpointFailed);
-      return reply_extra(peer, id, path);
+      // Answered once the file is written (answer_checkpoint_requests, at every tick), not
+      // waited for here: the write, fsyncs included, takes as long as the disk does.
+      Pending p;
+      p.peer.copy(const_cast<zmq::message_t&>(peer));
+      p.request_id = id;
+      p.ticket = submit_checkpoint();
+      checkpoint_requests_.push_back(std::move(p));
+      return;
     }
     case MessageType::Idle: {
       if (!m.tensors.empty() || !m.extra.empty()) {
@@ -637,7 +674,7 @@ void ParameterServer::reply_pending(const Pending& p) {
     shard_.select(p.names, entries);
     reply_tensors(p.peer, p.request_id, entries);
   } catch (const std::exception& e) {
-    log_once(std::string("internal: ") + e.what(), e.what());
+    log_failure(e);
   }
 }
 
@@ -651,6 +688,10 @@ void ParameterServer::finish_sync_step() {
     fail_waiting_requests();  // the held workers, the one whose push completed the step too
     clocks_.clear_idle();
     return;
+  } catch (const std::exception& e) {
+    // (No memory for a parameter block: the shard is as it was.) The step is dropped, and the
+    // held workers are answered with the parameters as they were, not left to time out.
+    log_failure(e);
   }
   if (!applied) {
     // The held workers still get the (unchanged) parameters, and go on.
@@ -681,6 +722,7 @@ int ParameterServer::replicas_needed(Clock::time_point now) const {
 }
 
 void ParameterServer::on_tick() {
+  answer_checkpoint_requests();  // (their snapshots were taken: a failed GPU does not matter)
   if (!shard_.device_failure().empty()) {
     if (!held_.empty() || !deferred_.empty()) fail_waiting_requests();
     return;  // nothing to step, defer or checkpoint any more
@@ -691,7 +733,6 @@ void ParameterServer::on_tick() {
     // A worker left mid-step (or is very slow, or never came): do not hang the others.
     if (now >= step_deadline_ || shard_.pending() >= replicas_needed(now)) finish_sync_step();
   }
-  maybe_checkpoint(false);
   if (options_.mode == PsMode::BoundedStaleness && !deferred_.empty()) {
     // Answer, in arrival order, every deferred request whose worker is now within the bound.
     std::deque<Pending> still;
@@ -706,6 +747,8 @@ void ParameterServer::on_tick() {
     }
     deferred_.swap(still);
   }
+  // Last: a snapshot that cannot be taken (it throws) must not keep the replies above waiting.
+  maybe_checkpoint(false);
 }
 
 }  // namespace tandem

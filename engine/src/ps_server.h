@@ -55,9 +55,10 @@
 // server stops (Shutdown or stop()) if anything changed since the last one. The newest 2 of the
 // shard at or below the step written are kept, older ones deleted. The serving thread only takes
 // a snapshot (a copy of the shard); a CheckpointWriter thread writes it (ps_checkpoint_writer.h),
-// so serving goes on during the write. A Checkpoint request is answered once its file is
-// written; the final checkpoint is written before the server's thread ends. On start, the newest
-// checkpoint of shard_name that reads back completely is loaded (parameters, moments, step;
+// so serving goes on during the write. A Checkpoint request is answered once its file (or a newer
+// one, which replaced it before it started) is written, serving on meanwhile; the final
+// checkpoint is written before the server's thread ends. On start, the newest checkpoint of
+// shard_name that reads back completely is loaded (parameters, moments, step;
 // unreadable ones are skipped and logged) and the shard counts as initialised, so the chief's
 // Init gets the restored values.
 // Every push is checked whole before anything changes. Malformed messages: an Error reply when
@@ -155,6 +156,7 @@ class ParameterServer {
     uint64_t request_id = 0;
     uint64_t clock = 0;  // bounded staleness: the worker's clock when it asked
     std::vector<std::string> names;  // for a Pull by name; empty: every parameter
+    uint64_t ticket = 0;  // a Checkpoint request: its write (CheckpointWriter::submit)
   };
 
   void serve();
@@ -184,12 +186,15 @@ class ParameterServer {
                      const std::vector<const PsShard::Entry*>& entries, std::string extra = {});
   void reply_extra(const zmq::message_t& peer, uint64_t request_id, std::string extra);
   void log_once(const std::string& kind, const std::string& text);
+  void log_failure(const std::exception& e);  // log_once, the kind without the text's digits
   void count(int64_t ServerStats::*field);
-  // Checkpoints: snapshot the shard and hand it to the writer (returns the file's path), do so
-  // if a trigger fired, load the newest complete one at start, and (on the writer's thread,
-  // after a write at `step`) delete all but the newest 2 at or below it.
-  std::string submit_checkpoint();
+  // Checkpoints: snapshot the shard and hand it to the writer (returns the writer's ticket), do
+  // so if a trigger fired, answer the Checkpoint requests whose write has ended, load the newest
+  // complete one at start, and (on the writer's thread, after a write at `step`) delete all but
+  // the newest 2 at or below it.
+  uint64_t submit_checkpoint();
   void maybe_checkpoint(bool final_one);
+  void answer_checkpoint_requests();
   void restore_newest();
   void prune_checkpoints(int64_t step) const;
 
@@ -209,6 +214,7 @@ class ParameterServer {
   std::chrono::steady_clock::time_point checkpointed_at_ = std::chrono::steady_clock::now();
   std::string restored_from_;
   std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
+  std::vector<Pending> checkpoint_requests_;  // waiting for their file to be written
   std::chrono::steady_clock::time_point step_deadline_;
   // Sync: some step waited out step_timeout_ms. From then on only the workers that have pushed
   // count (replicas_needed): one that never shows up (killed while starting) must not make every

@@ -189,8 +189,9 @@ void PsShard::apply_staged() {
     step_with_gradients();
     return;
   }
-  ++step_;
+  // The block first: one that cannot be had (no memory) leaves the step uncounted.
   float* w = writable_params(true);
+  ++step_;
   const float rate = step_size();
   for (const Staged& s : staged_) {
     // The kernel's vector body may contract to FMA where its scalar tail does not, so an
@@ -244,8 +245,9 @@ void PsShard::step_with_gradients() {
     ++step_;
     return;
   }
+  float* w = writable_params(true);  // first, as in apply_staged
   ++step_;
-  update(writable_params(true), 0, total_, gradients_.data(), step_size());
+  update(w, 0, total_, gradients_.data(), step_size());
 }
 
 kernels::AdamHyper PsShard::adam_hyper() const {

@@ -23,7 +23,9 @@ struct ServerStats {
   int64_t rejected = 0;        // requests answered with an Error
   int64_t dropped = 0;         // messages dropped without a reply (bad one-way pushes, unreadable frames)
   int64_t stale_dropped = 0;   // sync mode: valid gradients computed on an older version, dropped
-  int64_t partial_steps = 0;   // sync mode: steps applied at the step timeout with fewer gradients
+  // sync mode: steps applied on fewer gradients than replicas_to_aggregate (at the step timeout,
+  // or with a worker gone or idle)
+  int64_t partial_steps = 0;
   int64_t overflowed_steps = 0;  // sync mode: steps dropped, their summed gradients not finite
   int64_t deferred = 0;        // bounded staleness: replies held back until the slowest caught up
   int64_t curve_rejected = 0;  // CURVE: connections the ZAP handler refused (key not allowed)
