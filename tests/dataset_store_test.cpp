@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <random>
 #include <string>
@@ -341,8 +342,8 @@ TEST(DatasetStore, StopFlagEndsTheWriteAndLeavesNothing) {
 // The temporary directories that killed runs left beside the store are removed by the next write
 // of that store, unless their process still runs (another prepare of the same store), they
 // belong to another store, or they were made on another machine (a shared filesystem: whether
-// that process runs cannot be told from here). Names with a PID alone, from before names carried
-// the host, count as this machine's.
+// that process runs cannot be told from here). A name with a number alone is no name a write
+// gives (a user's backup, `store.zarr.old-20240101`), and is kept.
 TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   TempDir dir;
   const std::string out = dir.file("store.zarr");
@@ -355,13 +356,13 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   const std::string host_and = ours.substr(0, ours.rfind('-') + 1);  // "HOST-"
   ASSERT_EQ(ours, host_and + std::to_string(::getpid()));
   const std::string d = std::to_string(dead), parent = std::to_string(::getppid());
-  const std::vector<std::string> removed = {"store.zarr.partial-" + host_and + d,
-                                            "store.zarr.partial-" + d};
+  const std::vector<std::string> removed = {"store.zarr.partial-" + host_and + d};
   const std::vector<std::string> kept = {
       "other.zarr.partial-" + host_and + d,           // another store's
       "store.zarr.old-" + host_and + d,               // see below
+      "store.zarr.old-" + d,                          // no HOST-: not a name a write gives
+      "store.zarr.partial-" + d,                      // the same
       "store.zarr.partial-" + host_and + parent,      // a live process's
-      "store.zarr.partial-" + parent,                 // the same, named by an older release
       "store.zarr.partial-another-machine-" + d,      // another machine's
       "store.zarr.partial-" + host_and + "x-" + d,    // host HOST-x's
       "store.zarr.partial-" + host_and.substr(0, host_and.size() - 1) + "2-" + d,  // HOST2's
@@ -393,6 +394,31 @@ TEST(DatasetStore, NextWriteRemovesTheTemporaryDirectoriesOfKilledRuns) {
   EXPECT_EQ(entries(dir.path()), want);
 }
 
+// Two writes of one store from one process would share its temporary directory (named by host
+// and process): the second, started while the first runs (here from its progress callback, so
+// certainly during it), is refused, and the first completes.
+TEST(DatasetStore, ASecondWriteOfTheSameStoreInTheProcessIsRefused) {
+  TempDir dir;
+  const std::string out = dir.file("store.zarr");
+  StoreWriteOptions o;
+  std::string second;
+  o.progress = [&](int64_t, int64_t) {
+    if (!second.empty()) return;
+    StoreWriteOptions again;
+    again.overwrite = true;
+    second = test::error_of<InputError>(
+        [&] { write_dataset_store(small_splits(), dir.file("./store.zarr/"), again, nullptr); });
+  };
+  write_dataset_store(small_splits(), out, o, nullptr);
+  EXPECT_TRUE(test::contains(second, "is being written by another thread of this process"))
+      << second;
+  EXPECT_EQ(DatasetStore::open(out).train.rows, small_splits().train.rows());
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
+  StoreWriteOptions replace;  // the claim was released: the store can be written again
+  replace.overwrite = true;
+  write_dataset_store(small_splits(), out, replace, nullptr);
+}
+
 TEST(DatasetStore, RefusesBadOptions) {
   TempDir dir;
   const DataSplits splits = small_splits();
@@ -402,6 +428,15 @@ TEST(DatasetStore, RefusesBadOptions) {
   o.chunk_rows = 10;
   o.copies = 0;
   EXPECT_THROW(write_dataset_store(splits, dir.file("a"), o, nullptr), InputError);
+  // More training rows than a reader takes (2^31 - 1): refused before a byte is written.
+  o.copies = int(std::numeric_limits<int32_t>::max() / splits.train.rows()) + 1;
+  try {
+    write_dataset_store(splits, dir.file("a"), o, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a split holds at most 2147483647 rows"),
+              std::string::npos) << e.what();
+  }
   EXPECT_TRUE(entries(dir.path()).empty());
 }
 
@@ -794,6 +829,20 @@ TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
   EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"dask.zarr"});
   expect_split_equals(read_split(DatasetStore::open(root).train, 10, "train"), splits.train, 1,
                       PixelType::UInt8);
+
+  // A Zarr group of other arrays (a predictions group here) is no dataset store: its directory
+  // is not replaced.
+  const std::string results = dir.file("results.zarr");
+  zarr::Group::create(results, zarr::Format::V3);
+  zarr::Array::create(results + "/classes",
+                      meta_of(zarr::Format::V3, zarr::DType::UInt8, {30}, {10}));
+  try {
+    write_dataset_store(splits, results, o, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds classes"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(results + "/classes/zarr.json"));
 
   const std::string lone = dir.file("lone.zarr");
   zarr::Array::create(lone, meta_of(zarr::Format::V2, zarr::DType::UInt8, {30}, {10}));

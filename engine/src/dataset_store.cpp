@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
 #include "array_stats.h"
@@ -185,8 +187,8 @@ std::string temporary_path(const std::string& out, const char* kind) {
 // Removes the directories named `out` + `kind` + HOST-PID (".partial-", ".old-") that earlier
 // runs writing `out` on this machine left when they were killed: those whose process is gone. A
 // directory of a live process (another prepare writing the same store right now) is left alone,
-// and so is one of another machine. A name with a PID alone (written before names carried the
-// host) is taken as this machine's.
+// and so is one of another machine. A name without this machine's HOST- is not one this code
+// wrote: a user's backup may be named `out.old-20240101`, and no such PID runs.
 void remove_stale(const std::string& out, const std::string& kind) {
   const fs::path target(out);
   const std::string prefix = target.filename().string() + kind;
@@ -199,8 +201,8 @@ void remove_stale(const std::string& out, const std::string& kind) {
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string rest = name.substr(prefix.size());
     const size_t dash = rest.rfind('-');
-    if (dash != std::string::npos && rest.compare(0, dash, this_host) != 0) continue;
-    const std::string digits = dash == std::string::npos ? rest : rest.substr(dash + 1);
+    if (dash == std::string::npos || rest.compare(0, dash, this_host) != 0) continue;
+    const std::string digits = rest.substr(dash + 1);
     // A PID as this code writes it: no leading zero, at most 9 digits.
     if (digits.empty() || digits[0] == '0' ||
         digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9)
@@ -214,6 +216,25 @@ void remove_stale(const std::string& out, const std::string& kind) {
     // it is a whole store (a run killed between the two, or a store someone named so), kept.
     if (kind == ".partial-" && zarr::Group::exists(it->path().string())) continue;
     remove_tree(it->path().string());
+  }
+}
+
+// `out` is a dataset store that --overwrite may replace: a Zarr group, or arrays written without
+// one (as Dask writes them), holding nothing a dataset store does not. Its whole directory goes,
+// so a group of someone's other arrays (predictions, results) or a file of theirs beside the
+// arrays makes it no store to replace.
+void check_replaceable(const std::string& out, const std::string& overwrite_option) {
+  const std::string refusal = "; refusing to replace it even with " + overwrite_option +
+                              " (remove it yourself if it should go)";
+  if (!DatasetStore::looks_like_store(out))
+    throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
+                     "array)" + refusal);
+  static const std::set<std::string> store_entries = {
+      "images", "labels", "validation", "test", "zarr.json", ".zgroup", ".zattrs", ".zmetadata"};
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (store_entries.count(name) == 0)
+      throw InputError(out + " holds " + name + ", which no dataset store has" + refusal);
   }
 }
 
@@ -295,11 +316,19 @@ void write_store_contents(const DataSplits& splits, const std::string& dir,
   if (o.progress) o.progress(total_rows, total_rows);
 }
 
+// What a reader takes (open_split): row indices and a model's inputs are 32-bit.
+constexpr int64_t kMaxSplitRows = std::numeric_limits<int32_t>::max();
+
 void check_inputs(const DataSplits& splits, const std::string& out, const StoreWriteOptions& o) {
   if (out.empty()) throw InputError("dataset store path is empty");
   if (o.chunk_rows < 1)
     throw InputError("chunk rows is " + std::to_string(o.chunk_rows) + ", expected >= 1");
   if (o.copies < 1) throw InputError("copies is " + std::to_string(o.copies) + ", expected >= 1");
+  // Refused before anything is written, not by every reader of a store written for hours.
+  if (splits.train.rows() > kMaxSplitRows / o.copies)
+    throw InputError("the training split would have " + std::to_string(splits.train.rows()) +
+                     " rows x " + std::to_string(o.copies) + " copies; a split holds at most " +
+                     std::to_string(kMaxSplitRows) + " rows (fewer copies)");
   if (splits.train.rows() < 1 || splits.train.features() < 1)
     throw InputError("the training split of " + splits.source + " has " +
                      std::to_string(splits.train.rows()) + " rows of " +
@@ -347,8 +376,6 @@ void convert_labels(const T* src, int64_t n, uint8_t* dst, int64_t first_index, 
   }
 }
 
-constexpr int64_t kMaxSplitRows = std::numeric_limits<int32_t>::max();
-
 DatasetStore::Split open_split(const std::string& store, const std::string& dir,
                                const std::string& name, DatasetStore::Labels labels) {
   DatasetStore::Split s;
@@ -379,6 +406,36 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
   return s;
 }
 
+// A store being written by this process, claimed for the write's length: its temporary
+// directories are named by host and process (temporary_path), so two threads writing the same
+// store would write into, and remove, one directory. The second is refused instead.
+class WriteClaim {
+ public:
+  explicit WriteClaim(const std::string& out)
+      : key_(fs::weakly_canonical(fs::absolute(out)).string()) {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (!claimed().insert(key_).second)
+      throw InputError(out + " is being written by another thread of this process");
+  }
+  ~WriteClaim() {
+    std::lock_guard<std::mutex> lock(mutex());
+    claimed().erase(key_);
+  }
+  WriteClaim(const WriteClaim&) = delete;
+  WriteClaim& operator=(const WriteClaim&) = delete;
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::string>& claimed() {
+    static std::set<std::string> s;
+    return s;
+  }
+  const std::string key_;
+};
+
 }  // namespace
 
 std::string partial_store_path(const std::string& out) {
@@ -396,6 +453,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   check_inputs(splits, out, options);
   if (!provenance.is_null() && !provenance.is_object())
     throw InputError("dataset store provenance must be a JSON object, got " + provenance.dump());
+  const WriteClaim claim(out);
   const bool replace = path_exists(out);
   if (replace) {
     if (!options.overwrite)
@@ -403,21 +461,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                        " to replace it");
     std::error_code ec;
     const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
-    // A store of arrays written without a group (as Dask writes them) is a store too, when it
-    // holds nothing else: its directory is what gets replaced, whatever else is in it.
-    if (!empty_dir && !DatasetStore::looks_like_store(out))
-      throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
-                       "array); refusing to replace it even with " + options.overwrite_option +
-                       " (remove it yourself if it should go)");
-    if (!empty_dir && !zarr::Group::exists(out)) {
-      for (const auto& entry : fs::directory_iterator(out)) {
-        const std::string name = entry.path().filename().string();
-        if (name != "images" && name != "labels" && name != "validation" && name != "test")
-          throw InputError(out + " holds " + name + " beside its arrays, which no dataset "
-                           "store has; refusing to replace it even with " +
-                           options.overwrite_option + " (remove it yourself if it should go)");
-      }
-    }
+    if (!empty_dir) check_replaceable(out, options.overwrite_option);
   }
 
   nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();
