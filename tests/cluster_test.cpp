@@ -166,8 +166,8 @@ TEST(ClusterRanks, RanksMapToCoordinatorServersScorerAndWorkers) {
 }
 
 TEST(ClusterRanks, RankComesFromSlurmOrMpiEnvironment) {
-  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"})
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"})
     unsetenv(v);
   EXPECT_FALSE(launcher_rank_from_environment());
   setenv("OMPI_COMM_WORLD_RANK", "3", 1);
@@ -183,6 +183,9 @@ TEST(ClusterRanks, RankComesFromSlurmOrMpiEnvironment) {
   r = launcher_rank_from_environment();
   EXPECT_EQ(r->launcher, "slurm");
   EXPECT_EQ(r->job, "777");
+  setenv("SLURM_STEP_ID", "2", 1);  // the allocation's third srun: not the previous step's job
+  EXPECT_EQ(launcher_rank_from_environment()->job, "777.2");
+  unsetenv("SLURM_STEP_ID");
   setenv("SLURM_PROCID", "4", 1);
   EXPECT_THROW(launcher_rank_from_environment(), InputError);  // rank 4 of 4
   setenv("SLURM_PROCID", "x", 1);
@@ -277,6 +280,22 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
   receive_until(13);
   EXPECT_TRUE(seqs.count(13));
+}
+
+// A run that failed after its stop rule fired ends "failed: ...": for a subscriber that comes
+// after the end too, whose replay once gave the stop rule's reason ("target") instead.
+TEST(Coordinator, ALateSubscriberHearsThatARunFailedAfterItsStop) {
+  zmq::context_t context(1);
+  Coordinator c(test::bare_coordinator_options(context));
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  c.request_stop("target");
+  c.fail("reading the final parameters: gone");
+  ScoreSubscriber late(c.endpoint(), context);
+  std::optional<json> m;
+  while ((m = late.next(10000)) && !is_end_message(*m)) {
+  }
+  ASSERT_TRUE(m) << "no end message";
+  EXPECT_EQ(end_reason_of(*m), "failed: reading the final parameters: gone");
 }
 
 // A diverged scorer's NaN loss travels as null (JSON has no NaN): the coordinator took it with

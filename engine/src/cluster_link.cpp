@@ -124,6 +124,12 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
     if (replied_to == reply.end() || !replied_to->is_number_unsigned() ||
         replied_to->get<uint64_t>() != seq)
       continue;  // the late answer to an older request
+    {
+      // An answer, like a heartbeat's: a role that took long to start (a server loading a large
+      // checkpoint) before its heartbeats began has just heard from the coordinator.
+      std::lock_guard<std::mutex> lock(mutex_);
+      last_reply_ = std::chrono::steady_clock::now();
+    }
     if (reply.contains("error")) {
       const nlohmann::json& error = reply["error"];
       throw Error("coordinator at " + endpoint_ + ": " +

@@ -63,7 +63,7 @@ class CoordinatorLink {
   std::string phase() const;
   void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel);
   bool cancelled() const;
-  // No heartbeat reply for lost_after_ms: the coordinator is gone.
+  // No reply (a heartbeat's or a request's) for lost_after_ms: the coordinator is gone.
   bool coordinator_lost(int lost_after_ms) const;
   // Wakes when a heartbeat reply changes the phase (or after timeout_ms).
   void wait_phase_change(const std::string& from, int timeout_ms) const;

@@ -36,13 +36,16 @@ std::string env_text(const char* name) {
 }  // namespace
 
 std::optional<LauncherRank> launcher_rank_from_environment() {
+  // `step`: what tells two launches of one job apart (every srun of one allocation has the
+  // allocation's SLURM_JOB_ID), so that a rank never takes the previous step's coordinator.
   struct Source {
-    const char *rank, *size, *job, *name;
+    const char *rank, *size, *job, *step, *name;
   };
-  const Source sources[] = {{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "slurm"},
+  const Source sources[] = {{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                             "slurm"},
                             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                             "OMPI_MCA_ess_base_jobid", "openmpi"},
-                            {"PMI_RANK", "PMI_SIZE", "", "pmi"}};
+                             "OMPI_MCA_ess_base_jobid", "", "openmpi"},
+                            {"PMI_RANK", "PMI_SIZE", "", "", "pmi"}};
   for (const Source& s : sources) {
     const auto rank = env_int(s.rank);
     if (!rank) continue;
@@ -52,7 +55,10 @@ std::optional<LauncherRank> launcher_rank_from_environment() {
     if (*rank >= *size)
       throw InputError(std::string(s.rank) + "=" + std::to_string(*rank) + " is not below " +
                        s.size + "=" + std::to_string(*size));
-    return LauncherRank{*rank, *size, s.name, *s.job ? env_text(s.job) : ""};
+    std::string job = *s.job ? env_text(s.job) : "";
+    const std::string step = *s.step ? env_text(s.step) : "";
+    if (!job.empty() && !step.empty()) job += "." + step;
+    return LauncherRank{*rank, *size, s.name, job};
   }
   return std::nullopt;
 }

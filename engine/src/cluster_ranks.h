@@ -14,7 +14,7 @@ struct LauncherRank {
   int rank = 0;
   int size = 1;
   std::string launcher;  // "slurm", "openmpi", "pmi"
-  std::string job;       // the job's id when the launcher says it ("" otherwise)
+  std::string job;       // the job's id when the launcher says it (SLURM's: JOB.STEP), or ""
 };
 
 // From the environment: SLURM_PROCID/SLURM_NTASKS (SLURM_JOB_ID), OMPI_COMM_WORLD_RANK/

@@ -233,6 +233,9 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       break;
     }
   }
+  // A role thread's error while draining failed the run (watch): said as it is, not as the
+  // failure to read the final parameters from servers that have left since.
+  if (c.phase() == ClusterPhase::Failed) fail_now(c.failure());
   // Done: the servers write their last checkpoint and exit.
   auto stop_servers = [&] {
     c.finish();
@@ -314,6 +317,18 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
 
   stop_servers();
   return summary;
+}
+
+Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings) {
+  if (coordinator.phase() == ClusterPhase::Done)
+    throw Error("the run is finished and its servers have exited: pull_model() before finish()");
+  const std::vector<std::string> endpoints = coordinator.ps_endpoints();
+  if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
+  PsClient client(endpoints, cluster_client_options(settings, nullptr));
+  Model model(settings.model);
+  // An empty init is a pull that also learns the servers' layout (a fresh client must).
+  model.parameters() = client.init({}).wait().tensors;
+  return model;
 }
 
 }  // namespace tandem

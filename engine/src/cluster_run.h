@@ -76,6 +76,12 @@ void secure_coordinator(CoordinatorOptions& options, const RunSettings& settings
 void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, double target,
                      int64_t max_epochs, double max_seconds, bool driven);
 
+// The parameters a running cluster's servers hold now, read by a fresh client under these
+// settings: the public ClusterCoordinator's and Python's pull_model. Throws Error once the run is
+// done (its servers are leaving or gone: asking them would wait out a request timeout) or when no
+// server is serving.
+Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings);
+
 struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop

@@ -208,7 +208,7 @@ void Coordinator::serve() {
         }
         to_publish_.push_back({{"replayed", id}});
         if (phase_ == ClusterPhase::Done || phase_ == ClusterPhase::Failed)
-          to_publish_.push_back({{"end", true}, {"reason", stop_reason_.empty() ? failure_ : stop_reason_}});
+          to_publish_.push_back(end_message_locked());
       }
     }
     on_tick();
@@ -597,7 +597,14 @@ void Coordinator::fail_locked(const std::string& why) {
   if (phase_ == ClusterPhase::Failed) return;  // failed already: one end message, one reason
   if (failure_.empty()) failure_ = why;
   set_phase(ClusterPhase::Failed);
-  to_publish_.push_back({{"end", true}, {"reason", "failed: " + failure_}});
+  to_publish_.push_back(end_message_locked());
+}
+
+json Coordinator::end_message_locked() const {
+  // A run that failed after its stop rule fired (reading the final parameters, say) ended
+  // failed: its reason says so, to a late subscriber's replay as to the live ones.
+  return {{"end", true},
+          {"reason", phase_ == ClusterPhase::Failed ? "failed: " + failure_ : stop_reason_}};
 }
 
 void Coordinator::mark_lost(const std::string& name, const std::string& why) {
@@ -619,7 +626,7 @@ void Coordinator::finish() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == ClusterPhase::Failed) return;
   set_phase(ClusterPhase::Done);
-  to_publish_.push_back({{"end", true}, {"reason", stop_reason_}});
+  to_publish_.push_back(end_message_locked());
 }
 
 bool Coordinator::wait_servers_gone(int timeout_ms) const {

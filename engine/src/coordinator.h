@@ -164,6 +164,7 @@ class Coordinator {
   void lose(Role& role, const std::string& why);  // with mutex_ held
   void set_phase(ClusterPhase phase);             // with mutex_ held
   void fail_locked(const std::string& why);       // fail(), with mutex_ held
+  nlohmann::json end_message_locked() const;      // the scores channel's last: {end, reason}
   void publish(const nlohmann::json& message);    // serving thread only
   bool all_ready() const;                         // with mutex_ held
   int64_t batches_done_locked() const;            // with mutex_ held

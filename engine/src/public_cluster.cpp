@@ -279,16 +279,7 @@ void ClusterCoordinator::request_stop(const std::string& reason) {
 void ClusterCoordinator::fail(const std::string& why) { impl_->coordinator->fail(why); }
 
 Model ClusterCoordinator::pull_model() const {
-  // After finish() the servers are leaving or gone: asking them would wait out a request timeout.
-  if (impl_->coordinator->phase() == ClusterPhase::Done)
-    throw Error("the run is finished and its servers have exited: pull_model() before finish()");
-  const std::vector<std::string> endpoints = impl_->coordinator->ps_endpoints();
-  if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
-  PsClient client(endpoints, cluster_client_options(impl_->settings, nullptr));
-  Model model(impl_->settings.model);
-  // An empty init is a pull that also learns the servers' layout (a fresh client must).
-  model.parameters() = client.init({}).wait().tensors;
-  return model;
+  return pull_cluster_model(*impl_->coordinator, impl_->settings);
 }
 
 bool ClusterCoordinator::finish(double timeout_s) {

@@ -124,22 +124,12 @@ class PyCoordinator {
   }
   const RunSettings& settings() const { return settings_; }
 
-  Model pull_model(const Coordinator& coordinator) const {
-    const std::vector<std::string> endpoints = coordinator.ps_endpoints();
-    if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
-    PsClient client(endpoints, cluster_client_options(settings_, nullptr));
-    Model model(settings_.model);
-    // An empty init is a pull that also learns the servers' layout (a fresh client must).
-    model.parameters() = client.init({}).wait().tensors;
-    return model;
-  }
 
   void close() {
     std::shared_ptr<Coordinator> closing;
     closing.swap(coordinator_);  // with the GIL: no other call is between get() and its use
     closed_ = true;
-    py::gil_scoped_release release;  // the serving thread is joined (by the last holder)
-    closing.reset();
+    without_gil([&] { closing.reset(); });  // the serving thread is joined (by the last holder)
   }
 
  private:
@@ -163,18 +153,18 @@ class PyRole {
     if (!thread_.joinable()) return;
     stop();
     if (state_->options.feed) state_->options.feed->close("the worker role object was dropped");
-    bool done;
-    {
-      py::gil_scoped_release release;
+    const bool done = without_gil([&] {
       std::unique_lock<std::mutex> lock(state_->mutex);
-      done = state_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return state_->done; });
-    }
+      return state_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return state_->done; });
+    });
     if (done) thread_.join();
     else thread_.detach();  // stuck in a request: it ends at the request's timeout
   }
 
   void start() {
-    if (thread_.joinable()) throw Error("this role has been started already");
+    // (Not thread_.joinable(): join() joins it, and a second run would find done and the first
+    // run's error still set.)
+    if (state_->started) throw Error("this role has been started already; a role runs once");
     std::shared_ptr<State> state = state_;
     Body body = body_;
     state->started = true;
@@ -311,9 +301,10 @@ class ScoreStream {
   ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s,
               const transport::CurveClientKeys& curve, double lost_after_s)
       : follow_(follow), timeout_s_(timeout_s ? *timeout_s : (follow ? -1.0 : 1.0)) {
-    py::gil_scoped_release release;
-    subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
-    if (follow) subscriber_->fail_when_coordinator_lost(lost_after_s);
+    without_gil([&] {
+      subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
+      if (follow) subscriber_->fail_when_coordinator_lost(lost_after_s);
+    });
   }
 
   py::object next() {
@@ -431,8 +422,7 @@ void bind_cluster(py::module_& m) {
       .def("pull_model",
            [](PyCoordinator& c) {
              const std::shared_ptr<Coordinator> co = c.shared();
-             py::gil_scoped_release release;
-             return c.pull_model(*co);
+             return without_gil([&] { return pull_cluster_model(*co, c.settings()); });
            },
            "The parameters the servers hold now.")
       .def("close", &PyCoordinator::close)

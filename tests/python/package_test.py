@@ -178,10 +178,15 @@ def end_cluster(test, coordinator, roles):
     test.assertTrue(coordinator.wait_workers_gone(30))
     model = coordinator.pull_model()
     coordinator.finish()
+    # The servers are leaving: said at once, not after a request timeout.
+    with test.assertRaisesRegex(tandem.Error, r"pull_model\(\) before finish\(\)"):
+        coordinator.pull_model()
     test.assertTrue(coordinator.wait_servers_gone(30))
     for role in roles:
         test.assertTrue(role.join(30))
         test.assertFalse(role.running)
+    with test.assertRaisesRegex(tandem.Error, "a role runs once"):
+        roles[0].start()  # joined, so its thread is no longer joinable: still refused
     return model
 
 

@@ -48,14 +48,19 @@ std::string ProcessLauncher::start(const std::string& kind, const std::string& n
 void ProcessLauncher::watch(Coordinator& coordinator) {
   const ClusterPhase phase = coordinator.phase();
   const bool running = phase == ClusterPhase::Starting || phase == ClusterPhase::Training;
+  // Whether a role that exited is restarted: a scorer while the run trains; a server up to the
+  // end, draining included (the final parameters are read from it), but not once the run is done
+  // (one that failed writing its final checkpoint would reload and write it again, and hold the
+  // end up) or has failed.
+  const auto still_needed = [&](const Child& c) {
+    return running || (c.kind == "ps" && phase == ClusterPhase::Draining);
+  };
   const auto now = std::chrono::steady_clock::now();
   for (Child& c : children_) {
     if (c.restart_pending) {
       if (now < c.restart_at) continue;
       c.restart_pending = false;
-      // As for a restart at once: only a failed run gives up its roles. A server is needed up
-      // to the end, draining included (the final parameters are read from it).
-      if (phase == ClusterPhase::Failed) continue;
+      if (!still_needed(c)) continue;
       c.pid = spawn(c);
       c.exited = false;
       continue;
@@ -75,8 +80,8 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
                        " before the run started; its messages are above");
       continue;
     }
-    const bool restart = (c.kind == "scorer" || c.kind == "ps") &&
-                         phase != ClusterPhase::Failed && c.restarts < max_restarts_;
+    const bool restart =
+        (c.kind == "scorer" || c.kind == "ps") && still_needed(c) && c.restarts < max_restarts_;
     if (!restart) continue;
     if (c.kind == "ps") {
       // The same address, so the workers' sockets reconnect to the restarted server.

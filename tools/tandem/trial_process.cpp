@@ -52,30 +52,34 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   const pid_t parent = getpid();
   pid_t pid;
   {
-    const StopSignalsBlocked blocked;  // until the child has reset them (stop_signals.h)
+    // Blocked until the child has reset them (stop_signals.h). The child never leaves this block
+    // (it execs or _exits), so only the parent restores its mask: restored in the child too, a
+    // signal sent since the fork (a cancel right after the start) would run the parent's
+    // handler there, and be lost.
+    const StopSignalsBlocked blocked;
     pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with their parent, however it ends
+      if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
+      if (own_process_group) setpgid(0, 0);
+      if (log_fd >= 0) {  // (dup2's copies are not close-on-exec)
+        dup2(log_fd, STDOUT_FILENO);
+        dup2(log_fd, STDERR_FILENO);
+        close(log_fd);
+      }
+      // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
+      // sent since the fork (a cancel right after the start) then ends it as it would the program.
+      reset_stop_signals_in_child();
+      if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) fail_in_child(no_dir);
+      execv(argv[0], argv.data());
+      fail_in_child(failure);
+    }
   }
-  if (pid != 0 && log_fd >= 0) close(log_fd);  // the child has its own copy
+  if (log_fd >= 0) close(log_fd);  // the child has its own copy
   if (pid < 0) throw Error(what + ": fork: " + std::strerror(errno));
   // Both sides set the group (the usual shell idiom): whichever runs first, the child is in its
   // own group once either returns.
-  if (pid > 0 && own_process_group) setpgid(pid, pid);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // children die with their parent, however it ends
-    if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
-    if (own_process_group) setpgid(0, 0);
-    if (log_fd >= 0) {  // (dup2's copies are not close-on-exec)
-      dup2(log_fd, STDOUT_FILENO);
-      dup2(log_fd, STDERR_FILENO);
-      close(log_fd);
-    }
-    // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
-    // sent since the fork (a cancel right after the start) then ends it as it would the program.
-    reset_stop_signals_in_child();
-    if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) fail_in_child(no_dir);
-    execv(argv[0], argv.data());
-    fail_in_child(failure);
-  }
+  if (own_process_group) setpgid(pid, pid);
   return pid;
 }
 
