@@ -102,6 +102,28 @@ Model Trainer::model() const {
   return model;
 }
 
+namespace {
+
+// `ckpt` with the validation loss it was scored at, and on how many rows: a resumed run compares
+// its new epochs with it only when they are scored on as many.
+Checkpoint scored(Checkpoint ckpt, double loss, int64_t validation_rows) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", loss);
+  ckpt.extra["validation_loss"] = text;
+  ckpt.extra["validation_samples"] = std::to_string(validation_rows);
+  return ckpt;
+}
+
+}  // namespace
+
+Checkpoint Trainer::resume_state() const {
+  if (resume_from_best_) return *run_best_;
+  Checkpoint ckpt =
+      last_scored_ ? scored(checkpoint(), last_validation_loss_, validation_rows_) : checkpoint();
+  ckpt.best = run_best_;
+  return ckpt;
+}
+
 Checkpoint Trainer::checkpoint() const {
   Checkpoint ckpt;
   ckpt.model = model();
@@ -197,22 +219,20 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   std::shared_ptr<const Checkpoint> best;
   bool best_is_current = false;  // the backend holds the best state
   double best_loss = 0.0;
-  const std::string validation_samples = std::to_string(validation.rows);
   if (validation.rows > 0 && resumed_best_) {
     auto samples = resumed_best_->extra.find("validation_samples");
-    if (samples != resumed_best_->extra.end() && samples->second == validation_samples) {
+    if (samples != resumed_best_->extra.end() &&
+        samples->second == std::to_string(validation.rows)) {
       best = resumed_best_;
       best_is_current = resumed_best_is_current_;
       best_loss = std::stod(best->extra.at("validation_loss"));
     }
   }
-  const auto scored = [&](Checkpoint ckpt, double loss) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.17g", loss);
-    ckpt.extra["validation_loss"] = text;
-    ckpt.extra["validation_samples"] = validation_samples;
-    return ckpt;
-  };
+  // What resume_state() (and so the checkpoint file) holds from here: updated after each epoch.
+  run_best_ = best;
+  resume_from_best_ = best_is_current;
+  last_scored_ = false;
+  validation_rows_ = validation.rows;
   bool said_diverged = false;
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
@@ -256,7 +276,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
       // must not keep a later finite epoch from being kept.
       if (!best || (std::isfinite(loss) && !(loss >= best_loss))) {
         best_loss = loss;
-        best = std::make_shared<const Checkpoint>(scored(checkpoint(), loss));
+        best = std::make_shared<const Checkpoint>(scored(checkpoint(), loss, validation.rows));
         best_is_current = true;
       }
     }
@@ -271,16 +291,11 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
                    "the best epoch's state (epoch %lld) instead\n",
                    static_cast<long long>(epoch_), static_cast<long long>(best->epoch));
     }
-    if (!config_.checkpoint_path.empty()) {
-      Checkpoint ckpt;
-      if (best_is_current || diverged) {
-        ckpt = *best;
-      } else {
-        ckpt = validation.rows > 0 ? scored(checkpoint(), report.validation.loss_sum) : checkpoint();
-        ckpt.best = best;
-      }
-      save_checkpoint(config_.checkpoint_path, ckpt);
-    }
+    run_best_ = best;
+    resume_from_best_ = best_is_current || diverged;
+    last_scored_ = validation.rows > 0;
+    last_validation_loss_ = report.validation.loss_sum;
+    if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, resume_state());
     if (metrics) metrics->epoch(report);
     if (on_epoch) on_epoch(report);
   }
@@ -294,11 +309,9 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     epoch_ = best->epoch;
   }
   summary.kept_epoch = epoch_;
-  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore)) {
-    Checkpoint ckpt = restore || best_is_current ? *best : checkpoint();
-    if (!restore && !best_is_current) ckpt.best = best;
-    save_checkpoint(config_.checkpoint_path, ckpt);
-  }
+  if (restore) resume_from_best_ = true;
+  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore))
+    save_checkpoint(config_.checkpoint_path, resume_state());
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

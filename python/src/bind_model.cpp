@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "array_rows.h"
+#include "gil.h"
 #include "tandem/tandem.h"
 
 namespace py = pybind11;
@@ -87,12 +88,8 @@ void bind_model(py::module_& m) {
       .def("evaluate",
            [](const Model& model, py::handle images, py::handle labels, int threads) {
              const ArrayRows rows = array_rows(images, labels, true);
-             EvalResult result;
-             {
-               py::gil_scoped_release release;
-               result = evaluate_model(model, rows.block.rows, threads);
-             }
-             return eval_dict(result);
+             return eval_dict(
+                 without_gil([&] { return evaluate_model(model, rows.block.rows, threads); }));
            },
            "images"_a, "labels"_a, "threads"_a = 0,
            "Summed (the seed's score) and mean loss, and accuracy, on the CPU.")
@@ -101,11 +98,8 @@ void bind_model(py::module_& m) {
               bool probabilities) -> py::object {
              if (probabilities) return predict_with_probabilities(model, images, threads);
              const ArrayRows rows = array_rows(images, py::none(), false);
-             std::vector<uint8_t> classes;
-             {
-               py::gil_scoped_release release;
-               classes = predict(model, rows.block.rows, threads);
-             }
+             const std::vector<uint8_t> classes =
+                 without_gil([&] { return predict(model, rows.block.rows, threads); });
              py::array_t<uint8_t> out(py::ssize_t(classes.size()));
              std::copy(classes.begin(), classes.end(), out.mutable_data());
              return std::move(out);
@@ -182,6 +176,7 @@ void bind_model(py::module_& m) {
         }
         if (on_epoch) {
           trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
+            if (python_finalizing()) return;  // (taking the GIL would end the thread: gil.h)
             py::gil_scoped_acquire gil;
             cb(py::dict("epoch"_a = r.epoch, "step"_a = r.step, "train_loss_mean"_a = r.train_loss_mean,
                         "samples_per_s"_a = r.samples_per_s, "seconds"_a = r.seconds,
@@ -194,17 +189,16 @@ void bind_model(py::module_& m) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last < std::chrono::milliseconds(100)) return;
           last = now;
+          if (python_finalizing()) return;
           py::gil_scoped_acquire gil;
           if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         };
-        TrainSummary summary;
-        {
-          py::gil_scoped_release release;
-          summary = trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
-                                test_rows ? test_rows->block.rows : DatasetView{});
-        }
+        const TrainSummary summary = without_gil([&] {
+          return trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
+                             test_rows ? test_rows->block.rows : DatasetView{});
+        });
         if (!return_state) return py::make_tuple(trainer.model(), summary_dict(summary));
-        const std::vector<uint8_t> state = encode_checkpoint(trainer.checkpoint());
+        const std::vector<uint8_t> state = encode_checkpoint(trainer.resume_state());
         return py::make_tuple(trainer.model(), summary_dict(summary),
                               py::bytes(reinterpret_cast<const char*>(state.data()), state.size()));
       },

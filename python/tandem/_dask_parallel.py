@@ -147,9 +147,11 @@ def _ranked(records):
     """By validation loss (the seed's score): with successive halving the trial's best per
     sample, what ranked it at its rungs (a stopped trial's last epoch may be worse); failed
     trials and trials that never finished a job last."""
-    return sorted(records, key=lambda r: ("error" in r, "validation" not in r,
-                                          r.get("best_validation_loss",
-                                                r.get("validation", {}).get("loss_sum", 0.0))))
+    def loss(r):  # a diverged trial's NaN would leave the whole order undefined
+        value = r.get("best_validation_loss", r.get("validation", {}).get("loss_sum", 0.0))
+        return value if math.isfinite(value) else math.inf
+
+    return sorted(records, key=lambda r: ("error" in r, "validation" not in r, loss(r)))
 
 
 def _computed(value):
@@ -295,8 +297,12 @@ def _predict_chunk_to(block, chunk, model, out, layout, threads):
     return output.predict_chunk(chunk, model, block.reshape(block.shape[0], -1), digest, threads)
 
 
-def _labels_of(labels, rows):
+def _labels_of(labels, rows, classes):
+    """Class ids of images' rows, checked as the engine checks labels: a label that names no
+    class of the model would count as a wrong prediction without a word."""
     labels = np.asarray(labels.compute() if hasattr(labels, "__dask_graph__") else labels)
+    if labels.dtype.kind not in "biuf":
+        raise InputError(f"labels must be numbers (class ids or one-hot rows), not {labels.dtype}")
     if labels.ndim == 2 and labels.shape[1] == 1:  # a column of class ids, as the engine reads it
         labels = labels.reshape(-1)
     if labels.ndim == 2:  # one-hot rows, the seed's format (checked as the engine checks them)
@@ -308,7 +314,15 @@ def _labels_of(labels, rows):
     if labels.shape != (rows,):
         raise InputError(f"labels must have one class per row of images ({rows}), not shape "
                          f"{labels.shape}")
-    return labels
+    ids = labels.astype(np.float64)
+    bad = ~np.isfinite(ids) | (ids < 0) | (ids >= classes) | (ids != np.floor(ids))
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = ids[row]
+        shown = int(value) if value.is_integer() else value  # -1, not -1.0; 3.5 and nan as are
+        raise InputError(f"label {shown} at row {row} names no class of the model (class ids "
+                         f"are whole numbers from 0 to {classes - 1})")
+    return labels.astype(np.int64)
 
 
 def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_format=3, threads=1):
@@ -361,7 +375,7 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     if features != model.layers[0]:
         raise InputError(f"model {'-'.join(map(str, model.layers))} takes {model.layers[0]} "
                          f"features per row, but images have {features} (shape {images.shape})")
-    truth = None if labels is None else _labels_of(labels, rows)
+    truth = None if labels is None else _labels_of(labels, rows, classes)
     layout = (zarr_format, rows, int(images.chunks[0][0]), classes, _fingerprint(model, images))
     attributes = {"created_by": "tandem.dask.predict",
                   "model_config": "-".join(map(str, model.layers)),

@@ -246,6 +246,14 @@ class DaskPredictTest(unittest.TestCase):
         self.assertEqual(os.listdir(elsewhere), ["keep.txt"])
         with self.assertRaisesRegex(tandem.InputError, r"one class per row of images \(2500\)"):
             tdask.predict(self.model, self.dask_images(), out, labels=self.labels[:10])
+        # Labels that name no class (unlabelled rows as -1, 1-based ids, 3.5) are refused, not
+        # counted as wrong predictions.
+        for bad, said in ((-1, "label -1 at row 7"), (10, "label 10 at row 7"),
+                          (3.5, "label 3.5 at row 7")):
+            labels = self.labels.astype(np.float64)
+            labels[7] = bad
+            with self.assertRaisesRegex(tandem.InputError, said + " names no class"):
+                tdask.predict(self.model, self.dask_images(), out, labels=labels)
         with self.assertRaisesRegex(tandem.InputError, "takes 784 features per row"):
             tdask.predict(self.model, da.zeros((100, 10), chunks=50), out)
         with self.assertRaisesRegex(tandem.InputError, "zarr_format must be 2 or 3"):

@@ -49,6 +49,20 @@ class ResumeStateTest(unittest.TestCase):
         self.assertEqual(rest["validation"]["loss_sum"], whole_summary["validation"]["loss_sum"])
         self.assertEqual(len(tandem.train(TRAIN, epochs=1, **SETTINGS)), 2)  # callers as before
 
+    def test_a_resumed_run_keeps_the_best_of_both_calls(self):
+        """The state carries the run's best so far, as tandem train's checkpoint file does: a
+        resumed run whose every new epoch is worse (here, diverged at a learning rate of 1e30)
+        ends on the first call's best epoch, as the search's last rung must (its ranking counts
+        every rung's epochs). The state once held the last parameters alone, and the resumed run
+        kept the best of its own epochs: here a NaN model."""
+        kw = dict(SETTINGS, validation=VALIDATION, return_state=True)
+        _, first, state = tandem.train(TRAIN, epochs=3, learning_rate=0.01, **kw)
+        model, rest, _ = tandem.train(TRAIN, epochs=5, learning_rate=1e30, resume=state, **kw)
+        self.assertEqual(rest["epochs"], 2)
+        self.assertEqual(rest["kept_epoch"], first["kept_epoch"])
+        self.assertEqual(rest["validation"]["loss_sum"], first["validation"]["loss_sum"])
+        self.assertTrue(all(np.isfinite(v).all() for v in model.parameters().values()))
+
     def test_bad_states_are_refused(self):
         _, _, state = tandem.train(TRAIN, epochs=1, return_state=True, **SETTINGS)
         with self.assertRaisesRegex(tandem.InputError, "holds model 784-16-10, expected 784-8-10"):

@@ -23,6 +23,7 @@
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "json_text.h"
 #include "commands.h"
@@ -77,10 +78,12 @@ struct TrialRecord {
   std::string error;
   std::string slot;  // where its last job ran: "local" or a slot server's endpoint
   bool cut = false;  // stopped by --budget-seconds while running
+  // The epoch of lowest validation loss; a NaN or infinite one is no score (a NaN first epoch
+  // would otherwise stay the best, nothing being below it).
   const EpochResult* best() const {
     const EpochResult* b = nullptr;
     for (const EpochResult& e : epochs)
-      if (!b || e.loss < b->loss) b = &e;
+      if (std::isfinite(e.loss) && (!b || e.loss < b->loss)) b = &e;
     return b;
   }
 };
@@ -465,10 +468,14 @@ void run_search(SearchOptions& o) {
   // The table: trials with results by best validation loss, then the ones without.
   std::vector<int> order(configs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  // Failed trials last, and before them those with no score (cut before their first epoch):
+  // order[0] is then a trial with a best epoch whenever any succeeded.
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    const bool fa = halving.status(a) == TrialStatus::Failed, fb = halving.status(b) == TrialStatus::Failed;
-    if (fa != fb) return fb;
-    return best_loss(a) < best_loss(b);
+    const auto key = [&](int t) {
+      return std::make_tuple(halving.status(t) == TrialStatus::Failed,
+                             records[t].best() == nullptr, best_loss(t));
+    };
+    return key(a) < key(b);
   });
   nlohmann::json trials = nlohmann::json::array();
   std::ostringstream csv;

@@ -92,6 +92,10 @@ class Trainer {
   EvalResult evaluate(const DatasetView& data);
   // Current parameters and optimizer state, as a checkpoint would hold them.
   Checkpoint checkpoint() const;
+  // After fit: what its checkpoint file holds (written or not), the state to resume the run
+  // from, carrying the run's best so far, so that a resumed run keeps the best across both
+  // calls. The kept state itself when fit restored the best (config.keep_best).
+  Checkpoint resume_state() const;
   Model model() const;
   const TrainConfig& config() const { return config_; }
   std::string backend_name() const;
@@ -111,6 +115,14 @@ class Trainer {
   bool resumed_ = false;
   std::shared_ptr<const Checkpoint> resumed_best_;  // the resumed run's best so far
   bool resumed_best_is_current_ = false;            // ... which is the state it resumed from
+  // What resume_state() builds on, as fit leaves it after each epoch: the best state so far
+  // (null: none scored), whether the state to resume is that one, and the last epoch's
+  // validation loss when it was scored, on validation_rows_ rows.
+  std::shared_ptr<const Checkpoint> run_best_;
+  bool resume_from_best_ = false;
+  bool last_scored_ = false;
+  double last_validation_loss_ = 0.0;
+  int64_t validation_rows_ = 0;
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
