@@ -410,7 +410,7 @@ TEST(DatasetStore, ASecondWriteOfTheSameStoreInTheProcessIsRefused) {
         [&] { write_dataset_store(small_splits(), dir.file("./store.zarr/"), again, nullptr); });
   };
   write_dataset_store(small_splits(), out, o, nullptr);
-  EXPECT_TRUE(test::contains(second, "is being written by another thread of this process"))
+  EXPECT_TRUE(test::contains(second, "is being written already, by another write of this"))
       << second;
   EXPECT_EQ(DatasetStore::open(out).train.rows, small_splits().train.rows());
   EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"store.zarr"});
@@ -843,6 +843,20 @@ TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
     EXPECT_NE(std::string(e.what()).find("holds classes"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::exists(results + "/classes/zarr.json"));
+  // ... nor is a store with someone's arrays in a split (predictions written into its test
+  // group), until they are gone.
+  write_dataset_store(splits, root, o, nullptr);
+  fs::create_directories(root + "/test/preds");
+  test::write_bytes(root + "/test/preds/zarr.json", std::string("{}"));
+  try {
+    write_dataset_store(splits, root, o, nullptr);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds test/preds"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(root + "/test/preds/zarr.json"));
+  fs::remove_all(root + "/test/preds");
+  write_dataset_store(splits, root, o, nullptr);
 
   const std::string lone = dir.file("lone.zarr");
   zarr::Array::create(lone, meta_of(zarr::Format::V2, zarr::DType::UInt8, {30}, {10}));

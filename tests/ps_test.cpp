@@ -1527,9 +1527,22 @@ TEST(PsCheckpoint, WriterReplacesASnapshotThatHasNotStartedAndReportsFailures) {
   writer.submit(dir.file("missing/s-4.safetensors"), 4, one_tensor_file(4));
   const std::string error = writer.wait_idle();
   EXPECT_NE(error.find("missing/s-4.safetensors"), std::string::npos) << error;
-  writer.submit(dir.file("s-5.safetensors"), 5, one_tensor_file(5));
+  const uint64_t last = writer.submit(dir.file("s-5.safetensors"), 5, one_tensor_file(5));
   EXPECT_EQ(writer.wait_idle(), "");
   EXPECT_TRUE(std::filesystem::exists(dir.file("s-5.safetensors")));
+  // Each submission's outcome, by its ticket (1 to 5, in order): its own write's, or for job 2
+  // the write of job 3, which replaced it. A failure does not stand for the writes around it.
+  ASSERT_EQ(last, 5u);
+  const auto outcome = [&](uint64_t ticket) {
+    const auto o = writer.outcome_since(ticket);
+    return o ? o->path + (o->error.empty() ? "" : ": failed") : std::string("none");
+  };
+  EXPECT_EQ(outcome(1), dir.file("s-1.safetensors"));
+  EXPECT_EQ(outcome(2), dir.file("s-3.safetensors"));
+  EXPECT_EQ(outcome(3), dir.file("s-3.safetensors"));
+  EXPECT_EQ(outcome(4), dir.file("missing/s-4.safetensors") + ": failed");
+  EXPECT_EQ(outcome(5), dir.file("s-5.safetensors"));
+  EXPECT_EQ(outcome(6), "none");
 }
 
 TEST(PsCheckpoint, StopWritesAFinalCheckpointOnlyWhenSomethingChanged) {

@@ -220,22 +220,29 @@ void remove_stale(const std::string& out, const std::string& kind) {
 }
 
 // `out` is a dataset store that --overwrite may replace: a Zarr group, or arrays written without
-// one (as Dask writes them), holding nothing a dataset store does not. Its whole directory goes,
-// so a group of someone's other arrays (predictions, results) or a file of theirs beside the
-// arrays makes it no store to replace.
-void check_replaceable(const std::string& out, const std::string& overwrite_option) {
+// one (as Dask writes them), holding nothing a dataset store does not, in its validation and test
+// splits neither. Its whole directory goes, so a group of someone's other arrays (predictions,
+// results) or a file of theirs among the arrays makes it no store to replace.
+void check_store_replaceable(const std::string& out, const std::string& overwrite_option) {
   const std::string refusal = "; refusing to replace it even with " + overwrite_option +
                               " (remove it yourself if it should go)";
   if (!DatasetStore::looks_like_store(out))
     throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
                      "array)" + refusal);
-  static const std::set<std::string> store_entries = {
-      "images", "labels", "validation", "test", "zarr.json", ".zgroup", ".zattrs", ".zmetadata"};
-  for (const auto& entry : fs::directory_iterator(out)) {
-    const std::string name = entry.path().filename().string();
-    if (store_entries.count(name) == 0)
-      throw InputError(out + " holds " + name + ", which no dataset store has" + refusal);
-  }
+  static const std::set<std::string> split_entries = {"images", "labels", "zarr.json",
+                                                      ".zgroup", ".zattrs", ".zmetadata"};
+  const auto check = [&](const std::string& dir, bool root) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (root && (name == "validation" || name == "test")) continue;
+      if (split_entries.count(name) == 0)
+        throw InputError(out + " holds " + join(dir, name).substr(out.size() + 1) +
+                         ", which no dataset store has" + refusal);
+    }
+  };
+  check(out, true);
+  for (const char* split : {"validation", "test"})
+    if (fs::is_directory(join(out, split))) check(join(out, split), false);
 }
 
 void write_store_contents(const DataSplits& splits, const std::string& dir,
@@ -411,11 +418,10 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
 // store would write into, and remove, one directory. The second is refused instead.
 class WriteClaim {
  public:
-  explicit WriteClaim(const std::string& out)
-      : key_(fs::weakly_canonical(fs::absolute(out)).string()) {
+  explicit WriteClaim(const std::string& out) : key_(key_of(out)) {
     std::lock_guard<std::mutex> lock(mutex());
     if (!claimed().insert(key_).second)
-      throw InputError(out + " is being written by another thread of this process");
+      throw InputError(out + " is being written already, by another write of this process");
   }
   ~WriteClaim() {
     std::lock_guard<std::mutex> lock(mutex());
@@ -432,6 +438,13 @@ class WriteClaim {
   static std::set<std::string>& claimed() {
     static std::set<std::string> s;
     return s;
+  }
+  // One key for every spelling of the path; the path as given where it cannot be resolved (a
+  // directory that cannot be searched: the write then fails on its own, naming it).
+  static std::string key_of(const std::string& out) {
+    std::error_code ec;
+    const fs::path resolved = fs::weakly_canonical(fs::absolute(out, ec), ec);
+    return ec ? out : resolved.string();
   }
   const std::string key_;
 };
@@ -461,7 +474,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                        " to replace it");
     std::error_code ec;
     const bool empty_dir = fs::is_directory(out, ec) && fs::is_empty(out, ec);
-    if (!empty_dir) check_replaceable(out, options.overwrite_option);
+    if (!empty_dir) check_store_replaceable(out, options.overwrite_option);
   }
 
   nlohmann::json attributes = provenance.is_object() ? provenance : nlohmann::json::object();

@@ -32,14 +32,15 @@ uint64_t CheckpointWriter::submit(std::string path, int64_t step, SafeTensorsFil
 
 std::optional<CheckpointWriter::Outcome> CheckpointWriter::outcome_since(uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (ended_ticket_ < ticket) return std::nullopt;
-  return last_outcome_;
+  for (const auto& [ended, outcome] : ended_)
+    if (ended >= ticket) return outcome;
+  return std::nullopt;
 }
 
 std::string CheckpointWriter::wait_idle() {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !waiting_ && !busy_; });
-  return last_outcome_.error;
+  return ended_.empty() ? std::string() : ended_.back().second.error;
 }
 
 void CheckpointWriter::run() {
@@ -63,8 +64,8 @@ void CheckpointWriter::run() {
     }
     lock.lock();
     busy_ = false;
-    last_outcome_ = {std::move(job.path), std::move(error)};
-    ended_ticket_ = job.ticket;
+    ended_.push_back({job.ticket, {std::move(job.path), std::move(error)}});
+    if (ended_.size() > kKeptOutcomes) ended_.pop_front();
     changed_.notify_all();
   }
 }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <deque>
 #include <optional>
 #include <string>
 #include <thread>
@@ -34,13 +35,15 @@ class CheckpointWriter {
   // never started was replaced). Failures are also logged to stderr.
   std::string wait_idle();
 
-  // Without waiting: the outcome of the newest write that has ended, once its ticket is `ticket`
-  // or later (a later one holds everything the replaced submission did); until then nothing.
+  // Without waiting: the outcome of the first write that ended with a ticket of `ticket` or
+  // later (a submission replaced before it started is answered by the one that replaced it,
+  // which holds everything it did); until one has, nothing. The newest kKeptOutcomes are kept.
   struct Outcome {
     std::string path;
     std::string error;  // "" when written
   };
   std::optional<Outcome> outcome_since(uint64_t ticket);
+  static constexpr size_t kKeptOutcomes = 16;
 
  private:
   struct Job {
@@ -58,9 +61,8 @@ class CheckpointWriter {
   std::optional<Job> waiting_;  // the next job, not started
   bool busy_ = false;           // a job is being written
   bool stopping_ = false;
-  uint64_t submitted_ = 0;   // the newest submission's ticket
-  Outcome last_outcome_;     // of the newest write that ended, whose ticket is:
-  uint64_t ended_ticket_ = 0;
+  uint64_t submitted_ = 0;  // the newest submission's ticket
+  std::deque<std::pair<uint64_t, Outcome>> ended_;  // by ticket, the newest kKeptOutcomes
   std::thread thread_;  // last: starts once everything above exists
 };
 

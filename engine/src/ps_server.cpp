@@ -251,24 +251,26 @@ uint64_t ParameterServer::submit_checkpoint() {
 
 void ParameterServer::answer_checkpoint_requests() {
   if (checkpoint_requests_.empty()) return;
+  // Taken out of the list before any is answered: each is answered once, whatever a send does.
+  std::vector<std::pair<Pending, CheckpointWriter::Outcome>> ready;
   std::vector<Pending> still;
   for (Pending& p : checkpoint_requests_) {
-    const std::optional<CheckpointWriter::Outcome> outcome = writer_->outcome_since(p.ticket);
-    if (!outcome) {
-      still.push_back(std::move(p));
-      continue;
-    }
+    std::optional<CheckpointWriter::Outcome> outcome = writer_->outcome_since(p.ticket);
+    if (outcome) ready.emplace_back(std::move(p), std::move(*outcome));
+    else still.push_back(std::move(p));
+  }
+  checkpoint_requests_.swap(still);
+  for (const auto& [p, outcome] : ready) {
     try {  // one failed send (a peer gone) must not leave the others unanswered
-      if (!outcome->error.empty())
+      if (!outcome.error.empty())
         reply_error(p.peer, MessageType::Checkpoint, p.request_id,
-                    "checkpoint failed: " + outcome->error, transport::kCheckpointFailed);
+                    "checkpoint failed: " + outcome.error, transport::kCheckpointFailed);
       else
-        reply_extra(p.peer, p.request_id, outcome->path);
+        reply_extra(p.peer, p.request_id, outcome.path);
     } catch (const std::exception& e) {
       log_failure(e);
     }
   }
-  checkpoint_requests_.swap(still);
 }
 
 void ParameterServer::prune_checkpoints(int64_t written) const {
@@ -564,7 +566,12 @@ void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r
       Pending p;
       p.peer.copy(const_cast<zmq::message_t&>(peer));
       p.request_id = id;
-      p.ticket = submit_checkpoint();
+      try {
+        p.ticket = submit_checkpoint();
+      } catch (const std::exception& e) {  // no snapshot (no memory, a GPU shard's moments)
+        return reply_error(peer, type, id, std::string("checkpoint failed: ") + e.what(),
+                           transport::kCheckpointFailed);
+      }
       checkpoint_requests_.push_back(std::move(p));
       return;
     }
@@ -681,7 +688,7 @@ void ParameterServer::reply_pending(const Pending& p) {
 void ParameterServer::finish_sync_step() {
   if (shard_.pending() < options_.replicas_to_aggregate) count(&ServerStats::partial_steps);
   const int64_t gradients = shard_.pending();
-  bool applied = false;
+  bool applied = false, failed = false;
   try {
     applied = shard_.apply_accumulated();
   } catch (const ShardDeviceFailed&) {
@@ -692,8 +699,9 @@ void ParameterServer::finish_sync_step() {
     // (No memory for a parameter block: the shard is as it was.) The step is dropped, and the
     // held workers are answered with the parameters as they were, not left to time out.
     log_failure(e);
+    failed = true;
   }
-  if (!applied) {
+  if (!applied && !failed) {
     // The held workers still get the (unchanged) parameters, and go on.
     count(&ServerStats::overflowed_steps);
     log_once("sync step: overflow",

@@ -68,6 +68,10 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   backend_->set_optimizer_state(ckpt.state, ckpt.step);
   epoch_ = ckpt.epoch;
   resumed_ = true;
+  // An earlier fit's state is not this one's (resume_state() describes the last fit).
+  run_best_.reset();
+  resume_from_best_ = false;
+  last_scored_ = false;
   // The run's best so far: the checkpoint's own state when it was scored best (or was the kept
   // epoch at the end), else the best state saved beside it.
   resumed_best_ = ckpt.best;

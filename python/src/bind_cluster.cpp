@@ -167,7 +167,6 @@ class PyRole {
     if (state_->started) throw Error("this role has been started already; a role runs once");
     std::shared_ptr<State> state = state_;
     Body body = body_;
-    state->started = true;
     thread_ = std::thread([state, body] {
       try {
         body(state->options);
@@ -179,6 +178,9 @@ class PyRole {
       state->done = true;
       state->changed.notify_all();
     });
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->started = true;  // once the thread exists: a role whose thread could not start can be
+                            // started again
   }
 
   // True once the loop has ended (raising its error, if any); false after timeout_s.

@@ -121,8 +121,7 @@ def _successive_halving(client, configs, train_data, validation_data, common, bu
                 record["error"] = result["error"]
                 halving.fail(trial)
                 continue
-            losses[trial] += [math.inf if math.isnan(loss) else loss
-                              for _, loss in result["history"]]
+            losses[trial] += [_finite_or_inf(loss) for _, loss in result["history"]]
             record.update(epochs=len(losses[trial]), validation_losses=list(losses[trial]),
                           validation=result["validation"],
                           model=result["model"], kept_epoch=result["kept_epoch"])
@@ -147,11 +146,17 @@ def _ranked(records):
     """By validation loss (the seed's score): with successive halving the trial's best per
     sample, what ranked it at its rungs (a stopped trial's last epoch may be worse); failed
     trials and trials that never finished a job last."""
-    def loss(r):  # a diverged trial's NaN would leave the whole order undefined
-        value = r.get("best_validation_loss", r.get("validation", {}).get("loss_sum", 0.0))
-        return value if math.isfinite(value) else math.inf
+    def loss(r):
+        return _finite_or_inf(r.get("best_validation_loss",
+                                    r.get("validation", {}).get("loss_sum", 0.0)))
 
     return sorted(records, key=lambda r: ("error" in r, "validation" not in r, loss(r)))
+
+
+def _finite_or_inf(loss):
+    """A diverged trial's loss (NaN, or infinite) as infinity: NaN compares false with every
+    number, which would leave a whole ranking undefined."""
+    return loss if math.isfinite(loss) else math.inf
 
 
 def _computed(value):

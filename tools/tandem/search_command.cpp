@@ -468,8 +468,8 @@ void run_search(SearchOptions& o) {
   // The table: trials with results by best validation loss, then the ones without.
   std::vector<int> order(configs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  // Failed trials last, and before them those with no score (cut before their first epoch):
-  // order[0] is then a trial with a best epoch whenever any succeeded.
+  // Failed trials last, and before them those with no score (cut before their first epoch, or
+  // diverged at every epoch): order[0] has a best epoch whenever any trial has one.
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const auto key = [&](int t) {
       return std::make_tuple(halving.status(t) == TrialStatus::Failed,
@@ -487,7 +487,7 @@ void run_search(SearchOptions& o) {
     const TrialRecord& rec = records[t];
     const EpochResult* b = rec.best();
     const std::string status = to_string(halving.status(t));
-    if (halving.status(t) != TrialStatus::Failed && b) ++succeeded;
+    if (halving.status(t) != TrialStatus::Failed && !rec.epochs.empty()) ++succeeded;
     nlohmann::json j{{"rank", rank + 1}, {"trial", t}, {"status", status},
                      {"rung", halving.rung(t)}, {"epochs", rec.epochs.size()},
                      {"seconds", rec.seconds}, {"config", rec.config.to_json()}};
@@ -526,7 +526,11 @@ void run_search(SearchOptions& o) {
   size_t epochs_trained = 0;
   for (const TrialRecord& rec : records) epochs_trained += rec.epochs.size();
   summary["epochs_trained"] = epochs_trained;
-  const int best = succeeded > 0 ? order[0] : -1;
+  // (Trials that trained but never scored a finite validation loss succeed with no best.)
+  const int best = succeeded > 0 && records[order[0]].best() ? order[0] : -1;
+  if (succeeded > 0 && best < 0)
+    std::fprintf(stderr, "tandem search: no trial scored a finite validation loss (each one "
+                 "diverged): no best trial, no best.safetensors\n");
   if (best >= 0) {
     summary["best"] = trials[0];
     const fs::path ckpt = trial_file(o, best, ".safetensors");
