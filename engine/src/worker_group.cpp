@@ -107,7 +107,10 @@ void WorkerGroup::member_loop(int rank) {
     bool last = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      errors_[static_cast<size_t>(rank)] = error;
+      // Moved, not copied: a copy this thread dropped after the unlock would release the error
+      // while the caller reads it, ordered only by the exception's reference count, which
+      // ThreadSanitizer cannot see inside libstdc++ (it reported that as a race).
+      errors_[static_cast<size_t>(rank)] = std::move(error);
       busy_[static_cast<size_t>(rank)] = 0;
       last = --pending_ == 0;
     }
