@@ -2,6 +2,7 @@
 
 #include "gil.h"
 #include "split_labels.h"
+#include "tandem/error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +36,11 @@ bool is_float32(const py::array& a) {
          a.dtype().attr("isnative").cast<bool>();
 }
 
+std::string no_class(const std::string& value, py::ssize_t row, int limit) {
+  return "label " + value + " at row " + std::to_string(row) + " names no class (class ids are " +
+         "whole numbers from 0 to " + std::to_string(limit - 1) + ")";
+}
+
 }  // namespace
 
 std::shared_ptr<void> hold_python(py::object object) {
@@ -47,6 +53,86 @@ std::shared_ptr<void> hold_python(py::object object) {
     py::gil_scoped_acquire gil;
     delete static_cast<py::object*>(p);
   });
+}
+
+ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
+  ClassIds out;
+  py::array labels = py::array::ensure(labels_in);
+  if (!labels) throw py::type_error("labels must be an array (anything numpy.asarray takes)");
+  if (labels.ndim() < 1 || labels.ndim() > 2 || labels.shape(0) != rows)
+    throw InputError("labels must have one entry per row of images (" + std::to_string(rows) +
+                     "), not shape " + shape_text(labels));
+  // A column [rows, 1] holds class ids (one column can be no one-hot row), as the store reads
+  // one (engine/src/split_labels.h).
+  if (labels.ndim() == 2 && labels.shape(1) == 1)
+    labels = py::array::ensure(labels.attr("reshape")(rows));
+  const char kind = labels.dtype().kind();
+  if (labels.ndim() == 1 && kind == 'f') {
+    // Class ids as whole numbers in floats (3.0), as pandas and NumPy often leave them.
+    auto wide = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
+    py::array_t<uint8_t> ids(rows);
+    const double* in = wide.data();
+    uint8_t* ids_out = ids.mutable_data();
+    for (py::ssize_t r = 0; r < rows; ++r) {
+      if (!is_class_id(in[r], limit)) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%.17g", in[r]);  // 2.9999998 is not "3"
+        throw InputError(no_class(value, r, limit));
+      }
+      ids_out[r] = uint8_t(in[r]);
+    }
+    labels = ids;
+    out.copied = true;
+  } else if (labels.ndim() == 2 && (kind == 'f' || kind == 'u' || kind == 'i')) {
+    // One-hot rows (the seed's labels, float; integer ones too), read by the stores' rule
+    // (one_hot_row_class). (A column [rows, 1] was taken as class ids above.)
+    const py::ssize_t classes = labels.shape(1);
+    if (classes < 2 || classes > limit)
+      throw InputError("one-hot labels need 2 to " + std::to_string(limit) + " columns, not " +
+                       shape_text(labels) + " (class ids go in a 1-D array)");
+    auto dense = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
+    py::array_t<uint8_t> ids(rows);
+    const double* in = dense.data();
+    uint8_t* ids_out = ids.mutable_data();
+    for (py::ssize_t r = 0; r < rows; ++r) {
+      const char* why = nullptr;
+      const int64_t best = one_hot_row_class(in + r * classes, classes, &why);
+      if (best < 0)
+        throw InputError("one-hot label row " + std::to_string(r) + " names no class (" + why +
+                         ")");
+      ids_out[r] = uint8_t(best);
+    }
+    labels = ids;
+    out.num_classes = int(classes);
+    out.copied = true;
+  } else if (labels.ndim() == 1 && (kind == 'u' || kind == 'i')) {
+    if (!is_uint8(labels) || !c_contiguous(labels)) {
+      auto wide = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(labels);
+      py::array_t<uint8_t> ids(rows);
+      const int64_t* in = wide.data();
+      uint8_t* ids_out = ids.mutable_data();
+      for (py::ssize_t r = 0; r < rows; ++r) {
+        if (in[r] < 0 || in[r] >= limit)
+          throw InputError(no_class(std::to_string(in[r]), r, limit));
+        ids_out[r] = uint8_t(in[r]);
+      }
+      labels = ids;
+      out.copied = true;
+    }
+  } else {
+    throw py::type_error("labels must be class ids (rows,) or (rows, 1), or one-hot rows "
+                         "(rows, classes), of a number type, not " + dtype_text(labels) + " " +
+                         shape_text(labels));
+  }
+  if (out.num_classes == 0) {  // class ids: as many classes as the largest names
+    const uint8_t* ids = static_cast<const uint8_t*>(labels.data());
+    for (py::ssize_t r = 0; r < rows; ++r) {
+      if (ids[r] >= limit) throw InputError(no_class(std::to_string(ids[r]), r, limit));
+      out.num_classes = std::max(out.num_classes, ids[r] + 1);
+    }
+  }
+  out.ids = labels;
+  return out;
 }
 
 ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_labels) {
@@ -78,82 +164,11 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
                          "(used as they are), not " + dtype_text(images));
   }
 
-  py::array labels;  // meaningful when have_labels (a default array is an empty one, not null)
   const bool have_labels = !labels_in.is_none();
-  int num_classes = 0;
+  ClassIds labels;
   if (have_labels) {
-    labels = py::array::ensure(labels_in);
-    if (!labels) throw py::type_error("labels must be an array (anything numpy.asarray takes)");
-    if (labels.ndim() < 1 || labels.shape(0) != rows)
-      throw py::value_error("labels must have one entry per image: images are " +
-                            shape_text(images) + ", labels " + shape_text(labels));
-    // A column [rows, 1] holds class ids (one column can be no one-hot row), as the store reads
-    // one (engine/src/split_labels.h).
-    if (labels.ndim() == 2 && labels.shape(1) == 1)
-      labels = py::array::ensure(labels.attr("reshape")(rows));
-    const char lkind = labels.dtype().kind();
-    if (labels.ndim() == 1 && lkind == 'f') {
-      // Class ids as whole numbers in floats (3.0), as pandas and NumPy often leave them.
-      auto wide = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
-      py::array_t<uint8_t> ids(rows);
-      const double* in = wide.data();
-      uint8_t* ids_out = ids.mutable_data();
-      for (py::ssize_t r = 0; r < rows; ++r) {
-        if (!is_class_id(in[r], 256)) {
-          char value[32];
-          std::snprintf(value, sizeof value, "%.17g", in[r]);
-          throw py::value_error(std::string("label ") + value + " at row " + std::to_string(r) +
-                                " is not a class id in [0, 256)");
-        }
-        ids_out[r] = uint8_t(in[r]);
-        num_classes = std::max(num_classes, ids_out[r] + 1);
-      }
-      labels = ids;
-      out.labels_copied = true;
-    } else if (labels.ndim() == 2 && (lkind == 'f' || lkind == 'u' || lkind == 'i')) {
-      // One-hot rows (the seed's labels, float; integer ones too), read by the stores' rule
-      // (one_hot_row_class). (A column [rows, 1] was taken as class ids above.)
-      const py::ssize_t classes = labels.shape(1);
-      if (classes < 2 || classes > 256)
-        throw py::value_error("one-hot labels need 2 to 256 columns, not " + shape_text(labels) +
-                              " (class ids go in a 1-D array)");
-      auto dense = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
-      py::array_t<uint8_t> ids(rows);
-      const double* in = dense.data();
-      uint8_t* ids_out = ids.mutable_data();
-      for (py::ssize_t r = 0; r < rows; ++r) {
-        const char* why = nullptr;
-        const int64_t best = one_hot_row_class(in + r * classes, classes, &why);
-        if (best < 0)
-          throw py::value_error("one-hot label row " + std::to_string(r) + " names no class (" +
-                                why + ")");
-        ids_out[r] = uint8_t(best);
-      }
-      labels = ids;
-      num_classes = int(classes);
-      out.labels_copied = true;
-    } else if (labels.ndim() == 1 && (lkind == 'u' || lkind == 'i')) {
-      if (!is_uint8(labels) || !c_contiguous(labels)) {
-        auto wide = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(labels);
-        py::array_t<uint8_t> ids(rows);
-        const int64_t* in = wide.data();
-        uint8_t* ids_out = ids.mutable_data();
-        for (py::ssize_t r = 0; r < rows; ++r) {
-          if (in[r] < 0 || in[r] > 255)
-            throw py::value_error("label " + std::to_string(in[r]) + " at row " +
-                                  std::to_string(r) + " is not a class id in [0, 256)");
-          ids_out[r] = uint8_t(in[r]);
-        }
-        labels = ids;
-        out.labels_copied = true;
-      }
-      const uint8_t* ids = static_cast<const uint8_t*>(labels.data());
-      for (py::ssize_t r = 0; r < rows; ++r) num_classes = std::max(num_classes, ids[r] + 1);
-    } else {
-      throw py::type_error("labels must be class ids (rows,) or (rows, 1), or one-hot rows "
-                           "(rows, classes), of a number type, not " + dtype_text(labels) + " " +
-                           shape_text(labels));
-    }
+    labels = class_ids(labels_in, rows, 256);
+    out.labels_copied = labels.copied;
   } else if (need_labels) {
     throw py::value_error("labels are needed here (training and scoring compare against them)");
   }
@@ -161,11 +176,12 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
   DatasetView& v = out.block.rows;
   v.pixel_type = pixel_type;
   v.pixels = images.data();
-  v.labels = have_labels ? static_cast<const uint8_t*>(labels.data()) : nullptr;
+  v.labels = have_labels ? static_cast<const uint8_t*>(labels.ids.data()) : nullptr;
   v.rows = rows;
   v.features = features;
-  v.num_classes = num_classes;
-  out.block.owner = hold_python(py::make_tuple(images, have_labels ? py::object(labels) : py::object(py::none())));
+  v.num_classes = labels.num_classes;
+  out.block.owner = hold_python(
+      py::make_tuple(images, have_labels ? py::object(labels.ids) : py::object(py::none())));
   return out;
 }
 

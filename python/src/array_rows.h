@@ -20,9 +20,20 @@ struct ArrayRows {
   bool labels_copied = false;
 };
 
-// Throws ValueError/TypeError (through pybind11) naming the bad shape or dtype. `labels` may be
-// None when `need_labels` is false. Must be called with the GIL held; the owner takes the GIL
-// when it is released, from whichever thread.
+// Labels as uint8 class ids, read in place when they already are (C-contiguous uint8): class
+// ids (rows,) or (rows, 1), integers or whole floats, or one-hot rows (rows, classes) by the
+// stores' rule (one_hot_row_class). Every id must name one of `limit` classes (at most 256).
+// Throws tandem::InputError naming the first bad row, TypeError for a type that holds no ids.
+struct ClassIds {
+  pybind11::array ids;  // uint8 [rows]
+  int num_classes = 0;  // one-hot columns, or the largest id + 1
+  bool copied = false;
+};
+ClassIds class_ids(pybind11::handle labels, pybind11::ssize_t rows, int limit);
+
+// Throws InputError/ValueError/TypeError (through pybind11) naming the bad shape or dtype.
+// `labels` may be None when `need_labels` is false. Must be called with the GIL held; the owner
+// takes the GIL when it is released, from whichever thread.
 ArrayRows array_rows(pybind11::handle images, pybind11::handle labels, bool need_labels);
 
 // A Python object kept alive by a shared_ptr that takes the GIL to release it.

@@ -64,6 +64,17 @@ py::tuple predict_with_probabilities(const Model& model, py::handle images, int 
 }
 
 void bind_predict(py::module_& m) {
+  m.def(
+      "_class_ids",
+      [](py::handle labels, py::ssize_t rows, int classes) {
+        if (classes < 1 || classes > 256)
+          throw InputError("a model has 1 to 256 classes, not " + std::to_string(classes));
+        return class_ids(labels, rows, classes).ids;
+      },
+      "labels"_a, "rows"_a, "classes"_a,
+      "Labels of `rows` images as uint8 class ids of a model of `classes` classes, checked as "
+      "Model.evaluate checks them (tandem.dask.predict's accuracy): InputError naming the first "
+      "label that names no class.");
   py::class_<PredictionsOutput>(
       m, "_Predictions",
       "A predictions group as tandem predict writes it (used by tandem.dask.predict).")

@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from ._tandem import Error, InputError, _Predictions, _SuccessiveHalving, train as _train
+from ._tandem import Error, InputError, _Predictions, _SuccessiveHalving, _class_ids
+from ._tandem import train as _train
 
 
 def expand_grid(grid):
@@ -305,29 +306,8 @@ def _predict_chunk_to(block, chunk, model, out, layout, threads):
 def _labels_of(labels, rows, classes):
     """Class ids of images' rows, checked as the engine checks labels: a label that names no
     class of the model would count as a wrong prediction without a word."""
-    labels = np.asarray(labels.compute() if hasattr(labels, "__dask_graph__") else labels)
-    if labels.dtype.kind not in "biuf":
-        raise InputError(f"labels must be numbers (class ids or one-hot rows), not {labels.dtype}")
-    if labels.ndim == 2 and labels.shape[1] == 1:  # a column of class ids, as the engine reads it
-        labels = labels.reshape(-1)
-    if labels.ndim == 2:  # one-hot rows, the seed's format (checked as the engine checks them)
-        bad = np.isnan(labels).any(axis=1) | ~(labels.max(axis=1) > 0)
-        if bad.any():
-            raise InputError(f"one-hot label row {int(np.argmax(bad))} names no class (a NaN, "
-                             "or no entry above 0)")
-        labels = labels.argmax(axis=1)
-    if labels.shape != (rows,):
-        raise InputError(f"labels must have one class per row of images ({rows}), not shape "
-                         f"{labels.shape}")
-    ids = labels.astype(np.float64)
-    bad = ~np.isfinite(ids) | (ids < 0) | (ids >= classes) | (ids != np.floor(ids))
-    if bad.any():
-        row = int(np.argmax(bad))
-        value = ids[row]
-        shown = int(value) if value.is_integer() else value  # -1, not -1.0; 3.5 and nan as are
-        raise InputError(f"label {shown} at row {row} names no class of the model (class ids "
-                         f"are whole numbers from 0 to {classes - 1})")
-    return labels.astype(np.int64)
+    labels = labels.compute() if hasattr(labels, "__dask_graph__") else labels
+    return _class_ids(labels, rows, classes)
 
 
 def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_format=3, threads=1):

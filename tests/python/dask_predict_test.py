@@ -244,7 +244,7 @@ class DaskPredictTest(unittest.TestCase):
             with self.assertRaisesRegex(tandem.InputError, "holds something other"):
                 tdask.predict(self.model, self.dask_images(), elsewhere, overwrite=overwrite)
         self.assertEqual(os.listdir(elsewhere), ["keep.txt"])
-        with self.assertRaisesRegex(tandem.InputError, r"one class per row of images \(2500\)"):
+        with self.assertRaisesRegex(tandem.InputError, r"one entry per row of images \(2500\)"):
             tdask.predict(self.model, self.dask_images(), out, labels=self.labels[:10])
         # Labels that name no class (unlabelled rows as -1, 1-based ids, 3.5) are refused, not
         # counted as wrong predictions.
@@ -254,6 +254,16 @@ class DaskPredictTest(unittest.TestCase):
             labels[7] = bad
             with self.assertRaisesRegex(tandem.InputError, said + " names no class"):
                 tdask.predict(self.model, self.dask_images(), out, labels=labels)
+        # Read in place (uint8 class ids), an id past the model's classes is refused too; one-hot
+        # rows by the engine's rule.
+        labels = self.labels.astype(np.uint8)
+        labels[9] = 10
+        with self.assertRaisesRegex(tandem.InputError, "label 10 at row 9 names no class"):
+            tdask.predict(self.model, self.dask_images(), out, labels=labels)
+        one_hot = np.eye(10, dtype=np.float32)[self.labels]
+        one_hot[5] = 0
+        with self.assertRaisesRegex(tandem.InputError, "one-hot label row 5 names no class"):
+            tdask.predict(self.model, self.dask_images(), out, labels=one_hot)
         with self.assertRaisesRegex(tandem.InputError, "takes 784 features per row"):
             tdask.predict(self.model, da.zeros((100, 10), chunks=50), out)
         with self.assertRaisesRegex(tandem.InputError, "zarr_format must be 2 or 3"):

@@ -65,7 +65,7 @@ class ModelTest(unittest.TestCase):
         x, y = make_rows(10, 3)
         with self.assertRaisesRegex(TypeError, "not int64"):
             model.evaluate(x.astype(np.int64), y)
-        with self.assertRaisesRegex(ValueError, "one entry per image"):
+        with self.assertRaisesRegex(ValueError, "one entry per row of images"):
             model.evaluate(x, y[:5])
         # An engine InputError is a ValueError and a tandem.Error, with the engine's message.
         with self.assertRaises(tandem.InputError) as caught:
@@ -86,7 +86,8 @@ class ModelTest(unittest.TestCase):
         self.assertEqual(model.evaluate(x, y.reshape(-1, 1)), model.evaluate(x, y))
         spoiled = y.astype(np.float64)
         spoiled[3] = 2.5
-        with self.assertRaisesRegex(ValueError, "label 2.5 at row 3 is not a class id"):
+        with self.assertRaisesRegex(ValueError, "label 2.5 at row 3 names no class .class ids "
+                                    "are whole numbers from 0 to 255"):
             model.evaluate(x, spoiled)
         with self.assertRaisesRegex(ValueError, "need 2 to 256 columns"):
             model.evaluate(x, np.zeros((len(y), 0), np.float32))
