@@ -518,6 +518,13 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   zmq::message_t reply;
   ASSERT_TRUE(raw.recv(reply));
   EXPECT_NE(reply.to_string().find("error"), std::string::npos);
+  // A message nested 100,000 deep (200 KB) is refused before it is parsed: an error naming its
+  // type field showed the value with dump(), which recursed once per level off the stack.
+  const std::string deep = "{\"type\":" + std::string(100'000, '[') +
+                           std::string(100'000, ']') + "}";
+  raw.send(zmq::buffer(deep), zmq::send_flags::none);
+  ASSERT_TRUE(raw.recv(reply));
+  EXPECT_TRUE(test::contains(reply.to_string(), "nested at most 64 levels deep")) << reply.str();
   // Numbers that are not integers where integers belong are refused, naming the field (read
   // as int64 by nlohmann, 1e300 would be undefined behaviour).
   std::string why = test::error_of<Error>([&] {

@@ -241,6 +241,12 @@ TEST_F(SafeTensorsTest, RejectsHeadersThatAreNotJsonObjects) {
   // (found by tests/fuzz/safetensors_fuzz.cpp; it crashed the reader before).
   expect_read_fails(overwrite_with(file_bytes("{\"a\": 2E84434840}", "")), "not valid JSON");
   expect_read_fails(overwrite_with(file_bytes("[1, 2]", "")), "not a JSON object");
+  // A shape nested 100,000 deep: its error showed the value with dump(), which recursed once
+  // per level and overflowed the stack.
+  expect_read_fails(overwrite_with(file_bytes("{\"t\":{\"dtype\":\"F32\",\"data_offsets\":[0,0],"
+                                              "\"shape\":[" + std::string(100'000, '[') +
+                                              std::string(100'000, ']') + "]}}", "")),
+                    "nested more than 64 levels deep");
   expect_read_fails(overwrite_with(file_bytes("\"text\"", "")), "not a JSON object");
 }
 

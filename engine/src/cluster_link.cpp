@@ -55,7 +55,7 @@ bool receive_json(zmq::socket_t& socket, nlohmann::json& out, long timeout_ms) {
       return false;
     zmq::message_t frame;
     if (!transport::recv_through_signals(socket, frame, zmq::recv_flags::dontwait)) continue;
-    out = nlohmann::json::parse(frame.to_string_view(), nullptr, false);
+    out = parse_bounded_json(frame.to_string_view());
     if (!out.is_discarded() && out.is_object()) return true;  // anything else is not a message
   }
 }

@@ -168,11 +168,12 @@ void Coordinator::serve() {
       transport::Frames frames;
       while (transport::receive_frames(control_, frames, 0, "coordinator " + endpoint_)) {
         if (frames.size() != 2) continue;  // not a CoordinatorLink message
-        const json request = json::parse(frames[1].to_string_view(), nullptr, false);
+        const json request = parse_bounded_json(frames[1].to_string_view());
         json reply;
         bool replay = false;
         if (request.is_discarded() || !request.is_object()) {
-          reply = {{"error", "a control message must be one JSON object"}};
+          reply = {{"error", "a control message must be one JSON object (nested at most " +
+                            std::to_string(kMaxJsonDepth) + " levels deep)"}};
         } else {
           try {
             reply = handle(request, replay);

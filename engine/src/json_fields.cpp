@@ -1,5 +1,6 @@
 #include "json_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -22,6 +23,30 @@ std::string shown(const json& value) {
 }
 
 }  // namespace
+
+int json_depth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+json parse_bounded_json(std::string_view text) {
+  if (json_depth(text) > kMaxJsonDepth) return json(json::value_t::discarded);
+  return json::parse(text, nullptr, false);
+}
 
 bool json_as_integer(const json& value, int64_t& out) {
   if (value.is_number_unsigned()) {

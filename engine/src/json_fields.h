@@ -12,9 +12,20 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tandem {
+
+// JSON from another process or a file is refused when nested deeper than this, before it is
+// parsed: nlohmann parses deep documents fine, but dump() (every error that shows a value) and
+// copies recurse once per level, so 100,000 brackets (200 KB) would overflow the stack.
+constexpr int kMaxJsonDepth = 64;
+// The deepest nesting of brackets in JSON text, strings skipped; scanned without parsing.
+int json_depth(std::string_view text);
+// `text` as JSON, or a discarded value (is_discarded()) when it is not JSON or is nested deeper
+// than kMaxJsonDepth: what every message from another process and every spec file is read with.
+nlohmann::json parse_bounded_json(std::string_view text);
 
 // True, with `out` set, for an integer within int64's range (an integral float up to 2^53
 // included: 3.0 from a language without integers).

@@ -43,8 +43,8 @@ std::string to_json(const ServerStats& s) {
 
 ServerStats stats_from_json(const std::string& text) {
   // From another process: every field read as its type (json_fields.h), none cast blindly.
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) throw InputError("server stats: not JSON");
+  const nlohmann::json j = parse_bounded_json(text);
+  if (j.is_discarded()) throw InputError("server stats: not JSON, or nested too deeply");
   const JsonFields f(j, "server stats");
   const int64_t zero = 0;
   ServerStats s;

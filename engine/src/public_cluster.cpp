@@ -35,9 +35,10 @@ namespace {
 // The run's settings: the user's JSON object over the defaults. An unknown key is an error
 // naming the known ones. Sync mode aggregates one gradient per worker unless told otherwise.
 RunSettings parse_settings(const std::string& text, int workers) {
-  const json user = json::parse(text.empty() ? std::string("{}") : text, nullptr, false);
+  const json user = parse_bounded_json(text.empty() ? std::string_view("{}") : text);
   if (user.is_discarded() || !user.is_object())
-    throw InputError("the cluster's settings must be a JSON object, not '" + text + "'");
+    throw InputError("the cluster's settings must be a JSON object (nested at most " +
+                     std::to_string(kMaxJsonDepth) + " levels deep), not '" + text + "'");
   RunSettings s = run_settings_over_defaults(user);
   if (!user.contains("replicas_to_aggregate") || s.replicas_to_aggregate == 0)
     s.replicas_to_aggregate = workers;
@@ -109,7 +110,7 @@ void write_cluster_store(const DataSplits& splits, const std::string& path, int6
 std::string ClusterRunSummary::to_json() const {
   json scores_j = json::array();
   for (const ClusterScore& s : scores) scores_j.push_back(score_json(s));
-  json spec = json::parse(spec_json.empty() ? std::string("null") : spec_json, nullptr, false);
+  json spec = parse_bounded_json(spec_json.empty() ? std::string_view("null") : spec_json);
   if (spec.is_discarded()) spec = nullptr;
   return json{{"stop_reason", stop_reason}, {"seconds", seconds},
               {"epochs", epochs},           {"batches", batches},

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "file_io.h"
+#include "json_fields.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -144,6 +145,9 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
 
 std::vector<HeaderEntry> parse_header(const std::string& path, const std::string& text,
                                       std::map<std::string, std::string>& metadata) {
+  if (json_depth(text) > kMaxJsonDepth)
+    input_error(path, "header is JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                          " levels deep; expected a safetensors header");
   json header;
   try {
     header = json::parse(text);  // also rejects invalid UTF-8

@@ -136,7 +136,7 @@ std::optional<json> ScoreSubscriber::next_message(int timeout_ms) {
       } while (rest.more());
       continue;
     }
-    json m = json::parse(body.to_string_view(), nullptr, false);
+    json m = parse_bounded_json(body.to_string_view());
     if (m.is_discarded() || !m.is_object()) continue;
     if (m.contains("replaying")) {
       if (!replayed_) open_replay_ = replay_id(m, "replaying");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -519,10 +520,12 @@ struct CoordinatorAccess {
     if (coordinator.find("://") == std::string::npos &&
         std::filesystem::is_regular_file(coordinator)) {
       std::ifstream in(coordinator);
-      const json spec = json::parse(in, nullptr, false);
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      const json spec = parse_bounded_json(text);
       if (spec.is_discarded() || !spec.is_object())
-        throw InputError(coordinator +
-                         " is not a cluster spec: a JSON object with a \"coordinator\" address");
+        throw InputError(coordinator + " is not a cluster spec: a JSON object with a " +
+                         "\"coordinator\" address (nested at most " +
+                         std::to_string(kMaxJsonDepth) + " levels deep)");
       const JsonFields fields(spec, "cluster spec " + coordinator);
       const std::string none;
       out = fields.text("coordinator");

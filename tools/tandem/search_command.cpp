@@ -30,6 +30,7 @@
 #include "data_store_of.h"
 #include "dataset_store.h"
 #include "file_io.h"
+#include "json_fields.h"
 #include "number_checks.h"
 #include "run_dir_lock.h"
 #include "progress_line.h"
@@ -206,7 +207,7 @@ std::vector<EpochResult> read_epochs(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const nlohmann::json j = parse_bounded_json(line);
     if (j.is_discarded() || j.value("type", "") != "epoch") continue;
     // A diverged epoch's loss is NaN, which JSON writes as null: it ranks last, as infinity.
     const auto number = [&](const char* key, double otherwise) {

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_fields.h"
+
 namespace tandem::cli {
 
 namespace {
@@ -95,9 +97,10 @@ std::string encode_slot_message(const SlotMessage& m) {
 }
 
 SlotMessage decode_slot_message(const std::string& frame) {
-  const json j = json::parse(frame, nullptr, false);
+  const json j = parse_bounded_json(frame);
   if (j.is_discarded() || !j.is_object())
-    throw SlotProtocolError("not a JSON object (" + std::to_string(frame.size()) + " bytes)");
+    throw SlotProtocolError("not a JSON object nested at most " + std::to_string(kMaxJsonDepth) +
+                            " levels deep (" + std::to_string(frame.size()) + " bytes)");
   const auto v = j.find("v");
   if (v == j.end() || !v->is_number_integer())
     throw SlotProtocolError("no protocol version (\"v\")");

@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 
+#include "json_fields.h"
 #include "tandem/error.h"
 
 namespace tandem::zarr {
@@ -491,26 +492,6 @@ void check_dimension_names(const Reader& r, const json& names, size_t ndim) {
       r.fail("\"dimension_names\" has " + brief(n) + "; expected strings or null");
     }
   }
-}
-
-// Scans for nesting depth before parsing: JSON libraries and their dump() recurse per level.
-int json_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 }  // namespace

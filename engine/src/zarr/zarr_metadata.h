@@ -14,8 +14,6 @@ namespace tandem::zarr::detail {
 
 // Metadata files larger than this are corruption, not metadata (attributes included).
 constexpr size_t kMaxMetadataBytes = 16u << 20;
-// Deeper JSON is not metadata any writer produces; refusing it keeps parsing and dumping shallow.
-constexpr int kMaxJsonDepth = 64;
 // NumPy's historical dimension limit; more dimensions than this is a corrupt shape.
 constexpr size_t kMaxDimensions = 32;
 // One chunk must fit blosc's buffer limit (INT_MAX - 16), whatever its compressor, so any array
