@@ -59,7 +59,7 @@ ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
   ClassIds out;
   py::array labels = py::array::ensure(labels_in);
   if (!labels) throw py::type_error("labels must be an array (anything numpy.asarray takes)");
-  if (labels.ndim() < 1 || labels.ndim() > 2 || labels.shape(0) != rows)
+  if (labels.ndim() < 1 || labels.shape(0) != rows)
     throw InputError("labels must have one entry per row of images (" + std::to_string(rows) +
                      "), not shape " + shape_text(labels));
   // A column [rows, 1] holds class ids (one column can be no one-hot row), as the store reads

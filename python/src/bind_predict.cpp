@@ -69,7 +69,11 @@ void bind_predict(py::module_& m) {
       [](py::handle labels, py::ssize_t rows, int classes) {
         if (classes < 1 || classes > 256)
           throw InputError("a model has 1 to 256 classes, not " + std::to_string(classes));
-        return class_ids(labels, rows, classes).ids;
+        try {
+          return class_ids(labels, rows, classes).ids;
+        } catch (const py::type_error& e) {  // text or objects: bad input all the same
+          throw InputError(e.what());
+        }
       },
       "labels"_a, "rows"_a, "classes"_a,
       "Labels of `rows` images as uint8 class ids of a model of `classes` classes, checked as "

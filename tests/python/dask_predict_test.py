@@ -260,6 +260,8 @@ class DaskPredictTest(unittest.TestCase):
         labels[9] = 10
         with self.assertRaisesRegex(tandem.InputError, "label 10 at row 9 names no class"):
             tdask.predict(self.model, self.dask_images(), out, labels=labels)
+        with self.assertRaisesRegex(tandem.InputError, "labels must be class ids"):
+            tdask.predict(self.model, self.dask_images(), out, labels=self.labels.astype(str))
         one_hot = np.eye(10, dtype=np.float32)[self.labels]
         one_hot[5] = 0
         with self.assertRaisesRegex(tandem.InputError, "one-hot label row 5 names no class"):
