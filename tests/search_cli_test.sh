@@ -5,10 +5,11 @@
 # crash (hidden --crash-trial: its process gets an option `tandem train` rejects) reported as
 # failed while the others finish, and the results table, CSV, JSON and best checkpoint. Then a
 # time budget, and SIGTERM, each ending a search with trials still running.
-# Usage: search_cli_test.sh TANDEM_BINARY PYTHON
+# Usage: search_cli_test.sh TANDEM_BINARY PYTHON FAIL_RENAME_SHIM
 set -u
 tandem=$(readlink -f "$1")
 py=$2
+fail_rename_shim=$(readlink -f "$3")
 source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -177,6 +178,19 @@ if ! nvidia-smi >/dev/null 2>&1; then
   # (no usable CUDA device, or a build without CUDA)
   check "the trial's failure says why: CUDA" grep -q "CUDA" "$dir/s6/trial-0.log"
 fi
+# The best checkpoint's copy fails (a full disk, made by the shim): the results are written all
+# the same, they say why there is no best.safetensors, and the search exits non-zero saying so.
+# (Under AddressSanitizer the shim comes before its runtime in the library list, which it would
+# refuse.)
+ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 \
+    LD_PRELOAD="$fail_rename_shim" TANDEM_TEST_FAIL_RENAME_TO=best.safetensors \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 hidden=16 --budget 1 --min-epochs 1 \
+    --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/sf" >/dev/null 2>"$dir/errf"
+check "a failed copy of the best checkpoint fails the search" test $? -ne 0
+check "... saying so" grep -q "trial 0's checkpoint could not be copied.*No space left" "$dir/errf"
+check "... with the results written, naming the failure" py_check "$dir/sf/results.json" \
+    "r['best']['trial'] == 0 and 'No space left' in r['best_checkpoint_error']"
+check "... and no best.safetensors" test ! -e "$dir/sf/best.safetensors"
 expect_error "a trailing empty grid value refused" "lr=: expected a positive number" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001, --out "$dir/s3"
 # Checked once, before any trial starts: data that is not there, and a store without a
@@ -187,11 +201,18 @@ check "... and no trial started" test ! -e "$dir/s10/trial-0.log"
 "$tandem" prepare --out "$dir/noval.zarr" --validation-rows 0 >/dev/null 2>&1
 expect_error "a store without a validation split refused" "has no validation split" \
     "$tandem" search --data "$dir/noval.zarr" --grid lr=0.001 --out "$dir/s11"
-# One search per --out: a second one would delete the first one's checkpoints.
+# One search per --out: a second one would delete the first one's checkpoints. An earlier
+# search's results there are removed as it starts, before its first trial: left beside its logs,
+# they read as its own if it is killed before it writes them.
+mkdir -p "$dir/s12"
+echo '{"results": []}' >"$dir/s12/results.json"
+echo 'rank,trial' >"$dir/s12/results.csv"
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1000 --min-epochs 1000 \
     --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/s12" >/dev/null 2>&1 &
 first=$!
 for _ in $(seq 300); do test -e "$dir/s12/trial-0.log" && break; sleep 0.1; done
+check "an earlier search's results are gone once a search has started its trials" \
+    test ! -e "$dir/s12/results.json" -a ! -e "$dir/s12/results.csv"
 expect_error "a second search on the same --out refused" "is in use by another run" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/s12"
 kill -TERM "$first"; wait_within "$first" 120

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <vector>
 
 #include "search_space.h"
 #include "successive_halving.h"
 #include "tandem/error.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
@@ -51,6 +54,27 @@ TEST(SearchSpace, BadTermsNameTheKeyAndValue) {
   EXPECT_NE(message({"lr="}).find("no values"), std::string::npos);
   EXPECT_NE(message({"lr=0.1", "lr=0.2"}).find("given twice"), std::string::npos);
   EXPECT_NE(message({}).find("no terms"), std::string::npos);
+  // A seed is any uint64, as tandem train --seed takes (not only up to 2^63 - 1).
+  EXPECT_EQ(parse_grid({"seed=18446744073709551615"})[0].seed,
+            std::numeric_limits<uint64_t>::max());
+  EXPECT_NE(message({"seed=-1"}).find("seed=-1: expected a whole number"), std::string::npos);
+  EXPECT_NE(message({"seed=\n-1"}).find("expected a whole number"), std::string::npos);
+  EXPECT_NE(message({"seed=18446744073709551616"}).find("expected a whole number"),
+            std::string::npos);
+}
+
+TEST(SearchSpace, ATrialFileIsReadWholeAndContentAfterTheListIsRefused) {
+  const test::TempDir dir;
+  const auto load = [&](const std::string& text) {
+    std::ofstream(dir.file("trials.json")) << text;
+    return load_trial_file(dir.file("trials.json"));
+  };
+  EXPECT_EQ(load("[{\"lr\": 0.1}, {\"lr\": 0.2}]\n").size(), 2u);
+  // A typo that closed the list early: before, the first list was taken and the rest ignored.
+  const std::string why =
+      test::error_of<InputError>([&] { load("[{\"lr\": 0.1}], {\"lr\": 0.2}]"); });
+  EXPECT_TRUE(test::contains(why, "trials.json: not JSON")) << why;
+  EXPECT_THROW(load("[{\"lr\": 0.1}] [{\"lr\": 0.2}]"), InputError);
 }
 
 TEST(SearchSpace, TrialListFromJson) {

@@ -71,6 +71,12 @@ TEST(TrialSlotProtocol, EveryTypeRoundTrips) {
   EXPECT_EQ(round_trip(exited).signal, SIGTERM);
   EXPECT_EQ(round_trip(exited).exit_code, -1);
 
+  // An error naming a path that is not UTF-8 (a --root of Latin-1 bytes) is sent with U+FFFD
+  // in place of the bad byte: dump() threw on it, out of the slot server's loop.
+  SlotMessage refusal(SlotMessageType::Error);
+  refusal.error = "outside the root /srv/caf\xe9";
+  EXPECT_EQ(round_trip(refusal).error, "outside the root /srv/caf\xef\xbf\xbd");
+
   SlotMessage cancel(SlotMessageType::Cancel);
   cancel.job = "j";
   EXPECT_EQ(round_trip(cancel).job, "j");

@@ -1,12 +1,15 @@
 #include "search_space.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
+#include "json_fields.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -71,8 +74,15 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
   } else if (key == "optimizer") {
     if (v != "adam" && v != "sgd") bad(where, key, v, "adam or sgd");
     config.optimizer = v;
-  } else if (key == "seed") {
-    config.seed = static_cast<uint64_t>(parse_int(where, key, v, 0));
+  } else if (key == "seed") {  // any uint64, as tandem train --seed takes
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+    // (strtoull skips white space and negates a '-': "\n-1" would read as 2^64 - 1.)
+    if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0' ||
+        errno != 0)
+      bad(where, key, v, "a whole number from 0 to 18446744073709551615");
+    config.seed = x;
   } else {
     throw InputError(where + ": unknown key '" + key + "' (known: " + kKeys + ")");
   }
@@ -167,9 +177,15 @@ std::vector<TrialConfig> parse_trial_list(const nlohmann::json& list) {
 std::vector<TrialConfig> load_trial_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw IoError(path + ": cannot open the trial list");
+  // Parsed whole: `in >> list` stopped after the first value, and took "[...], {...}]" (a typo)
+  // as the first list alone.
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (json_depth(text) > kMaxJsonDepth)
+    throw InputError(path + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                     " levels deep; expected a list of trials");
   nlohmann::json list;
   try {
-    in >> list;
+    list = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": not JSON: " + e.what());
   }

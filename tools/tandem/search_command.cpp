@@ -297,7 +297,10 @@ void run_search(SearchOptions& o) {
   // One search per --out: a second one would delete this one's checkpoints as it starts.
   const RunDirLock lock(o.out, "--out");
   o.data = search_data(o);  // (before anything of an earlier search is removed)
-  fs::remove(fs::path(o.out) / "best.safetensors");  // an earlier search's
+  // An earlier search's results go first: left beside this search's logs, they would read as
+  // this search's results if it were killed before it writes its own.
+  for (const char* name : {"results.json", "results.csv", "best.safetensors"})
+    fs::remove(fs::path(o.out) / name);
   for (size_t i = 0; i < configs.size(); ++i)  // logs and metrics of an earlier search
     for (const auto& entry : fs::directory_iterator(o.out)) {
       const std::string name = entry.path().filename().string();
@@ -532,19 +535,28 @@ void run_search(SearchOptions& o) {
   if (succeeded > 0 && best < 0)
     std::fprintf(stderr, "tandem search: no trial scored a finite validation loss (each one "
                  "diverged): no best trial, no best.safetensors\n");
+  // A failure to copy the best checkpoint (a full disk, a trial's unreadable file) loses none of
+  // the results, written next: they say why, and so does the exit status.
+  std::string best_checkpoint_error;
   if (best >= 0) {
     summary["best"] = trials[0];
     const fs::path ckpt = trial_file(o, best, ".safetensors");
-    if (fs::exists(ckpt)) {
-      // The epoch the table reports, not necessarily the one the trial ended with.
-      const Checkpoint kept = best_state(ckpt.string());
-      save_checkpoint((fs::path(o.out) / "best.safetensors").string(), kept);
-      summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
-      summary["best_checkpoint_epoch"] = kept.epoch;
-      if (kept.epoch != records[best].best()->epoch)  // (a trial killed between the two writes)
-        std::fprintf(stderr, "tandem search: trial %d's best epoch is %d, but its checkpoint "
-                     "holds epoch %lld at best\n", best, records[best].best()->epoch,
-                     static_cast<long long>(kept.epoch));
+    std::error_code no_file;
+    if (fs::exists(ckpt, no_file)) {
+      try {
+        // The epoch the table reports, not necessarily the one the trial ended with.
+        const Checkpoint kept = best_state(ckpt.string());
+        save_checkpoint((fs::path(o.out) / "best.safetensors").string(), kept);
+        summary["best_checkpoint"] = (fs::path(o.out) / "best.safetensors").string();
+        summary["best_checkpoint_epoch"] = kept.epoch;
+        if (kept.epoch != records[best].best()->epoch)  // (a trial killed between the writes)
+          std::fprintf(stderr, "tandem search: trial %d's best epoch is %d, but its checkpoint "
+                       "holds epoch %lld at best\n", best, records[best].best()->epoch,
+                       static_cast<long long>(kept.epoch));
+      } catch (const std::exception& e) {
+        best_checkpoint_error = e.what();
+        summary["best_checkpoint_error"] = best_checkpoint_error;
+      }
     }
   }
   if (remote) summary["slot_servers"] = remote->endpoints();  // those that joined later too
@@ -574,6 +586,10 @@ void run_search(SearchOptions& o) {
                   records[best].config.describe().c_str(), best_loss(best),
                   summary.value("best_checkpoint", std::string("(none)")).c_str());
   }
+  if (!best_checkpoint_error.empty())
+    throw Error("search: trial " + std::to_string(best) + "'s checkpoint could not be copied to " +
+                (fs::path(o.out) / "best.safetensors").string() + " (" + best_checkpoint_error +
+                "); the results are in " + o.out);
   if (stop.load())
     throw Error(std::string("search: stopped by ") + stop_signal_name() +
                 "; the results so far are in " + o.out);

@@ -155,7 +155,7 @@ void TrialSlotPool::add(const std::string& endpoint) {
   send(*servers_.back(), SlotMessage{SlotMessageType::Hello});
 }
 
-void TrialSlotPool::send(Server& s, SlotMessage m) {
+bool TrialSlotPool::send(Server& s, SlotMessage m) {
   ++s.sent;
   if (m.type == SlotMessageType::Heartbeat) m.seq = s.sent;
   const std::string text = encode_slot_message(m);
@@ -164,8 +164,10 @@ void TrialSlotPool::send(Server& s, SlotMessage m) {
                            nullptr, "slot server " + s.endpoint);
     s.last_sent = Clock::now();
     if (s.asked_since <= s.last_heard) s.asked_since = s.last_sent;
+    return true;
   } catch (const transport::TransportError& e) {
     s.send_error = e.what();
+    return false;
   }
 }
 
@@ -212,8 +214,10 @@ std::string TrialSlotPool::start(const std::string& job,
   m.job = job;
   m.args = args(best->threads);
   m.log = log;
-  send(*best, m);
-  best->jobs.push_back({job, best->sent, !best->send_error.empty()});
+  // Unsent by this send's own outcome: after an earlier send timed out, a start that did leave
+  // may run there, and must not be retried elsewhere beside it.
+  const bool sent = send(*best, m);
+  best->jobs.push_back({job, best->sent, !sent});
   return best->endpoint;
 }
 
@@ -255,8 +259,9 @@ void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJ
   // A server that is only frozen or cut off for a while reads this bye when it comes back (after
   // any start still queued to it) and ends the jobs nobody waits for any more, rather than
   // running them, or starting them, beside the rerun that finishes their work. The socket's
-  // linger (200 ms) lets the bye leave without waiting on a server that is gone.
-  if (s.send_error.empty()) send(s, SlotMessage{SlotMessageType::Bye});
+  // linger (200 ms) lets the bye leave without waiting on a server that is gone. It is sent after
+  // a failed send too (at most one more send timeout): starts sent after that failure left.
+  send(s, SlotMessage{SlotMessageType::Bye});
   s.handshakes = transport::CurveHandshakeWatch();  // (stops the socket's monitor: first)
   s.socket.close();
   const bool others = total_slots() > 0;

@@ -85,7 +85,9 @@ class TrialSlotPool {
   using Clock = std::chrono::steady_clock;
   struct Server;
   std::unique_ptr<Server> connect_server(const std::string& endpoint, Clock::time_point now);
-  void send(Server& server, SlotMessage m);  // (a heartbeat gets its seq, a start is noted)
+  // False when this message could not be sent (the server's send_error says why). A heartbeat
+  // gets its seq.
+  bool send(Server& server, SlotMessage m);
   // Reports the jobs `heartbeat` shows the server no longer runs as ended (see the .cpp).
   void lost_jobs(Server& server, const SlotMessage& heartbeat, std::vector<SlotJobEnd>& ended);
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);

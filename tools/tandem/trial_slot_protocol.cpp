@@ -93,7 +93,9 @@ std::string encode_slot_message(const SlotMessage& m) {
       if (m.busy) j["busy"] = true;
       break;
   }
-  return j.dump();
+  // Text that is not UTF-8 (a path in an error) is replaced, not thrown on: dump() throws on
+  // it, and out of a slot server's loop that ended every client's jobs.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 SlotMessage decode_slot_message(const std::string& frame) {
