@@ -11,7 +11,9 @@ TEST(ModelConfig, ParsesAndDescribes) {
 }
 
 TEST(ModelConfig, RejectsBadText) {
-  for (const char* bad : {"", "784", "784-x-10", "784--10", "784-0-10", "784-100-300", "7.5-3-2"}) {
+  // A trailing separator too: "784-100-" read as the model 784-100 (a 100-class model).
+  for (const char* bad : {"", "784", "784-x-10", "784--10", "784-0-10", "784-100-300", "7.5-3-2",
+                          "784-100-", "784,100,", "784-100-10-"}) {
     try {
       ModelConfig::parse(bad);
       FAIL() << "accepted '" << bad << "'";

@@ -30,9 +30,14 @@ std::string ModelConfig::describe() const {
 ModelConfig ModelConfig::parse(const std::string& text) {
   ModelConfig config;
   config.layers.clear();
+  const char separator = text.find(',') != std::string::npos ? ',' : '-';
+  // getline yields no empty last field: "784-100-" would read as the model 784-100.
+  if (!text.empty() && text.back() == separator)
+    throw InputError("model layers '" + text + "': ends with '" + std::string(1, separator) +
+                     "' (expected widths like 784-100-10)");
   std::string item;
   std::istringstream in(text);
-  while (std::getline(in, item, text.find(',') != std::string::npos ? ',' : '-')) {
+  while (std::getline(in, item, separator)) {
     size_t used = 0;
     long long value = 0;
     try {

@@ -134,6 +134,7 @@ void write_png_impl(const std::string& path, const T* values, int64_t height, in
     throw IoError(path + ": cannot rename " + tmp + " into place: " + errno_text(err));
   }
   guard.dismiss();
+  fsync_parent_directory(path, "replacing");  // the rename itself survives a crash, as elsewhere
 }
 
 }  // namespace
