@@ -69,8 +69,9 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   epoch_ = ckpt.epoch;
   resumed_ = true;
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
-  run_best_.reset();
-  resume_from_best_ = false;
+  best_.reset();
+  best_is_current_ = false;
+  last_diverged_ = false;
   last_scored_ = false;
   // The run's best so far: the checkpoint's own state when it was scored best (or was the kept
   // epoch at the end), else the best state saved beside it.
@@ -121,10 +122,12 @@ Checkpoint scored(Checkpoint ckpt, double loss, int64_t validation_rows) {
 }  // namespace
 
 Checkpoint Trainer::resume_state() const {
-  if (resume_from_best_) return *run_best_;
+  // A diverged epoch's state (parameters of NaN) is refused by every reader of the file, the
+  // best beside it included: while the run has a finite best, that is what the file holds.
+  if (best_is_current_ || last_diverged_) return *best_;
   Checkpoint ckpt =
       last_scored_ ? scored(checkpoint(), last_validation_loss_, validation_rows_) : checkpoint();
-  ckpt.best = run_best_;
+  ckpt.best = best_;
   return ckpt;
 }
 
@@ -219,24 +222,23 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   const int64_t first_step = backend_->step();
   // The state with the lowest validation loss so far, tracked whenever there is a validation
   // split (a run kept as `last` still records it for a later run that keeps the best), and
-  // carried over from a resumed run's checkpoint when it was scored on as many rows.
-  std::shared_ptr<const Checkpoint> best;
-  bool best_is_current = false;  // the backend holds the best state
-  double best_loss = 0.0;
+  // carried over from a resumed run's checkpoint when it was scored on as many rows. The
+  // members are what resume_state() (and so the checkpoint file) holds from here.
+  best_.reset();
+  best_loss_ = 0.0;
+  best_is_current_ = false;
+  last_diverged_ = false;
+  last_scored_ = false;
+  validation_rows_ = validation.rows;
   if (validation.rows > 0 && resumed_best_) {
     auto samples = resumed_best_->extra.find("validation_samples");
     if (samples != resumed_best_->extra.end() &&
         samples->second == std::to_string(validation.rows)) {
-      best = resumed_best_;
-      best_is_current = resumed_best_is_current_;
-      best_loss = std::stod(best->extra.at("validation_loss"));
+      best_ = resumed_best_;
+      best_is_current_ = resumed_best_is_current_;
+      best_loss_ = std::stod(best_->extra.at("validation_loss"));
     }
   }
-  // What resume_state() (and so the checkpoint file) holds from here: updated after each epoch.
-  run_best_ = best;
-  resume_from_best_ = best_is_current;
-  last_scored_ = false;
-  validation_rows_ = validation.rows;
   bool said_diverged = false;
   while (epoch_ < config_.epochs) {
     const auto epoch_start = Clock::now();
@@ -272,31 +274,30 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     report.train_loss_mean = loss_sum / static_cast<double>(rows_per_epoch);
     report.seconds = epoch_seconds;
     report.samples_per_s = static_cast<double>(rows_per_epoch) / std::max(epoch_seconds, 1e-9);
-    best_is_current = false;
+    // The members change together once the epoch is scored: an exception before (from the
+    // evaluation) leaves them describing the last epoch completed, as the checkpoint file does.
+    bool new_best = false;
     if (validation.rows > 0) {
       report.validation = evaluate(validation);
       const double loss = report.validation.loss_sum;
       // NaN compares false with everything: a diverged epoch must never stand as the lowest, and
       // must not keep a later finite epoch from being kept.
-      if (!best || (std::isfinite(loss) && !(loss >= best_loss))) {
-        best_loss = loss;
-        best = std::make_shared<const Checkpoint>(scored(checkpoint(), loss, validation.rows));
-        best_is_current = true;
+      if (!best_ || (std::isfinite(loss) && !(loss >= best_loss_))) {
+        best_ = std::make_shared<const Checkpoint>(scored(checkpoint(), loss, validation.rows));
+        best_loss_ = loss;
+        new_best = true;
       }
     }
-    // A diverged epoch's state (parameters of NaN) is refused by every reader of the file, the
-    // best beside it included: while the run has a finite best, that is what the file holds.
-    const bool diverged = validation.rows > 0 && !std::isfinite(report.validation.loss_sum) &&
-                          best && std::isfinite(best_loss);
-    if (diverged && !said_diverged && !config_.checkpoint_path.empty()) {
+    best_is_current_ = new_best;
+    last_diverged_ = validation.rows > 0 && !std::isfinite(report.validation.loss_sum) &&
+                     best_ && std::isfinite(best_loss_);
+    if (last_diverged_ && !said_diverged && !config_.checkpoint_path.empty()) {
       said_diverged = true;
       std::fprintf(stderr,
                    "tandem: epoch %lld's validation loss is not finite; the checkpoint holds "
                    "the best epoch's state (epoch %lld) instead\n",
-                   static_cast<long long>(epoch_), static_cast<long long>(best->epoch));
+                   static_cast<long long>(epoch_), static_cast<long long>(best_->epoch));
     }
-    run_best_ = best;
-    resume_from_best_ = best_is_current || diverged;
     last_scored_ = validation.rows > 0;
     last_validation_loss_ = report.validation.loss_sum;
     if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, resume_state());
@@ -306,14 +307,14 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   summary.steps = backend_->step() - first_step;
   // Keeping the best: the backend goes back to it, and the checkpoint holds it (resuming it
   // continues from the kept epoch).
-  const bool restore = config_.keep_best && best && !best_is_current;
+  const bool restore = config_.keep_best && best_ && !best_is_current_;
   if (restore) {
-    backend_->set_parameters(best->model);
-    backend_->set_optimizer_state(best->state, best->step);
-    epoch_ = best->epoch;
+    backend_->set_parameters(best_->model);
+    backend_->set_optimizer_state(best_->state, best_->step);
+    epoch_ = best_->epoch;
+    best_is_current_ = true;
   }
   summary.kept_epoch = epoch_;
-  if (restore) resume_from_best_ = true;
   if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore))
     save_checkpoint(config_.checkpoint_path, resume_state());
   summary.seconds = train_seconds;

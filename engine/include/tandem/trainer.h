@@ -115,14 +115,14 @@ class Trainer {
   bool resumed_ = false;
   std::shared_ptr<const Checkpoint> resumed_best_;  // the resumed run's best so far
   bool resumed_best_is_current_ = false;            // ... which is the state it resumed from
-  // What resume_state() builds on, as fit leaves it after each epoch: the best state so far
-  // (null: none scored), whether the state to resume is that one, and the last epoch's
-  // validation loss when it was scored, on validation_rows_ rows.
-  std::shared_ptr<const Checkpoint> run_best_;
-  bool resume_from_best_ = false;
-  bool last_scored_ = false;
-  double last_validation_loss_ = 0.0;
-  int64_t validation_rows_ = 0;
+  // The run as fit leaves it after each epoch, what resume_state() builds on:
+  std::shared_ptr<const Checkpoint> best_;  // the best state so far (null: none scored)
+  double best_loss_ = 0.0;                  // its validation loss
+  bool best_is_current_ = false;            // the backend holds it
+  bool last_diverged_ = false;       // the last epoch's loss was not finite, the best's was
+  bool last_scored_ = false;         // the last epoch was scored ...
+  double last_validation_loss_ = 0.0;  // ... at this loss
+  int64_t validation_rows_ = 0;        // ... on this many rows
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
