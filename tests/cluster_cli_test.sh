@@ -547,6 +547,15 @@ check "no role process is left behind (CURVE)" no_role_left
 expect_error "start-up timeout names the missing roles" \
   "still waiting for: ps0 (not registered); workers (0 of 2 registered); a scorer (0 of 1 registered)" \
   "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run6" --startup-timeout 1 --dashboard -1
+# Bound to every interface for other nodes, the coordinator serves its scores channel there too,
+# advertised by host name (on 127.0.0.1 it sent another node's `tandem scores` to its own
+# loopback, where nothing answered).
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run6b" --bind 'tcp://0.0.0.0:*' \
+  --startup-timeout 1 --dashboard -1 >/dev/null 2>"$dir/err6b"
+where=$(grep -o "coordinator at tcp://[^:]*:[0-9]*, scores at tcp://[^:]*:" "$dir/err6b")
+check "a coordinator bound to every interface serves its scores beside it, named by host" \
+  "$py" -c "import sys; c, s = sys.argv[1].split(', '); c, s = c.split('//')[1], s.split('//')[1]
+sys.exit(0 if c.split(':')[0] == s.split(':')[0] and not s.startswith('127.') else 1)" "$where"
 expect_error "a worker without a coordinator says so" "did not answer a 'register' request" \
   timeout 30 "$tandem" worker --coordinator tcp://127.0.0.1:9 --name w
 summarize

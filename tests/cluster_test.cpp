@@ -200,6 +200,11 @@ TEST(ClusterRanks, AnyInterfaceAddressesAreAdvertisedByHost) {
   EXPECT_EQ(advertised_endpoint("tcp://127.0.0.1:5555", "node7"), "tcp://127.0.0.1:5555");
   EXPECT_EQ(advertised_endpoint("inproc://x", "node7"), "inproc://x");
   EXPECT_NE(advertised_endpoint("tcp://0.0.0.0:1").find("tcp://"), std::string::npos);
+  // The scores channel goes beside the control socket: on every interface when it is.
+  EXPECT_EQ(scores_bind_beside("tcp://0.0.0.0:5555"), "tcp://0.0.0.0:*");
+  EXPECT_EQ(scores_bind_beside("tcp://127.0.0.1:*"), "tcp://127.0.0.1:*");
+  EXPECT_EQ(scores_bind_beside("tcp://[::1]:7"), "tcp://[::1]:*");
+  EXPECT_EQ(scores_bind_beside("inproc://coordinator"), "tcp://127.0.0.1:*");
 }
 
 TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {

@@ -97,6 +97,13 @@ std::string advertised_endpoint(const std::string& bound, const std::string& hos
          bound.substr(std::string(kEveryInterface).size());
 }
 
+std::string scores_bind_beside(const std::string& bind) {
+  const size_t colon = bind.rfind(':');
+  if (bind.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6)
+    return "tcp://127.0.0.1:*";
+  return bind.substr(0, colon) + ":*";
+}
+
 void write_rendezvous(const std::string& path, const std::string& address, const std::string& job) {
   write_text_atomic(path, address + ' ' + job + '\n');
 }

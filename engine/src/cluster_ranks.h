@@ -41,6 +41,11 @@ bool binds_every_interface(const std::string& endpoint);
 // HOST being `host` or, when empty, this machine's name. Other endpoints are returned as given.
 std::string advertised_endpoint(const std::string& bound, const std::string& host = "");
 
+// The scores channel's bind address beside the control socket's `bind`: the same host, any port
+// (tcp://127.0.0.1:* for anything but tcp). A coordinator bound to every interface so that other
+// nodes reach it serves its scores there too.
+std::string scores_bind_beside(const std::string& bind);
+
 // The rendezvous file: written atomically by rank 0 ("ADDRESS JOB\n"); read by the others, who
 // wait up to timeout_ms for one of their job (or, without a job id, one written after
 // not_before_unix_s). Throws tandem::Error naming the file when none comes.

@@ -15,6 +15,7 @@
 
 #include "batch_count.h"
 #include "cluster_link.h"
+#include "cluster_ranks.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
@@ -50,14 +51,6 @@ RunSettings parse_settings(const std::string& text, int workers) {
 transport::CurveClientKeys curve_client_keys(const ClusterCurveKeys& keys) {
   return transport::curve_client_keys(keys.server_public_key, keys.client_key_file,
                                       "ClusterCurveKeys");
-}
-
-// The scores channel's address beside the control socket's: the same host, any port.
-std::string scores_bind_beside(const std::string& bind) {
-  const size_t colon = bind.rfind(':');
-  if (bind.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6)
-    return "tcp://127.0.0.1:*";
-  return bind.substr(0, colon) + ":*";
 }
 
 ClusterScore to_public(const ScoreRecord& s) {

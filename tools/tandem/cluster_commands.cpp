@@ -58,7 +58,7 @@ struct ClusterCommandOptions {
   std::string shuffle = "on";
   std::string keep = "best";
   std::string bind = "tcp://127.0.0.1:*";
-  std::string scores_bind = "tcp://127.0.0.1:*";
+  std::string scores_bind;  // empty: beside bind (scores_bind_beside)
   std::string advertise_host;
   bool inproc = false;
   bool resume = false;
@@ -162,7 +162,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "the coordinator counts the worker lost and hands its batches on (0: never)")
       ->check(number_in(0, 1e7, false, "SECONDS"))->capture_default_str();
   cmd->add_option("--bind", o.bind, "The coordinator's control address")->capture_default_str();
-  cmd->add_option("--scores-bind", o.scores_bind, "The scores channel's address")->capture_default_str();
+  cmd->add_option("--scores-bind", o.scores_bind,
+                  "The scores channel's address (default: --bind's host, any port)");
   cmd->add_option("--startup-timeout", o.startup_timeout_s,
                   "Seconds to wait for every role to register")
       ->check(number_in(0, 2e6, true, "SECONDS"))
@@ -259,7 +260,10 @@ void resolve(ClusterCommandOptions& o) {
   o.cluster.keep_best = o.keep == "best";
   o.cluster.inproc = o.inproc;
   o.cluster.bind = o.bind;
-  o.cluster.scores_bind = o.scores_bind;
+  // Beside the control socket unless told: `tandem coordinator --bind tcp://0.0.0.0:PORT` serves
+  // other nodes, and a scores channel left on 127.0.0.1 sent their `tandem scores` to their own
+  // loopback, where nothing answered.
+  o.cluster.scores_bind = o.scores_bind.empty() ? scores_bind_beside(o.bind) : o.scores_bind;
   o.cluster.advertise_host = o.advertise_host;
   o.cluster.startup_timeout_ms = o.startup_timeout_s * 1000;
 }
