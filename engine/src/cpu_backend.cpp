@@ -208,14 +208,25 @@ BatchStats CpuBackend::evaluate(const DatasetView& data) {
   return run_partitioned(data, nullptr, data.rows, /*backward=*/false, nullptr);
 }
 
+// Prediction reads no labels: a view that has some is run without them, since their values are
+// not checked here and the loss would index the logits by each of them (a label past the model's
+// classes read beyond the block's logits).
+namespace {
+DatasetView without_labels(const DatasetView& data) {
+  DatasetView rows = data;
+  rows.labels = nullptr;
+  return rows;
+}
+}  // namespace
+
 void CpuBackend::predict(const DatasetView& data, uint8_t* out) {
   check_data(data, false);
-  run_partitioned(data, nullptr, data.rows, /*backward=*/false, out);
+  run_partitioned(without_labels(data), nullptr, data.rows, /*backward=*/false, out);
 }
 
 void CpuBackend::predict_logits(const DatasetView& data, uint8_t* classes, float* logits) {
   check_data(data, false);
-  run_partitioned(data, nullptr, data.rows, /*backward=*/false, classes, logits);
+  run_partitioned(without_labels(data), nullptr, data.rows, /*backward=*/false, classes, logits);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& model, const OptimizerConfig& opt,

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <system_error>
 
 #include "tandem/error.h"
 
@@ -38,11 +39,19 @@ ThreadPool::ThreadPool(int threads)
                      std::to_string(kMaxThreads) + " (this machine has " +
                      std::to_string(available_cores()) + " cores; 0 takes them all)");
   threads_.reserve(static_cast<size_t>(threads - 1));
-  for (int member = 1; member < threads; ++member)
-    threads_.emplace_back([this, member] { member_loop(member); });
+  try {
+    for (int member = 1; member < threads; ++member)
+      threads_.emplace_back([this, member] { member_loop(member); });
+  } catch (const std::system_error& e) {
+    // No destructor runs for a constructor that throws: the threads already started are stopped
+    // here, or destroying them joinable would call std::terminate.
+    stop_members();
+    throw Error("cannot start " + std::to_string(threads) + " threads (" + e.what() +
+                "): use fewer with --threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_members() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_.store(true, std::memory_order_release);
@@ -50,7 +59,10 @@ ThreadPool::~ThreadPool() {
   }
   wake_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_members(); }
 
 void ThreadPool::rest() { resting_.store(true, std::memory_order_relaxed); }
 

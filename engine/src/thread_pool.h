@@ -47,6 +47,7 @@ class ThreadPool {
   using Trampoline = void (*)(void*, int);
   void run_erased(void* fn, Trampoline trampoline);
   void member_loop(int member);
+  void stop_members();  // wakes the members to stop, and joins them
   void call_member(int member);
 
   void pause() const;
