@@ -62,11 +62,29 @@ check "... leaving no temporary file" test "$(ls "$dir" | grep -c 'stopped.safet
 out=$("$tandem" train --data "$real" --epochs 0 --threads 2 --resume "$dir/stopped.safetensors" \
       --json 2>/dev/null)
 check "... and the checkpoint resumes" test -n "$(json_field "$out" kept_epoch)"
+# Stopped before its first epoch, a run says nothing was saved, though a file is there by its
+# --checkpoint's name (another run's, not this run's last epoch).
+cp "$dir/stopped.safetensors" "$dir/stale.safetensors"
+"$tandem" train --data "$real" --epochs 1000 --batch 1 --hidden 1000 --threads 1 --keep last \
+  --checkpoint "$dir/stale.safetensors" --metrics "$dir/stale.jsonl" >/dev/null 2>"$dir/stale.err" &
+trainer=$!
+for _ in $(seq 600); do [ -s "$dir/stale.jsonl" ] && break; sleep 0.1; done
+kill -TERM $trainer
+wait $trainer
+check "a run stopped before its first epoch says nothing was saved, whatever file is there" \
+  grep -q "stopped by SIGTERM; no epoch was completed, nothing was saved" "$dir/stale.err"
 
 # A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
 # and its checkpoint is refused by name.
 expect_error "a diverged run exits non-zero" "training diverged" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
+expect_error "a diverged run without a validation split fails by its test loss" \
+  "training diverged: the parameters give a test loss" \
+  "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --validation-rows 0
+# A result that cannot be written (a full disk) fails the command; it exited 0 before.
+expect_error "output that cannot be written is an error" "cannot write the output" \
+  bash -c '"$0" eval --model "$1" --data "$2" --threads 2 --json >/dev/full' \
+  "$tandem" "$dir/model.safetensors" "$real"
 expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
 expect_error "eval of an empty split says so" "the validation split of $real has no rows" \
   "$tandem" eval --model "$dir/model.safetensors" --data "$real" --split validation \

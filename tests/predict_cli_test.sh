@@ -98,6 +98,10 @@ exec 9>"$out.lock"
 flock 9
 expect_error "a second prediction on a busy --out refused" "--out $out is in use by another run" \
   "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
+# ... also through a symbolic link to it (the lock is taken by the output's real path).
+ln -s "$out" "$dir/link-to-out.zarr"
+expect_error "... and through a symbolic link to it" "is in use by another run" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$dir/link-to-out.zarr"
 exec 9>&-
 check "... and runs once it is free" "$tandem" predict --model "$dir/m2.safetensors" \
   --data "$store" --out "$out"

@@ -1,8 +1,11 @@
 // The tandem command: one binary, one subcommand per job. Each subcommand lives in its own file;
 // this one only wires them to the command line and turns engine errors into messages.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <new>
 
 #include "cluster_commands.h"
@@ -38,6 +41,11 @@ int main(int argc, char** argv) {
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path that cannot be created or read (permissions, a file where a directory belongs):
+    // the user's to fix, not a bug.
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
   } catch (const std::bad_alloc&) {
     // Not a bug but a size: a model, batch or data set larger than this machine's memory.
     std::fprintf(stderr, "tandem: error: out of memory: the model, batch or data asked for more "
@@ -46,6 +54,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
     return 2;
+  }
+  // A result that could not be written (a full disk, a closed pipe: SIGPIPE is ignored by the
+  // commands that write while they work) is a failure, not a silent success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "tandem: error: cannot write the output: %s\n", std::strerror(errno));
+    return 1;
   }
   return 0;
 }

@@ -87,9 +87,17 @@ void run_processes(const PredictCliOptions& o) {
   const int total = o.engine.threads > 0 ? o.engine.threads
                                          : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   std::vector<pid_t> pids;
-  for (int i = 0; i < o.processes; ++i)
-    pids.push_back(spawn_share(self, o, i,
-                               std::max(1, total / o.processes + (i < total % o.processes))));
+  try {
+    for (int i = 0; i < o.processes; ++i)
+      pids.push_back(spawn_share(self, o, i,
+                                 std::max(1, total / o.processes + (i < total % o.processes))));
+  } catch (const std::exception&) {
+    // The shares already started are ended and waited for here: left to PR_SET_PDEATHSIG when
+    // this process exits, they would be killed in the middle of a write.
+    for (const pid_t pid : pids) kill(pid, SIGTERM);
+    for (const pid_t pid : pids) waitpid(pid, nullptr, 0);
+    throw;
+  }
   std::vector<int> statuses(pids.size());
   std::vector<bool> ended(pids.size(), false);
   size_t left = pids.size();
@@ -247,7 +255,10 @@ void run_predict(PredictCliOptions& o) {
   fs::path out_path = fs::path(o.out).lexically_normal();
   if (!out_path.has_filename()) out_path = out_path.parent_path();  // "p.zarr/" is p.zarr
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
-  const RunDirLock lock(o.out, "--out", out_path.string() + ".lock");
+  // The lock goes by the output's real path: through a symbolic link (or a parent that is one)
+  // another run would lock another name and write the same output.
+  const RunDirLock lock(o.out, "--out", fs::weakly_canonical(fs::absolute(out_path)).string() +
+                                            ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));
@@ -301,7 +312,7 @@ void add_predict_command(CLI::App& app) {
                   "chunks")
       ->check(non_negative_number());
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
-      ->check(positive_number())->capture_default_str();
+      ->check(CLI::Range(1, 1024))->capture_default_str();
   add_slot_client_options(cmd, o->slots, "shares", "prediction", "The model, --data and --out");
   cmd->add_flag("--overwrite", o->engine.overwrite,
                 "Replace an output written from another model or input");

@@ -131,15 +131,28 @@ void run_train(TrainOptions& o) {
                     "  loss/sample " + std::to_string(r.loss_sum / static_cast<double>(r.samples)) +
                     "  " + human(r.samples_per_s) + " samples/s");
   };
+  // Whether this run has written its checkpoint (the trainer saves before on_epoch): a file
+  // already there when it started may be another run's.
+  bool checkpointed = false;
+  double last_train_loss = 0.0;
   trainer.on_epoch = [&](const EpochReport& r) {
+    checkpointed = !config.checkpoint_path.empty();
+    last_train_loss = r.train_loss_mean;
+    char scored[96] = "no validation split";
+    if (r.validation.samples > 0)
+      std::snprintf(scored, sizeof(scored), "validation loss %.1f  accuracy %.4f",
+                    r.validation.loss_sum, r.validation.accuracy);
     char line[256];
-    std::snprintf(line, sizeof(line),
-                  "epoch %d/%d  train loss/sample %.4f  validation loss %.1f  accuracy %.4f  "
-                  "%s samples/s",
-                  r.epoch, config.epochs, r.train_loss_mean, r.validation.loss_sum,
-                  r.validation.accuracy, human(r.samples_per_s).c_str());
+    std::snprintf(line, sizeof(line), "epoch %d/%d  train loss/sample %.4f  %s  %s samples/s",
+                  r.epoch, config.epochs, r.train_loss_mean, scored,
+                  human(r.samples_per_s).c_str());
     progress.print_line(line);
   };
+  // Resuming from the file it checkpoints to, a run's file holds its last epoch from the start.
+  std::error_code no_file;
+  const bool resumed_in_place =
+      !resume_path.empty() && !config.checkpoint_path.empty() &&
+      std::filesystem::equivalent(resume_path, config.checkpoint_path, no_file);
   // SIGINT, SIGTERM or SIGHUP end the run between two steps, not inside a checkpoint's write
   // (which a default-handled signal could cut, leaving its temporary file): the checkpoint then
   // holds the state after the last epoch completed, whole, and --resume goes on from it.
@@ -151,7 +164,8 @@ void run_train(TrainOptions& o) {
     std::string saved = "the checkpoint " + path + " holds the last epoch completed (--resume it "
                         "to go on)";
     if (path.empty()) saved = "nothing was saved (no --checkpoint)";
-    else if (!std::filesystem::exists(path)) saved = "no epoch was completed, nothing was saved";
+    else if (!checkpointed && !resumed_in_place)
+      saved = "no epoch was completed, nothing was saved";
     throw Error(std::string("stopped by ") + stop_signal_name() + "; " + saved);
   };
   trainer.between_steps = end_if_stopped;
@@ -188,10 +202,18 @@ void run_train(TrainOptions& o) {
     print_split("test:      ", s.test);
   }
   // A run whose kept parameters score NaN diverged: its model is of no use, and a script (or a
-  // search trial) must see it failed.
+  // search trial) must see it failed. Without a validation split, by the test split's loss, or
+  // else the last epoch's training loss.
   if (s.validation.samples > 0 && !std::isfinite(s.validation.loss_sum))
     throw InputError("training diverged: the kept parameters give a validation loss of " +
                      std::to_string(s.validation.loss_sum) + " (try a lower --lr)");
+  if (s.validation.samples == 0 && s.test.samples > 0 && !std::isfinite(s.test.loss_sum))
+    throw InputError("training diverged: the parameters give a test loss of " +
+                     std::to_string(s.test.loss_sum) + " (try a lower --lr)");
+  if (s.validation.samples == 0 && s.test.samples == 0 && s.epochs > 0 &&
+      !std::isfinite(last_train_loss))
+    throw InputError("training diverged: the last epoch's training loss is " +
+                     std::to_string(last_train_loss) + " (try a lower --lr)");
 }
 
 }  // namespace
