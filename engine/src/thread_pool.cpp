@@ -48,6 +48,9 @@ ThreadPool::ThreadPool(int threads)
     stop_members();
     throw Error("cannot start " + std::to_string(threads) + " threads (" + e.what() +
                 "): use fewer with --threads");
+  } catch (...) {  // bad_alloc for a thread's state
+    stop_members();
+    throw;
   }
 }
 

@@ -57,8 +57,12 @@ int main(int argc, char** argv) {
   }
   // A result that could not be written (a full disk, a closed pipe: SIGPIPE is ignored by the
   // commands that write while they work) is a failure, not a silent success.
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    std::fprintf(stderr, "tandem: error: cannot write the output: %s\n", std::strerror(errno));
+  // (A write that failed earlier, in a flush of a full buffer, leaves the error flag and an
+  // errno since overwritten: only this flush's own errno names the cause.)
+  const int flush_error = std::fflush(stdout) != 0 ? errno : 0;
+  if (flush_error != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "tandem: error: cannot write the output: %s\n",
+                 flush_error != 0 ? std::strerror(flush_error) : "a write failed");
     return 1;
   }
   return 0;

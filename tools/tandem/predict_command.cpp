@@ -255,8 +255,8 @@ void run_predict(PredictCliOptions& o) {
   fs::path out_path = fs::path(o.out).lexically_normal();
   if (!out_path.has_filename()) out_path = out_path.parent_path();  // "p.zarr/" is p.zarr
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
-  // The lock goes by the output's real path: through a symbolic link (or a parent that is one)
-  // another run would lock another name and write the same output.
+  // The lock goes by the output's real path: through a symbolic link to the output another run
+  // would lock another name and write the same output.
   const RunDirLock lock(o.out, "--out", fs::weakly_canonical(fs::absolute(out_path)).string() +
                                             ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {

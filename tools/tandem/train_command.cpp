@@ -172,6 +172,8 @@ void run_train(TrainOptions& o) {
   const TrainSummary s =
       stream ? trainer.fit(*stream, data.validation.view(), data.test.view())
              : trainer.fit(data.train.view(), data.validation.view(), data.test.view());
+  // fit returned: the checkpoint is written (also by a run of no epoch: the kept state).
+  checkpointed = !config.checkpoint_path.empty();
   end_if_stopped();  // a signal during the last evaluations is not passed over either
   progress.finish();
   if (o.json) {
