@@ -5,11 +5,17 @@
 # crash (hidden --crash-trial: its process gets an option `tandem train` rejects) reported as
 # failed while the others finish, and the results table, CSV, JSON and best checkpoint. Then a
 # time budget, and SIGTERM, each ending a search with trials still running.
-# Usage: search_cli_test.sh TANDEM_BINARY PYTHON FAIL_RENAME_SHIM
+# Usage: search_cli_test.sh TANDEM_BINARY PYTHON FAIL_FILE_OPS_SHIM
 set -u
 tandem=$(readlink -f "$1")
 py=$2
-fail_rename_shim=$(readlink -f "$3")
+file_ops_shim=$(readlink -f "$3")
+# with_shim VAR=SUFFIX COMMAND...: COMMAND with the shim failing that file operation. (Under
+# AddressSanitizer the shim comes before its runtime in the library list, which it would refuse.)
+with_shim() {
+  env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+      "LD_PRELOAD=$file_ops_shim" "$@"
+}
 source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -180,10 +186,7 @@ if ! nvidia-smi >/dev/null 2>&1; then
 fi
 # The best checkpoint's copy fails (a full disk, made by the shim): the results are written all
 # the same, they say why there is no best.safetensors, and the search exits non-zero saying so.
-# (Under AddressSanitizer the shim comes before its runtime in the library list, which it would
-# refuse.)
-ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 \
-    LD_PRELOAD="$fail_rename_shim" TANDEM_TEST_FAIL_RENAME_TO=best.safetensors \
+with_shim TANDEM_TEST_FAIL_RENAME_TO=best.safetensors \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 hidden=16 --budget 1 --min-epochs 1 \
     --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/sf" >/dev/null 2>"$dir/errf"
 check "a failed copy of the best checkpoint fails the search" test $? -ne 0
@@ -191,6 +194,15 @@ check "... saying so" grep -q "trial 0's checkpoint could not be copied.*No spac
 check "... with the results written, naming the failure" py_check "$dir/sf/results.json" \
     "r['best']['trial'] == 0 and 'No space left' in r['best_checkpoint_error']"
 check "... and no best.safetensors" test ! -e "$dir/sf/best.safetensors"
+# A trial that cannot be started (here its old metrics cannot be removed) fails alone; the
+# search goes on with the others and writes its results (it ended with none before).
+with_shim TANDEM_TEST_FAIL_REMOVE_OF=trial-0.r0.jsonl \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001,0.003 hidden=16 --budget 1 \
+    --min-epochs 1 --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/sr" \
+    >/dev/null 2>"$dir/errr"
+check "a trial that cannot start fails alone, the search exits 0" test $? -eq 0
+check "... the trial failed, saying why; the other is best" py_check "$dir/sr/results.json" \
+    "r['failed'] == 1 and r['best']['trial'] == 1 and 'could not be started' in [t for t in r['results'] if t['trial'] == 0][0]['error']"
 expect_error "a trailing empty grid value refused" "lr=: expected a positive number" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001, --out "$dir/s3"
 # Checked once, before any trial starts: data that is not there, and a store without a

@@ -390,17 +390,26 @@ void run_search(SearchOptions& o) {
       const std::string key = "trial-" + std::to_string(job->trial) + ".r" + std::to_string(job->rung);
       const TrialConfig& config = configs[job->trial];
       const int given_threads = threads;
-      // The rung's metrics start empty (tandem train appends to a resumed run's file).
-      fs::remove(trial_file(o, job->trial, ".r" + std::to_string(job->rung) + ".jsonl"));
-      std::error_code no_log;
-      const uintmax_t log_size = fs::file_size(trial_file(o, job->trial, ".log"), no_log);
-      records[job->trial].slot = runner->start(
-          key,
-          [&, job](int slot_threads) {
-            return train_args(o, config, *job, given_threads > 0 ? given_threads : slot_threads);
-          },
-          trial_file(o, job->trial, ".log"));
-      running.push_back({*job, key, Clock::now(), no_log ? 0 : log_size});
+      // A trial that cannot be started (its old metrics not removable, no process to be had)
+      // fails alone: thrown out of this loop, it ended the search with no results at all.
+      try {
+        // The rung's metrics start empty (tandem train appends to a resumed run's file).
+        fs::remove(trial_file(o, job->trial, ".r" + std::to_string(job->rung) + ".jsonl"));
+        std::error_code no_log;
+        const uintmax_t log_size = fs::file_size(trial_file(o, job->trial, ".log"), no_log);
+        records[job->trial].slot = runner->start(
+            key,
+            [&, job](int slot_threads) {
+              return train_args(o, config, *job, given_threads > 0 ? given_threads : slot_threads);
+            },
+            trial_file(o, job->trial, ".log"));
+        running.push_back({*job, key, Clock::now(), no_log ? 0 : log_size});
+      } catch (const std::exception& e) {
+        records[job->trial].error = std::string("could not be started: ") + e.what();
+        halving.fail(job->trial);
+        progress.print_line("trial " + std::to_string(job->trial) + " [" + config.describe() +
+                            "]: FAILED, " + records[job->trial].error);
+      }
     }
     if (running.empty() && refused.empty() && halving.done()) break;
     // Nothing runs and nothing can (every slot server is gone): end with what is there. (Slot
