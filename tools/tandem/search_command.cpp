@@ -391,7 +391,9 @@ void run_search(SearchOptions& o) {
       const TrialConfig& config = configs[job->trial];
       const int given_threads = threads;
       // A trial that cannot be started (its old metrics not removable, no process to be had)
-      // fails alone: thrown out of this loop, it ended the search with no results at all.
+      // fails alone: thrown out of this loop, it ended the search with no results at all. While
+      // other trials run it waits for them instead (a shortage of processes or files may end
+      // with them, and failing there would fail every trial waiting, in a moment).
       try {
         // The rung's metrics start empty (tandem train appends to a resumed run's file).
         fs::remove(trial_file(o, job->trial, ".r" + std::to_string(job->rung) + ".jsonl"));
@@ -405,6 +407,10 @@ void run_search(SearchOptions& o) {
             trial_file(o, job->trial, ".log"));
         running.push_back({*job, key, Clock::now(), no_log ? 0 : log_size});
       } catch (const std::exception& e) {
+        if (!running.empty()) {
+          refused.push_front(*job);
+          break;
+        }
         records[job->trial].error = std::string("could not be started: ") + e.what();
         halving.fail(job->trial);
         progress.print_line("trial " + std::to_string(job->trial) + " [" + config.describe() +
