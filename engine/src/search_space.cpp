@@ -1,6 +1,5 @@
 #include "search_space.h"
 
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -75,12 +74,9 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
     if (v != "adam" && v != "sgd") bad(where, key, v, "adam or sgd");
     config.optimizer = v;
   } else if (key == "seed") {  // any uint64, as tandem train --seed takes
-    char* end = nullptr;
     errno = 0;
-    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-    // (strtoull skips white space and negates a '-': "\n-1" would read as 2^64 - 1.)
-    if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0' ||
-        errno != 0)
+    const unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || errno != 0)
       bad(where, key, v, "a whole number from 0 to 18446744073709551615");
     config.seed = x;
   } else {

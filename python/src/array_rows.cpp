@@ -56,6 +56,8 @@ std::shared_ptr<void> hold_python(py::object object) {
 }
 
 ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
+  if (limit < 1 || limit > 256)
+    throw InputError("a model has 1 to 256 classes, not " + std::to_string(limit));
   ClassIds out;
   py::array labels = py::array::ensure(labels_in);
   if (!labels) throw py::type_error("labels must be an array (anything numpy.asarray takes)");
@@ -127,7 +129,9 @@ ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
   if (out.num_classes == 0) {  // class ids: as many classes as the largest names
     const uint8_t* ids = static_cast<const uint8_t*>(labels.data());
     for (py::ssize_t r = 0; r < rows; ++r) {
-      if (ids[r] >= limit) throw InputError(no_class(std::to_string(ids[r]), r, limit));
+      // (Ids copied above were checked as they were copied; ids read in place are checked here.)
+      if (!out.copied && ids[r] >= limit)
+        throw InputError(no_class(std::to_string(ids[r]), r, limit));
       out.num_classes = std::max(out.num_classes, ids[r] + 1);
     }
   }

@@ -67,8 +67,6 @@ void bind_predict(py::module_& m) {
   m.def(
       "_class_ids",
       [](py::handle labels, py::ssize_t rows, int classes) {
-        if (classes < 1 || classes > 256)
-          throw InputError("a model has 1 to 256 classes, not " + std::to_string(classes));
         try {
           return class_ids(labels, rows, classes).ids;
         } catch (const py::type_error& e) {  // text or objects: bad input all the same

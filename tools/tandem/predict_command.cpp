@@ -257,8 +257,7 @@ void run_predict(PredictCliOptions& o) {
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
   // The lock goes by the output's real path: through a symbolic link to the output another run
   // would lock another name and write the same output.
-  const RunDirLock lock(o.out, "--out", fs::weakly_canonical(fs::absolute(out_path)).string() +
-                                            ".lock");
+  const RunDirLock lock(o.out, "--out", shared_path(out_path.string()) + ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));

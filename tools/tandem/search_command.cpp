@@ -23,7 +23,6 @@
 #include <memory>
 #include <sstream>
 #include <thread>
-#include <tuple>
 
 #include "json_text.h"
 #include "commands.h"
@@ -352,6 +351,14 @@ void run_search(SearchOptions& o) {
   // terminal's Ctrl-C reaches the local trials too (one process group), and those it killed are
   // stopped, not failed.
   // A trial the closing search ends where it is: stopped, not failed.
+  // A trial that failed: why, in its record and on the progress line (`say`).
+  auto fail_trial = [&](int trial, const std::string& why, bool say) {
+    records[trial].error = why;
+    halving.fail(trial);
+    if (say)
+      progress.print_line("trial " + std::to_string(trial) + " [" +
+                          records[trial].config.describe() + "]: FAILED, " + why);
+  };
   auto cut_short = [&](int trial) {
     records[trial].cut = true;
     halving.stop(trial);
@@ -411,10 +418,7 @@ void run_search(SearchOptions& o) {
           refused.push_front(*job);
           break;
         }
-        records[job->trial].error = std::string("could not be started: ") + e.what();
-        halving.fail(job->trial);
-        progress.print_line("trial " + std::to_string(job->trial) + " [" + config.describe() +
-                            "]: FAILED, " + records[job->trial].error);
+        fail_trial(job->trial, std::string("could not be started: ") + e.what(), true);
       }
     }
     if (running.empty() && refused.empty() && halving.done()) break;
@@ -422,10 +426,7 @@ void run_search(SearchOptions& o) {
     // servers that are only busy with another search's trials are waited for.)
     if (running.empty() && !runner->any_slots()) {
       no_slots = runner->why_no_slots();
-      for (const HalvingJob& j : refused) {
-        records[j.trial].error = "never started: " + no_slots;
-        halving.fail(j.trial);
-      }
+      for (const HalvingJob& j : refused) fail_trial(j.trial, "never started: " + no_slots, false);
       refused.clear();
       halving.close();
       progress.print_line("tandem search: " + no_slots);
@@ -474,10 +475,10 @@ void run_search(SearchOptions& o) {
         progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else {
-        rec.error = (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
-                    log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from);
-        halving.fail(r.job.trial);
-        progress.print_line(name + ": FAILED, " + rec.error);
+        fail_trial(r.job.trial,
+                   (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
+                       log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from),
+                   true);
       }
     }
   }
@@ -488,11 +489,11 @@ void run_search(SearchOptions& o) {
   std::vector<int> order(configs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   // Failed trials last, and before them those with no score (cut before their first epoch, or
-  // diverged at every epoch): order[0] has a best epoch whenever any trial has one.
+  // diverged at every epoch: best_loss is infinite): order[0] has a best epoch whenever any
+  // trial has one.
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const auto key = [&](int t) {
-      return std::make_tuple(halving.status(t) == TrialStatus::Failed,
-                             records[t].best() == nullptr, best_loss(t));
+      return std::make_pair(halving.status(t) == TrialStatus::Failed, best_loss(t));
     };
     return key(a) < key(b);
   });

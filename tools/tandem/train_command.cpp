@@ -204,18 +204,17 @@ void run_train(TrainOptions& o) {
     print_split("test:      ", s.test);
   }
   // A run whose kept parameters score NaN diverged: its model is of no use, and a script (or a
-  // search trial) must see it failed. Without a validation split, by the test split's loss, or
-  // else the last epoch's training loss.
-  if (s.validation.samples > 0 && !std::isfinite(s.validation.loss_sum))
-    throw InputError("training diverged: the kept parameters give a validation loss of " +
-                     std::to_string(s.validation.loss_sum) + " (try a lower --lr)");
-  if (s.validation.samples == 0 && s.test.samples > 0 && !std::isfinite(s.test.loss_sum))
-    throw InputError("training diverged: the parameters give a test loss of " +
-                     std::to_string(s.test.loss_sum) + " (try a lower --lr)");
-  if (s.validation.samples == 0 && s.test.samples == 0 && s.epochs > 0 &&
-      !std::isfinite(last_train_loss))
-    throw InputError("training diverged: the last epoch's training loss is " +
-                     std::to_string(last_train_loss) + " (try a lower --lr)");
+  // search trial) must see it failed. Judged by the validation loss, or without a validation
+  // split by the test split's, or else by the last epoch's training loss.
+  const auto [judged_by, loss] =
+      s.validation.samples > 0 ? std::pair("the kept parameters give a validation loss of",
+                                           s.validation.loss_sum)
+      : s.test.samples > 0     ? std::pair("the parameters give a test loss of", s.test.loss_sum)
+      : s.epochs > 0 ? std::pair("the last epoch's training loss is", last_train_loss)
+                     : std::pair("", 0.0);
+  if (!std::isfinite(loss))
+    throw InputError(std::string("training diverged: ") + judged_by + " " +
+                     std::to_string(loss) + " (try a lower --lr)");
 }
 
 }  // namespace
