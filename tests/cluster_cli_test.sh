@@ -62,6 +62,12 @@ check "the saved model scores what the summary says" "$py" -c "
 import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
 sys.exit(0 if abs(a['loss']-b['test']['loss'])<1e-6*b['test']['loss'] else 1)" "$ev" "$out"
 check "metrics log has scores" grep -q '"type":"score"' "$dir/run1/metrics.jsonl"
+# The last score is drawn as the run drains, its workers gone: its throughput is training's.
+check "... the last with training's throughput, not the 0 of a drained cluster" "$py" -c "
+import json, sys
+scores = [r for r in map(json.loads, open(sys.argv[1])) if r['type'] == 'score']
+print('last score:', scores[-1])
+sys.exit(0 if scores[-1].get('samples_per_s', 0) > 0 else 1)" "$dir/run1/metrics.jsonl"
 check "TensorBoard events written" test -n "$(ls "$dir/run1/tensorboard")"
 check "TensorBoard's own reader reads the score curve" "$py" -c "
 import sys, json
@@ -115,6 +121,18 @@ check "... with scores of its own" \
 expect_error "launch --resume with no checkpoint is refused" \
   "--resume: no parameter server checkpoint" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1e" --workers 1 --dashboard -1 --resume
+# 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
+#     locked (the run's shape, --replicas), leaves that run as it was: its model, checkpoints,
+#     metrics log, TensorBoard events and cluster spec (a copy of run1: run1 stays as it is).
+cp -r "$dir/run1" "$dir/run1k"
+expect_error "launch --scorer 0 with a target is refused" "a target (--target) needs a scorer" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scorer 0 --dashboard -1
+expect_error "launch --replicas above its workers is refused on a finished run's directory" \
+  "--replicas 3 is more than the 2 workers" "$tandem" launch --data "$dir/fm.zarr" \
+  --run-dir "$dir/run1k" --workers 2 --replicas 3 --dashboard -1
+# (The lock aside: it names the last process that held the directory.)
+check "... and the refused launches left that run's files as they were" \
+  diff -r -x lock "$dir/run1" "$dir/run1k"
 
 # 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
 #     trains to the default target (about 3 s).
@@ -151,6 +169,13 @@ expect_error "launch --target -1 is refused" "--target: must be" "$tandem" launc
 expect_error "launch --replicas above its workers is refused" \
   "--replicas 3 is more than the 2 workers this launch starts" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1m" --workers 2 --replicas 3 --dashboard -1
+# A port ZeroMQ would take modulo 65536 (99999 served on 34463), or one no dashboard can have.
+expect_error "launch --bind with a port past 65535 is refused" \
+  "a tcp:// address needs a port from 0 to 65535 or *, got 'tcp://127.0.0.1:99999'" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1n" --bind tcp://127.0.0.1:99999
+expect_error "launch --dashboard 70000 is refused with its range" \
+  "at least -1 and at most 65535, got '70000'" "$tandem" launch --data "$dir/fm.zarr" \
+  --run-dir "$dir/run1n" --dashboard 70000
 check "no run directory is made by a refused launch" test ! -e "$dir/run1n"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -eq 0 ]; then
@@ -249,16 +274,26 @@ check "no role process is left behind (killed server)" no_role_left
   --target 0 --dashboard -1 --checkpoint-every 1000 --ps-timeout 1000 --score-interval 0.2 \
   --lr 0.002 --json >"$dir/out4d" 2>"$dir/err4d" &
 launcher=$!
-# Killed once the model is well past where a few steps from the start get it.
+# Killed once the model is well past where a few steps from the start get it (one Python
+# polling the log: the kill follows the score that shows it within a tenth of a second). The
+# step of that score is printed: a kill near the run's end (1650 steps) leaves no time to score
+# the restarted server.
 reached=no
-for _ in $(seq 1200); do
-  "$py" - "$dir/run4d/metrics.jsonl" <<'PY' 2>/dev/null && { reached=yes; break; }
-import json, sys
-scores = [r for r in map(json.loads, open(sys.argv[1])) if r.get('type') == 'score']
-sys.exit(0 if scores and scores[-1]['accuracy'] >= 0.8 else 1)
+"$py" - "$dir/run4d/metrics.jsonl" <<'PY' && reached=yes
+import json, sys, time
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        scores = [r for r in map(json.loads, open(sys.argv[1])) if r.get('type') == 'score']
+    except (OSError, ValueError):
+        scores = []
+    if scores and scores[-1]['accuracy'] >= 0.8:
+        print('killing ps0 after the score of step', scores[-1]['step'], 'accuracy',
+              scores[-1]['accuracy'])
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit('no score of 0.8 accuracy in 120 s')
 PY
-  sleep 0.1
-done
 check "the scorer saw 0.8 accuracy before the kill" test $reached = yes
 checkpoints=$(ls "$dir/run4d/checkpoints" 2>/dev/null | grep -c '^ps0-step-')
 kill -9 "$(role_pid $launcher ps0)"
@@ -312,6 +347,23 @@ check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4
 check "... and saved the model" test -s "$dir/run4b/model.safetensors"
 check "no role process is left behind (group SIGTERM)" no_role_left
 
+# 4g. SIGTERM to the launcher and every role at once (systemd stopping a service's control
+#     group, a batch system signalling every task): the roles stop on their own (the servers
+#     write their final checkpoints), and the launcher still ends the run in order, reading the
+#     final parameters from the servers (restarted from those checkpoints) and saving the model.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4g" --workers 2 --max-epochs 1000 \
+  --target 0 --dashboard -1 --json >"$dir/out4g" 2>"$dir/err4g" &
+launcher=$!
+wait_for "$dir/run4g/metrics.jsonl" '"type":"score"' 60
+kill -TERM "$launcher" $(pgrep -P "$launcher")
+wait_within $launcher $bound; rc=$?
+check "launch and its roles stopped by one SIGTERM each exits 0" test $rc -eq 0
+[ $rc -eq 0 ] || { echo "launch exited $rc; its last messages:"; tail -20 "$dir/err4g"; }
+check "... stopped as interrupted" py_check "$(cat "$dir/out4g")" \
+  "j['stop_reason']=='interrupted' and j['epochs']<1000"
+check "... and saved the model" test -s "$dir/run4g/model.safetensors"
+check "no role process is left behind (SIGTERM to every process)" no_role_left
+
 # 4f. A second stop signal, a second or more after the first, stops at once: the first waits
 #     for a worker that is frozen (SIGSTOP), the second kills the launcher by that signal, and
 #     its roles die with it (before, it waited 15 s and more, then exited 0).
@@ -338,9 +390,11 @@ check "... and no role process is left behind, the frozen worker included" no_ro
 
 # 4e. A coordinator stopped before training began (its roles were never started): no parameters
 #     to read or keep, and not a failure (it once failed, saying a parameter server was gone).
-#     An earlier run's model in the run directory is removed when this one starts (it would pass
-#     for this run's).
+#     An earlier run's model and cluster spec in the run directory are removed when this one
+#     starts (the model would pass for this run's; the spec would send `tandem scores
+#     --coordinator RUN/cluster.json` to the old run's ports).
 mkdir -p "$dir/run4e" && echo "an earlier run's model" >"$dir/run4e/model.safetensors"
+echo '{"coordinator": "tcp://127.0.0.1:1"}' >"$dir/run4e/cluster.json"
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4e" --workers 1 --max-epochs 10 \
   --target 0 --dashboard -1 >"$dir/out4e" 2>"$dir/err4e" &
 coordinator=$!
@@ -351,7 +405,8 @@ check "a coordinator stopped before training began exits 0" test $rc -eq 0
 check "... saying so, with no model" \
   grep -q "stopped (interrupted) before training began: no model" "$dir/out4e"
 check "... and saves none" test ! -e "$dir/run4e/model.safetensors"
-check "... nor a cluster spec (it had none)" test ! -e "$dir/run4e/cluster.json"
+check "... nor a cluster spec (it had none; the earlier run's is gone)" \
+  test ! -e "$dir/run4e/cluster.json"
 
 # 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4c" --workers 1 --max-epochs 1000 \

@@ -50,10 +50,14 @@ json state_at(double t) {
                        {"pushes_per_s", 45.0 + 5.0 * std::sin(0.7 * t + j)},
                        {"pulls_per_s", 46.0 + 5.0 * std::cos(0.7 * t + j)},
                        {"version", step},
+                       // The servers' buckets (ps_stats.cpp), as they report them.
                        {"staleness", {{"0", static_cast<long>(4.0 * n)},
                                       {"1", static_cast<long>(1.0 * n)},
                                       {"2", static_cast<long>(0.3 * n)},
-                                      {"3", static_cast<long>(0.05 * n)}}}});
+                                      {"3", static_cast<long>(0.05 * n)},
+                                      {"4-7", static_cast<long>(0.02 * n)},
+                                      {"8-15", static_cast<long>(0.01 * n)},
+                                      {"16+", 0L}}}});
   }
   const long pid = static_cast<long>(getpid());
   auto role = [&](const char* kind, const std::string& name, int port, const char* state) {

@@ -59,15 +59,22 @@ check "stray temporary file removed" test ! -e "$out/probabilities/c/1/0.tmp-1-1
 
 # The backend: auto takes a usable GPU, else the CPU (the same bits as --backend cpu there).
 chunk_bytes() { cat "$1"/classes/c/* "$1"/probabilities/c/*/* | md5sum; }
+expect_error "--threads past the limit refused with the number given" \
+  "thread count 5000 is above the limit" "$tandem" predict --model "$model" --data "$store" \
+  --out "$dir/threads.zarr" --processes 2 --threads 5000
+check "... before the output is made" test ! -e "$dir/threads.zarr/zarr.json"
 au=$("$tandem" predict --model "$model" --data "$store" --out "$dir/auto.zarr" --json)
 if [ "$(json_field "$au" backend)" = '"cpu"' ]; then
   check "auto without a GPU: the CPU's output" test "$(chunk_bytes "$dir/auto.zarr")" = "$(chunk_bytes "$out")"
   expect_error "--backend cuda without a GPU refused, naming CUDA" "CUDA" \
     "$tandem" predict --model "$model" --data "$store" --out "$dir/cuda.zarr" --backend cuda
-  check "nothing predicted by the refused run" test ! -e "$dir/cuda.zarr/classes/c/0"
+  # Refused before the output is made: an empty group tied to this model refused the next run
+  # of another one.
+  check "nothing made by the refused run" test ! -e "$dir/cuda.zarr/zarr.json"
   expect_error "--backend cuda --processes 2 without a GPU refused" "CUDA" \
     "$tandem" predict --model "$model" --data "$store" --out "$dir/cuda.zarr" --backend cuda \
     --processes 2
+  check "... nothing made by it either" test ! -e "$dir/cuda.zarr/zarr.json"
 else
   check "auto with a GPU runs on it" test "$(json_field "$au" backend)" = '"cuda"'
   # float32 sums in another order: a near-tie may flip on a row or two of 10000.
@@ -82,9 +89,10 @@ expect_error "unknown backend refused" "--backend" \
   "$tandem" predict --model "$model" --data "$store" --out "$dir/x.zarr" --backend gpu
 
 expect_error "missing model" "no model checkpoint" \
-  "$tandem" predict --model "$dir/none.safetensors" --data "$store" --out "$dir/x.zarr"
+  "$tandem" predict --model "$dir/none.safetensors" --data "$store" --out "$dir/nodir/x.zarr"
 expect_error "missing store" "no dataset store" \
-  "$tandem" predict --model "$model" --data "$dir/none.zarr" --out "$dir/x.zarr"
+  "$tandem" predict --model "$model" --data "$dir/none.zarr" --out "$dir/nodir/x.zarr"
+check "... refused before the output's directory and lock are made" test ! -e "$dir/nodir"
 expect_error "out holds something else" "holds something other" \
   "$tandem" predict --model "$model" --data "$store" --out "$store" --overwrite
 "$tandem" train --data "$store" --epochs 1 --seed 2 --checkpoint "$dir/m2.safetensors" >/dev/null 2>&1
@@ -105,6 +113,17 @@ expect_error "... and through a symbolic link to it" "is in use by another run" 
 exec 9>&-
 check "... and runs once it is free" "$tandem" predict --model "$dir/m2.safetensors" \
   --data "$store" --out "$out"
+# Written where the link points: an --overwrite through it replaces the output there, not the
+# link (which left the output as it was, and a new directory in the link's place).
+output_id() {
+  "$python" -c "import sys, zarr; print(zarr.open_group(sys.argv[1], mode='r').attrs['output_id'])"\
+    "$1"
+}
+before=$(output_id "$out")
+check "an --overwrite through a symbolic link to the output" "$tandem" predict --model "$model" \
+  --data "$store" --out "$dir/link-to-out.zarr" --overwrite
+check "... replaces the output it points to" test "$(output_id "$out")" != "$before"
+check "... and leaves the link a link" test -L "$dir/link-to-out.zarr"
 # An --out in directories not made yet, given with a trailing slash: made, locked beside it.
 check "an --out under new directories, with a trailing slash" "$tandem" predict \
   --model "$dir/m2.safetensors" --data "$store" --out "$dir/new/dirs/p.zarr/"

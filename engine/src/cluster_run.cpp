@@ -106,12 +106,6 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   // Written after the whole run: a path that cannot take it would lose the trained model.
   if (!options_.model_out.empty()) check_replaceable(options_.model_out);
   eval_splits_ = load_store_eval_splits(s.data);
-  // A previous run's best model would pass for this run's: the scorer keeps a best model it
-  // finds (its predecessor's, when it is restarted within the run).
-  if (!s.best_model_path.empty()) {
-    std::error_code ignored;  // none there, most often
-    std::filesystem::remove(s.best_model_path, ignored);
-  }
 
   CoordinatorOptions co;
   if (options_.inproc) {
@@ -136,6 +130,13 @@ ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
   co.startup_timeout_ms = options_.startup_timeout_ms;
   secure_coordinator(co, s);
   coordinator_ = std::make_unique<Coordinator>(co);
+  // A previous run's best model would pass for this run's: the scorer keeps a best model it
+  // finds (its predecessor's, when it is restarted within the run). Removed last: a run refused
+  // above (its address in use) leaves the previous run's as it was.
+  if (!s.best_model_path.empty()) {
+    std::error_code ignored;  // none there, most often
+    std::filesystem::remove(s.best_model_path, ignored);
+  }
 }
 
 ClusterRun::~ClusterRun() {
@@ -190,15 +191,18 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     start("worker", options_.workers);
     start("scorer", options_.scorers);
   }
-  // One pass of watching: role threads' errors, exited processes, the caller's tick.
+  // One pass of watching: role threads' errors, the caller's tick, exited processes. The tick
+  // first: a stop it asks for (a stop signal came) is in force when the exits seen in the same
+  // pass are judged, so a role that ended with that stop is the end of a stopped run, not a role
+  // lost while training.
   auto watch = [&] {
     {
       std::lock_guard<std::mutex> lock(errors_mutex_);
       for (const std::string& e : errors_) c.fail(e);
       errors_.clear();
     }
-    if (launcher != nullptr) launcher->watch(c);
     if (options_.on_tick) options_.on_tick(c);
+    if (launcher != nullptr) launcher->watch(c);
   };
   auto cleanup = [&] {
     if (launcher != nullptr) launcher->stop_all(10000);

@@ -25,17 +25,19 @@
 //    "workers": [{"name": "worker0", "samples_per_s": 45000.0, "queue_depth": 2, "steps": 265,
 //                 "batches_done": 265}],
 //    "servers": [{"name": "ps0", "pushes_per_s": 45.0, "pulls_per_s": 46.0, "version": 530,
-//                 "staleness": {"0": 400, "1": 100, "2": 30}}]}
+//                 "staleness": {"0": 400, "1": 100, "2": 30, "3": 5, "4-7": 2, "8-15": 0,
+//                               "16+": 0}}]}
 // cluster.target is the score (loss) the run aims for (null or absent: none, no line drawn);
 // scores holds at most 2,000 of the run's scores_total (the newest 1,000, and the older ones
 // thinned evenly); failure says why a failed run failed;
 // scores[].t and last_seen_s are seconds (since the start, and since the role was last heard);
-// staleness maps a staleness in steps to how many updates arrived that stale.
+// staleness maps a bucket of staleness in steps (its label: "0" to "3", "4-7", "8-15", "16+") to
+// how many updates arrived that stale.
 //
 // Page element ids (the browser test finds these): status (the header: state, epoch, step,
 // elapsed, newest score), roles (table, one <tr data-role="ROLE" data-name="NAME"> per role),
 // score-curve (SVG, one <circle> per score and data-points="COUNT"), workers (table), servers
-// (table), staleness (SVG, one <rect class="bar"> per staleness value).
+// (table), staleness (SVG, one <rect class="bar" data-staleness="LABEL"> per bucket, in order).
 #pragma once
 
 #include <functional>

@@ -418,7 +418,8 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
 // store would write into, and remove, one directory. The second is refused instead.
 class WriteClaim {
  public:
-  explicit WriteClaim(const std::string& out) : key_(key_of(out)) {
+  // One key for every spelling of the path.
+  explicit WriteClaim(const std::string& out) : key_(resolved_path(out)) {
     std::lock_guard<std::mutex> lock(mutex());
     if (!claimed().insert(key_).second)
       throw InputError(out + " is being written already, by another write of this process");
@@ -439,13 +440,6 @@ class WriteClaim {
     static std::set<std::string> s;
     return s;
   }
-  // One key for every spelling of the path; the path as given where it cannot be resolved (a
-  // directory that cannot be searched: the write then fails on its own, naming it).
-  static std::string key_of(const std::string& out) {
-    std::error_code ec;
-    const fs::path resolved = fs::weakly_canonical(fs::absolute(out, ec), ec);
-    return ec ? out : resolved.string();
-  }
   const std::string key_;
 };
 
@@ -462,7 +456,7 @@ void write_dataset_store(const DataSplits& splits, const std::string& out_path,
   // the link points: replaced there, its temporary directory beside it on its filesystem, the
   // link left as it is (renamed aside, the link alone would be replaced, the old store kept).
   std::error_code link_ec;
-  if (fs::is_symlink(out, link_ec)) out = fs::weakly_canonical(fs::absolute(out)).string();
+  if (fs::is_symlink(out, link_ec)) out = resolved_path(out);
   check_inputs(splits, out, options);
   if (!provenance.is_null() && !provenance.is_object())
     throw InputError("dataset store provenance must be a JSON object, got " + provenance.dump());

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "tandem/error.h"
 
@@ -83,6 +84,21 @@ std::string parent_directory(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string resolved_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  std::string out = ec ? fs::path(path).lexically_normal().string() : std::string();
+  if (!ec) {
+    const fs::path resolved = fs::weakly_canonical(absolute, ec);
+    out = ec ? absolute.lexically_normal().string() : resolved.string();
+  }
+  // "p.zarr/" not made yet keeps its slash through both: the same path as "p.zarr" (a name
+  // made from it, "p.zarr/" + ".logs", would otherwise land inside it).
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
 }
 
 void check_replaceable(const std::string& path) {

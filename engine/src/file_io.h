@@ -56,6 +56,12 @@ void write_all(int fd, const void* buf, size_t n, const std::string& path);
 // The directory part of `path`: "." for a bare name, "/" for a file in the root.
 std::string parent_directory(const std::string& path);
 
+// `path` made absolute, with ".", ".." and symbolic links resolved as far as it exists: one
+// spelling for every way of naming a file, to key locks and claims on and to hand to processes
+// started elsewhere. Where it cannot be resolved (a directory on the way that cannot be
+// searched), absolute and lexically normal. No trailing slash but the root's.
+std::string resolved_path(const std::string& path);
+
 // Fails now where replacing `path` atomically would fail later, after the work that produced its
 // content (a directory missing or not writable, a read-only filesystem, a directory by that
 // name): creates and removes the temporary file the replacement writes (temp_path). IoError

@@ -22,6 +22,7 @@
 #include "crc32c.h"
 #include "cuda/cuda_device.h"
 #include "dataset_store.h"
+#include "file_io.h"
 #include "json_fields.h"
 #include "split_labels.h"
 #include "tandem/error.h"
@@ -290,9 +291,17 @@ std::string PredictionsLayout::describe() const {
          std::to_string(classes) + " classes, Zarr v" + std::to_string(int(format));
 }
 
-void prepare_predictions_output(const std::string& out, const PredictionsLayout& layout,
+// A symbolic link as the output is written where it points: removed or replaced, the link alone
+// would go, a new directory taking its place and the output it led to left as it was.
+static std::string through_link(const std::string& out) {
+  std::error_code ec;
+  return fs::is_symlink(out, ec) ? resolved_path(out) : out;
+}
+
+void prepare_predictions_output(const std::string& out_given, const PredictionsLayout& layout,
                                 const json& attributes, bool overwrite,
                                 const std::string& overwrite_hint) {
+  const std::string out = through_link(out_given);
   if (layout.rows < 1 || layout.chunk_rows < 1 || layout.classes < 1 || layout.classes > 256)
     throw InputError(out + ": cannot write predictions of " + layout.describe() +
                      " (rows and chunk rows must be >= 1, classes from 1 to 256)");
@@ -328,7 +337,8 @@ void prepare_predictions_output(const std::string& out, const PredictionsLayout&
     zarr::Array::create(join(out, output_name(array)), output_meta(layout, array));
 }
 
-void remove_predictions_output(const std::string& out) {
+void remove_predictions_output(const std::string& out_given) {
+  const std::string out = through_link(out_given);
   std::error_code ec;
   if (!fs::exists(out, ec) || (fs::is_directory(out, ec) && fs::is_empty(out, ec))) return;
   if (!is_predictions_group(out))
@@ -442,6 +452,11 @@ void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* pr
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
                             const std::string& out_path, const PredictOptions& options) {
   const Inputs in = open_inputs(model_path, store_path, options.split);
+  // What would fail the prediction for want of threads or of a device fails before the output is
+  // made: an empty group tied to this model would refuse the next run's other model.
+  if (options.threads > 0) ThreadPool::check_thread_count(options.threads);
+  if (options.backend == BackendKind::Cuda && kernels::cuda_device_count() == 0)  // its reason
+    make_backend(BackendKind::Cuda, in.checkpoint.model.config(), OptimizerConfig{}, 1);
   prepare_predictions_output(out_path, in.layout,
                              output_attributes(in, model_path, store_path, options.split),
                              options.overwrite, kOverwriteHint);
@@ -493,6 +508,8 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
                                   OptimizerConfig{}, 1);
     device_backend->set_parameters(in.checkpoint.model);
   }
+  // Only counting the chunks done (the parent of --processes asks that): no backend per worker.
+  if (!any_work) return s;
   std::atomic<int64_t> next{0}, written{0}, predicted{0};
   std::atomic<bool> failed{false}, stopped{false};
   ThreadPool pool(workers);

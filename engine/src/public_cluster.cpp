@@ -131,8 +131,8 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.advertise_host = options.advertise_host;
   o.model_out = options.model_out;
   o.keep_best = options.keep_best;
-  o.startup_timeout_ms = seconds_to_ms(options.startup_timeout_s);
-  o.heartbeat_timeout_ms = seconds_to_ms(options.heartbeat_timeout_s);
+  o.startup_timeout_ms = limit_seconds_to_ms(options.startup_timeout_s, "startup_timeout_s");
+  o.heartbeat_timeout_ms = limit_seconds_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   o.test_threads = options.test_threads;
   int64_t newest = 0;
   if (options.on_score) {
@@ -216,8 +216,8 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
   o.max_epochs = options.max_epochs;
   o.max_seconds = options.max_seconds;
   o.target = options.target;
-  o.startup_timeout_ms = seconds_to_ms(options.startup_timeout_s);
-  o.heartbeat_timeout_ms = seconds_to_ms(options.heartbeat_timeout_s);
+  o.startup_timeout_ms = limit_seconds_to_ms(options.startup_timeout_s, "startup_timeout_s");
+  o.heartbeat_timeout_ms = limit_seconds_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   secure_coordinator(o, d.settings);
   d.coordinator = std::make_unique<Coordinator>(o);
 }
@@ -362,7 +362,7 @@ ClusterRole ClusterRole::start(const std::string& kind, const std::string& coord
   o.advertise = options.advertise;
   o.data = options.data;
   o.gpus = options.gpus;
-  o.coordinator_lost_ms = seconds_to_ms(options.coordinator_lost_s);
+  o.coordinator_lost_ms = limit_seconds_to_ms(options.coordinator_lost_s, "coordinator_lost_s");
   o.coordinator_curve = curve_client_keys(options.curve);
   o.cancel = std::make_shared<std::atomic<bool>>(false);
   // The thread holds the state, so a role object dropped while its thread still runs (stuck in

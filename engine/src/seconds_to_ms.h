@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "tandem/error.h"
 
@@ -16,6 +17,15 @@ inline int seconds_to_ms(double seconds) {
   if (std::isnan(seconds)) throw InputError("a number of seconds cannot be NaN");
   if (seconds < 0) return -1;
   return int(std::min(seconds * 1000.0, double(std::numeric_limits<int>::max())));
+}
+
+// A time limit that has no "no end" (how long to wait for the roles to start, for a heartbeat,
+// for the coordinator's answer): above 0, or InputError naming it. 0, a negative number and NaN
+// would make the run fail at once, or every role lost at every tick.
+inline int limit_seconds_to_ms(double seconds, const std::string& what) {
+  if (!(seconds > 0))
+    throw InputError(what + " must be a number of seconds above 0, got " + std::to_string(seconds));
+  return std::max(1, seconds_to_ms(seconds));
 }
 
 }  // namespace tandem

@@ -31,13 +31,17 @@ int ThreadPool::available_cores() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-ThreadPool::ThreadPool(int threads)
-    : size_(threads), oversubscribed_(threads > available_cores()) {
+void ThreadPool::check_thread_count(int threads) {
   if (threads < 1) throw InputError("thread count must be at least 1, got " + std::to_string(threads));
   if (threads > kMaxThreads)
     throw InputError("thread count " + std::to_string(threads) + " is above the limit of " +
                      std::to_string(kMaxThreads) + " (this machine has " +
                      std::to_string(available_cores()) + " cores; 0 takes them all)");
+}
+
+ThreadPool::ThreadPool(int threads)
+    : size_(threads), oversubscribed_(threads > available_cores()) {
+  check_thread_count(threads);
   threads_.reserve(static_cast<size_t>(threads - 1));
   try {
     for (int member = 1; member < threads; ++member)

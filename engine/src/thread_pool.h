@@ -42,6 +42,9 @@ class ThreadPool {
   // crawl for minutes while holding gigabytes of stacks. 1,024 still reproduces, thread for
   // thread, a run of a machine with that many cores.
   static constexpr int kMaxThreads = 1024;
+  // InputError unless 1 <= threads <= kMaxThreads, saying so: what the constructor refuses, for a
+  // caller that checks before it writes anything.
+  static void check_thread_count(int threads);
 
  private:
   using Trampoline = void (*)(void*, int);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "array_rows.h"
@@ -105,8 +106,8 @@ class PyCoordinator {
     o.max_epochs = max_epochs;
     o.max_seconds = max_seconds;
     o.target = target;
-    o.startup_timeout_ms = seconds_to_ms(startup_timeout_s);
-    o.heartbeat_timeout_ms = seconds_to_ms(heartbeat_timeout_s);
+    o.startup_timeout_ms = limit_seconds_to_ms(startup_timeout_s, "startup_timeout_s");
+    o.heartbeat_timeout_ms = limit_seconds_to_ms(heartbeat_timeout_s, "heartbeat_timeout_s");
     secure_coordinator(o, settings_);
     coordinator_ = std::make_unique<Coordinator>(o);
   }
@@ -231,7 +232,7 @@ RoleOptions role_options(const std::string& coordinator, const std::string& name
   RoleOptions o;
   o.coordinator = coordinator;
   o.name = name;
-  o.coordinator_lost_ms = seconds_to_ms(coordinator_lost_s);
+  o.coordinator_lost_ms = limit_seconds_to_ms(coordinator_lost_s, "coordinator_lost_s");
   o.coordinator_curve = curve_keys(curve_server_key, curve_key_file);
   return o;
 }
@@ -303,6 +304,10 @@ class ScoreStream {
   ScoreStream(const std::string& coordinator, bool follow, std::optional<double> timeout_s,
               const transport::CurveClientKeys& curve, double lost_after_s)
       : follow_(follow), timeout_s_(timeout_s ? *timeout_s : (follow ? -1.0 : 1.0)) {
+    seconds_to_ms(timeout_s_);  // refuses NaN (InputError: a ValueError too)
+    if (!follow && timeout_s_ < 0)
+      throw InputError("timeout_s must be >= 0 with follow=False (how long the stream lasts), "
+                       "got " + std::to_string(timeout_s_));
     without_gil([&] {
       subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
       if (follow) subscriber_->fail_when_coordinator_lost(lost_after_s);
@@ -310,13 +315,23 @@ class ScoreStream {
   }
 
   py::object next() {
+    // One reader at a time (checked under the GIL, as a generator is): the subscriber's socket
+    // is read without the GIL, and two threads reading it at once crashed the process.
+    if (reading_) throw std::runtime_error("this score stream is being read by another thread");
+    reading_ = true;
+    const struct Done {
+      bool& reading;
+      ~Done() { reading = false; }
+    } done{reading_};
     // follow: timeout_s is the longest gap between two scores; otherwise the whole stream's
     // length from the subscription (the replayed history comes at once).
     const auto started = follow_ ? std::chrono::steady_clock::now() : subscribed_;
     for (;;) {
       if (subscriber_->ended()) throw py::stop_iteration();
       const std::optional<json> m = without_gil([&] { return subscriber_->next(100); });
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      // A score that came is returned (Ctrl-C is raised at Python's next instruction): raised
+      // here, it would be lost to a caller that catches KeyboardInterrupt and reads on.
+      if (!m && PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (m) {
         if (is_end_message(*m)) {
           end_reason_ = end_reason_of(*m);
@@ -343,6 +358,7 @@ class ScoreStream {
   bool follow_;
   double timeout_s_;
   std::string end_reason_;
+  bool reading_ = false;  // a thread is in next()
 };
 
 }  // namespace

@@ -4,7 +4,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cmath>
+#include <string>
+
 #include <nlohmann/json.hpp>
+
+#include "tandem/error.h"
 
 namespace tandem::python {
 
@@ -12,8 +17,31 @@ inline pybind11::object to_python(const nlohmann::json& j) {
   return pybind11::module_::import("json").attr("loads")(j.dump());
 }
 
+// NumPy scalars (np.float32(0.01) from a grid of hyperparameters) are taken as the Python
+// numbers they hold. NaN and infinity, which JSON cannot spell, are refused as InputError (a
+// ValueError too), naming the key where it is a dict's own, instead of failing as a parse error.
 inline nlohmann::json from_python(pybind11::handle object) {
-  const std::string text = pybind11::module_::import("json").attr("dumps")(object).cast<std::string>();
+  namespace py = pybind11;
+  if (py::isinstance<py::dict>(object))
+    for (const auto& [key, value] : object.cast<py::dict>())
+      if (py::isinstance<py::float_>(value) && !std::isfinite(value.cast<double>()))
+        throw InputError("'" + py::str(key).cast<std::string>() +
+                         "' must be a finite number, got " + py::repr(value).cast<std::string>());
+  const py::cpp_function as_number([](py::handle o) -> py::object {
+    if (py::hasattr(o, "item")) return o.attr("item")();
+    throw py::type_error("Object of type " +
+                         py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>() +
+                         " is not JSON serializable");
+  });
+  std::string text;
+  try {
+    text = py::module_::import("json")
+               .attr("dumps")(object, py::arg("allow_nan") = false, py::arg("default") = as_number)
+               .cast<std::string>();
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ValueError)) throw;
+    throw InputError(std::string("NaN and infinity are not values JSON holds: ") + e.what());
+  }
   return nlohmann::json::parse(text);
 }
 

@@ -185,6 +185,13 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
                                    driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar")])
         if max(heights) < 40:
             fail(f"staleness bars are rendered {heights} px tall; the tallest should fill the plot")
+        # One bar per bucket the servers report ("4-7" is one bar, not 4 and made-up 5 to 7).
+        buckets = sorted({k for s in state.get("servers", []) for k in s.get("staleness", {})},
+                         key=lambda k: int(k.split("-")[0].rstrip("+")))
+        bars = settled(lambda: [r.get_attribute("data-staleness") for r in
+                                driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar")])
+        if bars != buckets:
+            fail(f"staleness bars {bars}, expected one per bucket {buckets}")
     cluster_state = state.get("cluster", {}).get("state", "")
     status = settled(lambda: driver.find_element(By.ID, "status").text.lower())  # CSS-uppercased labels
     if "step" not in status or "epoch" not in status:

@@ -75,6 +75,24 @@ class ModelTest(unittest.TestCase):
         self.assertIn("100 features per row", str(caught.exception))
         with self.assertRaisesRegex(tandem.InputError, "unknown run setting 'bacth'"):
             tandem.Coordinator({"fed": True, "bacth": 10})
+        # NaN, which JSON cannot spell, is refused naming its key (it failed as a parse error).
+        with self.assertRaisesRegex(tandem.InputError, "'lr' must be a finite number, got nan"):
+            tandem.Coordinator({"fed": True, "lr": float("nan")})
+        with self.assertRaisesRegex(tandem.InputError, "NaN and infinity are not values"):
+            tandem.Coordinator({"fed": True, "lr": np.float32("inf")})
+        # Time limits without a "no end": 0 or negative failed the run at once, or lost every
+        # role at every tick.
+        with self.assertRaisesRegex(tandem.InputError,
+                                    "startup_timeout_s must be a number of seconds above 0"):
+            tandem.Coordinator({"fed": True}, startup_timeout_s=0)
+        with self.assertRaisesRegex(tandem.InputError, "heartbeat_timeout_s must be"):
+            tandem.Coordinator({"fed": True}, heartbeat_timeout_s=-1)
+        with self.assertRaisesRegex(tandem.InputError, "coordinator_lost_s must be"):
+            tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=0)
+        with self.assertRaisesRegex(tandem.InputError, "cannot be NaN"):
+            tandem.scores("tcp://127.0.0.1:1", follow=False, timeout_s=float("nan"))
+        with self.assertRaisesRegex(tandem.InputError, "timeout_s must be >= 0 with follow=False"):
+            tandem.scores("tcp://127.0.0.1:1", follow=False, timeout_s=-1)
         with self.assertRaises(tandem.Error):
             tandem.load("/nonexistent/model.safetensors")
         # Class ids as whole floats, or in one column, read as the store reads them; a float
@@ -265,7 +283,9 @@ class RolesTest(unittest.TestCase):
             self.assertTrue(role.join(30))
 
     def test_scores_channel_history_and_end(self):
-        coordinator, roles, _ = start_fed_cluster(self)
+        # NumPy scalars, as a grid of hyperparameters gives them, are the numbers they hold.
+        coordinator, roles, _ = start_fed_cluster(self, batch=np.int64(100),
+                                                  score_interval_s=np.float32(0.1))
         # The scorer scores new parameters only: blocks are fed until there are 12 scores.
         deadline = time.monotonic() + 60
         seed = 300
@@ -283,9 +303,35 @@ class RolesTest(unittest.TestCase):
         stream = tandem.scores(coordinator.endpoint, follow=True, timeout_s=30, lost_after_s=5)
         first = next(stream)
         self.assertIn("loss", first)
+        # One reader at a time: another thread's next() is refused while one waits in it (two
+        # reading its socket at once crashed the process).
+        read = []
+        def read_to_the_end():
+            while True:
+                try:
+                    read.append(next(stream))
+                except StopIteration:
+                    return
+                except RuntimeError:
+                    continue  # this thread was the second: read on
+        reader = threading.Thread(target=read_to_the_end)
+        reader.start()
+        refused = 0
+        for _ in range(20):
+            time.sleep(0.01)
+            try:
+                read.append(next(stream))
+            except RuntimeError as e:
+                self.assertIn("being read by another thread", str(e))
+                refused += 1
+            except StopIteration:
+                break
+        self.assertGreater(refused, 0)
         coordinator.request_stop("test over")
         end_cluster(self, coordinator, roles)
-        rest = list(stream)  # ends at the channel's end message
+        reader.join(30)
+        self.assertFalse(reader.is_alive())
+        rest = read + list(stream)  # the reader stopped at the channel's end message
         self.assertEqual(stream.end_reason, "test over")
         self.assertTrue(all(s["seq"] > first["seq"] for s in rest))
 

@@ -161,16 +161,19 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "Seconds a worker's backend may stay in one call (a step; a hung GPU) before "
                   "the coordinator counts the worker lost and hands its batches on (0: never)")
       ->check(number_in(0, 1e7, false, "SECONDS"))->capture_default_str();
-  cmd->add_option("--bind", o.bind, "The coordinator's control address")->capture_default_str();
+  cmd->add_option("--bind", o.bind, "The coordinator's control address")
+      ->check(bind_address())->capture_default_str();
   cmd->add_option("--scores-bind", o.scores_bind,
-                  "The scores channel's address (default: --bind's host, any port)");
+                  "The scores channel's address (default: --bind's host, any port)")
+      ->check(bind_address());
   cmd->add_option("--startup-timeout", o.startup_timeout_s,
                   "Seconds to wait for every role to register")
       ->check(number_in(0, 2e6, true, "SECONDS"))
       ->capture_default_str();
   cmd->add_option("--dashboard", o.dashboard_port,
                   "The dashboard's HTTP port (0: any free port, -1: none); a busy port falls back "
-                  "to any free one")->capture_default_str();
+                  "to any free one")
+      ->check(number_in(-1, 65535, false, "PORT"))->capture_default_str();
   cmd->add_option("--dashboard-host", o.dashboard_host, "The dashboard's address")->capture_default_str();
   cmd->add_option("--tensorboard", o.tensorboard_dir,
                   "TensorBoard event files go here (default RUN_DIR/tensorboard)");
@@ -243,16 +246,6 @@ void resolve(ClusterCommandOptions& o) {
                                std::to_string(store.num_classes));
   s.optimizer.kind = parse_optimizer(o.optimizer);
   s.shuffle = o.shuffle == "on";
-  // A restarted server resumes from these within a run; a new run starts fresh unless asked
-  // (and its TensorBoard curves start afresh too, in the default directory).
-  if (!o.resume) {
-    std::filesystem::remove_all(s.checkpoint_dir);
-    if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
-    // Nor does an earlier run's model stay beside this run's files: a run stopped before it
-    // trained writes none, and the old one would pass for it.
-    std::filesystem::remove(o.run_dir + "/model.safetensors");
-    std::filesystem::remove(o.run_dir + "/best-score.safetensors");
-  }
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
   o.cluster.model_out = o.run_dir + "/model.safetensors";
@@ -266,6 +259,21 @@ void resolve(ClusterCommandOptions& o) {
   o.cluster.scores_bind = o.scores_bind.empty() ? scores_bind_beside(o.bind) : o.scores_bind;
   o.cluster.advertise_host = o.advertise_host;
   o.cluster.startup_timeout_ms = o.startup_timeout_s * 1000;
+}
+
+// A restarted server resumes from the checkpoints within a run; a new run starts fresh unless
+// asked (and its TensorBoard curves start afresh too, in the default directory). Called once
+// every check that can refuse the run has passed: a refused command leaves the previous run's
+// files as they were.
+void clear_previous_run(const ClusterCommandOptions& o) {
+  if (o.resume) return;
+  std::filesystem::remove_all(o.cluster.settings.checkpoint_dir);
+  if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
+  // Nor does an earlier run's model stay beside this run's files: a run stopped before it
+  // trained writes none, and the old one would pass for it. Nor its spec, whose addresses
+  // (`tandem scores --coordinator RUN/cluster.json`) would lead to the old run's ports.
+  for (const char* name : {"/model.safetensors", "/best-score.safetensors", "/cluster.json"})
+    std::filesystem::remove(o.run_dir + name);
 }
 
 // launch's GPUs for its workers (worker_gpus.h), into o.cluster.worker_gpus. Only when the
@@ -383,7 +391,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   stop_on_signals();
   refuse_to_suspend();
   std::filesystem::create_directories(o.run_dir);
-  const RunDirLock run_dir_lock(o.run_dir);  // before resolve() clears the previous checkpoints
+  const RunDirLock run_dir_lock(o.run_dir);  // before the previous run's files are cleared
   resolve(o);
   const RunSettings& rs = o.cluster.settings;
   // launch starts all its workers: each step of one worker's gradient each, more never come (the
@@ -395,10 +403,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   if (launch_roles) assign_worker_gpus(o);
   ProgressLine progress;
   size_t scores_shown = 0;
-  TensorBoardWriter tensorboard(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
-  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
-  MetricsLog metrics(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path,
-                     o.resume);
+  // Opened once the run is set up (ClusterRun's checks passed, its sockets bound): a run refused
+  // before then must not have truncated the previous run's log nor added to its events.
+  std::optional<TensorBoardWriter> tensorboard;
+  std::optional<MetricsLog> metrics;
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
@@ -423,8 +431,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // Each score once, in order, to TensorBoard, the metrics log and the terminal. TensorBoard's
   // points carry the time the score was taken (training's start, as this side saw it announced,
   // plus the score's own time), not the time it was drawn here, up to a tick later.
-  // The cluster's samples/s at the newest tick; not known until a worker's heartbeat has
-  // counted samples (a score taken before that would otherwise show a throughput of 0).
+  // The cluster's samples/s at the newest tick of training; not known until a worker's
+  // heartbeat has counted samples (a score taken before that would otherwise show a throughput
+  // of 0). Kept once training is over: the workers gone, the rate falls to 0, and the last
+  // score, drawn while the run drains, would show that.
   double rate = 0.0;
   bool rate_known = false;
   auto show_scores = [&](const std::vector<ScoreRecord>& scores) {
@@ -432,15 +442,15 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       const ScoreRecord& s = scores[scores_shown];
       const double wall =
           training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
-      tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss), wall);
-      tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
+      tensorboard->add_scalar("score/validation_loss", s.step, float(s.loss), wall);
+      tensorboard->add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
       if (rate_known)
-        tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
-      tensorboard.flush();
+        tensorboard->add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
+      tensorboard->flush();
       json record{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                   {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy}};
       if (rate_known) record["samples_per_s"] = rate;
-      metrics.write(record);
+      metrics->write(record);
       if (!o.quiet && !o.json_summary) {
         char line[200];
         std::snprintf(line, sizeof(line), "%7.1f s  step %6lld  validation loss %8.1f  accuracy %.4f",
@@ -453,20 +463,26 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
     const json state = c.state();
     const json& cl = state["cluster"];
-    rate = cl.value("samples_per_s", 0.0);
+    if (cl.value("state", std::string()) == "training") rate = cl.value("samples_per_s", 0.0);
     for (const json& w : state["workers"]) rate_known |= w.value("steps", int64_t{0}) > 0;
     show_scores(c.scores());
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
-      metrics.write(json{{"type", "cluster"}, {"state", cl["state"]}, {"elapsed_s", cl["elapsed_s"]},
-                         {"epoch", cl["epoch"]}, {"step", cl["step"]},
-                         {"samples_per_s", cl["samples_per_s"]}, {"workers", state["workers"]}});
+      metrics->write(json{{"type", "cluster"}, {"state", cl["state"]},
+                          {"elapsed_s", cl["elapsed_s"]}, {"epoch", cl["epoch"]},
+                          {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
+                          {"workers", state["workers"]}});
     }
     progress.update("epoch " + std::to_string(cl.value("epoch", int64_t{0})) + "  step " +
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
   ClusterRun run(o.cluster);
+  clear_previous_run(o);
+  tensorboard.emplace(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
+  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
+  metrics.emplace(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path,
+                  o.resume);
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
                  run.coordinator().scores_endpoint().c_str());
@@ -489,8 +505,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // counts.
   show_scores(summary.scores);
   progress.finish();
-  log_final_evaluation(summary, metrics, tensorboard);
-  tensorboard.close();
+  log_final_evaluation(summary, *metrics, *tensorboard);
+  tensorboard->close();
   print_summary(o, summary);
 }
 
@@ -550,12 +566,19 @@ struct CoordinatorAccess {
 struct RoleCommandOptions {
   RoleOptions role;
   CoordinatorAccess access;
+  long launched_by = 0;
 };
 
 // Runs a role process's role until its run ends or a stop signal (SIGINT, SIGTERM, SIGHUP) comes:
 // then it ends as if the run were over, a parameter server writing its final checkpoint.
-void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(const RoleOptions&)) {
+// `launched_by`: the pid of the `tandem launch` that started this role (0: none), which the
+// stop signals are left to while it is this process's parent.
+void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(const RoleOptions&),
+                        pid_t launched_by = 0) {
   role.cancel = shared_stop_flag();
+  if (launched_by > 0 && getppid() == launched_by)
+    leave_stops_to_launcher(launched_by,
+                            "tandem " + kind + (role.name.empty() ? "" : " " + role.name));
   run(role);
   if (role.cancel->load())
     std::fprintf(stderr, "tandem %s%s: stopped by %s\n", kind.c_str(),
@@ -569,20 +592,23 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
   o->access.add_options(cmd);
   cmd->add_option("--name", o->role.name, "This role's name (default: the coordinator picks)");
   cmd->add_option("--data", o->role.data, "The store's path on this node, if not the coordinator's");
+  // Given by tandem launch to the roles it starts (hidden: not for users).
+  cmd->add_option("--launched-by", o->launched_by, "")->group("");
   if (std::string(name) == "worker")
     cmd->add_option("--gpus", o->role.gpus,
                     "This worker's group on these GPUs, e.g. 0,1 (one member each; default: the "
                     "run's --group-members, on GPUs from 0)")
         ->delimiter(',');
   if (std::string(name) == "ps") {
-    cmd->add_option("--bind", o->role.bind, "Where to serve (default tcp://127.0.0.1:*)");
+    cmd->add_option("--bind", o->role.bind, "Where to serve (default tcp://127.0.0.1:*)")
+        ->check(bind_address());
     cmd->add_option("--advertise", o->role.advertise,
                     "For --bind tcp://0.0.0.0:...: the host peers reach this node by (default: "
                     "its name)");
   }
   cmd->callback([o, run, name] {
     o->role.coordinator = o->access.address(o->role.coordinator_curve);
-    run_stoppable_role(name, o->role, run);
+    run_stoppable_role(name, o->role, run, pid_t(o->launched_by));
   });
 }
 

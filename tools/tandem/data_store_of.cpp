@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dataset_store.h"
+#include "file_io.h"
 #include "tandem/dataset.h"
 #include "tandem/error.h"
 #include "zarr/zarr_array.h"
@@ -14,14 +15,6 @@
 namespace tandem::cli {
 
 namespace {
-
-// Where a path leads, absolute (a path that does not exist yet, made absolute).
-std::string resolved(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path where = std::filesystem::weakly_canonical(path, ec);
-  if (ec) where = std::filesystem::absolute(path);
-  return where.string();
-}
 
 // The IDX files' names, sizes and modification times: a store prepared from them is stale once
 // they change (new files copied over the old ones, the same directory named again).
@@ -48,7 +41,7 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
   // The store records where its files were and what they were (sizes and times), and one
   // prepared from other files, or from these before they changed, is not reused: it would train
   // on the old files.
-  const std::string source = resolved(data);
+  const std::string source = resolved_path(data);
   const nlohmann::json fingerprint = idx_fingerprint(data);
   std::string why;
   if (is_dataset_store(store)) {
@@ -59,7 +52,7 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
                  : std::string();
     };
     const std::string recorded = text("source");
-    const bool same_source = !recorded.empty() && resolved(recorded) == source;
+    const bool same_source = !recorded.empty() && resolved_path(recorded) == source;
     // Replaced only when a command made it this way: one the user put there (tandem prepare,
     // with its own options) is theirs to keep.
     const bool ours = text("by") == "tandem launch" || text("by") == "tandem search";

@@ -23,12 +23,14 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "commands.h"
+#include "file_io.h"
 #include "predictor.h"
 #include "run_dir_lock.h"
 #include "tandem/config.h"
 #include "tandem/error.h"
 #include "slot_client_options.h"
 #include "stop_signals.h"
+#include "thread_pool.h"
 #include "trial_process.h"
 #include "trial_slot_pool.h"
 
@@ -84,8 +86,9 @@ const PredictSummary& unless_stopped(const PredictSummary& s) {
 void run_processes(const PredictCliOptions& o) {
   const std::atomic<bool>& stop = stop_on_signals();
   const std::string self = self_path();
-  const int total = o.engine.threads > 0 ? o.engine.threads
-                                         : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  // The cores this process may run on (its affinity: taskset, a batch system's CPU set), as one
+  // process's --threads 0 takes, not every core of the machine.
+  const int total = o.engine.threads > 0 ? o.engine.threads : ThreadPool::available_cores();
   std::vector<pid_t> pids;
   try {
     for (int i = 0; i < o.processes; ++i)
@@ -244,10 +247,15 @@ void run_predict(PredictCliOptions& o) {
     if (o.processes != 1)
       throw InputError("predict: --processes is for this machine; with --slots the servers' "
                        "slots set the shares");
-    o.model = shared_path(o.model);
-    o.data = shared_path(o.data);
-    o.out = shared_path(o.out);
+    o.model = resolved_path(o.model);
+    o.data = resolved_path(o.data);
+    o.out = resolved_path(o.out);
   }
+  // Said before the output's directories and lock are made, which a mistyped path left behind.
+  std::error_code ec;
+  if (!fs::exists(o.model, ec)) throw InputError(o.model + ": no model checkpoint here");
+  if (!fs::exists(o.data, ec)) throw InputError(o.data + ": no dataset store here");
+  if (o.out.empty()) throw InputError("--out must name the Zarr group to write");
   // One prediction per --out (its shares aside, which this one starts): a second would write
   // into the same output, or remove it under the first with --overwrite. The lock is beside the
   // output (an --overwrite removes the output's directory), so its parent is made first, as
@@ -257,20 +265,21 @@ void run_predict(PredictCliOptions& o) {
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
   // The lock goes by the output's real path: through a symbolic link to the output another run
   // would lock another name and write the same output.
-  const RunDirLock lock(o.out, "--out", shared_path(out_path.string()) + ".lock");
+  const RunDirLock lock(o.out, "--out", resolved_path(out_path.string()) + ".lock");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  const int64_t chunks = prepare_predictions(o.model, o.data, o.out, o.engine);
-  // Count what is already there before the children write: written = chunks - skipped after.
-  PredictOptions probe = o.engine;
-  probe.stop_after_chunks = 0;
   // Slot servers predict on their own machines: --backend cuda is theirs to resolve, and a
   // client without a GPU (a login node) must not refuse it here.
-  if (o.slots.remote()) probe.backend = BackendKind::Cpu;
+  PredictOptions here = o.engine;
+  if (o.slots.remote()) here.backend = BackendKind::Cpu;
+  const int64_t chunks = prepare_predictions(o.model, o.data, o.out, here);
+  // Count what is already there before the children write: written = chunks - skipped after.
+  PredictOptions probe = here;
+  probe.stop_after_chunks = 0;
   const PredictSummary before = predict_chunks(o.model, o.data, o.out, probe);
   PredictSummary s;
   if (!o.slots.remote()) {

@@ -22,7 +22,9 @@ ProcessLauncher::ProcessLauncher(std::string self, std::vector<std::string> extr
 ProcessLauncher::~ProcessLauncher() { stop_all(0); }
 
 pid_t ProcessLauncher::spawn(const Child& c) const {
-  std::vector<std::string> args{self_, c.kind, "--coordinator", c.coordinator, "--name", c.name};
+  // --launched-by: the stop signals are this launcher's to act on (stop_signals.h).
+  std::vector<std::string> args{self_,    c.kind, "--coordinator", c.coordinator, "--name",
+                                c.name,   "--launched-by", std::to_string(getpid())};
   if (!c.bind.empty()) args.insert(args.end(), {"--bind", c.bind});
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   if (const auto it = role_args_.find(c.name); it != role_args_.end())
@@ -46,14 +48,16 @@ std::string ProcessLauncher::start(const std::string& kind, const std::string& n
 }
 
 void ProcessLauncher::watch(Coordinator& coordinator) {
-  const ClusterPhase phase = coordinator.phase();
-  const bool running = phase == ClusterPhase::Starting || phase == ClusterPhase::Training;
+  ClusterPhase phase = coordinator.phase();
+  const auto is_running = [](ClusterPhase p) {
+    return p == ClusterPhase::Starting || p == ClusterPhase::Training;
+  };
   // Whether a role that exited is restarted: a scorer while the run trains; a server up to the
   // end, draining included (the final parameters are read from it), but not once the run is done
   // (one that failed writing its final checkpoint would reload and write it again, and hold the
   // end up) or has failed.
   const auto still_needed = [&](const Child& c) {
-    return running || (c.kind == "ps" && phase == ClusterPhase::Draining);
+    return is_running(phase) || (c.kind == "ps" && phase == ClusterPhase::Draining);
   };
   const auto now = std::chrono::steady_clock::now();
   for (Child& c : children_) {
@@ -71,7 +75,13 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
     c.exited = true;
     const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     const std::string how = describe_exit(status);
-    if (clean && !running) continue;  // a normal end
+    // The phase now, not at this pass's start: a server that left because the run was done
+    // since is not restarted.
+    phase = coordinator.phase();
+    // A normal end: a worker or scorer once training is over, a server once the run is done. A
+    // server that left cleanly while the run drains wrote its last checkpoint: restarted, it
+    // serves the final parameters from there.
+    if (clean && !still_needed(c)) continue;
     coordinator.mark_lost(c.name, "process " + std::to_string(c.pid) + " " + how);
     if (c.kind == "worker" && phase == ClusterPhase::Starting) {
       // The run waits for every worker and workers are not restarted: without this it would
@@ -80,9 +90,17 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
                        " before the run started; its messages are above");
       continue;
     }
-    const bool restart =
-        (c.kind == "scorer" || c.kind == "ps") && still_needed(c) && c.restarts < max_restarts_;
-    if (!restart) continue;
+    if (c.kind == "worker" || !still_needed(c)) continue;
+    if (c.restarts >= max_restarts_) {
+      const std::string why = c.name + " (process " + std::to_string(c.pid) + ") " + how +
+                              " after " + std::to_string(c.restarts) +
+                              " restarts: no restart left";
+      // Nothing trains without a server (the workers would wait out their timeouts, then the
+      // run would fail naming them); a run goes on without its scorer (to its other stop rules).
+      if (c.kind == "ps") coordinator.fail(why + "; its messages are above");
+      else std::fprintf(stderr, "tandem launch: %s; the run goes on without scores\n", why.c_str());
+      continue;
+    }
     if (c.kind == "ps") {
       // The same address, so the workers' sockets reconnect to the restarted server.
       const nlohmann::json spec = coordinator.spec();  // kept: the loop reads into it
@@ -112,7 +130,7 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
       if (!c.exited) all_workers_gone = false;
       else last = c.name;
     }
-  if (running && any_worker && all_workers_gone)
+  if (is_running(coordinator.phase()) && any_worker && all_workers_gone)
     coordinator.fail("every worker process has exited (the last was " + last +
                      "); their messages are above");
 }

@@ -282,8 +282,8 @@ void run_search(SearchOptions& o) {
       throw InputError("search: --processes is for local trials; with --slots the servers' slot "
                        "counts set how many run at once");
     // The slot servers run the trials in their own working directories: every path absolute.
-    o.out = shared_path(o.out);
-    o.data = shared_path(o.data);
+    o.out = resolved_path(o.out);
+    o.data = resolved_path(o.data);
     auto r = std::make_unique<RemoteTrials>(o.slots.connect("search"));
     remote = r.get();
     runner = std::move(r);

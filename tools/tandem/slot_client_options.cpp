@@ -203,8 +203,4 @@ void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::str
       ->check(CLI::ExistingFile);
 }
 
-std::string shared_path(const std::string& path) {
-  return std::filesystem::weakly_canonical(std::filesystem::absolute(path)).string();
-}
-
 }  // namespace tandem::cli

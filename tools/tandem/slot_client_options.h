@@ -59,8 +59,4 @@ struct SlotClientOptions {
 void add_slot_client_options(CLI::App* cmd, SlotClientOptions& o, const std::string& jobs,
                              const std::string& client, const std::string& paths);
 
-// A path as every server must see it: absolute and canonical (no "..", no symlinks), since the
-// servers run in working directories of their own.
-std::string shared_path(const std::string& path);
-
 }  // namespace tandem::cli

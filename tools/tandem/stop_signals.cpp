@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -111,6 +112,32 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
 }
 
 const char* stop_signal_name() { return name_of(g_signal.load()); }
+
+namespace {
+// Made before the handler is installed: a handler may not allocate.
+char g_left_prefix[160], g_left_suffix[160];
+
+void say_left_to_launcher(int sig) {
+  const SavedErrno saved;
+  say(g_left_prefix);
+  say(name_of(sig));
+  say(g_left_suffix);
+}
+}  // namespace
+
+void leave_stops_to_launcher(pid_t launcher, const std::string& who) {
+  stop_on_signals();
+  std::snprintf(g_left_prefix, sizeof g_left_prefix, "%s: ", who.c_str());
+  std::snprintf(g_left_suffix, sizeof g_left_suffix,
+                " left to tandem launch (process %ld), which stops the run in order and this "
+                "role with it\n", static_cast<long>(launcher));
+  struct sigaction sa {};
+  sa.sa_handler = say_left_to_launcher;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; ++i)
+    if (g_handled[i].load()) sigaction(kStopSignals[i], &sa, nullptr);
+}
 
 namespace {
 void say_not_suspended(int) {

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 namespace tandem::cli {
 
@@ -31,6 +33,15 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag();
 // be given up as gone by its roles within seconds and the run would fail.
 void refuse_to_suspend();
 
+// For a role process started by `tandem launch` (still its child): the stop signals are left to
+// the launcher, which stops the run in order, reading the final parameters from the servers and
+// saving the model, then ends its roles. A signal sent to every process of the run at once
+// (systemd stopping a service's control group, a batch system signalling every task) would
+// otherwise stop the servers under the launcher before it read them. Each such signal is said on
+// stderr (`who` names the role) and otherwise ignored; SIGKILL still ends the role, and the role
+// dies with the launcher (PR_SET_PDEATHSIG). Installs stop_on_signals() first (its flag stays
+// false).
+void leave_stops_to_launcher(pid_t launcher, const std::string& who);
 // The name of the signal that set the flag ("SIGTERM"; "no signal" before one came).
 const char* stop_signal_name();
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "file_io.h"
 #include "trial_process.h"
 
 namespace tandem::cli {
@@ -17,10 +18,7 @@ namespace {
 // `path` (relative: to `root`) with "..", "." and symbolic links resolved as far as it exists.
 std::filesystem::path resolved(const std::string& root, const std::string& path) {
   namespace fs = std::filesystem;
-  std::error_code error;
-  const fs::path full = fs::path(path).is_absolute() ? fs::path(path) : fs::path(root) / path;
-  fs::path out = fs::weakly_canonical(full, error);
-  return error ? full.lexically_normal() : out;
+  return resolved_path(fs::path(path).is_absolute() ? path : (fs::path(root) / path).string());
 }
 
 bool inside(const std::filesystem::path& root, const std::filesystem::path& path) {

@@ -131,7 +131,7 @@ void add_trial_slots_command(CLI::App& app) {
       "Run trials for tandem search --slots, and shares of tandem predict --slots, on this "
       "machine (data, outputs and logs on a filesystem shared with the search or prediction)");
   cmd->add_option("--bind", o->bind, "Where to serve: tcp://HOST:PORT (PORT * for any), ipc://PATH")
-      ->capture_default_str();
+      ->check(bind_address())->capture_default_str();
   cmd->add_option("--slots", o->slots, "Trials at once")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--threads-per-trial", o->threads_per_trial,

@@ -97,8 +97,8 @@ struct ClusterRunOptions {
   // Keep the parameters of the lowest score rather than the servers' last ones, when they
   // evaluate lower. Needs the settings' best_model_path (where the scorer writes them).
   bool keep_best = true;
-  double startup_timeout_s = 60;  // every role registered by then, or the run fails
-  double heartbeat_timeout_s = 3; // a role silent this long is lost
+  double startup_timeout_s = 60;  // every role registered by then, or the run fails (above 0)
+  double heartbeat_timeout_s = 3; // a role silent this long is lost (above 0)
   int test_threads = 0;           // threads of the final evaluation (0: all cores)
   // Called on the calling thread: with the coordinator's address once it listens (before any
   // role starts; inproc:// with roles_as_threads), and with each score once, in order, as
@@ -218,7 +218,7 @@ struct ClusterRoleOptions {
   std::string advertise;    // parameter server: the host peers reach it by (for tcp://0.0.0.0)
   std::string data;         // overrides the settings' store path (mounted elsewhere here)
   std::vector<int> gpus;    // worker: its group's GPUs (member m on gpus[m]); empty: settings'
-  double coordinator_lost_s = 15;  // no answer from the coordinator this long: the role fails
+  double coordinator_lost_s = 15;  // no answer from the coordinator this long: the role fails (>0)
   ClusterCurveKeys curve;          // for a run under CURVE (see ClusterCurveKeys)
 };
 
