@@ -7,6 +7,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "dashboard_server.h"
 #include "prometheus_text.h"
@@ -325,6 +326,30 @@ TEST(DashboardServer, StopsPromptlyAndTwiceAndThePortIsFreedAgain) {
   auto health = get(again, "/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->body, "ok");
+}
+
+// The end of a run: a page watching it gets the final state before the server goes; with no
+// page watching, the run ends at once.
+TEST(DashboardServer, AWatchingPageIsServedTheEndBeforeTheServerStops) {
+  std::atomic<int> state_calls{0};
+  DashboardServer server = start(&state_calls);
+  auto t0 = std::chrono::steady_clock::now();
+  server.serve_the_end(std::chrono::seconds(30));  // no page has asked: no wait
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+
+  ASSERT_TRUE(get(server, "/api/state"));  // a page watching
+  std::atomic<bool> done{false};
+  t0 = std::chrono::steady_clock::now();
+  std::thread end([&] {
+    server.serve_the_end(std::chrono::seconds(30));
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "returned before the page asked again";
+  ASSERT_TRUE(get(server, "/api/state"));  // the page's next look: the final state
+  end.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(state_calls.load(), 2);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -138,6 +139,21 @@ struct DashboardServer::Impl {
   // object once httplib lets it go. Guarded by `calls`, as listen_returned's last change is.
   std::mutex calls;
   bool abandoned = false;
+  // The state requests answered, and when the last one was: serve_the_end() waits for a
+  // watching page's next one.
+  std::mutex served_mutex;
+  std::condition_variable served_changed;
+  uint64_t states_served = 0;
+  std::chrono::steady_clock::time_point last_state_served;
+
+  void note_state_served() {
+    {
+      std::lock_guard<std::mutex> lock(served_mutex);
+      ++states_served;
+      last_state_served = std::chrono::steady_clock::now();
+    }
+    served_changed.notify_all();
+  }
 
   template <typename F>
   void answer(httplib::Response& res, const char* what, const char* content_type, F& body) {
@@ -194,6 +210,7 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   Impl* impl = impl_.get();
   server.Get("/api/state", [impl](const httplib::Request&, httplib::Response& res) {
     impl->answer(res, "state", "application/json", impl->state);
+    impl->note_state_served();
   });
   server.Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
     impl->answer(res, "metrics", "text/plain; version=0.0.4; charset=utf-8", impl->metrics);
@@ -250,6 +267,18 @@ DashboardServer::~DashboardServer() {
 int DashboardServer::port() const { return port_; }
 
 std::string DashboardServer::url() const { return url_; }
+
+void DashboardServer::serve_the_end(std::chrono::milliseconds at_most) {
+  if (abandoned_ || !impl_) return;
+  Impl& s = *impl_;
+  // The page asks once a second: a request in the last 3 s is a page still open.
+  constexpr auto kWatching = std::chrono::seconds(3);
+  std::unique_lock<std::mutex> lock(s.served_mutex);
+  const auto now = std::chrono::steady_clock::now();
+  if (s.states_served == 0 || now - s.last_state_served > kWatching) return;
+  const uint64_t seen = s.states_served;
+  s.served_changed.wait_until(lock, now + at_most, [&] { return s.states_served > seen; });
+}
 
 void DashboardServer::stop() {
   if (abandoned_) return;

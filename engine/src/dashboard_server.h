@@ -40,6 +40,7 @@
 // (table), staleness (SVG, one <rect class="bar" data-staleness="LABEL"> per bucket, in order).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -65,6 +66,11 @@ class DashboardServer {
 
   int port() const;         // the bound port
   std::string url() const;  // http://host:port/
+  // For the end of a run: a page watching it (its last request for the state came within 3 s)
+  // is given the final state before the server stops, which would otherwise leave it showing
+  // "training" beside "disconnected". Waits until the state is asked for once more, at most
+  // `at_most`; returns at once when no page is watching.
+  void serve_the_end(std::chrono::milliseconds at_most);
   // Stops listening, waits for the requests in flight, and joins the server's threads. Idempotent.
   // Waits 3 s for the connections (and longer only behind a state or metrics callback still
   // running): one still busy then (a client trickling its request) is left to end with the

@@ -486,9 +486,12 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
     }
   }
   const int total_threads = options.threads > 0 ? options.threads : ThreadPool::available_cores();
-  const int workers = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(total_threads, int64_t(chunks_to_write.size()))));
   const zarr::ArrayMeta& im = in.split.images.meta();
+  // A worker per chunk at most, and no more than kChunkReadBudget of chunk buffers allows: each
+  // holds a chunk as read, its pixels and its outputs (about three chunks), and a chunk may be
+  // 2 GB. (On the CPU the threads are shared out among the workers all the same.)
+  const int workers = chunk_read_threads(total_threads, int64_t(chunks_to_write.size()),
+                                         im.chunk_bytes(), 3);
   const PixelType pixel_type = image_pixel_type(im, in.split.images.path());
   const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
   // On a GPU, one backend for all the workers (one device context and one copy of the

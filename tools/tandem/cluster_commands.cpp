@@ -500,7 +500,18 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       launcher->set_role_args("worker" + std::to_string(i),
                               {"--gpus", gpu_list(o.cluster.worker_gpus[i])});
   }
-  const ClusterSummary summary = run.run(launcher.get());
+  // A dashboard open in a browser is shown how the run ended (done, or failed and why) before
+  // it goes with this process.
+  const auto serve_the_end = [&] {
+    if (dashboard) dashboard->serve_the_end(std::chrono::seconds(3));
+  };
+  ClusterSummary summary;
+  try {
+    summary = run.run(launcher.get());
+  } catch (...) {
+    serve_the_end();
+    throw;
+  }
   // A score the scorer published after the last tick: the curves hold every score the summary
   // counts.
   show_scores(summary.scores);
@@ -508,6 +519,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   log_final_evaluation(summary, *metrics, *tensorboard);
   tensorboard->close();
   print_summary(o, summary);
+  std::fflush(stdout);  // the summary is out before a watching page's last look
+  serve_the_end();
 }
 
 // How a command outside the run reaches its coordinator: --coordinator, --curve-server and
