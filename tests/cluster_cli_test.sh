@@ -348,9 +348,9 @@ check "... and saved the model" test -s "$dir/run4b/model.safetensors"
 check "no role process is left behind (group SIGTERM)" no_role_left
 
 # 4g. SIGTERM to the launcher and every role at once (systemd stopping a service's control
-#     group, a batch system signalling every task): the roles stop on their own (the servers
-#     write their final checkpoints), and the launcher still ends the run in order, reading the
-#     final parameters from the servers (restarted from those checkpoints) and saving the model.
+#     group, a batch system signalling every task): the roles leave it to the launcher, which
+#     ends the run in order, reading the final parameters from the servers and saving the model
+#     (the servers stopped on their own under it, and the run failed with no model).
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4g" --workers 2 --max-epochs 1000 \
   --target 0 --dashboard -1 --json >"$dir/out4g" 2>"$dir/err4g" &
 launcher=$!
@@ -362,6 +362,9 @@ check "launch and its roles stopped by one SIGTERM each exits 0" test $rc -eq 0
 check "... stopped as interrupted" py_check "$(cat "$dir/out4g")" \
   "j['stop_reason']=='interrupted' and j['epochs']<1000"
 check "... and saved the model" test -s "$dir/run4g/model.safetensors"
+check "... each role saying it left the signal to the launcher" test "$(grep -c \
+  "SIGTERM left to tandem launch (process $launcher)" "$dir/err4g")" -eq 4
+check "... none restarted" test -z "$(grep 'restarting it' "$dir/err4g")"
 check "no role process is left behind (SIGTERM to every process)" no_role_left
 
 # 4f. A second stop signal, a second or more after the first, stops at once: the first waits
@@ -547,6 +550,27 @@ rcs=""
 for pid in "${pids[@]}"; do wait_within "$pid" $bound; rcs+="$? "; done
 check "every rank of a 5-task SLURM job under CURVE exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
 check "rank 0 coordinated 2 workers for 5 epochs" grep -q "stopped (max-epochs).* 5 epochs" "$dir/out7-0"
+# 6b. A batch system's cancel (scancel) signals every task at once: the ranks that are roles
+#     leave it to the coordinator's rank, which stops the run in order and saves the model (the
+#     servers stopped on their own under it, and it failed reading the final parameters).
+pids=()
+for rank in 0 1 2 3; do
+  SLURM_PROCID=$rank SLURM_NTASKS=4 SLURM_JOB_ID=test6b-$$ "$tandem" rank --ps 1 --scorer 1 \
+    --host 127.0.0.1 --data "$dir/fm.zarr" --run-dir "$dir/run7b" --max-epochs 1000 --target 0 \
+    --dashboard -1 --json >"$dir/out7b-$rank" 2>"$dir/err7b-$rank" &
+  pids+=($!)
+done
+wait_for "$dir/run7b/metrics.jsonl" '"type":"score"' 60
+kill -TERM "${pids[@]}"
+rcs=""
+for pid in "${pids[@]}"; do wait_within "$pid" $bound; rcs+="$? "; done
+check "every rank of a job cancelled by SIGTERM to each task exits 0 (got: $rcs)" \
+  test "$rcs" = "0 0 0 0 "
+check "... rank 0 stopped the run as interrupted" py_check "$(cat "$dir/out7b-0")" \
+  "j['stop_reason']=='interrupted'"
+check "... and saved the model" test -s "$dir/run7b/model.safetensors"
+check "... the server's rank left the signal to it" \
+  grep -q "SIGTERM left to the run's coordinator" "$dir/err7b-1"
 check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
 check "no role process is left behind (SLURM job)" no_role_left
 expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \

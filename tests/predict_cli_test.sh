@@ -124,6 +124,11 @@ check "an --overwrite through a symbolic link to the output" "$tandem" predict -
   --data "$store" --out "$dir/link-to-out.zarr" --overwrite
 check "... replaces the output it points to" test "$(output_id "$out")" != "$before"
 check "... and leaves the link a link" test -L "$dir/link-to-out.zarr"
+# "link/" names the target already: remove_all() of it emptied the target, then failed.
+before=$(output_id "$out")
+check "... also given with a trailing slash" "$tandem" predict --model "$dir/m2.safetensors" \
+  --data "$store" --out "$dir/link-to-out.zarr/" --overwrite
+check "... replacing the output it points to" test "$(output_id "$out")" != "$before"
 # An --out in directories not made yet, given with a trailing slash: made, locked beside it.
 check "an --out under new directories, with a trailing slash" "$tandem" predict \
   --model "$dir/m2.safetensors" --data "$store" --out "$dir/new/dirs/p.zarr/"

@@ -87,24 +87,30 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
   check_worker_group(s);
 }
 
-ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
-  complete_curve_settings(options_.settings);
-  const RunSettings& s = options_.settings;
-  check_run_shape(s, options_.ps, options_.workers, options_.scorers, options_.target,
-                  options_.max_epochs, options_.max_seconds, /*driven=*/false);
-  if (!options_.worker_gpus.empty() && int(options_.worker_gpus.size()) != options_.workers)
-    throw InputError("GPUs are given for " + std::to_string(options_.worker_gpus.size()) +
-                     " workers, the cluster has " + std::to_string(options_.workers));
-  if (options_.inproc && !s.curve_server_public.empty())
+void check_cluster_options(ClusterOptions& options) {
+  complete_curve_settings(options.settings);
+  const RunSettings& s = options.settings;
+  check_run_shape(s, options.ps, options.workers, options.scorers, options.target,
+                  options.max_epochs, options.max_seconds, /*driven=*/false);
+  if (!options.worker_gpus.empty() && int(options.worker_gpus.size()) != options.workers)
+    throw InputError("GPUs are given for " + std::to_string(options.worker_gpus.size()) +
+                     " workers, the cluster has " + std::to_string(options.workers));
+  if (options.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   if (!is_dataset_store(s.data))
     throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
   const DatasetStore store = DatasetStore::open(s.data);
   if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
-  if (options_.scorers > 0 && store.validation.rows == 0)
+  if (options.scorers > 0 && store.validation.rows == 0)
     throw InputError(s.data + ": no validation split for the scorer");
   // Written after the whole run: a path that cannot take it would lose the trained model.
-  if (!options_.model_out.empty()) check_replaceable(options_.model_out);
+  if (!options.model_out.empty()) check_replaceable(options.model_out);
+}
+
+ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
+  check_cluster_options(options_);
+  const RunSettings& s = options_.settings;
+  const DatasetStore store = DatasetStore::open(s.data);
   eval_splits_ = load_store_eval_splits(s.data);
 
   CoordinatorOptions co;

@@ -101,6 +101,12 @@ struct ClusterSummary {
   nlohmann::json spec;
 };
 
+// What ClusterRun's constructor refuses, checked alone (InputError): the run's shape, the GPUs,
+// CURVE with inproc, the store and its splits, a model path that cannot be written. Completes
+// the CURVE settings. For a caller that must know the run will be accepted before it clears
+// the previous run's files.
+void check_cluster_options(ClusterOptions& options);
+
 class ClusterRun {
  public:
   // Opens the store (for the batch plan and the final evaluation) and starts the coordinator.

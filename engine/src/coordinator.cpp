@@ -11,6 +11,7 @@
 #include "parameter_layout.h"
 #include "ps_placement.h"
 #include "tandem/error.h"
+#include "bind_address.h"
 #include "zmq_messaging.h"
 #include "zmq_through_signals.h"
 
@@ -48,6 +49,9 @@ std::vector<size_t> scores_shown(size_t n) {
 }
 
 std::string bind_socket(zmq::socket_t& socket, const std::string& address, const char* what) {
+  const std::string problem = transport::bind_address_problem(address);
+  if (!problem.empty())
+    throw InputError(std::string("coordinator: cannot bind the ") + what + " socket: " + problem);
   try {
     socket.bind(address);
   } catch (const zmq::error_t& e) {

@@ -292,10 +292,13 @@ std::string PredictionsLayout::describe() const {
 }
 
 // A symbolic link as the output is written where it points: removed or replaced, the link alone
-// would go, a new directory taking its place and the output it led to left as it was.
+// would go, a new directory taking its place and the output it led to left as it was. ("link/"
+// names the target already, but remove_all() of it empties the target, then fails on the link.)
 static std::string through_link(const std::string& out) {
+  std::string name = out;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
   std::error_code ec;
-  return fs::is_symlink(out, ec) ? resolved_path(out) : out;
+  return fs::is_symlink(name, ec) ? resolved_path(name) : out;
 }
 
 void prepare_predictions_output(const std::string& out_given, const PredictionsLayout& layout,

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "bind_address.h"
 #include "ps_checkpoint_file.h"
 #include "safetensors.h"
 #include "tandem/error.h"
@@ -62,6 +63,8 @@ ParameterServer::ParameterServer(ServerOptions options)
   if (options_.replicas_to_aggregate < 1)
     throw InputError(where + ": replicas_to_aggregate must be at least 1");
   if (options_.staleness_bound < 0) throw InputError(where + ": staleness_bound must be >= 0");
+  const std::string bind_problem = transport::bind_address_problem(options_.bind);
+  if (!bind_problem.empty()) throw InputError(where + ": " + bind_problem);
   stats_.mode = to_string(options_.mode);
   const bool curve = !options_.curve_secret_key.empty();
   if (curve) {

@@ -78,8 +78,13 @@ class ModelTest(unittest.TestCase):
         # NaN, which JSON cannot spell, is refused naming its key (it failed as a parse error).
         with self.assertRaisesRegex(tandem.InputError, "'lr' must be a finite number, got nan"):
             tandem.Coordinator({"fed": True, "lr": float("nan")})
-        with self.assertRaisesRegex(tandem.InputError, "NaN and infinity are not values"):
+        with self.assertRaisesRegex(tandem.InputError, "'lr' must be a finite number, got inf"):
             tandem.Coordinator({"fed": True, "lr": np.float32("inf")})
+        with self.assertRaisesRegex(tandem.InputError, "NaN and infinity are not values"):
+            tandem.Coordinator({"fed": True, "model": {"nested": float("nan")}})
+        # A tcp:// port past 65535 (ZeroMQ served 99999 on 34463).
+        with self.assertRaisesRegex(tandem.InputError, "needs a port from 0 to 65535"):
+            tandem.Coordinator({"fed": True}, bind="tcp://127.0.0.1:99999")
         # Time limits without a "no end": 0 or negative failed the run at once, or lost every
         # role at every tick.
         with self.assertRaisesRegex(tandem.InputError,
@@ -304,26 +309,35 @@ class RolesTest(unittest.TestCase):
         first = next(stream)
         self.assertIn("loss", first)
         # One reader at a time: another thread's next() is refused while one waits in it (two
-        # reading its socket at once crashed the process).
-        read = []
-        def read_to_the_end():
+        # reading its socket at once crashed the process). On a stream of its own, whose reader
+        # has read the replayed history and waits for a new score when it is asked.
+        shared = tandem.scores(coordinator.endpoint, follow=True, timeout_s=5)
+        inside = threading.Event()
+        def read_on():
             while True:
+                inside.set()
                 try:
-                    read.append(next(stream))
-                except StopIteration:
+                    next(shared)
+                except (StopIteration, TimeoutError):
                     return
                 except RuntimeError:
-                    continue  # this thread was the second: read on
-        reader = threading.Thread(target=read_to_the_end)
+                    pass  # the main thread was in next() first: read on
+                finally:
+                    inside.clear()
+        reader = threading.Thread(target=read_on, daemon=True)
         reader.start()
-        refused = 0
-        for _ in range(20):
-            time.sleep(0.01)
+        refused, deadline = 0, time.monotonic() + 20
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.05)  # the history read: the reader waits in next()
+            if not inside.is_set():
+                continue
             try:
-                read.append(next(stream))
+                next(shared)
             except RuntimeError as e:
                 self.assertIn("being read by another thread", str(e))
                 refused += 1
+            except TimeoutError:
+                continue  # this thread was in first, and no score came: try again
             except StopIteration:
                 break
         self.assertGreater(refused, 0)
@@ -331,7 +345,7 @@ class RolesTest(unittest.TestCase):
         end_cluster(self, coordinator, roles)
         reader.join(30)
         self.assertFalse(reader.is_alive())
-        rest = read + list(stream)  # the reader stopped at the channel's end message
+        rest = list(stream)  # ends at the channel's end message
         self.assertEqual(stream.end_reason, "test over")
         self.assertTrue(all(s["seq"] > first["seq"] for s in rest))
 

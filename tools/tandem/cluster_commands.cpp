@@ -401,12 +401,26 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                      "the " + std::to_string(o.cluster.workers) + " workers this launch starts " +
                      "(a sync step takes at most one gradient from each)");
   if (launch_roles) assign_worker_gpus(o);
+  // Every check that can refuse the run's options comes before the previous run's files are
+  // cleared, and before its log is truncated or its events added to: a refused launch leaves
+  // them as they were. (Cleared before the coordinator serves: a role started by hand and
+  // waiting for it must not find the old checkpoints.)
+  check_cluster_options(o.cluster);
+  const std::string tensorboard_dir =
+      o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir;
+  const std::string metrics_path =
+      o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path;
+  check_replaceable(metrics_path);
+  if (!o.tensorboard_dir.empty()) {
+    std::filesystem::create_directories(tensorboard_dir);
+    check_replaceable(tensorboard_dir + "/events");
+  }
+  clear_previous_run(o);
   ProgressLine progress;
   size_t scores_shown = 0;
-  // Opened once the run is set up (ClusterRun's checks passed, its sockets bound): a run refused
-  // before then must not have truncated the previous run's log nor added to its events.
-  std::optional<TensorBoardWriter> tensorboard;
-  std::optional<MetricsLog> metrics;
+  TensorBoardWriter tensorboard(tensorboard_dir);
+  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
+  MetricsLog metrics(metrics_path, o.resume);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
@@ -442,15 +456,15 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       const ScoreRecord& s = scores[scores_shown];
       const double wall =
           training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
-      tensorboard->add_scalar("score/validation_loss", s.step, float(s.loss), wall);
-      tensorboard->add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
+      tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss), wall);
+      tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
       if (rate_known)
-        tensorboard->add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
-      tensorboard->flush();
+        tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
+      tensorboard.flush();
       json record{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                   {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy}};
       if (rate_known) record["samples_per_s"] = rate;
-      metrics->write(record);
+      metrics.write(record);
       if (!o.quiet && !o.json_summary) {
         char line[200];
         std::snprintf(line, sizeof(line), "%7.1f s  step %6lld  validation loss %8.1f  accuracy %.4f",
@@ -468,7 +482,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     show_scores(c.scores());
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
-      metrics->write(json{{"type", "cluster"}, {"state", cl["state"]},
+      metrics.write(json{{"type", "cluster"}, {"state", cl["state"]},
                           {"elapsed_s", cl["elapsed_s"]}, {"epoch", cl["epoch"]},
                           {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
                           {"workers", state["workers"]}});
@@ -478,11 +492,6 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
   ClusterRun run(o.cluster);
-  clear_previous_run(o);
-  tensorboard.emplace(o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir);
-  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
-  metrics.emplace(o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path,
-                  o.resume);
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
                  run.coordinator().scores_endpoint().c_str());
@@ -516,8 +525,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // counts.
   show_scores(summary.scores);
   progress.finish();
-  log_final_evaluation(summary, *metrics, *tensorboard);
-  tensorboard->close();
+  log_final_evaluation(summary, metrics, tensorboard);
+  tensorboard.close();
   print_summary(o, summary);
   std::fflush(stdout);  // the summary is out before a watching page's last look
   serve_the_end();
@@ -585,13 +594,18 @@ struct RoleCommandOptions {
 // Runs a role process's role until its run ends or a stop signal (SIGINT, SIGTERM, SIGHUP) comes:
 // then it ends as if the run were over, a parameter server writing its final checkpoint.
 // `launched_by`: the pid of the `tandem launch` that started this role (0: none), which the
-// stop signals are left to while it is this process's parent.
+// stop signals are left to while it is this process's parent. `rank`: a task of `tandem rank`,
+// whose stop signals are left to the run's coordinator (a batch system's cancel reaches every
+// task at once).
 void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(const RoleOptions&),
-                        pid_t launched_by = 0) {
+                        pid_t launched_by = 0, bool rank = false) {
   role.cancel = shared_stop_flag();
+  const std::string who = "tandem " + kind + (role.name.empty() ? "" : " " + role.name);
   if (launched_by > 0 && getppid() == launched_by)
-    leave_stops_to_launcher(launched_by,
-                            "tandem " + kind + (role.name.empty() ? "" : " " + role.name));
+    leave_stops_to(launched_by, who,
+                   "tandem launch (process " + std::to_string(launched_by) + ")");
+  else if (rank)
+    leave_stops_to(0, who, "the run's coordinator (rank 0)");
   run(role);
   if (role.cancel->load())
     std::fprintf(stderr, "tandem %s%s: stopped by %s\n", kind.c_str(),
@@ -672,7 +686,8 @@ void run_rank(RankCommandOptions& r) {
   run_stoppable_role(role.kind, role_options,
                      role.kind == "ps"       ? run_ps_role
                      : role.kind == "scorer" ? run_scorer_role
-                                             : run_worker_role);
+                                             : run_worker_role,
+                     0, /*rank=*/true);
 }
 
 void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, double lost_after_s) {

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "bind_address.h"
+
 namespace tandem::cli {
 
 namespace detail {
@@ -66,22 +68,10 @@ inline CLI::Validator number_in(double low, double high, bool above, const std::
       name);
 }
 
-// A ZeroMQ address to bind: a tcp:// one's port must be a port ("*" or 0 to 65535). ZeroMQ takes
-// the number modulo 65536 (tcp://127.0.0.1:99999 served on 34463), so a mistyped port would be
-// served, and advertised, somewhere else. Other transports (ipc://, inproc://) pass.
+// A ZeroMQ address to bind (transport::bind_address_problem), refused as the option is read.
 inline CLI::Validator bind_address() {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
-        if (text.rfind("tcp://", 0) != 0) return {};
-        const size_t colon = text.find_last_of(':');
-        const std::string port = colon < 6 ? std::string() : text.substr(colon + 1);
-        if (port == "*") return {};
-        const bool digits = !port.empty() && port.size() <= 5 &&
-                            port.find_first_not_of("0123456789") == std::string::npos;
-        if (digits && std::stol(port) <= 65535) return {};
-        return "a tcp:// address needs a port from 0 to 65535 or *, got '" + text + "'";
-      },
-      "ADDRESS");
+      [](std::string& text) { return transport::bind_address_problem(text); }, "ADDRESS");
 }
 
 // A whole number from 0 to 2^64-1 written in decimal digits (a seed): no sign, no wrap-around.

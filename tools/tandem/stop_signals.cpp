@@ -115,9 +115,14 @@ const char* stop_signal_name() { return name_of(g_signal.load()); }
 
 namespace {
 // Made before the handler is installed: a handler may not allocate.
-char g_left_prefix[160], g_left_suffix[160];
+char g_left_prefix[160], g_left_suffix[200];
+pid_t g_stopper = 0;  // whose stop signals still stop this process (0: nobody's)
 
-void say_left_to_launcher(int sig) {
+void on_stop_signal_left(int sig, siginfo_t* info, void*) {
+  if (g_stopper > 0 && info != nullptr && info->si_pid == g_stopper) {
+    on_stop_signal(sig);  // the launcher ending its roles (after the run, or failing)
+    return;
+  }
   const SavedErrno saved;
   say(g_left_prefix);
   say(name_of(sig));
@@ -125,16 +130,18 @@ void say_left_to_launcher(int sig) {
 }
 }  // namespace
 
-void leave_stops_to_launcher(pid_t launcher, const std::string& who) {
+void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to_whom) {
   stop_on_signals();
+  g_stopper = stopper;
   std::snprintf(g_left_prefix, sizeof g_left_prefix, "%s: ", who.c_str());
   std::snprintf(g_left_suffix, sizeof g_left_suffix,
-                " left to tandem launch (process %ld), which stops the run in order and this "
-                "role with it\n", static_cast<long>(launcher));
+                " left to %s, which stops the run in order and this role with it (SIGKILL ends "
+                "it at once)\n", to_whom.c_str());
   struct sigaction sa {};
-  sa.sa_handler = say_left_to_launcher;
-  sa.sa_flags = SA_RESTART;
+  sa.sa_sigaction = on_stop_signal_left;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
+  for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);
   for (int i = 0; i < 3; ++i)
     if (g_handled[i].load()) sigaction(kStopSignals[i], &sa, nullptr);
 }

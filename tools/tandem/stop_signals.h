@@ -33,15 +33,16 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag();
 // be given up as gone by its roles within seconds and the run would fail.
 void refuse_to_suspend();
 
-// For a role process started by `tandem launch` (still its child): the stop signals are left to
-// the launcher, which stops the run in order, reading the final parameters from the servers and
-// saving the model, then ends its roles. A signal sent to every process of the run at once
-// (systemd stopping a service's control group, a batch system signalling every task) would
-// otherwise stop the servers under the launcher before it read them. Each such signal is said on
-// stderr (`who` names the role) and otherwise ignored; SIGKILL still ends the role, and the role
-// dies with the launcher (PR_SET_PDEATHSIG). Installs stop_on_signals() first (its flag stays
-// false).
-void leave_stops_to_launcher(pid_t launcher, const std::string& who);
+// For a role process whose run is stopped by another process: the one that started it (`tandem
+// launch`, `stopper` its pid) or the run's coordinator (`tandem rank`, stopper 0). That process
+// stops the run in order, reading the final parameters from the servers and saving the model,
+// then ends the roles. A signal sent to every process of the run at once (systemd stopping a
+// service's control group, a batch system signalling every task) would otherwise stop the
+// servers under it before it read them. Such a signal is said on stderr (`who` names the role,
+// `to_whom` what it is left to) and otherwise ignored; one sent by `stopper` stops this process
+// as stop_on_signals() does (the launcher ending its roles). SIGKILL still ends the role.
+// Installs stop_on_signals() first.
+void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to_whom);
 // The name of the signal that set the flag ("SIGTERM"; "no signal" before one came).
 const char* stop_signal_name();
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "bind_address.h"
 #include "file_io.h"
 #include "trial_process.h"
 
@@ -67,6 +68,8 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
   if (options_.heartbeat_timeout_ms < 100)
     throw InputError(where + ": the heartbeat timeout must be at least 0.1 s");
   if (options_.kill_grace_ms < 0) throw InputError(where + ": a negative kill grace");
+  const std::string bind_problem = transport::bind_address_problem(options_.bind);
+  if (!bind_problem.empty()) throw InputError(where + ": " + bind_problem);
   const bool curve = !options_.curve_secret_key.empty();
   if (curve) {
     if (options_.bind.rfind("inproc://", 0) == 0)
