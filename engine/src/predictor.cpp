@@ -490,12 +490,17 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   }
   const int total_threads = options.threads > 0 ? options.threads : ThreadPool::available_cores();
   const zarr::ArrayMeta& im = in.split.images.meta();
-  // A worker per chunk at most, and no more than kChunkReadBudget of chunk buffers allows: each
-  // holds a chunk as read, its pixels and its outputs (about three chunks), and a chunk may be
+  // A worker per chunk at most, and no more than kChunkReadBudget of buffers allows: each holds
+  // a chunk as read, the row band's pixels (every chunk across the features, uint16 widened to
+  // 4 bytes: read_row_chunk) and the band's logits, probabilities and classes; a chunk may be
   // 2 GB. (On the CPU the threads are shared out among the workers all the same.)
-  const int workers = chunk_read_threads(total_threads, int64_t(chunks_to_write.size()),
-                                         im.chunk_bytes(), 3);
   const PixelType pixel_type = image_pixel_type(im, in.split.images.path());
+  const size_t pixel_bytes = pixel_type == PixelType::UInt8 ? 1 : 4;
+  const size_t worker_bytes = im.chunk_bytes() +
+                              size_t(im.chunks[0] * in.split.features) * pixel_bytes +
+                              size_t(im.chunks[0] * in.classes) * 9;
+  const int workers = chunk_read_threads(total_threads, int64_t(chunks_to_write.size()),
+                                         worker_bytes, 1);
   const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
   // On a GPU, one backend for all the workers (one device context and one copy of the
   // parameters; the device takes the chunks one at a time, under `device_mutex`) while the

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -276,6 +278,16 @@ void clear_previous_run(const ClusterCommandOptions& o) {
     std::filesystem::remove(o.run_dir + name);
 }
 
+// Fails now where the metrics log, written in place (appended to, or created), could not be
+// opened later, after the previous run's files were cleared: the file if it exists (/dev/null,
+// a FIFO and a file in a read-only directory included), else its directory.
+void check_writable_in_place(const std::string& path) {
+  const bool exists = ::access(path.c_str(), F_OK) == 0;
+  const std::string target = exists ? path : parent_directory(path);
+  if (::access(target.c_str(), W_OK) != 0)
+    throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+}
+
 // launch's GPUs for its workers (worker_gpus.h), into o.cluster.worker_gpus. Only when the
 // workers run on CUDA and --gpus-per-worker (--group-members) or --worker-gpus was given: then
 // worker i gets its own GPUs, refused at once when the node has too few. Otherwise nothing is
@@ -410,7 +422,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir;
   const std::string metrics_path =
       o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path;
-  check_replaceable(metrics_path);
+  check_writable_in_place(metrics_path);
   if (!o.tensorboard_dir.empty()) {
     std::filesystem::create_directories(tensorboard_dir);
     check_replaceable(tensorboard_dir + "/events");
@@ -517,7 +529,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   ClusterSummary summary;
   try {
     summary = run.run(launcher.get());
-  } catch (...) {
+  } catch (const std::exception& e) {
+    run.coordinator().fail(e.what());  // (a no-op when the run failed already) for the page
     serve_the_end();
     throw;
   }
@@ -599,13 +612,13 @@ struct RoleCommandOptions {
 // task at once).
 void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(const RoleOptions&),
                         pid_t launched_by = 0, bool rank = false) {
-  role.cancel = shared_stop_flag();
   const std::string who = "tandem " + kind + (role.name.empty() ? "" : " " + role.name);
   if (launched_by > 0 && getppid() == launched_by)
     leave_stops_to(launched_by, who,
                    "tandem launch (process " + std::to_string(launched_by) + ")");
   else if (rank)
     leave_stops_to(0, who, "the run's coordinator (rank 0)");
+  role.cancel = shared_stop_flag();
   run(role);
   if (role.cancel->load())
     std::fprintf(stderr, "tandem %s%s: stopped by %s\n", kind.c_str(),

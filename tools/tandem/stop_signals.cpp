@@ -131,6 +131,9 @@ void on_stop_signal_left(int sig, siginfo_t* info, void*) {
 }  // namespace
 
 void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to_whom) {
+  // Blocked while the handlers change: a signal in between waits for this one, instead of
+  // stopping the role through stop_on_signals()'s.
+  const StopSignalsBlocked blocked;
   stop_on_signals();
   g_stopper = stopper;
   std::snprintf(g_left_prefix, sizeof g_left_prefix, "%s: ", who.c_str());
