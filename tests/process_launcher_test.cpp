@@ -60,6 +60,32 @@ TEST(ProcessLauncher, AWorkerThatExitsBeforeTheRunStartsFailsItAtOnce) {
   EXPECT_TRUE(launcher.pids().empty());
 }
 
+// A parameter server that keeps exiting is restarted up to the launcher's limit (at once, then
+// after 0.5 s), then fails the run at once, naming it: it was left dead without a word, and the
+// run failed minutes later blaming the workers.
+TEST(ProcessLauncher, AServerOutOfRestartsFailsTheRunNamingIt) {
+  test::TempDir dir;
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.startup_timeout_ms = 60000;
+  Coordinator coordinator(o);
+  cli::ProcessLauncher launcher(role_script(dir, "ps0"), {}, /*max_restarts=*/2);
+  launcher.start("ps", "ps0", coordinator.endpoint());
+  const auto start = std::chrono::steady_clock::now();
+  test::eventually([&] {
+    launcher.watch(coordinator);
+    return coordinator.phase() == ClusterPhase::Failed;
+  }, 20000, 20);
+  EXPECT_EQ(coordinator.phase(), ClusterPhase::Failed);
+  const std::string why = coordinator.failure();
+  EXPECT_TRUE(test::contains(why, "ps0 (process ")) << why;
+  EXPECT_TRUE(test::contains(why, "exited with status 3 after 2 restarts: no restart left"))
+      << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  launcher.stop_all(0);
+  EXPECT_TRUE(launcher.pids().empty());
+}
+
 // One run per run directory: a second lock on it is refused, naming the holder's pid, until the
 // first is released; a program the holder starts does not keep the lock after the holder lets go
 // (launch's role processes outlive nothing of it).
