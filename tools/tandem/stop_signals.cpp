@@ -114,8 +114,10 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
 const char* stop_signal_name() { return name_of(g_signal.load()); }
 
 namespace {
-// Made before the handler is installed: a handler may not allocate.
-char g_left_prefix[160], g_left_suffix[200];
+// Made before the handler is installed (a handler may not allocate), one per stop signal and
+// written whole by one write(): the roles of a run share their stderr, and messages written in
+// pieces came out mixed with each other's.
+char g_left_message[3][400];
 pid_t g_stopper = 0;  // whose stop signals still stop this process (0: nobody's)
 
 void on_stop_signal_left(int sig, siginfo_t* info, void*) {
@@ -124,9 +126,8 @@ void on_stop_signal_left(int sig, siginfo_t* info, void*) {
     return;
   }
   const SavedErrno saved;
-  say(g_left_prefix);
-  say(name_of(sig));
-  say(g_left_suffix);
+  for (int i = 0; i < 3; ++i)
+    if (kStopSignals[i] == sig) say(g_left_message[i]);
 }
 }  // namespace
 
@@ -136,10 +137,11 @@ void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to
   const StopSignalsBlocked blocked;
   stop_on_signals();
   g_stopper = stopper;
-  std::snprintf(g_left_prefix, sizeof g_left_prefix, "%s: ", who.c_str());
-  std::snprintf(g_left_suffix, sizeof g_left_suffix,
-                " left to %s, which stops the run in order and this role with it (SIGKILL ends "
-                "it at once)\n", to_whom.c_str());
+  for (int i = 0; i < 3; ++i)
+    std::snprintf(g_left_message[i], sizeof g_left_message[i],
+                  "%s: %s left to %s, which stops the run in order and this role with it "
+                  "(SIGKILL ends it at once)\n",
+                  who.c_str(), name_of(kStopSignals[i]), to_whom.c_str());
   struct sigaction sa {};
   sa.sa_sigaction = on_stop_signal_left;
   sa.sa_flags = SA_RESTART | SA_SIGINFO;
