@@ -30,5 +30,20 @@ TEST(ParseBoundedJson, TakesDocumentsUpToTheBoundAndDiscardsDeeperOnes) {
   EXPECT_TRUE(parse_bounded_json("{not json").is_discarded());
 }
 
+TEST(ParseJsonFileText, SaysWhyADocumentIsRefused) {
+  std::string problem = "left from before";
+  EXPECT_EQ(parse_json_file_text("{\"a\": [1, 2]}", problem).at("a").size(), 2u);
+  EXPECT_EQ(problem, "");
+  EXPECT_FALSE(parse_json_file_text(nested(kMaxJsonDepth), problem).is_discarded());
+  EXPECT_EQ(problem, "");
+  // Refused before parsing: the parser's error would show the value, recursing once per level.
+  EXPECT_TRUE(parse_json_file_text(nested(100'000), problem).is_discarded());
+  EXPECT_EQ(problem, "JSON nested more than 64 levels deep");
+  for (const std::string bad : {"{\"a\": ", "", "\"\xff\xfe\"", "1E400", "[1] [2]"}) {
+    EXPECT_TRUE(parse_json_file_text(bad, problem).is_discarded()) << bad;
+    EXPECT_EQ(problem.rfind("not valid JSON (", 0), 0u) << bad << ": " << problem;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

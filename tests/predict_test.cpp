@@ -146,6 +146,12 @@ TEST(Predictor, ThreadCountAndProcessSharesChangeNoBit) {
   predict_store(f.model, f.store, four, o);
   EXPECT_EQ(chunk_files(one + "/classes"), chunk_files(four + "/classes"));
   EXPECT_EQ(chunk_files(one + "/probabilities"), chunk_files(four + "/probabilities"));
+  // More threads than chunks: a worker per chunk, each predicting its chunk on several threads.
+  const std::string eleven = f.dir.file("eleven.zarr");
+  o.threads = 11;
+  predict_store(f.model, f.store, eleven, o);
+  EXPECT_EQ(chunk_files(one + "/classes"), chunk_files(eleven + "/classes"));
+  EXPECT_EQ(chunk_files(one + "/probabilities"), chunk_files(eleven + "/probabilities"));
 
   // Three shares, as three processes would take them.
   const std::string shared = f.dir.file("shared.zarr");

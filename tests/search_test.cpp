@@ -73,7 +73,7 @@ TEST(SearchSpace, ATrialFileIsReadWholeAndContentAfterTheListIsRefused) {
   // A typo that closed the list early: before, the first list was taken and the rest ignored.
   const std::string why =
       test::error_of<InputError>([&] { load("[{\"lr\": 0.1}], {\"lr\": 0.2}]"); });
-  EXPECT_TRUE(test::contains(why, "trials.json: not JSON")) << why;
+  EXPECT_TRUE(test::contains(why, "trials.json: not valid JSON")) << why;
   EXPECT_THROW(load("[{\"lr\": 0.1}] [{\"lr\": 0.2}]"), InputError);
 }
 

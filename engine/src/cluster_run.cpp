@@ -87,7 +87,7 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
   check_worker_group(s);
 }
 
-void check_cluster_options(ClusterOptions& options) {
+DatasetStore check_cluster_options(ClusterOptions& options) {
   complete_curve_settings(options.settings);
   const RunSettings& s = options.settings;
   check_run_shape(s, options.ps, options.workers, options.scorers, options.target,
@@ -99,19 +99,28 @@ void check_cluster_options(ClusterOptions& options) {
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   if (!is_dataset_store(s.data))
     throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
-  const DatasetStore store = DatasetStore::open(s.data);
+  DatasetStore store = DatasetStore::open(s.data);
   if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
   if (options.scorers > 0 && store.validation.rows == 0)
     throw InputError(s.data + ": no validation split for the scorer");
   // Written after the whole run: a path that cannot take it would lose the trained model.
   if (!options.model_out.empty()) check_replaceable(options.model_out);
+  return store;
 }
 
 ClusterRun::ClusterRun(ClusterOptions options) : options_(std::move(options)) {
-  check_cluster_options(options_);
+  start_coordinator(check_cluster_options(options_));
+}
+
+ClusterRun::ClusterRun(ClusterOptions checked_options, const DatasetStore& store)
+    : options_(std::move(checked_options)) {
+  start_coordinator(store);
+}
+
+void ClusterRun::start_coordinator(const DatasetStore& store) {
   const RunSettings& s = options_.settings;
-  const DatasetStore store = DatasetStore::open(s.data);
-  eval_splits_ = load_store_eval_splits(s.data);
+  eval_splits_ = read_eval_splits(store);
+  eval_splits_.source = s.data;
 
   CoordinatorOptions co;
   if (options_.inproc) {

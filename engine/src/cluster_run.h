@@ -14,6 +14,7 @@
 
 #include "cluster_roles.h"
 #include "coordinator.h"
+#include "dataset_store.h"
 #include "tandem/trainer.h"
 
 namespace tandem {
@@ -103,14 +104,18 @@ struct ClusterSummary {
 
 // What ClusterRun's constructor refuses, checked alone (InputError): the run's shape, the GPUs,
 // CURVE with inproc, the store and its splits, a model path that cannot be written. Completes
-// the CURVE settings. For a caller that must know the run will be accepted before it clears
-// the previous run's files.
-void check_cluster_options(ClusterOptions& options);
+// the CURVE settings and returns the store it opened. For a caller that must know the run will
+// be accepted before it clears the previous run's files.
+DatasetStore check_cluster_options(ClusterOptions& options);
 
 class ClusterRun {
  public:
-  // Opens the store (for the batch plan and the final evaluation) and starts the coordinator.
+  // Checks the options (check_cluster_options), reads the store's evaluation splits and starts
+  // the coordinator.
   explicit ClusterRun(ClusterOptions options);
+  // For options check_cluster_options accepted, with the store it returned: nothing is checked
+  // again (the CURVE key file read, the store opened).
+  ClusterRun(ClusterOptions checked_options, const DatasetStore& store);
   ~ClusterRun();
   ClusterRun(const ClusterRun&) = delete;
   ClusterRun& operator=(const ClusterRun&) = delete;
@@ -124,6 +129,8 @@ class ClusterRun {
   void request_stop(const std::string& reason) { coordinator_->request_stop(reason); }
 
  private:
+  // Reads the evaluation splits and makes the coordinator (bound, serving).
+  void start_coordinator(const DatasetStore& store);
   void start_threads();
   void join_threads();
 

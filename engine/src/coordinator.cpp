@@ -111,6 +111,16 @@ void check_every_server_holds_a_part(const nlohmann::json& run_config, int serve
 
 }  // namespace
 
+void check_coordinator_binds(const std::string& bind, const std::string& scores_bind) {
+  zmq::context_t context(1);  // its end waits for the sockets: the ports are free once it returns
+  zmq::socket_t control(context, zmq::socket_type::router);
+  zmq::socket_t scores(context, zmq::socket_type::xpub);
+  control.set(zmq::sockopt::linger, 0);
+  scores.set(zmq::sockopt::linger, 0);
+  bind_socket(control, bind, "control");
+  bind_socket(scores, scores_bind, "scores");
+}
+
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       own_context_(options_.context ? nullptr : std::make_unique<zmq::context_t>(1)),

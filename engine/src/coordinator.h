@@ -94,6 +94,13 @@ struct ScoreRecord {
   int64_t samples = 0;
 };
 
+// Binds sockets to `bind` and `scores_bind` (tcp:// or ipc://) and closes them at once: the
+// errors the Coordinator's constructor would give (InputError, TransportError naming the
+// address), for a caller that must know the coordinator can serve before it does what cannot be
+// undone (launch clearing the previous run's files). Another process may still take the port
+// in between.
+void check_coordinator_binds(const std::string& bind, const std::string& scores_bind);
+
 class Coordinator {
  public:
   // Binds both sockets (TransportError naming the address when that fails) and starts serving.

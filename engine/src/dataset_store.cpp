@@ -46,11 +46,6 @@ std::string join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
 }
 
-std::string strip_trailing_slashes(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  return path;
-}
-
 bool path_exists(const std::string& path) {
   std::error_code ec;
   return fs::symlink_status(path, ec).type() != fs::file_type::not_found && !ec;
@@ -451,7 +446,7 @@ std::string partial_store_path(const std::string& out) {
 
 void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                          const StoreWriteOptions& options, const nlohmann::json& provenance) {
-  std::string out = strip_trailing_slashes(out_path);
+  std::string out = without_trailing_slashes(out_path);
   // A store reached through a symbolic link (data.zarr -> /scratch/data.zarr) is written where
   // the link points: replaced there, its temporary directory beside it on its filesystem, the
   // link left as it is (renamed aside, the link alone would be replaced, the old store kept).
@@ -555,12 +550,17 @@ bool DatasetStore::looks_like_store(const std::string& path) {
   return !killed_prepare_output(path) && split_exists(path);
 }
 
-DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
-  const std::string path = strip_trailing_slashes(path_in);
+void DatasetStore::check_is_directory(const std::string& path_in) {
+  const std::string path = without_trailing_slashes(path_in);
   std::error_code ec;
   if (!fs::is_directory(path, ec))
     throw InputError(path + ": no dataset store here (" +
                      (path_exists(path) ? "not a directory" : "no such directory") + ")");
+}
+
+DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
+  const std::string path = without_trailing_slashes(path_in);
+  check_is_directory(path);
   if (killed_prepare_output(path))
     throw InputError(path + ": the temporary directory of a `tandem prepare` that was killed, not "
                      "a dataset store (the next prepare of that store removes it)");

@@ -77,6 +77,9 @@ struct DatasetStore {
   static DatasetStore open(const std::string& path, Labels labels = Labels::Required);
   // A Zarr group is at path, or a directory holding an `images` array and no group metadata.
   static bool looks_like_store(const std::string& path);
+  // InputError "PATH: no dataset store here (no such directory | not a directory)" unless path
+  // is a directory: open()'s first check, for a caller that must refuse before it makes anything.
+  static void check_is_directory(const std::string& path);
 };
 
 // Whether `shape` (an image_shape attribute: anyone's JSON) is a non-empty array of positive
@@ -85,6 +88,9 @@ bool image_shape_describes(const nlohmann::json& shape, int64_t features);
 
 // Reads a whole split into memory (for validation/test evaluation and small stores).
 Dataset read_split(const DatasetStore::Split& split, int num_classes, const std::string& what);
+
+// The validation and test splits of an opened store, read into memory (load_store_eval_splits).
+DataSplits read_eval_splits(const DatasetStore& store);
 
 // Ends the error for a label past the classes: how a store says it has more than the default 10
 // (Dask writes no attributes).

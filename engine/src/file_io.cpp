@@ -80,6 +80,11 @@ void write_all(int fd, const void* buf, size_t n, const std::string& path) {
   }
 }
 
+std::string without_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
 std::string parent_directory(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -95,10 +100,8 @@ std::string resolved_path(const std::string& path) {
     const fs::path resolved = fs::weakly_canonical(absolute, ec);
     out = ec ? absolute.lexically_normal().string() : resolved.string();
   }
-  // "p.zarr/" not made yet keeps its slash through both: the same path as "p.zarr" (a name
-  // made from it, "p.zarr/" + ".logs", would otherwise land inside it).
-  while (out.size() > 1 && out.back() == '/') out.pop_back();
-  return out;
+  // "p.zarr/" not made yet keeps its slash through both.
+  return without_trailing_slashes(out);
 }
 
 void check_replaceable(const std::string& path) {

@@ -53,6 +53,10 @@ void read_exact(int fd, void* buf, size_t n, const std::string& path,
 // Writes all n bytes (write() may write fewer); an error is an IoError naming `path`.
 void write_all(int fd, const void* buf, size_t n, const std::string& path);
 
+// `path` without the slashes at its end, but the root's: "p.zarr/" names p.zarr, and a name
+// made from it ("p.zarr/" + ".lock") must land beside it, not inside.
+std::string without_trailing_slashes(std::string path);
+
 // The directory part of `path`: "." for a bare name, "/" for a file in the root.
 std::string parent_directory(const std::string& path);
 

@@ -48,6 +48,20 @@ json parse_bounded_json(std::string_view text) {
   return json::parse(text, nullptr, false);
 }
 
+json parse_json_file_text(std::string_view text, std::string& problem) {
+  problem.clear();
+  if (json_depth(text) > kMaxJsonDepth) {
+    problem = "JSON nested more than " + std::to_string(kMaxJsonDepth) + " levels deep";
+    return json(json::value_t::discarded);
+  }
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {  // a syntax error, or a number too large (out_of_range)
+    problem = std::string("not valid JSON (") + e.what() + ")";
+    return json(json::value_t::discarded);
+  }
+}
+
 bool json_as_integer(const json& value, int64_t& out) {
   if (value.is_number_unsigned()) {
     if (value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) return false;

@@ -26,6 +26,10 @@ int json_depth(std::string_view text);
 // `text` as JSON, or a discarded value (is_discarded()) when it is not JSON or is nested deeper
 // than kMaxJsonDepth: what every message from another process and every spec file is read with.
 nlohmann::json parse_bounded_json(std::string_view text);
+// `text` as JSON; where it is not, a discarded value and why in `problem` ("JSON nested more
+// than 64 levels deep", or "not valid JSON (the parser's message)": invalid UTF-8 and a number
+// past double's range included), for an error that names the file. Empty `problem` otherwise.
+nlohmann::json parse_json_file_text(std::string_view text, std::string& problem);
 
 // True, with `out` set, for an integer within int64's range (an integral float up to 2^53
 // included: 3.0 from a language without integers).

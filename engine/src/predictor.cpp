@@ -99,9 +99,7 @@ std::string images_metadata_file(const zarr::Array& images) {
 
 Inputs open_inputs(const std::string& model_path, const std::string& store_path,
                    const std::string& split) {
-  std::error_code ec;
-  if (!fs::is_regular_file(model_path, ec))
-    throw InputError(model_path + ": no model checkpoint here");
+  check_prediction_inputs(model_path, store_path);
   Inputs in;
   in.checkpoint = load_checkpoint(model_path);
   in.store = DatasetStore::open(store_path, DatasetStore::Labels::Optional);
@@ -295,8 +293,7 @@ std::string PredictionsLayout::describe() const {
 // would go, a new directory taking its place and the output it led to left as it was. ("link/"
 // names the target already, but remove_all() of it empties the target, then fails on the link.)
 static std::string through_link(const std::string& out) {
-  std::string name = out;
-  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  const std::string name = without_trailing_slashes(out);
   std::error_code ec;
   return fs::is_symlink(name, ec) ? resolved_path(name) : out;
 }
@@ -452,14 +449,27 @@ void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* pr
       probabilities[k] = std::nextafter(probabilities[argmax], 0.0f);
 }
 
+void check_prediction_inputs(const std::string& model_path, const std::string& store_path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(model_path, ec))
+    throw InputError(model_path + ": no model checkpoint here");
+  DatasetStore::check_is_directory(store_path);
+}
+
+// InputError with make_backend's reason when options ask for CUDA and no device can be used:
+// said before an output is made or a chunk read.
+static void check_device_for(const PredictOptions& options, const ModelConfig& config) {
+  if (options.backend == BackendKind::Cuda && kernels::cuda_device_count() == 0)
+    make_backend(BackendKind::Cuda, config, OptimizerConfig{}, 1);
+}
+
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
                             const std::string& out_path, const PredictOptions& options) {
   const Inputs in = open_inputs(model_path, store_path, options.split);
   // What would fail the prediction for want of threads or of a device fails before the output is
   // made: an empty group tied to this model would refuse the next run's other model.
   if (options.threads > 0) ThreadPool::check_thread_count(options.threads);
-  if (options.backend == BackendKind::Cuda && kernels::cuda_device_count() == 0)  // its reason
-    make_backend(BackendKind::Cuda, in.checkpoint.model.config(), OptimizerConfig{}, 1);
+  check_device_for(options, in.checkpoint.model.config());
   prepare_predictions_output(out_path, in.layout,
                              output_attributes(in, model_path, store_path, options.split),
                              options.overwrite, kOverwriteHint);
@@ -504,17 +514,16 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   const int64_t features = in.split.features, classes = in.classes, chunk_rows = in.chunk_rows;
   // On a GPU, one backend for all the workers (one device context and one copy of the
   // parameters; the device takes the chunks one at a time, under `device_mutex`) while the
-  // workers read and write chunks around it. Made before any chunk is read, and also when there
-  // is nothing to do if CUDA was asked for, so `cuda` without a usable device fails at once with
-  // make_backend's reason.
-  const bool have_device = kernels::cuda_device_count() > 0;
+  // workers read and write chunks around it. Made before any chunk is read; `cuda` without a
+  // usable device fails at once, even with nothing to do.
+  check_device_for(options, in.checkpoint.model.config());
   const bool on_device = options.backend == BackendKind::Cuda ||
-                         (options.backend == BackendKind::Auto && have_device);
+                         (options.backend == BackendKind::Auto && kernels::cuda_device_count() > 0);
   s.backend = on_device ? "cuda" : "cpu";
   const bool any_work = !chunks_to_write.empty() && options.stop_after_chunks != 0;
   std::unique_ptr<Backend> device_backend;
   std::mutex device_mutex;
-  if (on_device && (any_work || !have_device)) {
+  if (on_device && any_work) {
     device_backend = make_backend(BackendKind::Cuda, in.checkpoint.model.config(),
                                   OptimizerConfig{}, 1);
     device_backend->set_parameters(in.checkpoint.model);

@@ -129,6 +129,10 @@ struct PredictSummary {
   int64_t correct = 0;
 };
 
+// InputError unless the model is a file and the store a directory: the first checks of
+// prepare_predictions and predict_chunks, for a caller that makes a directory or lock first.
+void check_prediction_inputs(const std::string& model_path, const std::string& store_path);
+
 // Checks the model against the split and creates the output group (or, on a rerun, checks that it
 // was made from the same model and input: InputError otherwise, unless options.overwrite, which
 // replaces a predictions group but nothing else). Removes temporary files an interrupted run left.

@@ -362,7 +362,7 @@ ClusterRole ClusterRole::start(const std::string& kind, const std::string& coord
   o.advertise = options.advertise;
   o.data = options.data;
   o.gpus = options.gpus;
-  o.coordinator_lost_ms = limit_seconds_to_ms(options.coordinator_lost_s, "coordinator_lost_s");
+  o.coordinator_lost_ms = lost_after_to_ms(options.coordinator_lost_s, "coordinator_lost_s");
   o.coordinator_curve = curve_client_keys(options.curve);
   o.cancel = std::make_shared<std::atomic<bool>>(false);
   // The thread holds the state, so a role object dropped while its thread still runs (stuck in
@@ -455,7 +455,7 @@ struct ClusterScoreStream::Impl {
 ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s,
                                        const ClusterCurveKeys& curve, double coordinator_lost_s)
     : impl_(std::make_unique<Impl>()) {
-  check_lost_after(coordinator_lost_s, "coordinator_lost_s");
+  lost_after_to_ms(coordinator_lost_s, "coordinator_lost_s");
   impl_->subscriber = std::make_unique<ScoreSubscriber>(
       coordinator, impl_->context, std::max(1, seconds_to_ms(timeout_s)),
       curve_client_keys(curve));

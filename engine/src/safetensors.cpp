@@ -145,15 +145,10 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
 
 std::vector<HeaderEntry> parse_header(const std::string& path, const std::string& text,
                                       std::map<std::string, std::string>& metadata) {
-  if (json_depth(text) > kMaxJsonDepth)
-    input_error(path, "header is JSON nested more than " + std::to_string(kMaxJsonDepth) +
-                          " levels deep; expected a safetensors header");
-  json header;
-  try {
-    header = json::parse(text);  // also rejects invalid UTF-8
-  } catch (const json::exception& e) {  // a syntax error, or a number too large (out_of_range)
-    input_error(path, std::string("header is not valid JSON (") + e.what() + ")");
-  }
+  std::string problem;
+  const json header = parse_json_file_text(text, problem);
+  if (!problem.empty())
+    input_error(path, "header is " + problem + "; expected a safetensors header");
   if (!header.is_object()) input_error(path, "header is not a JSON object");
   std::vector<HeaderEntry> entries;
   for (const auto& [name, entry] : header.items()) {

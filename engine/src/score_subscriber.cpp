@@ -7,6 +7,7 @@
 #include "cluster_link.h"
 #include "coordinator_replies.h"
 #include "json_fields.h"
+#include "seconds_to_ms.h"
 #include "zmq_through_signals.h"
 
 namespace tandem {
@@ -27,13 +28,8 @@ ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t&
 
 ScoreSubscriber::~ScoreSubscriber() = default;
 
-void check_lost_after(double seconds, const std::string& name) {
-  if (!(seconds > 0 && seconds <= 86400))
-    throw InputError(name + " must be above 0 and at most 86400, got " + std::to_string(seconds));
-}
-
 void ScoreSubscriber::fail_when_coordinator_lost(double lost_after_s) {
-  check_lost_after(lost_after_s, "lost_after_s");
+  lost_after_to_ms(lost_after_s, "lost_after_s");
   link_ = std::make_unique<CoordinatorLink>(coordinator_, context_, 1000, curve_);
   lost_after_s_ = lost_after_s;
   heard_ = asked_ = std::chrono::steady_clock::now();

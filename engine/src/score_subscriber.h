@@ -28,10 +28,6 @@ namespace tandem {
 
 class CoordinatorLink;
 
-// InputError "NAME must be above 0 and at most 86400, got S" unless 0 < seconds <= a day: the
-// silence after which a coordinator counts as lost, however an API names it.
-void check_lost_after(double seconds, const std::string& name);
-
 // Whether a message of next() is the run's end ({"end": true, "reason": ...}), and its reason
 // (empty unless given as text).
 bool is_end_message(const nlohmann::json& message);
@@ -56,7 +52,7 @@ class ScoreSubscriber {
   // For a follower: from now on, next() throws Error when the coordinator has not answered for
   // lost_after_s while the channel is silent (it is asked at most once a second then). One that
   // died (killed, its node gone) never sends the end message, and a follower would wait forever.
-  // InputError unless 0 < lost_after_s <= 86400 (check_lost_after).
+  // InputError unless 0 < lost_after_s <= 86400 (lost_after_to_ms).
   void fail_when_coordinator_lost(double lost_after_s);
 
   ~ScoreSubscriber();

@@ -176,15 +176,9 @@ std::vector<TrialConfig> load_trial_file(const std::string& path) {
   // Parsed whole: `in >> list` stopped after the first value, and took "[...], {...}]" (a typo)
   // as the first list alone.
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (json_depth(text) > kMaxJsonDepth)
-    throw InputError(path + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
-                     " levels deep; expected a list of trials");
-  nlohmann::json list;
-  try {
-    list = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not JSON: " + e.what());
-  }
+  std::string problem;
+  const nlohmann::json list = parse_json_file_text(text, problem);
+  if (!problem.empty()) throw InputError(path + ": " + problem + "; expected a list of trials");
   try {
     return parse_trial_list(list);
   } catch (const InputError& e) {

@@ -28,4 +28,12 @@ inline int limit_seconds_to_ms(double seconds, const std::string& what) {
   return std::max(1, seconds_to_ms(seconds));
 }
 
+// The silence after which a coordinator counts as lost, however an API names it: above 0 and at
+// most a day, or InputError "WHAT must be above 0 and at most 86400, got S".
+inline int lost_after_to_ms(double seconds, const std::string& what) {
+  if (!(seconds > 0 && seconds <= 86400))
+    throw InputError(what + " must be above 0 and at most 86400, got " + std::to_string(seconds));
+  return limit_seconds_to_ms(seconds, what);
+}
+
 }  // namespace tandem

@@ -6,13 +6,19 @@ namespace tandem {
 
 bool is_dataset_store(const std::string& path) { return DatasetStore::looks_like_store(path); }
 
-DataSplits load_store_eval_splits(const std::string& path) {
-  const DatasetStore store = DatasetStore::open(path);
+DataSplits read_eval_splits(const DatasetStore& store) {
+  const std::string& path = store.path;
   DataSplits splits;
   splits.source = path;
   if (store.validation.rows > 0)
     splits.validation = read_split(store.validation, store.num_classes, path + " (validation)");
   if (store.test.rows > 0) splits.test = read_split(store.test, store.num_classes, path + " (test)");
+  return splits;
+}
+
+DataSplits load_store_eval_splits(const std::string& path) {
+  DataSplits splits = read_eval_splits(DatasetStore::open(path));
+  splits.source = path;  // as given (open drops a trailing slash)
   return splits;
 }
 

@@ -232,7 +232,7 @@ RoleOptions role_options(const std::string& coordinator, const std::string& name
   RoleOptions o;
   o.coordinator = coordinator;
   o.name = name;
-  o.coordinator_lost_ms = limit_seconds_to_ms(coordinator_lost_s, "coordinator_lost_s");
+  o.coordinator_lost_ms = lost_after_to_ms(coordinator_lost_s, "coordinator_lost_s");
   o.coordinator_curve = curve_keys(curve_server_key, curve_key_file);
   return o;
 }
@@ -517,7 +517,7 @@ void bind_cluster(py::module_& m) {
       [](const std::string& coordinator, bool follow, std::optional<double> timeout_s,
          const std::string& curve_server_key, const std::string& curve_key_file,
          double lost_after_s) {
-        check_lost_after(lost_after_s, "lost_after_s");
+        lost_after_to_ms(lost_after_s, "lost_after_s");
         return std::make_unique<ScoreStream>(coordinator, follow, timeout_s,
                                              curve_keys(curve_server_key, curve_key_file),
                                              lost_after_s);

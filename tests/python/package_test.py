@@ -94,6 +94,10 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True}, heartbeat_timeout_s=-1)
         with self.assertRaisesRegex(tandem.InputError, "coordinator_lost_s must be"):
             tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=0)
+        # The same bound as `tandem worker --coordinator-lost` and scores(lost_after_s=).
+        with self.assertRaisesRegex(tandem.InputError,
+                                    "coordinator_lost_s must be above 0 and at most 86400"):
+            tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=1e6)
         with self.assertRaisesRegex(tandem.InputError, "cannot be NaN"):
             tandem.scores("tcp://127.0.0.1:1", follow=False, timeout_s=float("nan"))
         with self.assertRaisesRegex(tandem.InputError, "timeout_s must be >= 0 with follow=False"):

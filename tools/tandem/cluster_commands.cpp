@@ -238,11 +238,10 @@ void resolve(ClusterCommandOptions& o) {
   // anything, so that the --resume the message offers still can continue the run.
   if (!o.resume && !o.tensorboard_dir.empty()) refuse_other_runs_events(o.tensorboard_dir);
   s.data = std::filesystem::absolute(data_store_of(o.data, o.run_dir, "tandem launch")).string();
-  // Absolute: the roles may run elsewhere; then checked, with the servers' public key derived
-  // (the cluster spec names it).
+  // Absolute: the roles may run elsewhere. (Checked, with the servers' public key derived, by
+  // check_cluster_options.)
   for (std::string* path : {&s.curve_secret_file, &s.curve_allowed_path, &s.curve_client_file})
     if (!path->empty()) *path = std::filesystem::absolute(*path).string();
-  complete_curve_settings(s);
   const DatasetStore store = DatasetStore::open(s.data);
   s.model = ModelConfig::parse(std::to_string(store.train.features) + "," + o.hidden + "," +
                                std::to_string(store.num_classes));
@@ -274,7 +273,8 @@ void clear_previous_run(const ClusterCommandOptions& o) {
   // Nor does an earlier run's model stay beside this run's files: a run stopped before it
   // trained writes none, and the old one would pass for it. Nor its spec, whose addresses
   // (`tandem scores --coordinator RUN/cluster.json`) would lead to the old run's ports.
-  for (const char* name : {"/model.safetensors", "/best-score.safetensors", "/cluster.json"})
+  // (The best-score model goes when the coordinator has bound: ClusterRun's constructor.)
+  for (const char* name : {"/model.safetensors", "/cluster.json"})
     std::filesystem::remove(o.run_dir + name);
 }
 
@@ -417,7 +417,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // cleared, and before its log is truncated or its events added to: a refused launch leaves
   // them as they were. (Cleared before the coordinator serves: a role started by hand and
   // waiting for it must not find the old checkpoints.)
-  check_cluster_options(o.cluster);
+  const DatasetStore store = check_cluster_options(o.cluster);
   const std::string tensorboard_dir =
       o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir;
   const std::string metrics_path =
@@ -427,6 +427,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     std::filesystem::create_directories(tensorboard_dir);
     check_replaceable(tensorboard_dir + "/events");
   }
+  // An address in use (another run on --bind's port) would fail the coordinator after the
+  // clearing.
+  if (!o.cluster.inproc) check_coordinator_binds(o.cluster.bind, o.cluster.scores_bind);
   clear_previous_run(o);
   ProgressLine progress;
   size_t scores_shown = 0;
@@ -503,7 +506,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
-  ClusterRun run(o.cluster);
+  ClusterRun run(o.cluster, store);
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
                  run.coordinator().scores_endpoint().c_str());

@@ -252,16 +252,14 @@ void run_predict(PredictCliOptions& o) {
     o.out = resolved_path(o.out);
   }
   // Said before the output's directories and lock are made, which a mistyped path left behind.
-  std::error_code ec;
-  if (!fs::exists(o.model, ec)) throw InputError(o.model + ": no model checkpoint here");
-  if (!fs::exists(o.data, ec)) throw InputError(o.data + ": no dataset store here");
+  check_prediction_inputs(o.model, o.data);
   if (o.out.empty()) throw InputError("--out must name the Zarr group to write");
   // One prediction per --out (its shares aside, which this one starts): a second would write
   // into the same output, or remove it under the first with --overwrite. The lock is beside the
   // output (an --overwrite removes the output's directory), so its parent is made first, as
   // writing the output would.
-  fs::path out_path = fs::path(o.out).lexically_normal();
-  if (!out_path.has_filename()) out_path = out_path.parent_path();  // "p.zarr/" is p.zarr
+  const fs::path out_path =
+      without_trailing_slashes(fs::path(o.out).lexically_normal().string());
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
   // The lock goes by the output's real path: through a symbolic link to the output another run
   // would lock another name and write the same output.

@@ -47,24 +47,30 @@ std::string ProcessLauncher::start(const std::string& kind, const std::string& n
          " --coordinator " + coordinator + " --name " + name + "`)";
 }
 
+namespace {
+
+bool is_running(ClusterPhase p) {
+  return p == ClusterPhase::Starting || p == ClusterPhase::Training;
+}
+
+// Whether a role that exited is restarted in `phase`: a scorer while the run trains; a server up
+// to the end, draining included (the final parameters are read from it), but not once the run is
+// done (one that failed writing its final checkpoint would reload and write it again, and hold
+// the end up) or has failed.
+bool still_needed(const std::string& kind, ClusterPhase phase) {
+  return is_running(phase) || (kind == "ps" && phase == ClusterPhase::Draining);
+}
+
+}  // namespace
+
 void ProcessLauncher::watch(Coordinator& coordinator) {
   ClusterPhase phase = coordinator.phase();
-  const auto is_running = [](ClusterPhase p) {
-    return p == ClusterPhase::Starting || p == ClusterPhase::Training;
-  };
-  // Whether a role that exited is restarted: a scorer while the run trains; a server up to the
-  // end, draining included (the final parameters are read from it), but not once the run is done
-  // (one that failed writing its final checkpoint would reload and write it again, and hold the
-  // end up) or has failed.
-  const auto still_needed = [&](const Child& c) {
-    return is_running(phase) || (c.kind == "ps" && phase == ClusterPhase::Draining);
-  };
   const auto now = std::chrono::steady_clock::now();
   for (Child& c : children_) {
     if (c.restart_pending) {
       if (now < c.restart_at) continue;
       c.restart_pending = false;
-      if (!still_needed(c)) continue;
+      if (!still_needed(c.kind, phase)) continue;
       c.pid = spawn(c);
       c.exited = false;
       continue;
@@ -81,7 +87,7 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
     // A normal end: a worker or scorer once training is over, a server once the run is done. A
     // server that left cleanly while the run drains wrote its last checkpoint: restarted, it
     // serves the final parameters from there.
-    if (clean && !still_needed(c)) continue;
+    if (clean && !still_needed(c.kind, phase)) continue;
     coordinator.mark_lost(c.name, "process " + std::to_string(c.pid) + " " + how);
     if (c.kind == "worker" && phase == ClusterPhase::Starting) {
       // The run waits for every worker and workers are not restarted: without this it would
@@ -90,7 +96,7 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
                        " before the run started; its messages are above");
       continue;
     }
-    if (c.kind == "worker" || !still_needed(c)) continue;
+    if (c.kind == "worker" || !still_needed(c.kind, phase)) continue;
     if (c.restarts >= max_restarts_) {
       const std::string why = c.name + " (process " + std::to_string(c.pid) + ") " + how +
                               " after " + std::to_string(c.restarts) +

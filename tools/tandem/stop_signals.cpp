@@ -17,8 +17,16 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
-std::atomic<bool> g_handled[3] = {{false}, {false}, {false}};  // SIGINT, SIGTERM, SIGHUP
-constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+struct StopSignal {
+  int number;
+  std::atomic<bool> handled{false};  // a handler is installed (not ignored when it was)
+  // leave_stops_to()'s message, made before its handler is installed (a handler may not
+  // allocate) and written whole by one write(): the roles of a run share their stderr, and
+  // messages written in pieces came out mixed with each other's.
+  char left_message[400] = {};
+};
+StopSignal g_stop_signals[] = {{SIGINT}, {SIGTERM}, {SIGHUP}};
 
 // write(2) of a text, from a signal handler (SIGPIPE is ignored once the handlers are
 // installed: stderr on a pipe whose reader has gone must not kill the clean stop).
@@ -93,11 +101,11 @@ const std::atomic<bool>& stop_on_signals() {
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);  // one handler at a time on a thread: none interrupts another
-    for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);
-    for (int i = 0; i < 3; ++i) {
+    for (const StopSignal& s : g_stop_signals) sigaddset(&sa.sa_mask, s.number);
+    for (StopSignal& s : g_stop_signals) {
       struct sigaction old {};
-      if (sigaction(kStopSignals[i], nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-      if (sigaction(kStopSignals[i], &sa, nullptr) == 0) g_handled[i].store(true);
+      if (sigaction(s.number, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+      if (sigaction(s.number, &sa, nullptr) == 0) s.handled.store(true);
     }
     return true;
   }();
@@ -114,10 +122,6 @@ std::shared_ptr<std::atomic<bool>> shared_stop_flag() {
 const char* stop_signal_name() { return name_of(g_signal.load()); }
 
 namespace {
-// Made before the handler is installed (a handler may not allocate), one per stop signal and
-// written whole by one write(): the roles of a run share their stderr, and messages written in
-// pieces came out mixed with each other's.
-char g_left_message[3][400];
 pid_t g_stopper = 0;  // whose stop signals still stop this process (0: nobody's)
 
 void on_stop_signal_left(int sig, siginfo_t* info, void*) {
@@ -126,8 +130,8 @@ void on_stop_signal_left(int sig, siginfo_t* info, void*) {
     return;
   }
   const SavedErrno saved;
-  for (int i = 0; i < 3; ++i)
-    if (kStopSignals[i] == sig) say(g_left_message[i]);
+  for (const StopSignal& s : g_stop_signals)
+    if (s.number == sig) say(s.left_message);
 }
 }  // namespace
 
@@ -137,18 +141,18 @@ void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to
   const StopSignalsBlocked blocked;
   stop_on_signals();
   g_stopper = stopper;
-  for (int i = 0; i < 3; ++i)
-    std::snprintf(g_left_message[i], sizeof g_left_message[i],
+  for (StopSignal& s : g_stop_signals)
+    std::snprintf(s.left_message, sizeof s.left_message,
                   "%s: %s left to %s, which stops the run in order and this role with it "
                   "(SIGKILL ends it at once)\n",
-                  who.c_str(), name_of(kStopSignals[i]), to_whom.c_str());
+                  who.c_str(), name_of(s.number), to_whom.c_str());
   struct sigaction sa {};
   sa.sa_sigaction = on_stop_signal_left;
   sa.sa_flags = SA_RESTART | SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
-  for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);
-  for (int i = 0; i < 3; ++i)
-    if (g_handled[i].load()) sigaction(kStopSignals[i], &sa, nullptr);
+  for (const StopSignal& s : g_stop_signals) sigaddset(&sa.sa_mask, s.number);
+  for (const StopSignal& s : g_stop_signals)
+    if (s.handled.load()) sigaction(s.number, &sa, nullptr);
 }
 
 namespace {
@@ -170,7 +174,7 @@ void refuse_to_suspend() {
 StopSignalsBlocked::StopSignalsBlocked() {
   sigset_t block;
   sigemptyset(&block);
-  for (const int sig : kStopSignals) sigaddset(&block, sig);
+  for (const StopSignal& s : g_stop_signals) sigaddset(&block, s.number);
   pthread_sigmask(SIG_BLOCK, &block, &old_);
 }
 
@@ -180,8 +184,8 @@ void reset_stop_signals_in_child() {
   struct sigaction fallback {};
   fallback.sa_handler = SIG_DFL;
   sigemptyset(&fallback.sa_mask);
-  for (int i = 0; i < 3; ++i)
-    if (g_handled[i].load()) sigaction(kStopSignals[i], &fallback, nullptr);
+  for (const StopSignal& s : g_stop_signals)
+    if (s.handled.load()) sigaction(s.number, &fallback, nullptr);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -218,7 +218,8 @@ struct ClusterRoleOptions {
   std::string advertise;    // parameter server: the host peers reach it by (for tcp://0.0.0.0)
   std::string data;         // overrides the settings' store path (mounted elsewhere here)
   std::vector<int> gpus;    // worker: its group's GPUs (member m on gpus[m]); empty: settings'
-  double coordinator_lost_s = 15;  // no answer from the coordinator this long: the role fails (>0)
+  double coordinator_lost_s = 15;  // no answer from the coordinator this long: the role fails
+                                   // (above 0, at most a day)
   ClusterCurveKeys curve;          // for a run under CURVE (see ClusterCurveKeys)
 };
 

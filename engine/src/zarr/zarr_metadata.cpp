@@ -539,16 +539,9 @@ void metadata_error(const std::string& store, const std::string& file, const std
 
 json parse_metadata_text(const std::string& store, const std::string& file,
                          const std::string& text) {
-  if (json_depth(text) > kMaxJsonDepth) {
-    metadata_error(store, file, "JSON is nested more than " + std::to_string(kMaxJsonDepth) +
-                                    " levels deep; expected Zarr metadata");
-  }
-  json doc;
-  try {
-    doc = json::parse(text);  // also rejects invalid UTF-8
-  } catch (const json::exception& e) {
-    metadata_error(store, file, std::string("not valid JSON (") + e.what() + ")");
-  }
+  std::string problem;
+  const json doc = parse_json_file_text(text, problem);
+  if (!problem.empty()) metadata_error(store, file, problem + "; expected Zarr metadata");
   if (!doc.is_object()) metadata_error(store, file, "not a JSON object; expected Zarr metadata");
   return doc;
 }
