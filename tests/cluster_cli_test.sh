@@ -122,25 +122,29 @@ expect_error "launch --resume with no checkpoint is refused" \
   "--resume: no parameter server checkpoint" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1e" --workers 1 --dashboard -1 --resume
 # 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
-#     locked (the run's shape, --replicas, a coordinator address in use), leaves that run as it
-#     was: its model, checkpoints, metrics log, TensorBoard events and cluster spec (a copy of
-#     run1: run1 stays as it is).
+#     locked (the run's shape, --replicas, a coordinator address in use, more servers than the
+#     model has parts), leaves that run as it was: its model, best model, checkpoints, metrics
+#     log, TensorBoard events and cluster spec (a copy of run1: run1 stays as it is).
 cp -r "$dir/run1" "$dir/run1k"
 expect_error "launch --scorer 0 with a target is refused" "a target (--target) needs a scorer" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scorer 0 --dashboard -1
 expect_error "launch --replicas above its workers is refused on a finished run's directory" \
   "--replicas 3 is more than the 2 workers" "$tandem" launch --data "$dir/fm.zarr" \
   --run-dir "$dir/run1k" --workers 2 --replicas 3 --dashboard -1
-# A port held by another program (the coordinator used to find it in use after the clearing).
+# A port held by another program, and more servers than the model has parts (the coordinator
+# found both after the clearing). (The holder's command line names $dir: cleanup ends it.)
 "$py" -c 'import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
-print(s.getsockname()[1], flush=True); time.sleep(300)' > "$dir/held_port" &
+print(s.getsockname()[1], flush=True); time.sleep(300)' "$dir" > "$dir/held_port" &
 holder=$!
 wait_for "$dir/held_port" '[0-9]' 20
 held=$(cat "$dir/held_port")
 expect_error "launch --bind to a port in use is refused on a finished run's directory"   "cannot bind the control socket to tcp://127.0.0.1:$held" "$tandem" launch   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --bind "tcp://127.0.0.1:$held" --dashboard -1
 expect_error "... and --scores-bind to one"   "cannot bind the scores socket to tcp://127.0.0.1:$held" "$tandem" launch   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scores-bind "tcp://127.0.0.1:$held" --dashboard -1
 kill "$holder"; wait "$holder" 2>/dev/null
+expect_error "launch --ps 2000 is refused on a finished run's directory" \
+  "would hold no part of it" "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" \
+  --ps 2000 --dashboard -1
 # (The lock aside: it names the last process that held the directory.)
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"

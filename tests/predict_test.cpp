@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -278,6 +279,46 @@ TEST(Predictor, RefusesToResumeOntoAStoreRewrittenSince) {
   fs::remove(chunk);
   test::write_bytes(chunk, bytes);
   EXPECT_THROW(predict_store(f.model, f.store, out, o), InputError);
+}
+
+TEST(Predictor, ARowWithoutFiniteLogitsIsRefusedNamingIt) {
+  Fixture f;
+  // A float32 store (a Dask-written one may hold anything) with a NaN pixel in row 437 (chunk 2)
+  // and an infinite one in row 1000 (the edge chunk): such a row has no arg-max, and was written
+  // as class 0 with NaN probabilities.
+  DataSplits splits = f.splits;
+  splits.test = test::random_dataset(PixelType::Float32, kTestRows, 40, 4, 3);
+  float* px = reinterpret_cast<float*>(splits.test.pixel_data());
+  px[437 * 40 + 7] = std::nanf("");
+  px[1000 * 40] = -std::numeric_limits<float>::infinity();
+  StoreWriteOptions w;
+  w.chunk_rows = kChunkRows;
+  w.pixel_type = PixelType::Float32;
+  const std::string store = f.dir.file("float.zarr");
+  write_dataset_store(splits, store, w, json{{"source", "predict_test"}});
+  PredictOptions o = cpu_options();
+  o.threads = 1;  // chunks in order: the first bad row met is 437
+  const std::string out = f.dir.file("pred.zarr");
+  const std::string why =
+      test::error_of<InputError>([&] { predict_store(f.model, store, out, o); });
+  EXPECT_TRUE(test::contains(why, store + " (test): row 437 gives logits that are not finite"))
+      << why;
+  // Nothing is written for the chunk that holds it; the chunks before it are.
+  const std::map<std::string, std::string> written = chunk_files(out + "/classes");
+  EXPECT_EQ(written.size(), 2u);
+  EXPECT_EQ(written.count("c/2"), 0u);
+
+  // The same rule for predict() on rows in memory (Model.predict in Python).
+  DatasetView view = splits.test.view();
+  view.rows = 437;
+  EXPECT_EQ(predict(f.net, view, 1).size(), 437u);
+  view.rows = 438;
+  const std::string in_memory = test::error_of<InputError>([&] { predict(f.net, view, 1); });
+  EXPECT_TRUE(test::contains(in_memory, "images: row 437 gives logits that are not finite"))
+      << in_memory;
+  view.pixels = reinterpret_cast<const uint8_t*>(px + 1000 * 40);
+  view.rows = 1;
+  EXPECT_THROW(predict(f.net, view, 1), InputError);
 }
 
 TEST(Predictor, AutoIsTheCpuWithoutADeviceAndCudaIsRefusedThere) {

@@ -144,6 +144,7 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
   co.heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
   co.startup_timeout_ms = options_.startup_timeout_ms;
   secure_coordinator(co, s);
+  co.serve_at_once = !options_.serve_from_run;
   coordinator_ = std::make_unique<Coordinator>(co);
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
   // finds (its predecessor's, when it is restarted within the run). Removed last: a run refused
@@ -193,6 +194,7 @@ void ClusterRun::join_threads() {
 
 ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   Coordinator& c = *coordinator_;
+  c.start_serving();
   if (options_.inproc) {
     start_threads();
   } else if (launcher != nullptr) {

@@ -58,6 +58,10 @@ struct ClusterOptions {
   int heartbeat_timeout_ms = 3000;
   int heartbeat_ms = 500;   // how often the in-process roles send one
   int test_threads = 0;     // final evaluation threads (0: all cores)
+  // The coordinator binds in ClusterRun's constructor but answers only from run()
+  // (CoordinatorOptions::serve_at_once false): launch clears the previous run's files in
+  // between, once the bind has succeeded and before any role can see them.
+  bool serve_from_run = false;
   std::function<void(const nlohmann::json& spec)> on_training;  // the cluster is complete
   std::function<void(const Coordinator&)> on_tick;              // about every 100 ms
 };
@@ -125,6 +129,13 @@ class ClusterRun {
   // (null: they are started elsewhere and join on their own: `tandem coordinator`). Throws
   // tandem::Error when the run fails (the coordinator's reason).
   ClusterSummary run(RoleLauncher* launcher);
+  // What run() calls (ClusterOptions::on_training, on_tick), for a caller that makes them once
+  // the run (its coordinator bound) exists.
+  void set_callbacks(std::function<void(const nlohmann::json&)> on_training,
+                     std::function<void(const Coordinator&)> on_tick) {
+    options_.on_training = std::move(on_training);
+    options_.on_tick = std::move(on_tick);
+  }
   // Asks a running run to stop (a signal handler's flag is polled by on_tick instead).
   void request_stop(const std::string& reason) { coordinator_->request_stop(reason); }
 

@@ -111,16 +111,6 @@ void check_every_server_holds_a_part(const nlohmann::json& run_config, int serve
 
 }  // namespace
 
-void check_coordinator_binds(const std::string& bind, const std::string& scores_bind) {
-  zmq::context_t context(1);  // its end waits for the sockets: the ports are free once it returns
-  zmq::socket_t control(context, zmq::socket_type::router);
-  zmq::socket_t scores(context, zmq::socket_type::xpub);
-  control.set(zmq::sockopt::linger, 0);
-  scores.set(zmq::sockopt::linger, 0);
-  bind_socket(control, bind, "control");
-  bind_socket(scores, scores_bind, "scores");
-}
-
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       own_context_(options_.context ? nullptr : std::make_unique<zmq::context_t>(1)),
@@ -141,6 +131,15 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                   options_.advertise_host);
   scores_endpoint_ = advertised_endpoint(bind_socket(scores_, options_.scores_bind, "scores"),
                                          options_.advertise_host);
+  if (options_.serve_at_once) start_serving();
+}
+
+void Coordinator::start_serving() {
+  if (thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // state() reads it from other threads
+    created_ = Clock::now();
+  }
   thread_ = std::thread(&Coordinator::serve, this);
 }
 

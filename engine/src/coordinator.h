@@ -82,6 +82,10 @@ struct CoordinatorOptions {
   // tcp:// and ipc://).
   std::string curve_secret_key;
   std::vector<std::string> curve_allowed_clients;  // empty: any client with the public key
+  // false: the constructor binds but nothing is answered (ZeroMQ queues the roles' requests)
+  // until start_serving(), for a caller with work to do between the two (launch clearing the
+  // previous run's files once the bind has succeeded, before any role can see them).
+  bool serve_at_once = true;
 };
 
 struct ScoreRecord {
@@ -94,20 +98,17 @@ struct ScoreRecord {
   int64_t samples = 0;
 };
 
-// Binds sockets to `bind` and `scores_bind` (tcp:// or ipc://) and closes them at once: the
-// errors the Coordinator's constructor would give (InputError, TransportError naming the
-// address), for a caller that must know the coordinator can serve before it does what cannot be
-// undone (launch clearing the previous run's files). Another process may still take the port
-// in between.
-void check_coordinator_binds(const std::string& bind, const std::string& scores_bind);
-
 class Coordinator {
  public:
-  // Binds both sockets (TransportError naming the address when that fails) and starts serving.
+  // Binds both sockets (TransportError naming the address when that fails) and starts serving
+  // (unless options.serve_at_once is false).
   explicit Coordinator(CoordinatorOptions options);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
+
+  // Starts answering, once (a no-op after): the start-up timeout counts from here.
+  void start_serving();
 
   std::string endpoint() const { return endpoint_; }
   std::string scores_endpoint() const { return scores_endpoint_; }

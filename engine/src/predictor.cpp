@@ -426,9 +426,19 @@ bool PredictionsOutput::read_classes(int64_t chunk, uint8_t* ids) const {
   return classes_.read_chunk({chunk}, ids);
 }
 
+void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
+                         const std::string& what) {
+  for (int64_t i = 0; i < rows * classes; ++i)
+    if (!std::isfinite(logits[i]))
+      throw InputError(what + ": row " + std::to_string(first_row + i / classes) +
+                       " gives logits that are not finite (pixels that are NaN or infinite, or "
+                       "too large for the model); it has no predicted class");
+}
+
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
-                  float* probabilities, float* logits) {
+                  float* probabilities, float* logits, int64_t first_row) {
   backend.predict_logits(view, ids, logits);
+  check_logits_finite(logits, view.rows, classes, first_row, "images");
   for (int64_t r = 0; r < view.rows; ++r)
     softmax_row(logits + r * classes, classes, ids[size_t(r)], probabilities + r * classes);
 }
@@ -572,6 +582,8 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
           if (on_device) turn.lock();
           backend->predict_logits(view, ids.data(), logits.data());
         }
+        check_logits_finite(logits.data(), n, classes, chunk * chunk_rows,
+                            store_path + " (" + options.split + ")");
         for (int64_t r = 0; r < n; ++r)  // predict_rows' softmax, outside the device's turn
           softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
                       probs.data() + r * classes);

@@ -91,10 +91,18 @@ class PredictionsOutput {
   std::string output_id_;  // the group's, made anew each time the group is (re)created
 };
 
+// InputError naming the first row (counted from first_row, in `what`) whose logits are not all
+// finite: pixels that are NaN or infinite (a float32 store's), or so large that the logits
+// overflow. Such a row has no arg-max; it would be written as class 0 with NaN probabilities.
+void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
+                         const std::string& what);
+
 // Class ids (the arg-max of the logits, first maximum: what tandem eval counts) and softmax
 // probabilities of every row of `view`; `logits` is scratch of view.rows * classes floats.
+// InputError for a row whose logits are not finite (check_logits_finite; the view's rows are
+// counted from first_row, "images: row N").
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
-                  float* probabilities, float* logits);
+                  float* probabilities, float* logits, int64_t first_row = 0);
 
 struct PredictOptions {
   std::string split = "test";  // train, validation or test

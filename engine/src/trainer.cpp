@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "file_io.h"
 #include "metrics_log.h"
+#include "predictor.h"
 #include "random.h"
 #include "tandem/error.h"
 
@@ -334,7 +335,9 @@ std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int th
   auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
   backend->set_parameters(model);
   std::vector<uint8_t> out(static_cast<size_t>(data.rows));
-  backend->predict(data, out.data());
+  std::vector<float> logits(size_t(data.rows) * size_t(model.config().classes()));
+  backend->predict_logits(data, out.data(), logits.data());
+  check_logits_finite(logits.data(), data.rows, model.config().classes(), 0, "images");
   return out;
 }
 

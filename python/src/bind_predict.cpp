@@ -38,15 +38,16 @@ PredictionsLayout layout_of(int format, int64_t rows, int64_t chunk_rows, int64_
   return l;
 }
 
-// Class ids and probabilities of every row of `rows`, as tandem predict computes them.
+// Class ids and probabilities of every row of `rows`, as tandem predict computes them; a row
+// without finite logits is named counting from first_row.
 void predict_view(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
-                  float* probabilities) {
+                  float* probabilities, int64_t first_row = 0) {
   check_model_data(model.config(), view, false);
   const int64_t classes = model.config().classes();
   auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
   backend->set_parameters(model);
   std::vector<float> logits(size_t(view.rows * classes));
-  predict_rows(*backend, view, classes, ids, probabilities, logits.data());
+  predict_rows(*backend, view, classes, ids, probabilities, logits.data(), first_row);
 }
 
 }  // namespace
@@ -149,7 +150,8 @@ void bind_predict(py::module_& m) {
               // Zeros beyond the rows of an edge chunk, as tandem predict writes them.
               std::vector<uint8_t> ids(size_t(l.chunk_rows), 0);
               std::vector<float> probabilities(size_t(l.chunk_rows * l.classes), 0.0f);
-              predict_view(model, view, threads, ids.data(), probabilities.data());
+              predict_view(model, view, threads, ids.data(), probabilities.data(),
+                           chunk * l.chunk_rows);
               o.write_chunk(chunk, ids.data(), probabilities.data(),
                             reinterpret_cast<const uint8_t*>(input_digest.data()));
             });

@@ -37,6 +37,13 @@ class ModelTest(unittest.TestCase):
         # float32 pixels in [0, 1] are what uint8 pixels become inside the engine.
         as_float = model.evaluate((xv / np.float32(255)).astype(np.float32), yv)
         self.assertAlmostEqual(as_float["loss_sum"], result["loss_sum"], delta=1e-3 * result["loss_sum"] + 1e-3)
+        # A row with a NaN pixel has no arg-max: refused naming it, not predicted as class 0.
+        with_nan = (xv[:10] / np.float32(255)).astype(np.float32)
+        with_nan[6, 100] = np.nan
+        for probabilities in (False, True):
+            with self.assertRaisesRegex(tandem.InputError,
+                                        "row 6 gives logits that are not finite"):
+                model.predict(with_nan, probabilities=probabilities)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m.safetensors")
             model.save(path)
@@ -94,7 +101,7 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True}, heartbeat_timeout_s=-1)
         with self.assertRaisesRegex(tandem.InputError, "coordinator_lost_s must be"):
             tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=0)
-        # The same bound as `tandem worker --coordinator-lost` and scores(lost_after_s=).
+        # The same bound as scores(lost_after_s=) and `tandem scores --lost-after`.
         with self.assertRaisesRegex(tandem.InputError,
                                     "coordinator_lost_s must be above 0 and at most 86400"):
             tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=1e6)

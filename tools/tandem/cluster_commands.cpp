@@ -413,10 +413,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                      "the " + std::to_string(o.cluster.workers) + " workers this launch starts " +
                      "(a sync step takes at most one gradient from each)");
   if (launch_roles) assign_worker_gpus(o);
-  // Every check that can refuse the run's options comes before the previous run's files are
-  // cleared, and before its log is truncated or its events added to: a refused launch leaves
-  // them as they were. (Cleared before the coordinator serves: a role started by hand and
-  // waiting for it must not find the old checkpoints.)
+  // Every check that can refuse the run comes before the previous run's files are cleared, and
+  // before its log is truncated or its events added to: a refused launch leaves them as they
+  // were.
   const DatasetStore store = check_cluster_options(o.cluster);
   const std::string tensorboard_dir =
       o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir;
@@ -427,9 +426,12 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     std::filesystem::create_directories(tensorboard_dir);
     check_replaceable(tensorboard_dir + "/events");
   }
-  // An address in use (another run on --bind's port) would fail the coordinator after the
-  // clearing.
-  if (!o.cluster.inproc) check_coordinator_binds(o.cluster.bind, o.cluster.scores_bind);
+  // The coordinator binds here (an address in use, too many servers for the model or an
+  // unreadable allowed-keys file refuse the run with the files kept) and answers only from
+  // run.run(): the files are cleared in between, before a role started by hand and waiting for
+  // it can find the old checkpoints.
+  o.cluster.serve_from_run = true;
+  ClusterRun run(o.cluster, store);
   clear_previous_run(o);
   ProgressLine progress;
   size_t scores_shown = 0;
@@ -441,7 +443,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // rule (the final parameters saved and evaluated, the roles told to exit).
   const std::atomic<bool>& stop = stop_on_signals();
   double training_started_wall = 0.0;  // seconds since the epoch; 0: not announced yet
-  o.cluster.on_training = [&](const json& announced) {
+  auto on_training = [&](const json& announced) {
     training_started_wall = wall_clock_seconds();
     json spec = announced;
     // Each worker's GPUs, where launch assigned them (worker i is named "worker<i>").
@@ -488,7 +490,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       }
     }
   };
-  o.cluster.on_tick = [&](const Coordinator& c) {
+  auto on_tick = [&](const Coordinator& c) {
     if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
     const json state = c.state();
     const json& cl = state["cluster"];
@@ -506,7 +508,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
-  ClusterRun run(o.cluster, store);
+  run.set_callbacks(on_training, on_tick);
   if (!o.json_summary)
     std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
                  run.coordinator().scores_endpoint().c_str());

@@ -128,7 +128,9 @@ class Trainer {
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
 EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads = 0);
 
-// Predicted class of every row.
+// Predicted class of every row (the arg-max of its logits, first maximum). InputError naming the
+// first row whose logits are not finite (NaN or infinite pixels, or pixels too large for the
+// model): it has no predicted class.
 std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads = 0);
 
 }  // namespace tandem
