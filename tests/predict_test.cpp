@@ -281,7 +281,7 @@ TEST(Predictor, RefusesToResumeOntoAStoreRewrittenSince) {
   EXPECT_THROW(predict_store(f.model, f.store, out, o), InputError);
 }
 
-TEST(Predictor, ARowWithoutFiniteLogitsIsRefusedNamingIt) {
+TEST(Predictor, ARowWithoutFinitePixelsOrLogitsIsRefusedNamingIt) {
   Fixture f;
   // A float32 store (a Dask-written one may hold anything) with a NaN pixel in row 437 (chunk 2)
   // and an infinite one in row 1000 (the edge chunk): such a row has no arg-max, and was written
@@ -301,7 +301,7 @@ TEST(Predictor, ARowWithoutFiniteLogitsIsRefusedNamingIt) {
   const std::string out = f.dir.file("pred.zarr");
   const std::string why =
       test::error_of<InputError>([&] { predict_store(f.model, store, out, o); });
-  EXPECT_TRUE(test::contains(why, store + " (test): row 437 gives logits that are not finite"))
+  EXPECT_TRUE(test::contains(why, store + " (test): row 437 holds a pixel that is not finite"))
       << why;
   // Nothing is written for the chunk that holds it; the chunks before it are.
   const std::map<std::string, std::string> written = chunk_files(out + "/classes");
@@ -314,11 +314,19 @@ TEST(Predictor, ARowWithoutFiniteLogitsIsRefusedNamingIt) {
   EXPECT_EQ(predict(f.net, view, 1).size(), 437u);
   view.rows = 438;
   const std::string in_memory = test::error_of<InputError>([&] { predict(f.net, view, 1); });
-  EXPECT_TRUE(test::contains(in_memory, "images: row 437 gives logits that are not finite"))
+  EXPECT_TRUE(test::contains(in_memory, "images: row 437 holds a pixel that is not finite"))
       << in_memory;
   view.pixels = reinterpret_cast<const uint8_t*>(px + 1000 * 40);
   view.rows = 1;
   EXPECT_THROW(predict(f.net, view, 1), InputError);
+  // Finite pixels so large that the logits overflow: the logits are checked too.
+  std::vector<float> huge(40 * 3, 1.0f);
+  std::fill(huge.begin() + 80, huge.end(), 3e38f);
+  view.pixels = huge.data();
+  view.rows = 3;
+  const std::string overflow = test::error_of<InputError>([&] { predict(f.net, view, 1); });
+  EXPECT_TRUE(test::contains(overflow, "images: row 2 gives logits that are not finite"))
+      << overflow;
 }
 
 TEST(Predictor, AutoIsTheCpuWithoutADeviceAndCudaIsRefusedThere) {

@@ -452,6 +452,26 @@ TEST(TrialProcess, AChildThatCannotStartSaysWhyInItsLog) {
             "tandem: cannot run " + missing + ": No such file or directory\n");
 }
 
+// A role launch starts holds the stop signals blocked from the fork until its handlers are in
+// place: a SIGTERM to every process of a run (a service stopped) in between waited for them
+// instead of ending the role (a server without its final checkpoint). `sleep` never unblocks
+// them: it stands for a role still starting.
+TEST(TrialProcess, StopSignalsStayBlockedThroughTheExecWhenAsked) {
+  const auto alive_after_sigterm = [](bool blocked) {
+    const pid_t pid =
+        cli::start_child_process({"/bin/sleep", "30"}, "", "test", false, "", blocked);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kill(pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const bool alive = waitpid(pid, nullptr, WNOHANG) == 0;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return alive;
+  };
+  EXPECT_TRUE(alive_after_sigterm(true));
+  EXPECT_FALSE(alive_after_sigterm(false));
+}
+
 TEST(TrialSlotServerRoot, JobsNamingPathsOutsideTheRootAreRefusedAndTheOthersRunThere) {
   test::TempDir root, elsewhere;
   std::filesystem::create_symlink(elsewhere.path(), root.file("door"));

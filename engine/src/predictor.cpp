@@ -426,17 +426,28 @@ bool PredictionsOutput::read_classes(int64_t chunk, uint8_t* ids) const {
   return classes_.read_chunk({chunk}, ids);
 }
 
+void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what) {
+  if (view.pixel_type != PixelType::Float32) return;  // uint8 pixels are finite
+  const float* pixels = static_cast<const float*>(view.pixels);
+  for (int64_t i = 0; i < view.rows * view.features; ++i)
+    if (!std::isfinite(pixels[i]))
+      throw InputError(what + ": row " + std::to_string(first_row + i / view.features) +
+                       " holds a pixel that is not finite (NaN or infinity); it has no "
+                       "predicted class");
+}
+
 void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
                          const std::string& what) {
   for (int64_t i = 0; i < rows * classes; ++i)
     if (!std::isfinite(logits[i]))
       throw InputError(what + ": row " + std::to_string(first_row + i / classes) +
-                       " gives logits that are not finite (pixels that are NaN or infinite, or "
-                       "too large for the model); it has no predicted class");
+                       " gives logits that are not finite (pixels too large for the model); it "
+                       "has no predicted class");
 }
 
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
                   float* probabilities, float* logits, int64_t first_row) {
+  check_pixels_finite(view, first_row, "images");
   backend.predict_logits(view, ids, logits);
   check_logits_finite(logits, view.rows, classes, first_row, "images");
   for (int64_t r = 0; r < view.rows; ++r)
@@ -577,13 +588,14 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
         view.num_classes = static_cast<int>(classes);
         std::fill(ids.begin(), ids.end(), uint8_t{0});
         std::fill(probs.begin(), probs.end(), 0.0f);  // the edge chunk's padding
+        const std::string what = store_path + " (" + options.split + ")";
+        check_pixels_finite(view, chunk * chunk_rows, what);
         {
           std::unique_lock<std::mutex> turn(device_mutex, std::defer_lock);
           if (on_device) turn.lock();
           backend->predict_logits(view, ids.data(), logits.data());
         }
-        check_logits_finite(logits.data(), n, classes, chunk * chunk_rows,
-                            store_path + " (" + options.split + ")");
+        check_logits_finite(logits.data(), n, classes, chunk * chunk_rows, what);
         for (int64_t r = 0; r < n; ++r)  // predict_rows' softmax, outside the device's turn
           softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
                       probs.data() + r * classes);

@@ -91,16 +91,20 @@ class PredictionsOutput {
   std::string output_id_;  // the group's, made anew each time the group is (re)created
 };
 
-// InputError naming the first row (counted from first_row, in `what`) whose logits are not all
-// finite: pixels that are NaN or infinite (a float32 store's), or so large that the logits
-// overflow. Such a row has no arg-max; it would be written as class 0 with NaN probabilities.
+// A row with a pixel that is NaN or infinite (a float32 store's or array's) has no predicted
+// class: its logits are NaN (class 0 and NaN probabilities were written), or, on a device whose
+// fused ReLU takes NaN to 0, finite and meaningless. InputError naming the first such row of
+// `view` (counted from first_row, in `what`): "WHAT: row N holds a pixel that is not finite".
+void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what);
+// The same for logits: InputError naming the first row whose logits are not all finite (pixels
+// so large that the logits overflow).
 void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
                          const std::string& what);
 
 // Class ids (the arg-max of the logits, first maximum: what tandem eval counts) and softmax
 // probabilities of every row of `view`; `logits` is scratch of view.rows * classes floats.
-// InputError for a row whose logits are not finite (check_logits_finite; the view's rows are
-// counted from first_row, "images: row N").
+// InputError for a row whose pixels or logits are not finite (check_pixels_finite,
+// check_logits_finite; the view's rows are counted from first_row, "images: row N").
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
                   float* probabilities, float* logits, int64_t first_row = 0);
 

@@ -335,9 +335,17 @@ std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int th
   auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
   backend->set_parameters(model);
   std::vector<uint8_t> out(static_cast<size_t>(data.rows));
-  std::vector<float> logits(size_t(data.rows) * size_t(model.config().classes()));
-  backend->predict_logits(data, out.data(), logits.data());
-  check_logits_finite(logits.data(), data.rows, model.config().classes(), 0, "images");
+  // The logits, checked like tandem predict's, a block of rows at a time: their buffer stays
+  // the same size however many rows there are (a row's logits do not depend on the others').
+  constexpr int64_t kBlockRows = 65536;
+  const int64_t classes = model.config().classes();
+  std::vector<float> logits(size_t(std::min(data.rows, kBlockRows) * classes));
+  for (int64_t first = 0; first < data.rows; first += kBlockRows) {
+    const DatasetView block = data.slice(first, std::min(data.rows, first + kBlockRows));
+    check_pixels_finite(block, first, "images");
+    backend->predict_logits(block, out.data() + first, logits.data());
+    check_logits_finite(logits.data(), block.rows, classes, first, "images");
+  }
   return out;
 }
 

@@ -239,9 +239,15 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     return _ranked(client.gather(futures))
 
 
-def _predict_block(block, model):
+def _predict_block(block, model, block_info=None):
     # Not reshape(rows, -1): a block of no rows (boolean filtering) has no -1 to infer.
-    return model.predict(block.reshape(block.shape[0], int(np.prod(block.shape[1:]))), threads=1)
+    rows = block.reshape(block.shape[0], int(np.prod(block.shape[1:])))
+    try:
+        return model.predict(rows, threads=1)
+    except InputError as e:  # "images: row N ...", N counted within the block
+        first = block_info[0]["array-location"][0][0] if block_info else 0
+        raise InputError(f"{e} (rows counted from the block's first, row {first} of the "
+                         f"array)") from None
 
 
 _OVERWRITE_HINT = "pass overwrite=True to replace it"
@@ -288,6 +294,15 @@ def _chunk_matches(block, chunk, out, layout):
     """A Dask task: whether done chunk `chunk` was predicted from these rows (its recorded
     digest is this block's). The block is hashed where it is computed: only a flag travels."""
     return _Predictions(out, *layout, _OVERWRITE_HINT).input_digest(chunk) == _block_digest(block)
+
+
+def _predict_chunk_or_error(block, chunk, model, out, layout, threads):
+    """_predict_chunk_to, its error returned rather than raised: a compute that raised on the
+    first error would return while the other tasks still write their chunks."""
+    try:
+        return _predict_chunk_to(block, chunk, model, out, layout, threads), None
+    except Exception as e:  # noqa: BLE001 (raised by predict once every task has ended)
+        return 0, e
 
 
 def _predict_chunk_to(block, chunk, model, out, layout, threads):
@@ -383,9 +398,14 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
         raise _other_input(out, changed)
     missing = sorted(set(range(output.chunks)) - set(done))
     shared_model = dask.delayed(model)  # once in the graph, not once per task
-    tasks = [dask.delayed(_predict_chunk_to, pure=False)(blocks[c], c, shared_model, out, layout,
-                                                         threads) for c in missing]
-    written = dask.compute(*tasks) if tasks else ()
+    tasks = [dask.delayed(_predict_chunk_or_error, pure=False)(blocks[c], c, shared_model, out,
+                                                               layout, threads)
+             for c in missing]
+    results = dask.compute(*tasks) if tasks else ()
+    errors = [e for _, e in results if e is not None]
+    if errors:
+        raise errors[0]
+    written = [n for n, _ in results]
     seconds = time.time() - started
     rows_predicted = int(sum(written))
     summary = {"out": out, "rows": rows, "chunks": output.chunks,

@@ -190,15 +190,22 @@ class DaskPredictTest(unittest.TestCase):
         np.testing.assert_array_equal(zarr.open_group(out, mode="r")["classes"][:],
                                       self.model.predict(self.images))
 
-    def test_a_row_without_finite_logits_is_refused_naming_it(self):
+    def test_a_row_without_finite_pixels_is_refused_naming_it(self):
         # Row 1500 (chunk 2 of 700-row chunks) holds a NaN pixel: it has no arg-max, and was
         # written as class 0 with NaN probabilities.
         out = os.path.join(self.dir, "pred.zarr")
         images = (self.images / np.float32(255)).astype(np.float32).reshape(2500, 28, 28)
         images[1500, 3, 3] = np.nan
-        with self.assertRaisesRegex(tandem.InputError, "row 1500 gives logits that are not finite"):
+        with self.assertRaisesRegex(tandem.InputError, "row 1500 holds a pixel that is not finite"):
             tdask.predict(self.model, da.from_array(images, chunks=(700, 28, 28)), out)
-        self.assertFalse(os.path.exists(os.path.join(out, "classes/c/2")), "chunk 2 was written")
+        # Raised once every task had ended: the other chunks are all written, none is left
+        # being written under the caller.
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "classes/c"))), ["0", "1", "3"])
+        # Lazily, the row is counted within its block, which is named.
+        lazy = tdask.predict(self.model, da.from_array(images, chunks=(700, 28, 28)))
+        with self.assertRaisesRegex(tandem.InputError,
+                                    r"row 100 holds a pixel .*block's first, row 1400 of"):
+            lazy.compute()
 
     def test_irregular_blocks_are_written_in_regular_chunks(self):
         out = os.path.join(self.dir, "pred.zarr")

@@ -42,7 +42,7 @@ class ModelTest(unittest.TestCase):
         with_nan[6, 100] = np.nan
         for probabilities in (False, True):
             with self.assertRaisesRegex(tandem.InputError,
-                                        "row 6 gives logits that are not finite"):
+                                        "row 6 holds a pixel that is not finite"):
                 model.predict(with_nan, probabilities=probabilities)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m.safetensors")

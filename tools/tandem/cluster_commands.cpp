@@ -624,6 +624,9 @@ void run_stoppable_role(const std::string& kind, RoleOptions role, void (*run)(c
   else if (rank)
     leave_stops_to(0, who, "the run's coordinator (rank 0)");
   role.cancel = shared_stop_flag();
+  // Started by launch, the stop signals were blocked until now (ProcessLauncher::spawn): one sent
+  // since the exec acts now, on the handlers above.
+  unblock_stop_signals();
   run(role);
   if (role.cancel->load())
     std::fprintf(stderr, "tandem %s%s: stopped by %s\n", kind.c_str(),

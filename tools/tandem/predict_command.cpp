@@ -129,7 +129,10 @@ void run_processes(const PredictCliOptions& o) {
   }
   if (stop.load())
     throw stopped_by_signal(failures.empty() ? std::string() : " (its processes:" + failures + ")");
-  if (!failures.empty()) throw Error("prediction processes failed:" + failures + " " + kRerun);
+  // A share may have failed on its input (a row it cannot predict), which a rerun meets again.
+  if (!failures.empty())
+    throw Error("prediction processes failed:" + failures + " their errors are above; once what "
+                "they name is fixed, " + kRerun);
 }
 
 // The shares on slot servers: as many shares as the servers have slots, each a `tandem predict

@@ -31,8 +31,11 @@ pid_t ProcessLauncher::spawn(const Child& c) const {
     args.insert(args.end(), it->second.begin(), it->second.end());
   // Dies with the launcher, whatever kills it (a SIGKILL'd launcher included). In a process group
   // of its own: a Ctrl-C or a cancel sent to the launcher's group reaches the launcher alone,
-  // which stops the run in order (roles killed by it would be restarted, the model lost).
-  return start_child_process(args, "", "cannot start " + c.name, /*own_process_group=*/true);
+  // which stops the run in order (roles killed by it would be restarted, the model lost). With
+  // the stop signals blocked until the role has its handlers (run_stoppable_role): a signal to
+  // every process of the run (a service stopped) then never finds a role without them.
+  return start_child_process(args, "", "cannot start " + c.name, /*own_process_group=*/true,
+                             /*working_dir=*/"", /*stop_signals_blocked=*/true);
 }
 
 std::string ProcessLauncher::start(const std::string& kind, const std::string& name,

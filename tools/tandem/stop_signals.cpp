@@ -180,15 +180,24 @@ StopSignalsBlocked::StopSignalsBlocked() {
 
 StopSignalsBlocked::~StopSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
 
-void reset_stop_signals_in_child() {
+void reset_stop_signals_in_child(bool keep_stop_signals_blocked) {
   struct sigaction fallback {};
   fallback.sa_handler = SIG_DFL;
   sigemptyset(&fallback.sa_mask);
   for (const StopSignal& s : g_stop_signals)
     if (s.handled.load()) sigaction(s.number, &fallback, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  sigset_t mask;
+  sigemptyset(&mask);
+  if (keep_stop_signals_blocked)
+    for (const StopSignal& s : g_stop_signals) sigaddset(&mask, s.number);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+}
+
+void unblock_stop_signals() {
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (const StopSignal& s : g_stop_signals) sigaddset(&stops, s.number);
+  pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
 }
 
 }  // namespace tandem::cli

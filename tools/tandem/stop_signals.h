@@ -63,7 +63,12 @@ class StopSignalsBlocked {
 
 // In a forked child (async-signal-safe): the signals this process handles go back to their
 // default action, and every signal is unblocked, so one sent since the fork acts as it would on
-// the program exec'd next.
-void reset_stop_signals_in_child();
+// the program exec'd next. `keep_stop_signals_blocked`: SIGINT, SIGTERM and SIGHUP stay blocked
+// through the exec, for a program that unblocks them once its handlers are in place.
+void reset_stop_signals_in_child(bool keep_stop_signals_blocked = false);
+
+// Unblocks SIGINT, SIGTERM and SIGHUP in the calling thread (a role started with them blocked,
+// start_child_process): one that came since the exec acts now, on the handlers installed.
+void unblock_stop_signals();
 
 }  // namespace tandem::cli

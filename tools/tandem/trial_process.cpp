@@ -22,7 +22,7 @@ namespace tandem::cli {
 
 pid_t start_child_process(const std::vector<std::string>& args, const std::string& log,
                           const std::string& what, bool own_process_group,
-                          const std::string& working_dir) {
+                          const std::string& working_dir, bool stop_signals_blocked) {
   if (args.empty()) throw InputError(what + ": no command to run");
   // Everything the child needs is built before fork: between fork and exec only
   // async-signal-safe calls are allowed (other threads may hold the allocator's locks).
@@ -68,8 +68,9 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
         close(log_fd);
       }
       // The parent's stop-signal handlers and blocked mask must not reach the child: a SIGTERM
-      // sent since the fork (a cancel right after the start) then ends it as it would the program.
-      reset_stop_signals_in_child();
+      // sent since the fork (a cancel right after the start) then ends it as it would the program
+      // (or waits for its handlers, stop_signals_blocked).
+      reset_stop_signals_in_child(stop_signals_blocked);
       if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) fail_in_child(no_dir);
       execv(argv[0], argv.data());
       fail_in_child(failure);

@@ -24,9 +24,13 @@ namespace tandem::cli {
 // which then stops the child in its own order (launch's roles: the servers last, with their
 // final checkpoints).
 // `working_dir`: where the child runs (empty: this process's working directory).
+// `stop_signals_blocked`: the child starts with SIGINT, SIGTERM and SIGHUP blocked, pending until
+// it has installed its handlers and calls unblock_stop_signals() (launch's roles, which leave
+// those signals to the launcher: one sent between the exec and the handlers ended the role, a
+// server without its final checkpoint). Otherwise the child starts with no signal blocked.
 pid_t start_child_process(const std::vector<std::string>& argv, const std::string& log,
                           const std::string& what, bool own_process_group = false,
-                          const std::string& working_dir = "");
+                          const std::string& working_dir = "", bool stop_signals_blocked = false);
 
 // Reaps each of `pids` that has ended (or is no child of this process any more), polling until
 // all have or `deadline` passes; returns those still running.
