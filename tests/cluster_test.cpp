@@ -245,6 +245,54 @@ TEST(Coordinator, TheStateShowsALongRunsOlderScoresThinnedAndNoTargetAsNull) {
   EXPECT_EQ(c.scores().size(), 2500u);  // the run keeps them all
 }
 
+// Bound but not answering until start_serving(): launch clears the previous run's files in
+// between. A request sent meanwhile waits and is answered; the start-up timeout counts from the
+// start of serving, not from the bind.
+TEST(Coordinator, ServesOnlyFromStartServingAndAnswersWhatWaited) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.serve_at_once = false;
+  Coordinator c(o);
+  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 300), ClusterPhase::Starting);
+  json reply;
+  std::thread early([&] {
+    CoordinatorLink link(c.endpoint(), context, 10000);
+    reply = link.request({{"type", "score"}, {"step", 1}, {"loss", 5.0}, {"accuracy", 0.5}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(c.scores().empty());  // not answered yet
+  c.start_serving();
+  c.start_serving();  // once only
+  early.join();
+  EXPECT_FALSE(reply.contains("error")) << reply.dump();
+  EXPECT_EQ(c.scores().size(), 1u);
+  EXPECT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+
+  CoordinatorOptions waiting = test::bare_coordinator_options(context);
+  waiting.serve_at_once = false;
+  waiting.expected_workers = 1;
+  waiting.startup_timeout_ms = 400;
+  Coordinator late(waiting);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the timeout, not serving
+  late.start_serving();
+  EXPECT_EQ(late.wait_for(ClusterPhase::Failed, 150), ClusterPhase::Starting);
+  EXPECT_EQ(late.wait_for(ClusterPhase::Failed, 5000), ClusterPhase::Failed);
+}
+
+// Which run a state is: the id the roles are told when they register, another for another run.
+TEST(Coordinator, TheStateNamesItsRun) {
+  zmq::context_t context(1);
+  Coordinator a(test::bare_coordinator_options(context));
+  Coordinator b(test::bare_coordinator_options(context));
+  const std::string run = a.state().at("cluster").at("run").get<std::string>();
+  EXPECT_EQ(run.size(), 32u);
+  EXPECT_EQ(run.find_first_not_of("0123456789abcdef"), std::string::npos) << run;
+  EXPECT_NE(b.state().at("cluster").at("run").get<std::string>(), run);
+  CoordinatorLink link(a.endpoint(), context);
+  const json registered = link.request({{"type", "register"}, {"role", "worker"}});
+  EXPECT_EQ(registered.value("run", std::string()), run) << registered.dump();
+}
+
 TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   zmq::context_t context(1);
   Coordinator c(test::bare_coordinator_options(context));

@@ -3,10 +3,15 @@
 // growing staleness histogram. Prints the dashboard's URL on the first line of stdout, then
 // serves until SIGINT or SIGTERM (or --seconds pass, so a forgotten demo does not linger).
 //
+// SIGUSR1 makes the state another run's (the page must say so).
+//
 // usage: dashboard_demo [--host 127.0.0.1] [--port 0] [--seconds 300]
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,8 +35,10 @@ constexpr int kWorkers = 2, kServers = 2;
 
 double loss_at(double t) { return 1600.0 + 900.0 * std::exp(-t / 4.0) + 15.0 * std::sin(3.0 * t); }
 
-// Everything is a pure function of the time since start, so the callbacks need no lock.
-json state_at(double t) {
+// Everything is a pure function of the time since start, so the callbacks need no lock. Once
+// `second_run` (SIGUSR1), the state is another run's, as when a later launch serves its
+// dashboard on the port of one that ended.
+json state_at(double t, bool second_run) {
   const long step = static_cast<long>(t * 50.0);
   json workers = json::array(), servers = json::array(), roles = json::array(), scores = json::array();
   double total_rate = 0.0;
@@ -82,7 +89,8 @@ json state_at(double t) {
                       {"loss", loss_at(ts)},
                       {"accuracy", 0.88 - 0.2 * std::exp(-ts / 4.0)}});
   }
-  return {{"cluster", {{"state", t < 0.5 ? "starting" : "training"},
+  return {{"cluster", {{"run", second_run ? "2222bbbbdemo0002" : "1111aaaademo0001"},
+                       {"state", t < 0.5 ? "starting" : "training"},
                        {"elapsed_s", t},
                        {"epoch", 1 + static_cast<int>(t / 5.0)},
                        {"step", step},
@@ -133,24 +141,32 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Block the stop signals before the server's threads start, so they inherit the mask and the
-  // signal reaches sigtimedwait below.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the signals before the server's threads start, so they inherit the mask and the
+  // signals reach sigtimedwait below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const auto start = Clock::now();
   auto elapsed = [start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::atomic<bool> second_run{false};
   try {
     tandem::DashboardServer server(
-        options, [&] { return state_at(elapsed()).dump(); },
-        [&] { return metrics_of(state_at(elapsed())); });
+        options, [&] { return state_at(elapsed(), second_run.load()).dump(); },
+        [&] { return metrics_of(state_at(elapsed(), second_run.load())); });
     std::printf("%s\n", server.url().c_str());
     std::fflush(stdout);
-    timespec limit{static_cast<time_t>(seconds), 0};
-    const int sig = sigtimedwait(&stop_signals, nullptr, &limit);
+    int sig = 0;
+    for (;;) {
+      const double left = std::max(0.0, seconds - elapsed());
+      timespec limit{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
+      sig = sigtimedwait(&signals, nullptr, &limit);
+      if (sig == SIGUSR1) second_run.store(true);
+      else if (sig > 0 || errno != EINTR) break;
+    }
     std::fprintf(stderr, "dashboard_demo: %s, stopping\n",
                  sig > 0 ? strsignal(sig) : "time limit reached");
     server.stop();

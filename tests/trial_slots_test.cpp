@@ -457,19 +457,26 @@ TEST(TrialProcess, AChildThatCannotStartSaysWhyInItsLog) {
 // instead of ending the role (a server without its final checkpoint). `sleep` never unblocks
 // them: it stands for a role still starting.
 TEST(TrialProcess, StopSignalsStayBlockedThroughTheExecWhenAsked) {
-  const auto alive_after_sigterm = [](bool blocked) {
+  // Whether the child is still there `wait_ms` after a SIGTERM; ended, whether by that SIGTERM.
+  const auto after_sigterm = [](bool blocked, int wait_ms) {
     const pid_t pid =
         cli::start_child_process({"/bin/sleep", "30"}, "", "test", false, "", blocked);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     kill(pid, SIGTERM);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const bool alive = waitpid(pid, nullptr, WNOHANG) == 0;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return alive;
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);  // still a child of ours, not reaped: the pid is its own
+        waitpid(pid, nullptr, 0);
+        return std::string("alive");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::string(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM ? "ended by SIGTERM"
+                                                                          : "ended otherwise");
   };
-  EXPECT_TRUE(alive_after_sigterm(true));
-  EXPECT_FALSE(alive_after_sigterm(false));
+  EXPECT_EQ(after_sigterm(true, 500), "alive");
+  EXPECT_EQ(after_sigterm(false, 20000), "ended by SIGTERM");
 }
 
 TEST(TrialSlotServerRoot, JobsNamingPathsOutsideTheRootAreRefusedAndTheOthersRunThere) {

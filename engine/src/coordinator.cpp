@@ -710,7 +710,8 @@ int64_t Coordinator::worker_total_locked(const char* field, int64_t retired) con
 json Coordinator::state() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  json cluster{{"state", to_string(phase_)},
+  json cluster{{"run", run_id_},  // the spec's "run": which run this is, for a page left open
+               {"state", to_string(phase_)},
                {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
                {"epoch", work_.epochs_completed()},
                {"batches_done", batches_done_locked()},

@@ -26,6 +26,12 @@ std::string dtype_text(const py::array& a) { return py::str(a.dtype()).cast<std:
 
 bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
 
+// NumPy's NPY_ARRAY_ALIGNED. A buffer taken at any offset (np.frombuffer(offset=1), a message a
+// Dask worker received) can hold float32s at an address that is no multiple of 4, which the
+// engine reads as floats: such an array is copied, as one that is not contiguous is.
+constexpr int kNpyAligned = 0x0100;
+bool aligned(const py::array& a) { return (a.flags() & kNpyAligned) != 0; }
+
 // By type number, not identity: an array that came through pickle (a Dask transfer) carries an
 // equal dtype object that is not numpy's canonical one.
 // The byte order too: '>f4' has float32's type number, and read in place its numbers would be
@@ -159,8 +165,9 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
     }
   } else if (kind == 'f') {
     pixel_type = PixelType::Float32;
-    if (!is_float32(images) || !c_contiguous(images)) {
-      images = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(images);
+    if (!is_float32(images) || !c_contiguous(images) || !aligned(images)) {
+      images = py::array_t<float, py::array::c_style | py::array::forcecast | kNpyAligned>::ensure(
+          images);
       out.pixels_copied = true;
     }
   } else {

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import time
+import traceback
 
 import numpy as np
 
@@ -302,6 +303,7 @@ def _predict_chunk_or_error(block, chunk, model, out, layout, threads):
     try:
         return _predict_chunk_to(block, chunk, model, out, layout, threads), None
     except Exception as e:  # noqa: BLE001 (raised by predict once every task has ended)
+        e.add_note(f"in the task of chunk {chunk}:\n{traceback.format_exc()}")
         return 0, e
 
 
@@ -404,6 +406,8 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     results = dask.compute(*tasks) if tasks else ()
     errors = [e for _, e in results if e is not None]
     if errors:
+        if len(errors) > 1:
+            errors[0].add_note(f"{len(errors) - 1} other chunk(s) failed too")
         raise errors[0]
     written = [n for n, _ in results]
     seconds = time.time() - started

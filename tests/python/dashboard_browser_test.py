@@ -6,7 +6,9 @@ or uses a dashboard already running (--url, e.g. a coordinator's), checks /healt
 /metrics and a 404 over plain HTTP, then opens the page in headless Chromium through Selenium
 and checks that it renders live data: one role-table row per role in the state with every role
 name, score-curve points that appear and then GROW while watched, the worker and server tables,
-the staleness bars and the status header. Page JavaScript errors fail the test.
+the staleness bars and the status header with the run's id. With the demo, which is then made
+to serve another run (SIGUSR1), the page must say that a new run replaced the one it first
+showed. Page JavaScript errors fail the test.
 
 Needs Debian's chromium and chromium-driver (scripts/install-deps.sh) and selenium (the test
 venv). When either is missing the test FAILS with a message saying what to install: it never
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -192,6 +195,14 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
                                 driver.find_elements(By.CSS_SELECTOR, "#staleness rect.bar")])
         if bars != buckets:
             fail(f"staleness bars {bars}, expected one per bucket {buckets}")
+    # Which run: the first 8 characters of its id, and no "new run" while it is the first.
+    run = state.get("cluster", {}).get("run")
+    if not isinstance(run, str) or len(run) < 8:
+        fail(f"/api/state names no run (cluster.run {run!r})")
+    wait_for(f"the status header shows run {run[:8]}",
+             lambda: driver.find_element(By.ID, "st-run").text == run[:8])
+    if settled(lambda: driver.find_element(By.ID, "st-new-run").is_displayed()):
+        fail("the page says a new run while the run it first showed is served")
     cluster_state = state.get("cluster", {}).get("state", "")
     status = settled(lambda: driver.find_element(By.ID, "status").text.lower())  # CSS-uppercased labels
     if "step" not in status or "epoch" not in status:
@@ -207,6 +218,30 @@ def check_page(driver, url, state, timeout, grow_seconds, screenshot=None):
     if errors:
         fail(f"the page logged errors: {errors}")
     return first, grown, shown
+
+
+def check_new_run(driver, url, demo, timeout):
+    """The demo made to serve another run (SIGUSR1), as a later launch on the same port would:
+    the page says so and shows the new run's id."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+
+    before = json.loads(http_get(url + "api/state")[2])["cluster"]["run"]
+    demo.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while json.loads(http_get(url + "api/state")[2])["cluster"]["run"] == before:
+        if time.monotonic() > deadline:
+            fail(f"the demo still serves run {before} {timeout} s after SIGUSR1")
+        time.sleep(0.05)
+    after = json.loads(http_get(url + "api/state")[2])["cluster"]["run"]
+    try:
+        WebDriverWait(driver, timeout, poll_frequency=0.1,
+                      ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: d.find_element(By.ID, "st-new-run").is_displayed()
+            and d.find_element(By.ID, "st-run").text == after[:8])
+    except TimeoutException:
+        fail(f"after {timeout} s the page does not say that run {after[:8]} replaced {before[:8]}")
 
 
 def main():
@@ -235,6 +270,8 @@ def main():
         driver = open_browser(args.chromium, args.chromedriver)
         first, grown, roles = check_page(driver, url, state, args.timeout, args.grow_seconds,
                                            args.screenshot)
+        if demo is not None:
+            check_new_run(driver, url, demo, args.timeout)
     finally:
         if driver is not None:
             driver.quit()

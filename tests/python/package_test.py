@@ -279,6 +279,15 @@ class RolesTest(unittest.TestCase):
         info = worker.feed(x.reshape(300, 28, 28), y.astype(np.int64))
         self.assertFalse(info["pixels_copied"])
         self.assertTrue(info["labels_copied"])
+        # float32 pixels at an address that is no multiple of 4 (a buffer taken at an offset, as
+        # one received from elsewhere) are copied to one that is.
+        raw = np.zeros(300 * 784 * 4 + 1, dtype=np.uint8)
+        odd = np.frombuffer(raw.data, dtype=np.float32, count=300 * 784, offset=1).reshape(300, 784)
+        odd[...] = x / np.float32(255)
+        self.assertFalse(odd.flags.aligned)
+        info = worker.feed(odd, y)
+        self.assertTrue(info["pixels_copied"])
+        self.assertEqual(info["pixels_address"] % 4, 0)
         end_cluster(self, coordinator, roles)
 
     def test_a_worker_error_surfaces_with_the_engine_message(self):
