@@ -25,12 +25,7 @@ std::string shape_text(const py::array& a) {
 std::string dtype_text(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
 
 bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
-
-// NumPy's NPY_ARRAY_ALIGNED. A buffer taken at any offset (np.frombuffer(offset=1), a message a
-// Dask worker received) can hold float32s at an address that is no multiple of 4, which the
-// engine reads as floats: such an array is copied, as one that is not contiguous is.
-constexpr int kNpyAligned = 0x0100;
-bool aligned(const py::array& a) { return (a.flags() & kNpyAligned) != 0; }
+bool aligned(const py::array& a) { return (a.flags() & 0x0100) != 0; }  // NPY_ARRAY_ALIGNED
 
 // By type number, not identity: an array that came through pickle (a Dask transfer) carries an
 // equal dtype object that is not numpy's canonical one.
@@ -77,7 +72,7 @@ ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
   const char kind = labels.dtype().kind();
   if (labels.ndim() == 1 && kind == 'f') {
     // Class ids as whole numbers in floats (3.0), as pandas and NumPy often leave them.
-    auto wide = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
+    auto wide = py::array_t<double, kReadInPlace>::ensure(labels);
     py::array_t<uint8_t> ids(rows);
     const double* in = wide.data();
     uint8_t* ids_out = ids.mutable_data();
@@ -98,7 +93,7 @@ ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
     if (classes < 2 || classes > limit)
       throw InputError("one-hot labels need 2 to " + std::to_string(limit) + " columns, not " +
                        shape_text(labels) + " (class ids go in a 1-D array)");
-    auto dense = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(labels);
+    auto dense = py::array_t<double, kReadInPlace>::ensure(labels);
     py::array_t<uint8_t> ids(rows);
     const double* in = dense.data();
     uint8_t* ids_out = ids.mutable_data();
@@ -115,7 +110,7 @@ ClassIds class_ids(py::handle labels_in, py::ssize_t rows, int limit) {
     out.copied = true;
   } else if (labels.ndim() == 1 && (kind == 'u' || kind == 'i')) {
     if (!is_uint8(labels) || !c_contiguous(labels)) {
-      auto wide = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(labels);
+      auto wide = py::array_t<int64_t, kReadInPlace>::ensure(labels);
       py::array_t<uint8_t> ids(rows);
       const int64_t* in = wide.data();
       uint8_t* ids_out = ids.mutable_data();
@@ -166,8 +161,7 @@ ArrayRows array_rows(py::handle images_in, py::handle labels_in, bool need_label
   } else if (kind == 'f') {
     pixel_type = PixelType::Float32;
     if (!is_float32(images) || !c_contiguous(images) || !aligned(images)) {
-      images = py::array_t<float, py::array::c_style | py::array::forcecast | kNpyAligned>::ensure(
-          images);
+      images = py::array_t<float, kReadInPlace>::ensure(images);
       out.pixels_copied = true;
     }
   } else {

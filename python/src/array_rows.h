@@ -14,6 +14,13 @@
 
 namespace tandem::python {
 
+// The requirements on an array the engine reads in place as T: C order, of T's dtype (converted
+// otherwise), and aligned for T (NPY_ARRAY_ALIGNED: a buffer taken at any offset,
+// np.frombuffer(offset=1) or one a Dask worker received, can hold values at an address that is
+// no multiple of their size). An array that misses one is copied by array_t<T, kReadInPlace>.
+constexpr int kReadInPlace =
+    pybind11::array::c_style | pybind11::array::forcecast | 0x0100;
+
 struct ArrayRows {
   FedBlock block;  // the view, and an owner holding the arrays it points into
   bool pixels_copied = false;

@@ -52,7 +52,7 @@ void set_parameters(Model& model, const py::dict& values) {
     for (NamedTensor& t : model.parameters())
       if (t.name == name) target = &t;
     if (!target) throw InputError("model " + model.config().describe() + " has no parameter '" + name + "'");
-    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
+    auto a = py::array_t<float, kReadInPlace>::ensure(value);
     if (!a) throw py::type_error("parameter '" + name + "' must be an array of numbers");
     std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
     if (shape != target->shape)

@@ -297,13 +297,22 @@ def _chunk_matches(block, chunk, out, layout):
     return _Predictions(out, *layout, _OVERWRITE_HINT).input_digest(chunk) == _block_digest(block)
 
 
+def _add_note(error, text):
+    """BaseException.add_note where Python has it (3.11), the same __notes__ otherwise: the
+    package supports Python 3.9."""
+    if hasattr(error, "add_note"):
+        error.add_note(text)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), text]
+
+
 def _predict_chunk_or_error(block, chunk, model, out, layout, threads):
     """_predict_chunk_to, its error returned rather than raised: a compute that raised on the
     first error would return while the other tasks still write their chunks."""
     try:
         return _predict_chunk_to(block, chunk, model, out, layout, threads), None
     except Exception as e:  # noqa: BLE001 (raised by predict once every task has ended)
-        e.add_note(f"in the task of chunk {chunk}:\n{traceback.format_exc()}")
+        _add_note(e, f"in the task of chunk {chunk}:\n{traceback.format_exc()}")
         return 0, e
 
 
@@ -407,7 +416,7 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     errors = [e for _, e in results if e is not None]
     if errors:
         if len(errors) > 1:
-            errors[0].add_note(f"{len(errors) - 1} other chunk(s) failed too")
+            _add_note(errors[0], f"{len(errors) - 1} other chunk(s) failed too")
         raise errors[0]
     written = [n for n, _ in results]
     seconds = time.time() - started
