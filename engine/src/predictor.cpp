@@ -455,11 +455,21 @@ void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int
                        "has no predicted class");
 }
 
+void predict_logits_checked(Backend& backend, const DatasetView& view, int64_t classes,
+                            uint8_t* ids, float* logits, int64_t first_row,
+                            const std::string& what, std::mutex* turn) {
+  check_pixels_finite(view, first_row, what);
+  {
+    std::unique_lock<std::mutex> lock;
+    if (turn != nullptr) lock = std::unique_lock<std::mutex>(*turn);
+    backend.predict_logits(view, ids, logits);
+  }
+  check_logits_finite(logits, view.rows, classes, first_row, what);
+}
+
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
                   float* probabilities, float* logits, int64_t first_row) {
-  check_pixels_finite(view, first_row, "images");
-  backend.predict_logits(view, ids, logits);
-  check_logits_finite(logits, view.rows, classes, first_row, "images");
+  predict_logits_checked(backend, view, classes, ids, logits, first_row, "images");
   for (int64_t r = 0; r < view.rows; ++r)
     softmax_row(logits + r * classes, classes, ids[size_t(r)], probabilities + r * classes);
 }
@@ -598,14 +608,9 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
         view.num_classes = static_cast<int>(classes);
         std::fill(ids.begin(), ids.end(), uint8_t{0});
         std::fill(probs.begin(), probs.end(), 0.0f);  // the edge chunk's padding
-        const std::string what = store_path + " (" + options.split + ")";
-        check_pixels_finite(view, chunk * chunk_rows, what);
-        {
-          std::unique_lock<std::mutex> turn(device_mutex, std::defer_lock);
-          if (on_device) turn.lock();
-          backend->predict_logits(view, ids.data(), logits.data());
-        }
-        check_logits_finite(logits.data(), n, classes, chunk * chunk_rows, what);
+        predict_logits_checked(*backend, view, classes, ids.data(), logits.data(),
+                               chunk * chunk_rows, store_path + " (" + options.split + ")",
+                               on_device ? &device_mutex : nullptr);
         for (int64_t r = 0; r < n; ++r)  // predict_rows' softmax, outside the device's turn
           softmax_row(logits.data() + r * classes, classes, ids[size_t(r)],
                       probs.data() + r * classes);

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -100,6 +101,14 @@ void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::
 // so large that the logits overflow).
 void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
                          const std::string& what);
+
+// backend.predict_logits between check_pixels_finite and check_logits_finite: the classes and
+// logits of `view`'s rows, refused (InputError naming the row, from first_row, in `what`) for a
+// row that has no class. `turn`, when given, is held around the backend alone (a device shared
+// by threads).
+void predict_logits_checked(Backend& backend, const DatasetView& view, int64_t classes,
+                            uint8_t* ids, float* logits, int64_t first_row,
+                            const std::string& what, std::mutex* turn = nullptr);
 
 // Class ids (the arg-max of the logits, first maximum: what tandem eval counts) and softmax
 // probabilities of every row of `view`; `logits` is scratch of view.rows * classes floats.

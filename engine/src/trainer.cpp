@@ -342,9 +342,8 @@ std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int th
   std::vector<float> logits(size_t(std::min(data.rows, kBlockRows) * classes));
   for (int64_t first = 0; first < data.rows; first += kBlockRows) {
     const DatasetView block = data.slice(first, std::min(data.rows, first + kBlockRows));
-    check_pixels_finite(block, first, "images");
-    backend->predict_logits(block, out.data() + first, logits.data());
-    check_logits_finite(logits.data(), block.rows, classes, first, "images");
+    predict_logits_checked(*backend, block, classes, out.data() + first, logits.data(), first,
+                           "images");
   }
   return out;
 }
