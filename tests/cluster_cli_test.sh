@@ -149,6 +149,15 @@ expect_error "launch --ps 2000 is refused on a finished run's directory" \
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"
 
+# A --coordinator file that is no cluster spec is refused saying why.
+printf '[1]' >"$dir/notspec.json"
+expect_error "a --coordinator file holding no JSON object is refused" \
+  "notspec.json is not a cluster spec (not a JSON object)" \
+  "$tandem" scores --coordinator "$dir/notspec.json"
+printf '{"coordinator": ' >"$dir/badspec.json"
+expect_error "... and one that is not JSON" "badspec.json is not a cluster spec (not valid JSON (" \
+  "$tandem" scores --coordinator "$dir/badspec.json"
+
 # 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
 #     trains to the default target (about 3 s).
 out=$("$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1b" --workers 1 --group-members 2 \

@@ -106,10 +106,12 @@ struct ClusterSummary {
   nlohmann::json spec;
 };
 
-// What ClusterRun's constructor refuses, checked alone (InputError): the run's shape, the GPUs,
-// CURVE with inproc, the store and its splits, a model path that cannot be written. Completes
-// the CURVE settings and returns the store it opened. For a caller that must know the run will
-// be accepted before it clears the previous run's files.
+// What ClusterRun's constructor refuses before it makes the coordinator, checked alone
+// (InputError): the run's shape, the GPUs, CURVE with inproc, the store and its splits, a model
+// path that cannot be written. Completes the CURVE settings and returns the store it opened.
+// The coordinator can still refuse (its address in use, more servers than the model has parts,
+// an allowed-keys file it cannot read): a caller that clears a previous run's files constructs
+// the ClusterRun first, with serve_from_run, and clears them before run().
 DatasetStore check_cluster_options(ClusterOptions& options);
 
 class ClusterRun {
@@ -140,7 +142,8 @@ class ClusterRun {
   void request_stop(const std::string& reason) { coordinator_->request_stop(reason); }
 
  private:
-  // Reads the evaluation splits and makes the coordinator (bound, serving).
+  // Reads the evaluation splits and makes the coordinator (bound; serving unless
+  // serve_from_run).
   void start_coordinator(const DatasetStore& store);
   void start_threads();
   void join_threads();

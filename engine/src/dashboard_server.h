@@ -14,7 +14,8 @@
 // Host header naming anything but a loopback name (403: DNS rebinding).
 //
 // The state document (the coordinator produces exactly this; the page reads nothing else):
-//   {"cluster": {"state": "starting|training|draining|done|failed", "elapsed_s": 12.3,
+//   {"cluster": {"run": "3f9c...", "state": "starting|training|draining|done|failed",
+//                "elapsed_s": 12.3,
 //                "epoch": 2, "step": 530, "target": 1700.0, "samples_per_s": 91000.0,
 //                "scores_total": 41, "stop_reason": "target", "failure": ""},
 //    "roles":   [{"role": "coordinator|ps|worker|scorer", "name": "ps0",
@@ -27,7 +28,9 @@
 //    "servers": [{"name": "ps0", "pushes_per_s": 45.0, "pulls_per_s": 46.0, "version": 530,
 //                 "staleness": {"0": 400, "1": 100, "2": 30, "3": 5, "4-7": 2, "8-15": 0,
 //                               "16+": 0}}]}
-// cluster.target is the score (loss) the run aims for (null or absent: none, no line drawn);
+// cluster.run is the run's id (32 hex characters; the page shows its first 8 and says when a
+// later poll finds another); cluster.target is the score (loss) the run aims for (null or
+// absent: none, no line drawn);
 // scores holds at most 2,000 of the run's scores_total (the newest 1,000, and the older ones
 // thinned evenly); failure says why a failed run failed;
 // scores[].t and last_seen_s are seconds (since the start, and since the role was last heard);
@@ -35,9 +38,11 @@
 // how many updates arrived that stale.
 //
 // Page element ids (the browser test finds these): status (the header: state, epoch, step,
-// elapsed, newest score), roles (table, one <tr data-role="ROLE" data-name="NAME"> per role),
-// score-curve (SVG, one <circle> per score and data-points="COUNT"), workers (table), servers
-// (table), staleness (SVG, one <rect class="bar" data-staleness="LABEL"> per bucket, in order).
+// elapsed, newest score), st-run (the run id's first 8 characters), st-new-run (shown when the
+// run is not the one the page first showed), roles (table, one <tr data-role="ROLE"
+// data-name="NAME"> per role), score-curve (SVG, one <circle> per score and
+// data-points="COUNT"), workers (table), servers (table), staleness (SVG, one <rect class="bar"
+// data-staleness="LABEL"> per bucket, in order).
 #pragma once
 
 #include <chrono>

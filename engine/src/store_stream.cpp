@@ -8,8 +8,7 @@ bool is_dataset_store(const std::string& path) { return DatasetStore::looks_like
 
 DataSplits read_eval_splits(const DatasetStore& store) {
   const std::string& path = store.path;
-  DataSplits splits;
-  splits.source = path;
+  DataSplits splits;  // (source: the caller's name for the store)
   if (store.validation.rows > 0)
     splits.validation = read_split(store.validation, store.num_classes, path + " (validation)");
   if (store.test.rows > 0) splits.test = read_split(store.test, store.num_classes, path + " (test)");

@@ -25,7 +25,7 @@ std::string shape_text(const py::array& a) {
 std::string dtype_text(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
 
 bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
-bool aligned(const py::array& a) { return (a.flags() & 0x0100) != 0; }  // NPY_ARRAY_ALIGNED
+bool aligned(const py::array& a) { return (a.flags() & kAlignedFlag) != 0; }
 
 // By type number, not identity: an array that came through pickle (a Dask transfer) carries an
 // equal dtype object that is not numpy's canonical one.

@@ -1,8 +1,9 @@
 // NumPy arrays as rows the engine reads: images (N, features) or (N, H, W) as uint8 (scaled by
 // 1/255 when read, as the engine's stores) or float32 (used as they are), and labels as class
 // ids (N,) or one-hot rows (N, classes), the seed's format. What the engine can read in place is
-// not copied: C-contiguous uint8 or float32 pixels and C-contiguous uint8 labels. Anything else
-// (another float type, one-hot or wider integer labels) is converted once, and the result says so.
+// not copied: C-contiguous uint8 or float32 pixels (the float32 ones aligned) and C-contiguous
+// uint8 labels. Anything else (another float type, misaligned float32, one-hot or wider integer
+// labels) is converted once, and the result says so.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -18,8 +19,8 @@ namespace tandem::python {
 // otherwise), and aligned for T (NPY_ARRAY_ALIGNED: a buffer taken at any offset,
 // np.frombuffer(offset=1) or one a Dask worker received, can hold values at an address that is
 // no multiple of their size). An array that misses one is copied by array_t<T, kReadInPlace>.
-constexpr int kReadInPlace =
-    pybind11::array::c_style | pybind11::array::forcecast | 0x0100;
+constexpr int kAlignedFlag = pybind11::detail::npy_api::NPY_ARRAY_ALIGNED_;
+constexpr int kReadInPlace = pybind11::array::c_style | pybind11::array::forcecast | kAlignedFlag;
 
 struct ArrayRows {
   FedBlock block;  // the view, and an owner holding the arrays it points into

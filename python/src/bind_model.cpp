@@ -107,7 +107,9 @@ void bind_model(py::module_& m) {
            "images"_a, "threads"_a = 0, "probabilities"_a = false,
            "The predicted class of every row; with probabilities=True, (classes, "
            "probabilities): float32 [rows, classes], the logits' softmax as tandem predict "
-           "writes it, whose first maximum is the class.")
+           "writes it, whose first maximum is the class. InputError naming the first row that "
+           "has no class: a NaN or infinite pixel, or pixels so large that its logits are not "
+           "finite.")
       .def("save",
            [](const Model& model, const std::string& path) {
              Checkpoint c;

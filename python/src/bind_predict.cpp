@@ -39,7 +39,7 @@ PredictionsLayout layout_of(int format, int64_t rows, int64_t chunk_rows, int64_
 }
 
 // Class ids and probabilities of every row of `rows`, as tandem predict computes them; a row
-// without finite logits is named counting from first_row.
+// with a pixel or logit that is not finite is refused, named counting from first_row.
 void predict_view(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
                   float* probabilities, int64_t first_row = 0) {
   check_model_data(model.config(), view, false);

@@ -298,10 +298,12 @@ def _chunk_matches(block, chunk, out, layout):
 
 
 def _add_note(error, text):
-    """BaseException.add_note where Python has it (3.11), the same __notes__ otherwise: the
-    package supports Python 3.9."""
+    """BaseException.add_note where Python has it (3.11). Before (the package supports 3.9),
+    which prints no notes: the text is added to a one-string message instead."""
     if hasattr(error, "add_note"):
         error.add_note(text)
+    elif len(error.args) == 1 and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{text}",)
     else:
         error.__notes__ = [*getattr(error, "__notes__", ()), text]
 
@@ -358,6 +360,12 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     chunking, is refused naming ``out``, unless ``overwrite=True``, which starts afresh (it
     replaces only a predictions group). Computed at once, on the current Dask scheduler (a
     distributed Client when one is active).
+
+    A row with no class (a NaN or infinite pixel, or pixels so large that its logits are not
+    finite) is refused with an InputError naming it; nothing is written for its chunk. A task's
+    error is raised once every task has ended (the other chunks written), with the worker's
+    traceback as a note. Lazily (no ``out``) the row is counted within its block, which the
+    error names.
 
     labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows.
     threads: CPU threads per task.

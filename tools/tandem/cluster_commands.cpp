@@ -581,11 +581,12 @@ struct CoordinatorAccess {
         std::filesystem::is_regular_file(coordinator)) {
       std::ifstream in(coordinator);
       const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-      const json spec = parse_bounded_json(text);
-      if (spec.is_discarded() || !spec.is_object())
-        throw InputError(coordinator + " is not a cluster spec: a JSON object with a " +
-                         "\"coordinator\" address (nested at most " +
-                         std::to_string(kMaxJsonDepth) + " levels deep)");
+      std::string problem;
+      const json spec = parse_json_file_text(text, problem);
+      if (!problem.empty() || !spec.is_object())
+        throw InputError(coordinator + " is not a cluster spec (" +
+                         (problem.empty() ? std::string("not a JSON object") : problem) +
+                         "): a JSON object with a \"coordinator\" address");
       const JsonFields fields(spec, "cluster spec " + coordinator);
       const std::string none;
       out = fields.text("coordinator");

@@ -28,6 +28,14 @@ struct StopSignal {
 };
 StopSignal g_stop_signals[] = {{SIGINT}, {SIGTERM}, {SIGHUP}};
 
+// The stop signals as a set (async-signal-safe: a forked child uses it).
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const StopSignal& s : g_stop_signals) sigaddset(&set, s.number);
+  return set;
+}
+
 // write(2) of a text, from a signal handler (SIGPIPE is ignored once the handlers are
 // installed: stderr on a pipe whose reader has gone must not kill the clean stop).
 void say(const char* text) {
@@ -100,8 +108,7 @@ const std::atomic<bool>& stop_on_signals() {
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);  // one handler at a time on a thread: none interrupts another
-    for (const StopSignal& s : g_stop_signals) sigaddset(&sa.sa_mask, s.number);
+    sa.sa_mask = stop_signal_set();  // one handler at a time on a thread: none interrupts another
     for (StopSignal& s : g_stop_signals) {
       struct sigaction old {};
       if (sigaction(s.number, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
@@ -149,8 +156,7 @@ void leave_stops_to(pid_t stopper, const std::string& who, const std::string& to
   struct sigaction sa {};
   sa.sa_sigaction = on_stop_signal_left;
   sa.sa_flags = SA_RESTART | SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  for (const StopSignal& s : g_stop_signals) sigaddset(&sa.sa_mask, s.number);
+  sa.sa_mask = stop_signal_set();
   for (const StopSignal& s : g_stop_signals)
     if (s.handled.load()) sigaction(s.number, &sa, nullptr);
 }
@@ -172,9 +178,7 @@ void refuse_to_suspend() {
 }
 
 StopSignalsBlocked::StopSignalsBlocked() {
-  sigset_t block;
-  sigemptyset(&block);
-  for (const StopSignal& s : g_stop_signals) sigaddset(&block, s.number);
+  const sigset_t block = stop_signal_set();
   pthread_sigmask(SIG_BLOCK, &block, &old_);
 }
 
@@ -188,15 +192,12 @@ void reset_stop_signals_in_child(bool keep_stop_signals_blocked) {
     if (s.handled.load()) sigaction(s.number, &fallback, nullptr);
   sigset_t mask;
   sigemptyset(&mask);
-  if (keep_stop_signals_blocked)
-    for (const StopSignal& s : g_stop_signals) sigaddset(&mask, s.number);
+  if (keep_stop_signals_blocked) mask = stop_signal_set();
   sigprocmask(SIG_SETMASK, &mask, nullptr);
 }
 
 void unblock_stop_signals() {
-  sigset_t stops;
-  sigemptyset(&stops);
-  for (const StopSignal& s : g_stop_signals) sigaddset(&stops, s.number);
+  const sigset_t stops = stop_signal_set();
   pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
 }
 

@@ -129,8 +129,8 @@ class Trainer {
 EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads = 0);
 
 // Predicted class of every row (the arg-max of its logits, first maximum). InputError naming the
-// first row whose logits are not finite (NaN or infinite pixels, or pixels too large for the
-// model): it has no predicted class.
+// first row that has none: a NaN or infinite pixel, or pixels so large that its logits are not
+// finite.
 std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads = 0);
 
 }  // namespace tandem

@@ -40,9 +40,7 @@ using ordered_json = nlohmann::ordered_json;
 // "dir/" and "dir" name the same store; messages and keys use the form without the slash.
 std::string normalize(const std::string& path) {
   if (path.empty()) throw InputError("zarr store '': empty path; expected a directory");
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
+  return without_trailing_slashes(path);
 }
 
 // What read_exact throws when a file of `what` (the store and the file) is shorter than its size.
