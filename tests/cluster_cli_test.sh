@@ -139,8 +139,12 @@ print(s.getsockname()[1], flush=True); time.sleep(300)' "$dir" > "$dir/held_port
 holder=$!
 wait_for "$dir/held_port" '[0-9]' 20
 held=$(cat "$dir/held_port")
-expect_error "launch --bind to a port in use is refused on a finished run's directory"   "cannot bind the control socket to tcp://127.0.0.1:$held" "$tandem" launch   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --bind "tcp://127.0.0.1:$held" --dashboard -1
-expect_error "... and --scores-bind to one"   "cannot bind the scores socket to tcp://127.0.0.1:$held" "$tandem" launch   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scores-bind "tcp://127.0.0.1:$held" --dashboard -1
+expect_error "launch --bind to a port in use is refused on a finished run's directory" \
+  "cannot bind the control socket to tcp://127.0.0.1:$held" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1k" --bind "tcp://127.0.0.1:$held" --dashboard -1
+expect_error "... and --scores-bind to one" \
+  "cannot bind the scores socket to tcp://127.0.0.1:$held" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scores-bind "tcp://127.0.0.1:$held" --dashboard -1
 kill "$holder"; wait "$holder" 2>/dev/null
 expect_error "launch --ps 2000 is refused on a finished run's directory" \
   "would hold no part of it" "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" \

@@ -11,7 +11,6 @@
 #include "parameter_layout.h"
 #include "ps_placement.h"
 #include "tandem/error.h"
-#include "bind_address.h"
 #include "zmq_messaging.h"
 #include "zmq_through_signals.h"
 
@@ -49,16 +48,8 @@ std::vector<size_t> scores_shown(size_t n) {
 }
 
 std::string bind_socket(zmq::socket_t& socket, const std::string& address, const char* what) {
-  const std::string problem = transport::bind_address_problem(address);
-  if (!problem.empty())
-    throw InputError(std::string("coordinator: cannot bind the ") + what + " socket: " + problem);
-  try {
-    socket.bind(address);
-  } catch (const zmq::error_t& e) {
-    throw TransportError(std::string("coordinator: cannot bind the ") + what + " socket to " +
-                         address + ": " + e.what());
-  }
-  return socket.get(zmq::sockopt::last_endpoint);
+  return transport::bind_checked(socket, address,
+                                 std::string("coordinator: cannot bind the ") + what + " socket");
 }
 
 // "worker3" -> 3 for role "worker"; -1 when the name is not the role plus a number.

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include "bind_address.h"
 #include "ps_checkpoint_file.h"
 #include "safetensors.h"
 #include "tandem/error.h"
@@ -63,8 +62,6 @@ ParameterServer::ParameterServer(ServerOptions options)
   if (options_.replicas_to_aggregate < 1)
     throw InputError(where + ": replicas_to_aggregate must be at least 1");
   if (options_.staleness_bound < 0) throw InputError(where + ": staleness_bound must be >= 0");
-  const std::string bind_problem = transport::bind_address_problem(options_.bind);
-  if (!bind_problem.empty()) throw InputError(where + ": " + bind_problem);
   stats_.mode = to_string(options_.mode);
   const bool curve = !options_.curve_secret_key.empty();
   if (curve) {
@@ -102,11 +99,10 @@ ParameterServer::ParameterServer(ServerOptions options)
     socket_.set(zmq::sockopt::linger, 200);
     // ZeroMQ drops a peer whose frame exceeds this before it reaches us (oversized messages).
     socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.limits.max_message_bytes));
-    socket_.bind(options_.bind);
-    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    throw transport::TransportError(where + ": cannot bind: " + e.what());
+    throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }
+  endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
   if (options_.device >= 0)
     shard_.use_device((options_.make_device ? options_.make_device : make_shard_device)(
         options_.optimizer, options_.device));

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "bind_address.h"
 #include "file_io.h"
 #include "trial_process.h"
+#include "zmq_messaging.h"
 
 namespace tandem::cli {
 
@@ -68,8 +68,6 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
   if (options_.heartbeat_timeout_ms < 100)
     throw InputError(where + ": the heartbeat timeout must be at least 0.1 s");
   if (options_.kill_grace_ms < 0) throw InputError(where + ": a negative kill grace");
-  const std::string bind_problem = transport::bind_address_problem(options_.bind);
-  if (!bind_problem.empty()) throw InputError(where + ": " + bind_problem);
   const bool curve = !options_.curve_secret_key.empty();
   if (curve) {
     if (options_.bind.rfind("inproc://", 0) == 0)
@@ -104,11 +102,10 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
     socket_.set(zmq::sockopt::linger, 200);
     // Messages are small JSON objects: a peer sending more is dropped by ZeroMQ.
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);
-    socket_.bind(options_.bind);
-    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    throw transport::TransportError(where + ": cannot bind: " + e.what());
+    throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }
+  endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
 }
 
 TrialSlotServer::~TrialSlotServer() { stop_jobs(options_.kill_grace_ms); }

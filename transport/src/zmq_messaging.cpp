@@ -6,6 +6,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+#include "bind_address.h"
 #include "zmq_through_signals.h"
 
 namespace tandem::transport {
@@ -126,6 +127,18 @@ DecodeResult decode_frames(const Frames& frames, size_t first, const DecodeLimit
   for (size_t i = first; i < frames.size(); ++i)
     spans.push_back({static_cast<const uint8_t*>(frames[i].data()), frames[i].size()});
   return decode(spans, limits);
+}
+
+std::string bind_checked(zmq::socket_t& socket, const std::string& address,
+                         const std::string& refusal) {
+  const std::string problem = bind_address_problem(address);
+  if (!problem.empty()) throw InputError(refusal + ": " + problem);
+  try {
+    socket.bind(address);
+  } catch (const zmq::error_t& e) {
+    throw TransportError(refusal + " to " + address + ": " + e.what());
+  }
+  return socket.get(zmq::sockopt::last_endpoint);
 }
 
 }  // namespace tandem::transport

@@ -42,6 +42,13 @@ void send_message(zmq::socket_t& socket, const OutgoingMessage& message,
 void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
                  const zmq::message_t* routing_id, const std::string& where);
 
+// Binds `socket` to `address` and returns the endpoint bound (last_endpoint: the port ZeroMQ
+// chose for "*" or 0). The one way the servers bind: an address bind_address_problem refuses
+// (ZeroMQ takes a tcp:// port modulo 65536) is an InputError "REFUSAL: why", one ZeroMQ cannot
+// bind (in use, no such interface) a TransportError "REFUSAL to ADDRESS: ZeroMQ's reason".
+std::string bind_checked(zmq::socket_t& socket, const std::string& address,
+                         const std::string& refusal);
+
 // Receives one whole multipart message if one arrives within timeout_ms (0: only if one is
 // waiting). Returns false on timeout. TransportError naming `where` when ZeroMQ fails.
 bool receive_frames(zmq::socket_t& socket, Frames& out, long timeout_ms, const std::string& where);
