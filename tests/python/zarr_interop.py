@@ -4,11 +4,14 @@
   zarr_interop.py versions
       prints the zarr, dask and numpy versions this Python sees, as JSON
   zarr_interop.py write DIR [--zarr-format N] [--blosc-cname NAME] [--deflate gzip|zlib]
+                  [--deflate-level N] [--nonfinite-attributes]
       writes the known arrays into a group at DIR with dask.array.to_zarr and zarr's defaults
       (compressor, fill value, key separator), and a 0-d array with zarr itself; with
       --blosc-cname (zarr 2 only), dask's arrays with blosc using that compressor instead; with
       --deflate, numcodecs' GZip or Zlib in Zarr v2 and zarr's GzipCodec in v3, their default
-      levels
+      levels or --deflate-level (numcodecs takes -1, zlib's default, which Tandem does not
+      write); with --nonfinite-attributes, attributes holding NaN and infinities on the group
+      and every array (Python's json writes them as bare NaN, Infinity, -Infinity)
   zarr_interop.py write-sharded DIR [--index-location start|end] [--compressor gzip|zstd]
       zarr 3 only: the known arrays but the 0-d one, written by zarr itself in shards of 2 x the
       known chunks per dimension (Zarr v3's sharding_indexed codec), the known chunks inner ones
@@ -91,7 +94,8 @@ def versions():
     print(json.dumps(info))
 
 
-def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None):
+def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None, deflate_level=None,
+          nonfinite_attributes=False):
     """The known arrays with dask's and zarr's defaults: only shape, chunks (from the dask
     chunks) and, for f32_sparse, a NaN fill value are chosen (and blosc_cname if given; with
     crc32c, zarr 3's zstd followed by its crc32c checksum codec; deflate, gzip or zlib)."""
@@ -118,14 +122,15 @@ def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None):
         fmt["compressors"] = [ZstdCodec(level=0), Crc32cCodec()]
     if deflate is not None:
         import numcodecs
-        v2_codec = numcodecs.GZip() if deflate == "gzip" else numcodecs.Zlib()
+        level = {} if deflate_level is None else {"level": deflate_level}
+        v2_codec = numcodecs.GZip(**level) if deflate == "gzip" else numcodecs.Zlib(**level)
         if not v3:
             fmt["compressor"] = v2_codec
         elif zarr_format == 2:
             fmt["compressors"] = [v2_codec]
         elif deflate == "gzip":
             from zarr.codecs import GzipCodec
-            fmt["compressors"] = [GzipCodec()]
+            fmt["compressors"] = [GzipCodec(**level)]
         else:
             sys.exit("--deflate zlib is for Zarr v2 (Zarr v3 has gzip)")
     for name in WRITTEN_BY_DASK:
@@ -139,6 +144,11 @@ def write(store, zarr_format, blosc_cname=None, crc32c=False, deflate=None):
     else:
         z = zarr.open_array(f"{store}/scalar", mode="w", shape=(), dtype="int64")
     z[...] = 42
+    if nonfinite_attributes:
+        group = zarr.open_group(store, mode="r+")
+        group.attrs["stat"] = math.nan
+        for name in KNOWN:
+            group[name].attrs["range"] = [-math.inf, math.inf]
 
 
 def write_sharded(store, index_location, compressor):
@@ -242,6 +252,8 @@ def main():
     w.add_argument("--blosc-cname")
     w.add_argument("--crc32c", action="store_true")
     w.add_argument("--deflate", choices=("gzip", "zlib"))
+    w.add_argument("--deflate-level", type=int)
+    w.add_argument("--nonfinite-attributes", action="store_true")
     ws = sub.add_parser("write-sharded")
     ws.add_argument("store")
     ws.add_argument("--index-location", choices=("start", "end"), default="end")
@@ -258,7 +270,8 @@ def main():
         write_sharded(args.store, args.index_location, args.compressor)
         return 0
     if args.command == "write":
-        write(args.store, args.zarr_format, args.blosc_cname, args.crc32c, args.deflate)
+        write(args.store, args.zarr_format, args.blosc_cname, args.crc32c, args.deflate,
+              args.deflate_level, args.nonfinite_attributes)
         return 0
     return check(args.store, args.tandem_dump, args.format)
 

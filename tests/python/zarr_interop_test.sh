@@ -92,11 +92,25 @@ done
 for c in $compressors $v2_only; do
   run "Tandem writes v2 $c, zarr 2 reads" tandem_to_python "$debian_python" 2 "$c"
 done
+# numcodecs' level -1 (zlib's default; Tandem writes 0 to 9 only) and attributes holding NaN
+# and infinities, which Python's json writes as bare NaN, Infinity, -Infinity (not JSON): read.
+nonfinite_to_tandem() {  # PYTHON FORMAT [gzip|zlib [--zarr-format N]]: level -1 with a codec
+  if [ $# -gt 2 ]; then
+    deflate_to_tandem "$@" --deflate-level -1 --nonfinite-attributes
+  else
+    python_to_tandem "$@" --nonfinite-attributes
+  fi && grep -rqs --include=.zattrs --include=zarr.json 'NaN' "$dir/py$n"
+}
+run "zarr 2 writes v2 zlib level -1 and NaN attributes, Tandem reads" \
+  nonfinite_to_tandem "$debian_python" 2 zlib
 
 # (b) current dask + zarr 3: Zarr v3 by default, and v2.
 run "dask/zarr 3 writes v3 (defaults), Tandem reads" python_to_tandem "$venv_python" 3
 run "dask/zarr 3 writes v2 (zarr_format=2), Tandem reads" \
   python_to_tandem "$venv_python" 2 --zarr-format 2
+run "zarr 3 writes v2 gzip level -1 and NaN attributes, Tandem reads" \
+  nonfinite_to_tandem "$venv_python" 2 gzip --zarr-format 2
+run "zarr 3 writes v3 with NaN attributes, Tandem reads" nonfinite_to_tandem "$venv_python" 3
 # zarr 3's crc32c checksum codec after zstd: read, the checksum checked; one flipped byte in a
 # chunk is refused naming it, not decompressed.
 crc32c_to_tandem() {

@@ -219,7 +219,8 @@ Array Array::create(const std::string& path, const ArrayMeta& meta) {
   a.path_ = normalize(path);
   a.meta_ = meta;
   const std::string& store = a.path_;
-  detail::check_array_meta(store, meta.format == Format::V3 ? "zarr.json" : ".zarray", meta);
+  detail::check_array_meta(store, meta.format == Format::V3 ? "zarr.json" : ".zarray", meta,
+                           detail::Purpose::Create);
   const std::string unwritable = detail::unwritable_compressor_problem(meta.compressor);
   if (!unwritable.empty()) store_error(store, unwritable);
   make_directories(store);
@@ -367,7 +368,7 @@ void Array::set_attributes(const nlohmann::json& attributes) {
     const auto text = read_metadata_file(path_, "zarr.json");
     if (!text) store_error(path_, "zarr.json has disappeared; expected the array's metadata");
     detail::parse_metadata_text(path_, "zarr.json", *text);  // depth and syntax checks
-    ordered_json doc = ordered_json::parse(*text);
+    ordered_json doc = ordered_json::parse(detail::quote_nonfinite_numbers(*text));
     doc["attributes"] = attributes;
     write_metadata(path_, "zarr.json", doc);
   }

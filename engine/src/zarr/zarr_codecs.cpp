@@ -338,7 +338,18 @@ std::string Compressor::describe() const {
 
 namespace detail {
 
+std::string compressor_read_problem(const Compressor& c) {
+  // compname_to_compcode also says whether this build of the library has the compressor.
+  if (c.kind == Compressor::Kind::Blosc && blosc_compname_to_compcode(c.blosc_cname.c_str()) < 0) {
+    return "blosc compressor '" + c.blosc_cname + "' is not available; expected one this " +
+           "libblosc has: " + available_blosc_compressors();
+  }
+  return "";
+}
+
 std::string compressor_problem(const Compressor& c) {
+  const std::string unreadable = compressor_read_problem(c);
+  if (!unreadable.empty()) return unreadable;
   switch (c.kind) {
     case Compressor::Kind::None: return "";
     case Compressor::Kind::Zstd:
@@ -348,11 +359,6 @@ std::string compressor_problem(const Compressor& c) {
       }
       return "";
     case Compressor::Kind::Blosc:
-      // compname_to_compcode also says whether this build of the library has the compressor.
-      if (blosc_compname_to_compcode(c.blosc_cname.c_str()) < 0) {
-        return "blosc compressor '" + c.blosc_cname + "' is not available; expected one this " +
-               "libblosc has: " + available_blosc_compressors();
-      }
       if (c.level < 0 || c.level > 9) {
         return "blosc clevel " + std::to_string(c.level) + " is out of range 0 to 9";
       }

@@ -537,16 +537,48 @@ void metadata_error(const std::string& store, const std::string& file, const std
   throw InputError("zarr store '" + store + "', metadata '" + file + "': " + problem);
 }
 
+std::string quote_nonfinite_numbers(const std::string& text) {
+  static const std::string kTokens[] = {"NaN", "Infinity", "-Infinity"};
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == 'N' || c == 'I' || c == '-') {
+      // None of these starts a valid JSON token but these three (a '-' starts a number): a
+      // match is a non-finite number, never part of valid JSON.
+      bool quoted = false;
+      for (const std::string& token : kTokens) {
+        if (text.compare(i, token.size(), token) != 0) continue;
+        out += '"' + token + '"';
+        i += token.size() - 1;
+        quoted = true;
+        break;
+      }
+      if (quoted) continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 json parse_metadata_text(const std::string& store, const std::string& file,
                          const std::string& text) {
   std::string problem;
-  const json doc = parse_json_file_text(text, problem);
+  const json doc = parse_json_file_text(quote_nonfinite_numbers(text), problem);
   if (!problem.empty()) metadata_error(store, file, problem + "; expected Zarr metadata");
   if (!doc.is_object()) metadata_error(store, file, "not a JSON object; expected Zarr metadata");
   return doc;
 }
 
-void check_array_meta(const std::string& store, const std::string& file, const ArrayMeta& meta) {
+void check_array_meta(const std::string& store, const std::string& file, const ArrayMeta& meta,
+                      Purpose purpose) {
   const Reader r(store, file);
   if (meta.format != Format::V2 && meta.format != Format::V3) r.fail("unknown Zarr format");
   const DTypeInfo& type = info(meta.dtype);
@@ -576,8 +608,12 @@ void check_array_meta(const std::string& store, const std::string& file, const A
     }
     if (__builtin_mul_overflow(chunk_bytes, uint64_t(meta.chunks[i]), &chunk_bytes) ||
         chunk_bytes > kMaxChunkBytes) {
-      r.fail("chunks " + dims_text(meta.chunks) + " of " + type.v3_name + " is more than " +
-             std::to_string(kMaxChunkBytes) + " bytes per chunk; expected smaller chunks");
+      // A sharded array's chunk grid is its shards' (meta.chunks), and a shard is read whole.
+      const char* unit = meta.sharded() ? "shard" : "chunk";
+      r.fail((meta.sharded() ? "shards " : "chunks ") + dims_text(meta.chunks) + " of " +
+             type.v3_name + " is more than " + std::to_string(kMaxChunkBytes) + " bytes per " +
+             unit + "; expected smaller " + unit + "s" +
+             (meta.sharded() ? " (Tandem reads a shard whole)" : ""));
     }
   }
   const double v = meta.fill_value;
@@ -589,7 +625,8 @@ void check_array_meta(const std::string& store, const std::string& file, const A
     const std::string article = type.v3_name[0] == 'i' ? "an " : "a ";
     r.fail("fill_value " + number_text(v) + " is not " + article + type.v3_name + " value");
   }
-  const std::string problem = compressor_problem(meta.compressor);
+  const std::string problem = purpose == Purpose::Create ? compressor_problem(meta.compressor)
+                                                         : compressor_read_problem(meta.compressor);
   if (!problem.empty()) r.fail(problem);
   if (meta.sharded()) check_sharding(r, meta);
   // Only made, never read: a v3 document has no zlib codec.
@@ -628,7 +665,7 @@ ArrayMeta parse_v2_array(const std::string& store, const json& doc) {
     meta.separator = s[0];
   }
   meta.v3_default_key_encoding = false;
-  check_array_meta(store, ".zarray", meta);
+  check_array_meta(store, ".zarray", meta, Purpose::Read);
   return meta;
 }
 
@@ -659,7 +696,7 @@ ArrayMeta parse_v3_array(const std::string& store, const json& doc) {
       r.fail("storage_transformers " + brief(*st) + " are not supported; expected []");
     }
   }
-  check_array_meta(store, "zarr.json", meta);
+  check_array_meta(store, "zarr.json", meta, Purpose::Read);
   return meta;
 }
 

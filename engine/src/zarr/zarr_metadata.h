@@ -27,7 +27,14 @@ std::string dims_text(const std::vector<int64_t>& dims);
 [[noreturn]] void metadata_error(const std::string& store, const std::string& file,
                                  const std::string& problem);
 
-// Parses metadata text: bad JSON, too deep or not an object is an InputError naming the file.
+// `text` with the bare NaN, Infinity and -Infinity that Python's json module writes for
+// non-finite floats (zarr-python writes user attributes with it) turned into the strings "NaN",
+// "Infinity" and "-Infinity", Zarr's own spelling of them in fill_value. Valid JSON is returned
+// as it is.
+std::string quote_nonfinite_numbers(const std::string& text);
+
+// Parses metadata text (quote_nonfinite_numbers first): bad JSON, too deep or not an object is
+// an InputError naming the file.
 nlohmann::json parse_metadata_text(const std::string& store, const std::string& file,
                                    const std::string& text);
 
@@ -37,8 +44,13 @@ ArrayMeta parse_v2_array(const std::string& store, const nlohmann::json& zarray)
 ArrayMeta parse_v3_array(const std::string& store, const nlohmann::json& zarr_json);
 
 // Shape, chunks, dtype, fill value, compressor and key encoding are supported and consistent,
-// and no size overflows; InputError naming the store and `file` otherwise.
-void check_array_meta(const std::string& store, const std::string& file, const ArrayMeta& meta);
+// and no size overflows; InputError naming the store and `file` otherwise. What only writing
+// uses is checked only for an array being created (`Purpose::Create`): a compression level
+// outside the range Tandem writes (numcodecs' Zlib(level=-1), zlib's default, or a zstd level
+// above the maximum, which libzstd clamps) does not stop a store from being read.
+enum class Purpose { Create, Read };
+void check_array_meta(const std::string& store, const std::string& file, const ArrayMeta& meta,
+                      Purpose purpose);
 
 // The metadata documents written for `meta` (v2: .zarray without attributes; v3: zarr.json).
 nlohmann::ordered_json v2_array_json(const ArrayMeta& meta);
@@ -46,6 +58,9 @@ nlohmann::ordered_json v3_array_json(const ArrayMeta& meta);
 
 // Describes a Compressor's problem (unsupported name, level out of range), or "" if it is fine.
 std::string compressor_problem(const Compressor& c);
+// What of compressor_problem stops a chunk from being decoded: a blosc compressor this libblosc
+// lacks. Levels, shuffle and block size are the writer's (blosc's header carries its own).
+std::string compressor_read_problem(const Compressor& c);
 
 // Why Tandem reads stores compressed with `c` but does not write them, or "": blosc-snappy, which
 // the numcodecs that zarr-python 3 installs from PyPI is built without (Debian's zarr 2.13 writes
