@@ -167,7 +167,8 @@ std::vector<std::string> find_arrays(const std::string& dir) {
 int usage() {
   std::fprintf(stderr,
                "usage: zarr_tool write DIR FORMAT(2|3) COMPRESSOR [sharded]\n"
-               "       zarr_tool dump DIR\n");
+               "       zarr_tool dump DIR\n"
+               "       zarr_tool group-attributes DIR\n");
   return 2;
 }
 
@@ -181,6 +182,10 @@ int main(int argc, char** argv) {
       if (args.size() == 5 && args[4] != "sharded") return usage();
       write_known(args[1], args[2] == "2" ? tandem::zarr::Format::V2 : tandem::zarr::Format::V3,
                   tandem::zarr::Compressor::parse(args[3]), args.size() == 5);
+      return 0;
+    }
+    if (args.size() == 2 && args[0] == "group-attributes") {  // the group at DIR, as JSON
+      std::printf("%s\n", tandem::zarr::Group::open(args[1]).second.dump().c_str());
       return 0;
     }
     if (args.size() == 2 && args[0] == "dump") {

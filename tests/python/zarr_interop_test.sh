@@ -96,10 +96,16 @@ done
 # and infinities, which Python's json writes as bare NaN, Infinity, -Infinity (not JSON): read.
 nonfinite_to_tandem() {  # PYTHON FORMAT [gzip|zlib [--zarr-format N]]: level -1 with a codec
   if [ $# -gt 2 ]; then
-    deflate_to_tandem "$@" --deflate-level -1 --nonfinite-attributes
+    deflate_to_tandem "$@" --deflate-level -1 --nonfinite-attributes &&
+      grep -q "\"$3:-1" "$dir/py$n.jsonl"  # the dump names the level read
   else
     python_to_tandem "$@" --nonfinite-attributes
-  fi && grep -rqs --include=.zattrs --include=zarr.json 'NaN' "$dir/py$n"
+  fi &&
+    # Bare tokens as Python's json writes them (not the quoted "NaN" of a fill_value), and the
+    # root group's attributes read by Tandem (the dump reads the arrays').
+    grep -rqsE --include=.zattrs --include=zarr.json '(^|[:,[ ])-?(NaN|Infinity)([],} ]|$)' \
+      "$dir/py$n" &&
+    "$tool" group-attributes "$dir/py$n" | grep -qF '"stat":"NaN"'
 }
 run "zarr 2 writes v2 zlib level -1 and NaN attributes, Tandem reads" \
   nonfinite_to_tandem "$debian_python" 2 zlib

@@ -353,7 +353,12 @@ void Array::write_chunk(const std::vector<int64_t>& index, const uint8_t* data) 
     write_file_atomic(file, data, size, Durability::Data);
     return;
   }
-  const std::vector<uint8_t> stored = detail::encode_stored_chunk(meta_, data);
+  std::vector<uint8_t> stored;
+  try {
+    stored = detail::encode_stored_chunk(meta_, data);
+  } catch (const InputError& e) {  // a level only written, never read: this array's (as opened)
+    store_error(path_, "chunk " + key + ": " + e.what());
+  }
   write_file_atomic(file, stored.data(), stored.size(), Durability::Data);
 }
 

@@ -339,10 +339,19 @@ std::string Compressor::describe() const {
 namespace detail {
 
 std::string compressor_read_problem(const Compressor& c) {
+  if (c.kind != Compressor::Kind::Blosc) return "";
   // compname_to_compcode also says whether this build of the library has the compressor.
-  if (c.kind == Compressor::Kind::Blosc && blosc_compname_to_compcode(c.blosc_cname.c_str()) < 0) {
+  if (blosc_compname_to_compcode(c.blosc_cname.c_str()) < 0) {
     return "blosc compressor '" + c.blosc_cname + "' is not available; expected one this " +
            "libblosc has: " + available_blosc_compressors();
+  }
+  // Not used to decode (blosc's header has its own), but shown (describe(), tandem inspect):
+  // a shuffle of 7 would read as byte shuffle.
+  if (c.blosc_shuffle < BLOSC_NOSHUFFLE || c.blosc_shuffle > BLOSC_BITSHUFFLE) {
+    return "blosc shuffle " + std::to_string(c.blosc_shuffle) + " is not 0, 1 or 2";
+  }
+  if (c.blosc_blocksize < 0) {
+    return "blosc blocksize " + std::to_string(c.blosc_blocksize) + " is negative";
   }
   return "";
 }
@@ -361,12 +370,6 @@ std::string compressor_problem(const Compressor& c) {
     case Compressor::Kind::Blosc:
       if (c.level < 0 || c.level > 9) {
         return "blosc clevel " + std::to_string(c.level) + " is out of range 0 to 9";
-      }
-      if (c.blosc_shuffle < BLOSC_NOSHUFFLE || c.blosc_shuffle > BLOSC_BITSHUFFLE) {
-        return "blosc shuffle " + std::to_string(c.blosc_shuffle) + " is not 0, 1 or 2";
-      }
-      if (c.blosc_blocksize < 0) {
-        return "blosc blocksize " + std::to_string(c.blosc_blocksize) + " is negative";
       }
       return "";
     case Compressor::Kind::Gzip:

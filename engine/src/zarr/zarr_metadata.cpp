@@ -571,7 +571,13 @@ std::string quote_nonfinite_numbers(const std::string& text) {
 json parse_metadata_text(const std::string& store, const std::string& file,
                          const std::string& text) {
   std::string problem;
-  const json doc = parse_json_file_text(quote_nonfinite_numbers(text), problem);
+  json doc = parse_json_file_text(text, problem);
+  const std::string quoted_text = problem.empty() ? text : quote_nonfinite_numbers(text);
+  if (quoted_text != text) {  // not JSON, but it may be Python's (a NaN attribute)
+    doc = parse_json_file_text(quoted_text, problem);
+    // The parser's position is in the quoted text: two characters on per token before it.
+    if (!problem.empty()) problem += " (with NaN, Infinity and -Infinity read as quoted strings)";
+  }
   if (!problem.empty()) metadata_error(store, file, problem + "; expected Zarr metadata");
   if (!doc.is_object()) metadata_error(store, file, "not a JSON object; expected Zarr metadata");
   return doc;

@@ -33,8 +33,8 @@ std::string dims_text(const std::vector<int64_t>& dims);
 // as it is.
 std::string quote_nonfinite_numbers(const std::string& text);
 
-// Parses metadata text (quote_nonfinite_numbers first): bad JSON, too deep or not an object is
-// an InputError naming the file.
+// Parses metadata text (as quote_nonfinite_numbers leaves it when it is not JSON as it is): bad
+// JSON, too deep or not an object is an InputError naming the file.
 nlohmann::json parse_metadata_text(const std::string& store, const std::string& file,
                                    const std::string& text);
 
@@ -58,8 +58,8 @@ nlohmann::ordered_json v3_array_json(const ArrayMeta& meta);
 
 // Describes a Compressor's problem (unsupported name, level out of range), or "" if it is fine.
 std::string compressor_problem(const Compressor& c);
-// What of compressor_problem stops a chunk from being decoded: a blosc compressor this libblosc
-// lacks. Levels, shuffle and block size are the writer's (blosc's header carries its own).
+// What of compressor_problem holds for reading: a blosc compressor this libblosc has, and a
+// shuffle and block size that mean something. Levels are the writer's.
 std::string compressor_read_problem(const Compressor& c);
 
 // Why Tandem reads stores compressed with `c` but does not write them, or "": blosc-snappy, which
