@@ -18,7 +18,11 @@ processes, alternating between them:
   2. bench/torch_reference.py with --threads 2 and --threads 1 (each a
      separate process, with OMP_WAIT_POLICY=passive so PyTorch's OpenMP
      workers do not spin and starve OpenBLAS), run by --python
-     (default /usr/bin/python3, Debian's python3-torch).
+     (default /usr/bin/python3, Debian's python3-torch).  Both sides use
+     Debian's OpenBLAS: unless OPENBLAS_CORETYPE is set already, PyTorch
+     runs with OPENBLAS_CORETYPE set to the kernels Tandem's benchmark
+     reports (it switches them where OpenBLAS's own choice is older than
+     the CPU: engine/src/blas_kernels.h), so both run the same kernels.
 
 The order within a round is tandem, tandem, torch, torch; each side's two
 thread settings swap places every other round.  Each configuration keeps
@@ -417,6 +421,11 @@ def main(argv=None):
                 "--mode", "both", "--json"]
 
     runs, records, error = [], [], None
+    # PyTorch (Debian's) runs on Debian's OpenBLAS too, which picks its kernels when it loads;
+    # Tandem's binary switches them where OpenBLAS's own choice is older than the CPU
+    # (engine/src/blas_kernels.h) and names them. PyTorch gets the same kernels, so that neither
+    # side's matrix products are slowed by a choice the other does not make.
+    torch_env = {"OMP_WAIT_POLICY": "passive"}
     try:
         for rnd in range(args.rounds):
             threads_order = list(args.torch_threads)
@@ -426,8 +435,7 @@ def main(argv=None):
                 tandem_order.reverse()
             plan = [("tandem t=%d" % t, tandem_cmd(t), {}, "tandem")
                     for t in tandem_order]
-            plan += [("pytorch t=%d" % t, torch_cmd(t),
-                      {"OMP_WAIT_POLICY": "passive"}, "pytorch")
+            plan += [("pytorch t=%d" % t, torch_cmd(t), torch_env, "pytorch")
                      for t in threads_order]
             print("round %d/%d" % (rnd + 1, args.rounds), file=sys.stderr)
             for name, cmd, env, impl in plan:
@@ -436,6 +444,11 @@ def main(argv=None):
                 check_records(name, recs, impl, args.batch)
                 for r in recs:
                     r.setdefault("round", rnd + 1)
+                    if ("kernels" in r and "OPENBLAS_CORETYPE" not in os.environ
+                            and "OPENBLAS_CORETYPE" not in torch_env):
+                        torch_env["OPENBLAS_CORETYPE"] = r["kernels"]
+                        print("  PyTorch gets Tandem's OpenBLAS kernels: OPENBLAS_CORETYPE=%s"
+                              % r["kernels"], file=sys.stderr)
                 records.extend(recs)
     except ChildError as e:
         error = str(e)
@@ -447,8 +460,9 @@ def main(argv=None):
         rows, top_shape, top_gflops = build_table(
             args.batch, args.tandem_threads, args.torch_threads, best, sgemm,
             best_sgemm_by_threads(records))
-        print("best of %d round(s); PyTorch with OMP_WAIT_POLICY=passive; "
-              "each side credited with its faster thread setting" % args.rounds)
+        print("best of %d round(s); PyTorch with %s; "
+              "each side credited with its faster thread setting"
+              % (args.rounds, ", ".join("%s=%s" % kv for kv in sorted(torch_env.items()))))
         print()
         print_table(rows, args.tandem_threads, args.torch_threads, top_shape,
                     top_gflops, sgemm)

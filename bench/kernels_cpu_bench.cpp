@@ -8,9 +8,11 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
+#include "blas_kernels.h"
 #include "cpu/adam_cpu.h"
 #include "cpu/convert_cpu.h"
 #include "cpu/dense_cpu.h"
@@ -181,6 +183,9 @@ BENCHMARK(BM_GatherScaleU8)->Args({128, 0})->Args({128, 1});
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the tandem binary does: the kernels a user's run gets (bench/RESULTS.md).
+  const std::string blas_warning = tandem::use_better_blas_kernels();
+  if (!blas_warning.empty()) std::fprintf(stderr, "warning: %s\n", blas_warning.c_str());
   openblas_set_num_threads(1);  // as the CPU backend runs them
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

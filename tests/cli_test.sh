@@ -11,6 +11,20 @@ source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 
 [ -d "$real" ] || { echo "Fashion-MNIST is not installed at $real (apt-get install dataset-fashion-mnist)"; exit 1; }
 
+# The BLAS kernels: OpenBLAS's oldest ones (its choice on a CPU model newer than the library) are
+# replaced by the best family kernels the CPU runs; a user's OPENBLAS_CORETYPE stands.
+version=$(env -u OPENBLAS_CORETYPE "$tandem" --version)
+kernels=$(sed -n 's/.*OpenBLAS \(.*\) kernels.*/\1/p' <<<"$version")
+check "--version names the BLAS kernels (got '$version')" test -n "$kernels"
+older_than_avx2="unknown katmai coppermine northwood prescott banias atom core2 penryn dunnington
+  nehalem athlon opteron opteron(sse3) barcelona nano sandybridge bobcat bulldozer piledriver"
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  check "an AVX2 CPU runs AVX2 kernels or later (got '$kernels')" \
+    bash -c '! grep -qwiF -- "${1,,}" <<<"$2"' _ "$kernels" "$older_than_avx2"
+fi
+chosen=$(OPENBLAS_CORETYPE=Prescott "$tandem" --version 2>&1)
+check "OPENBLAS_CORETYPE stands (got '$chosen')" grep -q 'OpenBLAS Prescott kernels' <<<"$chosen"
+
 # Training, checkpoint, metrics, evaluation.
 out=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last \
       --checkpoint "$dir/model.safetensors" --metrics "$dir/metrics.jsonl" 2>"$dir/train.err")

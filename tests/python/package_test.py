@@ -6,6 +6,7 @@ import math
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -164,6 +165,30 @@ class ModelTest(unittest.TestCase):
         heard.set()
         ctrl_c.join()
         guard.join()
+
+
+class BlasKernelsTest(unittest.TestCase):
+    # The import switches OpenBLAS from kernels older than AVX2 (its choice on a CPU model newer
+    # than the library) to the best family kernels the CPU runs, as the tandem binary does; a
+    # user's OPENBLAS_CORETYPE stands, without a warning. In fresh interpreters: the kernels are
+    # chosen once per process.
+    def kernels_of_a_fresh_import(self, **env):
+        environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        environ.update(env)
+        done = subprocess.run([sys.executable, "-W", "error", "-c",
+                               "import tandem; print(*tandem._tandem._blas_kernels(), sep='|')"],
+                              env=environ, capture_output=True, text=True, timeout=60)
+        self.assertEqual((done.returncode, done.stderr), (0, ""))
+        return done.stdout.strip().split("|")
+
+    def test_the_import_runs_the_best_kernels_this_cpu_runs(self):
+        loaded, better = self.kernels_of_a_fresh_import()
+        self.assertNotEqual(loaded, "")
+        self.assertEqual(better, "", f"the import left OpenBLAS on its {loaded} kernels")
+
+    def test_openblas_coretype_stands(self):
+        loaded, _ = self.kernels_of_a_fresh_import(OPENBLAS_CORETYPE="Prescott")
+        self.assertEqual(loaded, "Prescott")
 
 
 class CoordinatorWaitTest(unittest.TestCase):

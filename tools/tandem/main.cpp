@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <new>
 
+#include "blas_kernels.h"
 #include "cluster_commands.h"
 #include "commands.h"
 #include "group_collective.h"
@@ -20,9 +21,14 @@ int main(int argc, char** argv) {
   // be inherited through exec: the kernel would reap our children itself, and every loop that
   // waits for a trial, a role or a share would wait for ever.
   std::signal(SIGCHLD, SIG_DFL);
-  tandem::prepare_nccl_environment();  // while this process has one thread (setenv)
+  // While this process has one thread (setenv) and before anything calls BLAS.
+  tandem::prepare_nccl_environment();
+  const std::string blas_warning = tandem::use_better_blas_kernels();
+  if (!blas_warning.empty()) std::fprintf(stderr, "warning: %s\n", blas_warning.c_str());
   CLI::App app{"Tandem: train models with parameter servers, on CPUs and GPUs"};
-  app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
+  app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION +
+                                        " (CPU: OpenBLAS " + tandem::blas_kernels().loaded +
+                                        " kernels)");
   app.require_subcommand(1);
   tandem::cli::add_train_command(app);
   tandem::cli::add_eval_command(app);
