@@ -37,6 +37,21 @@ std::string error_of(const std::string& path, const ModelConfig* expected = null
   return "";
 }
 
+// Why load_checkpoint refuses the file of `c` (another program's: written byte by byte), checking
+// that save_checkpoint refuses to write it with the same message, leaving the file it would
+// replace (a good checkpoint) as it was.
+std::string refused_on_load_and_save(const std::string& path, const Checkpoint& c) {
+  save_checkpoint(path, sample_checkpoint());
+  const auto good = test::read_bytes(path);
+  test::write_bytes(path, encode_checkpoint(c));
+  const std::string on_load = error_of(path);
+  test::write_bytes(path, good);
+  const std::string on_save = test::error_of<InputError>([&] { save_checkpoint(path, c); });
+  EXPECT_EQ(on_save, on_load);
+  EXPECT_EQ(test::read_bytes(path), good);
+  return on_load;
+}
+
 TEST(Checkpoint, RoundTripsEverything) {
   test::TempDir dir;
   const Checkpoint c = sample_checkpoint();
@@ -111,13 +126,11 @@ TEST(Checkpoint, RefusesAnOptimizerThatCannotStep) {
   const std::string path = dir.file("c.safetensors");
   Checkpoint c = sample_checkpoint();
   c.optimizer.epsilon = 0.0f;
-  save_checkpoint(path, c);
-  std::string e = error_of(path);
+  std::string e = refused_on_load_and_save(path, c);
   EXPECT_NE(e.find("Adam epsilon must be a positive finite number, got 0"), std::string::npos) << e;
   c.optimizer.epsilon = 1e-8f;
   c.optimizer.beta2 = 1.0f;
-  save_checkpoint(path, c);
-  e = error_of(path);
+  e = refused_on_load_and_save(path, c);
   EXPECT_NE(e.find("Adam betas must be in [0, 1)"), std::string::npos) << e;
 }
 
@@ -198,21 +211,21 @@ TEST(Checkpoint, RoundTripsTheBestStateBesideItsOwn) {
 }
 
 // A diverged run's parameters (NaN, infinity) or a negative second moment would poison every
-// later step: refused when read, naming the file and the tensor, in the best state too.
+// later step: refused when read, naming the file and the tensor, in the best state too (and
+// never written).
 TEST(Checkpoint, RefusesNonFiniteParametersAndNegativeSecondMoments) {
   test::TempDir dir;
   const std::string path = dir.file("c.safetensors");
+  const auto refused = [&](const Checkpoint& c) { return refused_on_load_and_save(path, c); };
   Checkpoint nan = sample_checkpoint();
   nan.model.parameters()[0].values[7] = std::nanf("");
-  save_checkpoint(path, nan);
-  std::string e = error_of(path);
+  std::string e = refused(nan);
   EXPECT_NE(e.find(path), std::string::npos) << e;
   EXPECT_NE(e.find("non-finite value at element 7"), std::string::npos) << e;
 
   Checkpoint negative = sample_checkpoint();
   negative.state.v[1].values[3] = -1.0f;
-  save_checkpoint(path, negative);
-  e = error_of(path);
+  e = refused(negative);
   EXPECT_NE(e.find(negative.state.v[1].name + ".adam_v"), std::string::npos) << e;
   EXPECT_NE(e.find("negative value at element 3"), std::string::npos) << e;
 
@@ -221,8 +234,7 @@ TEST(Checkpoint, RefusesNonFiniteParametersAndNegativeSecondMoments) {
   best->extra["validation_loss"] = "10";
   best->state.m[0].values[0] = INFINITY;
   inf_best.best = best;
-  save_checkpoint(path, inf_best);
-  e = error_of(path);
+  e = refused(inf_best);
   EXPECT_NE(e.find("best/"), std::string::npos) << e;
 }
 

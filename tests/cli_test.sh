@@ -92,6 +92,8 @@ check "a run stopped before its first epoch says nothing was saved, whatever fil
 # and its checkpoint is refused by name.
 expect_error "a diverged run exits non-zero" "training diverged" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
+check "a diverged run writes no checkpoint (no reader would take it)" \
+  test ! -e "$dir/nan.safetensors"
 expect_error "a diverged run without a validation split fails by its test loss" \
   "training diverged: the parameters give a test loss" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --validation-rows 0
@@ -99,6 +101,12 @@ expect_error "a diverged run without a validation split fails by its test loss" 
 expect_error "output that cannot be written is an error" "cannot write the output" \
   bash -c '"$0" eval --model "$1" --data "$2" --threads 2 --json >/dev/full' \
   "$tandem" "$dir/model.safetensors" "$real"
+# A NaN parameter (another program's file): the first float of the data section made NaN.
+python3 -c 'import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+start = 8 + struct.unpack("<Q", data[:8])[0]
+data[start:start + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2], "wb").write(data)' "$dir/model.safetensors" "$dir/nan.safetensors"
 expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
 expect_error "eval of an empty split says so" "the validation split of $real has no rows" \
   "$tandem" eval --model "$dir/model.safetensors" --data "$real" --split validation \

@@ -148,6 +148,32 @@ TEST(Trainer, ADivergedRunsCheckpointHoldsItsBestFiniteState) {
   EXPECT_EQ(flat(saved.model), epoch_one);
 }
 
+// Without a validation split there is no best to fall back on: the run that diverges fails,
+// saying so, and the checkpoint it resumed from (the same file) keeps its good state.
+TEST(Trainer, ADivergedRunWithoutABestFailsAndKeepsTheFileItWouldReplace) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  TrainConfig c = small_config(1);
+  c.optimizer.kind = OptimizerKind::Sgd;
+  c.optimizer.learning_rate = 0.002f;
+  c.checkpoint_path = dir.file("run.safetensors");
+  Trainer first(c);
+  first.fit(train.view(), {}, {});
+  const std::vector<float> epoch_one = flat(first.model());
+
+  c.epochs = 3;
+  c.optimizer.learning_rate = 1e30f;
+  c.resume_path = c.checkpoint_path;
+  Trainer diverging(c);
+  const std::string why =
+      test::error_of<InputError>([&] { diverging.fit(train.view(), {}, {}); });
+  EXPECT_TRUE(test::contains(why, "training diverged: epoch 2's parameters are not finite")) << why;
+  EXPECT_TRUE(test::contains(why, c.checkpoint_path + " was not written")) << why;
+  const Checkpoint saved = load_checkpoint(c.checkpoint_path);
+  EXPECT_EQ(saved.epoch, 1);
+  EXPECT_EQ(flat(saved.model), epoch_one);
+}
+
 // A checkpoint that cannot be written fails the run before its first step, not after an epoch
 // of work: a missing directory, a directory by the checkpoint's name. Nothing is left behind.
 TEST(Trainer, RefusesACheckpointItCannotWriteBeforeTraining) {

@@ -276,7 +276,11 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
-  write_safetensors_atomic(path, checkpoint_file(path, checkpoint));
+  const SafeTensorsFile file = checkpoint_file(path, checkpoint);
+  // What load_checkpoint would refuse (a NaN parameter, a negative second moment, in the best
+  // state too) is not written: a file no reader takes, in place of one that may be good.
+  checkpoint_of(file, path, nullptr);
+  write_safetensors_atomic(path, file);
 }
 
 Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected) {

@@ -263,7 +263,11 @@ void scorer_role(const RoleOptions& o) {
   }
   std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
                                                   s.scorer_threads, parse_precision(s.precision));
-  check_model_data(s.model, validation, true);
+  try {
+    check_model_data(s.model, validation, true);
+  } catch (const InputError& e) {  // which rows, and whose: the worker's errors say as much
+    throw InputError(r.name + ": the validation rows it scores: " + e.what());
+  }
   ClientOptions client_settings = client_options(s, rc.context, o);
   client_settings.cancel = o.cancel;
   PsClient client(servers, client_settings);

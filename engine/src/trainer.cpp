@@ -19,6 +19,19 @@ namespace tandem {
 
 namespace {
 
+// Writes a run's state to its checkpoint, unless the run diverged (a NaN or infinite
+// parameter): no reader takes such a file, and the one it would replace holds the last good
+// state, of this run or of the run it resumed.
+void save_run_state(const std::string& path, const Checkpoint& state) {
+  for (const NamedTensor& t : state.model.parameters())
+    for (const float x : t.values)
+      if (!std::isfinite(x))
+        throw InputError("training diverged: epoch " + std::to_string(state.epoch) +
+                         "'s parameters are not finite (try a lower learning rate); " + path +
+                         " was not written");
+  save_checkpoint(path, state);
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
@@ -301,7 +314,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     }
     last_scored_ = validation.rows > 0;
     last_validation_loss_ = report.validation.loss_sum;
-    if (!config_.checkpoint_path.empty()) save_checkpoint(config_.checkpoint_path, resume_state());
+    if (!config_.checkpoint_path.empty()) save_run_state(config_.checkpoint_path, resume_state());
     if (metrics) metrics->epoch(report);
     if (on_epoch) on_epoch(report);
   }
@@ -317,7 +330,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   }
   summary.kept_epoch = epoch_;
   if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore))
-    save_checkpoint(config_.checkpoint_path, resume_state());
+    save_run_state(config_.checkpoint_path, resume_state());
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

@@ -3,6 +3,7 @@
 // tandem.scores(). A role's error is kept and raised by join() with the engine's message.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <atomic>
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -37,6 +39,13 @@ using json = nlohmann::json;
 namespace tandem::python {
 
 namespace {
+
+// 0.5 as "0.5" (not std::to_string's "0.500000", nor int()'s "0").
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
 
 // Waits by `attempt(ms)`, which waits up to ms without the GIL and says whether what it waits
 // for has come, in slices of at most 100 ms: between them Ctrl-C reaches Python (raised as
@@ -344,7 +353,7 @@ class ScoreStream {
       if (timeout_s_ >= 0 && waited >= timeout_s_) {
         if (!follow_) throw py::stop_iteration();
         PyErr_SetString(PyExc_TimeoutError,
-                        ("no score came for " + std::to_string(int(timeout_s_)) + " s").c_str());
+                        ("no score came for " + seconds_text(timeout_s_) + " s").c_str());
         throw py::error_already_set();
       }
     }
@@ -438,11 +447,17 @@ void bind_cluster(py::module_& m) {
              });
            }, "timeout_s"_a)
       .def("pull_model",
-           [](PyCoordinator& c) {
+           [](PyCoordinator& c) -> std::optional<Model> {
              const std::shared_ptr<Coordinator> co = c.shared();
-             return without_gil([&] { return pull_cluster_model(*co, c.settings()); });
+             try {
+               return without_gil([&] { return pull_cluster_model(*co, c.settings()); });
+             } catch (const ServerError& e) {
+               if (e.not_initialised()) return std::nullopt;
+               throw;
+             }
            },
-           "The parameters the servers hold now.")
+           "The parameters the servers hold now; None before any worker trained (a run stopped "
+           "before it was fed holds none).")
       .def("close", &PyCoordinator::close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyCoordinator& c, py::args) { c.close(); });
@@ -503,9 +518,9 @@ void bind_cluster(py::module_& m) {
       .def_property_readonly("end_reason", &ScoreStream::end_reason);
   m.def(
       "keygen",
-      [](const std::string& prefix, bool overwrite) {
+      [](const std::filesystem::path& prefix, bool overwrite) {  // str or os.PathLike
         const transport::CurveKeyPair pair = transport::generate_curve_keypair();
-        transport::write_curve_key_files(prefix, pair, overwrite);
+        transport::write_curve_key_files(prefix.string(), pair, overwrite);
         return pair.public_key;
       },
       "prefix"_a, "overwrite"_a = false,

@@ -5,6 +5,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <chrono>
 #include <optional>
@@ -46,6 +47,8 @@ py::dict parameters_dict(const Model& model) {
 }
 
 void set_parameters(Model& model, const py::dict& values) {
+  // Every value is checked before any is set: a refused call leaves the model as it was.
+  std::vector<std::pair<NamedTensor*, py::array_t<float, kReadInPlace>>> checked;
   for (auto [key, value] : values) {
     const std::string name = py::str(key);
     NamedTensor* target = nullptr;
@@ -58,8 +61,10 @@ void set_parameters(Model& model, const py::dict& values) {
     if (shape != target->shape)
       throw InputError("parameter '" + name + "' has the wrong shape for model " +
                        model.config().describe());
-    std::copy(a.data(), a.data() + a.size(), target->values.begin());
+    checked.emplace_back(target, std::move(a));
   }
+  for (auto& [target, a] : checked)
+    std::copy(a.data(), a.data() + a.size(), target->values.begin());
 }
 
 py::dict summary_dict(const TrainSummary& s) {
@@ -111,12 +116,12 @@ void bind_model(py::module_& m) {
            "has no class: a NaN or infinite pixel, or pixels so large that its logits are not "
            "finite.")
       .def("save",
-           [](const Model& model, const std::string& path) {
+           [](const Model& model, const std::filesystem::path& path) {  // str or os.PathLike
              Checkpoint c;
              c.model = model;
              c.optimizer.kind = OptimizerKind::Sgd;  // parameters only: no moments to save
              c.extra["source"] = "tandem (Python)";
-             save_checkpoint(path, c);
+             save_checkpoint(path.string(), c);
            },
            "path"_a, "Writes the parameters as a safetensors checkpoint (atomically).")
       .def(py::pickle(  // so a model travels to Dask workers (tandem.dask.predict)
@@ -132,24 +137,29 @@ void bind_model(py::module_& m) {
                std::to_string(model.parameter_count()) + " parameters)";
       });
 
-  m.def("load", [](const std::string& path) { return load_checkpoint(path).model; }, "path"_a,
+  m.def("load",
+        [](const std::filesystem::path& path) { return load_checkpoint(path.string()).model; },
+        "path"_a,
         "The model of a checkpoint (tandem train, tandem launch, Model.save).");
 
   m.def(
       "train",
-      [](py::tuple train, py::object validation, py::object test, const std::vector<int64_t>& layers,
+      [](py::object train_pair, py::object validation, py::object test,
+         const std::vector<int64_t>& layers,
          int epochs, int64_t batch, float learning_rate, const std::string& optimizer,
          const std::string& backend, int threads, uint64_t seed, bool shuffle, bool keep_best,
          std::optional<std::function<void(py::dict)>> on_epoch, py::object resume,
          bool return_state) -> py::tuple {
-        if (train.size() != 2) throw py::value_error("train must be (images, labels)");
+        // (images, labels) as a tuple, a list or any other sequence of two.
         auto pair = [](const py::object& o, const char* what) -> std::optional<ArrayRows> {
           if (o.is_none()) return std::nullopt;
-          py::tuple t = o.cast<py::tuple>();
-          if (t.size() != 2) throw py::value_error(std::string(what) + " must be (images, labels)");
+          if (!PySequence_Check(o.ptr()) || PySequence_Size(o.ptr()) != 2)
+            throw py::value_error(std::string(what) + " must be (images, labels)");
+          const py::sequence t = o.cast<py::sequence>();
           return array_rows(t[0], t[1], true);
         };
-        const ArrayRows train_rows = array_rows(train[0], train[1], true);
+        if (train_pair.is_none()) throw py::value_error("train must be (images, labels)");
+        const ArrayRows train_rows = *pair(train_pair, "train");
         const std::optional<ArrayRows> val_rows = pair(validation, "validation");
         const std::optional<ArrayRows> test_rows = pair(test, "test");
         TrainConfig config;

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import math
 import os
+import re
 import time
 import traceback
 
@@ -62,6 +63,31 @@ def _rung_job(trial, config, epochs, final, state, train, validation, common):
 
 
 _ASHA_RESERVED = ("epochs", "resume", "return_state", "on_epoch")
+
+# tandem.train's keywords, from its signature line (the binding is their one list); train and
+# validation are the search's own arguments.
+_TRAIN_KEYWORDS = frozenset(
+    re.findall(r"(\w+):", _train.__doc__.split("\n", 1)[0].split("(", 1)[1])) - {"train",
+                                                                              "validation"}
+# tandem search's names (a trials file) for tandem.train's.
+_CLI_NAMES = {"lr": "learning_rate", "hidden": "layers (the whole list, e.g. [784, 100, 10])"}
+
+
+def _check_train_keywords(configs, common):
+    """Every trial's keywords are tandem.train's, before any data is sent: an unknown one
+    would otherwise fail every trial, each after its task ran."""
+    for where, keywords in [("common", common)] + [(f"trial {i}", c)
+                                                   for i, c in enumerate(configs)]:
+        if not isinstance(keywords, dict):
+            raise InputError(f"{where}: expected a dict of tandem.train keywords, got "
+                             f"{type(keywords).__name__}")
+        for key in keywords:
+            if key in _TRAIN_KEYWORDS:
+                continue
+            hint = (f" (tandem search's '{key}' is '{_CLI_NAMES[key]}' here)"
+                    if key in _CLI_NAMES else "")
+            raise InputError(f"{where}: '{key}' is not a tandem.train keyword{hint}; expected "
+                             f"one of {', '.join(sorted(_TRAIN_KEYWORDS))}")
 
 
 def _successive_halving(client, configs, train_data, validation_data, common, budget, min_epochs,
@@ -229,9 +255,12 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
         if given:
             raise InputError(f"with budget, successive halving sets {', '.join(sorted(given))}"
                              " itself; do not give them")
+    _check_train_keywords(configs, common)
     common = dict({"threads": 1, "backend": "cpu"}, **common)
-    train_data = client.scatter(_computed(train), broadcast=True)
-    validation_data = client.scatter(_computed(validation), broadcast=True)
+    # hash=False: named by content, a second search of the same arrays would reuse the key the
+    # scheduler is still releasing from the first, and its trials fail on "lost dependencies".
+    train_data = client.scatter(_computed(train), broadcast=True, hash=False)
+    validation_data = client.scatter(_computed(validation), broadcast=True, hash=False)
     if budget is not None:
         return _successive_halving(client, configs, train_data, validation_data, common, budget,
                                    min_epochs, eta, budget_seconds, slots)
@@ -240,11 +269,11 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     return _ranked(client.gather(futures))
 
 
-def _predict_block(block, model, block_info=None):
+def _predict_block(block, model, threads=1, block_info=None):
     # Not reshape(rows, -1): a block of no rows (boolean filtering) has no -1 to infer.
     rows = block.reshape(block.shape[0], int(np.prod(block.shape[1:])))
     try:
-        return model.predict(rows, threads=1)
+        return model.predict(rows, threads=threads)
     except InputError as e:  # "images: row N ...", N counted within the block
         first = block_info[0]["array-location"][0][0] if block_info else 0
         raise InputError(f"{e} (rows counted from the block's first, row {first} of the "
@@ -367,7 +396,8 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     traceback as a note. Lazily (no ``out``) the row is counted within its block, which the
     error names.
 
-    labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows.
+    labels: class ids (or one-hot rows) of images' rows, to report the accuracy over all rows
+    (with out, as are overwrite and zarr_format).
     threads: CPU threads per task.
 
     Returns {out, rows, chunks, chunks_written, chunks_skipped, rows_predicted, seconds,
@@ -378,8 +408,14 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     if images.ndim < 2:
         raise InputError(f"images must have one row per sample, not shape {images.shape}")
     if out is None:
+        given = [name for name, differs in (("labels", labels is not None),
+                                            ("overwrite", bool(overwrite)),
+                                            ("zarr_format", zarr_format != 3)) if differs]
+        if given:
+            raise InputError(f"{', '.join(given)}: for predictions written to out (give out, "
+                             "or leave them out)")
         images = images.rechunk({axis: -1 for axis in range(1, images.ndim)})  # whole rows
-        return images.map_blocks(_predict_block, model, dtype=np.uint8,
+        return images.map_blocks(_predict_block, model, threads, dtype=np.uint8,
                                  drop_axis=list(range(1, images.ndim)),
                                  chunks=(images.chunks[0],))
     import dask
@@ -388,6 +424,10 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     out = os.fspath(out)
     if zarr_format not in (2, 3):
         raise InputError(f"zarr_format must be 2 or 3, not {zarr_format!r}")
+    if any(math.isnan(n) for n in images.chunks[0]):
+        raise InputError("images has chunks of unknown length (boolean filtering, say): the "
+                         "predictions group needs every chunk's rows before it is written; call "
+                         "images.compute_chunk_sizes() first (or predict lazily, without out)")
     images = _whole_rows(images)
     rows, classes = int(images.shape[0]), int(model.layers[-1])
     features = int(np.prod(images.shape[1:]))

@@ -39,9 +39,23 @@ from ._dask_parallel import expand_grid, predict, search  # noqa: F401 - the see
 __all__ = ["TandemCluster", "start", "feed", "stop", "local_worker", "search", "predict",
            "expand_grid"]
 
-# The roles running in this process, by the address of the Dask worker that runs them (a
-# LocalCluster with processes=False has several Dask workers in one process).
+# The roles running in this process: by the address of the Dask worker that runs them (a
+# LocalCluster with processes=False has several Dask workers in one process), then by run (its
+# coordinator's endpoint), the newest last. Two runs may share Dask workers: each block fed goes
+# to its own run's Tandem worker.
 _local_roles: dict = {}
+# Runs remembered per Dask worker beyond those still running: a block that comes after its run
+# ended finds the run, and learns that training is over.
+_ENDED_RUNS_KEPT = 4
+
+
+def _register_role(address, run, kind, role):
+    runs = _local_roles.setdefault(address, {})
+    runs.pop(run, None)
+    runs[run] = (kind, role)
+    ended = [r for r, (_, other) in runs.items() if r != run and not other.running]
+    for old in ended[:max(0, len(ended) - _ENDED_RUNS_KEPT)]:
+        del runs[old]
 
 
 @atexit.register
@@ -49,8 +63,9 @@ def _stop_local_roles(addresses=None):
     """A Dask worker process that exits with roles still running (the run was never stopped)
     ends them first: their threads must not outlive the interpreter. addresses: only the roles
     of those Dask workers (None: every one in the process)."""
-    roles = [role for address, (_, role) in list(_local_roles.items())
-             if addresses is None or address in addresses]
+    roles = [role for address, runs in list(_local_roles.items())
+             if addresses is None or address in addresses
+             for _, role in list(runs.values())]
     for role in roles:
         role.stop()
     for role in roles:
@@ -115,7 +130,7 @@ def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
         role = ScorerRole(coordinator, name, validation=validation, **curve)
     # Stays registered after the run: a transfer that comes after the role ended finds it, and
     # learns that training is over (or the role's error), not that no worker runs here.
-    _local_roles[worker.address] = (kind, role)
+    _register_role(worker.address, coordinator, kind, role)
     started = time.time()
     role.start()
     role.join()  # raises the role's error with the engine's message
@@ -126,24 +141,34 @@ def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
     return result
 
 
-def local_worker():
-    """The Tandem worker role running in this Dask worker process (for custom feeding tasks)."""
+def local_worker(run=None):
+    """The Tandem worker role running in this Dask worker process (for custom feeding tasks).
+
+    run: the run's coordinator endpoint (``cluster.coordinator.endpoint``), for a Dask worker
+    that runs roles of several runs; None: the newest run's."""
     from distributed import get_worker
 
     address = get_worker().address
-    kind, role = _local_roles.get(address, (None, None))
+    runs = _local_roles.get(address, {})
+    if run is None:
+        kind, role = list(runs.values())[-1] if runs else (None, None)
+    else:
+        kind, role = runs.get(run, (None, None))
     if kind != "worker":
-        raise RuntimeError(f"no Tandem worker runs in the Dask worker {address}: feed only the "
-                           "Dask workers listed in dask_spec['worker']")
+        of_run = "" if run is None else f" for the run of {run}"
+        raise RuntimeError(f"no Tandem worker runs in the Dask worker {address}{of_run}: feed "
+                           "only the Dask workers listed in dask_spec['worker']")
     return role
 
 
-def _transfer(batch, timeout_s=None):
-    """A Dask task: hands one (images, labels) block to this process's Tandem worker."""
+def _transfer(batch, timeout_s=None, run=None):
+    """A Dask task: hands one (images, labels) block to this process's Tandem worker of `run`."""
     images, labels = batch
-    role = local_worker()
+    role = local_worker(run)
     try:
         return role.feed(images, labels, timeout_s=timeout_s)
+    except InputError:  # the block itself is bad: its own error, at once
+        raise
     except Error:
         # The worker closed its queue. If it stopped on an error, join raises that error here
         # (the block's task fails with the worker's own message); if training is simply over,
@@ -316,6 +341,9 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
     if scorer and validation is None and not settings.get("data"):
         raise InputError("the scorer needs rows to score on: validation=(images, labels), or a "
                          "store with a validation split (data=PATH)")
+    if validation is not None and (not isinstance(validation, (tuple, list))
+                                   or len(validation) != 2):
+        raise InputError(f"validation must be (images, labels), not {type(validation).__name__}")
     addresses = sorted(dask_workers if dask_workers is not None else client.nthreads())
     needed = ps + worker + scorer
     if len(addresses) < needed:
@@ -334,11 +362,11 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                               target=target or 0.0, max_seconds=max_seconds, bind=bind,
                               advertise_host=advertise, startup_timeout_s=startup_timeout,
                               heartbeat_timeout_s=heartbeat_timeout)
-    validation = None if validation is None else tuple(_as_futures(client, validation))
-    curve = _curve_arguments(coordinator)
     futures = {}
     run = uuid.uuid4().hex[:8]
-    try:
+    try:  # from here on a failure must not leave the coordinator (its sockets) open
+        validation = None if validation is None else tuple(_as_futures(client, validation))
+        curve = _curve_arguments(coordinator)
         for kind, where in dask_spec.items():
             for index, address in enumerate(where):
                 name = f"{kind}{index}"
@@ -421,7 +449,8 @@ def feed(batches, cluster, wait=True, timeout_s=None):
         placed = _placement(client, [batches[i] for i in unqueued], workers, cluster.rounds)
         cluster.rounds += 1
         for i, w in zip(unqueued, placed):
-            transfers[i] = (client.submit(_transfer, batches[i], timeout_s, workers=[w],
+            transfers[i] = (client.submit(_transfer, batches[i], timeout_s,
+                                          cluster.coordinator.endpoint, workers=[w],
                                           allow_other_workers=False, pure=False), w)
         if not wait:
             break
@@ -441,8 +470,9 @@ def stop(cluster, timeout=60.0):
     are pulled from the servers, the servers exit and every role's task finishes. The Dask
     workers stay usable. Raises the error of a role that failed.
 
-    Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters), roles};
-    a role whose Dask worker left the cluster is in roles as {name, lost}.
+    Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters; None when
+    no block was ever trained on), roles}; a role whose Dask worker left the cluster is in roles
+    as {name, lost}.
     """
     if cluster.result is not None:
         return cluster.result

@@ -288,6 +288,18 @@ class DaskPredictTest(unittest.TestCase):
         with self.assertRaisesRegex(tandem.InputError, "zarr_format must be 2 or 3"):
             tdask.predict(self.model, self.dask_images(), os.path.join(self.dir, "x"),
                           zarr_format=4)
+        # Rows of unknown count per chunk (boolean filtering): out needs them up front.
+        filtered = self.dask_images()[da.from_array(self.labels, chunks=700) < 5]
+        with self.assertRaisesRegex(tandem.InputError, "unknown length .*compute_chunk_sizes"):
+            tdask.predict(self.model, filtered, os.path.join(self.dir, "x"))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "x")))
+        # What only out uses is refused without it, not ignored.
+        for given, kwargs in (("labels", {"labels": self.labels}),
+                              ("overwrite", {"overwrite": True}),
+                              ("zarr_format", {"zarr_format": 2})):
+            with self.assertRaisesRegex(tandem.InputError,
+                                        f"^{given}: for predictions written to out"):
+                tdask.predict(self.model, self.dask_images(), **kwargs)
 
 
 if __name__ == "__main__":

@@ -132,12 +132,33 @@ class DaskTest(LocalClusterTest):
         self.assertEqual({r["name"] for r in result["roles"]}, {"ps0", "worker0", "worker1", "scorer0"})
         self.assert_cluster_healthy()
 
+    def test_two_runs_on_the_same_dask_workers_train_on_their_own_blocks(self):
+        # Each Dask worker runs a role of both runs; a block fed to one run once went to the
+        # newer run's Tandem worker there.
+        xv, yv = make_rows(200, 96)
+        runs = [tdask.start(self.client, ps=1, worker=2, scorer=1, validation=(xv, yv),
+                            max_seconds=120, **SETTINGS) for _ in range(2)]
+        (first, first_spec), (second, second_spec) = runs
+        self.assertEqual(first_spec, second_spec)  # the same Dask workers
+        try:
+            tdask.feed([make_rows(100, 6), make_rows(100, 7)], first)
+            self.assertIn("loss", next(first.follow_scores(timeout_s=30)))  # it trained
+        finally:
+            results = [tdask.stop(first), tdask.stop(second)]
+        fed = [sum(r.get("rows_fed", 0) for r in result["roles"]) for result in results]
+        self.assertEqual(fed, [200, 0])
+        self.assertIsInstance(results[0]["model"], tandem.Model)
+        self.assert_cluster_healthy()
+
     def test_start_errors(self):
         xv, yv = make_rows(100, 3)
         with self.assertRaisesRegex(tandem.InputError, "needs 7; the cluster has 4"):
             tdask.start(self.client, ps=1, worker=5, scorer=1, validation=(xv, yv))
         with self.assertRaisesRegex(tandem.InputError, "the scorer needs rows to score on"):
             tdask.start(self.client, ps=1, worker=1, scorer=1, **SETTINGS)
+        with self.assertRaisesRegex(tandem.InputError,
+                                    "validation must be .images, labels., not int"):
+            tdask.start(self.client, ps=1, worker=1, scorer=1, validation=5, **SETTINGS)
         # A role that fails while the cluster starts: the engine's message, from the Dask
         # worker; the roles already started end.
         with self.assertRaisesRegex(tandem.InputError, "device must be cpu, cuda or auto, not 'tpu'"):
@@ -176,6 +197,23 @@ class SimpleParallelismTest(LocalClusterTest):
         # The best model came back whole: it scores as its trial said.
         best = results[0]["model"].evaluate(*validation)
         self.assertAlmostEqual(best["loss_sum"], results[0]["validation"]["loss_sum"], places=2)
+
+    def test_search_again_on_the_same_data_and_keywords_checked_first(self):
+        # The data is sent as new Dask data every time: named by its contents, a second search
+        # of the same arrays reused the key Dask was still releasing from the first, and its
+        # trials failed on "lost dependencies" (nine runs in ten).
+        train, validation = make_rows(400, 13), make_rows(100, 14)
+        for _ in range(4):
+            results = tdask.search(self.client, [{"learning_rate": 0.01}], train, validation,
+                                   epochs=1, batch=100, layers=[784, 8, 10])
+            self.assertEqual([r["status"] for r in results], ["completed"], results)
+        # tandem search's names, or a typo: refused before any data is sent, naming the key.
+        with self.assertRaisesRegex(tandem.InputError, "trial 1: 'lr' is not a tandem.train "
+                                    "keyword .tandem search's 'lr' is 'learning_rate' here"):
+            tdask.search(self.client, [{"seed": 2}, {"lr": 0.1}], train, validation)
+        with self.assertRaisesRegex(tandem.InputError, "common: 'epoch' is not a tandem.train "
+                                    "keyword; expected one of backend, batch, epochs"):
+            tdask.search(self.client, [{}], train, validation, epoch=2)
 
     def test_predict_block_by_block_equals_predicting_at_once(self):
         model, _ = tandem.train(make_rows(2000, 21), layers=[784, 16, 10], epochs=1, batch=100,

@@ -4,6 +4,7 @@ feeding without copies, the scores channel, and errors carrying the engine's mes
 import gc
 import math
 import os
+import pathlib
 import pickle
 import signal
 import subprocess
@@ -67,6 +68,34 @@ class ModelTest(unittest.TestCase):
             np.testing.assert_array_equal(copy.parameters()[name], value)
         with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
             c.set_parameters({"nope": np.zeros(3, np.float32)})
+
+    def test_paths_pairs_and_parameters_as_users_give_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            # pathlib paths, as for any file API; (images, labels) as a list or a tuple.
+            x, y = make_rows(300, 4)
+            model, _ = tandem.train([x, y], validation=[x, y], layers=[784, 8, 10], epochs=1,
+                                    batch=100, backend="cpu", threads=1)
+            path = pathlib.Path(d) / "model.safetensors"
+            model.save(path)
+            np.testing.assert_array_equal(tandem.load(path).parameters()["hid_b"],
+                                          model.parameters()["hid_b"])
+            self.assertTrue(tandem.keygen(pathlib.Path(d) / "pair"))
+            self.assertTrue(os.path.exists(os.path.join(d, "pair.key_secret")))
+            # A refused set_parameters changes nothing (the good entry before the bad one
+            # included).
+            before = model.parameters()
+            with self.assertRaisesRegex(tandem.InputError, "'sm_w' has the wrong shape"):
+                model.set_parameters({"hid_b": np.ones(8, np.float32),
+                                      "sm_w": np.ones((2, 2), np.float32)})
+            np.testing.assert_array_equal(model.parameters()["hid_b"], before["hid_b"])
+            # What tandem.load refuses is not saved: a NaN or an infinity.
+            model.set_parameters({"hid_b": np.array([1, np.inf] + [0] * 6, np.float32)})
+            other = pathlib.Path(d) / "diverged.safetensors"
+            with self.assertRaisesRegex(tandem.InputError, "tensor 'hid_b' holds a non-finite "
+                                        "value at element 1"):
+                model.save(other)
+            self.assertEqual(sorted(os.listdir(d)), ["model.safetensors", "pair.key",
+                                                     "pair.key_secret"])
 
     def test_bad_input_names_the_problem(self):
         model = tandem.Model()
@@ -251,6 +280,45 @@ def end_cluster(test, coordinator, roles):
 
 
 class RolesTest(unittest.TestCase):
+    def test_a_scorer_given_labels_past_the_models_classes_says_whose_rows(self):
+        # Ids up to 255 pass the role's constructor; the model's 10 classes are known once the
+        # scorer joins the run, where it fails naming itself and the rows (a worker's error
+        # names its fed block).
+        coordinator = tandem.Coordinator(dict(fed=True, batch=100, model="784-8-10"), ps=1,
+                                         workers=1, scorers=1, max_seconds=60)
+        self.addCleanup(coordinator.close)
+        x, y = make_rows(50, 7)
+        roles = [tandem.ParameterServerRole(coordinator.endpoint),
+                 tandem.WorkerRole(coordinator.endpoint),
+                 tandem.ScorerRole(coordinator.endpoint, validation=(x, y + 12))]
+        for role in roles:
+            role.start()
+        with self.assertRaisesRegex(tandem.InputError, "^scorer0: the validation rows it "
+                                    "scores: data has 22 classes, model 784-8-10 has 10"):
+            roles[2].join(30)
+        coordinator.fail("test over")
+        for role in roles[:2]:
+            role.stop()
+            self.assertTrue(role.join(30))
+
+    def test_servers_no_worker_initialised_hold_no_model(self):
+        # A run stopped before its chief worker's Init (right after start()): its servers hold
+        # no parameters, and pull_model says so with None (it raised "not initialised yet",
+        # which failed tandem.dask.stop).
+        coordinator = tandem.Coordinator(dict(batch=100, model="784-8-10", fed=True), ps=1,
+                                         workers=1, scorers=0, max_seconds=60)
+        self.addCleanup(coordinator.close)
+        server = tandem.ParameterServerRole(coordinator.endpoint)
+        server.start()
+        deadline = time.monotonic() + 30
+        while not coordinator.spec()["ps"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(coordinator.spec()["ps"]), 1)
+        self.assertIsNone(coordinator.pull_model())
+        coordinator.fail("test over")
+        server.stop()
+        self.assertTrue(server.join(30))
+
     def test_fed_training_reaches_the_target(self):
         coordinator, roles, (xv, yv) = start_fed_cluster(self, workers=2, target=25.0)
         workers = roles[1:3]
