@@ -27,10 +27,9 @@ processes, alternating between them:
 The order within a round is tandem, tandem, torch, torch; each side's two
 thread settings swap places every other round.  Each configuration keeps
 the best of its rounds.  Each side is credited with its faster thread
-setting per (mode, batch); every setting is shown.  Tandem's thread pool
-spins briefly between steps, so on a machine whose cores are busy with
-something else its 2-thread rate collapses: the load average at the start
-is printed, and a warning when it is above half the cores.
+setting per (mode, batch); every setting is shown.  Timings suffer on a
+machine whose cores are busy with something else: the load average at the
+start is printed, and a warning when it is above half the cores.
 
 It then prints, per (mode, batch): Tandem samples/s, PyTorch best samples/s
 (and its thread setting), the ratio, the goal, PASS/MISS, and the
@@ -401,8 +400,8 @@ def main(argv=None):
         load1 = float(str(machine["loadavg_at_start"]).split()[0])
         if load1 > 0.5 * int(machine["nproc"]):
             load_warning = ("load average %.2f on %s cores at the start: other "
-                            "work holds the cores, and Tandem's spinning pool "
-                            "(and any timing) suffers; rerun on a quiet machine"
+                            "work holds the cores, and every timing suffers; "
+                            "rerun on a quiet machine"
                             % (load1, machine["nproc"]))
             print("warning: " + load_warning)
     except (ValueError, KeyError, IndexError):

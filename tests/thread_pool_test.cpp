@@ -1,6 +1,9 @@
 #include "thread_pool.h"
 
 #include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
 #include <stdexcept>
 
 #include "test_support.h"
@@ -15,6 +18,31 @@ TEST(ThreadPool, EveryMemberRunsEachJobOnce) {
     for (int job = 0; job < 500; ++job) pool.run([&](int member) { counts[member]++; });
     for (int m = 0; m < size; ++m) EXPECT_EQ(counts[m].load(), 500) << "member " << m;
   }
+}
+
+// Shares are claimed by whichever thread is free (the caller included), so a member that the
+// scheduler holds off does not hold the job up. Each share still runs exactly once per job, with
+// its own index, on the caller or one of the pool's threads; oversubscribed here (more threads
+// than cores), so that threads are late often.
+TEST(ThreadPool, EachShareRunsOnceWhicheverThreadTakesIt) {
+  const int size = 4 * ThreadPool::available_cores();
+  ThreadPool pool(size);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::thread::id> ran_on(static_cast<size_t>(size));
+  std::set<std::thread::id> threads;
+  for (int job = 0; job < 300; ++job) {
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(size));
+    pool.run([&](int share) {
+      runs[share]++;
+      ran_on[share] = std::this_thread::get_id();
+    });
+    for (int s = 0; s < size; ++s) {
+      ASSERT_EQ(runs[s].load(), 1) << "job " << job << " share " << s;
+      threads.insert(ran_on[s]);
+    }
+  }
+  EXPECT_TRUE(threads.count(caller));
+  EXPECT_LE(threads.size(), size_t(size));  // the caller and the pool's own threads only
 }
 
 TEST(ThreadPool, RethrowsAMemberException) {

@@ -21,6 +21,14 @@ namespace {
 // two steps even when the scheduler interrupts (at 100 us, batch-100 training lost 20% to wake-ups
 // on an idle machine). Callers whose other threads need the cores between jobs call rest().
 constexpr auto kSpinTime = std::chrono::microseconds(2000);
+// How long the caller spins for the last shares before it yields its core between looks: shares
+// of one job end within microseconds of each other on idle cores, but a member that was preempted
+// mid-share may need the caller's core to finish.
+constexpr auto kCallerSpinTime = std::chrono::microseconds(50);
+
+uint64_t claim_word(uint64_t generation, uint64_t share) {
+  return (generation & 0xffffffffu) << 32 | share;
+}
 }  // namespace
 
 int ThreadPool::available_cores() {
@@ -45,7 +53,7 @@ ThreadPool::ThreadPool(int threads)
   threads_.reserve(static_cast<size_t>(threads - 1));
   try {
     for (int member = 1; member < threads; ++member)
-      threads_.emplace_back([this, member] { member_loop(member); });
+      threads_.emplace_back([this] { member_loop(); });
   } catch (const std::system_error& e) {
     // No destructor runs for a constructor that throws: the threads already started are stopped
     // here, or destroying them joinable would call std::terminate.
@@ -78,9 +86,9 @@ void ThreadPool::pause() const {
   else cpu_relax();
 }
 
-void ThreadPool::call_member(int member) {
+void ThreadPool::call_share(int share) {
   try {
-    trampoline_(job_, member);
+    trampoline_(job_, share);
   } catch (...) {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (!error_) error_ = std::current_exception();
@@ -92,29 +100,55 @@ void ThreadPool::run_erased(void* fn, Trampoline trampoline) {
     trampoline(fn, 0);
     return;
   }
+  uint64_t generation;
   {
     // The job is published under the mutex so a member that goes to sleep cannot miss it.
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = fn;
     trampoline_ = trampoline;
     error_ = nullptr;
-    pending_.store(size_ - 1, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     resting_.store(false, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation = generation_.load(std::memory_order_relaxed) + 1;
+    claims_.store(claim_word(generation, 0), std::memory_order_release);
+    generation_.store(generation, std::memory_order_release);
   }
   wake_.notify_all();
-  call_member(0);
-  while (pending_.load(std::memory_order_acquire) != 0) pause();
+  run_shares(generation);
+  const auto spin_until = std::chrono::steady_clock::now() + kCallerSpinTime;
+  for (int i = 0; done_.load(std::memory_order_acquire) != size_; ++i) {
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > spin_until)
+      std::this_thread::yield();
+    else
+      pause();
+  }
   if (error_) std::rethrow_exception(error_);
 }
 
-void ThreadPool::member_loop(int member) {
+void ThreadPool::run_shares(uint64_t generation) {
+  for (;;) {
+    uint64_t word = claims_.load(std::memory_order_acquire);
+    do {
+      if (word >> 32 != (generation & 0xffffffffu) || int(word & 0xffffffffu) >= size_) return;
+    } while (!claims_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel));
+    // The job cannot change before this share is done (the caller waits for it): job_ and
+    // trampoline_ are this generation's.
+    call_share(int(word & 0xffffffffu));
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::member_loop() {
   uint64_t seen = 0;
   for (;;) {
-    const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+    const auto started = std::chrono::steady_clock::now();
+    const auto spin_until = started + kSpinTime, yield_after = started + kCallerSpinTime;
     uint64_t now = generation_.load(std::memory_order_acquire);
     for (int i = 0; now == seen; ++i) {
-      pause();
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() > yield_after)
+        std::this_thread::yield();
+      else
+        pause();
       if ((i & 255) == 255 && (resting_.load(std::memory_order_relaxed) ||
                                std::chrono::steady_clock::now() > spin_until)) {
         std::unique_lock<std::mutex> lock(mutex_);
@@ -124,8 +158,7 @@ void ThreadPool::member_loop(int member) {
     }
     seen = now;
     if (stopping_.load(std::memory_order_acquire)) return;
-    call_member(member);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    run_shares(seen);
   }
 }
 

@@ -1,9 +1,17 @@
-// A fixed team of threads that run one function together, the caller being member 0.
+// A fixed team of threads that run one function together: fn(share) for every share in
+// [0, size()), the caller taking part.
 //
 // Why not std::thread per call or a task queue: a training step is a few hundred microseconds at
 // small batches, and waking a sleeping thread on another vCPU costs ~100 us on these machines.
 // Members therefore spin briefly after each job (a step follows the previous one almost at once)
 // and only then sleep on a condition variable.
+//
+// Shares are claimed, not assigned: whichever thread is free takes the next share not yet taken,
+// the caller included. On a machine whose cores are busy with other work a member may not run for
+// a scheduler slice (milliseconds); the caller then runs its share too instead of waiting, where
+// a fixed share per thread made training at batch 100 on two threads 7x slower than on one
+// (bench/RESULTS.md). A share's work and results depend on its index only, never on the thread
+// that runs it, so the bits are the same whoever runs which share.
 #pragma once
 
 #include <atomic>
@@ -24,8 +32,9 @@ class ThreadPool {
 
   int size() const { return size_; }
 
-  // Calls fn(member) for member in [0, size()) concurrently and returns when all are done.
-  // An exception thrown by any member is rethrown here (the first one).
+  // Calls fn(share) for share in [0, size()), concurrently as threads are free, and returns when
+  // all are done. fn must not depend on which thread runs a share. An exception thrown by any
+  // share is rethrown here (the first one).
   template <typename Fn>
   void run(Fn&& fn) {
     run_erased(&fn, [](void* f, int member) { (*static_cast<Fn*>(f))(member); });
@@ -49,9 +58,11 @@ class ThreadPool {
  private:
   using Trampoline = void (*)(void*, int);
   void run_erased(void* fn, Trampoline trampoline);
-  void member_loop(int member);
+  void member_loop();
   void stop_members();  // wakes the members to stop, and joins them
-  void call_member(int member);
+  // Claims and runs shares of job `generation` until none is left to claim.
+  void run_shares(uint64_t generation);
+  void call_share(int share);
 
   void pause() const;
 
@@ -61,7 +72,11 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // The job's generation (low 32 bits) in the high half and the next share to claim in the low
+  // half: a claim is one compare-and-swap, and a thread late for a job cannot claim a share of
+  // the next one under the old job's function.
+  std::atomic<uint64_t> claims_{0};
+  std::atomic<int> done_{0};  // shares of the current job finished
   std::atomic<bool> stopping_{false};
   std::atomic<bool> resting_{false};
   void* job_ = nullptr;
