@@ -954,6 +954,25 @@ TEST(ClusterRun, StopsAtTheTargetAndKeepsTheParametersThatMetIt) {
   }
 }
 
+// A run that diverges (SGD at a rate of 1e30: parameters past float's range) fails at the
+// first gradient the servers refuse as not finite, saying what to try, and writes no model.
+// (ClusterRun's own check of the final parameters, for a run whose last step took them out of
+// range, is not reached here: the worker's next push fails first.)
+TEST(ClusterRun, ADivergingRunFailsSayingWhatToTryAndWritesNoModel) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.max_epochs = 1;
+  o.keep_best = false;
+  o.settings.optimizer.kind = OptimizerKind::Sgd;
+  o.settings.optimizer.learning_rate = 1e30f;
+  ClusterRun run(o);
+  const std::string why = test::error_of<Error>([&] { run.run(nullptr); });
+  EXPECT_TRUE(test::contains(why, "holds a non-finite value") &&
+              test::contains(why, "(training diverged? try a lower learning rate)"))
+      << why;
+  EXPECT_FALSE(std::filesystem::exists(o.model_out));
+}
+
 TEST(ClusterRun, SyncModeAggregatesTheWorkersGradients) {
   test::TempDir dir;
   ClusterOptions o = small_run(dir, write_small_store(dir));

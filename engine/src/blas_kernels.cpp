@@ -44,6 +44,18 @@ std::string better_blas_kernels(const std::string& loaded) {
   return older_than_avx2(loaded) ? kernels_for_this_cpu() : "";
 }
 
+std::string blas_library_path() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&openblas_get_corename), &info) == 0 ||
+      info.dli_fname == nullptr)
+    return "";
+  char* real = ::realpath(info.dli_fname, nullptr);
+  if (real == nullptr) return info.dli_fname;
+  std::string path(real);
+  std::free(real);
+  return path;
+}
+
 BlasKernels blas_kernels() {
   BlasKernels k;
   const char* name = openblas_get_corename();
@@ -63,16 +75,18 @@ std::string use_better_blas_kernels() {
   using Hook = void (*)();
   const auto quit = reinterpret_cast<Hook>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
   const auto init = reinterpret_cast<Hook>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
-  if (quit != nullptr && init != nullptr) {
-    quit();
-    init();
+  if (quit == nullptr || init == nullptr) {  // a build for one CPU: its kernels are fixed
+    ::unsetenv("OPENBLAS_CORETYPE");
+    return "";
   }
+  quit();
+  init();
   const BlasKernels after = blas_kernels();
   if (after.better.empty()) return "";
   ::unsetenv("OPENBLAS_CORETYPE");  // it did nothing here: the processes started load as before
   return "OpenBLAS runs its '" + after.loaded + "' kernels, several times slower than its '" +
-         after.better + "' ones this CPU runs, and could not switch to them: set " +
-         "OPENBLAS_CORETYPE=" + after.better + " before starting the program";
+         after.better + "' ones this CPU runs, and has no such kernels to switch to (an " +
+         "OpenBLAS built with more targets would)";
 }
 
 }  // namespace tandem

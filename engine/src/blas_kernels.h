@@ -22,17 +22,21 @@ struct BlasKernels {
 // What this process's OpenBLAS runs now, and what it could.
 BlasKernels blas_kernels();
 
+// The file of the OpenBLAS library this process runs (its real path), or "" when unknown.
+std::string blas_library_path();
+
 // The `better` of blas_kernels() for OpenBLAS kernels named `loaded` on this CPU.
 std::string better_blas_kernels(const std::string& loaded);
 
-// For the entry points Tandem owns (the tandem binary's main, the benchmarks' mains, the Python
-// module's import), before anything calls BLAS: when OpenBLAS runs kernels far below the CPU and
-// the user did not choose with OPENBLAS_CORETYPE, sets OPENBLAS_CORETYPE to the better ones (the
-// processes this one starts load them at once) and has OpenBLAS choose again, through its
-// run-time dispatch (gotoblas_dynamic_quit/init). Not for the library on its own: the switch
-// must not race a BLAS call on another thread, and only an entry point knows there is none.
-// Returns a warning for the user when the slow kernels stay (the library cannot switch, or has no
-// such kernels), else "".
+// For the entry points Tandem owns (the tandem binary's main, the benchmarks' mains), before
+// anything calls BLAS: when OpenBLAS runs kernels far below the CPU and the user did not choose
+// with OPENBLAS_CORETYPE, sets OPENBLAS_CORETYPE to the better ones (the processes this one
+// starts load them at once) and has OpenBLAS choose again, through its run-time dispatch
+// (gotoblas_dynamic_quit/init; a build without it has fixed kernels, left as they are). Not for
+// the library on its own: the switch must not race a BLAS call on another thread (the table is
+// empty in between), and only an entry point knows there is none. Python's import uses it only
+// when Tandem loaded OpenBLAS itself (python/tandem/__init__.py). Returns a warning when the
+// slow kernels stay (the library has none better), else "".
 std::string use_better_blas_kernels();
 
 }  // namespace tandem

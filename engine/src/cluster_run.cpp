@@ -308,12 +308,25 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     const Checkpoint best = load_checkpoint(best_path, &options_.settings.model);
     const EvalResult best_validation =
         evaluate_model(best.model, eval_splits_.validation.view(), options_.test_threads);
-    if (best_validation.loss_sum < summary.validation.loss_sum) {
+    // (A NaN last loss, a run that diverged after its best score, keeps the best.)
+    if (!(best_validation.loss_sum >= summary.validation.loss_sum)) {
       model = best.model;
       summary.kept = "best";
       summary.kept_step = best.step;
       summary.validation = best_validation;
     }
+  }
+  // Diverged, with no finite best to keep: the servers still write their last checkpoints and
+  // exit, and the run fails saying so. No model file: no reader would take it.
+  bool finite = true;
+  for (const NamedTensor& t : model.parameters())
+    for (const float x : t.values) finite = finite && std::isfinite(x);
+  if (!finite) {
+    stop_servers();
+    throw InputError("training diverged: the final parameters are not finite (try a lower "
+                     "learning rate)" +
+                     (options_.model_out.empty() ? std::string()
+                                                 : "; " + options_.model_out + " was not written"));
   }
   if (!options_.model_out.empty()) {
     Checkpoint checkpoint;
@@ -330,7 +343,12 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
                                  " workers, " + std::to_string(options_.ps) + " parameter servers)";
     checkpoint.extra["trained_with"] = to_string(options_.settings.optimizer.kind);
     checkpoint.extra["stop_reason"] = summary.stop_reason;
-    save_checkpoint(options_.model_out, checkpoint);
+    try {
+      save_checkpoint(options_.model_out, checkpoint);
+    } catch (...) {  // (a full disk): the servers still write their checkpoints and exit first
+      stop_servers();
+      throw;
+    }
     summary.model_path = options_.model_out;
   }
   if (eval_splits_.test.rows() > 0)

@@ -167,7 +167,8 @@ std::string PsShard::stage_gradients(const Message& m, const std::vector<ByteSpa
     if (!transport::all_finite(transport::span_of(gradient, size_t(e->size)))) {
       kind = transport::kNonFinite;
       return "gradient '" + t.name + "' holds a non-finite value at element " +
-             std::to_string(transport::first_non_finite(data[i]));
+             std::to_string(transport::first_non_finite(data[i])) +
+             " (training diverged? try a lower learning rate)";
     }
     staged_.push_back({e, gradient});
   }

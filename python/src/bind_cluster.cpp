@@ -456,8 +456,8 @@ void bind_cluster(py::module_& m) {
                throw;
              }
            },
-           "The parameters the servers hold now; None before any worker trained (a run stopped "
-           "before it was fed holds none).")
+           "The parameters the servers hold now; None before the chief worker initialised "
+           "them (a run stopped right after it started).")
       .def("close", &PyCoordinator::close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyCoordinator& c, py::args) { c.close(); });

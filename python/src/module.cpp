@@ -20,16 +20,16 @@ PYBIND11_MODULE(_tandem, m) {
   m.doc() = "Tandem: train models with parameter servers, on CPUs and GPUs (native engine)";
   m.attr("__version__") = TANDEM_VERSION;
 
-  // The import is this process's entry point into Tandem, as main() is the tandem binary's: the
-  // BLAS kernels it gets are the same (the same speed, and the same bits as the binary's runs).
-  // The import holds the GIL, and nothing of Tandem calls BLAS before it returns.
-  const std::string blas_warning = tandem::use_better_blas_kernels();
-  if (!blas_warning.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, blas_warning.c_str(), 1) != 0)
-    throw py::error_already_set();  // warnings as errors
+  // The package's __init__ chooses the BLAS kernels (python/tandem/__init__.py): it knows
+  // whether another library loaded OpenBLAS first.
   m.def("_blas_kernels", [] {
     const tandem::BlasKernels k = tandem::blas_kernels();
     return py::make_tuple(k.loaded, k.better);
   }, "The OpenBLAS kernels this process runs, and far faster ones the CPU runs (or \"\").");
+  m.def("_blas_library", &tandem::blas_library_path,
+        "The file of the OpenBLAS library Tandem runs (its real path), or \"\".");
+  m.def("_use_better_blas_kernels", &tandem::use_better_blas_kernels,
+        "Switches OpenBLAS to the better kernels (blas_kernels.h); a warning, or \"\".");
 
   // Created by hand: InputError is both a tandem.Error and a ValueError.
   static PyObject* error = PyErr_NewExceptionWithDoc(

@@ -85,7 +85,9 @@ def _check_train_keywords(configs, common):
             if key in _TRAIN_KEYWORDS:
                 continue
             hint = (f" (tandem search's '{key}' is '{_CLI_NAMES[key]}' here)"
-                    if key in _CLI_NAMES else "")
+                    if key in _CLI_NAMES else
+                    " (train and validation are search()'s own arguments)"
+                    if key in ("train", "validation") else "")
             raise InputError(f"{where}: '{key}' is not a tandem.train keyword{hint}; expected "
                              f"one of {', '.join(sorted(_TRAIN_KEYWORDS))}")
 
@@ -233,8 +235,7 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     trials stop or fail; the best trial, when it completed, has state (tandem.train's resume
     bytes) to go on training; every trial that finished a job has its model.
     """
-    if isinstance(configs, dict):
-        configs = expand_grid(configs)
+    configs = expand_grid(configs) if isinstance(configs, dict) else list(configs)
     if not configs:
         raise InputError("search needs at least one configuration")
     if budget is None:

@@ -40,13 +40,14 @@ __all__ = ["TandemCluster", "start", "feed", "stop", "local_worker", "search", "
            "expand_grid"]
 
 # The roles running in this process: by the address of the Dask worker that runs them (a
-# LocalCluster with processes=False has several Dask workers in one process), then by run (its
-# coordinator's endpoint), the newest last. Two runs may share Dask workers: each block fed goes
-# to its own run's Tandem worker.
+# LocalCluster with processes=False has several Dask workers in one process), then by run (the
+# id start() gives it: an endpoint could be a later run's, on a port reused), the newest last.
+# Two runs may share Dask workers: each block fed goes to its own run's Tandem worker.
 _local_roles: dict = {}
-# Runs remembered per Dask worker beyond those still running: a block that comes after its run
-# ended finds the run, and learns that training is over.
-_ENDED_RUNS_KEPT = 4
+# Ended runs remembered per Dask worker (with their roles, a scorer's validation rows included)
+# besides those still running: a block that comes after its run ended finds the run, and learns
+# that training is over.
+_ENDED_RUNS_KEPT = 1
 
 
 def _register_role(address, run, kind, role):
@@ -109,7 +110,7 @@ def _curve_arguments(coordinator):
             "curve_key_file": coordinator.settings.get("curve_client_file", "")}
 
 
-def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
+def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None, run=None):
     """A Dask task: one Tandem role, for as long as the run lasts.
 
     curve: for a run under CURVE, the roles' keyword arguments (curve_server_key, and
@@ -130,7 +131,7 @@ def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
         role = ScorerRole(coordinator, name, validation=validation, **curve)
     # Stays registered after the run: a transfer that comes after the role ended finds it, and
     # learns that training is over (or the role's error), not that no worker runs here.
-    _register_role(worker.address, coordinator, kind, role)
+    _register_role(worker.address, run or coordinator, kind, role)
     started = time.time()
     role.start()
     role.join()  # raises the role's error with the engine's message
@@ -144,8 +145,8 @@ def _role_task(kind, coordinator, name, queue_blocks, validation, curve=None):
 def local_worker(run=None):
     """The Tandem worker role running in this Dask worker process (for custom feeding tasks).
 
-    run: the run's coordinator endpoint (``cluster.coordinator.endpoint``), for a Dask worker
-    that runs roles of several runs; None: the newest run's."""
+    run: the run's id (``cluster.run_id``), for a Dask worker that runs roles of several runs;
+    None: the newest run's."""
     from distributed import get_worker
 
     address = get_worker().address
@@ -185,8 +186,9 @@ class TandemCluster:
     address and host. ``coordinator`` is the tandem.Coordinator in this process.
     """
 
-    def __init__(self, client, coordinator, futures, dask_spec):
+    def __init__(self, client, coordinator, futures, dask_spec, run_id=None):
         self.client = client
+        self.run_id = run_id  # names this run's roles in the Dask workers (local_worker(run))
         self.coordinator = coordinator
         self.futures = futures  # role name -> Dask future of its task
         self.dask_spec = dask_spec
@@ -373,9 +375,10 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                 coordinator.expect(name, f"a task on the Dask worker {address}")
                 futures[name] = client.submit(
                     _role_task, kind, coordinator.endpoint, name, queue_blocks,
-                    validation if kind == "scorer" else None, curve, key=f"tandem-{name}-{run}",
+                    validation if kind == "scorer" else None, curve, run,
+                    key=f"tandem-{name}-{run}",
                     workers=[address], allow_other_workers=False, pure=False)
-        cluster = TandemCluster(client, coordinator, futures, dask_spec)
+        cluster = TandemCluster(client, coordinator, futures, dask_spec, run)
         deadline = time.monotonic() + startup_timeout + 5
         while coordinator.wait_for("training", 0.2) == "starting":
             cluster.check()
@@ -449,8 +452,8 @@ def feed(batches, cluster, wait=True, timeout_s=None):
         placed = _placement(client, [batches[i] for i in unqueued], workers, cluster.rounds)
         cluster.rounds += 1
         for i, w in zip(unqueued, placed):
-            transfers[i] = (client.submit(_transfer, batches[i], timeout_s,
-                                          cluster.coordinator.endpoint, workers=[w],
+            transfers[i] = (client.submit(_transfer, batches[i], timeout_s, cluster.run_id,
+                                          workers=[w],
                                           allow_other_workers=False, pure=False), w)
         if not wait:
             break
@@ -471,8 +474,8 @@ def stop(cluster, timeout=60.0):
     workers stay usable. Raises the error of a role that failed.
 
     Returns {stop_reason, scores, model (tandem.Model, the servers' final parameters; None when
-    no block was ever trained on), roles}; a role whose Dask worker left the cluster is in roles
-    as {name, lost}.
+    the run was stopped before its chief worker initialised them), roles}; a role whose Dask
+    worker left the cluster is in roles as {name, lost}.
     """
     if cluster.result is not None:
         return cluster.result

@@ -219,6 +219,29 @@ class BlasKernelsTest(unittest.TestCase):
         loaded, _ = self.kernels_of_a_fresh_import(OPENBLAS_CORETYPE="Prescott")
         self.assertEqual(loaded, "Prescott")
 
+    def test_openblas_loaded_by_another_library_first_is_left_alone(self):
+        # As Debian's numpy or torch would: the same libopenblas.so.0, loaded before tandem. Its
+        # kernels are not switched under the other library's calls; where they are the old
+        # ones, a warning says what to set.
+        script = ("import ctypes, warnings\n"
+                  "ctypes.CDLL('libopenblas.so.0')\n"
+                  "with warnings.catch_warnings(record=True) as w:\n"
+                  "    warnings.simplefilter('always')\n"
+                  "    import tandem\n"
+                  "print(*tandem._tandem._blas_kernels(), sep='|')\n"
+                  "print(*[str(x.message) for x in w], sep='\\n')\n")
+        environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        kernels, *warned = done.stdout.strip().split("\n")
+        loaded, better = kernels.split("|")
+        if better:  # the old kernels stayed: said, with what to set
+            self.assertEqual(len(warned), 1, warned)
+            self.assertIn(f"set OPENBLAS_CORETYPE={better} before starting Python", warned[0])
+        else:
+            self.assertEqual(warned, [])
+
 
 class CoordinatorWaitTest(unittest.TestCase):
     def test_waits_end_at_their_timeout_or_when_closed(self):
