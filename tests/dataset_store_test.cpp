@@ -281,9 +281,9 @@ TEST(DatasetStore, AWriteInProgressIsNoStore) {
     const std::string partial = partial_store_path(out);
     StoreWriteOptions o;
     o.format = format;
-    // Progress is reported from the calling thread's chunks only: many small chunks, so that it
-    // writes some of them however the threads are scheduled (with 11, a ThreadSanitizer run's
-    // other thread once wrote them all).
+    // Progress is reported from share 0's chunks only: many small chunks, so that it writes
+    // some of them however the threads are scheduled (with 11, a ThreadSanitizer run's other
+    // thread once wrote them all).
     o.chunk_rows = 4;
     int checked = 0;
     o.progress = [&](int64_t done, int64_t total) {

@@ -16,7 +16,10 @@ namespace tandem {
 namespace {
 
 // A script run as `SCRIPT KIND --coordinator ADDR --name NAME`: the role named `failing` says
-// why and exits with status 3 at once; every other one sleeps until it is stopped.
+// why and exits with status 3 at once; every other one sleeps until it is stopped. A role starts
+// with the stop signals blocked and unblocks them once its handlers are in (process_launcher.h);
+// the sleeper unblocks them too, so that the launcher's SIGTERM ends it as it ends a role (a
+// plain `sleep` kept them blocked, and every stop waited out the 2 s grace for its SIGKILL).
 std::string role_script(const test::TempDir& dir, const std::string& failing) {
   const std::string path = dir.file("role.sh");
   test::write_bytes(path, "#!/bin/sh\n"
@@ -24,7 +27,10 @@ std::string role_script(const test::TempDir& dir, const std::string& failing) {
                           "  echo \"$5: cannot start\" >&2\n"
                           "  exit 3\n"
                           "fi\n"
-                          "exec sleep 60\n");
+                          "exec python3 -c 'import signal, time\n"
+                          "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, "
+                          "signal.SIGINT, signal.SIGHUP})\n"
+                          "time.sleep(60)'\n");
   chmod(path.c_str(), 0755);
   return path;
 }

@@ -56,6 +56,12 @@ std::string blas_library_path() {
   return path;
 }
 
+uintptr_t blas_library_address() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&openblas_get_corename), &info) == 0) return 0;
+  return reinterpret_cast<uintptr_t>(info.dli_fbase);
+}
+
 BlasKernels blas_kernels() {
   BlasKernels k;
   const char* name = openblas_get_corename();

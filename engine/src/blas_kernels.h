@@ -8,6 +8,7 @@
 // it when it loads, before main() for a program linked with it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tandem {
@@ -24,6 +25,9 @@ BlasKernels blas_kernels();
 
 // The file of the OpenBLAS library this process runs (its real path), or "" when unknown.
 std::string blas_library_path();
+// Where that library is mapped in this process (its base address), or 0 when unknown: which
+// mapping it is, whatever its file has been renamed or replaced by since.
+uintptr_t blas_library_address();
 
 // The `better` of blas_kernels() for OpenBLAS kernels named `loaded` on this CPU.
 std::string better_blas_kernels(const std::string& loaded);

@@ -295,64 +295,68 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   } catch (const Error& e) {
     fail_now(std::string("reading the final parameters: ") + e.what());
   }
-  summary.kept = "last";
-  summary.kept_step = summary.steps;
-  const std::string& best_path = options_.settings.best_model_path;
-  const bool has_validation = eval_splits_.validation.rows() > 0;
-  if (has_validation)
-    summary.validation = evaluate_model(model, eval_splits_.validation.view(), options_.test_threads);
-  if (options_.keep_best && has_validation && options_.scorers > 0 && !best_path.empty() &&
-      std::filesystem::exists(best_path)) {
-    // The lowest score's parameters against the last ones, measured the same way: the last
-    // ones win a tie, and win outright when training ran on well past the newest score.
-    const Checkpoint best = load_checkpoint(best_path, &options_.settings.model);
-    const EvalResult best_validation =
-        evaluate_model(best.model, eval_splits_.validation.view(), options_.test_threads);
-    // (A NaN last loss, a run that diverged after its best score, keeps the best.)
-    if (!(best_validation.loss_sum >= summary.validation.loss_sum)) {
-      model = best.model;
-      summary.kept = "best";
-      summary.kept_step = best.step;
-      summary.validation = best_validation;
+  // From here on a failure (a diverged run, a full disk, a damaged best file, no memory) still
+  // lets the servers write their last checkpoints and exit, and stops the launched roles,
+  // before it is thrown.
+  try {
+    summary.kept = "last";
+    summary.kept_step = summary.steps;
+    const std::string& best_path = options_.settings.best_model_path;
+    const bool has_validation = eval_splits_.validation.rows() > 0;
+    if (has_validation)
+      summary.validation =
+          evaluate_model(model, eval_splits_.validation.view(), options_.test_threads);
+    if (options_.keep_best && has_validation && options_.scorers > 0 && !best_path.empty() &&
+        std::filesystem::exists(best_path)) {
+      // The lowest score's parameters against the last ones, measured the same way: the last
+      // ones win a tie, and win outright when training ran on well past the newest score.
+      const Checkpoint best = load_checkpoint(best_path, &options_.settings.model);
+      const EvalResult best_validation =
+          evaluate_model(best.model, eval_splits_.validation.view(), options_.test_threads);
+      // (A NaN last loss, a run that diverged after its best score, keeps the best.)
+      if (!(best_validation.loss_sum >= summary.validation.loss_sum)) {
+        model = best.model;
+        summary.kept = "best";
+        summary.kept_step = best.step;
+        summary.validation = best_validation;
+      }
     }
-  }
-  // Diverged, with no finite best to keep: the servers still write their last checkpoints and
-  // exit, and the run fails saying so. No model file: no reader would take it.
-  bool finite = true;
-  for (const NamedTensor& t : model.parameters())
-    for (const float x : t.values) finite = finite && std::isfinite(x);
-  if (!finite) {
-    stop_servers();
-    throw InputError("training diverged: the final parameters are not finite (try a lower "
-                     "learning rate)" +
-                     (options_.model_out.empty() ? std::string()
-                                                 : "; " + options_.model_out + " was not written"));
-  }
-  if (!options_.model_out.empty()) {
-    Checkpoint checkpoint;
-    checkpoint.model = model;
-    // Adam's moments live in the servers' shard checkpoints (checkpoint_dir); this file holds
-    // the parameters, for `tandem eval`, `--init` and prediction.
-    checkpoint.optimizer = options_.settings.optimizer;
-    checkpoint.optimizer.kind = OptimizerKind::Sgd;
-    checkpoint.step = summary.kept_step;
-    checkpoint.epoch = summary.epochs;
-    checkpoint.seed = options_.settings.seed;
-    checkpoint.batch = options_.settings.batch;
-    checkpoint.extra["source"] = "tandem cluster run (" + std::to_string(options_.workers) +
-                                 " workers, " + std::to_string(options_.ps) + " parameter servers)";
-    checkpoint.extra["trained_with"] = to_string(options_.settings.optimizer.kind);
-    checkpoint.extra["stop_reason"] = summary.stop_reason;
-    try {
+    // Diverged, with no finite best to keep: the run fails saying so. No model file: no reader
+    // would take it.
+    bool finite = true;
+    for (const NamedTensor& t : model.parameters())
+      for (const float x : t.values) finite = finite && std::isfinite(x);
+    if (!finite) {
+      const std::string not_written =
+          options_.model_out.empty() ? "" : "; " + options_.model_out + " was not written";
+      throw InputError("training diverged: the final parameters are not finite (try a lower "
+                       "learning rate)" + not_written);
+    }
+    if (!options_.model_out.empty()) {
+      Checkpoint checkpoint;
+      checkpoint.model = model;
+      // Adam's moments live in the servers' shard checkpoints (checkpoint_dir); this file holds
+      // the parameters, for `tandem eval`, `--init` and prediction.
+      checkpoint.optimizer = options_.settings.optimizer;
+      checkpoint.optimizer.kind = OptimizerKind::Sgd;
+      checkpoint.step = summary.kept_step;
+      checkpoint.epoch = summary.epochs;
+      checkpoint.seed = options_.settings.seed;
+      checkpoint.batch = options_.settings.batch;
+      checkpoint.extra["source"] = "tandem cluster run (" + std::to_string(options_.workers) +
+                                   " workers, " + std::to_string(options_.ps) +
+                                   " parameter servers)";
+      checkpoint.extra["trained_with"] = to_string(options_.settings.optimizer.kind);
+      checkpoint.extra["stop_reason"] = summary.stop_reason;
       save_checkpoint(options_.model_out, checkpoint);
-    } catch (...) {  // (a full disk): the servers still write their checkpoints and exit first
-      stop_servers();
-      throw;
+      summary.model_path = options_.model_out;
     }
-    summary.model_path = options_.model_out;
+    if (eval_splits_.test.rows() > 0)
+      summary.test = evaluate_model(model, eval_splits_.test.view(), options_.test_threads);
+  } catch (...) {
+    stop_servers();
+    throw;
   }
-  if (eval_splits_.test.rows() > 0)
-    summary.test = evaluate_model(model, eval_splits_.test.view(), options_.test_threads);
 
   stop_servers();
   return summary;

@@ -305,7 +305,8 @@ void write_store_contents(const DataSplits& splits, const std::string& dir,
         const int64_t rows =
             std::min(chunk_rows, p.rows - tasks[t].chunk * chunk_rows);
         const int64_t done = rows_done.fetch_add(rows) + rows;
-        // The callback runs on the calling thread only (member 0), never concurrently.
+        // Only share 0 reports, so the callback never runs concurrently; the pool's threads
+        // claim shares, so it may run on one of them rather than the caller's.
         if (member == 0 && o.progress) o.progress(done, total_rows);
       }
     } catch (...) {

@@ -23,7 +23,8 @@ struct StoreWriteOptions {
   int copies = 1;               // the training split is repeated this many times, as the seed does
   bool overwrite = false;
   std::string overwrite_option = "--overwrite";  // how the caller asks for it, for the messages
-  // Called now and then with (rows written, rows in total) over all splits.
+  // Called now and then with (rows written, rows in total) over all splits; never concurrently,
+  // but not always on the caller's thread (on one of the writer threads).
   std::function<void(int64_t, int64_t)> progress;
   // Polled between chunks when set: once true, the write stops, its temporary directory is
   // removed and write_dataset_store throws StoreWriteStopped (a stop signal, stop_signals.h).

@@ -13,21 +13,25 @@ import os as _os
 import warnings as _warnings
 
 
-def _mapped_files():
-    """The files this process has mapped (shared libraries among them), by real path; None when
-    that cannot be read."""
+def _mapped_ranges():
+    """The address ranges this process has mapped, or None when that cannot be read."""
     try:
-        with open("/proc/self/maps") as maps:
-            return {line.split(None, 5)[5].strip() for line in maps
-                    if len(line.split(None, 5)) == 6}
-    except OSError:
+        with open("/proc/self/maps", "rb") as maps:  # bytes: a file's name may be any bytes
+            ranges = []
+            for line in maps:
+                low, _, high = line.split(b" ", 1)[0].partition(b"-")
+                ranges.append((int(low, 16), int(high, 16)))
+            return ranges
+    except (OSError, ValueError):
         return None
 
 
 # Before Tandem loads OpenBLAS: whether another library (Debian's numpy or torch, which use the
-# same libopenblas) loaded it first is known once Tandem's is (_choose_blas_kernels). A numpy
-# wheel's own copy (libopenblas64_p-r0-...so) is another file, with its own kernel table.
-_mapped_before = _mapped_files()
+# same libopenblas) had it loaded is known once Tandem's is, by its address (_choose_blas_kernels):
+# an address says which mapping, whatever the file was renamed or replaced by since (an upgrade
+# under a long-running kernel). A numpy wheel's own copy (libopenblas64_p-r0-...so) is another
+# library, with its own kernel table, at another address.
+_mapped_before = _mapped_ranges()
 
 from ._tandem import (  # noqa: E402, F401
     Coordinator,
@@ -58,17 +62,21 @@ def _choose_blas_kernels():
     loaded, better = _tandem._blas_kernels()
     if not better:
         return
-    library = _tandem._blas_library()
-    shared = _mapped_before is None or not library or library in _mapped_before
-    if not shared:
+    _, address = _tandem._blas_library()
+    if _mapped_before is None or not address:
+        why = "tandem could not tell whether another library uses it too"
+    elif any(low <= address < high for low, high in _mapped_before):
+        why = "another library loaded it before tandem (numpy or torch)"
+    else:
         warning = _tandem._use_better_blas_kernels()
         if not warning:
             _os.environ["OPENBLAS_CORETYPE"] = better  # Python's view, for the processes it starts
             return
-    else:
+        why = None
+    if why is not None:
         warning = (f"OpenBLAS runs its '{loaded}' kernels, several times slower than its "
-                   f"'{better}' ones this CPU runs, and another library loaded it before tandem "
-                   f"(numpy or torch): set OPENBLAS_CORETYPE={better} before starting Python")
+                   f"'{better}' ones this CPU runs, and {why}: set OPENBLAS_CORETYPE={better} "
+                   "before starting Python")
     _warnings.warn(warning, RuntimeWarning, stacklevel=3)
 
 
