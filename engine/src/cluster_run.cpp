@@ -12,6 +12,7 @@
 #include "dataset_store.h"
 #include "file_io.h"
 #include "ps_client.h"
+#include "seconds_to_ms.h"
 #include "tandem/error.h"
 #include "zmq_curve.h"
 
@@ -75,7 +76,7 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
   if (!(std::isfinite(max_seconds) && max_seconds >= 0))
     throw InputError("max_seconds must be a finite number >= 0 (0: no limit)");
   s.optimizer.validate();
-  if (!(s.score_interval_s > 0 && s.score_interval_s <= 86400))
+  if (!(s.score_interval_s > 0 && s.score_interval_s <= kMaxIntervalSeconds))
     throw InputError("score_interval_s must be above 0 and at most 86400 (a day)");
   if (!(s.checkpoint_every_s >= 0 && s.checkpoint_every_s <= 1e7))
     throw InputError("checkpoint_every_s must be from 0 to 1e7 (0: only at the end)");

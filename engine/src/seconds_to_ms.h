@@ -28,10 +28,15 @@ inline int limit_seconds_to_ms(double seconds, const std::string& what) {
   return std::max(1, seconds_to_ms(seconds));
 }
 
+// The longest silence or interval a run takes (a score interval, the silence after which a
+// coordinator counts as lost): a day. Beyond it a setting is a typo, and one past the clock's
+// range would wrap into no wait at all.
+constexpr double kMaxIntervalSeconds = 86400;
+
 // The silence after which a coordinator counts as lost, however an API names it: above 0 and at
 // most a day, or InputError "WHAT must be above 0 and at most 86400, got S".
 inline int lost_after_to_ms(double seconds, const std::string& what) {
-  if (!(seconds > 0 && seconds <= 86400))
+  if (!(seconds > 0 && seconds <= kMaxIntervalSeconds))
     throw InputError(what + " must be above 0 and at most 86400, got " + std::to_string(seconds));
   return limit_seconds_to_ms(seconds, what);
 }

@@ -36,6 +36,7 @@
 #include "progress_line.h"
 #include "run_dir_lock.h"
 #include "score_subscriber.h"
+#include "seconds_to_ms.h"
 #include "stop_signals.h"
 #include "tandem/tandem.h"
 #include "tensorboard_writer.h"
@@ -128,7 +129,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(positive_number())->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
-      ->check(number_in(0, 86400, true, "SECONDS"))->capture_default_str();
+      ->check(number_in(0, kMaxIntervalSeconds, true, "SECONDS"))->capture_default_str();
   cmd->add_option("--ps-mode", s.ps_mode,
                   "sync (gradients of every worker averaged per step), async (the seed's: each "
                   "applied as it comes) or bounded_staleness")
@@ -812,7 +813,7 @@ void add_cluster_commands(CLI::App& app) {
     auto lost_after_s = std::make_shared<double>(30);
     cmd->add_option("--lost-after", *lost_after_s,
                     "With --follow: fail when the coordinator has not answered for this long")
-        ->check(number_in(0, 86400, true, "SECONDS"))->capture_default_str();
+        ->check(number_in(0, kMaxIntervalSeconds, true, "SECONDS"))->capture_default_str();
     cmd->callback([=] { run_scores(*access, *follow, *wait_s, *lost_after_s); });
   }
 }
