@@ -36,6 +36,10 @@ check "summary counts samples" test "$(json_field "$out" samples)" = 110000
 check "checkpoint written" test -s "$dir/model.safetensors"
 check "metrics: 110 step lines" test "$(grep -c '"type":"step"' "$dir/metrics.jsonl")" -eq 110
 check "metrics: 2 epoch lines" test "$(grep -c '"type":"epoch"' "$dir/metrics.jsonl")" -eq 2
+check "metrics: steps and epochs counted from 1 alike" \
+  test "$(grep -o '"epoch":[0-9]*' "$dir/metrics.jsonl" | sort -u | tr '\n' ' ')" = \
+  '"epoch":1 "epoch":2 '
+
 check "no temporary files left" test "$(ls "$dir" | grep -c tmp)" -eq 0
 ev=$("$tandem" eval --model "$dir/model.safetensors" --data "$real" --split test --json)
 check "eval agrees with train's test accuracy" test "$(json_field "$ev" accuracy)" = "$acc"
@@ -108,6 +112,17 @@ start = 8 + struct.unpack("<Q", data[:8])[0]
 data[start:start + 4] = struct.pack("<f", float("nan"))
 open(sys.argv[2], "wb").write(data)' "$dir/model.safetensors" "$dir/nan.safetensors"
 expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
+# Finite parameters too large for the pixels (every hidden bias 3e38): the logits overflow, and
+# eval says so instead of reporting an accuracy for rows predict refuses.
+python3 -c 'import json, struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+begin, end = json.loads(data[8:8 + n])["hid_b"]["data_offsets"]
+data[8 + n + begin:8 + n + end] = struct.pack("<%df" % ((end - begin) // 4),
+                                              *[3e38] * ((end - begin) // 4))
+open(sys.argv[2], "wb").write(data)' "$dir/model.safetensors" "$dir/big.safetensors"
+expect_error "a model whose logits overflow: no accuracy" "is not finite (its logits overflow" \
+  "$tandem" eval --model "$dir/big.safetensors" --data "$real"
 expect_error "eval of an empty split says so" "the validation split of $real has no rows" \
   "$tandem" eval --model "$dir/model.safetensors" --data "$real" --split validation \
   --validation-rows 0
@@ -155,6 +170,10 @@ check "a bad command line exits 1" test $? -eq 1
 check "bad input exits 1" test $? -eq 1
 expect_error "resume into another shape" "784-100-10" \
   "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
+expect_error "--epochs the resumed run has reached already" \
+  "--epochs 1: the run in $dir/one-copy.safetensors has done 1 epochs already" \
+  "$tandem" train --data "$real" --epochs 1 --resume "$dir/one-copy.safetensors"
+expect_error "a mistyped command named" "unknown command 'trian'" "$tandem" trian
 expect_error "--init and --resume together" "not both" \
   "$tandem" train --data "$real" --init "$dir/one.safetensors" --resume "$dir/one.safetensors"
 head -c 5000 "$dir/model.safetensors" > "$dir/cut.safetensors"

@@ -304,8 +304,10 @@ TEST_F(MnistLoaderTest, SplitsRawAndGzipFiles) {
 
 TEST_F(MnistLoaderTest, BadValidationRows) {
   const std::string images = dir_.file("train-images-idx3-ubyte");
-  expect_input_error([&] { load_mnist_splits(dir_.path(), 30); }, images, "validation_rows is 30");
-  expect_input_error([&] { load_mnist_splits(dir_.path(), -1); }, images, "validation_rows is -1");
+  expect_input_error([&] { load_mnist_splits(dir_.path(), 30); }, images,
+                     "validation rows 30 to split off");
+  expect_input_error([&] { load_mnist_splits(dir_.path(), -1); }, images,
+                     "validation rows -1 to split off");
 }
 
 TEST_F(MnistLoaderTest, CountMismatchNamesBothFiles) {

@@ -100,6 +100,12 @@ expect_error "another model's output refused" "--overwrite" \
   "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"
 check "--overwrite replaces it" "$tandem" predict --model "$dir/m2.safetensors" --data "$store" \
   --out "$out" --overwrite --processes 2
+# OUT.lock is predict's own: a file of the user's by that name is neither overwritten nor used.
+echo "my notes" >"$dir/notes.lock"
+expect_error "a file of the user's at OUT.lock refused" \
+  "notes.lock is there and is not a lock file" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$dir/notes"
+check "... and left as it was" test "$(cat "$dir/notes.lock")" = "my notes"
 # One prediction per --out: while another run holds it (here this script, by flock(1) on
 # OUT.lock, the lock tandem predict takes), a second is refused.
 exec 9>"$out.lock"

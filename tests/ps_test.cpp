@@ -2460,6 +2460,13 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
       << kept;
   EXPECT_EQ(test::read_bytes(dir.file("server.key_secret")), "old");
   EXPECT_FALSE(std::filesystem::exists(dir.file("server.key")));
+  // A prefix given as one of the files' names (k1.key) would write k1.key.key: refused.
+  for (const char* name : {"k1.key", "k1.key_secret"}) {
+    const std::string why = error_of<InputError>(
+        [&] { transport::write_curve_key_files(dir.file(name), keys); });
+    EXPECT_TRUE(contains(why, "give the prefix of the two files")) << why;
+    EXPECT_FALSE(std::filesystem::exists(dir.file(std::string(name) + ".key")));
+  }
   // Replaced on request, the existing world-readable secret file ends up 0600 all the same.
   transport::write_curve_key_files(dir.file("server"), keys, /*replace_existing=*/true);
   struct stat st {};

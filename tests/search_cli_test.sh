@@ -207,8 +207,12 @@ expect_error "a trailing empty grid value refused" "lr=: expected a positive num
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001, --out "$dir/s3"
 # Checked once, before any trial starts: data that is not there, and a store without a
 # validation split (trials rank by its loss).
-expect_error "missing data refused before the trials" "missing data file" \
+expect_error "missing data refused before the trials" "nothing-here: no such file or directory" \
     "$tandem" search --data "$dir/nothing-here" --grid lr=0.001,0.01 --out "$dir/s10"
+check "... and nothing made: no --out, no lock in it" test ! -e "$dir/s10"
+mkdir "$dir/empty-dir"
+expect_error "a directory without IDX files names the file it misses" "missing data file" \
+    "$tandem" search --data "$dir/empty-dir" --grid lr=0.001,0.01 --out "$dir/s10"
 check "... and no trial started" test ! -e "$dir/s10/trial-0.log"
 "$tandem" prepare --out "$dir/noval.zarr" --validation-rows 0 >/dev/null 2>&1
 expect_error "a store without a validation split refused" "has no validation split" \

@@ -78,6 +78,12 @@ DatasetView Dataset::view() const {
 std::string default_data_dir() { return "/usr/share/datasets/fashion-mnist"; }
 
 DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows) {
+  // A mistyped path said "missing data file: neither PATH/train-images-idx3-ubyte nor ...".
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw InputError(dir + (std::filesystem::exists(dir, ec) ? ": not a directory"
+                                                             : ": no such file or directory") +
+                     " (expected a directory of MNIST-format IDX files, or a dataset store)");
   const std::string train_images_path = find_idx_file(dir, "train-images-idx3-ubyte");
   const std::string train_labels_path = find_idx_file(dir, "train-labels-idx1-ubyte");
   const std::string test_images_path = find_idx_file(dir, "t10k-images-idx3-ubyte");
@@ -89,9 +95,9 @@ DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows) {
   check_label_count(train_images_path, train_images.dims[0], train_labels_path, train_labels);
   const int64_t n = train_images.dims[0];
   if (validation_rows < 0 || validation_rows >= n)
-    throw InputError("validation_rows is " + std::to_string(validation_rows) +
-                     ", expected 0 <= validation_rows < " + std::to_string(n) +
-                     " (the training rows in " + train_images_path + ")");
+    throw InputError("validation rows " + std::to_string(validation_rows) +
+                     " to split off the training set: expected 0 <= validation rows < " +
+                     std::to_string(n) + " (the training rows in " + train_images_path + ")");
 
   DataSplits s;
   s.train = copy_rows(train_images, train_labels, 0, n - validation_rows);

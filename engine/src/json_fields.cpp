@@ -26,19 +26,11 @@ std::string shown(const json& value) {
 
 int json_depth(std::string_view text) {
   int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
+  JsonStringTracker strings;
   for (const char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+    if (!strings.outside(c)) continue;
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if (c == ']' || c == '}') --depth;
   }
   return deepest;
 }

@@ -21,6 +21,29 @@ namespace tandem {
 // parsed: nlohmann parses deep documents fine, but dump() (every error that shows a value) and
 // copies recurse once per level, so 100,000 brackets (200 KB) would overflow the stack.
 constexpr int kMaxJsonDepth = 64;
+// Whether the characters of a JSON text, fed in order, lie outside its strings (escapes
+// included): for the scans that read JSON text without parsing it.
+class JsonStringTracker {
+ public:
+  // Whether `c` is outside every string (a quote that opens or closes one is not).
+  bool outside(char c) {
+    if (in_string_) {
+      if (escaped_) escaped_ = false;
+      else if (c == '\\') escaped_ = true;
+      else if (c == '"') in_string_ = false;
+      return false;
+    }
+    if (c == '"') {
+      in_string_ = true;
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  bool in_string_ = false, escaped_ = false;
+};
+
 // The deepest nesting of brackets in JSON text, strings skipped; scanned without parsing.
 int json_depth(std::string_view text);
 // `text` as JSON, or a discarded value (is_discarded()) when it is not JSON or is nested deeper

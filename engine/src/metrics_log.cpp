@@ -29,8 +29,9 @@ void MetricsLog::write_line(const std::string& line) {
 
 void MetricsLog::step(const StepReport& r) {
   if (file_ == nullptr) return;
+  // Epochs counted from 1, as the epoch lines count them (StepReport's is 0-based).
   nlohmann::json j{{"type", "step"},          {"step", r.step},
-                   {"epoch", r.epoch},        {"loss", r.loss_sum},
+                   {"epoch", r.epoch + 1},    {"loss", r.loss_sum},
                    {"samples", r.samples},    {"samples_per_s", r.samples_per_s}};
   write_line(json_text(std::move(j)));
 }

@@ -451,7 +451,8 @@ void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int
   for (int64_t i = 0; i < rows * classes; ++i)
     if (!std::isfinite(logits[i]))
       throw InputError(what + ": row " + std::to_string(first_row + i / classes) +
-                       " gives logits that are not finite (pixels too large for the model); it "
+                       " gives logits that are not finite (pixels too large for the model, or its "
+                       "parameters: a run that diverged?); it "
                        "has no predicted class");
 }
 

@@ -403,6 +403,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // model (stop_on_signals ignores SIGPIPE), and Ctrl-Z does not suspend the coordinator alone.
   stop_on_signals();
   refuse_to_suspend();
+  check_data_exists(o.data);  // before --run-dir is made: a mistyped --data leaves nothing behind
   std::filesystem::create_directories(o.run_dir);
   const RunDirLock run_dir_lock(o.run_dir);  // before the previous run's files are cleared
   resolve(o);
@@ -809,7 +810,8 @@ void add_cluster_commands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("scores", "Print a cluster's scores (the last 10 at once)");
     access->add_options(cmd);
     cmd->add_flag("--follow", *follow, "Keep printing until training ends");
-    cmd->add_option("--wait", *wait_s, "Without --follow: seconds to listen")->capture_default_str();
+    cmd->add_option("--wait", *wait_s, "Without --follow: seconds to listen")
+        ->check(number_in(0, kMaxIntervalSeconds, false, "SECONDS"))->capture_default_str();
     auto lost_after_s = std::make_shared<double>(30);
     cmd->add_option("--lost-after", *lost_after_s,
                     "With --follow: fail when the coordinator has not answered for this long")

@@ -35,6 +35,13 @@ nlohmann::json idx_fingerprint(const std::string& dir) {
 
 }  // namespace
 
+void check_data_exists(const std::string& data) {
+  std::error_code ec;
+  if (!std::filesystem::exists(data, ec))
+    throw InputError("--data " + data + ": no such file or directory (expected a dataset store, "
+                     "or a directory of MNIST-format IDX files)");
+}
+
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by) {
   if (is_dataset_store(data)) return data;
   const std::string store = dir + "/data.zarr";
@@ -70,8 +77,20 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
           : fingerprinted ? " (its files have changed since it was prepared from them)"
                           : " (it does not record what its files were, only where)";
   }
+  DataSplits splits;
+  try {
+    splits = load_mnist_splits(data);
+  } catch (const InputError& e) {
+    // The default split (5,000 rows) is all this command offers: a smaller set is prepared
+    // with its own split first.
+    const bool split = std::string(e.what()).find("to split off") != std::string::npos;
+    throw InputError(std::string(e.what()) +
+                     (split ? "; for a smaller training set, prepare a store with `tandem "
+                              "prepare --data " + data + " --validation-rows N --out STORE` "
+                              "and give --data STORE"
+                            : ""));
+  }
   std::fprintf(stderr, "preparing %s from %s%s\n", store.c_str(), data.c_str(), why.c_str());
-  const DataSplits splits = load_mnist_splits(data);
   StoreWriteOptions options;
   options.overwrite = true;
   write_dataset_store(splits, store, options,

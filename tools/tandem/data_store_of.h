@@ -16,4 +16,8 @@ namespace tandem::cli {
 // file, when `data` is neither a store nor IDX files.
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by);
 
+// InputError naming `data` when nothing is there: for the commands that make their output
+// directory before they read --data, so that a mistyped path leaves nothing behind.
+void check_data_exists(const std::string& data);
+
 }  // namespace tandem::cli

@@ -1,4 +1,5 @@
 // tandem eval: loss and accuracy of a saved model on one split of a data set.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -66,6 +67,12 @@ void run_eval(const EvalOptions& o) {
                                 : evaluate_model(ckpt.model, split.view(), o.threads);
   if (r.samples == 0)
     throw InputError("the train split of " + o.data + " has no rows: nothing to evaluate");
+  // A model whose logits overflow (parameters past what the pixels can take: a run that
+  // diverged) has no loss and no predicted classes (predict refuses its rows): not a result.
+  if (!std::isfinite(r.loss_sum))
+    throw InputError("model " + o.model + ": its loss on the " + o.split + " split of " +
+                     o.data + " is not finite (its logits overflow: a run that diverged?); it "
+                     "predicts no class");
   if (o.json) {
     nlohmann::json j = to_json(r);
     j["split"] = o.split;

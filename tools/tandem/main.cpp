@@ -38,6 +38,18 @@ int main(int argc, char** argv) {
   tandem::cli::add_prepare_command(app);
   tandem::cli::add_inspect_command(app);
   tandem::cli::add_cluster_commands(app);
+  // A mistyped command (`tandem trian`) said "A subcommand is required".
+  std::string names;
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    known = known || (argc > 1 && sub->check_name(argv[1]));
+  }
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::fprintf(stderr, "tandem: error: unknown command '%s' (the commands: %s)\n", argv[1],
+                 names.c_str());
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

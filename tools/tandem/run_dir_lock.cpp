@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,7 +30,8 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
                        const std::string& lock_file) {
   const std::string path = lock_file.empty() ? run_dir + "/lock" : lock_file;
   // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
-  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Not through a symbolic link: the pid written below would land in whatever it points to.
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
   int rc;
   do rc = flock(fd_, LOCK_EX | LOCK_NB);
@@ -43,6 +45,19 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
     throw InputError(option + " " + run_dir + " is in use by another run" +
                      (holder.empty() ? "" : " (process " + holder + ")") +
                      ": give each run its own " + option);
+  }
+  // A file of the user's at that path (predict's OUT.lock beside a --out OUT they chose) is not
+  // replaced by a pid: only an empty file or a holder's pid line is a lock file.
+  const std::string held = read_holder(fd_);
+  struct stat st {};
+  const bool lock_file_like =
+      fstat(fd_, &st) == 0 && st.st_size <= 32 &&
+      held.find_first_not_of("0123456789") == std::string::npos;
+  if (!lock_file_like) {
+    close(fd_);
+    fd_ = -1;
+    throw InputError(path + " is there and is not a lock file of Tandem's (it holds other "
+                     "data): move it away, or give another " + option);
   }
   const std::string pid = std::to_string(getpid()) + "\n";
   // The pid only names the holder in the message above; the lock works without it.

@@ -292,6 +292,9 @@ void run_search(SearchOptions& o) {
     where = std::to_string(slots_at_start) + " slots on " + std::to_string(o.slots.endpoints.size()) +
             " slot server(s)";
   }
+  // Before --out is made: a mistyped --data leaves nothing behind (slot servers may read data
+  // this machine does not have).
+  if (!o.slots.remote()) check_data_exists(o.data);
   fs::create_directories(o.out);
   // One search per --out: a second one would delete this one's checkpoints as it starts.
   const RunDirLock lock(o.out, "--out");

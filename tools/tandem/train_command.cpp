@@ -47,6 +47,14 @@ struct TrainOptions {
 Checkpoint continue_checkpointed_run(TrainOptions& o) {
   Checkpoint ckpt = load_checkpoint(o.config.resume_path);
   TrainConfig& config = o.config;
+  // --epochs counts the run's epochs in all: one the checkpoint has reached already trained
+  // nothing and exited 0, as if the run had gone on. (--epochs 0 asks for no training: the
+  // checkpoint is evaluated.)
+  if (config.epochs > 0 && config.epochs <= ckpt.epoch)
+    throw InputError("--epochs " + std::to_string(config.epochs) + ": the run in " +
+                     config.resume_path + " has done " + std::to_string(ckpt.epoch) +
+                     " epochs already (--epochs counts the run's epochs in all); give more to "
+                     "train on");
   auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
     if (given != theirs)
       std::fprintf(stderr, "tandem train: resuming with %s %s; the checkpoint's run used %s\n",

@@ -136,6 +136,12 @@ std::string curve_public_from_secret(const std::string& secret) {
 
 void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& pair,
                            bool replace_existing) {
+  // A prefix given as a file name (k1.key, k1.key_secret) would make k1.key.key.
+  for (const std::string suffix : {".key", ".key_secret"})
+    if (path_prefix.size() > suffix.size() &&
+        path_prefix.compare(path_prefix.size() - suffix.size(), suffix.size(), suffix) == 0)
+      throw InputError(path_prefix + ": give the prefix of the two files, without " + suffix +
+                       " (they are PREFIX.key and PREFIX.key_secret)");
   for (const char* suffix : {".key", ".key_secret"}) {
     std::error_code ec;
     const auto status = std::filesystem::symlink_status(path_prefix + suffix, ec);

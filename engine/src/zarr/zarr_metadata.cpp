@@ -541,16 +541,10 @@ std::string quote_nonfinite_numbers(const std::string& text) {
   static const std::string kTokens[] = {"NaN", "Infinity", "-Infinity"};
   std::string out;
   out.reserve(text.size());
-  bool in_string = false, escaped = false;
+  JsonStringTracker strings;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == 'N' || c == 'I' || c == '-') {
+    if (strings.outside(c) && (c == 'N' || c == 'I' || c == '-')) {
       // None of these starts a valid JSON token but these three (a '-' starts a number): a
       // match is a non-finite number, never part of valid JSON.
       bool quoted = false;
