@@ -112,14 +112,17 @@ start = 8 + struct.unpack("<Q", data[:8])[0]
 data[start:start + 4] = struct.pack("<f", float("nan"))
 open(sys.argv[2], "wb").write(data)' "$dir/model.safetensors" "$dir/nan.safetensors"
 expect_error "a diverged checkpoint is refused" "non-finite" "$tandem" eval --model "$dir/nan.safetensors" --data "$real"
-# Finite parameters too large for the pixels (every hidden bias 3e38): the logits overflow, and
-# eval says so instead of reporting an accuracy for rows predict refuses.
+# Finite parameters too large for the pixels (every hidden bias 3e38, every output weight 1):
+# every logit overflows, and eval says so instead of reporting an accuracy for rows predict
+# refuses.
 python3 -c 'import json, struct, sys
 data = bytearray(open(sys.argv[1], "rb").read())
 n = struct.unpack("<Q", data[:8])[0]
-begin, end = json.loads(data[8:8 + n])["hid_b"]["data_offsets"]
-data[8 + n + begin:8 + n + end] = struct.pack("<%df" % ((end - begin) // 4),
-                                              *[3e38] * ((end - begin) // 4))
+header = json.loads(data[8:8 + n])
+for name, value in (("hid_b", 3e38), ("sm_w", 1.0)):
+    begin, end = header[name]["data_offsets"]
+    count = (end - begin) // 4
+    data[8 + n + begin:8 + n + end] = struct.pack("<%df" % count, *[value] * count)
 open(sys.argv[2], "wb").write(data)' "$dir/model.safetensors" "$dir/big.safetensors"
 expect_error "a model whose logits overflow: no accuracy" "is not finite (its logits overflow" \
   "$tandem" eval --model "$dir/big.safetensors" --data "$real"
@@ -170,9 +173,13 @@ check "a bad command line exits 1" test $? -eq 1
 check "bad input exits 1" test $? -eq 1
 expect_error "resume into another shape" "784-100-10" \
   "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
-expect_error "--epochs the resumed run has reached already" \
-  "--epochs 1: the run in $dir/one-copy.safetensors has done 1 epochs already" \
-  "$tandem" train --data "$real" --epochs 1 --resume "$dir/one-copy.safetensors"
+# --epochs the resumed run has reached already: nothing to train (a requeued job's rerun of a
+# finished run), said, and the checkpoint evaluated.
+"$tandem" train --data "$real" --epochs 1 --threads 2 --resume "$dir/one-copy.safetensors" \
+  >/dev/null 2>"$dir/reached.err"
+check "--epochs the resumed run has reached: exits 0" test $? -eq 0
+check "... saying there is nothing to train" grep -qF "the run in $dir/one-copy.safetensors \
+is at epoch 1, and --epochs 1 counts the run's epochs in all: nothing to train" "$dir/reached.err"
 expect_error "a mistyped command named" "unknown command 'trian'" "$tandem" trian
 expect_error "--init and --resume together" "not both" \
   "$tandem" train --data "$real" --init "$dir/one.safetensors" --resume "$dir/one.safetensors"

@@ -80,10 +80,13 @@ std::string default_data_dir() { return "/usr/share/datasets/fashion-mnist"; }
 DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows) {
   // A mistyped path said "missing data file: neither PATH/train-images-idx3-ubyte nor ...".
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw InputError(dir + (std::filesystem::exists(dir, ec) ? ": not a directory"
-                                                             : ": no such file or directory") +
-                     " (expected a directory of MNIST-format IDX files, or a dataset store)");
+  const auto status = std::filesystem::status(dir, ec);  // (not found is no error here)
+  if (ec || !std::filesystem::is_directory(status))
+    throw InputError(dir + ": " +
+                     (ec ? ec.message()
+                         : std::filesystem::exists(status) ? "not a directory"
+                                                           : "no such file or directory") +
+                     " (expected a directory of MNIST-format IDX files)");
   const std::string train_images_path = find_idx_file(dir, "train-images-idx3-ubyte");
   const std::string train_labels_path = find_idx_file(dir, "train-labels-idx1-ubyte");
   const std::string test_images_path = find_idx_file(dir, "t10k-images-idx3-ubyte");

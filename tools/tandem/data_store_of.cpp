@@ -37,9 +37,9 @@ nlohmann::json idx_fingerprint(const std::string& dir) {
 
 void check_data_exists(const std::string& data) {
   std::error_code ec;
-  if (!std::filesystem::exists(data, ec))
-    throw InputError("--data " + data + ": no such file or directory (expected a dataset store, "
-                     "or a directory of MNIST-format IDX files)");
+  if (!std::filesystem::exists(data, ec))  // (ec is set for other errors than not found)
+    throw InputError("--data " + data + ": " + (ec ? ec.message() : "no such file or directory") +
+                     " (expected a dataset store, or a directory of MNIST-format IDX files)");
 }
 
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by) {

@@ -67,12 +67,13 @@ void run_eval(const EvalOptions& o) {
                                 : evaluate_model(ckpt.model, split.view(), o.threads);
   if (r.samples == 0)
     throw InputError("the train split of " + o.data + " has no rows: nothing to evaluate");
-  // A model whose logits overflow (parameters past what the pixels can take: a run that
-  // diverged) has no loss and no predicted classes (predict refuses its rows): not a result.
+  // Logits that overflow (parameters or pixels past what the model can take: a run that
+  // diverged, say) give no loss, and their rows no predicted class (predict refuses them): not
+  // a result to report.
   if (!std::isfinite(r.loss_sum))
     throw InputError("model " + o.model + ": its loss on the " + o.split + " split of " +
-                     o.data + " is not finite (its logits overflow: a run that diverged?); it "
-                     "predicts no class");
+                     o.data + " is not finite (its logits overflow: parameters or pixels too "
+                     "large for it, a run that diverged?); no loss or accuracy to report");
   if (o.json) {
     nlohmann::json j = to_json(r);
     j["split"] = o.split;

@@ -38,6 +38,7 @@ struct TrainOptions {
   CLI::Option* seed_option = nullptr;
   CLI::Option* shuffle_option = nullptr;
   CLI::Option* validation_rows_option = nullptr;
+  CLI::Option* epochs_option = nullptr;  // (only to say whether --epochs was given)
 };
 
 // A resumed run continues the checkpointed one: what the command line leaves out comes from the
@@ -47,14 +48,15 @@ struct TrainOptions {
 Checkpoint continue_checkpointed_run(TrainOptions& o) {
   Checkpoint ckpt = load_checkpoint(o.config.resume_path);
   TrainConfig& config = o.config;
-  // --epochs counts the run's epochs in all: one the checkpoint has reached already trained
-  // nothing and exited 0, as if the run had gone on. (--epochs 0 asks for no training: the
-  // checkpoint is evaluated.)
+  // --epochs counts the run's epochs in all: one the checkpoint has reached already trains
+  // nothing, and the checkpoint is evaluated (a requeued job's rerun of a finished run). Said,
+  // since it exits 0 as if the run had gone on. (--epochs 0 asks for just that, unsaid.)
   if (config.epochs > 0 && config.epochs <= ckpt.epoch)
-    throw InputError("--epochs " + std::to_string(config.epochs) + ": the run in " +
-                     config.resume_path + " has done " + std::to_string(ckpt.epoch) +
-                     " epochs already (--epochs counts the run's epochs in all); give more to "
-                     "train on");
+    std::fprintf(stderr,
+                 "tandem train: the run in %s is at epoch %lld, and --epochs %d%s counts the "
+                 "run's epochs in all: nothing to train; evaluating its checkpoint\n",
+                 config.resume_path.c_str(), static_cast<long long>(ckpt.epoch), config.epochs,
+                 o.epochs_option->count() == 0 ? " (the default)" : "");
   auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
     if (given != theirs)
       std::fprintf(stderr, "tandem train: resuming with %s %s; the checkpoint's run used %s\n",
@@ -247,7 +249,8 @@ void add_train_command(CLI::App& app) {
                      ->capture_default_str();
   o->batch_option = cmd->add_option("--batch", o->config.batch, "Batch size")->check(positive_number())
       ->capture_default_str();
-  cmd->add_option("--epochs", o->config.epochs, "Epochs in total (a resumed run counts its own)")
+  o->epochs_option = cmd->add_option("--epochs", o->config.epochs,
+                                     "Epochs in total (a resumed run counts its own)")
       ->check(non_negative_number())->capture_default_str();
   o->seed_option = cmd->add_option("--seed", o->config.seed, "Seed for initialisation and shuffling")
       ->check(unsigned_integer())->capture_default_str();
