@@ -44,12 +44,16 @@ TEST(SearchSpace, BadTermsNameTheKeyAndValue) {
   EXPECT_NE(message({"lr=0.1,-1"}).find("lr=-1"), std::string::npos);
   EXPECT_NE(message({"batch=10,x"}).find("batch=x"), std::string::npos);
   EXPECT_NE(message({"optimizer=rmsprop"}).find("adam or sgd"), std::string::npos);
-  EXPECT_NE(message({"hidden=100x0"}).find("hidden=0"), std::string::npos);
+  // A bad width is shown in its whole value (the width alone once read "hidden=0").
+  EXPECT_NE(message({"hidden=100x0"}).find("hidden=100x0: expected layer widths"),
+            std::string::npos);
   EXPECT_NE(message({"lr"}).find("key=v1,v2"), std::string::npos);
   // Empty fields are errors, a trailing one too (not dropped as std::getline would).
   EXPECT_NE(message({"lr=0.1,"}).find("lr=: expected a positive number"), std::string::npos);
   EXPECT_NE(message({"batch=,10"}).find("batch=: expected a whole number"), std::string::npos);
-  EXPECT_NE(message({"hidden=100x"}).find("hidden=: expected a whole number"), std::string::npos);
+  EXPECT_NE(message({"hidden=100x"}).find("hidden=100x: expected layer widths such as 100 or "
+                                           "256x128 (whole numbers >= 1)"),
+            std::string::npos);
   EXPECT_NE(message({"hidden=100,"}).find("hidden=: expected"), std::string::npos);
   EXPECT_NE(message({"lr="}).find("no values"), std::string::npos);
   EXPECT_NE(message({"lr=0.1", "lr=0.2"}).find("given twice"), std::string::npos);

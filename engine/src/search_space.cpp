@@ -63,10 +63,18 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
     config.lr = x;
   } else if (key == "hidden") {
     // 256x128 (or 256,128 from a JSON string) -> "256,128"
-    if (v.empty()) bad(where, key, v, "layer widths such as 100 or 256x128");
+    const std::string expected = "layer widths such as 100 or 256x128 (whole numbers >= 1)";
+    if (v.empty()) bad(where, key, v, expected);
     std::string widths;
-    for (const std::string& part : fields(v, v.find('x') != std::string::npos ? 'x' : ','))
-      widths += (widths.empty() ? "" : ",") + std::to_string(parse_int(where, key, trim(part), 1));
+    for (const std::string& part : fields(v, v.find('x') != std::string::npos ? 'x' : ',')) {
+      // The whole value in the message: "hidden=8,4x" once said "hidden=: expected ...".
+      char* end = nullptr;
+      errno = 0;
+      const std::string width = trim(part);
+      const long long x = std::strtoll(width.c_str(), &end, 10);
+      if (width.empty() || *end != '\0' || errno != 0 || x < 1) bad(where, key, v, expected);
+      widths += (widths.empty() ? "" : ",") + std::to_string(x);
+    }
     config.hidden = widths;
   } else if (key == "batch") {
     config.batch = parse_int(where, key, v, 1);

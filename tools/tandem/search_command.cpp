@@ -591,8 +591,11 @@ void run_search(SearchOptions& o) {
     std::printf("%4s %5s %-9s %4s %6s %10s %8s  %s\n", "rank", "trial", "status", "rung", "epochs",
                 "val loss", "val acc", "configuration");
     for (const nlohmann::json& j : trials) {
-      std::printf("%4d %5d %-9s %4d %6d %10s %8s  %s\n", j["rank"].get<int>(), j["trial"].get<int>(),
-                  j["status"].get<std::string>().c_str(), j["rung"].get<int>(), j["epochs"].get<int>(),
+      // A trial stopped before it finished a rung has none ("-"; -1 in results.json).
+      const int rung = j["rung"].get<int>();
+      std::printf("%4d %5d %-9s %4s %6d %10s %8s  %s\n", j["rank"].get<int>(),
+                  j["trial"].get<int>(), j["status"].get<std::string>().c_str(),
+                  rung < 0 ? "-" : std::to_string(rung).c_str(), j["epochs"].get<int>(),
                   j.contains("best_validation_loss") ? fixed(j["best_validation_loss"].get<double>(), 4).c_str() : "-",
                   j.contains("validation_accuracy") ? fixed(j["validation_accuracy"].get<double>(), 4).c_str() : "-",
                   records[j["trial"].get<int>()].config.describe().c_str());
