@@ -44,18 +44,6 @@ std::string better_blas_kernels(const std::string& loaded) {
   return older_than_avx2(loaded) ? kernels_for_this_cpu() : "";
 }
 
-std::string blas_library_path() {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&openblas_get_corename), &info) == 0 ||
-      info.dli_fname == nullptr)
-    return "";
-  char* real = ::realpath(info.dli_fname, nullptr);
-  if (real == nullptr) return info.dli_fname;
-  std::string path(real);
-  std::free(real);
-  return path;
-}
-
 uintptr_t blas_library_address() {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&openblas_get_corename), &info) == 0) return 0;

@@ -23,10 +23,8 @@ struct BlasKernels {
 // What this process's OpenBLAS runs now, and what it could.
 BlasKernels blas_kernels();
 
-// The file of the OpenBLAS library this process runs (its real path), or "" when unknown.
-std::string blas_library_path();
-// Where that library is mapped in this process (its base address), or 0 when unknown: which
-// mapping it is, whatever its file has been renamed or replaced by since.
+// Where the OpenBLAS library this process runs is mapped (its base address), or 0 when unknown:
+// which mapping it is, whatever its file has been renamed or replaced by since.
 uintptr_t blas_library_address();
 
 // The `better` of blas_kernels() for OpenBLAS kernels named `loaded` on this CPU.

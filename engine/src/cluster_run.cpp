@@ -11,6 +11,7 @@
 #include "batch_count.h"
 #include "dataset_store.h"
 #include "file_io.h"
+#include "model_finite.h"
 #include "ps_client.h"
 #include "seconds_to_ms.h"
 #include "tandem/error.h"
@@ -324,10 +325,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     }
     // Diverged, with no finite best to keep: the run fails saying so. No model file: no reader
     // would take it.
-    bool finite = true;
-    for (const NamedTensor& t : model.parameters())
-      for (const float x : t.values) finite = finite && std::isfinite(x);
-    if (!finite) {
+    if (!parameters_finite(model)) {
       const std::string not_written =
           options_.model_out.empty() ? "" : "; " + options_.model_out + " was not written";
       throw InputError("training diverged: the final parameters are not finite (try a lower "

@@ -41,13 +41,20 @@ std::vector<std::string> fields(const std::string& text, char separator) {
   throw InputError(where + ": " + key + "=" + value + ": expected " + expected);
 }
 
-int64_t parse_int(const std::string& where, const std::string& key, const std::string& v,
-                  int64_t min) {
+// `v` as a whole number of at least `min`, or false.
+bool whole_number(const std::string& v, int64_t min, int64_t& out) {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < min)
-    bad(where, key, v, "a whole number >= " + std::to_string(min));
+  if (v.empty() || *end != '\0' || errno != 0 || x < min) return false;
+  out = x;
+  return true;
+}
+
+int64_t parse_int(const std::string& where, const std::string& key, const std::string& v,
+                  int64_t min) {
+  int64_t x = 0;
+  if (!whole_number(v, min, x)) bad(where, key, v, "a whole number >= " + std::to_string(min));
   return x;
 }
 
@@ -68,12 +75,9 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
     std::string widths;
     for (const std::string& part : fields(v, v.find('x') != std::string::npos ? 'x' : ',')) {
       // The whole value in the message: "hidden=8,4x" once said "hidden=: expected ...".
-      char* end = nullptr;
-      errno = 0;
-      const std::string width = trim(part);
-      const long long x = std::strtoll(width.c_str(), &end, 10);
-      if (width.empty() || *end != '\0' || errno != 0 || x < 1) bad(where, key, v, expected);
-      widths += (widths.empty() ? "" : ",") + std::to_string(x);
+      int64_t width = 0;
+      if (!whole_number(trim(part), 1, width)) bad(where, key, v, expected);
+      widths += (widths.empty() ? "" : ",") + std::to_string(width);
     }
     config.hidden = widths;
   } else if (key == "batch") {

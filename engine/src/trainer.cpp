@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "model_finite.h"
 #include "backend.h"
 #include "file_io.h"
 #include "metrics_log.h"
@@ -23,12 +24,10 @@ namespace {
 // parameter): no reader takes such a file, and the one it would replace holds the last good
 // state, of this run or of the run it resumed.
 void save_run_state(const std::string& path, const Checkpoint& state) {
-  for (const NamedTensor& t : state.model.parameters())
-    for (const float x : t.values)
-      if (!std::isfinite(x))
-        throw InputError("training diverged: epoch " + std::to_string(state.epoch) +
-                         "'s parameters are not finite (try a lower learning rate); " + path +
-                         " was not written");
+  if (!parameters_finite(state.model))
+    throw InputError("training diverged: epoch " + std::to_string(state.epoch) +
+                     "'s parameters are not finite (try a lower learning rate); " + path +
+                     " was not written");
   save_checkpoint(path, state);
 }
 

@@ -26,9 +26,8 @@ PYBIND11_MODULE(_tandem, m) {
     const tandem::BlasKernels k = tandem::blas_kernels();
     return py::make_tuple(k.loaded, k.better);
   }, "The OpenBLAS kernels this process runs, and far faster ones the CPU runs (or \"\").");
-  m.def("_blas_library", [] {
-    return py::make_tuple(tandem::blas_library_path(), tandem::blas_library_address());
-  }, "The OpenBLAS library Tandem runs: (its file's real path or \"\", its base address or 0).");
+  m.def("_blas_library", &tandem::blas_library_address,
+        "Where the OpenBLAS library Tandem runs is mapped (its base address), or 0.");
   m.def("_use_better_blas_kernels", &tandem::use_better_blas_kernels,
         "Switches OpenBLAS to the better kernels (blas_kernels.h); a warning, or \"\".");
 

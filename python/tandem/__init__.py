@@ -62,7 +62,7 @@ def _choose_blas_kernels():
     loaded, better = _tandem._blas_kernels()
     if not better:
         return
-    _, address = _tandem._blas_library()
+    address = _tandem._blas_library()
     if _mapped_before is None or not address:
         why = "tandem could not tell whether another library uses it too"
     elif any(low <= address < high for low, high in _mapped_before):
