@@ -4,9 +4,22 @@
 
 #include <string>
 
+#include "cluster_link.h"
 #include "coordinator.h"
 
 namespace tandem::test {
+
+// Registers `name` as a scorer over `link`: the coordinator takes scores only from a registered
+// scorer (a scorer of an earlier run must not stop this one).
+inline void register_scorer(CoordinatorLink& link, const std::string& name = "scorer0") {
+  link.request({{"type", "register"}, {"role", "scorer"}, {"name", name}});
+}
+
+// A score from the scorer register_scorer registered.
+inline nlohmann::json score_request(int64_t step, double loss, double accuracy) {
+  return {{"type", "score"}, {"name", "scorer0"}, {"step", step}, {"loss", loss},
+          {"accuracy", accuracy}};
+}
 
 inline CoordinatorOptions bare_coordinator_options(zmq::context_t& context) {
   static int counter = 0;

@@ -330,6 +330,31 @@ TEST(ChunkManager, CorruptChunkSurfacesInTheConsumer) {
   }
 }
 
+// A missing chunk is its fill value in Zarr, but a store `tandem prepare` wrote has every chunk:
+// there, one missing means the store is being removed under the reader (`rm -rf` deletes the
+// chunk files before their directory), and its rows were trained as zeros beside their real
+// labels. Both kinds of chunk (mapped uncompressed, and decompressed).
+TEST(ChunkManager, AMissingChunkOfAStoreThatHasThemAllIsAnError) {
+  for (const char* compressor : {"none", "zstd"}) {
+    Fixture f;
+    auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, compressor);
+    std::filesystem::remove(f.dir.file("s") + "/images/c/2/0");
+    ChunkManagerOptions o;
+    o.batch_rows = 64;
+    o.shuffle = false;
+    {
+      ChunkManager fill(split, 10, o);  // anyone's store: the fill value (zeros) stands
+      EXPECT_EQ(epoch_rows(fill, 0).size(), 413u) << compressor;
+    }
+    split.every_chunk_written = true;
+    ChunkManager cm(split, 10, o);
+    const std::string why = test::error_of<InputError>([&] { epoch_rows(cm, 0); });
+    EXPECT_TRUE(test::contains(why, "chunk c/2/0 is missing, and a store `tandem prepare` wrote "
+                                    "has every chunk"))
+        << compressor << ": " << why;
+  }
+}
+
 TEST(ChunkManager, UncompressedChunkOfTheWrongSizeSurfacesInTheConsumer) {
   Fixture f;
   const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, "none");

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "bare_coordinator.h"
 #include "cluster_link.h"
 #include "coordinator.h"
 #include "curve_client.h"
@@ -84,8 +85,9 @@ TEST(CoordinatorCurve, OnlyAnAdmittedSubscriberReadsTheScores) {
   Coordinator c(curve_coordinator(server, {admitted.public_key}));
   zmq::context_t context(1);
   CoordinatorLink link(c.endpoint(), context, 5000, keys_for(server, admitted));
+  test::register_scorer(link);
   for (int i = 1; i <= 3; ++i)
-    link.request({{"type", "score"}, {"step", i}, {"loss", 100.0 - i}, {"accuracy", 0.5}});
+    link.request(test::score_request(i, 100.0 - i, 0.5));
 
   // A plain SUB socket straight on the channel's address: no handshake, so no scores.
   zmq::socket_t eavesdropper(context, zmq::socket_type::sub);
@@ -99,7 +101,7 @@ TEST(CoordinatorCurve, OnlyAnAdmittedSubscriberReadsTheScores) {
   while (seqs.size() < 3 && std::chrono::steady_clock::now() < deadline)
     if (const auto m = scores.next(100)) seqs.push_back(m->at("seq").get<int64_t>());
   EXPECT_EQ(seqs, (std::vector<int64_t>{1, 2, 3}));
-  link.request({{"type", "score"}, {"step", 4}, {"loss", 90.0}, {"accuracy", 0.6}});
+  link.request(test::score_request(4, 90.0, 0.6));
   std::optional<json> fourth;
   for (int i = 0; i < 50 && !fourth; ++i) fourth = scores.next(100);
   ASSERT_TRUE(fourth);

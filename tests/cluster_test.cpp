@@ -230,8 +230,9 @@ TEST(Coordinator, TheStateShowsALongRunsOlderScoresThinnedAndNoTargetAsNull) {
   Coordinator c(test::bare_coordinator_options(context));  // no target
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   CoordinatorLink link(c.endpoint(), context);
+  test::register_scorer(link);
   for (int i = 1; i <= 2500; ++i)
-    link.request({{"type", "score"}, {"step", i}, {"loss", 5000.0 - i}, {"accuracy", 0.5}});
+    link.request(test::score_request(i, 5000.0 - i, 0.5));
   const json state = c.state();
   EXPECT_TRUE(state.at("cluster").at("target").is_null()) << state.at("cluster").dump();
   EXPECT_EQ(state.at("cluster").at("scores_total"), 2500);
@@ -257,7 +258,8 @@ TEST(Coordinator, ServesOnlyFromStartServingAndAnswersWhatWaited) {
   json reply;
   std::thread early([&] {
     CoordinatorLink link(c.endpoint(), context, 10000);
-    reply = link.request({{"type", "score"}, {"step", 1}, {"loss", 5.0}, {"accuracy", 0.5}});
+    test::register_scorer(link);
+    reply = link.request(test::score_request(1, 5.0, 0.5));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_TRUE(c.scores().empty());  // not answered yet
@@ -298,8 +300,9 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   Coordinator c(test::bare_coordinator_options(context));
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   CoordinatorLink link(c.endpoint(), context);
+  test::register_scorer(link);
   for (int i = 1; i <= 12; ++i)
-    link.request({{"type", "score"}, {"step", i}, {"loss", 1000.0 - i}, {"accuracy", 0.5}});
+    link.request(test::score_request(i, 1000.0 - i, 0.5));
   zmq::socket_t sub(context, zmq::socket_type::sub);
   sub.set(zmq::sockopt::subscribe, "scores");
   sub.connect(c.scores_endpoint());
@@ -330,7 +333,7 @@ TEST(Coordinator, ALateSubscriberGetsTheNewestTenScoresAtOnce) {
   };
   receive_until(12);
   for (int64_t seq = 3; seq <= 12; ++seq) EXPECT_TRUE(seqs.count(seq)) << seq;
-  link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
+  link.request(test::score_request(13, 987.0, 0.5));
   receive_until(13);
   EXPECT_TRUE(seqs.count(13));
 }
@@ -364,7 +367,8 @@ TEST(Coordinator, ANaNScoreIsKeptAsNaN) {
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   ClusterScoreStream stream(c.endpoint(), 5);
   CoordinatorLink link(c.endpoint(), context);
-  const json reply = link.request({{"type", "score"}, {"step", 1},
+  test::register_scorer(link);
+  const json reply = link.request({{"type", "score"}, {"name", "scorer0"}, {"step", 1},
                                    {"loss", std::numeric_limits<double>::quiet_NaN()},
                                    {"accuracy", 0.1}});
   EXPECT_FALSE(reply.contains("error")) << reply.dump();
@@ -489,9 +493,10 @@ TEST(Coordinator, AScoreUnderTheTargetStopsTraining) {
   Coordinator c(o);
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "score"}, {"step", 1}, {"loss", 600.0}});
+  test::register_scorer(link);
+  link.request({{"type", "score"}, {"name", "scorer0"}, {"step", 1}, {"loss", 600.0}});
   EXPECT_EQ(c.phase(), ClusterPhase::Training);
-  link.request({{"type", "score"}, {"step", 2}, {"loss", 499.0}});
+  link.request({{"type", "score"}, {"name", "scorer0"}, {"step", 2}, {"loss", 499.0}});
   EXPECT_EQ(c.phase(), ClusterPhase::Draining);
   EXPECT_EQ(c.stop_reason(), "target");
 }
@@ -548,6 +553,15 @@ TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   CoordinatorLink link(c.endpoint(), context);
   const json reply = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}, {"pid", 42}});
   EXPECT_EQ(reply.at("name"), "ps0");
+  // A server under another name than ps0 or ps1 was accepted and never counted: the run waited
+  // out its timeout naming the ps it lacked. Refused now, saying which names the run takes.
+  for (const char* name : {"alpha", "ps2"}) {
+    const std::string refused = test::error_of<Error>(
+        [&] { link.request({{"type", "register"}, {"role", "ps"}, {"name", name}}); });
+    EXPECT_TRUE(test::contains(refused, "this run's parameter servers are ps0 to ps1, not '" +
+                                            std::string(name) + "'"))
+        << refused;
+  }
   link.start_heartbeats("ps0", nullptr, 50);
   EXPECT_EQ(c.wait_for(ClusterPhase::Training, 20000), ClusterPhase::Failed);
   const std::string why = c.failure();
@@ -564,6 +578,15 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   CoordinatorLink link(c.endpoint(), context);
   EXPECT_THROW(link.request({{"type", "register"}, {"role", "boss"}}), Error);
   EXPECT_THROW(link.request({{"type", "work"}, {"name", "nobody"}}), Error);
+  // Scores only from a registered scorer: one left from an earlier run, whose coordinator
+  // restarted at this address, would stop this run on that run's parameters.
+  EXPECT_TRUE(test::contains(
+      test::error_of<Error>([&] {
+        link.request({{"type", "score"}, {"name", "scorer0"}, {"step", 1}, {"loss", 1.0}});
+      }),
+      "'score' from 'scorer0', which is not a registered scorer"));
+  EXPECT_TRUE(c.scores().empty());
+  test::register_scorer(link);
   EXPECT_THROW(link.request({{"type", "launch-missiles"}, {"name", "x"}}), Error);
   zmq::socket_t raw(context, zmq::socket_type::dealer);
   raw.connect(c.endpoint());
@@ -585,7 +608,7 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   });
   EXPECT_TRUE(test::contains(why, "\"pid\" is 1e+300, expected an integer")) << why;
   why = test::error_of<Error>(
-      [&] { link.request({{"type", "score"}, {"name", "s"}, {"step", 2.5}}); });
+      [&] { link.request({{"type", "score"}, {"name", "scorer0"}, {"step", 2.5}}); });
   EXPECT_TRUE(test::contains(why, "\"step\" is 2.5")) << why;
   // Text fields of another type are refused naming the field (nlohmann's own conversion named
   // none), and a refused registration adds no role.
@@ -600,7 +623,8 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
     link.request({{"type", "register"}, {"role", "worker"}, {"host", {{"h", 1}}}});
   });
   EXPECT_TRUE(test::contains(why, "\"host\" is {\"h\":1}, expected text")) << why;
-  EXPECT_EQ(c.state().at("roles").size(), 1u) << c.state().dump();  // the coordinator itself
+  // The coordinator itself and the scorer registered above.
+  EXPECT_EQ(c.state().at("roles").size(), 2u) << c.state().dump();
   // A worker's status with counters of the wrong type: its heartbeat is refused, and the state
   // still reads (those counters as 0).
   link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker9"}});
@@ -977,16 +1001,19 @@ TEST(ClusterRun, SyncModeAggregatesTheWorkersGradients) {
   test::TempDir dir;
   ClusterOptions o = small_run(dir, write_small_store(dir));
   o.workers = 2;
-  o.max_epochs = 2;
+  o.max_epochs = 3;
   o.settings.ps_mode = "sync";
   o.settings.replicas_to_aggregate = 2;
   ClusterRun run(o);
   const ClusterSummary s = run.run(nullptr);
-  EXPECT_EQ(s.epochs, 2);
-  EXPECT_EQ(s.batches, 40);
-  // Two gradients per step (a partial step at a timeout, or a stale drop, only adds steps).
-  EXPECT_GE(s.steps, 20);
-  EXPECT_LT(s.steps, 40);
+  EXPECT_EQ(s.epochs, 3);
+  EXPECT_EQ(s.batches, 60);
+  // Two gradients per step (a partial step at a timeout, or a worker's epoch end, only adds
+  // steps).
+  EXPECT_GE(s.steps, 30);
+  EXPECT_LT(s.steps, 60);
+  // The workers step together: no gradient is dropped as stale (a drop counts as lost).
+  EXPECT_EQ(s.gradients_lost, 0);
 }
 
 TEST(ClusterRun, OverlappedWorkersTrainEveryBatchOnce) {

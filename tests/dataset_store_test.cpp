@@ -115,6 +115,9 @@ TEST_P(StoreRoundTrip, EveryByteReadsBack) {
   EXPECT_EQ(store.train.features, 12);
   EXPECT_EQ(store.num_classes, 10);
   EXPECT_EQ(store.attributes["tandem_dataset"], 1);
+  // Every chunk written: a missing one is damage to the chunk manager, not fill values.
+  EXPECT_TRUE(store.train.every_chunk_written && store.validation.every_chunk_written &&
+              store.test.every_chunk_written);
   EXPECT_EQ(store.attributes["copies"], 3);
   EXPECT_EQ(store.attributes["source"], "synthetic");
   EXPECT_EQ(store.attributes["image_shape"], nlohmann::json({3, 4}));

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bare_coordinator.h"
 #include "cluster_link.h"
 #include "cluster_roles.h"
 #include "coordinator.h"
@@ -173,6 +174,28 @@ TEST(FeedQueue, CloseWakesABlockedPop) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
   EXPECT_FALSE(q.pop(60000));  // closed and empty: at once
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+}
+
+// The feeder's end of input: no more pushes (saying why), the queued blocks still come out in
+// order, then nothing at once.
+TEST(FeedQueue, EndOfInputKeepsTheQueuedBlocksForThePops) {
+  std::atomic<int> live{0};
+  FeedQueue q;
+  for (int i = 1; i <= 2; ++i) q.push(bare_block(10, counted_owner(live, i)));
+  q.end_input("the feeder is done");
+  EXPECT_TRUE(q.closed());
+  EXPECT_TRUE(test::contains(
+      test::error_of<Error>([&] { q.push(bare_block(1, counted_owner(live, 3)), 0); }),
+      "cannot feed this worker: the feeder is done"));
+  for (int i = 1; i <= 2; ++i) {
+    std::optional<FedBlock> b = q.pop(1000);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(id_of(*b), i);
+  }
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(q.pop(5000));
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000));
+  EXPECT_EQ(live.load(), 0);
 }
 
 TEST(FeedQueue, CloseReleasesTheQueuedBlocksOwners) {
@@ -730,6 +753,31 @@ TEST(FedRun, AWorkerThatStopsBeforeTrainingClosesItsFeed) {
   roles.join();
 }
 
+// A feeder that has no more blocks ends the worker's input: the worker trains every block still
+// queued (3 blocks of 130 rows: 9 batches) and leaves the run, instead of dropping them and then
+// polling its empty, closed queue at full speed until the run ended.
+TEST(FedRun, AWorkerWhoseInputEndsTrainsWhatWasQueuedAndLeaves) {
+  std::atomic<int> live{0};
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));
+  RoleThreads roles(c);
+  auto feed = std::make_shared<FeedQueue>();
+  for (uint32_t i = 0; i < 3; ++i)
+    feed->push(data_block(test::separable_dataset(130, 40, 4, 300 + i), live));
+  feed->end_input("no more blocks");
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  const size_t worker = roles.start(run_worker_role, o);
+  roles.join_one(worker);
+  EXPECT_EQ(roles.errors(), "");
+  EXPECT_EQ(c.batches_done(), 9);
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_TRUE(c.wait_workers_gone(5000));
+  finish_run(c, roles);
+}
+
 TEST(FedRun, AWorkerThatFailsBeforeTrainingClosesItsFeed) {
   std::atomic<int> live{0};
   RunSettings s = fed_settings();
@@ -798,6 +846,60 @@ TEST(RoleCancel, RolesStoppedFromTheirProcessEndAtOnceWhenTheCoordinatorIsGone) 
   EXPECT_TRUE(feed->closed());
   so.validation.reset();
   wo.feed.reset();
+}
+
+// A run that fails (the coordinator's fail(), as a start-up timeout or a role's error would) ends
+// every role with that error, not a normal return: a role started by hand, or a batch system's
+// task, must not report success after a failed run.
+TEST(RoleEnd, ARoleEndsWithTheErrorOfARunThatFailed) {
+  const RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));  // the worker never comes
+  RoleThreads roles(c);
+  const size_t ps = roles.start(run_ps_role, role_options(c, context, "ps0"));
+  ASSERT_TRUE(test::eventually([&] { return !c.ps_endpoints().empty(); }, 30000));
+  c.fail("a test said so");
+  roles.join_one(ps);
+  EXPECT_TRUE(test::contains(roles.errors(), "ps0: ps0: the run failed: a test said so"))
+      << roles.errors();
+  roles.join();
+}
+
+// A role whose heartbeats are answered by a coordinator that does not know it (the one it
+// registered with restarted at its address) ends, saying so, instead of serving a run that is
+// over under a name the new run may give another role.
+TEST(RoleEnd, ARoleWhoseCoordinatorRestartedEndsSayingSo) {
+  const RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, s, 1, 1, 0);
+  o.bind = "tcp://127.0.0.1:*";
+  auto first = std::make_unique<Coordinator>(o);
+  std::string error;
+  RoleOptions ro = role_options(*first, context, "ps0");
+  std::thread ps([&] {
+    try {
+      run_ps_role(ro);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  ASSERT_TRUE(test::eventually([&] { return !first->ps_endpoints().empty(); }, 30000));
+  o.bind = first->endpoint();
+  first.reset();
+  // The port comes free once ZeroMQ's I/O thread has closed the old socket: bind until it does.
+  std::unique_ptr<Coordinator> second;
+  test::eventually([&] {
+    try {
+      second = std::make_unique<Coordinator>(o);
+    } catch (const std::exception&) {
+    }
+    return second != nullptr;
+  }, 10000, 50);
+  ps.join();
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(test::contains(error, "ps0: the coordinator at " + o.bind +
+                                        " does not know this role (it restarted"))
+      << error;
 }
 
 TEST(FedCoordinator, RefusesMaxEpochs) {
@@ -873,8 +975,9 @@ TEST(ScoreSubscriber, ALateSubscriberGetsTheHistoryOnceThenNewScoresThenTheEnd) 
   Coordinator c(o);
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
   CoordinatorLink link(c.endpoint(), context);
+  test::register_scorer(link);
   for (int i = 1; i <= 12; ++i)
-    link.request({{"type", "score"}, {"step", i}, {"loss", 1000.0 - i}, {"accuracy", 0.5}});
+    link.request(test::score_request(i, 1000.0 - i, 0.5));
   // The newest 10 come again for a new subscriber, oldest first. (Scores still being sent
   // when it subscribed may reach it live as well: then it sees those once, and older ones too.)
   ScoreSubscriber a(c.endpoint(), context);
@@ -890,7 +993,7 @@ TEST(ScoreSubscriber, ALateSubscriberGetsTheHistoryOnceThenNewScoresThenTheEnd) 
   // `a` drops what it has seen.
   ScoreSubscriber b(c.endpoint(), context);
   EXPECT_EQ(read_scores_until(b, 12), seq_range(3, 12));
-  link.request({{"type", "score"}, {"step", 13}, {"loss", 987.0}, {"accuracy", 0.5}});
+  link.request(test::score_request(13, 987.0, 0.5));
   EXPECT_EQ(read_scores_until(a, 13), std::vector<int64_t>{13});
   EXPECT_EQ(read_scores_until(b, 13), std::vector<int64_t>{13});
   c.request_stop("enough");

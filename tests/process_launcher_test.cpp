@@ -92,6 +92,37 @@ TEST(ProcessLauncher, AServerOutOfRestartsFailsTheRunNamingIt) {
   EXPECT_TRUE(launcher.pids().empty());
 }
 
+// A scorer out of restarts leaves a run with a target and no other stop rule nothing to stop it:
+// it trained for ever ("the run goes on without scores"). It fails now, saying why; a run that
+// has max_seconds (or max_epochs) goes on to it.
+TEST(ProcessLauncher, AScorerOutOfRestartsFailsARunOnlyItsScoresWouldStop) {
+  for (const double max_seconds : {0.0, 600.0}) {
+    test::TempDir dir;
+    zmq::context_t context(1);
+    CoordinatorOptions o = test::bare_coordinator_options(context);
+    o.startup_timeout_ms = 60000;
+    o.target = 0.5;
+    o.max_seconds = max_seconds;
+    Coordinator coordinator(o);
+    ASSERT_EQ(coordinator.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
+    cli::ProcessLauncher launcher(role_script(dir, "scorer0"), {}, /*max_restarts=*/1);
+    launcher.start("scorer", "scorer0", coordinator.endpoint());
+    test::eventually([&] {
+      launcher.watch(coordinator);
+      return coordinator.phase() == ClusterPhase::Failed || launcher.pids().empty();
+    }, 20000, 20);
+    if (max_seconds == 0) {
+      EXPECT_EQ(coordinator.phase(), ClusterPhase::Failed);
+      EXPECT_TRUE(test::contains(coordinator.failure(),
+                                 "without scores nothing would stop this run"))
+          << coordinator.failure();
+    } else {
+      EXPECT_EQ(coordinator.phase(), ClusterPhase::Training) << coordinator.failure();
+    }
+    launcher.stop_all(0);
+  }
+}
+
 // One run per run directory: a second lock on it is refused, naming the holder's pid, until the
 // first is released; a program the holder starts does not keep the lock after the holder lets go
 // (launch's role processes outlive nothing of it).

@@ -727,6 +727,37 @@ TEST(PsClient, TimeoutOverTcpNamesTheServerThatStopped) {
   }
 }
 
+// Idle is said every 50 ms while a worker has no batch. To a server that is gone it used to pile
+// up in the socket until the high-water mark (1,000 messages), and then every idle() waited out
+// the send timeout (2 s here) before failing, holding the worker's polling up that long. Now one
+// that cannot be queued at once is dropped, and idle() never throws.
+TEST(PsClient, IdleToAServerThatIsGoneNeitherWaitsNorThrows) {
+  std::string endpoint;
+  {
+    ParameterServer server(ServerOptions{});
+    endpoint = server.endpoint();
+  }
+  PsClient client({endpoint}, client_options(nullptr, 2000));
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < 1500; ++k) client.idle();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
+}
+
+// A message over the servers' size limit (here a client told the limit is 1,000 bytes): a server
+// would drop the connection, which the client could only report as a timeout. It is refused
+// before it is sent, saying why and what to do.
+TEST(PsClient, AMessageOverTheServersLimitIsRefusedSayingWhy) {
+  ParameterServer server(ServerOptions{});
+  ClientOptions o = client_options(nullptr, 2000);
+  o.limits.max_message_bytes = 1000;
+  PsClient client({server.endpoint()}, o);
+  const std::vector<NamedTensor> big = {{"w", {300}, test::random_floats(300, 5)}};
+  const std::string why = test::error_of<InputError>([&] { client.init(big).wait(); });
+  EXPECT_TRUE(test::contains(why, "over the servers' limit of 1000 bytes") &&
+              test::contains(why, "use more servers"))
+      << why;
+}
+
 // Sends Init until a server started again answers it (a request sent before the client's
 // socket has reconnected times out): true once one is answered, within 20 tries.
 bool init_once_answered(PsClient& client, const std::vector<NamedTensor>& params) {
@@ -1102,6 +1133,61 @@ TEST(PsMode, SyncStepsWithTheWorkersLeftOnceOneIsGone) {
     EXPECT_TRUE(bit_equal(r.tensors, ref.w)) << step;
   }
   EXPECT_EQ(server.stats().partial_steps, 4);  // steps on fewer than replicas_to_aggregate
+}
+
+// A worker back from idling pulls the current parameters before it computes: from that pull the
+// server waits for its gradient again, even before a step has cleared its Idle. Otherwise the
+// other worker's push was applied alone and the returning worker's gradient, computed on the
+// version it had just pulled, was dropped as stale.
+TEST(PsMode, SyncWaitsAgainForAWorkerThatPulledAfterIdling) {
+  const auto params = small_params(27);
+  TwoReplicaSyncServer sync("ps-sync-resume", params, {60000, 60000, 10000});
+  ParameterServer& server = sync.server;
+  PsClient &a = sync.a, &b = *sync.b;
+  ReferenceAdam ref(params);
+  sync.step_on_both(ref, params, 2700);
+  b.idle();
+  EXPECT_EQ(b.pull().wait().version, 1u);  // back at work (the Idle went first: one socket)
+  const auto ga = gradients_like(params, 2710), gb = gradients_like(params, 2720);
+  auto ha = a.push_pull(ga);
+  auto hb = b.push_pull(gb);
+  const PsResult ra = ha.wait(), rb = hb.wait();
+  ref.apply(mean_of(ga, gb));
+  EXPECT_EQ(ra.version, 2u);
+  EXPECT_FALSE(rb.stale);
+  EXPECT_TRUE(bit_equal(rb.tensors, ref.w));
+  EXPECT_EQ(server.stats().stale_dropped, 0);
+}
+
+// Workers whose batches take longer than the timeouts (a step's 200 ms, a worker's 300 ms; each
+// "batch" a 400 ms sleep, b's 300 ms more, after a first of 290 ms that shows the server their
+// pace) still make every step together: each counts for three of its push gaps, and a step waits
+// as long for the second gradient. With the bare timeouts, b looked gone whenever a pushed first,
+// each step was applied on a's gradient alone and b's was dropped as stale, every round.
+TEST(PsMode, SyncWaitsForWorkersWhoseBatchesTakeLongerThanTheTimeouts) {
+  const auto params = small_params(25);
+  TwoReplicaSyncServer sync("ps-sync-slow", params, {200, 300, 10000});
+  ParameterServer& server = sync.server;
+  PsClient &a = sync.a, &b = *sync.b;
+  ReferenceAdam ref(params);
+  sync.step_on_both(ref, params, 2500);
+  for (int step = 2; step <= 5; ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(step == 2 ? 290 : 400));
+    const auto ga = gradients_like(params, 2500 + 10 * uint32_t(step));
+    const auto gb = gradients_like(params, 2505 + 10 * uint32_t(step));
+    auto ha = a.push_pull(ga);
+    // b is slower still: its gradient comes after the step timeout of a's.
+    if (step > 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto hb = b.push_pull(gb);
+    const PsResult ra = ha.wait(), rb = hb.wait();
+    ref.apply(mean_of(ga, gb));
+    EXPECT_EQ(ra.version, uint64_t(step));
+    EXPECT_FALSE(rb.stale) << step;
+    EXPECT_TRUE(bit_equal(rb.tensors, ref.w)) << step;
+  }
+  const ServerStats stats = server.stats();
+  EXPECT_EQ(stats.partial_steps, 0);
+  EXPECT_EQ(stats.stale_dropped, 0);
 }
 
 // A worker with no batch for now (the end of an epoch's share) says Idle: the step waiting for its
@@ -1725,19 +1811,25 @@ TEST(PsCheckpoint, AnInitForAnotherModelThanTheRestoredOneIsRefused) {
   EXPECT_EQ(same.init(small_params(999)).wait().version, 1u);
 }
 
+// A server that wrote ps0-step-1 (on request) and ps0-step-2 (at its stop) into `dir`: the
+// parameters at step 1.
+std::vector<NamedTensor> two_checkpoints(zmq::context_t& ctx, const test::TempDir& dir,
+                                         const std::string& name, uint32_t seed) {
+  const auto params = small_params(seed);
+  ParameterServer server(checkpoint_options(ctx, name, dir));
+  PsClient c({server.endpoint()}, client_options(&ctx));
+  c.init(params).wait();
+  std::vector<NamedTensor> at_step_1 =
+      c.push_pull(gradients_like(params, seed * 100)).wait().tensors;
+  request_checkpoint(ctx, server.endpoint());
+  c.push_pull(gradients_like(params, seed * 100 + 10)).wait();
+  return at_step_1;
+}
+
 TEST(PsCheckpoint, TruncatedNewestIsSkippedForThePreviousComplete) {
   zmq::context_t ctx;
   test::TempDir dir;
-  const auto params = small_params(44);
-  std::vector<NamedTensor> at_step_1;
-  {
-    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-trunc", dir));
-    PsClient c({server.endpoint()}, client_options(&ctx));
-    c.init(params).wait();
-    at_step_1 = c.push_pull(gradients_like(params, 4400)).wait().tensors;
-    request_checkpoint(ctx, server.endpoint());
-    c.push_pull(gradients_like(params, 4410)).wait();
-  }  // ps0-step-1 and ps0-step-2
+  const std::vector<NamedTensor> at_step_1 = two_checkpoints(ctx, dir, "ps-ckpt-trunc", 44);
   const std::string newest = dir.file("ps0-step-2.safetensors");
   auto bytes = test::read_bytes(newest);
   ASSERT_GT(bytes.size(), 20u);
@@ -1749,6 +1841,37 @@ TEST(PsCheckpoint, TruncatedNewestIsSkippedForThePreviousComplete) {
   const PsResult r = c.init({}).wait();
   EXPECT_EQ(r.version, 1u);
   EXPECT_TRUE(bit_equal(r.tensors, at_step_1));
+}
+
+// A newest checkpoint whose Adam moments are corrupt (a negative second moment, then a NaN first
+// one) is skipped like a truncated one: restored, it would have turned the parameters into NaN at
+// the first step, far from the cause.
+TEST(PsCheckpoint, ANewestWithCorruptMomentsIsSkippedForThePreviousComplete) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const std::vector<NamedTensor> at_step_1 = two_checkpoints(ctx, dir, "ps-ckpt-moments", 46);
+  const std::string newest = dir.file("ps0-step-2.safetensors");
+  for (const auto& [name, value] : std::vector<std::pair<std::string, float>>{
+           {"w.adam_v", -1.0f}, {"b.adam_m", std::nanf("")}}) {
+    SafeTensorsFile file = read_safetensors(newest);
+    const SafeTensorsFile good = file;
+    bool found = false;
+    for (auto& t : file.tensors) {
+      if (t.name != name) continue;
+      std::memcpy(t.data.data() + 4, &value, 4);  // the second value
+      found = true;
+    }
+    ASSERT_TRUE(found) << name;
+    write_safetensors_atomic(newest, file);
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-moments2" + name, dir));
+    EXPECT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors")) << name;
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    const PsResult r = c.init({}).wait();
+    EXPECT_EQ(r.version, 1u);
+    EXPECT_TRUE(bit_equal(r.tensors, at_step_1));
+    server.stop();
+    write_safetensors_atomic(newest, good);
+  }
 }
 
 TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {

@@ -49,5 +49,32 @@ TEST(WorkerClocks, WorkersLongGoneAreForgottenButStayCountedAsRegistered) {
   EXPECT_EQ(clocks.active(much_later), 1);
 }
 
+// A worker whose pushes come 150 ms apart, with a timeout of 100 ms: it counts for three of its
+// gaps (450 ms) after its last push, not for the timeout, and is not forgotten while it does. An
+// Idle between two pushes is not a gap.
+TEST(WorkerClocks, AWorkerSlowerThanTheTimeoutCountsForThreeOfItsPushGaps) {
+  WorkerClocks clocks(100);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  clocks.pushed("fast", t0);
+  clocks.pushed("slow", t0);
+  clocks.pushed("slow", t0 + milliseconds(150));
+  EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(150)), milliseconds(450));
+  const auto later = t0 + milliseconds(500);  // the slow one's last push 350 ms ago
+  clocks.pushed("fast", later);
+  EXPECT_EQ(clocks.active(later), 2);
+  clocks.pushed("fast", t0 + milliseconds(550));
+  EXPECT_EQ(clocks.active(t0 + milliseconds(600)), 2);  // slow: its last push 450 ms ago
+  EXPECT_EQ(clocks.active(t0 + milliseconds(601)), 1);
+  EXPECT_EQ(clocks.active(t0 + milliseconds(700)), 1);  // fast (gap 50 ms): for 150 ms
+  EXPECT_EQ(clocks.active(t0 + milliseconds(701)), 0);
+  uint64_t clock = 0;
+  clocks.heard("fast", t0 + milliseconds(1500));  // forgetting runs: 1,350 ms < 10 x 450 ms
+  EXPECT_TRUE(clocks.clock("slow", clock));
+  // An Idle between two pushes: the spell is not measured as a gap (fast's stays 50 ms).
+  clocks.idle("fast");
+  clocks.pushed("fast", t0 + milliseconds(2500));
+  EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(2500)), milliseconds(150));
+}
+
 }  // namespace
 }  // namespace tandem

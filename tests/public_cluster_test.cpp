@@ -60,6 +60,9 @@ TEST(PublicCluster, TheCoordinatorRefusesWhatTrainClusterRefuses) {
                      .dump();
   }, "checkpoint_every_steps must be >= 0");
   refused([](ClusterCoordinatorOptions& o) { o.scorers = 3; }, "0 or 1 scorer");
+  // The roles heartbeat every 0.5 s: a shorter timeout lost live roles at every tick.
+  refused([](ClusterCoordinatorOptions& o) { o.heartbeat_timeout_s = 0.5; },
+          "heartbeat_timeout_s must be at least 1");
   refused([](ClusterCoordinatorOptions& o) { o.max_epochs = -1; }, "max_epochs must be >= 0");
   refused([](ClusterCoordinatorOptions& o) { o.target = std::nan(""); }, "target must be a finite");
   refused([](ClusterCoordinatorOptions& o) {
@@ -104,6 +107,11 @@ TEST(PublicCluster, AScoreStreamOfACoordinatorThatIsGoneThrows) {
   EXPECT_TRUE(contains(why, "has not answered for 2")) << why;
   EXPECT_LT(seconds_since(start), 20);
   EXPECT_THROW(ClusterScoreStream(store.path, 5, {}, 0), InputError);
+  // A timeout of 0 was a 1 ms wait (it threw "did not answer" almost always); negative, no
+  // limit as elsewhere in the API, a stream all the same.
+  const ClusterCoordinator live(store.coordinator_options());
+  EXPECT_THROW(ClusterScoreStream(live.address(), 0), InputError);
+  ClusterScoreStream unlimited(live.address(), -1);
 }
 
 // The model was first written after the whole run: a path that could not take it lost the

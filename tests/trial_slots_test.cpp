@@ -134,6 +134,9 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
   expect_refused(R"({"v": 1, "type": "error", "error": "e", "busy": 1})", "\"busy\" is not a boolean");
   expect_refused(R"({"v": 1, "type": "started", "job": "j", "pid": 1e30})", "\"pid\" is not an integer");
   expect_refused(R"({"v": 1, "type": "heartbeat", "running": 99999999999})", "out of range");
+  // 2^64 - 1 was read as -1 (nlohmann's unsigned value, wrapped), which passed the range check.
+  expect_refused(R"({"v": 1, "type": "heartbeat", "running": 18446744073709551615})",
+                 "out of range");
   // exec would cut an argument at a NUL: what a --root checks would not be what the job gets.
   expect_refused(
       R"({"v": 1, "type": "start", "job": "j", "log": "l", "args": ["train", "/a\u0000/../b"]})",

@@ -279,17 +279,26 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
       out.pixels = out.mapping.data();
       return;
     }
+    missing_chunk(index);
   }
   out.buffer.resize(band_buffer_bytes());
   out.pixels = out.buffer.data();
   if (one_chunk) {
-    split_.images.read_chunk(index, out.buffer.data());  // the chunk is the whole band
+    // (the chunk is the whole band)
+    if (!split_.images.read_chunk(index, out.buffer.data())) missing_chunk(index);
     pixels_in_place(meta, out.buffer.data());
     return;
   }
   // Chunked after the row dimension too (or chunks padded past the shape there): the band is
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
   read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true);
+}
+
+void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {
+  if (!split_.every_chunk_written) return;  // a fill value, as Zarr means it
+  throw InputError("zarr store '" + split_.images.path() + "': chunk " +
+                   split_.images.chunk_key(index) + " is missing, and a store `tandem prepare` "
+                   "wrote has every chunk: it was removed or damaged while it was read");
 }
 
 void ChunkManager::shuffle_band(int64_t band, Band& out) const {

@@ -117,7 +117,11 @@ class ChunkManager final : public BatchStream {
   void release_band(size_t cursor);
   // `scratch`: the reader's own chunk buffer, for bands made of several chunks.
   void read_band(int64_t band, Band& out, std::vector<uint8_t>& scratch) const;
+  // A chunk of the band is missing: InputError naming it when the split's store has every chunk
+  // (DatasetStore::Split::every_chunk_written); otherwise its fill value stands.
+  void missing_chunk(const std::vector<int64_t>& index) const;
   void shuffle_band(int64_t band, Band& out) const;  // out.order and out.inverse, for epoch_
+
   // A band buffer's size: a whole band's pixels (not one chunk: a band may be many), or the
   // band's one chunk as stored where that is more (float64, narrowed in place).
   size_t band_buffer_bytes() const;

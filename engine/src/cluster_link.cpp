@@ -173,6 +173,8 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
       }
       if (!answered) continue;
       last_reply_ = std::chrono::steady_clock::now();
+      if (reply.value("unknown", false)) forgotten_ = true;
+      failure_ = json_string_or(reply, "failure", failure_);
       const std::string phase = json_string_or(reply, "phase", phase_);
       if (phase != phase_) {
         phase_ = phase;
@@ -186,6 +188,16 @@ std::string CoordinatorLink::phase() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (cancel_ && *cancel_) return "done";
   return phase_;
+}
+
+std::string CoordinatorLink::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+bool CoordinatorLink::forgotten() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return forgotten_;
 }
 
 bool CoordinatorLink::cancelled() const {

@@ -61,6 +61,11 @@ class CoordinatorLink {
   // "failed"); "" before the first. "done" once `cancel` (set_cancel) is true: a role told to
   // stop from its own process ends as if the run were over.
   std::string phase() const;
+  // Why the run failed, as the coordinator's replies said once its phase was "failed"; "" before.
+  std::string failure() const;
+  // A heartbeat reply said the coordinator does not know this role's name: it is not the
+  // coordinator this role registered with (restarted at the address, or another run's).
+  bool forgotten() const;
   void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel);
   bool cancelled() const;
   // No reply (a heartbeat's or a request's) for lost_after_ms: the coordinator is gone.
@@ -86,6 +91,8 @@ class CoordinatorLink {
   mutable std::mutex mutex_;
   mutable std::condition_variable phase_changed_;
   std::string phase_;
+  std::string failure_;
+  bool forgotten_ = false;
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::chrono::steady_clock::time_point last_reply_ = std::chrono::steady_clock::now();
   std::atomic<bool> stopping_{false};

@@ -41,6 +41,12 @@ bool training_over(const std::string& phase) {
 }
 
 void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const std::string& who) {
+  // Its heartbeats answered by a coordinator that does not know it: the one it registered with
+  // has gone (restarted at the address), and with it this role's run. Going on would serve, or
+  // score, a run that is over, and under a name the new run may give another role.
+  if (link.forgotten())
+    throw Error(who + ": the coordinator at " + link.endpoint() + " does not know this role (it "
+                "restarted, or another run serves there): the run it belonged to is over");
   if (link.coordinator_lost(o.coordinator_lost_ms))
     throw Error(who + ": the coordinator at " + link.endpoint() + " has not answered for " +
                 std::to_string(o.coordinator_lost_ms / 1000) + " s");
@@ -130,6 +136,17 @@ bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o,
         throw Error(r.name + ": the parameter servers have not answered for " +
                     std::to_string(r.settings.init_timeout_ms / 1000) + " s: " + e.what());
     }
+  }
+}
+
+void end_role(CoordinatorLink& link, const std::string& name, const json& status) {
+  say_goodbye(link, name, status);
+  // The run failed (the coordinator's fail(): a start-up timeout, a role's error, a diverged
+  // run): the role ends with that error, so that a role started by hand, or a batch system's
+  // task, does not report success.
+  if (link.phase() == "failed") {
+    const std::string why = link.failure();
+    throw Error(name + ": the run failed" + (why.empty() ? "" : ": " + why));
   }
 }
 

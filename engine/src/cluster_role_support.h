@@ -61,6 +61,9 @@ bool repull(PsClient& client, CoordinatorLink& link, const RoleOptions& o,
 // have carried yet.
 void say_goodbye(CoordinatorLink& link, const std::string& name,
                  const nlohmann::json& status = nullptr);
+// A role's end: goodbye, then an Error saying why when the run failed.
+void end_role(CoordinatorLink& link, const std::string& name,
+              const nlohmann::json& status = nullptr);
 
 // A role stopped from its own process (RoleOptions::cancel) gives up on requests that would
 // otherwise wait out their timeouts; those failures are the stop itself, not errors.

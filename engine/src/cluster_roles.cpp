@@ -234,7 +234,7 @@ void ps_role(const RoleOptions& o) {
     link.wait_phase_change(phase, 100);
   }
   server->stop();  // writes the final checkpoint
-  say_goodbye(link, r.name);
+  end_role(link, r.name);
 }
 // The role itself; run_scorer_role wraps it (run_cancellable).
 void scorer_role(const RoleOptions& o) {
@@ -245,7 +245,7 @@ void scorer_role(const RoleOptions& o) {
   auto scores = std::make_shared<std::atomic<int64_t>>(0);
   link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; }, o.heartbeat_ms);
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
-  if (servers.empty()) return say_goodbye(link, r.name);
+  if (servers.empty()) return end_role(link, r.name);
   const RunSettings& s = r.settings;
   // The rows scored: given to this scorer (a fed run), or the store's validation split.
   DataSplits splits;
@@ -273,7 +273,7 @@ void scorer_role(const RoleOptions& o) {
   PsClient client(servers, client_settings);
   Model model(s.model);
   if (!init_parameters(client, r, link, model, /*may_stand_in=*/false)) {
-    return say_goodbye(link, r.name);
+    return end_role(link, r.name);
   }
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(s.score_interval_s));
@@ -367,7 +367,7 @@ void scorer_role(const RoleOptions& o) {
                   {"accuracy", double(stats.correct) / n}, {"samples", stats.samples}});
     *scores += 1;
   }
-  say_goodbye(link, r.name);
+  end_role(link, r.name);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "batch_count.h"
 #include "dataset_store.h"
@@ -285,9 +286,21 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     stop_servers();
     return summary;
   }
-  // The final parameters, straight from the servers.
-  const std::vector<std::string> servers = c.ps_endpoints();
-  if (servers.empty()) fail_now("a parameter server is gone; the final parameters cannot be read");
+  // The final parameters, straight from the servers. A server that died while the workers left
+  // is restarted by the launcher, and has no address until it has loaded its checkpoint and
+  // serves again: waited for (as a worker waits for the servers, init_timeout_ms), not taken for
+  // gone.
+  std::vector<std::string> servers = c.ps_endpoints();
+  const int wait_ms = options_.settings.init_timeout_ms;
+  for (const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+       servers.empty() && Clock::now() < deadline; servers = c.ps_endpoints()) {
+    watch();
+    if (c.phase() == ClusterPhase::Failed) fail_now(c.failure());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (servers.empty())
+    fail_now("a parameter server has not served again within " + std::to_string(wait_ms / 1000) +
+             " s of registering (restarted); the final parameters cannot be read");
   Model model(options_.settings.model);
   try {
     PsClient client(servers, cluster_client_options(options_.settings, context_.get()));

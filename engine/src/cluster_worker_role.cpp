@@ -136,6 +136,10 @@ void train_fed(const Worker& w) {
       w.status.queue_depth = int(feed.depth());
       const std::optional<FedBlock> block = feed.pop(100);
       if (!block) {
+        // Closed and empty: the feeder said it has no more (end_input), and what it queued is
+        // trained. The worker leaves (it would otherwise poll an empty, closed queue at full
+        // speed until the run ended).
+        if (feed.closed()) break;
         w.trainer.rest();
         continue;
       }
@@ -181,6 +185,7 @@ void train_tasks(const Worker& w, ChunkManager& stream) {
   std::vector<DatasetView> batches(size_t(w.trainer.members()));
   std::vector<Dataset> copies(batches.size());
   nlohmann::json finished = nullptr;
+  bool idled = false;
   for (;;) {
     check_coordinator(w.link, w.o, w.r.name);
     nlohmann::json request{{"type", "work"}, {"name", w.r.name}};
@@ -196,13 +201,21 @@ void train_tasks(const Worker& w, ChunkManager& stream) {
       // and this worker cannot see when that happens; an empty one-way message per poll (50
       // ms) costs next to nothing.
       if (w.r.settings.ps_mode != "async") w.trainer.idle();
+      idled = true;
       w.link.wait_phase_change(w.link.phase(), reply.wait_ms);
       continue;
     }
+    // Sync servers stepped without this worker while it idled: its first gradient, computed on
+    // the parameters it holds, would be dropped as stale (a batch not trained).
+    if (idled && w.r.settings.ps_mode == "sync" && !w.trainer.refresh()) break;
+    idled = false;
     w.status.done = 0;
     w.status.task = reply.task_id;
     stream.start_epoch(reply.epoch, reply.batches);
     if (!train_task(w, stream, batches, copies)) break;
+    // The last batch's exchange answered (settings.overlap) before the task is reported
+    // finished: a batch the coordinator counts as done has its gradient at the servers.
+    w.trainer.finish();
     finished = reply.task_id;
   }
   stream.cancel();
@@ -222,7 +235,7 @@ void worker_role(const RoleOptions& o) {
   const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
   if (servers.empty()) {
     feed_closer.close(" has stopped: training ended before it began");
-    return say_goodbye(link, r.name);
+    return end_role(link, r.name);
   }
   const RunSettings& s = r.settings;
   if (s.fed && !o.feed)
@@ -233,7 +246,7 @@ void worker_role(const RoleOptions& o) {
   WorkerTrainer trainer(o, rc.context, link, r, *status, servers);
   if (!trainer.start()) {
     feed_closer.close(" has stopped: training ended before it began");
-    return say_goodbye(link, r.name);
+    return end_role(link, r.name);
   }
   const Worker w{o, link, r, *status, trainer};
   if (s.fed) train_fed(w);
@@ -241,7 +254,7 @@ void worker_role(const RoleOptions& o) {
   trainer.finish();  // the last gradient, applied (or lost)
   nlohmann::json counters = status->counters();
   counters["queue_depth"] = 0;
-  say_goodbye(link, r.name, counters);
+  end_role(link, r.name, counters);
 }
 
 }  // namespace

@@ -254,7 +254,11 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   const std::string name = json_string(r, "name", "");
   auto it = roles_.find(name);
   if (it == roles_.end()) {
-    if (type == "heartbeat") return {{"phase", to_string(phase_)}, {"unknown", true}};
+    if (type == "heartbeat") {
+      json reply = phase_reply_locked();
+      reply["unknown"] = true;
+      return reply;
+    }
     throw InputError("'" + type + "' from '" + name + "', which has not registered");
   }
   Role& role = it->second;
@@ -266,7 +270,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
         r["status"].contains("stalled") && r["status"]["stalled"].is_string()) {
       if (!gone(role.state)) lose(role, r["status"]["stalled"].get<std::string>());
       role.status = r["status"];
-      return {{"phase", to_string(phase_)}};
+      return phase_reply_locked();
     }
     if (role.state == "lost") {
       std::fprintf(stderr, "coordinator: %s is back\n", name.c_str());
@@ -278,7 +282,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
         work_.progress(name, json_integer(role.status, "task", 0),
                        json_integer(role.status, "done", 0));
     }
-    return {{"phase", to_string(phase_)}};
+    return phase_reply_locked();
   }
   if (type == "ready") {
     const std::string address = json_string(r, "address", "");
@@ -364,6 +368,18 @@ json Coordinator::handle_register(const json& r) {
         if (role.role == kind && role.index == index) { taken = true; ++index; break; }
     }
   }
+  // The workers split the parameters over ps0 to ps(N-1), and the run waits for those names: a
+  // server under any other name would be accepted, never counted, and the run would wait out
+  // its start-up timeout naming the ps it lacks.
+  if (kind == "ps" &&
+      ((!name.empty() && index_from_name(name, kind) < 0) || index >= options_.expected_ps))
+    throw InputError("register: this run's parameter servers are " +
+                     (options_.expected_ps == 0
+                          ? std::string("none")
+                          : "ps0" + (options_.expected_ps > 1
+                                         ? " to ps" + std::to_string(options_.expected_ps - 1)
+                                         : std::string())) +
+                     ", not " + (name.empty() ? "another" : "'" + name + "'"));
   if (name.empty()) name = kind + std::to_string(index);
   Role role;
   role.role = kind;
@@ -412,8 +428,20 @@ json Coordinator::handle_work(const json& r) {
   return {{"task", {{"id", task->id}, {"epoch", task->epoch}, {"batches", task->batches}}}};
 }
 
+json Coordinator::phase_reply_locked() const {
+  json reply{{"phase", to_string(phase_)}};
+  if (phase_ == ClusterPhase::Failed) reply["failure"] = failure_;
+  return reply;
+}
+
 json Coordinator::handle_score(const json& r) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Only a registered scorer's scores count: a scorer left from an earlier run (its coordinator
+  // restarted at this address) would otherwise stop this run on that run's parameters.
+  const std::string name = json_string(r, "name", "");
+  const auto it = roles_.find(name);
+  if (it == roles_.end() || it->second.role != "scorer")
+    throw InputError("'score' from '" + name + "', which is not a registered scorer");
   ScoreRecord s;
   s.seq = static_cast<int64_t>(scores_log_.size()) + 1;
   s.t = since_start(Clock::now());
@@ -431,7 +459,7 @@ json Coordinator::handle_score(const json& r) {
     stop_reason_ = "target";
     set_phase(ClusterPhase::Draining);
   }
-  return {{"phase", to_string(phase_)}};
+  return phase_reply_locked();
 }
 
 void Coordinator::on_tick() {

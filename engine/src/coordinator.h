@@ -142,6 +142,8 @@ class Coordinator {
   std::vector<ScoreRecord> scores() const;
   double training_seconds() const;  // from the start of training to draining (or now)
   int64_t epochs_completed() const;
+  // Whether the run stops without scores: max_epochs or max_seconds set (a target needs them).
+  bool stops_without_scores() const { return options_.max_epochs > 0 || options_.max_seconds > 0; }
   // Batches finished: trained, or their gradients lost (gradients_lost).
   int64_t batches_done() const;
   // Batches whose gradients were lost: a server did not answer (it died or restarted), and the
@@ -168,6 +170,8 @@ class Coordinator {
   nlohmann::json handle_register(const nlohmann::json& r);
   nlohmann::json handle_work(const nlohmann::json& r);
   nlohmann::json handle_score(const nlohmann::json& r);
+  // A heartbeat's or score's reply: the phase, and once failed, why (with mutex_ held).
+  nlohmann::json phase_reply_locked() const;
   void on_tick();
   void lose(Role& role, const std::string& why);  // with mutex_ held
   void set_phase(ClusterPhase phase);             // with mutex_ held

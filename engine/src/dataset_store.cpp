@@ -590,6 +590,9 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
                        " features, expected " + std::to_string(store.train.features) +
                        " as the training split");
   }
+  if (attributes.is_object() && attributes.contains("tandem_dataset"))
+    for (Split* split : {&store.train, &store.validation, &store.test})
+      split->every_chunk_written = true;
   if (attributes.is_object() && attributes.contains("num_classes")) {
     const nlohmann::json& n = attributes["num_classes"];
     if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 256)

@@ -62,6 +62,10 @@ struct DatasetStore {
     int64_t rows = 0;
     int64_t features = 0;
     bool has_labels = true;  // false only when opened with Labels::Optional and it has none
+    // A store `tandem prepare` wrote (group attribute tandem_dataset) has every chunk: one
+    // missing is damage (the store removed under a reader: `rm -rf` deletes the chunk files
+    // before their directory), not fill values to train on.
+    bool every_chunk_written = false;
   };
   std::string path;
   nlohmann::json attributes;

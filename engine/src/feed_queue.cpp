@@ -46,6 +46,13 @@ void FeedQueue::close(const std::string& why) {
   // `dropped` releases its owners here, outside the lock (a Python owner takes the GIL).
 }
 
+void FeedQueue::end_input(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_) why_closed_ = why;
+  closed_ = true;
+  changed_.notify_all();
+}
+
 size_t FeedQueue::depth() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return blocks_.size();

@@ -35,6 +35,10 @@ class FeedQueue {
   std::optional<FedBlock> pop(int timeout_ms);
   // No more blocks: waiting pushes and pops return; what is still queued is released.
   void close(const std::string& why);
+  // The feeder has no more blocks: push() throws from now on (saying `why`), and pop() hands out
+  // what is still queued, then nothing at once; closed() is true. The worker trains the rest and
+  // leaves the run.
+  void end_input(const std::string& why);
 
   size_t depth() const;
   // What push() has queued so far: counted when queued, so blocks that close() then released

@@ -91,6 +91,14 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
     }
     if (m) r.m = floats_of(*m);
     if (v) r.v = floats_of(*v);
+    // A corrupt moment would turn the parameters into NaN at the first step after the restart,
+    // far from its cause: m must be finite, v (a running mean of squares) finite and not
+    // negative.
+    for (float x : r.m)
+      if (!std::isfinite(x)) throw InputError(path + ": moment '" + m->name + "' is not finite");
+    for (float x : r.v)
+      if (!std::isfinite(x) || x < 0)
+        throw InputError(path + ": moment '" + v->name + "' is not finite and non-negative");
     out.tensors.push_back(std::move(r));
   }
   if (out.tensors.empty()) throw InputError(path + ": no parameters");

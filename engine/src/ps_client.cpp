@@ -85,6 +85,8 @@ void PsClient::open_socket(Server& server) {
     // Requests to a server that is gone are abandoned, never waited on at close.
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+    // A reply's frames are bounded as a server bounds requests' (wire_protocol.h, DecodeLimits).
+    socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.limits.max_message_bytes));
     if (!server.curve_key.empty()) {  // before connect, as the handshake starts there
       socket.set(zmq::sockopt::curve_serverkey, server.curve_key);
       socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
@@ -166,6 +168,16 @@ PsClient::Handle PsClient::send_each(MessageType type,
     Server& server = *servers_[s];
     const uint64_t version = versions != nullptr ? versions->at(s) : server.last_version;
     const auto out = transport::encode_float_message(type, id, version, per_server[s], extra[s]);
+    // A server refuses a frame over its limit by dropping the connection, which the client would
+    // only see as a timeout: say it here instead (the servers' limit is this client's).
+    size_t bytes = out.header_frame.size();
+    for (const auto& frame : out.tensor_frames) bytes += frame.size;
+    if (bytes > options_.limits.max_message_bytes)
+      throw InputError("parameter server client: a " + std::string(transport::to_string(type)) +
+                       " to " + server.where + " would be " + std::to_string(bytes) +
+                       " bytes, over the servers' limit of " +
+                       std::to_string(options_.limits.max_message_bytes) +
+                       " bytes a message: use more servers (a large tensor is split across them)");
     try {
       transport::send_message(server.socket, out, nullptr,
                               "parameter server " + server.endpoint + " (" +
@@ -221,8 +233,23 @@ PsClient::Handle PsClient::pull() {
 }
 
 void PsClient::idle() {
-  std::vector<std::vector<FloatTensorRef>> none(servers_.size());
-  send_each(MessageType::Idle, none, std::vector<std::string>(servers_.size()), all_servers());
+  // Said every 50 ms while a worker has no batch. To a server that is gone, the messages would
+  // pile up in the socket up to its high-water mark, and then each send would wait out the send
+  // timeout (timeout_ms), holding up the worker's polling for work that long: so an Idle that
+  // cannot be queued at once is dropped (it is advisory), and each server gets its own try.
+  const std::vector<std::vector<FloatTensorRef>> none(servers_.size());
+  const std::vector<std::string> no_extra(servers_.size());
+  for (size_t s = 0; s < servers_.size(); ++s) {
+    std::vector<bool> only(servers_.size(), false);
+    only[s] = true;
+    zmq::socket_t& socket = servers_[s]->socket;
+    socket.set(zmq::sockopt::sndtimeo, 0);
+    try {
+      send_each(MessageType::Idle, none, no_extra, only);
+    } catch (const TransportError&) {
+    }
+    socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+  }
 }
 
 PsClient::Handle PsClient::send_gradients(MessageType type,
@@ -288,6 +315,9 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
   const uint64_t request_id = part.request_id;
   Server& server = *servers_[part.server];
   const std::string& where = server.where;
+  // At the deadline, one last look without waiting: the reply may have sat in the socket while
+  // an earlier part of the handle used up the time (the deadline is shared).
+  bool looked_last = false;
   for (;;) {
     const auto early = server.early.find(request_id);
     if (early != server.early.end()) {
@@ -302,7 +332,7 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
                            "reset after another request to this server timed out");
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
+    if (left <= 0 && looked_last) {
       std::string why = server.handshakes.problem();
       // A server that is gone has not read this request: it waits in the socket's queue, and a
       // server started again at the address would read it and apply it (a gradient the caller
@@ -325,8 +355,12 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
                            std::to_string(request_id) + " abandoned: this client is stopping");
     }
     Frames frames;
-    const long slice = options_.cancel ? std::min<long>(long(left), 100) : long(left);
-    if (!transport::receive_frames(server.socket, frames, slice, where)) continue;
+    const long slice =
+        left <= 0 ? 0 : options_.cancel ? std::min<long>(long(left), 100) : long(left);
+    if (!transport::receive_frames(server.socket, frames, slice, where)) {
+      looked_last = left <= 0;
+      continue;
+    }
     const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
     if (!r.header_ok)
       throw TransportError(where + " sent an unreadable reply: " + r.error);
@@ -337,6 +371,20 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
     }
     // Frames are kept whole (not the decoded spans: they would dangle once the frames move).
     if (server.outstanding.count(id) != 0) server.early[id] = std::move(frames);
+  }
+}
+
+void PsClient::keep_waiting_replies(Server& server) noexcept {
+  try {
+    for (;;) {
+      Frames frames;
+      if (!transport::receive_frames(server.socket, frames, 0, server.where)) return;
+      const DecodeResult r = transport::decode_frames(frames, 0, options_.limits);
+      if (!r.header_ok) continue;  // unreadable: its request is reset with the others
+      const uint64_t id = r.message.header.request_id;
+      if (server.outstanding.count(id) != 0) server.early[id] = std::move(frames);
+    }
+  } catch (const TransportError&) {
   }
 }
 
@@ -359,6 +407,9 @@ void PsClient::reset_unanswered(const Handle& handle) noexcept {
   // a server started later. Their connections are reset as well.
   for (const Handle::Part& part : handle.parts_) {
     Server& server = *servers_[part.server];
+    // Replies already waiting in the socket are read first: a server that answered is not
+    // reset (that would drop its other requests in flight).
+    keep_waiting_replies(server);
     // (A reset clears `outstanding`: a part no longer there was reset already, or answered.)
     if (server.outstanding.count(part.request_id) == 0 || server.early.count(part.request_id) != 0)
       continue;

@@ -166,7 +166,8 @@ class PsClient {
                    const std::vector<uint64_t>* computed_on = nullptr);
   // One-way to every server: this worker has no batch to train for now, so a sync step or a
   // bounded-staleness reply need not wait for its gradient (ps_server.h, Idle). Say it each
-  // time there is no batch: a step applied makes the servers wait for it again.
+  // time there is no batch: a step applied makes the servers wait for it again. Never waits:
+  // a message that cannot be queued at once (a server gone) is dropped, and nothing is thrown.
   void idle();
   std::vector<ServerStats> stats();  // one per server, in endpoint order (synchronous)
   void shutdown_servers();           // asks every server to stop and waits for the replies
@@ -216,6 +217,9 @@ class PsClient {
   // After one of the handle's requests timed out: reset_connection for every server whose part
   // of it is still unanswered.
   void reset_unanswered(const Handle& handle) noexcept;
+  // Reads the replies already waiting in the server's socket (not waiting for any), keeping
+  // those of requests still expected (`early`).
+  void keep_waiting_replies(Server& server) noexcept;
   // Drops what is still expected for the handle's requests: their ids, and replies that came
   // early (a late reply is then dropped when it comes).
   void forget(const Handle& handle) noexcept;

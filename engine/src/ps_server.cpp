@@ -453,6 +453,8 @@ void ParameterServer::handle(Frames& frames) {
   const MessageType type = r.message.header.type;
   if (options_.mode == PsMode::BoundedStaleness)
     clocks_.heard(std::string(peer.data<char>(), peer.size()), Clock::now());
+  else if (options_.mode == PsMode::Sync && type == MessageType::Pull)
+    clocks_.resumed(std::string(peer.data<char>(), peer.size()), Clock::now());
   try {
     dispatch(peer, r);
   } catch (const ShardDeviceFailed& e) {
@@ -632,8 +634,13 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m) 
                              "stale (dropped: " + std::to_string(dropped) + ")");
       }
       shard_.accumulate_staged();
-      if (shard_.pending() == 1)
-        step_deadline_ = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
+      if (shard_.pending() == 1) {
+        // The step timeout, or longer for workers whose batches take longer (ps_worker_clocks.h).
+        const auto now = Clock::now();
+        step_deadline_ = now + std::max<Clock::duration>(
+                                   std::chrono::milliseconds(options_.step_timeout_ms),
+                                   clocks_.slowest_gaps(now));
+      }
       if (reply) {
         Pending p;
         p.peer.copy(const_cast<zmq::message_t&>(peer));

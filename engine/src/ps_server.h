@@ -14,6 +14,8 @@
 //                     step, counted) and the held replies are sent. When fewer workers than
 //                     replicas_to_aggregate have pushed within worker_timeout_ms (one left for
 //                     good), a step needs only as many gradients as there are workers pushing;
+//                     both times stretch to three of a worker's push gaps when its batches take
+//                     longer (ps_worker_clocks.h), so a slow worker is not left out of every step;
 //                     likewise once a step timed out before all of them had ever pushed (one
 //                     never came): only the first step waits for the missing worker.
 //   BoundedStaleness  async steps, but a Pull or PushPull reply to a worker whose clock (its
@@ -28,7 +30,8 @@
 //
 // Requests (wire_protocol.h), all answered with a Reply carrying parameter_version = global_step,
 // or an Error whose extra blob says why:
-//   Init      with tensors: the first sets the parameters (later ones are ignored); reply: the
+//   Init      with tensors: the first sets the parameters (later ones with the same names and
+//             shapes are ignored, others refused: kBadInitialTensor); reply: the
 //             current parameters, with the first Init's extra (the model's name order) echoed.
 //             Without tensors: the same, or Error "not initialised yet" when nobody has
 //             initialised (workers retry).
@@ -102,9 +105,13 @@ const char* to_string(PsMode mode);  // "async", "sync", "bounded_staleness"
 struct ServerOptions {
   PsMode mode = PsMode::Async;
   int replicas_to_aggregate = 1;  // Sync: gradients per step
-  int step_timeout_ms = 2000;     // Sync: apply a partial step this long after its first gradient
-  int64_t staleness_bound = 0;    // BoundedStaleness: k
-  int worker_timeout_ms = 2000;   // BoundedStaleness: a worker silent this long stops counting
+  // Sync: apply a partial step this long after its first gradient (or longer: the slowest
+  // worker's push gaps, ps_worker_clocks.h).
+  int step_timeout_ms = 2000;
+  int64_t staleness_bound = 0;  // BoundedStaleness: k
+  // Sync and BoundedStaleness: a worker silent this long (or longer: ps_worker_clocks.h) stops
+  // counting.
+  int worker_timeout_ms = 2000;
   std::string bind = "tcp://127.0.0.1:*";  // loopback unless told otherwise
   OptimizerConfig optimizer;
   transport::DecodeLimits limits;

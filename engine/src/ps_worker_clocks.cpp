@@ -9,9 +9,13 @@ void WorkerClocks::pushed(const std::string& worker, Clock::time_point now) {
   Worker& w = it->second;  // (a new one: no pushes, never heard from, so not counting)
   registered_ += added ? 1 : 0;
   if (!counts(w, now)) rejoin(w, now);
+  // The gap is measured even when the worker stopped counting meanwhile: that is how a worker
+  // slower than the timeout gets the allowance it needs. An Idle between the two pushes makes
+  // the gap the idle spell's, not a batch's: not measured.
+  if (w.pushes > 0 && !w.idle_since_push) w.push_gap = now - w.last_push;
   ++w.pushes;
-  w.last_heard = now;
-  w.idle = false;
+  w.last_heard = w.last_push = now;
+  w.idle = w.idle_since_push = false;
 }
 
 void WorkerClocks::rejoin(Worker& w, Clock::time_point now) {
@@ -28,13 +32,24 @@ void WorkerClocks::rejoin(Worker& w, Clock::time_point now) {
   if (any) w.pushes = std::max(w.pushes, slowest - 1);  // (counting: at least one push)
 }
 
+WorkerClocks::Clock::duration WorkerClocks::allowance(const Worker& w) const {
+  return std::min(std::max(timeout_, kGapsAllowed * w.push_gap), kMostTimeouts * timeout_);
+}
+
 bool WorkerClocks::counts(const Worker& w, Clock::time_point now) const {
-  return w.pushes > 0 && !w.idle && now - w.last_heard <= timeout_;
+  return w.pushes > 0 && !w.idle && now - w.last_heard <= allowance(w);
+}
+
+WorkerClocks::Clock::duration WorkerClocks::slowest_gaps(Clock::time_point now) const {
+  Clock::duration longest{};
+  for (const auto& kv : workers_)
+    if (counts(kv.second, now)) longest = std::max(longest, kv.second.push_gap);
+  return std::min(kGapsAllowed * longest, kMostTimeouts * timeout_);
 }
 
 void WorkerClocks::idle(const std::string& worker) {
   const auto it = workers_.find(worker);
-  if (it != workers_.end()) it->second.idle = true;
+  if (it != workers_.end()) it->second.idle = it->second.idle_since_push = true;
 }
 
 void WorkerClocks::clear_idle() {
@@ -45,8 +60,9 @@ void WorkerClocks::forget_departed(Clock::time_point now) {
   if (now - last_forget_ < timeout_) return;
   last_forget_ = now;
   for (auto it = workers_.begin(); it != workers_.end();)
-    it = now - it->second.last_heard > kForgetAfterTimeouts * timeout_ ? workers_.erase(it)
-                                                                        : std::next(it);
+    it = now - it->second.last_heard > kForgetAfterTimeouts * allowance(it->second)
+             ? workers_.erase(it)
+             : std::next(it);
 }
 
 void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {
@@ -56,6 +72,13 @@ void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {
   Worker& w = it->second;
   if (!w.idle && !counts(w, now)) rejoin(w, now);  // back after a silence
   w.last_heard = now;
+}
+
+void WorkerClocks::resumed(const std::string& worker, Clock::time_point now) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  it->second.idle = false;
+  heard(worker, now);
 }
 
 bool WorkerClocks::clock(const std::string& worker, uint64_t& out) const {

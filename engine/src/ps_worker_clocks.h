@@ -1,6 +1,10 @@
-// Bounded-staleness bookkeeping: each worker's clock and when it was last heard from, keyed by its
-// ZeroMQ routing identity. A worker silent for longer than the timeout stops counting as active,
-// so one that left (ROUTER sockets do not report disconnects) cannot hold the others back forever.
+// Bounded-staleness and sync bookkeeping: each worker's clock and when it was last heard from,
+// keyed by its ZeroMQ routing identity. A worker silent for longer than its allowance stops
+// counting as active, so one that left (ROUTER sockets do not report disconnects) cannot hold the
+// others back forever. The allowance is the timeout, or kGapsAllowed times the time between the
+// worker's last two pushes when that is longer: a worker whose batch takes 3 s computes in
+// silence for 3 s, and a 2 s timeout alone would count it gone at every step (a sync server then
+// stepped without it and dropped its gradient as stale, every round).
 //
 // The clock counts the worker's pushes (stale synchronous parallel's clock: its steps), and a
 // worker first heard from, or back after a silence or from idling, starts level with the slowest
@@ -39,6 +43,10 @@ class WorkerClocks {
   // nobody back (active and within leave it out), as if it had left; sync steps end it sooner
   // (clear_idle). Unknown workers are ignored.
   void idle(const std::string& worker);
+  // A Pull from `worker` (sync mode): it is back at work after idling and computes its next
+  // gradient on the parameters pulled, so it counts again at once; a step applied before its
+  // push would leave that gradient stale. Unknown workers (readers) are ignored.
+  void resumed(const std::string& worker, Clock::time_point now);
   // Every idle worker counts again (a sync step was applied: the next waits for them again,
   // unless they say Idle again).
   void clear_idle();
@@ -47,8 +55,16 @@ class WorkerClocks {
   // May a worker at `clock` be answered: true when no active worker is more than `bound`
   // pushes behind it (or none is active).
   bool within(uint64_t clock, int64_t bound, Clock::time_point now) const;
-  // Workers heard from within the timeout and not idle.
+  // Workers heard from within their allowance and not idle.
   int active(Clock::time_point now) const;
+  // kGapsAllowed times the longest push gap of the workers counting (zero when none is known):
+  // a sync step waits at least this long for its gradients before it is applied without them,
+  // so that a worker whose batches take longer than the step timeout is not left out of every
+  // step.
+  Clock::duration slowest_gaps(Clock::time_point now) const;
+  // How many of a worker's push gaps it may stay silent for, and the most that may be.
+  static constexpr int kGapsAllowed = 3;
+  static constexpr int kMostTimeouts = 60;
   // Registrations: a worker forgotten (forget_departed) that pushes again under the same
   // identity counts twice; a reconnect is a new identity anyway.
   int known() const { return registered_; }
@@ -56,16 +72,20 @@ class WorkerClocks {
  private:
   struct Worker {
     uint64_t pushes = 0;  // the clock
-    Clock::time_point last_heard;
+    Clock::time_point last_heard, last_push;
+    // Between its last two pushes, with no Idle between them (zero: not known yet).
+    Clock::duration push_gap{};
     bool idle = false;
+    bool idle_since_push = false;
   };
-  // Forgets workers silent for kForgetAfterTimeouts timeouts: a worker that reconnects comes
+  // Forgets workers silent for kForgetAfterTimeouts allowances: a worker that reconnects comes
   // back under a new routing identity, so without this the table (scanned on every request)
   // would grow by one entry per reconnect for the whole run. Runs at most once a timeout.
   void forget_departed(Clock::time_point now);
   static constexpr int kForgetAfterTimeouts = 10;
-  // Registered, not idle and heard from within the timeout: it holds faster workers back.
+  // Registered, not idle and heard from within its allowance: it holds faster workers back.
   bool counts(const Worker& w, Clock::time_point now) const;
+  Clock::duration allowance(const Worker& w) const;
   // A worker that did not count comes back one push behind the slowest that counts (at least
   // where it was), so that its next push brings it level.
   void rejoin(Worker& w, Clock::time_point now);

@@ -132,7 +132,8 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.model_out = options.model_out;
   o.keep_best = options.keep_best;
   o.startup_timeout_ms = limit_seconds_to_ms(options.startup_timeout_s, "startup_timeout_s");
-  o.heartbeat_timeout_ms = limit_seconds_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
+  o.heartbeat_timeout_ms =
+      heartbeat_timeout_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   o.test_threads = options.test_threads;
   int64_t newest = 0;
   if (options.on_score) {
@@ -217,7 +218,8 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
   o.max_seconds = options.max_seconds;
   o.target = options.target;
   o.startup_timeout_ms = limit_seconds_to_ms(options.startup_timeout_s, "startup_timeout_s");
-  o.heartbeat_timeout_ms = limit_seconds_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
+  o.heartbeat_timeout_ms =
+      heartbeat_timeout_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   secure_coordinator(o, d.settings);
   d.coordinator = std::make_unique<Coordinator>(o);
 }
@@ -456,9 +458,11 @@ ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double ti
                                        const ClusterCurveKeys& curve, double coordinator_lost_s)
     : impl_(std::make_unique<Impl>()) {
   lost_after_to_ms(coordinator_lost_s, "coordinator_lost_s");
-  impl_->subscriber = std::make_unique<ScoreSubscriber>(
-      coordinator, impl_->context, std::max(1, seconds_to_ms(timeout_s)),
-      curve_client_keys(curve));
+  // Negative means no limit elsewhere in this API (a day here); 0 used to become a 1 ms wait.
+  const int answer_ms = timeout_s < 0 ? seconds_to_ms(kMaxIntervalSeconds)
+                                      : limit_seconds_to_ms(timeout_s, "timeout_s");
+  impl_->subscriber = std::make_unique<ScoreSubscriber>(coordinator, impl_->context, answer_ms,
+                                                        curve_client_keys(curve));
   impl_->subscriber->fail_when_coordinator_lost(coordinator_lost_s);
 }
 

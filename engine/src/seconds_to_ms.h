@@ -41,4 +41,15 @@ inline int lost_after_to_ms(double seconds, const std::string& what) {
   return limit_seconds_to_ms(seconds, what);
 }
 
+// The silence after which a coordinator counts a role lost: at least two of the roles' heartbeats
+// (every 0.5 s, RoleOptions::heartbeat_ms), or live roles would be lost and back at every tick
+// (and a worker's task orphaned each time); at most a day. InputError naming `what` otherwise.
+constexpr double kMinHeartbeatTimeoutSeconds = 1.0;
+inline int heartbeat_timeout_to_ms(double seconds, const std::string& what) {
+  if (!(seconds >= kMinHeartbeatTimeoutSeconds && seconds <= kMaxIntervalSeconds))
+    throw InputError(what + " must be at least 1 (two of the roles' heartbeats, every 0.5 s) " +
+                     "and at most 86400 seconds, got " + std::to_string(seconds));
+  return seconds_to_ms(seconds);
+}
+
 }  // namespace tandem

@@ -149,12 +149,25 @@ void WorkerTrainer::install() {
   else backends_[0]->set_parameters(model_);
 }
 
-void WorkerTrainer::wait_and_install(PsClient::Handle& handle) {
-  handle.wait_in_place(received_);
+bool WorkerTrainer::wait_and_install(PsClient::Handle& handle) {
+  const bool stale = handle.wait_in_place(received_).stale;
   const InBackend in(status_, "installing the parameters");
-  if (!group_) return backends_[0]->set_parameters(received_.runs());
+  if (!group_) {
+    backends_[0]->set_parameters(received_.runs());
+    return stale;
+  }
   received_.copy_into(model_.parameters());
   in_group([&] { group_->install(model_); });
+  return stale;
+}
+
+bool WorkerTrainer::refresh() {
+  finish();
+  return exchange([&] {
+           PsClient::Handle handle = client_.pull();
+           wait_and_install(handle);
+           return false;
+         }) != Exchanged::Ended;
 }
 
 void WorkerTrainer::rest() {
@@ -206,31 +219,27 @@ bool WorkerTrainer::push_gradients(int64_t batches, int64_t rows) {
     // reply installed next (the servers' staleness counts would read one too low).
     const std::vector<uint64_t> computed_on = client_.versions();
     if (inflight_) {
-      const Exchanged previous = exchange([&] { wait_and_install(*inflight_); });
+      const Exchanged previous = exchange([&] { return wait_and_install(*inflight_); });
       inflight_.reset();
-      tally(previous, inflight_pushed_);  // done when it was pushed
+      tally(previous, inflight_pushed_);
       if (previous == Exchanged::Ended) return false;
     }
     try {
       inflight_ = client_.push_pull(gradients_, &computed_on);
       inflight_pushed_ = pushed;  // counted once answered
     } catch (const transport::TransportError& e) {
-      const Exchanged now = exchange([&] { throw e; });
+      const Exchanged now = exchange([&]() -> bool { throw e; });
       if (now == Exchanged::Ended) return false;  // not done: neither trained nor lost
       tally(now, pushed);
     }
   } else {
     const Exchanged now = exchange([&] {
       PsClient::Handle handle = client_.push_pull(gradients_);
-      wait_and_install(handle);
+      return wait_and_install(handle);
     });
     if (now == Exchanged::Ended) return false;  // not done: neither trained nor lost
     tally(now, pushed);
   }
-  // The task's `done` counts batches (the coordinator hands out a lost worker's batches after
-  // its last report), so a group's step counts each of its batches; a batch whose gradient was
-  // lost is done too (it is not trained again).
-  status_.done += batches;
   return true;
 }
 
@@ -238,9 +247,9 @@ bool WorkerTrainer::push_gradients(int64_t batches, int64_t rows) {
 // does not answer (it died, or is restarting from its checkpoint) that gradient is lost and the
 // parameters are pulled again once the servers answer (recover). Ended when training ended
 // meanwhile.
-WorkerTrainer::Exchanged WorkerTrainer::exchange(const std::function<void()>& run) {
+WorkerTrainer::Exchanged WorkerTrainer::exchange(const std::function<bool()>& run) {
   try {
-    run();
+    if (run()) return Exchanged::Stale;
   } catch (const transport::TransportError& e) {
     return recover(e.what());
   } catch (const ServerError& e) {
@@ -265,7 +274,12 @@ WorkerTrainer::Exchanged WorkerTrainer::recover(const char* what) {
 }
 
 // Counts an exchange's gradients as applied or lost (an exchange that training ended while the
-// servers were away is lost too: none answered it).
+// servers were away is lost too: none answered it; so is one a sync server dropped as stale),
+// and its batches done. The task's `done` counts batches once their exchange is answered, not
+// when pushed: the coordinator hands out a lost worker's batches after its last report, so a
+// batch whose gradient was still unsent when the worker died is trained again, never zero
+// times. A group's step counts each of its batches; a batch whose gradient was lost is done too
+// (it is not trained again).
 void WorkerTrainer::tally(Exchanged outcome, Pushed pushed) {
   if (outcome == Exchanged::Applied) {
     status_.steps += 1;
@@ -274,11 +288,12 @@ void WorkerTrainer::tally(Exchanged outcome, Pushed pushed) {
   } else {
     status_.gradients_lost += pushed.batches;
   }
+  status_.done += pushed.batches;
 }
 
 void WorkerTrainer::finish() {
   if (!inflight_) return;
-  tally(exchange([&] { wait_and_install(*inflight_); }), inflight_pushed_);
+  tally(exchange([&] { return wait_and_install(*inflight_); }), inflight_pushed_);
   inflight_.reset();
 }
 

@@ -57,19 +57,28 @@ class WorkerTrainer {
   // The exchange still in flight (settings.overlap), waited for and counted.
   void finish();
 
+  // Back at work after idling (sync mode): the servers stepped without this worker, so a
+  // gradient computed on the parameters it holds would be dropped as stale. Finishes the
+  // exchange in flight, then pulls and installs the current parameters; false when training
+  // ended meanwhile.
+  bool refresh();
+
  private:
-  enum class Exchanged { Applied, Lost, Ended };
+  // Stale: a sync server answered, but dropped the gradient (computed on an older version).
+  enum class Exchanged { Applied, Stale, Lost, Ended };
   struct Pushed {
     int64_t batches = 0, rows = 0;
   };
 
   bool train_batch(const DatasetView& batch);
   bool push_gradients(int64_t batches, int64_t rows);
-  Exchanged exchange(const std::function<void()>& run);
+  // run() waits for the exchange and installs its parameters; it returns whether a server
+  // dropped the gradient as stale.
+  Exchanged exchange(const std::function<bool()>& run);
   Exchanged recover(const char* what);
   void tally(Exchanged outcome, Pushed pushed);
   void install();
-  void wait_and_install(PsClient::Handle& handle);
+  bool wait_and_install(PsClient::Handle& handle);  // whether a server dropped it as stale
   template <typename Call>
   void in_group(const Call& call);
 

@@ -116,7 +116,7 @@ class PyCoordinator {
     o.max_seconds = max_seconds;
     o.target = target;
     o.startup_timeout_ms = limit_seconds_to_ms(startup_timeout_s, "startup_timeout_s");
-    o.heartbeat_timeout_ms = limit_seconds_to_ms(heartbeat_timeout_s, "heartbeat_timeout_s");
+    o.heartbeat_timeout_ms = heartbeat_timeout_to_ms(heartbeat_timeout_s, "heartbeat_timeout_s");
     secure_coordinator(o, settings_);
     coordinator_ = std::make_unique<Coordinator>(o);
   }
@@ -502,7 +502,10 @@ void bind_cluster(py::module_& m) {
                              "worker stopped among them)")
       .def_property_readonly("blocks_fed", [](PyWorkerRole& r) { return r.queue().blocks_fed(); },
                              "Blocks queued by feed() so far")
-      .def("close_feed", [](PyWorkerRole& r) { r.queue().close("its feed was closed"); });
+      .def("close_feed",
+           [](PyWorkerRole& r) { r.queue().end_input("its feed was closed: no more blocks"); },
+           "No more blocks for this worker: feed() raises from now on; the worker trains the "
+           "blocks still queued, then leaves the run (the others go on).");
 
   py::class_<PyScorerRole, PyRole>(m, "ScorerRole",
                                    "The scorer: every score_interval_s evaluates the validation "

@@ -129,6 +129,9 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True}, startup_timeout_s=0)
         with self.assertRaisesRegex(tandem.InputError, "heartbeat_timeout_s must be"):
             tandem.Coordinator({"fed": True}, heartbeat_timeout_s=-1)
+        # The roles heartbeat every 0.5 s: a shorter timeout lost live roles at every tick.
+        with self.assertRaisesRegex(tandem.InputError, "heartbeat_timeout_s must be at least 1"):
+            tandem.Coordinator({"fed": True}, heartbeat_timeout_s=0.5)
         with self.assertRaisesRegex(tandem.InputError, "coordinator_lost_s must be"):
             tandem.WorkerRole("tcp://127.0.0.1:1", coordinator_lost_s=0)
         # The same bound as scores(lost_after_s=) and `tandem scores --lost-after`.

@@ -539,6 +539,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   } catch (const std::exception& e) {
     run.coordinator().fail(e.what());  // (a no-op when the run failed already) for the page
     serve_the_end();
+    // Roles started by hand (on other nodes) learn of the failure from the replies to their
+    // heartbeats (every 0.5 s): without a dashboard's wait, serve them three before leaving, or
+    // they would only find the coordinator gone 15 s later, without the reason.
+    if (!dashboard) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     throw;
   }
   // A score the scorer published after the last tick: the curves hold every score the summary

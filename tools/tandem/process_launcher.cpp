@@ -105,8 +105,12 @@ void ProcessLauncher::watch(Coordinator& coordinator) {
                               " after " + std::to_string(c.restarts) +
                               " restarts: no restart left";
       // Nothing trains without a server (the workers would wait out their timeouts, then the
-      // run would fail naming them); a run goes on without its scorer (to its other stop rules).
+      // run would fail naming them); a run goes on without its scorer to its other stop rules,
+      // and fails when it has none (its target would never be met: it would train for ever).
       if (c.kind == "ps") coordinator.fail(why + "; its messages are above");
+      else if (!coordinator.stops_without_scores())
+        coordinator.fail(why + "; its messages are above, and without scores nothing would "
+                         "stop this run (no --max-epochs or --max-seconds)");
       else std::fprintf(stderr, "tandem launch: %s; the run goes on without scores\n", why.c_str());
       continue;
     }

@@ -35,6 +35,7 @@
 #include "progress_line.h"
 #include "search_space.h"
 #include "successive_halving.h"
+#include "thread_pool.h"
 #include "tandem/tandem.h"
 #include "trial_process.h"
 #include "slot_client_options.h"
@@ -120,7 +121,7 @@ class LocalTrials final : public TrialRunner {
   std::string start(const std::string& key, const Args& args, const std::string& log) override {
     std::vector<std::string> argv{self_};
     for (const std::string& a : args(threads_)) argv.push_back(a);
-    trials_[key] = {start_child_process(argv, log, "search: cannot start " + key), false};
+    trials_[key] = {start_child_process(argv, log, "search: cannot start " + key), false, {}};
     return "local";
   }
   void cancel(const std::string& key) override {
@@ -128,11 +129,23 @@ class LocalTrials final : public TrialRunner {
     if (const auto it = trials_.find(key); it != trials_.end() && !it->second.cancelled) {
       kill(it->second.pid, SIGTERM);
       it->second.cancelled = true;
+      it->second.cancelled_at = std::chrono::steady_clock::now();
     }
   }
   std::vector<SlotJobEnd> wait(long timeout_ms) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
     std::vector<SlotJobEnd> ended;
+    // A trial still there a kill grace after its SIGTERM (hung in a GPU call, a stalled file
+    // system) gets SIGKILL, as a slot server's would: without it the search (its
+    // --budget-seconds included) waited for it for ever.
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [key, trial] : trials_)
+      if (trial.cancelled && !trial.killed && now - trial.cancelled_at > kKillGrace) {
+        std::fprintf(stderr, "search: %s did not end within %d s of its SIGTERM: SIGKILL\n",
+                     key.c_str(), int(kKillGrace.count() / 1000));
+        kill(trial.pid, SIGKILL);
+        trial.killed = true;
+      }
     for (auto it = trials_.begin(); it != trials_.end();) {
       int status = 0;
       if (waitpid(it->second.pid, &status, WNOHANG) != it->second.pid) {
@@ -148,9 +161,13 @@ class LocalTrials final : public TrialRunner {
  private:
   const std::string self_ = self_path();
   int processes_, threads_;
+  // A slot server's default --kill-grace (TrialSlotServerOptions::kill_grace_ms).
+  static constexpr std::chrono::milliseconds kKillGrace{2000};
   struct Trial {
     pid_t pid;
     bool cancelled;  // sent its SIGTERM
+    std::chrono::steady_clock::time_point cancelled_at;
+    bool killed = false;  // sent SIGKILL, a kill grace after
   };
   std::map<std::string, Trial> trials_;
 };
@@ -265,7 +282,9 @@ void run_search(SearchOptions& o) {
     throw InputError("search: give either --grid terms or --trials FILE.json");
   const std::vector<TrialConfig> configs =
       o.trials_file.empty() ? parse_grid(o.grid) : load_trial_file(o.trials_file);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The cores this process may use (its CPU set: taskset, a batch system's allocation), not every
+  // core of the machine.
+  const int cores = ThreadPool::available_cores();
   const int processes = o.processes > 0 ? o.processes : cores;
   int threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / processes);
   SuccessiveHalving halving(static_cast<int>(configs.size()), o.min_epochs, o.budget, o.eta);
@@ -464,7 +483,10 @@ void run_search(SearchOptions& o) {
       const bool finished = clean && !rec.epochs.empty() && rec.epochs.back().epoch >= r.job.epochs;
       const std::string name = "trial " + std::to_string(r.job.trial) + " [" + rec.config.describe() + "]";
       if (finished) {
-        halving.report(r.job.trial, best_loss(r.job.trial));
+        // Ranked at its rung by the loss of the rung's last epoch: that is the state a promotion
+        // resumes from (--keep last), so a trial whose best epoch came earlier and has got
+        // worse since is not promoted on a state it no longer holds.
+        halving.report(r.job.trial, rec.epochs.back().loss);
         if (best_trial < 0 || best_loss(r.job.trial) < best_loss(best_trial))
           best_trial = r.job.trial;
         progress.print_line(name + ": rung " + std::to_string(r.job.rung) + " (epoch " +

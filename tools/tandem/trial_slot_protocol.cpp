@@ -33,6 +33,10 @@ int int_field(const json& j, const char* key, bool required, int fallback = 0) {
   }
   if (!it->is_number_integer())
     throw SlotProtocolError(std::string("field \"") + key + "\" is not an integer");
+  // An unsigned value of 2^63 or more would wrap into a negative int64_t (2^64 - 1 read as -1,
+  // which passes the range check below).
+  if (it->is_number_unsigned() && it->get<uint64_t>() >= (uint64_t{1} << 31))
+    throw SlotProtocolError(std::string("field \"") + key + "\" is out of range");
   const auto v = it->get<int64_t>();
   if (v < -(int64_t{1} << 31) || v >= (int64_t{1} << 31))
     throw SlotProtocolError(std::string("field \"") + key + "\" is out of range");

@@ -134,8 +134,16 @@ void TrialSlotServer::serve(const std::atomic<bool>& stop) {
 }
 
 void TrialSlotServer::serve_once(long timeout_ms) {
-  transport::Frames frames;
-  if (transport::receive_frames(socket_, frames, timeout_ms, "trial slots at " + endpoint_)) {
+  // Every message already waiting is read before silence is judged (expire): after a stall of
+  // this thread (a job's log opened on a stalled file system), a client's heartbeats may sit
+  // unread while its silence, counted from the last one read, passes the timeout, and its jobs
+  // were ended though it was alive. (At most kMostPerRound, so that jobs are still reaped.)
+  constexpr int kMostPerRound = 1000;
+  for (int n = 0; n < kMostPerRound; ++n) {
+    transport::Frames frames;
+    if (!transport::receive_frames(socket_, frames, n == 0 ? timeout_ms : 0,
+                                   "trial slots at " + endpoint_))
+      break;
     const std::string client(static_cast<const char*>(frames[0].data()), frames[0].size());
     if (frames.size() != 2) {
       SlotMessage error{SlotMessageType::Error};

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "number_checks.h"
+#include "thread_pool.h"
 #include "cluster_ranks.h"
 #include "commands.h"
 #include "file_io.h"
@@ -78,7 +79,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   TrialSlotServerOptions options;
   options.bind = o.bind;
   options.slots = o.slots;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = ThreadPool::available_cores();  // its CPU set's, not the machine's
   options.threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / o.slots);
   options.program = self_path();
   options.heartbeat_timeout_ms = static_cast<int>(o.heartbeat_timeout * 1000);

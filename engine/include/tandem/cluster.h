@@ -98,7 +98,7 @@ struct ClusterRunOptions {
   // evaluate lower. Needs the settings' best_model_path (where the scorer writes them).
   bool keep_best = true;
   double startup_timeout_s = 60;  // every role registered by then, or the run fails (above 0)
-  double heartbeat_timeout_s = 3; // a role silent this long is lost (above 0)
+  double heartbeat_timeout_s = 3; // a role silent this long is lost (1 to 86400)
   int test_threads = 0;           // threads of the final evaluation (0: all cores)
   // Called on the calling thread: with the coordinator's address once it listens (before any
   // role starts; inproc:// with roles_as_threads), and with each score once, in order, as
@@ -269,7 +269,8 @@ class ClusterRole {
 class ClusterScoreStream {
  public:
   // `coordinator`: the coordinator's address(); `curve`: for a run under CURVE. Throws Error
-  // when it does not answer within timeout_s (naming a refused key). A coordinator that dies
+  // when it does not answer within timeout_s (negative: a day; 0 or NaN: InputError), naming a
+  // refused key. A coordinator that dies
   // (killed, its node gone) never sends the end: next() throws Error once it has not answered
   // for coordinator_lost_s (above 0, at most a day) while no message came.
   explicit ClusterScoreStream(const std::string& coordinator, double timeout_s = 5,
