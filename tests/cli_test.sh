@@ -62,6 +62,21 @@ check "resumed run appends to its metrics: epochs 1 and 2" \
   --resume "$dir/one-copy.safetensors" >/dev/null 2>"$dir/differs.err"
 check "a resumed run says when a given option differs from its checkpoint's" \
   grep -qF "resuming with --batch 500; the checkpoint's run used 1000" "$dir/differs.err"
+# The validation split of IDX files is the training file's last --validation-rows rows: a resumed
+# run takes the checkpoint's count (it trained on other rows with the default 5,000), ending
+# bit-identical to the run it continues; a count given differently is said.
+whole=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last \
+        --validation-rows 2000 2>/dev/null)
+"$tandem" train --data "$real" --epochs 1 --threads 2 --keep last --validation-rows 2000 \
+  --checkpoint "$dir/vr.safetensors" >/dev/null 2>&1
+vr=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last \
+     --resume "$dir/vr.safetensors" 2>/dev/null)
+check "a resumed run keeps its checkpoint's --validation-rows" \
+  test "$(json_field "$vr" loss)" = "$(json_field "$whole" loss)"
+"$tandem" train --data "$real" --epochs 1 --threads 2 --validation-rows 3000 \
+  --resume "$dir/vr.safetensors" >/dev/null 2>"$dir/vr.err"
+check "... and says when another is given" \
+  grep -qF "resuming with --validation-rows 3000; the checkpoint's run used 2000" "$dir/vr.err"
 
 # SIGTERM ends a run between two steps, never inside a checkpoint's write: it exits non-zero
 # saying so, no temporary file is left, and the checkpoint of the last epoch done resumes.

@@ -149,6 +149,11 @@ kill "$holder"; wait "$holder" 2>/dev/null
 expect_error "launch --ps 2000 is refused on a finished run's directory" \
   "would hold no part of it" "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" \
   --ps 2000 --dashboard -1
+# A --dashboard-host that is not this machine's (TEST-NET-1): the dashboard bound after the
+# clearing, so the run was refused with its predecessor's files gone.
+expect_error "launch --dashboard-host not of this machine is refused, the run's files kept" \
+  "dashboard cannot listen on 192.0.2.1:" "$tandem" launch --data "$dir/fm.zarr" \
+  --run-dir "$dir/run1k" --dashboard-host 192.0.2.1
 # (The lock aside: it names the last process that held the directory.)
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"
@@ -161,6 +166,9 @@ expect_error "a --coordinator file holding no JSON object is refused" \
 printf '{"coordinator": ' >"$dir/badspec.json"
 expect_error "... and one that is not JSON" "badspec.json is not a cluster spec (not valid JSON (" \
   "$tandem" scores --coordinator "$dir/badspec.json"
+# One that does not exist yet (RUN_DIR/cluster.json before its run trains) is not an address.
+expect_error "a --coordinator file that does not exist is named as such" \
+  "nospec.json: no such cluster-spec file" "$tandem" scores --coordinator "$dir/nospec.json"
 
 # 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
 #     trains to the default target (about 3 s).

@@ -555,7 +555,7 @@ TEST(Coordinator, StartupTimeoutNamesWhoIsMissing) {
   EXPECT_EQ(reply.at("name"), "ps0");
   // A server under another name than ps0 or ps1 was accepted and never counted: the run waited
   // out its timeout naming the ps it lacked. Refused now, saying which names the run takes.
-  for (const char* name : {"alpha", "ps2"}) {
+  for (const char* name : {"alpha", "ps2", "ps01"}) {
     const std::string refused = test::error_of<Error>(
         [&] { link.request({{"type", "register"}, {"role", "ps"}, {"name", name}}); });
     EXPECT_TRUE(test::contains(refused, "this run's parameter servers are ps0 to ps1, not '" +

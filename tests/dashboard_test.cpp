@@ -270,6 +270,12 @@ TEST(DashboardServer, BadHostFailsWithAClearMessage) {
   EXPECT_THROW(DashboardServer(DashboardOptions{"127.0.0.1", 70000}, [] { return std::string(); },
                                [] { return std::string(); }),
                InputError);
+  // An empty host (a script's unset variable) bound every interface, without the loopback check.
+  const std::string why = test::error_of<InputError>([] {
+    DashboardServer(DashboardOptions{"", 0}, [] { return std::string(); },
+                    [] { return std::string(); });
+  });
+  EXPECT_TRUE(test::contains(why, "dashboard host is empty")) << why;
 }
 
 // A client that sends its request a byte at a time holds its connection's thread past the read

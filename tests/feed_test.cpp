@@ -968,6 +968,34 @@ std::vector<int64_t> seq_range(int64_t first, int64_t last) {
   return v;
 }
 
+// A follower (`tandem scores --follow`) of a coordinator restarted at its address: the new one
+// answers the liveness check, its scores go out on another channel, and the follower waited in
+// silence for an end that never came. It ends now, saying so.
+TEST(ScoreSubscriber, AFollowerOfARestartedCoordinatorEndsSayingSo) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 0, 0);
+  o.bind = "tcp://127.0.0.1:*";
+  o.scores_bind = "tcp://127.0.0.1:*";
+  auto first = std::make_unique<Coordinator>(o);
+  ScoreSubscriber follower(first->endpoint(), context, 5000, {});
+  follower.fail_when_coordinator_lost(30);
+  o.bind = first->endpoint();
+  first.reset();
+  std::unique_ptr<Coordinator> second;
+  test::eventually([&] {
+    try {
+      second = std::make_unique<Coordinator>(o);
+    } catch (const std::exception&) {
+    }
+    return second != nullptr;
+  }, 10000, 50);
+  ASSERT_NE(second, nullptr);
+  const std::string why = test::error_of<Error>([&] {
+    for (int k = 0; k < 100; ++k) follower.next(100);  // (10 s)
+  });
+  EXPECT_TRUE(test::contains(why, "now serves another run (restarted)")) << why;
+}
+
 TEST(ScoreSubscriber, ALateSubscriberGetsTheHistoryOnceThenNewScoresThenTheEnd) {
   zmq::context_t context(1);
   CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 0, 0);

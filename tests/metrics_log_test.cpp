@@ -57,5 +57,26 @@ TEST(MetricsLog, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
   EXPECT_EQ(records[0]["name"], "worker\xEF\xBF\xBD" "1");
 }
 
+// A run killed in the middle of a long line leaves it without its newline; the resumed run
+// appended its first record to it, one line no JSON reader takes. It starts a line of its own now
+// (the cut line stays, as the record of what was written), and a whole file gets no blank line.
+TEST(MetricsLog, AResumedLogStartsAfterALineCutShort) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  test::write_bytes(path, std::string("{\"type\":\"step\"}\n{\"type\":\"clu"));
+  {
+    MetricsLog log(path, true);
+    log.write({{"type", "epoch"}});
+  }
+  EXPECT_EQ(test::read_bytes(path),
+            "{\"type\":\"step\"}\n{\"type\":\"clu\n{\"type\":\"epoch\"}\n");
+  {
+    MetricsLog log(path, true);
+    log.write({{"type", "epoch"}});
+  }
+  EXPECT_EQ(test::read_bytes(path), "{\"type\":\"step\"}\n{\"type\":\"clu\n{\"type\":\"epoch\"}\n"
+                                    "{\"type\":\"epoch\"}\n");
+}
+
 }  // namespace
 }  // namespace tandem

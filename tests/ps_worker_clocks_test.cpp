@@ -10,7 +10,7 @@ namespace {
 using std::chrono::milliseconds;
 
 TEST(WorkerClocks, AReturningWorkerComesBackLevelWithTheSlowest) {
-  WorkerClocks clocks(100);
+  WorkerClocks clocks(100, 6000);
   const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
   clocks.pushed("a", t0);
   clocks.pushed("b", t0);  // new: levelled one behind a, then its push
@@ -32,7 +32,7 @@ TEST(WorkerClocks, AReturningWorkerComesBackLevelWithTheSlowest) {
 // Each reconnect is a new routing identity: the old ones are dropped after ten timeouts of
 // silence, but still count as registered (a sync server's start waits for that many).
 TEST(WorkerClocks, WorkersLongGoneAreForgottenButStayCountedAsRegistered) {
-  WorkerClocks clocks(100);
+  WorkerClocks clocks(100, 6000);
   const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
   clocks.pushed("old", t0);
   clocks.pushed("new", t0);
@@ -53,7 +53,7 @@ TEST(WorkerClocks, WorkersLongGoneAreForgottenButStayCountedAsRegistered) {
 // gaps (450 ms) after its last push, not for the timeout, and is not forgotten while it does. An
 // Idle between two pushes is not a gap.
 TEST(WorkerClocks, AWorkerSlowerThanTheTimeoutCountsForThreeOfItsPushGaps) {
-  WorkerClocks clocks(100);
+  WorkerClocks clocks(100, 6000);
   const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
   clocks.pushed("fast", t0);
   clocks.pushed("slow", t0);
@@ -74,6 +74,58 @@ TEST(WorkerClocks, AWorkerSlowerThanTheTimeoutCountsForThreeOfItsPushGaps) {
   clocks.idle("fast");
   clocks.pushed("fast", t0 + milliseconds(2500));
   EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(2500)), milliseconds(150));
+}
+
+// A worker first heard from after the others have pushed is levelled to their clock (rejoin), but
+// it has no push gap yet: its first gap came out as the steady clock's age (its last push never
+// set), and every sync step then waited the longest allowance for it.
+TEST(WorkerClocks, ALateJoinerHasNoPushGapUntilItsSecondPush) {
+  WorkerClocks clocks(100, 6000);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  for (int k = 0; k < 4; ++k) {
+    clocks.pushed("a", t0 + milliseconds(50 * k));
+    clocks.pushed("b", t0 + milliseconds(50 * k));
+  }
+  clocks.pushed("late", t0 + milliseconds(200));
+  EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(200)), milliseconds(150));
+  EXPECT_EQ(clocks.active(t0 + milliseconds(301)), 0);  // all three past their 100 ms
+}
+
+// The allowance stops at the longest wait (a server's: below its clients' request timeout).
+TEST(WorkerClocks, AnAllowanceStopsAtTheLongestWait) {
+  WorkerClocks clocks(100, 1000);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  clocks.pushed("slow", t0);
+  clocks.pushed("slow", t0 + milliseconds(900));  // three gaps: 2,700 ms
+  EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(900)), milliseconds(1000));
+  EXPECT_EQ(clocks.active(t0 + milliseconds(1900)), 1);
+  EXPECT_EQ(clocks.active(t0 + milliseconds(1901)), 0);
+}
+
+// A sync worker idle for longer than ten allowances (nothing it sends while idle counts as heard)
+// was forgotten by its own resuming Pull, and then left out of the next step again.
+TEST(WorkerClocks, AWorkerBackFromALongIdleSpellCountsAgain) {
+  WorkerClocks clocks(100, 6000);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  clocks.pushed("a", t0);
+  clocks.pushed("b", t0);
+  clocks.idle("b");
+  const auto later = t0 + std::chrono::seconds(30);  // 300 timeouts
+  clocks.pushed("a", later);
+  clocks.resumed("b", later);
+  uint64_t clock = 0;
+  EXPECT_TRUE(clocks.clock("b", clock));
+  EXPECT_EQ(clocks.active(later), 2);
+  // Nor by another's: c, idle as long, is still known when b's Pull forgets the departed.
+  WorkerClocks three(100, 6000);
+  for (const char* w : {"a", "b", "c"}) three.pushed(w, t0);
+  three.idle("b");
+  three.idle("c");
+  three.pushed("a", later);
+  three.resumed("b", later);
+  EXPECT_TRUE(three.clock("c", clock));
+  three.resumed("c", later);
+  EXPECT_EQ(three.active(later), 3);
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST(Trainer, KeepsTheBestEpoch) {
   // Random labels: the validation loss rises as the model memorises the training rows, so the
   // best epoch is an early one, not the last.
   TrainConfig c = small_config(8);
-  c.optimizer.learning_rate = 0.05f;
+  c.optimizer.learning_rate = 0.1f;
   c.checkpoint_path = dir.file("best.safetensors");
   std::vector<double> losses;
   Trainer trainer(c);
@@ -113,6 +113,20 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(s.validation.loss_sum, *best);
   const Checkpoint saved = load_checkpoint(c.checkpoint_path);
   EXPECT_EQ(saved.epoch, best_epoch);
+  // How far the run went, beside the kept epoch: `tandem train --resume` of this finished run
+  // (a requeued job) trains nothing, rather than the epochs after the best once more.
+  EXPECT_EQ(saved.extra.at("epochs_trained"), "8");
+  EXPECT_EQ(saved.extra.at("validation_rows"), "100");
+  // Resumed with nothing to train (as the command line does for such a rerun), it is saved again
+  // saying 8, not its kept epoch: a second rerun would train the epochs after the best.
+  {
+    TrainConfig again = c;
+    again.epochs = static_cast<int>(best_epoch);
+    Trainer rerun(again);
+    rerun.resume(saved, c.checkpoint_path);
+    EXPECT_EQ(rerun.fit(train.view(), validation.view(), {}).epochs, 0);
+    EXPECT_EQ(load_checkpoint(c.checkpoint_path).extra.at("epochs_trained"), "8");
+  }
   EXPECT_EQ(flat(saved.model), flat(trainer.model()));
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
 }
@@ -210,7 +224,7 @@ TEST(Trainer, ResumedRunKeepsTheBestOfTheRunItContinues) {
   const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
   const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
   TrainConfig whole = small_config(8);
-  whole.optimizer.learning_rate = 0.05f;
+  whole.optimizer.learning_rate = 0.1f;
   Trainer uninterrupted(whole);
   const TrainSummary full = uninterrupted.fit(train.view(), validation.view(), {});
   ASSERT_LT(full.kept_epoch, 7) << "the test needs a best epoch well before the last";

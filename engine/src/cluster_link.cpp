@@ -129,6 +129,13 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
       // checkpoint) before its heartbeats began has just heard from the coordinator.
       std::lock_guard<std::mutex> lock(mutex_);
       last_reply_ = std::chrono::steady_clock::now();
+      // A reply that says the run failed (a spec's, a goodbye's) is news the heartbeats may not
+      // have brought yet; failure is final, so it cannot be older news than theirs.
+      if (json_string_or(reply, "phase", "") == "failed" && phase_ != "failed") {
+        phase_ = "failed";
+        failure_ = json_string_or(reply, "failure", failure_);
+        phase_changed_.notify_all();
+      }
     }
     if (reply.contains("error")) {
       const nlohmann::json& error = reply["error"];
@@ -175,7 +182,10 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
       last_reply_ = std::chrono::steady_clock::now();
       if (reply.value("unknown", false)) forgotten_ = true;
       failure_ = json_string_or(reply, "failure", failure_);
-      const std::string phase = json_string_or(reply, "phase", phase_);
+      // Failed is final: a heartbeat reply sent before the failure and read after a request's
+      // reply said so must not put an earlier phase back.
+      const std::string phase =
+          phase_ == "failed" ? phase_ : json_string_or(reply, "phase", phase_);
       if (phase != phase_) {
         phase_ = phase;
         phase_changed_.notify_all();

@@ -1,5 +1,7 @@
 #include "cluster_metrics.h"
 
+#include <cmath>
+
 #include "prometheus_text.h"
 
 namespace tandem {
@@ -61,10 +63,14 @@ std::string prometheus_from_state(const json& state) {
             {{"server", name}});
     t.gauge("tandem_ps_version", "The server's global_step", double(s.value("version", int64_t{0})),
             {{"server", name}});
-    if (s.contains("staleness"))
+    // A server's histogram as it reported it: a count that is not a number a counter can take
+    // is left out (it failed the whole scrape, on every scrape, while it stood).
+    if (s.contains("staleness") && s["staleness"].is_object())
       for (const auto& [bucket, count] : s["staleness"].items())
-        t.counter("tandem_ps_pushes_by_staleness_total", "Pushes by staleness bucket (versions behind)",
-                  count.get<double>(), {{"server", name}, {"staleness", bucket}});
+        if (count.is_number() && std::isfinite(count.get<double>()) && count.get<double>() >= 0)
+          t.counter("tandem_ps_pushes_by_staleness_total",
+                    "Pushes by staleness bucket (versions behind)", count.get<double>(),
+                    {{"server", name}, {"staleness", bucket}});
   }
   return t.str();
 }

@@ -287,20 +287,21 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     return summary;
   }
   // The final parameters, straight from the servers. A server that died while the workers left
-  // is restarted by the launcher, and has no address until it has loaded its checkpoint and
-  // serves again: waited for (as a worker waits for the servers, init_timeout_ms), not taken for
-  // gone.
-  std::vector<std::string> servers = c.ps_endpoints();
+  // is restarted by the launcher (lost, then registered without an address until it has loaded
+  // its checkpoint): waited for, as a worker waits for the servers (init_timeout_ms), not read
+  // at its old address or taken for gone.
   const int wait_ms = options_.settings.init_timeout_ms;
   for (const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
-       servers.empty() && Clock::now() < deadline; servers = c.ps_endpoints()) {
+       !c.servers_serving() && Clock::now() < deadline;) {
     watch();
     if (c.phase() == ClusterPhase::Failed) fail_now(c.failure());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (servers.empty())
-    fail_now("a parameter server has not served again within " + std::to_string(wait_ms / 1000) +
-             " s of registering (restarted); the final parameters cannot be read");
+  const std::vector<std::string> servers = c.ps_endpoints();
+  if (!c.servers_serving() || servers.empty())
+    fail_now("not every parameter server was serving within " + std::to_string(wait_ms) +
+             " ms of the workers leaving (lost, or restarting); the final parameters cannot be "
+             "read");
   Model model(options_.settings.model);
   try {
     PsClient client(servers, cluster_client_options(options_.settings, context_.get()));

@@ -139,7 +139,7 @@ void train_fed(const Worker& w) {
         // Closed and empty: the feeder said it has no more (end_input), and what it queued is
         // trained. The worker leaves (it would otherwise poll an empty, closed queue at full
         // speed until the run ended).
-        if (feed.closed()) break;
+        if (feed.closed() && feed.depth() == 0) break;  // (no push after the close: truly empty)
         w.trainer.rest();
         continue;
       }

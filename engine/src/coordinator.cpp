@@ -244,6 +244,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     json reply{{"ready", phase_ != ClusterPhase::Starting}, {"phase", to_string(phase_)},
                {"spec", spec_locked()}};
     reply["waiting_for"] = missing_roles();
+    if (phase_ == ClusterPhase::Failed) reply["failure"] = failure_;
     return reply;
   }
   if (type == "stop") {
@@ -320,7 +321,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
                      json_integer_or(role.status, "done", 0));
     if (role.role == "worker") work_.worker_lost(name);
     changed_.notify_all();
-    return json::object();
+    return phase_reply_locked();  // how the run ended, for the role's own end (end_role)
   }
   throw InputError("unknown request type '" + type + "'");
 }
@@ -372,7 +373,7 @@ json Coordinator::handle_register(const json& r) {
   // server under any other name would be accepted, never counted, and the run would wait out
   // its start-up timeout naming the ps it lacks.
   if (kind == "ps" &&
-      ((!name.empty() && index_from_name(name, kind) < 0) || index >= options_.expected_ps))
+      ((!name.empty() && name != kind + std::to_string(index)) || index >= options_.expected_ps))
     throw InputError("register: this run's parameter servers are " +
                      (options_.expected_ps == 0
                           ? std::string("none")
@@ -555,7 +556,7 @@ std::vector<std::string> Coordinator::live_workers() const {
 }
 
 json Coordinator::spec_locked() const {
-  json spec{{"coordinator", endpoint_}, {"scores", scores_endpoint_}};
+  json spec{{"coordinator", endpoint_}, {"scores", scores_endpoint_}, {"run", run_id_}};
   spec["ps"] = json::array();
   spec["worker"] = json::array();
   spec["scorer"] = json::array();
@@ -598,6 +599,16 @@ std::vector<std::string> Coordinator::ps_endpoints() const {
   for (const std::string& a : out)
     if (a.empty()) return {};
   return out;
+}
+
+bool Coordinator::servers_serving() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int serving = 0;
+  for (const auto& [name, role] : roles_)
+    if (role.role == "ps" && role.index >= 0 && role.index < options_.expected_ps &&
+        !role.address.empty() && !gone(role.state))
+      ++serving;
+  return serving == options_.expected_ps;
 }
 
 ClusterPhase Coordinator::phase() const {

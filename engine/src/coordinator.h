@@ -134,6 +134,8 @@ class Coordinator {
   std::string failure() const;
   // Parameter servers' addresses in index order (empty until all are ready).
   std::vector<std::string> ps_endpoints() const;
+  // Every expected server serving now: registered, ready with its address, not lost or gone.
+  bool servers_serving() const;
   nlohmann::json spec() const;   // {coordinator, scores, ps: [...], worker: [...], scorer: [...]}
   // The spec when training started (every expected role in it, even those gone since); null
   // before.

@@ -45,6 +45,7 @@ ClusterSpec read_spec_reply(const json& reply) {
   c.ready = f.flag("ready", &no);
   const JsonFields spec(f.object("spec"), f.whose() + ": 'spec'");
   c.scores = spec.text("scores", &none);
+  c.run = spec.text("run", &none);
   c.ps_addresses = member_field(spec, "ps", "address");
   c.worker_names = member_field(spec, "worker", "name");
   return c;

@@ -29,6 +29,7 @@ struct ClusterSpec {
   std::string phase;
   bool ready = false;
   std::string scores;                      // the scores channel's address
+  std::string run;                         // the run's id ("" from an older coordinator)
   std::vector<std::string> ps_addresses;   // each parameter server's
   std::vector<std::string> worker_names;   // the live workers'
 };

@@ -188,6 +188,11 @@ DashboardServer::DashboardServer(DashboardOptions options, std::function<std::st
   const std::string where = s.options.host + ":" + std::to_string(s.options.port);
   if (s.options.port < 0 || s.options.port > 65535)
     throw InputError("dashboard port out of range: " + where);
+  // An empty host binds every interface (the wildcard), and skips the loopback Host check: a
+  // script's unset variable would have served the cluster's state to the network.
+  if (s.options.host.empty())
+    throw InputError("dashboard host is empty: give a host name or address (the default is "
+                     "127.0.0.1; 0.0.0.0 serves every interface)");
 
   httplib::Server& server = s.server;
   server.set_socket_options(reuse_address_only);

@@ -656,7 +656,10 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
       for (int64_t j; !failed.load(std::memory_order_relaxed) && (j = next.fetch_add(1)) < jobs;) {
         buffer.resize(im.chunk_bytes());
         const std::vector<int64_t> index = chunk_index_of(igrid, j);
-        split.images.read_chunk(index, buffer.data());
+        if (!split.images.read_chunk(index, buffer.data()) && split.every_chunk_written)
+          throw InputError("zarr store '" + split.images.path() + "': chunk " +
+                           split.images.chunk_key(index) + " is missing, and a store `tandem "
+                           "prepare` wrote has every chunk: it was removed or damaged");
         pixels_in_place(im, buffer.data());
         const ChunkLayout layout = chunk_layout(im, index);
         place_chunk_rows(layout, buffer.data(), esize, split.features,

@@ -1,5 +1,9 @@
 #include "metrics_log.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -10,10 +14,36 @@
 
 namespace tandem {
 
+namespace {
+
+// Whether `path` is a regular file whose last byte is not a newline: a line cut short (a run
+// killed while a long line went out in several write(2) calls). Pipes, FIFOs and devices: no.
+bool ends_mid_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st {};
+  char last = '\n';
+  const bool cut = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+                   ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
+  ::close(fd);
+  return cut;
+}
+
+}  // namespace
+
 MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+  // Checked before the file is opened for appending: the resumed run's first record starts a
+  // line of its own, or the two would be one line that no JSON reader takes.
+  const bool cut = append && ends_mid_line(path);
   file_ = std::fopen(path.c_str(), append ? "ae" : "we");
   if (file_ == nullptr)
     throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+  if (cut && (std::fputc('\n', file_) == EOF || std::fflush(file_) != 0)) {
+    const int error = errno;
+    std::fclose(file_);
+    file_ = nullptr;
+    throw IoError("writing metrics file " + path_ + ": " + std::strerror(error));
+  }
 }
 
 MetricsLog::~MetricsLog() {

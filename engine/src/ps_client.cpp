@@ -162,22 +162,33 @@ PsClient::Handle PsClient::send_each(MessageType type,
   handle.client_ = this;
   handle.type_ = type;
   handle.deadline_ = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  // Every message is made, and its size checked, before any is sent: a refusal leaves no server
+  // with its part of a Push or Init. A server refuses a frame over its limit by dropping the
+  // connection, which the client would only see as a timeout: said here instead (the servers'
+  // limit is this client's).
+  std::vector<transport::OutgoingMessage> outs(servers_.size());
+  std::vector<uint64_t> ids(servers_.size(), 0);
   for (size_t s = 0; s < servers_.size(); ++s) {
     if (!involved[s]) continue;
-    const uint64_t id = next_request_id_++;
     Server& server = *servers_[s];
     const uint64_t version = versions != nullptr ? versions->at(s) : server.last_version;
-    const auto out = transport::encode_float_message(type, id, version, per_server[s], extra[s]);
-    // A server refuses a frame over its limit by dropping the connection, which the client would
-    // only see as a timeout: say it here instead (the servers' limit is this client's).
-    size_t bytes = out.header_frame.size();
-    for (const auto& frame : out.tensor_frames) bytes += frame.size;
+    ids[s] = next_request_id_ + s;
+    outs[s] = transport::encode_float_message(type, ids[s], version, per_server[s], extra[s]);
+    size_t bytes = outs[s].header_frame.size();
+    for (const auto& frame : outs[s].tensor_frames) bytes += frame.size;
     if (bytes > options_.limits.max_message_bytes)
       throw InputError("parameter server client: a " + std::string(transport::to_string(type)) +
                        " to " + server.where + " would be " + std::to_string(bytes) +
                        " bytes, over the servers' limit of " +
                        std::to_string(options_.limits.max_message_bytes) +
                        " bytes a message: use more servers (a large tensor is split across them)");
+  }
+  next_request_id_ += servers_.size();
+  for (size_t s = 0; s < servers_.size(); ++s) {
+    if (!involved[s]) continue;
+    const uint64_t id = ids[s];
+    Server& server = *servers_[s];
+    const transport::OutgoingMessage& out = outs[s];
     try {
       transport::send_message(server.socket, out, nullptr,
                               "parameter server " + server.endpoint + " (" +
@@ -237,16 +248,20 @@ void PsClient::idle() {
   // pile up in the socket up to its high-water mark, and then each send would wait out the send
   // timeout (timeout_ms), holding up the worker's polling for work that long: so an Idle that
   // cannot be queued at once is dropped (it is advisory), and each server gets its own try.
-  const std::vector<std::vector<FloatTensorRef>> none(servers_.size());
-  const std::vector<std::string> no_extra(servers_.size());
-  for (size_t s = 0; s < servers_.size(); ++s) {
-    std::vector<bool> only(servers_.size(), false);
-    only[s] = true;
-    zmq::socket_t& socket = servers_[s]->socket;
+  // (Sent here, not through send_each, whose failure path waits for a CURVE handshake's news.)
+  if (options_.cancel && *options_.cancel) return;
+  for (const auto& server : servers_) {
+    const auto out =
+        transport::encode_float_message(MessageType::Idle, next_request_id_++, server->last_version,
+                                        {});
+    zmq::socket_t& socket = server->socket;
     socket.set(zmq::sockopt::sndtimeo, 0);
     try {
-      send_each(MessageType::Idle, none, no_extra, only);
+      transport::send_message(socket, out, nullptr, server->where + " (Idle)");
     } catch (const TransportError&) {
+    } catch (...) {
+      socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
+      throw;
     }
     socket.set(zmq::sockopt::sndtimeo, options_.timeout_ms);
   }

@@ -57,7 +57,7 @@ uint32_t read_u32(const uint8_t* p) {
 
 ParameterServer::ParameterServer(ServerOptions options)
     : options_(std::move(options)), shard_(options_.optimizer),
-      clocks_(options_.worker_timeout_ms) {
+      clocks_(options_.worker_timeout_ms, options_.longest_wait_ms) {
   const std::string where = "parameter server at " + options_.bind;
   if (options_.replicas_to_aggregate < 1)
     throw InputError(where + ": replicas_to_aggregate must be at least 1");

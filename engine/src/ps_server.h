@@ -112,6 +112,9 @@ struct ServerOptions {
   // Sync and BoundedStaleness: a worker silent this long (or longer: ps_worker_clocks.h) stops
   // counting.
   int worker_timeout_ms = 2000;
+  // The most those two times may stretch to: below the clients' request timeout (their held
+  // PushPull waits for the step), or a slow worker's step would time its peers' requests out.
+  int longest_wait_ms = 5000;
   std::string bind = "tcp://127.0.0.1:*";  // loopback unless told otherwise
   OptimizerConfig optimizer;
   transport::DecodeLimits limits;

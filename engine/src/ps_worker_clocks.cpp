@@ -12,7 +12,7 @@ void WorkerClocks::pushed(const std::string& worker, Clock::time_point now) {
   // The gap is measured even when the worker stopped counting meanwhile: that is how a worker
   // slower than the timeout gets the allowance it needs. An Idle between the two pushes makes
   // the gap the idle spell's, not a batch's: not measured.
-  if (w.pushes > 0 && !w.idle_since_push) w.push_gap = now - w.last_push;
+  if (w.last_push != Clock::time_point{} && !w.idle_since_push) w.push_gap = now - w.last_push;
   ++w.pushes;
   w.last_heard = w.last_push = now;
   w.idle = w.idle_since_push = false;
@@ -33,7 +33,7 @@ void WorkerClocks::rejoin(Worker& w, Clock::time_point now) {
 }
 
 WorkerClocks::Clock::duration WorkerClocks::allowance(const Worker& w) const {
-  return std::min(std::max(timeout_, kGapsAllowed * w.push_gap), kMostTimeouts * timeout_);
+  return std::min(std::max(timeout_, kGapsAllowed * w.push_gap), longest_);
 }
 
 bool WorkerClocks::counts(const Worker& w, Clock::time_point now) const {
@@ -44,7 +44,7 @@ WorkerClocks::Clock::duration WorkerClocks::slowest_gaps(Clock::time_point now) 
   Clock::duration longest{};
   for (const auto& kv : workers_)
     if (counts(kv.second, now)) longest = std::max(longest, kv.second.push_gap);
-  return std::min(kGapsAllowed * longest, kMostTimeouts * timeout_);
+  return std::min(kGapsAllowed * longest, longest_);
 }
 
 void WorkerClocks::idle(const std::string& worker) {
@@ -59,8 +59,11 @@ void WorkerClocks::clear_idle() {
 void WorkerClocks::forget_departed(Clock::time_point now) {
   if (now - last_forget_ < timeout_) return;
   last_forget_ = now;
+  // (Not a worker that said Idle since its last push: nothing it sends while idle counts as
+  // heard by a sync server, and another's Pull would forget it before its own came.)
   for (auto it = workers_.begin(); it != workers_.end();)
-    it = now - it->second.last_heard > kForgetAfterTimeouts * allowance(it->second)
+    it = !it->second.idle_since_push &&
+                 now - it->second.last_heard > kForgetAfterTimeouts * allowance(it->second)
              ? workers_.erase(it)
              : std::next(it);
 }
@@ -77,7 +80,10 @@ void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {
 void WorkerClocks::resumed(const std::string& worker, Clock::time_point now) {
   const auto it = workers_.find(worker);
   if (it == workers_.end()) return;
+  // Heard now, before heard() forgets workers long silent: an idle worker sends nothing a sync
+  // server counts, so a long idle spell would have it forgotten by its own Pull.
   it->second.idle = false;
+  it->second.last_heard = now;
   heard(worker, now);
 }
 

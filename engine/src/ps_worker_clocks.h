@@ -2,9 +2,9 @@
 // keyed by its ZeroMQ routing identity. A worker silent for longer than its allowance stops
 // counting as active, so one that left (ROUTER sockets do not report disconnects) cannot hold the
 // others back forever. The allowance is the timeout, or kGapsAllowed times the time between the
-// worker's last two pushes when that is longer: a worker whose batch takes 3 s computes in
-// silence for 3 s, and a 2 s timeout alone would count it gone at every step (a sync server then
-// stepped without it and dropped its gradient as stale, every round).
+// worker's last two pushes when that is longer (at most `longest_ms`): a worker whose batch takes
+// 3 s computes in silence for 3 s, and a 2 s timeout alone would count it gone at every step (a
+// sync server then stepped without it and dropped its gradient as stale, every round).
 //
 // The clock counts the worker's pushes (stale synchronous parallel's clock: its steps), and a
 // worker first heard from, or back after a silence or from idling, starts level with the slowest
@@ -19,6 +19,7 @@
 // active.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -30,7 +31,11 @@ class WorkerClocks {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit WorkerClocks(int timeout_ms) : timeout_(std::chrono::milliseconds(timeout_ms)) {}
+  // longest_ms: the most a worker's allowance (and slowest_gaps) may grow to; below the clients'
+  // request timeout, or a sync step's held replies would time out while it waits.
+  WorkerClocks(int timeout_ms, int longest_ms)
+      : timeout_(std::chrono::milliseconds(timeout_ms)),
+        longest_(std::max(timeout_, Clock::duration(std::chrono::milliseconds(longest_ms)))) {}
 
   // A valid push from `worker`: moves its clock on by one (from where rejoin puts it when it did
   // not count: new, silent too long, or idle).
@@ -62,9 +67,8 @@ class WorkerClocks {
   // so that a worker whose batches take longer than the step timeout is not left out of every
   // step.
   Clock::duration slowest_gaps(Clock::time_point now) const;
-  // How many of a worker's push gaps it may stay silent for, and the most that may be.
+  // How many of a worker's push gaps it may stay silent for.
   static constexpr int kGapsAllowed = 3;
-  static constexpr int kMostTimeouts = 60;
   // Registrations: a worker forgotten (forget_departed) that pushes again under the same
   // identity counts twice; a reconnect is a new identity anyway.
   int known() const { return registered_; }
@@ -72,7 +76,8 @@ class WorkerClocks {
  private:
   struct Worker {
     uint64_t pushes = 0;  // the clock
-    Clock::time_point last_heard, last_push;
+    Clock::time_point last_heard;
+    Clock::time_point last_push;  // epoch: it has not pushed (rejoin may level `pushes` above 0)
     // Between its last two pushes, with no Idle between them (zero: not known yet).
     Clock::duration push_gap{};
     bool idle = false;
@@ -90,6 +95,7 @@ class WorkerClocks {
   // where it was), so that its next push brings it level.
   void rejoin(Worker& w, Clock::time_point now);
   Clock::duration timeout_;
+  Clock::duration longest_;
   std::map<std::string, Worker> workers_;
   Clock::time_point last_forget_{};
   int registered_ = 0;

@@ -12,17 +12,15 @@ namespace tandem {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  // Seeds a stream from a run seed and a stream id (a tensor index, an epoch number).
-  Rng(uint64_t seed, uint64_t stream) : state_(seed ^ (0x9E3779B97F4A7C15ull * (stream + 1))) {
-    next();
-  }
+  // Seeds a stream from a run seed and a stream id (a tensor index, an epoch number). Both are
+  // hashed into the starting state: SplitMix64 only adds a constant per step, so states that
+  // differ by a multiple of it (seed ^ constant * (stream + 1), as this was) start one
+  // sequence a few steps further on. Then each weight tensor of a model was a scaled, shifted
+  // copy of another, and epochs' shuffles were correlated.
+  Rng(uint64_t seed, uint64_t stream)
+      : state_(mix(seed ^ mix(stream + 0x632BE59BD9B4E019ull))) {}
 
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return mix(state_ += 0x9E3779B97F4A7C15ull); }
   // Uniform in (0, 1): never 0, so log() is safe.
   double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
   // Uniform integer in [0, n), n > 0 (Lemire's multiply-shift; the bias is below 2^-32 here).
@@ -43,6 +41,12 @@ class Rng {
   }
 
  private:
+  // SplitMix64's output function (a bijection of 64-bit words).
+  static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
   uint64_t state_;
 };
 

@@ -18,7 +18,9 @@ ScoreSubscriber::ScoreSubscriber(const std::string& coordinator, zmq::context_t&
                                  int timeout_ms, const transport::CurveClientKeys& curve)
     : context_(context), coordinator_(coordinator) {
   CoordinatorLink link(coordinator, context, timeout_ms, curve);
-  endpoint_ = read_spec_reply(link.request({{"type", "spec"}})).scores;
+  const ClusterSpec spec = read_spec_reply(link.request({{"type", "spec"}}));
+  endpoint_ = spec.scores;
+  run_ = spec.run;
   if (endpoint_.empty())
     throw InputError("the coordinator at " + coordinator + " names no scores channel");
   curve_ = link.curve();
@@ -39,8 +41,9 @@ void ScoreSubscriber::check_coordinator() {
   const auto now = std::chrono::steady_clock::now();
   if (now - asked_ < std::chrono::seconds(1)) return;
   asked_ = now;
+  json reply;
   try {
-    link_->request({{"type", "spec"}}, 1000);
+    reply = link_->request({{"type", "spec"}}, 1000);
     heard_ = std::chrono::steady_clock::now();
   } catch (const transport::TransportError&) {
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - heard_).count() <
@@ -52,7 +55,20 @@ void ScoreSubscriber::check_coordinator() {
                 " s and sent no end message: the run is gone (or its node unreachable)");
   } catch (const Error&) {
     heard_ = std::chrono::steady_clock::now();  // its own error reply: it is there
+    return;
   }
+  // Answered by another run: the coordinator was restarted at its address. Its scores go out on
+  // another channel (or start again at 1), so this stream would wait, silent, for an end that
+  // never comes.
+  ClusterSpec spec;
+  try {
+    spec = read_spec_reply(reply);
+  } catch (const Error&) {
+    return;
+  }
+  if (spec.scores != endpoint_ || (!run_.empty() && !spec.run.empty() && spec.run != run_))
+    throw Error("the coordinator at " + coordinator_ + " now serves another run (restarted): " +
+                "the run these scores came from ended without its end message");
 }
 
 std::optional<json> ScoreSubscriber::next(int timeout_ms) {

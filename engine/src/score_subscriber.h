@@ -65,6 +65,7 @@ class ScoreSubscriber {
 
   zmq::socket_t socket_;
   std::string endpoint_;
+  std::string run_;  // the run whose scores these are (the spec's run id)
   int64_t newest_ = 0;
   bool ended_ = false;
   bool replayed_ = false;                 // a whole replay has come

@@ -81,6 +81,13 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   backend_->set_optimizer_state(ckpt.state, ckpt.step);
   epoch_ = ckpt.epoch;
   resumed_ = true;
+  // A kept best epoch's checkpoint says how far its run trained; a rerun that trains nothing
+  // saves that again, not the kept epoch (a second rerun would train the epochs after it).
+  resumed_epochs_trained_ = ckpt.epoch;
+  if (const auto trained = ckpt.extra.find("epochs_trained");
+      trained != ckpt.extra.end() && !trained->second.empty() && trained->second.size() <= 12 &&
+      trained->second.find_first_not_of("0123456789") == std::string::npos)
+    resumed_epochs_trained_ = std::max<int64_t>(ckpt.epoch, std::stoll(trained->second));
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
   best_.reset();
   best_is_current_ = false;
@@ -154,6 +161,9 @@ Checkpoint Trainer::checkpoint() const {
   ckpt.seed = config_.seed;
   ckpt.batch = config_.batch;
   ckpt.extra["shuffle"] = config_.shuffle ? "on" : "off";
+  // The validation split's rows (0: none): from a directory of IDX files they are the training
+  // file's last rows, so a resumed run must split it the same way (tandem train --resume).
+  if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
   return ckpt;
 }
 
@@ -321,6 +331,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   // Keeping the best: the backend goes back to it, and the checkpoint holds it (resuming it
   // continues from the kept epoch).
   const bool restore = config_.keep_best && best_ && !best_is_current_;
+  const int64_t trained_to = epoch_;
   if (restore) {
     backend_->set_parameters(best_->model);
     backend_->set_optimizer_state(best_->state, best_->step);
@@ -328,8 +339,14 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     best_is_current_ = true;
   }
   summary.kept_epoch = epoch_;
-  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore))
-    save_run_state(config_.checkpoint_path, resume_state());
+  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore)) {
+    // The file holds the kept epoch; how far the run went is said beside it, so that a rerun of
+    // the finished run (a requeued job) trains nothing rather than the epochs after the best.
+    Checkpoint state = resume_state();
+    state.extra["epochs_trained"] =
+        std::to_string(std::max({trained_to, resumed_epochs_trained_, state.epoch}));
+    save_run_state(config_.checkpoint_path, state);
+  }
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

@@ -323,9 +323,11 @@ class RolesTest(unittest.TestCase):
                                     "scores: data has 22 classes, model 784-8-10 has 10"):
             roles[2].join(30)
         coordinator.fail("test over")
+        # A failed run's other roles end with its error (a role's own process, or a batch
+        # system's task, must not report success).
         for role in roles[:2]:
-            role.stop()
-            self.assertTrue(role.join(30))
+            with self.assertRaisesRegex(tandem.Error, "the run failed: test over"):
+                role.join(30)
 
     def test_servers_no_worker_initialised_hold_no_model(self):
         # A run stopped before its chief worker's Init (right after start()): its servers hold
@@ -342,8 +344,8 @@ class RolesTest(unittest.TestCase):
         self.assertEqual(len(coordinator.spec()["ps"]), 1)
         self.assertIsNone(coordinator.pull_model())
         coordinator.fail("test over")
-        server.stop()
-        self.assertTrue(server.join(30))
+        with self.assertRaisesRegex(tandem.Error, "ps0: the run failed: test over"):
+            server.join(30)
 
     def test_fed_training_reaches_the_target(self):
         coordinator, roles, (xv, yv) = start_fed_cluster(self, workers=2, target=25.0)
@@ -543,7 +545,11 @@ class RolesTest(unittest.TestCase):
         worker.start()
         self.assertEqual(coordinator.wait_for("failed", 10), "failed")
         self.assertIn("ps0 (not registered)", coordinator.failure)
-        self.assertTrue(worker.join(10))  # it stops without training: nothing was wrong with it
+        # It stops without training, with the run's error (not a normal end: a role's own
+        # process, or a batch system's task, must not report success after a failed run).
+        with self.assertRaisesRegex(tandem.Error,
+                                    r"worker0: the run failed: .*ps0 \(not registered\)"):
+            worker.join(10)
 
     def test_a_dropped_running_role_does_not_hang(self):
         coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,

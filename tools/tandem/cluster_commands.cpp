@@ -268,15 +268,16 @@ void resolve(ClusterCommandOptions& o) {
 // every check that can refuse the run has passed: a refused command leaves the previous run's
 // files as they were.
 void clear_previous_run(const ClusterCommandOptions& o) {
+  // The old spec names the old run's ports (`tandem scores --coordinator RUN/cluster.json` would
+  // follow them), whether or not this run resumes it: this one is written when training starts.
+  std::filesystem::remove(o.run_dir + "/cluster.json");
   if (o.resume) return;
   std::filesystem::remove_all(o.cluster.settings.checkpoint_dir);
   if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
   // Nor does an earlier run's model stay beside this run's files: a run stopped before it
-  // trained writes none, and the old one would pass for it. Nor its spec, whose addresses
-  // (`tandem scores --coordinator RUN/cluster.json`) would lead to the old run's ports.
-  // (The best-score model goes when the coordinator has bound: ClusterRun's constructor.)
-  for (const char* name : {"/model.safetensors", "/cluster.json"})
-    std::filesystem::remove(o.run_dir + name);
+  // trained writes none, and the old one would pass for it. (The best-score model goes when the
+  // coordinator has bound: ClusterRun's constructor.)
+  std::filesystem::remove(o.run_dir + "/model.safetensors");
 }
 
 // Fails now where the metrics log, written in place (appended to, or created), could not be
@@ -368,16 +369,29 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
                                  : "the servers' parameters at the stop");
 }
 
-std::unique_ptr<DashboardServer> start_dashboard(const ClusterCommandOptions& o, ClusterRun& run) {
+// The dashboard binds before the run's coordinator is made, and before the previous run's files
+// go (ClusterRun's constructor removes its best model): a --dashboard-host that is not this
+// machine's refuses the run with them kept. Until `coordinator` is set its state is empty.
+std::unique_ptr<DashboardServer> start_dashboard(
+    const ClusterCommandOptions& o, const std::atomic<const Coordinator*>& coordinator) {
   if (o.dashboard_port < 0) return nullptr;
-  Coordinator& c = run.coordinator();
-  auto state = [&c] { return wire_text(c.state()); };  // NaN as null, bad UTF-8 replaced
-  auto metrics = [&c] { return prometheus_from_state(c.state()); };
+  auto state = [&coordinator] {
+    const Coordinator* c = coordinator.load();
+    return c ? wire_text(c->state()) : std::string("{}");  // NaN as null, bad UTF-8 replaced
+  };
+  auto metrics = [&coordinator] {
+    const Coordinator* c = coordinator.load();
+    return c ? prometheus_from_state(c->state()) : std::string();
+  };
   try {
     return std::make_unique<DashboardServer>(DashboardOptions{o.dashboard_host, o.dashboard_port},
                                              state, metrics);
   } catch (const Error& e) {
-    if (o.dashboard_port == 0) throw;
+    // Only a port in use is worth another: a host that is not this machine's, or does not
+    // resolve, fails on any port.
+    if (o.dashboard_port == 0 ||
+        std::string(e.what()).find(std::strerror(EADDRINUSE)) == std::string::npos)
+      throw;
     // Like Dask's :8787: a second cluster on this machine gets another port, with a word.
     std::fprintf(stderr, "%s; serving the dashboard on another port\n", e.what());
     return std::make_unique<DashboardServer>(DashboardOptions{o.dashboard_host, 0}, state, metrics);
@@ -433,7 +447,15 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // run.run(): the files are cleared in between, before a role started by hand and waiting for
   // it can find the old checkpoints.
   o.cluster.serve_from_run = true;
+  std::atomic<const Coordinator*> page_coordinator{nullptr};
+  std::unique_ptr<DashboardServer> dashboard = start_dashboard(o, page_coordinator);
   ClusterRun run(o.cluster, store);
+  page_coordinator = &run.coordinator();
+  // The dashboard stops before the run (and its coordinator) goes, whichever way this ends.
+  struct StopFirst {
+    std::unique_ptr<DashboardServer>& dashboard;
+    ~StopFirst() { dashboard.reset(); }
+  } stop_first{dashboard};
   clear_previous_run(o);
   ProgressLine progress;
   size_t scores_shown = 0;
@@ -516,7 +538,6 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                  run.coordinator().scores_endpoint().c_str());
   if (!o.rendezvous_file.empty())
     write_rendezvous(o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job);
-  std::unique_ptr<DashboardServer> dashboard = start_dashboard(o, run);
   if (dashboard && !o.json_summary) std::fprintf(stderr, "dashboard at %s\n", dashboard->url().c_str());
   std::unique_ptr<ProcessLauncher> launcher;
   if (launch_roles && !o.inproc) {
@@ -597,6 +618,12 @@ struct CoordinatorAccess {
       const std::string none;
       out = fields.text("coordinator");
       spec_key = fields.text("curve_public_key", &none);
+    } else if (coordinator.find("://") == std::string::npos) {
+      // Neither an address nor a file: most often RUN_DIR/cluster.json before the run has
+      // written it (it does when training starts); ZeroMQ would only say "Invalid argument".
+      throw InputError(coordinator + ": no such cluster-spec file (a run writes RUN_DIR/"
+                       "cluster.json when training starts), and not an address "
+                       "(tcp://HOST:PORT, ipc://PATH)");
     }
     const std::string server_public =
         curve_server.empty() ? spec_key : transport::read_curve_key_file(curve_server).public_key;

@@ -51,12 +51,21 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   // --epochs counts the run's epochs in all: one the checkpoint has reached already trains
   // nothing, and the checkpoint is evaluated (a requeued job's rerun of a finished run). Said,
   // since it exits 0 as if the run had gone on. (--epochs 0 asks for just that, unsaid.)
-  if (config.epochs > 0 && config.epochs <= ckpt.epoch)
+  // A run that kept its best epoch holds that one, and says beside it how far it trained
+  // (epochs_trained): its rerun must not train the epochs after the best again.
+  int64_t reached = ckpt.epoch;
+  const auto trained = ckpt.extra.find("epochs_trained");
+  if (trained != ckpt.extra.end() && !trained->second.empty() && trained->second.size() <= 12 &&
+      trained->second.find_first_not_of("0123456789") == std::string::npos)
+    reached = std::max<int64_t>(reached, std::stoll(trained->second));
+  if (config.epochs > 0 && config.epochs <= reached) {
     std::fprintf(stderr,
                  "tandem train: the run in %s is at epoch %lld, and --epochs %d%s counts the "
                  "run's epochs in all: nothing to train; evaluating its checkpoint\n",
-                 config.resume_path.c_str(), static_cast<long long>(ckpt.epoch), config.epochs,
+                 config.resume_path.c_str(), static_cast<long long>(reached), config.epochs,
                  o.epochs_option->count() == 0 ? " (the default)" : "");
+    config.epochs = static_cast<int>(std::min<int64_t>(config.epochs, ckpt.epoch));
+  }
   auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
     if (given != theirs)
       std::fprintf(stderr, "tandem train: resuming with %s %s; the checkpoint's run used %s\n",
@@ -85,12 +94,25 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
     if (o.shuffle_option->count() == 0) o.shuffle = shuffle->second;
     else note("--shuffle", o.shuffle, shuffle->second);
   }
+  // From IDX files the validation split is the training file's last --validation-rows rows:
+  // another count trains on other rows (and drops the carried best, scored on another split).
+  // Older checkpoints name it only when scored (validation_samples).
+  auto rows = ckpt.extra.find("validation_rows");
+  if (rows == ckpt.extra.end()) rows = ckpt.extra.find("validation_samples");
+  if (rows != ckpt.extra.end() && !rows->second.empty() &&
+      rows->second.find_first_not_of("0123456789") == std::string::npos &&
+      rows->second.size() <= 12) {
+    if (o.validation_rows_option->count() == 0) o.validation_rows = std::stoll(rows->second);
+    else note("--validation-rows", std::to_string(o.validation_rows), rows->second);
+  }
   return ckpt;
 }
 
 ModelConfig model_for(const std::string& hidden, int64_t features, int classes) {
-  // --hidden "100" or "256,128": the widths between the data's inputs and its classes.
-  return ModelConfig::parse(std::to_string(features) + "," + hidden + "," + std::to_string(classes));
+  // --hidden "100" or "256,128": the widths between the data's inputs and its classes. Empty:
+  // none (a checkpoint of a softmax-only model, which the Python API trains, resumes as one).
+  return ModelConfig::parse(std::to_string(features) + "," + (hidden.empty() ? "" : hidden + ",") +
+                            std::to_string(classes));
 }
 
 void run_train(TrainOptions& o) {

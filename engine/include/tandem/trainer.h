@@ -115,6 +115,7 @@ class Trainer {
   bool resumed_ = false;
   std::shared_ptr<const Checkpoint> resumed_best_;  // the resumed run's best so far
   bool resumed_best_is_current_ = false;            // ... which is the state it resumed from
+  int64_t resumed_epochs_trained_ = 0;  // how far the resumed run had trained (its checkpoint's)
   // The run as fit leaves it after each epoch, what resume_state() builds on:
   std::shared_ptr<const Checkpoint> best_;  // the best state so far (null: none scored)
   double best_loss_ = 0.0;                  // its validation loss
@@ -122,7 +123,7 @@ class Trainer {
   bool last_diverged_ = false;       // the last epoch's loss was not finite, the best's was
   bool last_scored_ = false;         // the last epoch was scored ...
   double last_validation_loss_ = 0.0;  // ... at this loss
-  int64_t validation_rows_ = 0;        // ... on this many rows
+  int64_t validation_rows_ = -1;       // ... on this many rows (-1: train() has not run)
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
