@@ -355,6 +355,19 @@ TEST(ChunkManager, AMissingChunkOfAStoreThatHasThemAllIsAnError) {
   }
 }
 
+// The same for the labels: a missing labels chunk of such a store read as class 0 for its rows.
+TEST(ChunkManager, AMissingLabelsChunkOfAStoreThatHasThemAllIsAnError) {
+  Fixture f;
+  auto split = write_split(f.dir.file("s"), f.data, 50, 24, 100, zarr::Format::V3);
+  std::filesystem::remove(f.dir.file("s") + "/labels/c/1");
+  ChunkManagerOptions o;
+  o.batch_rows = 64;
+  { ChunkManager fill(split, 10, o); }  // anyone's store: the fill value stands
+  split.every_chunk_written = true;
+  const std::string why = test::error_of<InputError>([&] { ChunkManager cm(split, 10, o); });
+  EXPECT_TRUE(test::contains(why, "labels: a chunk of row band 1 is missing")) << why;
+}
+
 TEST(ChunkManager, UncompressedChunkOfTheWrongSizeSurfacesInTheConsumer) {
   Fixture f;
   const auto split = write_split(f.dir.file("s"), f.data, 50, 24, 413, zarr::Format::V3, "none");

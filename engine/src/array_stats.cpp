@@ -298,8 +298,9 @@ size_t pixels_in_place(const zarr::ArrayMeta& images, uint8_t* chunk) {
   return sizeof(float);
 }
 
-void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
+bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
                    std::vector<uint8_t>& scratch, bool as_pixels) {
+  bool whole = true;
   const zarr::ArrayMeta& meta = array.meta();
   const std::vector<int64_t> grid = meta.grid();
   const std::vector<int64_t> inner(grid.begin() + 1, grid.end());
@@ -307,11 +308,12 @@ void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uin
   for (int64_t t = 0, n = chunk_count(inner); t < n; ++t) {
     std::vector<int64_t> index = chunk_index_of(inner, t);
     index.insert(index.begin(), band);
-    array.read_chunk(index, scratch.data());
+    whole = array.read_chunk(index, scratch.data()) && whole;
     const size_t element =
         as_pixels ? pixels_in_place(meta, scratch.data()) : zarr::dtype_size(meta.dtype);
     place_chunk_rows(chunk_layout(meta, index), scratch.data(), element, features, out);
   }
+  return whole;
 }
 
 ColumnStats column_stats(const zarr::Array& array, int threads) {

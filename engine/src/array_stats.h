@@ -58,8 +58,9 @@ void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t el
 // features] at `out`, which holds chunks[0] rows: every chunk of the band read, through
 // `scratch` (resized to one chunk), and its valid part placed. InputError as read_chunk.
 // With `as_pixels`, each chunk is made the engine's pixels first (pixels_in_place), so `out` holds
-// elements of that size.
-void read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
+// elements of that size. Returns false when a chunk of the band is missing (read as its fill
+// value).
+bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
                    std::vector<uint8_t>& scratch, bool as_pixels = false);
 // Chunk `linear` of the grid in C order, as a chunk index.
 std::vector<int64_t> chunk_index_of(const std::vector<int64_t>& grid, int64_t linear);

@@ -84,7 +84,8 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
                      std::to_string(options_.shard_count) + " does not exist");
   if (options_.readers < 1 || options_.assemblers < 1 || options_.ring_slots < 2)
     throw InputError("the chunk manager needs at least 1 reader, 1 assembler and 2 ring slots");
-  labels_ = read_class_labels(split_.labels, num_classes_, "streaming a split");
+  labels_ = read_class_labels(split_.labels, num_classes_, "streaming a split",
+                              split_.every_chunk_written);
   if (static_cast<int64_t>(labels_.size()) != split_.rows)
     throw InputError(what + ": " + std::to_string(split_.rows) + " images but " +
                      std::to_string(labels_.size()) + " labels");
@@ -291,7 +292,11 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   }
   // Chunked after the row dimension too (or chunks padded past the shape there): the band is
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
-  read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true);
+  if (!read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true) &&
+      split_.every_chunk_written)
+    throw InputError("zarr store '" + split_.images.path() + "': a chunk of row band " +
+                     std::to_string(band) + " is missing, and a store `tandem prepare` wrote " +
+                     "has every chunk: it was removed or damaged while it was read");
 }
 
 void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {

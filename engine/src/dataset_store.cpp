@@ -642,7 +642,8 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
   const PixelType type = image_pixel_type(im, what + " (" + split.images.path() + ")");
   Dataset d(type, split.rows, split.features, num_classes);
   const size_t esize = type == PixelType::UInt8 ? 1 : 4;
-  const std::vector<uint8_t> labels = read_class_labels(split.labels, num_classes, what);
+  const std::vector<uint8_t> labels =
+      read_class_labels(split.labels, num_classes, what, split.every_chunk_written);
   std::memcpy(d.label_data(), labels.data(), labels.size());
   const std::vector<int64_t> igrid = im.grid();
   const int64_t jobs = chunk_count(igrid);

@@ -123,7 +123,7 @@ std::string labels_layout_problem(const zarr::ArrayMeta& labels, int64_t rows) {
 }
 
 std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classes,
-                                       const std::string& what) {
+                                       const std::string& what, bool every_chunk_written) {
   const zarr::ArrayMeta& meta = labels.meta();
   const int64_t rows = meta.shape.empty() ? 0 : meta.shape[0];
   const int64_t classes = one_hot_classes(meta);
@@ -140,7 +140,10 @@ std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classe
   std::vector<uint8_t> band(static_cast<size_t>(band_rows * width) * zarr::dtype_size(meta.dtype));
   std::vector<uint8_t> scratch;
   for (int64_t b = 0; b * band_rows < rows; ++b) {
-    read_row_band(labels, b, width, band.data(), scratch);
+    if (!read_row_band(labels, b, width, band.data(), scratch) && every_chunk_written)
+      throw InputError(what + ": labels: a chunk of row band " + std::to_string(b) + " is " +
+                       "missing, and a store `tandem prepare` wrote has every chunk: it was " +
+                       "removed or damaged (" + labels.path() + ")");
     const int64_t first = b * band_rows, n = std::min(band_rows, rows - first);
     uint8_t* const dst = out.data() + first;
     if (classes > 0)

@@ -35,7 +35,10 @@ bool is_class_id(double value, int64_t limit);
 
 // Every label as a class byte, each below `num_classes`. InputError naming `what`, the array and
 // the row for a label out of range or a one-hot row that names no class (NaN, nothing above 0).
+// With `every_chunk_written` (a store `tandem prepare` wrote), a missing chunk is an InputError
+// too, not labels of class 0.
 std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classes,
-                                       const std::string& what);
+                                       const std::string& what,
+                                       bool every_chunk_written = false);
 
 }  // namespace tandem
