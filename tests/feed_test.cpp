@@ -848,6 +848,20 @@ TEST(RoleCancel, RolesStoppedFromTheirProcessEndAtOnceWhenTheCoordinatorIsGone) 
   wo.feed.reset();
 }
 
+// A coordinator at the address of one just destroyed (`o.bind`, a tcp port it had): the port comes
+// free once ZeroMQ's I/O thread has closed the old socket, so it binds until it does (10 s).
+std::unique_ptr<Coordinator> coordinator_bound_again(const CoordinatorOptions& o) {
+  std::unique_ptr<Coordinator> again;
+  test::eventually([&] {
+    try {
+      again = std::make_unique<Coordinator>(o);
+    } catch (const std::exception&) {
+    }
+    return again != nullptr;
+  }, 10000, 50);
+  return again;
+}
+
 // A run that fails (the coordinator's fail(), as a start-up timeout or a role's error would) ends
 // every role with that error, not a normal return: a role started by hand, or a batch system's
 // task, must not report success after a failed run.
@@ -886,15 +900,7 @@ TEST(RoleEnd, ARoleWhoseCoordinatorRestartedEndsSayingSo) {
   ASSERT_TRUE(test::eventually([&] { return !first->ps_endpoints().empty(); }, 30000));
   o.bind = first->endpoint();
   first.reset();
-  // The port comes free once ZeroMQ's I/O thread has closed the old socket: bind until it does.
-  std::unique_ptr<Coordinator> second;
-  test::eventually([&] {
-    try {
-      second = std::make_unique<Coordinator>(o);
-    } catch (const std::exception&) {
-    }
-    return second != nullptr;
-  }, 10000, 50);
+  std::unique_ptr<Coordinator> second = coordinator_bound_again(o);
   ps.join();
   ASSERT_NE(second, nullptr);
   EXPECT_TRUE(test::contains(error, "ps0: the coordinator at " + o.bind +
@@ -981,14 +987,7 @@ TEST(ScoreSubscriber, AFollowerOfARestartedCoordinatorEndsSayingSo) {
   follower.fail_when_coordinator_lost(30);
   o.bind = first->endpoint();
   first.reset();
-  std::unique_ptr<Coordinator> second;
-  test::eventually([&] {
-    try {
-      second = std::make_unique<Coordinator>(o);
-    } catch (const std::exception&) {
-    }
-    return second != nullptr;
-  }, 10000, 50);
+  std::unique_ptr<Coordinator> second = coordinator_bound_again(o);
   ASSERT_NE(second, nullptr);
   const std::string why = test::error_of<Error>([&] {
     for (int k = 0; k < 100; ++k) follower.next(100);  // (10 s)

@@ -10,6 +10,7 @@
 
 #include "model_finite.h"
 #include "backend.h"
+#include "checkpoint_count.h"
 #include "file_io.h"
 #include "metrics_log.h"
 #include "predictor.h"
@@ -83,11 +84,8 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   resumed_ = true;
   // A kept best epoch's checkpoint says how far its run trained; a rerun that trains nothing
   // saves that again, not the kept epoch (a second rerun would train the epochs after it).
-  resumed_epochs_trained_ = ckpt.epoch;
-  if (const auto trained = ckpt.extra.find("epochs_trained");
-      trained != ckpt.extra.end() && !trained->second.empty() && trained->second.size() <= 12 &&
-      trained->second.find_first_not_of("0123456789") == std::string::npos)
-    resumed_epochs_trained_ = std::max<int64_t>(ckpt.epoch, std::stoll(trained->second));
+  resumed_epochs_trained_ =
+      std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
   best_.reset();
   best_is_current_ = false;

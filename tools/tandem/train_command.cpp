@@ -9,6 +9,7 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "batch_count.h"
+#include "checkpoint_count.h"
 #include "commands.h"
 #include "json_output.h"
 #include "progress_line.h"
@@ -53,11 +54,8 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   // since it exits 0 as if the run had gone on. (--epochs 0 asks for just that, unsaid.)
   // A run that kept its best epoch holds that one, and says beside it how far it trained
   // (epochs_trained): its rerun must not train the epochs after the best again.
-  int64_t reached = ckpt.epoch;
-  const auto trained = ckpt.extra.find("epochs_trained");
-  if (trained != ckpt.extra.end() && !trained->second.empty() && trained->second.size() <= 12 &&
-      trained->second.find_first_not_of("0123456789") == std::string::npos)
-    reached = std::max<int64_t>(reached, std::stoll(trained->second));
+  const int64_t reached =
+      std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
   if (config.epochs > 0 && config.epochs <= reached) {
     std::fprintf(stderr,
                  "tandem train: the run in %s is at epoch %lld, and --epochs %d%s counts the "
@@ -97,13 +95,11 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   // From IDX files the validation split is the training file's last --validation-rows rows:
   // another count trains on other rows (and drops the carried best, scored on another split).
   // Older checkpoints name it only when scored (validation_samples).
-  auto rows = ckpt.extra.find("validation_rows");
-  if (rows == ckpt.extra.end()) rows = ckpt.extra.find("validation_samples");
-  if (rows != ckpt.extra.end() && !rows->second.empty() &&
-      rows->second.find_first_not_of("0123456789") == std::string::npos &&
-      rows->second.size() <= 12) {
-    if (o.validation_rows_option->count() == 0) o.validation_rows = std::stoll(rows->second);
-    else note("--validation-rows", std::to_string(o.validation_rows), rows->second);
+  std::optional<int64_t> rows = checkpoint_count(ckpt, "validation_rows");
+  if (!rows) rows = checkpoint_count(ckpt, "validation_samples");
+  if (rows) {
+    if (o.validation_rows_option->count() == 0) o.validation_rows = *rows;
+    else note("--validation-rows", std::to_string(o.validation_rows), std::to_string(*rows));
   }
   return ckpt;
 }
