@@ -21,11 +21,18 @@
 # The device machine has CUDA, PyTorch and CMake but none of the Debian packages the engine
 # builds against, so the build happens where they are: `bash bench/gpu_check_prepare.sh` on the
 # development machine builds for sm_90 and packs the binaries and their non-CUDA libraries into
-# .gpu-carry/carry.tar.xz; the device call carries .gpu-carry and runs
+# .gpu-carry/carry.tar.gz; the device call carries .gpu-carry and runs
 #   bash bench/gpu_check.sh
 # which unpacks that build, links it against the device's own cuBLAS/cuDNN and runs it. It ends
 # within GPU_CHECK_SECONDS (default 540; give the device call a timeout_s of 590): each stage has
-# its own time limit, cut to what is left, so one hang cannot eat the lease or the summary.
+# its own time limit, cut to what is left, so one hang cannot eat the lease or the summary (and
+# `timeout -k 10`: a stage whose program ignores SIGTERM, waiting on a hung child, is killed).
+# It stops within a minute, exit status 2, when Tandem cannot use the GPU (a library it cannot
+# load, a driver it cannot talk to): one kernel test runs first, with TANDEM_REQUIRE_CUDA=1 so
+# that no usable device is an error that says why rather than a skip. The exit status is not 0
+# when a GPU test failed or was skipped unexpectedly; the last lines say so in one verdict line.
+# GPU_CHECK_DRY_RUN=1 runs every stage on a machine without a GPU (no gate, no
+# TANDEM_REQUIRE_CUDA), to try the script itself where its failures cost no device time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -36,8 +43,14 @@ started=$(date +%s)
 # Every result goes to $res; pack copies the headline files to $OUT and packs the whole folder.
 res=/tmp/tandem-gpu-results
 rm -rf "$res" && mkdir -p "$res"
-pack() {
+summarize() {  # the summary table from what the stages so far wrote (gpu_table.py; ~0.1 s)
+  "${py_env[@]}" python3 bench/gpu_table.py --kernels "$res/kernels_cuda.json" \
+    --tandem "$res/tandem_steps.json" --torch "$res/torch_steps.json" --feed "$res/feed.json" \
+    --group "$res/group_step.json" --search-dir "$res" --markdown "$res/table.md" "$@"
+}
+pack() {  # every stage leaves an up-to-date table.md, so a run cut short still has one
   local f
+  [ -n "${py_env+set}" ] && summarize >/dev/null 2>&1
   for f in device.txt table.md gpu_tests.xml; do [ -f "$res/$f" ] && cp "$res/$f" "$OUT/"; done
   tar -czf "$OUT/results.tgz.part" -C "$res" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
 }
@@ -56,6 +69,11 @@ limit() {  # limit SECONDS: the smaller of SECONDS and what is left (at least 1)
   local left=$(( deadline - $(date +%s) - 15 ))
   if [ "$left" -lt "$1" ]; then echo $(( left > 1 ? left : 1 )); else echo "$1"; fi
 }
+run_for() {  # run_for SECONDS COMMAND...: within limit SECONDS; killed 10 s after its SIGTERM
+  local seconds=$1
+  shift
+  timeout -k 10 "$(limit "$seconds")" "$@"
+}
 
 stage "device"
 {
@@ -66,12 +84,12 @@ stage "device"
 stage "unpack the carried build"
 work=/tmp/tandem-gpu-check
 rm -rf "$work" && mkdir -p "$work"
-if [ ! -f .gpu-carry/carry.tar.xz ]; then
-  echo "no .gpu-carry/carry.tar.xz: run bench/gpu_check_prepare.sh on the development machine" \
+if [ ! -f .gpu-carry/carry.tar.gz ]; then
+  echo "no .gpu-carry/carry.tar.gz: run bench/gpu_check_prepare.sh on the development machine" \
        "and name .gpu-carry in the device call's carry"
   exit 1
 fi
-tar -xJf .gpu-carry/carry.tar.xz -C "$work" || exit 1
+tar -xzf .gpu-carry/carry.tar.gz -C "$work" || exit 1  # gzip: xz may not be installed there
 cat "$work/BUILD_INFO" | tee -a "$res/device.txt"
 
 # The CUDA libraries the binaries link against, wherever this machine keeps them (the toolkit,
@@ -84,7 +102,8 @@ for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
 for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/null); do
     if [ -e "$dir/$lib" ]; then found=$dir; break; fi
   done
-  [ -n "$found" ] || found=$(dirname "$(find / -name "$lib*" -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+  [ -n "$found" ] ||
+    found=$(dirname "$(timeout 15 find / -xdev -name "$lib*" 2>/dev/null | head -1)" 2>/dev/null)
   echo "$lib: ${found:-NOT FOUND}"
   [ -n "$found" ] && lib_dirs+=("$found")
 done
@@ -95,25 +114,49 @@ else py_env=(env -u LD_LIBRARY_PATH); fi
 python3() { "${py_env[@]}" python3 "$@"; }
 LD_LIBRARY_PATH=$(IFS=:; echo "${lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
+dry_run=${GPU_CHECK_DRY_RUN:-0}
+[ "$dry_run" = 1 ] || export TANDEM_REQUIRE_CUDA=1
 bin=$work/bin
+unloadable=0
 for b in "$bin"/*; do
-  missing=$(ldd "$b" 2>&1 | grep "not found")  # a library, or a symbol version (glibc >= 2.36)
-  [ -z "$missing" ] || echo "$(basename "$b") is missing: $missing"
+  # A library, a symbol version (glibc >= 2.34) or, with -r, a symbol the binary needs.
+  missing=$(ldd -r "$b" 2>&1 | grep -E "not found|undefined symbol")
+  [ -z "$missing" ] || { echo "$(basename "$b") is missing: $missing"; unloadable=1; }
 done
 
+stage "gate: one kernel test on the GPU"
+# Before anything spends the machine's time: Tandem loads, finds the GPU and runs a kernel on it.
+run_for 60 "$bin/tandem_cuda_tests" --gtest_filter=CudaKernels.BiasReluIsExact \
+  --gtest_brief=0 2>&1 | tail -15
+gate=${PIPESTATUS[0]}
+if [ "$dry_run" != 1 ] && { [ "$gate" -ne 0 ] || [ "$unloadable" -ne 0 ]; }; then
+  echo "GATE FAILED (kernel test exit status $gate, unloadable binaries $unloadable): Tandem" \
+       "cannot use this GPU; stopping here rather than spending the machine's time"
+  echo "gpu_check verdict: gate failed"
+  exit 2
+fi
+
 stage "GPU tests"
-timeout "$(limit 150)" "$bin/tandem_cuda_tests" --gtest_output="xml:$res/gpu_tests.xml" 2>&1 | \
+run_for 150 "$bin/tandem_cuda_tests" --gtest_output="xml:$res/gpu_tests.xml" 2>&1 | \
   grep -v -E '^\[ +(RUN|OK) +\]' | tail -60
-echo "tandem_cuda_tests exit status ${PIPESTATUS[0]}"
+tests_status=${PIPESTATUS[0]}
+echo "tandem_cuda_tests exit status $tests_status"
+# tandem predict's own GPU test (a separate binary): the predictions on the GPU against the CPU.
+run_for 60 "$bin/tandem_predict_tests" --gtest_filter='Predictor.OnTheGpu*' \
+  --gtest_output="xml:$res/gpu_predict_tests.xml" 2>&1 | tail -5
+predict_status=${PIPESTATUS[0]}
+echo "tandem_predict_tests (GPU) exit status $predict_status"
 # A test that skips on a GPU machine passes silently: name every skip, and warn about those that
 # should have run on one GPU (only the ones needing two GPUs may skip here).
-python3 - "$res/gpu_tests.xml" <<'PY' || true
+python3 - "$res/gpu_tests.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
     cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 except Exception as e:
     sys.exit("no GPU test results to read (%s)" % e)
+cases = list(cases)
 skipped = [c.get("classname") + "." + c.get("name") for c in cases if c.find("skipped") is not None]
+failed = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
 two_gpus = {"NcclCollective.EveryVisibleGpuSumsAndBroadcasts",
             "NcclCollective.ARankThatNeverCallsIsNamedAfterTheTimeout",
             "WorkerGroupNccl.TwoGpusSumLikeOneBackendOverTheCombinedBatch"}
@@ -121,25 +164,55 @@ print("skipped %d GPU tests: %s" % (len(skipped), ", ".join(skipped) or "none"))
 unexpected = [n for n in skipped if n not in two_gpus]
 if unexpected:
     print("WARNING: skipped on this GPU machine, expected to run: " + ", ".join(unexpected))
+verdict = "%d passed, %d failed, %d skipped (%d unexpectedly)" % (
+    len(cases) - len(failed) - len(skipped), len(failed), len(skipped), len(unexpected))
+print("GPU tests: " + verdict)
+open(sys.argv[1] + ".verdict", "w").write(verdict + "\n")
+sys.exit(1 if unexpected else 0)
 PY
+skips_status=$?
 
 stage "whole training steps: tandem"
-timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
+run_for 90 "$bin/tandem_train_step_cuda_bench" --batches 1000,10000,60000 --seconds 0.5 \
   --repeats 3 --precisions fp32,tf32,bf16 --eager --json "$res/tandem_steps.json"
 echo "exit status $?"
 
 stage "whole training steps: PyTorch eager and torch.compile"
-timeout "$(limit 170)" "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py --batches 1000,10000,60000 \
-  --seconds 0.5 --repeats 3 --impls eager,eager_fused,compile,graph --json "$res/torch_steps.json"
+run_for 170 "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py \
+  --batches 1000,10000,60000 \
+  --seconds 0.5 --repeats 3 --impls eager,eager_fused,graph,compile --json "$res/torch_steps.json"
 echo "exit status $?"
 
 stage "kernels and ceilings"
-timeout "$(limit 120)" "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
-  --benchmark_out="$res/kernels_cuda.json" --benchmark_out_format=json 2>&1 | tail -80
+# Two calls, ceilings first: Google Benchmark writes its JSON file only as it exits, so a second
+# call cut short by its time limit loses its kernels, not the ceilings they are judged against.
+run_for 40 "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
+  --benchmark_filter='^ceiling/' --benchmark_out="$res/kernels_ceilings.json" \
+  --benchmark_out_format=json 2>&1 | tail -8
 echo "exit status ${PIPESTATUS[0]}"
+run_for 100 "$bin/tandem_kernels_cuda_bench" --benchmark_min_time=0.05 \
+  --benchmark_filter='-^ceiling/' --benchmark_out="$res/kernels_only.json" \
+  --benchmark_out_format=json 2>&1 | tail -80
+echo "exit status ${PIPESTATUS[0]}"
+python3 - "$res" <<'PY'  # one file for gpu_table.py: the ceilings' context, both lists
+import json, sys
+res, merged = sys.argv[1], None
+for name in ("kernels_ceilings.json", "kernels_only.json"):
+    try:
+        doc = json.load(open(f"{res}/{name}"))
+    except Exception as e:
+        print(f"{name}: unreadable ({e})")
+        continue
+    if merged is None:
+        merged = doc
+    else:
+        merged["benchmarks"] = merged.get("benchmarks", []) + doc.get("benchmarks", [])
+if merged is not None:
+    json.dump(merged, open(f"{res}/kernels_cuda.json", "w"), indent=1)
+PY
 
 stage "worker group of one GPU (NCCL, host-staged) against the plain GPU worker"
-timeout "$(limit 60)" "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
+run_for 60 "$bin/tandem_group_step_cuda_bench" --batches 1000,10000 --seconds 0.3 --repeats 5 \
   --json "$res/group_step.json"
 echo "exit status $?"
 
@@ -163,11 +236,11 @@ for name, rows in (("train", 60000), ("t10k", 10000)):
         f.write(struct.pack(">II", 0x801, rows))
         f.write(bytes(rng.randrange(10) for _ in range(rows)))
 PY
-timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
+run_for 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/store.zarr" --copies 4 \
   --compressor none
-timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/feed16.zarr" \
+run_for 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$feed_dir/feed16.zarr" \
   --copies 16 --compressor none && \
-timeout "$(limit 90)" "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
+run_for 90 "$bin/tandem_train_step_cuda_bench" --batches 10000,60000 --seconds 0.5 --repeats 3 \
   --store "$feed_dir/feed16.zarr" --readers 4 --assemblers 6 --epochs 3 --json "$res/feed.json"
 echo "exit status $?"
 rm -rf "$feed_dir/feed16.zarr"
@@ -179,25 +252,25 @@ stage "search and predict: GPU against CPU (issue 7)"
 # (CPU) of the test split, end to end (process start, model load, output written), best of 2.
 sp_dir=/tmp/tandem-search-predict
 rm -rf "$sp_dir" && mkdir -p "$sp_dir"
-timeout "$(limit 60)" "$bin/tandem" prepare --data "$feed_dir/idx" --out "$sp_dir/one.zarr" \
+run_for 60 "$bin/tandem" prepare --data "$feed_dir/idx" --out "$sp_dir/one.zarr" \
   --compressor none >/dev/null
 for backend in cuda cpu; do
   for p in 1 2; do
-    timeout "$(limit 120)" "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
+    run_for 120 "$bin/tandem" search --data "$sp_dir/one.zarr" --grid lr=0.001,0.003 \
       hidden=100,300 seed=1,2 --budget 3 --eta 3 --processes "$p" --threads-per-trial 2 \
       --backend "$backend" --out "$sp_dir/search-$backend-$p" --json \
       >"$res/search_${backend}_p$p.json" 2>"$sp_dir/search-$backend-$p.err"
     echo "search --backend $backend --processes $p: exit status $?"
   done
 done
-timeout "$(limit 60)" "$bin/tandem" train --data "$sp_dir/one.zarr" --backend auto --epochs 1 \
+run_for 60 "$bin/tandem" train --data "$sp_dir/one.zarr" --backend auto --epochs 1 \
   --checkpoint "$sp_dir/m.safetensors" >/dev/null
 echo "model for predict: exit status $?"
 timings=$res/predict_timings.tsv
 : >"$timings"
 timed() {  # timed COMMAND BACKEND PROCESSES SPLIT ARGS...: "COMMAND BACKEND PROCESSES SPLIT SECONDS STATUS"
   local command=$1 backend=$2 processes=$3 split=$4; shift 4
-  local t0 t1; t0=$(date +%s.%N); timeout "$(limit 120)" "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
+  local t0 t1; t0=$(date +%s.%N); run_for 120 "$@" >/dev/null 2>"$sp_dir/last.err"; local rc=$?
   t1=$(date +%s.%N)
   echo "$command $backend $processes $split $(python3 -c "print(f'{$t1 - $t0:.3f}')") $rc" >>"$timings"
   [ $rc -eq 0 ] || { echo "$command --backend $backend x$processes $split failed ($rc):"; tail -3 "$sp_dir/last.err"; }
@@ -237,18 +310,21 @@ stage "cluster: 1, 2 and 4 GPU workers (processes sharing the GPU) against the s
 # Same synthetic store; no scorer and no target (random labels): two epochs each, samples/s.
 cluster_dir=/tmp/tandem-cluster
 rm -rf "$cluster_dir"
-timeout "$(limit 60)" "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
+run_for 60 "$bin/tandem" train --data "$feed_dir/store.zarr" --backend cuda --epochs 2 --json \
   >"$res/cluster_single.json"
 for w in 1 2 4; do
-  timeout "$(limit 90)" "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
+  run_for 90 "$bin/tandem" launch --data "$feed_dir/store.zarr" --backend cuda --workers "$w" \
     --scorer 0 --max-epochs 2 --target 0 --dashboard -1 --run-dir "$cluster_dir/run-$w" --json \
     >"$res/cluster_$w.json"
 done
 python3 - "$res" <<'PY'
 import json, sys
 out = sys.argv[1]
-single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
-print(f"single process: {single:,.0f} samples/s")
+try:
+    single = json.load(open(f"{out}/cluster_single.json"))["samples_per_s"]
+    print(f"single process: {single:,.0f} samples/s")
+except Exception as e:
+    sys.exit(f"single process: no result ({e})")
 for w in (1, 2, 4):
     try:
         j = json.load(open(f"{out}/cluster_{w}.json"))
@@ -264,17 +340,23 @@ stage "compute-sanitizer: memcheck over the kernel tests, racecheck over the sha
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 kernel_tests='CudaKernels.*:SoftmaxXentCuda.*:ColumnStatsCuda.*:CudaBackendTest.FiftyTrainingSteps*'
 {
-  timeout "$(limit 90)" "$sanitizer" --tool memcheck --error-exitcode 99 \
+  run_for 90 "$sanitizer" --tool memcheck --error-exitcode 99 \
     "$bin/tandem_cuda_tests" --gtest_filter="$kernel_tests" --gtest_brief=1
-  echo "memcheck exit status $?"
-  timeout "$(limit 45)" "$sanitizer" --tool racecheck --error-exitcode 99 \
+  memcheck=$?
+  echo "memcheck exit status $memcheck"
+  run_for 45 "$sanitizer" --tool racecheck --error-exitcode 99 \
     "$bin/tandem_cuda_tests" --gtest_filter='SoftmaxXentCuda.*:ColumnStatsCuda.*' --gtest_brief=1
-  echo "racecheck exit status $?"
+  racecheck=$?
+  echo "racecheck exit status $racecheck"
 } >"$res/sanitizer.txt" 2>&1
 grep -E "ERROR SUMMARY|exit status|Invalid|Race|FAILED" "$res/sanitizer.txt" | head -40
 
 stage "summary"
-python3 bench/gpu_table.py --kernels "$res/kernels_cuda.json" --tandem "$res/tandem_steps.json" \
-  --torch "$res/torch_steps.json" --feed "$res/feed.json" --group "$res/group_step.json" \
-  --search-dir "$res" --markdown "$res/table.md"
+summarize
+# One line the device call's output tail always holds: did the GPU tests pass?
+verdict="GPU tests: $(cat "$res/gpu_tests.xml.verdict" 2>/dev/null || echo "no results")"
+verdict+="; tandem_cuda_tests $tests_status, predict on the GPU $predict_status"
+verdict+="; memcheck ${memcheck:-not run}, racecheck ${racecheck:-not run}"
+echo "gpu_check verdict: $verdict"
 echo "gpu_check: done in $(( $(date +%s) - started )) s"
+[ "$tests_status" -eq 0 ] && [ "$predict_status" -eq 0 ] && [ "$skips_status" -eq 0 ]

@@ -2,9 +2,11 @@
 # Prepares the GPU check (bench/gpu_check.sh) on a machine without a GPU: builds the GPU tests,
 # the benchmarks and the CLI for sm_90, and packs them, with the shared libraries the device
 # machine lacks (OpenBLAS, zstd, blosc, libpng, Google Benchmark: Debian packages it does not
-# have), into .gpu-carry/carry.tar.xz. The device run then names .gpu-carry in `carry`.
+# have), into .gpu-carry/carry.tar.gz (gzip: the device machine may lack xz). The device run then
+# names .gpu-carry in `carry`.
 #
-# The binaries need glibc 2.36 or newer (Debian 12's, which built them); the CUDA libraries
+# The binaries need glibc 2.34 or newer and GLIBCXX_3.4.30 (what Debian 12's toolchain built them
+# against; the device machine's own glibc and libstdc++ serve them); the CUDA libraries
 # (cuBLAS, cuBLASLt, cuDNN) are NOT packed: they are hundreds of megabytes, and the device
 # machine has its own (gpu_check.sh finds them).
 #
@@ -15,15 +17,29 @@ cd "$(dirname "$0")/.."
 build=${TANDEM_BUILD_DIR:-build}
 generator=()
 [ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-targets=(tandem_cuda_tests tandem_kernels_cuda_bench tandem_train_step_cuda_bench
-         tandem_group_step_cuda_bench tandem_cli)
+# Tests, benchmarks and CUDA on, whatever an earlier configure of the same folder chose (the
+# quick start's turns tests and benchmarks off).
+if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+       -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=ON \
+       -DTANDEM_BUILD_BENCH=ON -DTANDEM_BUILD_TOOLS=ON >"$build.configure.log" 2>&1; then
+  cat "$build.configure.log"
+  exit 1
+fi
+if ! grep -q "Tandem: CUDA ON" "$build.configure.log"; then
+  grep -E "CUDA|cuDNN|NCCL" "$build.configure.log"
+  echo "gpu_check_prepare: CMake found no usable CUDA toolkit; nothing to carry to a GPU" >&2
+  exit 1
+fi
+rm -f "$build.configure.log"
+targets=(tandem_cuda_tests tandem_predict_tests tandem_kernels_cuda_bench
+         tandem_train_step_cuda_bench tandem_group_step_cuda_bench tandem_cli)
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-cp "$build/tests/tandem_cuda_tests" "$build/bench/tandem_kernels_cuda_bench" \
+cp "$build/tests/tandem_cuda_tests" "$build/tests/tandem_predict_tests" \
+   "$build/bench/tandem_kernels_cuda_bench" \
    "$build/bench/tandem_train_step_cuda_bench" "$build/bench/tandem_group_step_cuda_bench" \
    "$build/tools/tandem" "$stage/bin/"
 strip --strip-unneeded "$stage"/bin/*
@@ -32,8 +48,11 @@ for binary in "$stage"/bin/*; do
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     # glibc and the compiler runtime are on every Linux (newer there, which is fine); CUDA's
-    # libraries come from the device machine.
+    # libraries come from the device machine. All of glibc's own libraries stay home: one built
+    # against this glibc's private symbols (libresolv, reached through libzmq's Kerberos) would
+    # be loaded against the device machine's glibc and could fail to load there.
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+    libresolv.so*|libnsl.so*|libutil.so*|libanl.so*|libnss_*|libthread_db.so*|libBrokenLocale*) ;;
     libcublas*|libcudnn*|libcudart*|libcuda.so*) ;;
     libnccl*) ;;  # 218 MB, over the carry's limit; PyTorch's wheels bring one (nvidia/nccl)
     *) cp -L "$lib" "$stage/lib/" ;;
@@ -45,6 +64,7 @@ done
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(nvcc --version | tail -1)"
 } > "$stage/BUILD_INFO"
 mkdir -p .gpu-carry
-tar -C "$stage" -cJf .gpu-carry/carry.tar.xz .
-echo "packed .gpu-carry/carry.tar.xz ($(du -h .gpu-carry/carry.tar.xz | cut -f1)):"
-tar -tJf .gpu-carry/carry.tar.xz | sed 's/^/  /'
+rm -f .gpu-carry/carry.tar.xz  # (an older prepare's)
+tar -C "$stage" -czf .gpu-carry/carry.tar.gz .
+echo "packed .gpu-carry/carry.tar.gz ($(du -h .gpu-carry/carry.tar.gz | cut -f1)):"
+tar -tzf .gpu-carry/carry.tar.gz | sed 's/^/  /'

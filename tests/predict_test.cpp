@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -358,6 +359,25 @@ TEST(Predictor, AutoIsTheCpuWithoutADeviceAndCudaIsRefusedThere) {
   }
   // Even with nothing left to predict (a finished output), `cuda` is refused.
   EXPECT_THROW(predict_chunks(f.model, f.store, cpu, o), InputError);
+}
+
+// The GPU check sets TANDEM_REQUIRE_CUDA=1: on a machine whose GPU the process cannot use, the
+// device count throws, saying why, instead of counting none (the GPU tests then skipped, exit
+// status 0, and the lent machine's time went on CPU figures).
+TEST(CudaDevices, RequiredButNoneUsableIsAnErrorSayingWhy) {
+  if (kernels::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is usable here";
+  ASSERT_EQ(setenv("TANDEM_REQUIRE_CUDA", "1", 1), 0);
+  const std::string why = test::error_of<Error>([] { kernels::cuda_device_count(); });
+  ASSERT_EQ(setenv("TANDEM_REQUIRE_CUDA", "0", 1), 0);  // "0": not required
+  EXPECT_EQ(kernels::cuda_device_count(), 0);
+  ASSERT_EQ(unsetenv("TANDEM_REQUIRE_CUDA"), 0);
+  EXPECT_TRUE(test::contains(why, "TANDEM_REQUIRE_CUDA is set, and no CUDA device is usable: "))
+      << why;
+  // ... and the reason itself: the runtime's error, or a build without CUDA.
+  EXPECT_TRUE(test::contains(why, "cudaGetDeviceCount failed with CUDA error") ||
+              test::contains(why, "the CUDA runtime sees none") ||
+              test::contains(why, "has no CUDA"))
+      << why;
 }
 
 TEST(Predictor, OnTheGpuAgreesWithTheCpu) {

@@ -3,9 +3,12 @@
 // every single-byte corruption being caught. TensorBoard's own reader checks the same files in
 // tests/python/tensorboard_read_test.py.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -394,6 +397,68 @@ TEST(TensorBoardWriter, ErrorsNameThePath) {
   std::vector<ParsedEvent> events;
   ASSERT_EQ(read_events(test::read_bytes(writer.path()), events), "");
   EXPECT_EQ(events.size(), 2u);  // the file version and "ok": the refused tags wrote nothing
+}
+
+// A write that fails part way (a full disk; here the file size limit) cut a record short in the
+// file, and the writer went on: the records written after it, once there was room again, were
+// swallowed by the cut record's length, and TensorBoard stopped reading at it for good. Now the
+// file is cut back to its last whole record and the writer takes no more. In a child process:
+// the size limit and its signal are the whole process's.
+TEST(TensorBoardWriter, AFailedWriteLeavesWholeRecordsAndTakesNoMore) {
+  test::TempDir tmp;
+  const std::string dir = tmp.path().string();
+  int last_step = -1;
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
+    TensorBoardWriter writer(dir);
+    rlimit limit{};
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    const rlimit before = limit;
+    limit.rlim_cur = 10000;
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(20);
+    int step = 0;
+    try {
+      for (; step < 100; ++step) {
+        writer.add_scalar(std::string(900, 'x'), step, 1.0f);
+        writer.flush();
+      }
+      _exit(10);  // the limit never bit
+    } catch (const IoError&) {
+    }
+    const int written = step - 1;
+    if (::write(pipe_fds[1], &written, sizeof written) != sizeof written) _exit(21);
+    if (::setrlimit(RLIMIT_FSIZE, &before) != 0) _exit(22);  // room again
+    try {
+      writer.add_scalar("after", 1000, 2.0f);
+      writer.flush();
+      _exit(11);  // taken after the failure
+    } catch (const IoError& e) {
+      if (std::string(e.what()).find("takes no more") == std::string::npos) _exit(12);
+    }
+    writer.close();  // (nothing left to finish: no throw)
+    _exit(0);
+  }
+  ::close(pipe_fds[1]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "10: never failed; 11: took a record after failing; "
+                                       "12: another message; 2x: setup";
+  ASSERT_EQ(::read(pipe_fds[0], &last_step, sizeof last_step), ssize_t(sizeof last_step));
+  ::close(pipe_fds[0]);
+  ASSERT_GE(last_step, 1) << "the limit bit before two records were written";
+  const std::vector<fs::path> files = event_files(tmp.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::vector<ParsedEvent> events;
+  EXPECT_EQ(read_events(test::read_bytes(files[0].string()), events), "")
+      << "the file ends in a record cut short";
+  ASSERT_EQ(events.size(), static_cast<size_t>(last_step) + 2);  // the file version, 0..last
+  EXPECT_EQ(events.back().step, last_step);
 }
 
 }  // namespace

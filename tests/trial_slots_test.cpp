@@ -92,6 +92,17 @@ TEST(TrialSlotProtocol, EveryTypeRoundTrips) {
   EXPECT_EQ(answer.seq, 17);
   EXPECT_TRUE(answer.jobs_listed);
   EXPECT_EQ(answer.jobs, beat.jobs);
+  EXPECT_TRUE(answer.ended.empty());
+  beat.ended = {{"trial-1.r0", 0, 0}, {"trial-2.r0", -1, SIGKILL}};
+  const SlotMessage with_ended = round_trip(beat);
+  ASSERT_EQ(with_ended.ended.size(), 2u);
+  EXPECT_EQ(with_ended.ended[0].job, "trial-1.r0");
+  EXPECT_EQ(with_ended.ended[0].exit_code, 0);
+  EXPECT_EQ(with_ended.ended[0].signal, 0);
+  EXPECT_EQ(with_ended.ended[1].job, "trial-2.r0");
+  EXPECT_EQ(with_ended.ended[1].exit_code, -1);
+  EXPECT_EQ(with_ended.ended[1].signal, SIGKILL);
+  beat.ended.clear();
   beat.jobs.clear();  // none left: still a list, not the field left out
   EXPECT_TRUE(round_trip(beat).jobs_listed);
   EXPECT_EQ(round_trip(SlotMessage(SlotMessageType::Bye)).type, SlotMessageType::Bye);
@@ -131,6 +142,13 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
   expect_refused(R"({"v": 1, "type": "start", "job": "", "log": "l", "args": ["train"]})", "empty \"job\"");
   expect_refused(R"({"v": 1, "type": "cancel"})", "missing field \"job\"");
   expect_refused(R"({"v": 1, "type": "exited", "job": "j"})", "either \"exit_code\" or \"signal\"");
+  expect_refused(R"({"v": 1, "type": "heartbeat", "ended": {"job": "j"}})",
+                 "\"ended\" must be a list of objects");
+  expect_refused(R"({"v": 1, "type": "heartbeat", "ended": ["j"]})", "list of objects");
+  expect_refused(R"({"v": 1, "type": "heartbeat", "ended": [{"job": "j"}]})",
+                 "an \"ended\" entry: give either \"exit_code\" or \"signal\"");
+  expect_refused(R"({"v": 1, "type": "heartbeat", "ended": [{"exit_code": 0}]})",
+                 "missing field \"job\"");
   expect_refused(R"({"v": 1, "type": "error", "error": "e", "busy": 1})", "\"busy\" is not a boolean");
   expect_refused(R"({"v": 1, "type": "started", "job": "j", "pid": 1e30})", "\"pid\" is not an integer");
   expect_refused(R"({"v": 1, "type": "heartbeat", "running": 99999999999})", "out of range");
@@ -153,10 +171,20 @@ bool process_running(pid_t pid) {
 // A search's side, by hand: a DEALER that sends raw frames and reads the answers.
 class Client {
  public:
-  Client(zmq::context_t& context, const std::string& endpoint)
+  Client(zmq::context_t& context, const std::string& endpoint,
+         const std::string& routing_id = std::string())
       : socket_(context, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
+    if (!routing_id.empty()) socket_.set(zmq::sockopt::routing_id, routing_id);
     socket_.connect(endpoint);
+  }
+  // The server's answer to a heartbeat of this sequence number, within 10 s (or a message of
+  // type Bye: none came).
+  SlotMessage heartbeat_answer(int seq) {
+    const std::optional<SlotMessage> m = first(
+        [seq](const SlotMessage& m) { return m.type == SlotMessageType::Heartbeat && m.seq == seq; },
+        seq, true);
+    return m ? *m : SlotMessage(SlotMessageType::Bye);
   }
   void send_raw(const std::vector<std::string>& frames) {
     for (size_t i = 0; i < frames.size(); ++i)
@@ -167,20 +195,9 @@ class Client {
   // The next message that is not a heartbeat, within 10 s. Heartbeats go out meanwhile (every
   // 250 ms), so a slow answer does not make this client silent.
   SlotMessage next() {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    auto beat = Clock::now();
-    while (Clock::now() < deadline) {
-      if (Clock::now() - beat >= std::chrono::milliseconds(250)) {
-        send(SlotMessage(SlotMessageType::Heartbeat));
-        beat = Clock::now();
-      }
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(50));
-      zmq::message_t frame;
-      if (!socket_.recv(frame, zmq::recv_flags::dontwait)) continue;
-      const SlotMessage m = decode_slot_message(frame.to_string());
-      if (m.type != SlotMessageType::Heartbeat) return m;
-    }
+    const std::optional<SlotMessage> m =
+        first([](const SlotMessage& m) { return m.type != SlotMessageType::Heartbeat; }, 0, false);
+    if (m) return *m;
     ADD_FAILURE() << "no answer within 10 s";
     return SlotMessage(SlotMessageType::Bye);
   }
@@ -195,6 +212,28 @@ class Client {
   std::string log_ = "/dev/null";
 
  private:
+  // The first message `wanted` takes, within 10 s; heartbeats of sequence number `seq` go out
+  // every 250 ms meanwhile (the first at once when `beat_now`).
+  template <typename Wanted>
+  std::optional<SlotMessage> first(Wanted wanted, int seq, bool beat_now) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    auto beat = beat_now ? Clock::time_point() : Clock::now();
+    while (Clock::now() < deadline) {
+      if (Clock::now() - beat >= std::chrono::milliseconds(250)) {
+        SlotMessage m(SlotMessageType::Heartbeat);
+        m.seq = seq;
+        send(m);
+        beat = Clock::now();
+      }
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      zmq::message_t frame;
+      if (!socket_.recv(frame, zmq::recv_flags::dontwait)) continue;
+      const SlotMessage m = decode_slot_message(frame.to_string());
+      if (wanted(m)) return m;
+    }
+    return std::nullopt;
+  }
   zmq::socket_t socket_;
 };
 
@@ -205,7 +244,7 @@ class TrialSlotServerTest : public ::testing::Test {
     o.slots = 1;
     o.program = "/bin/sh";
     o.allowed_commands = {"-c"};
-    o.heartbeat_timeout_ms = 1500;
+    o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
     o.kill_grace_ms = 500;
     o.log = [](const std::string&) {};
     server_ = std::make_unique<TrialSlotServer>(o);
@@ -215,6 +254,7 @@ class TrialSlotServerTest : public ::testing::Test {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
   }
+  int heartbeat_timeout_ms_ = 1500;
   zmq::context_t context_{1};
   std::unique_ptr<TrialSlotServer> server_;
   std::atomic<bool> stop_{false};
@@ -583,6 +623,104 @@ TEST_F(TrialSlotServerTest, APoolBusyElsewhereKeepsItsServers) {
     EXPECT_TRUE(ended.empty());
   }
   EXPECT_EQ(pool.total_slots(), 1) << pool.lost_servers();
+}
+
+// A search's connection that breaks and comes back (its DEALER reconnects with the same routing
+// id) misses what the server sent meanwhile: the ROUTER drops it. A job that ended then was
+// missing from the next heartbeat's list, and the search failed a trial that had finished. A
+// patient server here, so that the reconnect comes well within its heartbeat timeout.
+class TrialSlotServerPatientTest : public TrialSlotServerTest {
+ protected:
+  TrialSlotServerPatientTest() { heartbeat_timeout_ms_ = 30000; }
+};
+
+TEST_F(TrialSlotServerPatientTest, AReconnectedSearchLearnsHowItsJobEndedMeanwhile) {
+  const std::string id = "search-reconnecting";
+  {
+    Client before(context_, server_->endpoint(), id);
+    const SlotMessage m = before.start("quick", "exit 4");
+    ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  }  // closed (linger 0): whatever the server sends it next is lost
+  Client after(context_, server_->endpoint(), id);
+  SlotMessage beat;
+  int seq = 0;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        beat = after.heartbeat_answer(++seq);
+        return beat.type == SlotMessageType::Heartbeat && beat.jobs.empty();
+      },
+      10000, 50))
+      << "the job never ended";
+  ASSERT_EQ(beat.ended.size(), 1u) << "how the job ended is lost with its exited";
+  EXPECT_EQ(beat.ended[0].job, "quick");
+  EXPECT_EQ(beat.ended[0].exit_code, 4);
+  EXPECT_EQ(beat.ended[0].signal, 0);
+
+  // A reconnect the server sees before it has seen the old connection die (that one is still
+  // open here) takes over the routing id; it was refused, and the search heard nothing.
+  Client again(context_, server_->endpoint(), id);
+  beat = again.heartbeat_answer(++seq);
+  ASSERT_EQ(beat.type, SlotMessageType::Heartbeat) << "the reconnect was never answered";
+  ASSERT_EQ(beat.ended.size(), 1u);
+  EXPECT_EQ(beat.ended[0].job, "quick");
+}
+
+// The pool's side, against a server by hand that lists a job as ended in its heartbeat answer
+// (its exited was lost): the job ends as listed, not as one the server no longer runs.
+TEST(TrialSlotPoolEnded, AJobListedAsEndedInAHeartbeatEndsAsListed) {
+  zmq::context_t context(1);
+  zmq::socket_t server(context, zmq::socket_type::router);
+  server.set(zmq::sockopt::linger, 0);
+  server.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = server.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> stop{false};
+  std::thread by_hand([&] {
+    bool started = false;
+    while (!stop.load()) {
+      zmq::pollitem_t item{server.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(20));
+      zmq::message_t id;
+      zmq::message_t frame;
+      if (!server.recv(id, zmq::recv_flags::dontwait)) continue;
+      if (!server.recv(frame)) continue;
+      const SlotMessage m = decode_slot_message(frame.to_string());
+      SlotMessage answer(m.type);
+      if (m.type == SlotMessageType::Hello) {
+        answer.slots = 1;
+        answer.threads = 1;
+        answer.heartbeat_timeout_ms = 2000;
+      } else if (m.type == SlotMessageType::Start) {
+        started = true;
+        answer.type = SlotMessageType::Started;
+        answer.job = m.job;
+        answer.pid = 1;
+      } else if (m.type == SlotMessageType::Heartbeat) {
+        answer.seq = m.seq;
+        answer.jobs_listed = true;  // ... and empty: the job no longer runs
+        if (started) answer.ended = {{"quick", 0, 0}};
+      } else {
+        continue;
+      }
+      const std::string text = encode_slot_message(answer);
+      server.send(id, zmq::send_flags::sndmore);
+      server.send(zmq::buffer(text));
+    }
+  });
+  std::vector<SlotJobEnd> ended;
+  {
+    TrialSlotPoolOptions o;
+    o.timeout_ms = 5000;
+    TrialSlotPool pool({endpoint}, o);
+    pool.start("quick", [](int) { return std::vector<std::string>{"-c", "exit 0"}; }, "/dev/null");
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until && ended.empty()) ended = pool.wait(100);
+  }
+  stop.store(true);
+  by_hand.join();
+  ASSERT_EQ(ended.size(), 1u) << "the job was never reported ended";
+  EXPECT_EQ(ended[0].job, "quick");
+  EXPECT_TRUE(ended[0].clean) << ended[0].how;
+  EXPECT_EQ(ended[0].how, "exited with status 0");
 }
 
 }  // namespace

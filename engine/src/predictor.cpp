@@ -559,17 +559,24 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   // workers read and write chunks around it. Made before any chunk is read; `cuda` without a
   // usable device fails at once, even with nothing to do.
   check_device_for(options, in.checkpoint.model.config());
-  const bool on_device = options.backend == BackendKind::Cuda ||
-                         (options.backend == BackendKind::Auto && kernels::cuda_device_count() > 0);
-  s.backend = on_device ? "cuda" : "cpu";
   const bool any_work = !chunks_to_write.empty() && options.stop_after_chunks != 0;
   std::unique_ptr<Backend> device_backend;
+  bool on_device = options.backend == BackendKind::Cuda;
+  if (options.backend == BackendKind::Auto && kernels::cuda_device_count() > 0) {
+    // auto: the device when this build's kernels run on it; else make_backend says why not
+    // (once) and the CPU predicts, as `tandem train --backend auto` trains there.
+    std::unique_ptr<Backend> probe =
+        make_backend(BackendKind::Auto, in.checkpoint.model.config(), OptimizerConfig{}, 1);
+    on_device = probe->name() == "cuda";
+    if (on_device) device_backend = std::move(probe);
+  }
+  s.backend = on_device ? "cuda" : "cpu";
   std::mutex device_mutex;
-  if (on_device && any_work) {
+  if (on_device && any_work && !device_backend)
     device_backend = make_backend(BackendKind::Cuda, in.checkpoint.model.config(),
                                   OptimizerConfig{}, 1);
-    device_backend->set_parameters(in.checkpoint.model);
-  }
+  if (!any_work) device_backend.reset();
+  if (device_backend) device_backend->set_parameters(in.checkpoint.model);
   // Only counting the chunks done (the parent of --processes asks that): no backend per worker.
   if (!any_work) return s;
   std::atomic<int64_t> next{0}, written{0}, predicted{0};

@@ -1,6 +1,8 @@
 #include "tensorboard_writer.h"
 
 #include <fcntl.h>
+#include <stdio_ext.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -152,17 +154,22 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
       throw IoError("cannot create TensorBoard event file '" + path_ + "': " +
                     std::strerror(errno));
   }
+  // A file this constructor made and could not start is removed: left empty, it would make the
+  // next run's writer in this directory refuse it as another run's events.
   file_ = fdopen(fd, "wb");
   if (file_ == nullptr) {
     const int err = errno;
     ::close(fd);
+    ::unlink(path_.c_str());
     throw IoError("cannot open TensorBoard event file '" + path_ + "': " + std::strerror(err));
   }
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     write_record(encode_file_version_event(now, "brain.Event:2"));
   } catch (...) {
-    std::fclose(file_);  // no destructor runs for a constructor that throws
+    if (file_ != nullptr) std::fclose(file_);  // no destructor runs for a constructor that throws
+    file_ = nullptr;
+    ::unlink(path_.c_str());
     throw;
   }
 }
@@ -185,33 +192,61 @@ void TensorBoardWriter::add_scalar(const std::string& tag, int64_t step, float v
   write_record(event);
 }
 
-void TensorBoardWriter::write_record(const std::string& event) {
+void TensorBoardWriter::check_open() const {
+  if (!failed_.empty()) throw IoError(failed_);
   if (file_ == nullptr) throw IoError("TensorBoard event file '" + path_ + "' is closed");
+}
+
+void TensorBoardWriter::write_record(const std::string& event) {
+  check_open();
   const std::string record = tfrecord_frame(event);
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size())
-    throw IoError("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
+    fail("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
+  record_ends_.push_back(record_ends_.empty() ? record.size() : record_ends_.back() + record.size());
+}
+
+void TensorBoardWriter::fail(const std::string& what) {
+  // A failed write (a full disk) may have put part of the buffer down: a record cut short there
+  // would swallow every record written after it, and TensorBoard stops reading at it for good.
+  // The file is cut back to the last whole record that reached it, and the writer takes no more
+  // (a later write, with room again, would land after the cut record, unread).
+  std::FILE* f = file_;
+  file_ = nullptr;
+  failed_ = what + "; the event file keeps the records before the failure, and takes no more";
+  struct stat st {};
+  if (::fstat(fileno(f), &st) == 0) {
+    uint64_t keep = 0;
+    for (uint64_t end : record_ends_)
+      if (end <= static_cast<uint64_t>(st.st_size)) keep = end;
+    if (::ftruncate(fileno(f), static_cast<off_t>(keep)) != 0) {
+      // (the cut record stays; nothing more is written after it)
+    }
+  }
+  __fpurge(f);  // the buffer's unwritten bytes, which fclose would write after the cut
+  std::fclose(f);
+  throw IoError(failed_);
 }
 
 void TensorBoardWriter::flush(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (file_ == nullptr) throw IoError("TensorBoard event file '" + path_ + "' is closed");
+  check_open();
   if (std::fflush(file_) != 0)
-    throw IoError("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
+    fail("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
   if (sync && ::fsync(fileno(file_)) != 0)
-    throw IoError("cannot fsync TensorBoard event file '" + path_ + "': " + std::strerror(errno));
+    fail("cannot fsync TensorBoard event file '" + path_ + "': " + std::strerror(errno));
+  // Everything written is in the file now: only the last end is needed to cut back to.
+  if (record_ends_.size() > 1) record_ends_.erase(record_ends_.begin(), record_ends_.end() - 1);
 }
 
 void TensorBoardWriter::close() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (file_ == nullptr) return;
+  if (file_ == nullptr) return;  // closed, or failed (said then)
+  if (std::fflush(file_) != 0)
+    fail("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
   std::FILE* f = file_;
   file_ = nullptr;
-  const bool flushed = std::fflush(f) == 0;
-  const int flush_err = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!flushed || !closed)
-    throw IoError("cannot write TensorBoard event file '" + path_ +
-                  "': " + std::strerror(flushed ? errno : flush_err));
+  if (std::fclose(f) != 0)
+    throw IoError("cannot write TensorBoard event file '" + path_ + "': " + std::strerror(errno));
 }
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tandem {
 
@@ -34,7 +35,9 @@ std::string encode_scalar_event(std::string_view tag, int64_t step, float value,
 // starting with an Event{wall_time, file_version: "brain.Event:2"}. Scalars are buffered; flush()
 // hands them to the OS (TensorBoard then sees them), close() or the destructor finishes the file.
 // All members may be called from several threads at once. Failures throw IoError naming the file
-// (InputError for a bad tag); the destructor reports a failure on stderr instead.
+// (InputError for a bad tag); the destructor reports a failure on stderr instead. After a failed
+// write (a full disk) the file is cut back to its last whole record, still readable to the end,
+// and every later call throws.
 class TensorBoardWriter {
  public:
   explicit TensorBoardWriter(const std::string& dir);
@@ -56,10 +59,16 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& event);  // frames and writes, under mutex_
+  void check_open() const;                      // IoError once closed or failed
+  // After a failed write: cuts the file back to its last whole record, closes it and throws
+  // IoError(what); every later call throws it again.
+  [[noreturn]] void fail(const std::string& what);
 
   std::string path_;
   std::mutex mutex_;
   std::FILE* file_ = nullptr;
+  std::vector<uint64_t> record_ends_;  // the file offset after each record written
+  std::string failed_;                 // why the file takes no more records
 };
 
 }  // namespace tandem

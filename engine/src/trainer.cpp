@@ -87,6 +87,7 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   resumed_epochs_trained_ =
       std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
+  epochs_trained_ = -1;
   best_.reset();
   best_is_current_ = false;
   last_diverged_ = false;
@@ -140,12 +141,21 @@ Checkpoint scored(Checkpoint ckpt, double loss, int64_t validation_rows) {
 }  // namespace
 
 Checkpoint Trainer::resume_state() const {
-  // A diverged epoch's state (parameters of NaN) is refused by every reader of the file, the
-  // best beside it included: while the run has a finite best, that is what the file holds.
-  if (best_is_current_ || last_diverged_) return *best_;
-  Checkpoint ckpt =
-      last_scored_ ? scored(checkpoint(), last_validation_loss_, validation_rows_) : checkpoint();
-  ckpt.best = best_;
+  Checkpoint ckpt;
+  if (best_is_current_ || last_diverged_) {
+    // A diverged epoch's state (parameters of NaN) is refused by every reader of the file, the
+    // best beside it included: while the run has a finite best, that is what the file holds.
+    ckpt = *best_;
+  } else {
+    ckpt = last_scored_ ? scored(checkpoint(), last_validation_loss_, validation_rows_)
+                        : checkpoint();
+    ckpt.best = best_;
+  }
+  // Once fit has ended, how far the run went is said beside a kept earlier epoch, so that
+  // resuming the finished run (a requeued job, or Python's resume=state) trains nothing rather
+  // than the epochs after the kept one once more.
+  if (epochs_trained_ >= 0)
+    ckpt.extra["epochs_trained"] = std::to_string(std::max(epochs_trained_, ckpt.epoch));
   return ckpt;
 }
 
@@ -261,7 +271,13 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     }
   }
   bool said_diverged = false;
-  while (epoch_ < config_.epochs) {
+  epochs_trained_ = -1;
+  // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far
+  // it went beside it) trains nothing: not the epochs after the kept one a second time.
+  const int64_t last_epoch = resumed_epochs_trained_ >= config_.epochs
+                                 ? std::min<int64_t>(epoch_, config_.epochs)
+                                 : config_.epochs;
+  while (epoch_ < last_epoch) {
     const auto epoch_start = Clock::now();
     auto step_start = epoch_start;
     double loss_sum = 0.0;
@@ -337,14 +353,10 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     best_is_current_ = true;
   }
   summary.kept_epoch = epoch_;
-  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore)) {
-    // The file holds the kept epoch; how far the run went is said beside it, so that a rerun of
-    // the finished run (a requeued job) trains nothing rather than the epochs after the best.
-    Checkpoint state = resume_state();
-    state.extra["epochs_trained"] =
-        std::to_string(std::max({trained_to, resumed_epochs_trained_, state.epoch}));
-    save_run_state(config_.checkpoint_path, state);
-  }
+  epochs_trained_ = std::max({trained_to, resumed_epochs_trained_, epoch_});
+  // The file holds the kept epoch, with how far the run went beside it (resume_state()).
+  if (!config_.checkpoint_path.empty() && (summary.epochs == 0 || restore))
+    save_run_state(config_.checkpoint_path, resume_state());
   summary.seconds = train_seconds;
   summary.samples_per_s = train_seconds > 0 ? static_cast<double>(summary.samples) / train_seconds : 0.0;
   if (validation.rows > 0) summary.validation = evaluate(validation);

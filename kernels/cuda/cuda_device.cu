@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cuda_check.h"
+#include "cuda_required.h"
 
 #ifndef TANDEM_CUDA_ARCHITECTURES
 #define TANDEM_CUDA_ARCHITECTURES "?"
@@ -22,8 +23,12 @@ int cuda_device_count() {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so later calls start clean
+    no_cuda_device(std::string("cudaGetDeviceCount failed with CUDA error ") +
+                   std::to_string(static_cast<int>(status)) + " (" + cudaGetErrorString(status) +
+                   ")");
     return 0;
   }
+  if (count == 0) no_cuda_device("the CUDA runtime sees none (CUDA_VISIBLE_DEVICES?)");
   return count;
 }
 

@@ -1,5 +1,6 @@
 // How many CUDA devices this process can use. Any error (no driver, no device, a driver older
-// than the runtime) counts as none, so `--backend auto` falls back to the CPU and GPU tests skip.
+// than the runtime) counts as none, so `--backend auto` falls back to the CPU and GPU tests skip;
+// with TANDEM_REQUIRE_CUDA=1 in the environment it throws instead, saying why (cuda_required.h).
 #pragma once
 
 #include <string>

@@ -63,6 +63,27 @@ class ResumeStateTest(unittest.TestCase):
         self.assertEqual(rest["validation"]["loss_sum"], first["validation"]["loss_sum"])
         self.assertTrue(all(np.isfinite(v).all() for v in model.parameters().values()))
 
+    def test_a_finished_run_that_kept_an_earlier_epoch_trains_nothing_more(self):
+        """As tandem train --resume of a finished run (a requeued job): the state of a run that
+        kept an earlier epoch says how far the run went, and resumed with as many epochs it
+        trains nothing and stays the kept epoch. It once trained the epochs after the kept one
+        again, and ended on another model. Random labels: the validation loss rises as the model
+        memorises the training rows, so the best epoch is an early one."""
+        rng = np.random.default_rng(7)
+        train = (TRAIN[0][:300], rng.integers(0, 10, 300).astype(np.uint8))
+        validation = (VALIDATION[0][:100], rng.integers(0, 10, 100).astype(np.uint8))
+        kw = dict(SETTINGS, validation=validation, learning_rate=0.1, return_state=True)
+        model, first, state = tandem.train(train, epochs=8, **kw)
+        self.assertLess(first["kept_epoch"], 8, "the test needs a best epoch before the last")
+        again, rest, state_again = tandem.train(train, epochs=8, resume=state, **kw)
+        self.assertEqual(rest["epochs"], 0)
+        self.assertEqual(rest["kept_epoch"], first["kept_epoch"])
+        assert_same_model(self, again, model)
+        self.assertEqual(state_again, state)
+        # Asked for more epochs than it went, it goes on from the kept epoch, as the CLI does.
+        _, more, _ = tandem.train(train, epochs=9, resume=state, **kw)
+        self.assertEqual(more["epochs"], 9 - first["kept_epoch"])
+
     def test_bad_states_are_refused(self):
         _, _, state = tandem.train(TRAIN, epochs=1, return_state=True, **SETTINGS)
         with self.assertRaisesRegex(tandem.InputError, "holds model 784-16-10, expected 784-8-10"):

@@ -249,6 +249,16 @@ void TrialSlotPool::lost_jobs(Server& s, const SlotMessage& heartbeat,
   }
 }
 
+void TrialSlotPool::job_exited(Server& s, const SlotJobExit& exit,
+                               std::vector<SlotJobEnd>& ended) {
+  const auto job = std::find(s.jobs.begin(), s.jobs.end(), exit.job);
+  if (job == s.jobs.end()) return;  // reported already (an exited, then a heartbeat's list)
+  s.jobs.erase(job);
+  ended.push_back({exit.job, exit.exit_code == 0,
+                   exit.signal > 0 ? "killed by signal " + std::to_string(exit.signal)
+                                   : "exited with status " + std::to_string(exit.exit_code)});
+}
+
 void TrialSlotPool::drop(Server& s, const std::string& reason, std::vector<SlotJobEnd>& ended) {
   s.alive = false;
   s.lost = reason;
@@ -324,13 +334,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
               50, std::min(options_.timeout_ms, m.heartbeat_timeout_ms > 0 ? m.heartbeat_timeout_ms
                                                                          : options_.timeout_ms) / 4);
           break;
-        case SlotMessageType::Exited:
-          if (job == s.jobs.end()) break;
-          s.jobs.erase(job);
-          ended.push_back({m.job, m.exit_code == 0,
-                           m.signal > 0 ? "killed by signal " + std::to_string(m.signal)
-                                        : "exited with status " + std::to_string(m.exit_code)});
-          break;
+        case SlotMessageType::Exited: job_exited(s, {m.job, m.exit_code, m.signal}, ended); break;
         case SlotMessageType::Error:
           if (job != s.jobs.end()) {
             s.jobs.erase(job);
@@ -344,6 +348,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
           break;
         case SlotMessageType::Heartbeat:
           if (m.running < s.slots) s.busy = false;
+          // Before the list is compared: a job whose exited was lost ended as it says here.
+          for (const SlotJobExit& e : m.ended) job_exited(s, e, ended);
           if (m.jobs_listed && m.seq > 0) lost_jobs(s, m, ended);
           break;
         default: break;  // started: being heard is what counts

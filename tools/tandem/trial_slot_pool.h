@@ -89,6 +89,8 @@ class TrialSlotPool {
   // gets its seq.
   bool send(Server& server, SlotMessage m);
   // Reports the jobs `heartbeat` shows the server no longer runs as ended (see the .cpp).
+  // The job ended as `exit` says (an exited, or a heartbeat's "ended" entry; once).
+  void job_exited(Server& server, const SlotJobExit& exit, std::vector<SlotJobEnd>& ended);
   void lost_jobs(Server& server, const SlotMessage& heartbeat, std::vector<SlotJobEnd>& ended);
   void drop(Server& server, const std::string& reason, std::vector<SlotJobEnd>& ended);
 

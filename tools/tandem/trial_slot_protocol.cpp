@@ -43,6 +43,24 @@ int int_field(const json& j, const char* key, bool required, int fallback = 0) {
   return static_cast<int>(v);
 }
 
+// An exited message's fields (or a heartbeat's "ended" entry): the job, and how it ended.
+json exit_object(const SlotJobExit& e, json j = json::object()) {
+  j["job"] = e.job;
+  if (e.signal > 0) j["signal"] = e.signal;
+  else j["exit_code"] = e.exit_code;
+  return j;
+}
+
+SlotJobExit decode_exit(const json& j, const std::string& what) {
+  SlotJobExit e;
+  e.job = string_field(j, "job", true);
+  e.exit_code = int_field(j, "exit_code", false, -1);
+  e.signal = int_field(j, "signal", false);
+  if ((e.exit_code < 0) == (e.signal <= 0))
+    throw SlotProtocolError(what + ": give either \"exit_code\" or \"signal\"");
+  return e;
+}
+
 }  // namespace
 
 const char* to_string(SlotMessageType type) {
@@ -80,15 +98,17 @@ std::string encode_slot_message(const SlotMessage& m) {
       j["pid"] = m.pid;
       break;
     case SlotMessageType::Exited:
-      j["job"] = m.job;
-      if (m.signal > 0) j["signal"] = m.signal;
-      else j["exit_code"] = m.exit_code;
+      j = exit_object({m.job, m.exit_code, m.signal}, std::move(j));
       break;
     case SlotMessageType::Cancel: j["job"] = m.job; break;
     case SlotMessageType::Heartbeat:
       j["running"] = m.running;
       if (m.seq > 0) j["seq"] = m.seq;
       if (m.jobs_listed) j["jobs"] = m.jobs;
+      if (!m.ended.empty()) {
+        j["ended"] = json::array();
+        for (const SlotJobExit& e : m.ended) j["ended"].push_back(exit_object(e));
+      }
       break;
     case SlotMessageType::Bye: break;
     case SlotMessageType::Error:
@@ -155,13 +175,13 @@ SlotMessage decode_slot_message(const std::string& frame) {
       m.job = string_field(j, "job", true);
       m.pid = int_field(j, "pid", true);
       break;
-    case SlotMessageType::Exited:
-      m.job = string_field(j, "job", true);
-      m.exit_code = int_field(j, "exit_code", false, -1);
-      m.signal = int_field(j, "signal", false);
-      if ((m.exit_code < 0) == (m.signal <= 0))
-        throw SlotProtocolError("exited: give either \"exit_code\" or \"signal\"");
+    case SlotMessageType::Exited: {
+      const SlotJobExit e = decode_exit(j, "exited");
+      m.job = e.job;
+      m.exit_code = e.exit_code;
+      m.signal = e.signal;
       break;
+    }
     case SlotMessageType::Cancel:
       m.job = string_field(j, "job", true);
       if (m.job.empty()) throw SlotProtocolError("cancel: empty \"job\"");
@@ -178,6 +198,15 @@ SlotMessage decode_slot_message(const std::string& frame) {
           m.jobs.push_back(id.get<std::string>());
         }
         m.jobs_listed = true;
+      }
+      if (const auto ended = j.find("ended"); ended != j.end()) {
+        if (!ended->is_array())
+          throw SlotProtocolError("heartbeat: \"ended\" must be a list of objects");
+        for (const json& e : *ended) {
+          if (!e.is_object())
+            throw SlotProtocolError("heartbeat: \"ended\" must be a list of objects");
+          m.ended.push_back(decode_exit(e, "heartbeat: an \"ended\" entry"));
+        }
       }
       break;
     }

@@ -11,8 +11,12 @@
 //   exited     server -> search  {job, exit_code | signal}
 //   cancel     search -> server  {job}                     SIGTERM; its exited follows
 //   heartbeat  search -> server  {seq}                     the server answers each one:
-//   heartbeat  server -> search  {running, seq, jobs}      seq echoed; jobs: the ids of this
-//                                                          client's jobs it still runs
+//   heartbeat  server -> search  {running, seq, jobs,      seq echoed; jobs: the ids of this
+//                                 ended}                   client's jobs it still runs; ended:
+//                                                          [{job, exit_code | signal}] of its
+//                                                          jobs that ended lately (an exited
+//                                                          sent while the search's connection
+//                                                          was down is lost; this is not)
 //   bye        search -> server  {}                        the search ends: its jobs are ended
 //   error      server -> search  {error, job?, busy?}      a refused start names its job;
 //                                                          busy: every slot was taken
@@ -38,6 +42,13 @@ class SlotProtocolError : public InputError {
 enum class SlotMessageType { Hello, Start, Started, Exited, Cancel, Heartbeat, Bye, Error };
 const char* to_string(SlotMessageType type);
 
+// How one job ended: exactly one of exit_code (a normal exit) and signal is set.
+struct SlotJobExit {
+  std::string job;
+  int exit_code = -1;  // the status of a normal exit, else -1
+  int signal = 0;      // the signal that killed it, else 0
+};
+
 struct SlotMessage {
   SlotMessage() = default;
   explicit SlotMessage(SlotMessageType message_type) : type(message_type) {}
@@ -61,6 +72,7 @@ struct SlotMessage {
   // restarted server, or one that gave the search up for silent, no longer has).
   std::vector<std::string> jobs;
   bool jobs_listed = false;
+  std::vector<SlotJobExit> ended;  // heartbeat (server): this client's jobs that ended lately
 };
 
 // One frame's bytes. A Start needs a job, args (args[0] the subcommand) and a log path.

@@ -100,6 +100,10 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
       socket_.set(zmq::sockopt::zap_domain, zap_.domain());
     }
     socket_.set(zmq::sockopt::linger, 200);
+    // A search reconnecting after its connection broke keeps its routing id; without handover
+    // the ROUTER refuses it while it still holds the old connection (one it has not yet seen
+    // die), and the search, unheard, takes this server for gone.
+    socket_.set(zmq::sockopt::router_handover, 1);
     // Messages are small JSON objects: a peer sending more is dropped by ZeroMQ.
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);
   } catch (const zmq::error_t& e) {
@@ -169,9 +173,9 @@ void TrialSlotServer::reply(const std::string& client, const SlotMessage& m) {
 void TrialSlotServer::handle(const std::string& client, const std::string& frame) {
   auto known = clients_.find(client);
   if (known == clients_.end()) {
-    known = clients_.emplace(client, Client{Clock::now(), "search " + std::to_string(++client_count_) +
-                                                              " (" + printable(client) + ")"})
-                .first;
+    const std::string name =
+        "search " + std::to_string(++client_count_) + " (" + printable(client) + ")";
+    known = clients_.emplace(client, Client{Clock::now(), name, {}}).first;
   }
   known->second.last_heard = Clock::now();
   SlotMessage m;
@@ -202,6 +206,13 @@ void TrialSlotServer::handle(const std::string& client, const std::string& frame
       answer.jobs_listed = true;
       for (const Job& j : jobs_)
         if (j.client == client && !j.orphaned) answer.jobs.push_back(j.id);
+      {
+        // Kept for twice the heartbeat timeout: a search silent for longer is given up anyway.
+        auto& ended = known->second.ended;
+        const auto keep = std::chrono::milliseconds(2 * int64_t{options_.heartbeat_timeout_ms});
+        while (!ended.empty() && Clock::now() - ended.front().at > keep) ended.pop_front();
+        for (const Client::Ended& e : ended) answer.ended.push_back(e.exit);
+      }
       reply(client, answer);
       return;
     case SlotMessageType::Start: start_job(client, m); return;
@@ -292,12 +303,17 @@ void TrialSlotServer::reap() {
     const Job job = jobs_[i];
     jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
     say("job " + job.id + " (pid " + std::to_string(job.pid) + ") " + describe_exit(status));
-    if (job.orphaned || clients_.count(job.client) == 0) continue;
+    const auto client = clients_.find(job.client);
+    if (job.orphaned || client == clients_.end()) continue;
     SlotMessage exited{SlotMessageType::Exited};
     exited.job = job.id;
     if (WIFSIGNALED(status)) exited.signal = WTERMSIG(status);
     else exited.exit_code = WEXITSTATUS(status);
     reply(job.client, exited);
+    auto& ended = client->second.ended;
+    ended.push_back({{exited.job, exited.exit_code, exited.signal}, Clock::now()});
+    constexpr size_t kMostEndedListed = 256;  // a heartbeat answer stays small
+    if (ended.size() > kMostEndedListed) ended.pop_front();
   }
 }
 

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -91,6 +92,14 @@ class TrialSlotServer {
   struct Client {
     Clock::time_point last_heard;
     std::string name;  // for log lines
+    // Its jobs that ended lately, listed in each heartbeat answer: an exited sent while its
+    // connection was down (it reconnects with the same routing id) is dropped by the ROUTER,
+    // and the search would have taken the job, missing from the heartbeat's list, for lost.
+    struct Ended {
+      SlotJobExit exit;
+      Clock::time_point at;
+    };
+    std::deque<Ended> ended;
   };
   void handle(const std::string& client, const std::string& frame);
   void start_job(const std::string& client, const SlotMessage& m);

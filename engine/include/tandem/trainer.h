@@ -77,7 +77,8 @@ class Trainer {
   // keeping the steps already taken (Python's tandem.train answers Ctrl-C through it).
   std::function<void()> between_steps;
 
-  // Trains up to config.epochs epochs in total (a resumed run counts the epochs it already did),
+  // Trains up to config.epochs epochs in total (a resumed run counts the epochs it already did,
+  // and one that went as far already, though it kept an earlier epoch, trains none),
   // evaluating the validation split after every epoch and the test split (if not empty) at the
   // end, on the kept parameters (config.keep_best). The checkpoint is written after every epoch
   // and, at the end, holds the kept state (so resuming it continues from the kept epoch). The
@@ -94,7 +95,8 @@ class Trainer {
   Checkpoint checkpoint() const;
   // After fit: what its checkpoint file holds (written or not), the state to resume the run
   // from, carrying the run's best so far, so that a resumed run keeps the best across both
-  // calls. The kept state itself when fit restored the best (config.keep_best).
+  // calls. The kept state itself when fit restored the best (config.keep_best), saying how far
+  // the run went (metadata epochs_trained): resumed with as many epochs, it trains none.
   Checkpoint resume_state() const;
   Model model() const;
   const TrainConfig& config() const { return config_; }
@@ -124,6 +126,7 @@ class Trainer {
   bool last_scored_ = false;         // the last epoch was scored ...
   double last_validation_loss_ = 0.0;  // ... at this loss
   int64_t validation_rows_ = -1;       // ... on this many rows (-1: train() has not run)
+  int64_t epochs_trained_ = -1;  // once fit has ended: how far the run went (-1: not ended)
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
