@@ -5,6 +5,9 @@
 # gpu_tests.xml and results.tgz, which packs every result (the same three, and):
 #   gpu_tests.xml       GoogleTest results of tandem_cuda_tests (every kernel vs its CPU twin,
 #                       the CUDA backend vs the CPU backend)
+#   gpu_predict_tests.xml, gpu_stream_tests.xml
+#                       the GPU tests of tandem_predict_tests and tandem_tests (predict on the
+#                       GPU against the CPU; the chunk manager's stream feeding the GPU)
 #   kernels_cuda.json   Google Benchmark: ceilings (device copy, cuBLAS SGEMM) and each kernel
 #   tandem_steps.json   whole training steps of the CUDA backend (batch 1,000 / 10,000 / 60,000)
 #   torch_steps.json    the same steps in PyTorch eager and torch.compile, in the same run
@@ -141,20 +144,28 @@ run_for 150 "$bin/tandem_cuda_tests" --gtest_output="xml:$res/gpu_tests.xml" 2>&
   grep -v -E '^\[ +(RUN|OK) +\]' | tail -60
 tests_status=${PIPESTATUS[0]}
 echo "tandem_cuda_tests exit status $tests_status"
-# tandem predict's own GPU test (a separate binary): the predictions on the GPU against the CPU.
+# The GPU tests of two other binaries: tandem predict's (the predictions on the GPU against the
+# CPU) and the chunk manager's stream feeding the CUDA backend from page-locked slots.
 run_for 60 "$bin/tandem_predict_tests" --gtest_filter='Predictor.OnTheGpu*' \
   --gtest_output="xml:$res/gpu_predict_tests.xml" 2>&1 | tail -5
 predict_status=${PIPESTATUS[0]}
 echo "tandem_predict_tests (GPU) exit status $predict_status"
+run_for 60 "$bin/tandem_tests" --gtest_filter='ChunkManager.TrainingFromTheStreamOnTheGpu*' \
+  --gtest_output="xml:$res/gpu_stream_tests.xml" 2>&1 | tail -5
+stream_status=${PIPESTATUS[0]}
+echo "tandem_tests (GPU stream) exit status $stream_status"
 # A test that skips on a GPU machine passes silently: name every skip, and warn about those that
 # should have run on one GPU (only the ones needing two GPUs may skip here).
-python3 - "$res/gpu_tests.xml" <<'PY'
+python3 - "$res/gpu_tests.xml" "$res/gpu_predict_tests.xml" "$res/gpu_stream_tests.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
-try:
-    cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
-except Exception as e:
-    sys.exit("no GPU test results to read (%s)" % e)
-cases = list(cases)
+cases = []
+for path in sys.argv[1:]:
+    try:
+        cases += list(ET.parse(path).getroot().iter("testcase"))
+    except Exception as e:
+        print("no GPU test results in %s (%s)" % (path, e))
+if not cases:
+    sys.exit("no GPU test results to read")
 skipped = [c.get("classname") + "." + c.get("name") for c in cases if c.find("skipped") is not None]
 failed = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
 two_gpus = {"NcclCollective.EveryVisibleGpuSumsAndBroadcasts",
@@ -167,7 +178,7 @@ if unexpected:
 verdict = "%d passed, %d failed, %d skipped (%d unexpectedly)" % (
     len(cases) - len(failed) - len(skipped), len(failed), len(skipped), len(unexpected))
 print("GPU tests: " + verdict)
-open(sys.argv[1] + ".verdict", "w").write(verdict + "\n")
+open(sys.argv[1] + ".verdict", "w").write(verdict + "\n")  # (gpu_tests.xml.verdict)
 sys.exit(1 if unexpected else 0)
 PY
 skips_status=$?
@@ -356,7 +367,9 @@ summarize
 # One line the device call's output tail always holds: did the GPU tests pass?
 verdict="GPU tests: $(cat "$res/gpu_tests.xml.verdict" 2>/dev/null || echo "no results")"
 verdict+="; tandem_cuda_tests $tests_status, predict on the GPU $predict_status"
+verdict+=", stream to the GPU $stream_status"
 verdict+="; memcheck ${memcheck:-not run}, racecheck ${racecheck:-not run}"
 echo "gpu_check verdict: $verdict"
 echo "gpu_check: done in $(( $(date +%s) - started )) s"
-[ "$tests_status" -eq 0 ] && [ "$predict_status" -eq 0 ] && [ "$skips_status" -eq 0 ]
+[ "$tests_status" -eq 0 ] && [ "$predict_status" -eq 0 ] && [ "$stream_status" -eq 0 ] &&
+  [ "$skips_status" -eq 0 ]

@@ -31,7 +31,7 @@ if ! grep -q "Tandem: CUDA ON" "$build.configure.log"; then
   exit 1
 fi
 rm -f "$build.configure.log"
-targets=(tandem_cuda_tests tandem_predict_tests tandem_kernels_cuda_bench
+targets=(tandem_cuda_tests tandem_predict_tests tandem_tests tandem_kernels_cuda_bench
          tandem_train_step_cuda_bench tandem_group_step_cuda_bench tandem_cli)
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 
@@ -39,6 +39,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/tests/tandem_cuda_tests" "$build/tests/tandem_predict_tests" \
+   "$build/tests/tandem_tests" \
    "$build/bench/tandem_kernels_cuda_bench" \
    "$build/bench/tandem_train_step_cuda_bench" "$build/bench/tandem_group_step_cuda_bench" \
    "$build/tools/tandem" "$stage/bin/"

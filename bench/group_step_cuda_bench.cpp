@@ -156,6 +156,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "tandem_group_step_cuda_bench: batch %lld: %s\n",
                      static_cast<long long>(batch), e.what());
         out["results"].push_back({{"batch", batch}, {"error", e.what()}});
+        // A group whose step failed stays failed (its collective aborted), and the batches
+        // after are larger: they would only repeat the error.
+        save();
+        break;
       }
       save();
     }

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "chunk_manager.h"
+#include "cuda/cuda_device.h"
 #include "tandem/tandem.h"
 #include "test_support.h"
 
@@ -459,13 +460,15 @@ TEST(ChunkManager, CancelsMidEpochAndRestarts) {
   }  // destroyed mid-epoch on even repeats: must not hang
 }
 
-TEST(ChunkManager, TrainingFromTheStreamEqualsTrainingFromMemory) {
+// Trains 2 epochs on the same rows from memory and from the chunk manager's stream on `backend`:
+// the same bits.
+void expect_stream_trains_like_memory(BackendKind backend) {
   Fixture f;
   Dataset data = test::separable_dataset(400, 40, 4, 5);
   const auto split = write_split(f.dir.file("s"), data, 64, 40, 400, zarr::Format::V3);
   TrainConfig c;
   c.model = ModelConfig::parse("40-16-4");
-  c.backend = BackendKind::Cpu;
+  c.backend = backend;
   c.batch = 32;
   c.epochs = 2;
   c.threads = 2;
@@ -482,8 +485,21 @@ TEST(ChunkManager, TrainingFromTheStreamEqualsTrainingFromMemory) {
   const Model ma = from_memory.model(), mb = from_stream.model();
   for (size_t i = 0; i < ma.parameters().size(); ++i)
     EXPECT_EQ(ma.parameters()[i].values, mb.parameters()[i].values);
+  // On a GPU the ring is page-locked, so the batches' copies to the device are direct.
+  if (backend == BackendKind::Cuda) {
+    EXPECT_TRUE(stream.page_locked());
+  }
 }
 
+TEST(ChunkManager, TrainingFromTheStreamEqualsTrainingFromMemory) {
+  expect_stream_trains_like_memory(BackendKind::Cpu);
+}
+
+// The design's feed path end to end on a GPU (bench/gpu_check.sh runs it there).
+TEST(ChunkManager, TrainingFromTheStreamOnTheGpuEqualsTrainingFromMemory) {
+  if (kernels::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_stream_trains_like_memory(BackendKind::Cuda);
+}
 }  // namespace
 }  // namespace tandem
 

@@ -640,6 +640,32 @@ TEST(Coordinator, RejectsMalformedAndUnknownRequests) {
   EXPECT_TRUE(link.request({{"type", "spec"}}).contains("spec"));
 }
 
+// A message larger than any the coordinator takes (one frame of 16 MiB and a byte, on a TCP
+// endpoint open without CURVE) ends the connection it came on rather than being buffered whole
+// and parsed; one just under the limit is answered, and the coordinator goes on serving.
+TEST(Coordinator, AMessageOverItsSizeLimitEndsItsConnection) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.bind = "tcp://127.0.0.1:*";
+  o.scores_bind = "tcp://127.0.0.1:*";
+  Coordinator c(o);
+  zmq::socket_t raw(context, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 2000);
+  raw.connect(c.endpoint());
+  std::string text(1 << 20, ' ');
+  text.front() = '{';
+  raw.send(zmq::buffer(text), zmq::send_flags::none);
+  zmq::message_t reply;
+  ASSERT_TRUE(raw.recv(reply)) << "a message of 1 MiB was not answered";
+  EXPECT_TRUE(test::contains(reply.to_string(), "error")) << reply.to_string();
+  const std::string huge(static_cast<size_t>(kCoordinatorMaxMessageBytes) + 1, ' ');
+  raw.send(zmq::buffer(huge), zmq::send_flags::none);
+  EXPECT_FALSE(raw.recv(reply)) << "a message over the limit was answered: " << reply.to_string();
+  CoordinatorLink link(c.endpoint(), context);
+  EXPECT_TRUE(link.request({{"type", "spec"}}).contains("spec"));
+}
+
 // The link reads only what answers its request: replies that are not objects, or whose seq is
 // not its request's, are passed over; a heartbeat reply's phase that is not text is ignored
 // (before, it threw out of the heartbeat thread and ended the process).

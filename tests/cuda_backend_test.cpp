@@ -35,6 +35,7 @@
 #include "backend.h"
 #include "cuda_backend.h"
 #include "cuda/cuda_device.h"
+#include "parameter_runs_check.h"
 #include "tandem/config.h"
 #include "tandem/dataset.h"
 #include "tandem/error.h"
@@ -443,8 +444,8 @@ TEST_F(CudaBackendTest, UnshuffledSlicesOfResidentDataReuseTheirGraphs) {
     r.graphs = backend.graphs_captured();
     return r;
   };
-  if (std::getenv("TANDEM_CUDA_GRAPHS") != nullptr)
-    GTEST_SKIP() << "TANDEM_CUDA_GRAPHS is set: graphs may be off";
+  if (const char* off = std::getenv("TANDEM_CUDA_GRAPHS"); off && std::strcmp(off, "0") == 0)
+    GTEST_SKIP() << "TANDEM_CUDA_GRAPHS=0: graphs are off";
   const Run graphs = run(true, true), eager = run(false, true), host = run(true, false);
   EXPECT_LE(graphs.graphs, 2u) << "a graph per batch: " << kTrainRows / kBatch << " batches";
   EXPECT_GE(graphs.graphs, 1u);
@@ -458,6 +459,51 @@ TEST_F(CudaBackendTest, UnshuffledSlicesOfResidentDataReuseTheirGraphs) {
     EXPECT_TRUE(tensors_identical(graphs.state.m, other->state.m));
     EXPECT_TRUE(tensors_identical(graphs.state.v, other->state.v));
   }
+}
+
+// Batches of changing sizes (a partial last batch, then a larger one, as a resume with another
+// --batch makes): each size is captured as its own graph, buffers grow and drop the graphs made
+// for the smaller ones, and every path gives the same bits as running eagerly.
+TEST_F(CudaBackendTest, BatchesOfChangingSizesGiveTheEagerBits) {
+  if (const char* off = std::getenv("TANDEM_CUDA_GRAPHS"); off && std::strcmp(off, "0") == 0)
+    GTEST_SKIP() << "TANDEM_CUDA_GRAPHS=0: graphs are off";
+  const Dataset data = training_data();
+  const Model init = Model::initialized(mnist_model(), 47);
+  const int64_t sizes[] = {100, 100, 37, 100, 256, 37, 100, 256, 100, 37};
+  auto run = [&](bool graphs, bool resident, size_t* captured) {
+    CudaBackendOptions options;
+    options.use_graphs = graphs;
+    CudaBackend backend(mnist_model(), adam_config(), options);
+    backend.set_parameters(init);
+    if (resident) backend.keep_resident(data.view());
+    int64_t begin = 0;
+    for (int round = 0; round < 3; ++round)
+      for (int64_t n : sizes) {
+        if (begin + n > kTrainRows) begin = 0;
+        backend.train_step(data.view().slice(begin, begin + n), nullptr, n);
+        begin += n;
+      }
+    if (captured) *captured = backend.graphs_captured();
+    return std::make_pair(parameters_of(backend), backend.take_stats());
+  };
+  size_t captured = 0;
+  const auto graphs = run(true, true, &captured), eager = run(false, true, nullptr),
+             host = run(true, false, nullptr);
+  EXPECT_GE(captured, 1u);
+  EXPECT_LE(captured, 6u) << "more graphs than sizes and data kinds";
+  for (const auto* other : {&eager, &host}) {
+    SCOPED_TRACE(other == &eager ? "eager" : "host data");
+    EXPECT_EQ(graphs.second.loss_sum, other->second.loss_sum);
+    EXPECT_EQ(graphs.second.samples, other->second.samples);
+    EXPECT_TRUE(tensors_identical(graphs.first.parameters(), other->first.parameters()));
+  }
+}
+
+// Every plain GPU cluster worker installs the parameters it pulls as runs: they land at the
+// right offsets of the device arena, and a bad run changes nothing there.
+TEST_F(CudaBackendTest, ParameterRunsInstallLikeTensorsAndBadRunsChangeNothing) {
+  auto backend = cuda_backend(adam_config());
+  test::check_parameter_runs(*backend, mnist_model());
 }
 
 TEST_F(CudaBackendTest, Tf32TrainingTracksTheCpuBackend) {

@@ -274,6 +274,62 @@ TEST_F(CudaKernels, DenseForwardMatchesCpuInFloat32) {
   RecordProperty("fallback_forms", static_cast<int>(dense.fallback_forms()));
 }
 
+// A NaN reaching a ReLU layer stays NaN on every path, as in the CPU twin (std::max(NaN, 0) is
+// NaN): made 0, a diverged run's NaN would be hidden from the loss and the parameter server's
+// finite check, and the unit would stay dead. cuBLASLt's RELU epilogue is reported to make it 0,
+// so the fused path runs ReLU in Tandem's own kernel.
+TEST_F(CudaKernels, ANaNInputStaysNaNThroughReluOnEveryPath) {
+  kernels::DenseCuda dense(stream_, MatmulPrecision::Fp32);
+  const DenseShape s{7, 784, 100};
+  std::vector<float> x = random_floats(count(s.rows, s.in), 71);
+  x[0] = std::numeric_limits<float>::quiet_NaN();  // row 0
+  const std::vector<float> w = random_floats(count(s.in, s.out), 72);
+  const std::vector<float> b = random_floats(count(s.out), 73);
+  const std::vector<float> expected = cpu_forward(x, w, b, s, true);
+  ASSERT_TRUE(std::isnan(expected[0]));
+  auto dx = upload(x);
+  auto dw = upload(w);
+  auto db = upload(b);
+  for (DenseEpilogue epilogue : {DenseEpilogue::Fused, DenseEpilogue::Separate}) {
+    auto y = poisoned<float>(count(s.rows, s.out));
+    dense.forward(dx.data(), dw.data(), db.data(), y.data(), s.rows, s.in, s.out, true, epilogue);
+    const std::vector<float> got = download(y);
+    for (int64_t j = 0; j < s.out; ++j)
+      ASSERT_TRUE(std::isnan(got[static_cast<size_t>(j)]))
+          << describe(epilogue) << ": unit " << j << " of the NaN row is " << got[size_t(j)];
+    for (size_t i = static_cast<size_t>(s.out); i < got.size(); ++i)
+      ASSERT_FALSE(std::isnan(got[i])) << describe(epilogue) << ": element " << i;
+  }
+}
+
+// A bias that is not 16-byte aligned (a view into a larger buffer) takes the separate path: the
+// cuBLASLt heuristic is not told the bias's alignment and may pick vector loads that fault.
+TEST_F(CudaKernels, AMisalignedBiasGivesTheCpuResult) {
+  kernels::DenseCuda dense(stream_, MatmulPrecision::Fp32);
+  for (const DenseShape& s : {DenseShape{1000, 784, 100}, DenseShape{7, 100, 10}}) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<float> x = random_floats(count(s.rows, s.in), 81);
+    const std::vector<float> w = random_floats(count(s.in, s.out), 82);
+    std::vector<float> b_with_one_before = random_floats(count(s.out + 1), 83);
+    const std::vector<float> b(b_with_one_before.begin() + 1, b_with_one_before.end());
+    auto dx = upload(x);
+    auto dw = upload(w);
+    auto db = upload(b_with_one_before);
+    auto y = poisoned<float>(count(s.rows, s.out));
+    dense.forward(dx.data(), dw.data(), db.data() + 1, y.data(), s.rows, s.in, s.out, true,
+                  DenseEpilogue::Fused);
+    const std::vector<float> got = download(y);
+    const std::vector<float> expected = cpu_forward(x, w, b, s, true);
+    const std::vector<float> linear = cpu_forward(x, w, b, s, false);  // for the error's scale
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(double(got[i]) - expected[i]));
+      scale = std::max(scale, std::abs(double(linear[i])));
+    }
+    EXPECT_LE(worst, kDenseFp32Tol * std::sqrt(double(s.in)) * std::max(scale, 1.0));
+  }
+}
+
 // The default model's products (784-100-10, batches of 1,000) in every precision: cuBLASLt must
 // offer the fused bias/ReLU epilogues and the bias gradient's matrix-vector form for them, or
 // every training step pays for the fallback kernels.
@@ -576,7 +632,8 @@ class SoftmaxXentCuda : public CudaKernels {
 
 TEST_F(SoftmaxXentCuda, MatchesCpuOnRandomLogits) {
   uint32_t seed = 6000;
-  for (int64_t rows : {1, 7, 10001})
+  // 40,000 rows: more than one pass of the capped grid (4,096 blocks of 8 warps, a row each).
+  for (int64_t rows : {1, 7, 10001, 40000})
     for (int64_t classes : {1, 3, 10, 37, 256}) {
       SCOPED_TRACE("rows " + std::to_string(rows) + " classes " + std::to_string(classes));
       // [-8, 8]: probabilities down to ~1e-9, never near the 1e-10 clip (log p >= -21.6 here).
@@ -733,6 +790,29 @@ TEST_F(SoftmaxXentCuda, PredictionsAndCountTakeTheFirstMaximum) {
   }
 }
 
+// A NaN logit is never the maximum, as in the CPU's scan (no comparison with it holds), except
+// at class 0, where that scan starts. A lane whose first class was NaN kept it and passed over
+// its larger classes (row 0 here: class 5 NaN, class 37 the maximum, both lane 5's).
+TEST_F(SoftmaxXentCuda, PredictionsPassOverNaNLogitsLikeTheCpu) {
+  const int64_t rows = 4, classes = 40;
+  std::vector<float> z = random_floats(count(rows, classes), 6500, -8.0f, 8.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  z[count(0, classes) + 5] = nan;
+  z[count(0, classes) + 37] = 20.0f;
+  z[count(1, classes) + 0] = nan;  // class 0: the CPU's answer whatever follows
+  z[count(1, classes) + 9] = 20.0f;
+  std::fill(z.begin() + count(2, classes), z.begin() + count(3, classes), nan);  // all NaN
+  z[count(3, classes) + 37] = nan;
+  z[count(3, classes) + 5] = 20.0f;
+  const std::vector<uint8_t> labels{37, 0, 0, 5};
+  const XentResult cpu = cpu_xent(z, labels, rows, classes);
+  ASSERT_EQ(cpu.predictions, (std::vector<uint8_t>{37, 0, 0, 5}));
+  const XentResult gpu = run(z, labels, rows, classes, false, true);
+  EXPECT_EQ(gpu.predictions, cpu.predictions);
+  EXPECT_EQ(gpu.totals.correct, cpu.totals.correct);
+  EXPECT_TRUE(std::isnan(gpu.totals.loss_sum));
+}
+
 // ---- Optimizers -------------------------------------------------------------------------------
 
 struct Offsets {
@@ -764,10 +844,14 @@ TEST_F(CudaKernels, AdamMatchesCpuOverSeveralSteps) {
   const float guard = -777.0f;
   const int kSteps = 4;
   uint32_t seed = 7000;
+  // 4,200,007: more than one pass of the capped grid (4,096 blocks of 256 threads, 4 floats
+  // each on the 16-byte path); for the first hyperparameters from step 0 only (it is slow on
+  // the CPU twin).
   for (const kernels::AdamHyper& h : hypers)
-    for (int64_t n : {1, 7, 100003})
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{100003}, int64_t{4200007}})
       for (const Offsets& o : offsets)
         for (long long first_step : {0LL, 6LL}) {  // 6: a state restored mid-run
+          if (n > 100003 && (&h != &hypers[0] || first_step != 0)) continue;
           SCOPED_TRACE("lr " + std::to_string(h.learning_rate) + " n " + std::to_string(n) + " " +
                        describe(o) + " from step " + std::to_string(first_step));
           const size_t un = count(n);
@@ -865,10 +949,13 @@ TEST_F(CudaKernels, GatherRowsIsExact) {
     auto d_pixels = upload(pixels);
     auto d_floats = upload(floats);
     auto d_labels = upload(labels);
-    for (int64_t n : {1, 7, 10001})
+    // 70,001 rows: more than one pass of the capped grid (65,536 blocks); a row list only (the
+    // first rows of a 10,007-row source are not as many), and not 784 wide (the CPU twin's pace).
+    for (int64_t n : {1, 7, 10001, 70001})
       for (bool row_list : {true, false})
         for (bool with_labels : {true, false})
           for (size_t src_offset : {size_t{0}, size_t{1}}) {  // 1: rows start off alignment
+            if (n > src_rows && (!row_list || features == 784)) continue;
             SCOPED_TRACE("features " + std::to_string(features) + " n " + std::to_string(n) +
                          (row_list ? " row list" : " first rows") +
                          (with_labels ? " labels" : "") + " offset " + std::to_string(src_offset));

@@ -2603,6 +2603,29 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   const transport::CurveKeyPair both = transport::read_curve_key_file(dir.file("server.key_secret"));
   EXPECT_EQ(both.public_key, keys.public_key);
   EXPECT_EQ(both.secret_key, keys.secret_key);
+  // A secret file others can read is said when read as a secret (a copy by hand lost its mode).
+  ::testing::internal::CaptureStderr();
+  transport::read_curve_secret_key_file(dir.file("server.key_secret"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(chmod(dir.file("server.key_secret").c_str(), 0640), 0);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(transport::read_curve_secret_key_file(dir.file("server.key_secret")).secret_key,
+            keys.secret_key);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(warned, dir.file("server.key_secret") + " can be read by others (mode "
+                                                                "0640)"))
+      << warned;
+  // Replacing writes whole new files in place of the old (a link is replaced, not followed: the
+  // file it points to keeps its text), and leaves no temporary file behind.
+  test::write_bytes(dir.file("target"), std::string("untouched"));
+  ASSERT_EQ(std::remove(dir.file("server.key_secret").c_str()), 0);
+  ASSERT_EQ(symlink(dir.file("target").c_str(), dir.file("server.key_secret").c_str()), 0);
+  transport::write_curve_key_files(dir.file("server"), keys, /*replace_existing=*/true);
+  EXPECT_EQ(test::read_bytes(dir.file("target")), "untouched");
+  EXPECT_EQ(transport::read_curve_key_file(dir.file("server.key_secret")).secret_key,
+            keys.secret_key);
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_FALSE(contains(entry.path().filename().string(), ".tmp-")) << entry.path();
   // A dangling link by the public file's name counts as existing: writing would follow it.
   ASSERT_EQ(symlink(dir.file("nowhere").c_str(), dir.file("linked.key").c_str()), 0);
   kept = error_of<InputError>([&] { transport::write_curve_key_files(dir.file("linked"), keys); });

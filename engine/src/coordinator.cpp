@@ -117,6 +117,11 @@ Coordinator::Coordinator(CoordinatorOptions options)
     throw InputError("coordinator: curve_allowed_clients without curve_secret_key");
   control_.set(zmq::sockopt::linger, 0);
   scores_.set(zmq::sockopt::linger, 0);
+  // Its messages are small JSON objects (a run's spec, a heartbeat, a score): a peer that sends
+  // more (one frame of gigabytes, on an endpoint open without CURVE) is disconnected by ZeroMQ
+  // rather than buffered whole in this process's memory.
+  control_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
+  scores_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
   endpoint_ = advertised_endpoint(bind_socket(control_, options_.bind, "control"),
                                   options_.advertise_host);

@@ -55,6 +55,10 @@
 
 namespace tandem {
 
+// The largest message the coordinator's sockets take (ZMQ_MAXMSGSIZE): a larger one ends the
+// connection it came on.
+constexpr int64_t kCoordinatorMaxMessageBytes = int64_t{16} << 20;
+
 enum class ClusterPhase { Starting, Training, Draining, Done, Failed };
 const char* to_string(ClusterPhase phase);  // "starting", "training", ...
 

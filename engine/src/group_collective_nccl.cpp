@@ -20,10 +20,15 @@
 // ncclCommGetAsyncError (a network or peer failure?) until the stream is done, the group has
 // failed, or timeout_ms has passed. A timeout in enter() names the ranks that never entered the
 // collective (from host-side counters); one after it says the collective hangs on the rank's GPU.
-// Either marks the group failed, which every other rank's poll sees, and each waiting rank aborts its
-// own communicator (ncclCommAbort makes NCCL kernels waiting for a peer exit) and throws. Ranks
-// that never came have theirs aborted by the destructor. Every NCCL and CUDA call is checked by
-// the macros below, which name the call, the file and line, and the rank and GPU.
+// Either marks the group failed, which every other rank's poll sees; each waiting rank throws at
+// once, and one aborter thread aborts every communicator (ncclCommAbort makes NCCL kernels
+// waiting for a peer exit). Not the ranks' threads, nor the caller's: the last abort of the
+// communicators of one ncclCommInitAll waits for each one's internal stream, which waits behind
+// the backend's kernels (the sum is gated on their event), so on a GPU that hangs it never
+// returns, and a rank thread stuck there would hang the worker with nothing said. The destructor
+// waits for the aborter a bounded time, then ends the process saying why, as a member left in
+// its backend does (worker_group.cpp). Every NCCL and CUDA call is checked by the macros below,
+// which name the call, the file and line, and the rank and GPU.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -289,7 +294,7 @@ class NcclCollective final : public GroupCollective {
     const std::string error = failure_;
     lock.unlock();
     if (!error.empty()) {
-      abort_comm(rank);
+      request_abort();
       throw GroupError(error);
     }
     return number;
@@ -320,7 +325,7 @@ class NcclCollective final : public GroupCollective {
         std::lock_guard<std::mutex> lock(mutex_);
         fail(e.what());
       }
-      abort_comm(rank);
+      request_abort();
       throw;
     }
   }
@@ -369,7 +374,7 @@ class NcclCollective final : public GroupCollective {
         }
       }
       if (!problem.empty()) {
-        abort_comm(rank);
+        request_abort();
         throw GroupError(problem);
       }
       // Spin briefly (a collective of a few MB takes tens of microseconds), then back off.
@@ -380,18 +385,51 @@ class NcclCollective final : public GroupCollective {
     }
   }
 
-  // Aborts rank's communicator once (from rank's thread, or the destructor); logs a failure.
-  void abort_comm(int rank) {
-    const size_t r = static_cast<size_t>(rank);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (aborted_[r] || comms_[r] == nullptr) return;
-      aborted_[r] = true;
+  // The group failed: has the aborter thread abort every communicator not aborted yet (started
+  // on the first request; one pass over them all). Returns at once.
+  void request_abort() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborter_.joinable()) return;
+    aborter_ = std::thread([this] {
+      for (int r = 0; r < size(); ++r) {
+        const size_t i = static_cast<size_t>(r);
+        {
+          std::lock_guard<std::mutex> guard(mutex_);
+          if (aborted_[i] || comms_[i] == nullptr) continue;
+          aborted_[i] = true;
+          aborting_ = r;
+        }
+        const ncclResult_t status = ncclCommAbort(comms_[i]);
+        if (status != ncclSuccess)
+          std::fprintf(stderr, "tandem: ncclCommAbort failed on %s: %s\n", where(r).c_str(),
+                       ncclGetErrorString(status));
+      }
+      {
+        std::lock_guard<std::mutex> guard(mutex_);
+        aborts_done_ = true;
+      }
+      aborts_ended_.notify_all();
+    });
+  }
+
+  // Waits for the aborter thread (when one was started); ends the process, saying why, when it
+  // does not come back within the grace: NCCL's abort waits for a GPU that hangs.
+  void join_aborter() noexcept {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!aborter_.joinable()) return;
+    const auto grace = std::chrono::milliseconds(std::max(timeout_ms_, 10'000));
+    if (!aborts_ended_.wait_for(lock, grace, [&] { return aborts_done_; })) {
+      std::fprintf(stderr,
+                   "tandem: the worker group failed (%s), and NCCL's abort of its communicator on "
+                   "%s did not return within %lld ms: a GPU of the group hangs, and its kernels "
+                   "can neither be waited for nor left running; the process ends\n",
+                   failure_.c_str(), where(aborting_).c_str(),
+                   static_cast<long long>(grace.count()));
+      std::fflush(stderr);
+      std::abort();
     }
-    const ncclResult_t status = ncclCommAbort(comms_[r]);
-    if (status != ncclSuccess)
-      std::fprintf(stderr, "tandem: ncclCommAbort failed on %s: %s\n", where(rank).c_str(),
-                   ncclGetErrorString(status));
+    lock.unlock();
+    aborter_.join();
   }
 
   // Destroys the communicators (aborting them if the group failed: a destroy could wait for
@@ -414,12 +452,14 @@ class NcclCollective final : public GroupCollective {
         failed = true;
       }
     }
+    if (failed) {
+      request_abort();  // every communicator not aborted yet (those of ranks that never came)
+      join_aborter();
+    }
     for (int r = 0; r < size(); ++r) {
       const size_t i = static_cast<size_t>(r);
       if (comms_[i] != nullptr) {
-        if (failed) {
-          abort_comm(r);
-        } else if (!aborted_[i]) {
+        if (!failed && !aborted_[i]) {
           const ncclResult_t status = ncclCommDestroy(comms_[i]);
           if (status != ncclSuccess)
             std::fprintf(stderr, "tandem: ncclCommDestroy failed on %s: %s\n",
@@ -446,6 +486,10 @@ class NcclCollective final : public GroupCollective {
   std::condition_variable entered_;  // a collective's last rank entered, or the group failed
   // Under mutex_.
   std::vector<bool> aborted_;
+  std::thread aborter_;                    // started by the first request_abort
+  std::condition_variable aborts_ended_;   // ... and its pass over the communicators ended
+  bool aborts_done_ = false;
+  int aborting_ = 0;                       // the rank whose communicator it aborts
   std::vector<int64_t> calls_;       // collectives each rank has entered
   std::map<int64_t, Call> pending_;  // collectives some but not all ranks have entered
   std::string failure_;              // non-empty: the group is broken, every call throws this

@@ -29,6 +29,10 @@ class CudaShardDevice final : public ShardDevice {
   }
   ~CudaShardDevice() override {
     cudaSetDevice(device_);  // the server's thread, or the one that built it: either may differ
+    // A step that threw after queueing its copies (a failed launch) may have left them running:
+    // they read the pinned buffer and write the device buffers freed here. (Errors ignored: a
+    // destructor has nobody to tell, and a failed stream has nothing left running.)
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (pinned_ != nullptr) cudaFreeHost(pinned_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -40,6 +44,7 @@ class CudaShardDevice final : public ShardDevice {
     // Empty until every buffer is in place: an upload that fails part way (out of device or
     // pinned memory) must not leave a size that a later step would trust.
     total_ = 0;
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued still uses the old ones
     // The old buffers go first: a re-upload (a restore, a second Init) must not hold both sets,
     // on a GPU it may share with a worker.
     params_ = {}, m_ = {}, v_ = {}, grads_ = {}, step_ = {};
@@ -49,8 +54,11 @@ class CudaShardDevice final : public ShardDevice {
     v_ = kernels::DeviceBuffer<float>(n);
     grads_ = kernels::DeviceBuffer<float>(n);
     step_ = kernels::DeviceBuffer<kernels::AdamDeviceStep>(1);
-    if (pinned_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
-    pinned_ = nullptr;
+    if (pinned_ != nullptr) {
+      float* old = pinned_;
+      pinned_ = nullptr;  // before the check: a failed free must not be freed again later
+      TANDEM_CUDA_CHECK(cudaFreeHost(old));
+    }
     // Gradients in and parameters out go through pinned memory: one copy engine transfer each.
     TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), 2 * n * sizeof(float)));
     const size_t bytes = n * sizeof(float);

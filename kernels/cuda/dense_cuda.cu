@@ -63,7 +63,7 @@ __global__ void bias_relu_kernel(float* y, const float* b, int64_t rows, int64_t
   const int64_t n = rows * out;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = y[i] + b[i % out];
+    const float v = b != nullptr ? y[i] + b[i % out] : y[i];
     // std::max(v, 0.0f), the CPU twin's, keeps a NaN (fmaxf would make it 0 and hide a diverged
     // run's NaN from the loss and from the parameter server's finite check).
     y[i] = relu && v < 0.0f ? 0.0f : v;
@@ -268,13 +268,22 @@ void DenseCuda::forward(const float* x, const float* w, const float* b, float* y
   g.a = w, g.lda = out;
   g.b = x, g.ldb = in;
   g.c = y, g.ldc = out;
-  if (epilogue == DenseEpilogue::Fused) {
+  // The bias in cuBLASLt's epilogue only where its pointer is 16-byte aligned: the heuristic is
+  // told the alignment of A, B, C and D, not the bias's, and may pick vector loads that fault on
+  // a misaligned one (a fault that ends the CUDA context). ReLU by Tandem's own kernel after it:
+  // cuBLASLt's RELU epilogue is reported to make a NaN 0 (max semantics; NVIDIA developer forum
+  // thread 329783), which would hide a diverged run's NaN from the loss and from the parameter
+  // server's finite check, as fmaxf would; the CPU twin keeps it.
+  if (epilogue == DenseEpilogue::Fused && alignment_of(b) >= 16) {
     Gemm fused = g;
-    fused.epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    fused.epilogue = CUBLASLT_EPILOGUE_BIAS;
     fused.bias = b;
     // Without an algorithm for this epilogue (found out on a shape's first, eager call, so never
     // inside a graph capture): the plain product and our own bias/ReLU kernel instead.
-    if (impl_->try_run(fused)) return;
+    if (impl_->try_run(fused)) {
+      if (relu) bias_relu_cuda(y, nullptr, rows, out, true, impl_->stream);
+      return;
+    }
   }
   impl_->run(g);
   bias_relu_cuda(y, b, rows, out, relu, impl_->stream);

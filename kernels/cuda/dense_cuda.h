@@ -17,8 +17,10 @@ namespace tandem::kernels {
 // float32 (so parameters and Adam's state stay float32 too).
 enum class MatmulPrecision { Fp32, Tf32, Bf16 };
 
-// Forward: bias and ReLU in cuBLASLt's epilogue (one pass over y), or a plain product followed
-// by Tandem's own bias+ReLU kernel (kept so the benchmark can compare the two).
+// Forward: the bias in cuBLASLt's epilogue and ReLU in Tandem's own kernel after it (cuBLASLt's
+// RELU epilogue is reported to make a NaN 0; the CPU twin keeps it), or a plain product followed
+// by Tandem's own bias+ReLU kernel (kept so the benchmark can compare the two; also taken for a
+// bias that is not 16-byte aligned).
 enum class DenseEpilogue { Fused, Separate };
 
 class DenseCuda {
@@ -57,7 +59,8 @@ class DenseCuda {
   std::unique_ptr<Impl> impl_;
 };
 
-// y[rows, out] += b (per column), then max(y, 0) when `relu`: the separate epilogue.
+// y[rows, out] += b (per column; none when b is null), then max(y, 0) when `relu`, a NaN kept:
+// the separate epilogue.
 void bias_relu_cuda(float* y, const float* b, int64_t rows, int64_t out, bool relu,
                     cudaStream_t stream);
 // dx *= (x > 0), elementwise over n values.

@@ -53,10 +53,15 @@ __global__ void softmax_xent_kernel(const float* logits, const uint8_t* labels, 
   for (int64_t r = blockIdx.x * int64_t{kWarpsPerBlock} + warp; r < rows;
        r += int64_t{gridDim.x} * kWarpsPerBlock) {
     const float* z = logits + r * classes;
-    float best = lane < classes ? z[lane] : -INFINITY;
-    int best_index = lane < classes ? lane : INT32_MAX;
-    for (int j = lane + kWarp; j < classes; j += kWarp) keep_first_max(best, best_index, z[j], j);
+    // Every lane starts below everything and folds its classes in, so a NaN is never taken (no
+    // comparison with it holds), as in the CPU's scan; started from its first class, a lane
+    // whose first class was NaN kept it and passed over its larger classes after it.
+    float best = -INFINITY;
+    int best_index = INT32_MAX;
+    for (int j = lane; j < classes; j += kWarp) keep_first_max(best, best_index, z[j], j);
     warp_first_max(best, best_index);
+    // ... except at class 0, where the CPU's scan starts: a NaN there is never replaced.
+    if (isnan(z[0])) best_index = 0;
     const float zmax = best;
     float sum = 0.0f;
     for (int j = lane; j < classes; j += kWarp) sum += expf(z[j] - zmax);
@@ -159,6 +164,9 @@ void softmax_xent_cuda(const float* logits, const uint8_t* labels, float* dlogit
 void argmax_rows_cuda(const float* logits, uint8_t* out, int64_t rows, int64_t classes,
                       cudaStream_t stream) {
   if (rows == 0) return;
+  if (classes < 1 || classes > 256)  // a class index is a byte
+    throw CudaError("argmax_rows_cuda: classes must be in [1, 256], got " +
+                    std::to_string(classes));
   argmax_rows_kernel<<<grid_for(rows), kThreadsPerBlock, 0, stream>>>(logits, out, rows,
                                                                       static_cast<int>(classes));
   TANDEM_CUDA_CHECK_LAUNCH();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -45,27 +46,49 @@ std::string trim(const std::string& s) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-void write_file(const std::string& path, const std::string& text, mode_t mode, bool force_mode) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw IoError(path + ": cannot create: " + errno_text());
-  // An existing file keeps its mode through O_CREAT: a secret must not stay readable by others.
-  if (force_mode && ::fchmod(fd, mode) != 0) {
+// `text` in a new file beside `path` (mode `mode` exactly), on disk before this returns; its name.
+std::string write_temp_file(const std::string& path, const std::string& text, mode_t mode) {
+  static std::atomic<unsigned> counter{0};
+  const std::string temp =
+      path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) throw IoError(path + ": cannot create " + temp + ": " + errno_text());
+  const auto fail = [&](const std::string& what) {
     const std::string why = errno_text();
     ::close(fd);
-    throw IoError(path + ": cannot set mode 0600: " + why);
-  }
+    ::unlink(temp.c_str());
+    throw IoError(path + ": " + what + ": " + why);
+  };
+  if (::fchmod(fd, mode) != 0) fail("cannot set the mode of " + temp);  // (the umask aside)
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      throw IoError(path + ": cannot write: " + why);
-    }
+    if (n <= 0) fail("cannot write " + temp);
     done += size_t(n);
   }
-  if (::close(fd) != 0) throw IoError(path + ": cannot close: " + errno_text());
+  if (::fsync(fd) != 0) fail("cannot write " + temp + " to disk");
+  if (::close(fd) != 0) {
+    const std::string why = errno_text();
+    ::unlink(temp.c_str());
+    throw IoError(path + ": cannot close " + temp + ": " + why);
+  }
+  return temp;
+}
+
+// Puts a file written by write_temp_file at `path`. rename() replaces whatever is there (a
+// symbolic link itself, never what it points to); without `replace`, link() puts it only where
+// nothing is, so a file made there since it was looked for is not overwritten.
+void put_in_place(const std::string& temp, const std::string& path, bool replace) {
+  const int status = replace ? ::rename(temp.c_str(), path.c_str())
+                             : ::link(temp.c_str(), path.c_str());
+  const int err = errno;
+  if (!replace || status != 0) ::unlink(temp.c_str());
+  if (status == 0) return;
+  if (err == EEXIST)
+    throw InputError(path + " exists: a new key pair would lock out the peers that have the old "
+                     "public key (--overwrite, or overwrite=True, replaces it)");
+  throw IoError(path + ": cannot put the new file in place: " + std::strerror(err));
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
@@ -156,17 +179,34 @@ void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& p
     throw TransportError(path_prefix + ": the public key does not belong to the secret key");
   const std::string head = "#   ZeroMQ CURVE ";
   const std::string pub_line = "    public-key = \"" + pair.public_key + "\"\n";
-  write_file(path_prefix + ".key",
-             head + "Public Certificate (zcert format), written by Tandem\n"
-                    "#   Give this file to the peers that must know this key.\n\n"
-                    "metadata\ncurve\n" + pub_line,
-             0644, false);
-  write_file(path_prefix + ".key_secret",
-             head + "**Secret** Certificate (zcert format), written by Tandem\n"
-                    "#   DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions.\n\n"
-                    "metadata\ncurve\n" + pub_line +
-                 "    secret-key = \"" + pair.secret_key + "\"\n",
-             0600, true);
+  // Both files are written whole and on disk before either is put in place, the secret first: a
+  // full disk or a crash leaves the old pair (or none), never a public key without its secret.
+  const std::string secret_temp = write_temp_file(
+      path_prefix + ".key_secret",
+      head + "**Secret** Certificate (zcert format), written by Tandem\n"
+             "#   DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions.\n\n"
+             "metadata\ncurve\n" + pub_line + "    secret-key = \"" + pair.secret_key + "\"\n",
+      0600);
+  std::string public_temp;
+  try {
+    public_temp = write_temp_file(path_prefix + ".key",
+                                  head + "Public Certificate (zcert format), written by Tandem\n"
+                                         "#   Give this file to the peers that must know this "
+                                         "key.\n\nmetadata\ncurve\n" + pub_line,
+                                  0644);
+    put_in_place(secret_temp, path_prefix + ".key_secret", replace_existing);
+  } catch (...) {
+    ::unlink(secret_temp.c_str());
+    if (!public_temp.empty()) ::unlink(public_temp.c_str());
+    throw;
+  }
+  try {
+    put_in_place(public_temp, path_prefix + ".key", replace_existing);
+  } catch (...) {
+    // A public file made there meanwhile: the new secret must not stay without its public key.
+    if (!replace_existing) ::unlink((path_prefix + ".key_secret").c_str());
+    throw;
+  }
 }
 
 CurveKeyPair read_curve_key_file(const std::string& path) {
@@ -201,6 +241,17 @@ CurveKeyPair read_curve_secret_key_file(const std::string& path) {
   CurveKeyPair pair = read_curve_key_file(path);
   if (pair.secret_key.empty())
     throw InputError(path + " holds no secret key (give the .key_secret file)");
+  // Written 0600 (write_curve_key_files); a copy made by hand often loses that. Said, as ssh
+  // does, though not refused: the key still works, and whoever can read it can pose as this role.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
+    std::fprintf(stderr,
+                 "tandem: warning: the secret key file %s can be read by others (mode %s): "
+                 "whoever reads it can pose as this role; chmod 600 %s\n",
+                 path.c_str(), mode, path.c_str());
+  }
   return pair;
 }
 
