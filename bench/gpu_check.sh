@@ -105,8 +105,10 @@ for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
 for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/null); do
     if [ -e "$dir/$lib" ]; then found=$dir; break; fi
   done
-  [ -n "$found" ] ||
-    found=$(dirname "$(timeout 15 find / -xdev -name "$lib*" 2>/dev/null | head -1)" 2>/dev/null)
+  if [ -z "$found" ]; then
+    anywhere=$(timeout 15 find / -xdev -name "$lib*" 2>/dev/null | head -1)
+    [ -z "$anywhere" ] || found=$(dirname "$anywhere")  # (dirname of nothing is ".")
+  fi
   echo "$lib: ${found:-NOT FOUND}"
   [ -n "$found" ] && lib_dirs+=("$found")
 done

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -659,9 +660,21 @@ TEST(Coordinator, AMessageOverItsSizeLimitEndsItsConnection) {
   zmq::message_t reply;
   ASSERT_TRUE(raw.recv(reply)) << "a message of 1 MiB was not answered";
   EXPECT_TRUE(test::contains(reply.to_string(), "error")) << reply.to_string();
+  // The connection ends: the DEALER's monitor sees it closed (the socket reconnects after).
+  ASSERT_EQ(zmq_socket_monitor(raw.handle(), "inproc://over-the-limit", ZMQ_EVENT_DISCONNECTED),
+            0);
+  zmq::socket_t monitor(context, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::rcvtimeo, 20000);
+  monitor.connect("inproc://over-the-limit");
   const std::string huge(static_cast<size_t>(kCoordinatorMaxMessageBytes) + 1, ' ');
   raw.send(zmq::buffer(huge), zmq::send_flags::none);
-  EXPECT_FALSE(raw.recv(reply)) << "a message over the limit was answered: " << reply.to_string();
+  zmq::message_t event;
+  ASSERT_TRUE(monitor.recv(event)) << "the connection of a message over the limit was not ended";
+  ASSERT_GE(event.size(), 2u);
+  uint16_t id = 0;
+  std::memcpy(&id, event.data(), sizeof id);
+  EXPECT_EQ(id, ZMQ_EVENT_DISCONNECTED);
+  zmq_socket_monitor(raw.handle(), nullptr, 0);  // (stops the monitor before its PAIR closes)
   CoordinatorLink link(c.endpoint(), context);
   EXPECT_TRUE(link.request({{"type", "spec"}}).contains("spec"));
 }

@@ -44,6 +44,34 @@ TEST(MetricsLog, NonFiniteNumbersAreNamedNotNull) {
   EXPECT_EQ(records[1]["loss"], "NaN");
 }
 
+// An epoch without a validation split has no validation figures: it wrote a loss and an accuracy
+// of 0, which read as a perfect model (a search ranking its trials by them, a plot).
+TEST(MetricsLog, AnEpochWithoutValidationHasNoValidationFigures) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsLog log(path, false);
+    EpochReport unscored;
+    unscored.epoch = 1;
+    log.epoch(unscored);
+    EpochReport scored;
+    scored.epoch = 2;
+    scored.validation.samples = 100;
+    scored.validation.loss_sum = 23.5;
+    scored.validation.loss_mean = 0.235;
+    scored.validation.accuracy = 0.9;
+    log.epoch(scored);
+  }
+  const auto records = records_of(path);
+  ASSERT_EQ(records.size(), 2u);
+  for (const char* key : {"validation_loss", "validation_loss_mean", "validation_accuracy"}) {
+    EXPECT_FALSE(records[0].contains(key)) << records[0].dump();
+    EXPECT_TRUE(records[1].contains(key)) << records[1].dump();
+  }
+  EXPECT_EQ(records[1]["validation_loss"], 23.5);
+  EXPECT_EQ(records[1]["validation_accuracy"], 0.9);
+}
+
 // Text that is not UTF-8 (a role's name, a path) made dump() throw: the record was lost.
 TEST(MetricsLog, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
   test::TempDir dir;

@@ -2,7 +2,8 @@
 //
 // One communicator per device from ncclCommInitAll (single process, several devices) and one
 // non-blocking stream per rank. Rank r's thread is the only one that uses comms_[r] and
-// streams_[r] (the destructor aside), so no NCCL call is made concurrently on one communicator.
+// streams_[r] (the aborter and the destructor aside), so no NCCL call is made concurrently on one
+// communicator: the aborter waits for the rank's call in progress (with_comm) before its abort.
 // NCCL needs no group calls here: each rank's collective is issued by its own thread.
 //
 // Entering: a rank's collective is issued only once every rank has entered it on the host (a
@@ -117,7 +118,9 @@ class NcclCollective final : public GroupCollective {
         comms_(devices_.size(), nullptr),
         streams_(devices_.size(), nullptr),
         aborted_(devices_.size(), false),
+        in_nccl_(devices_.size(), false),
         calls_(devices_.size(), 0),
+        gates_(devices_.size()),
         queued_(devices_.size(), 0) {
     const int n = size();
     int available = 0;
@@ -171,6 +174,10 @@ class NcclCollective final : public GroupCollective {
           ncclAllReduce(data, data, count, ncclFloat, ncclSum, comms_[r], streams_[r]), where(rank));
     });
     queued_[r] = number;
+    if (after != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gates_[r].push_back(static_cast<cudaEvent_t>(after));
+    }
   }
 
   void finish(int rank) override {
@@ -179,6 +186,8 @@ class NcclCollective final : public GroupCollective {
     if (queued_[r] == 0) return;
     const int64_t number = std::exchange(queued_[r], 0);
     wait(rank, "all_reduce", number);
+    std::lock_guard<std::mutex> lock(mutex_);
+    gates_[r].clear();
   }
 
   void broadcast(int rank, float* data, size_t count, int root) override {
@@ -319,7 +328,7 @@ class NcclCollective final : public GroupCollective {
   void issue(int rank, Enqueue&& enqueue) {
     try {
       TANDEM_GROUP_CUDA_CHECK(cudaSetDevice(device(rank)), where(rank));
-      enqueue();
+      with_comm(rank, enqueue);
     } catch (const GroupError& e) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -337,15 +346,26 @@ class NcclCollective final : public GroupCollective {
     for (int polls = 0;; ++polls) {
       std::string problem;
       const cudaError_t status = cudaStreamQuery(streams_[r]);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) {
+      if (status == cudaSuccess) {
+        // Done, unless the group failed meanwhile: the aborter's abort makes a waiting NCCL
+        // kernel exit early, and its stream then reads as done with a partial sum.
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (failure_.empty()) return;
+        problem = failure_;
+      } else if (status != cudaErrorNotReady) {
         problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
                   " failed on " + where(rank) + ": CUDA error " +
                   std::to_string(static_cast<int>(status)) + " (" + cudaGetErrorString(status) +
                   ") from cudaStreamQuery";
       } else {
         ncclResult_t async = ncclSuccess;
-        const ncclResult_t got = ncclCommGetAsyncError(comms_[r], &async);
+        std::string last;
+        const ncclResult_t got = with_comm(rank, [&] {
+          const ncclResult_t result = ncclCommGetAsyncError(comms_[r], &async);
+          if (result == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+            last = last_error(rank);
+          return result;
+        });
         if (got != ncclSuccess) {
           problem = "worker group: NCCL error " + std::to_string(static_cast<int>(got)) + " (" +
                     ncclGetErrorString(got) + ") in ncclCommGetAsyncError on " + where(rank);
@@ -353,25 +373,31 @@ class NcclCollective final : public GroupCollective {
           problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
                     " failed on " + where(rank) + ": NCCL error " +
                     std::to_string(static_cast<int>(async)) + " (" + ncclGetErrorString(async) +
-                    "): " + last_error(rank);
+                    "): " + last;
         }
       }
-      {
+      if (problem.empty()) {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!problem.empty()) {
-          fail(problem);
-        } else if (!failure_.empty()) {
+        if (!failure_.empty()) {
           problem = failure_;
         } else if (std::chrono::steady_clock::now() >= deadline) {
           // Every rank entered it before it was issued (enter), so it is a GPU or the link; but
           // not necessarily this rank's GPU: a collective waits for its peers, so a hung GPU
           // holds every rank's, and whichever rank's deadline comes first says so.
+          const std::string hung = ranks_behind_their_gates();
           problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
                     " did not complete on " + where(rank) + " within " +
-                    std::to_string(timeout_ms_) + " ms (every rank reached it: a GPU or link of "
-                    "the group hangs, this rank's or one it waits for)";
+                    std::to_string(timeout_ms_) + " ms (every rank reached it: " +
+                    (hung.empty() ? "a GPU or link of the group hangs, this rank's or one it "
+                                    "waits for"
+                                  : "the backward pass has not finished on " + hung +
+                                        ", whose kernels hang; the others wait for it") +
+                    ")";
           fail(problem);
         }
+      } else {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fail(problem);  // (kept only if first)
       }
       if (!problem.empty()) {
         request_abort();
@@ -385,6 +411,52 @@ class NcclCollective final : public GroupCollective {
     }
   }
 
+  // Runs `call`, which uses comms_[rank], unless the group has failed (GroupError then). The
+  // aborter frees a communicator with its abort: it waits for a call in progress on it first (a
+  // bounded time), and once it has marked one aborted no call starts on it.
+  template <typename Call>
+  auto with_comm(int rank, Call&& call) -> decltype(call()) {
+    const size_t r = static_cast<size_t>(rank);
+    std::string failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_.empty()) failed = failure_;
+      else if (aborted_[r]) failed = "worker group: " + where(rank) + " was aborted";
+      else in_nccl_[r] = true;
+    }
+    if (!failed.empty()) {
+      request_abort();  // (started already, unless the failure came from abort(why))
+      throw GroupError(failed);
+    }
+    struct Leave {
+      NcclCollective* self;
+      size_t r;
+      ~Leave() {
+        {
+          std::lock_guard<std::mutex> lock(self->mutex_);
+          self->in_nccl_[r] = false;
+        }
+        self->left_nccl_.notify_all();
+      }
+    } leave{this, r};
+    return call();
+  }
+
+  // "rank 1 (GPU 3)": the ranks whose sum still waits for its gate (the backend's event after a
+  // layer's gradients): their own GPU has not finished the backward pass, so the hang is theirs,
+  // not the link's or a peer's. Empty when none (or the events cannot say). mutex_ held.
+  std::string ranks_behind_their_gates() const {
+    std::string out;
+    for (int m = 0; m < size(); ++m)
+      for (cudaEvent_t gate : gates_[static_cast<size_t>(m)])
+        if (cudaEventQuery(gate) == cudaErrorNotReady) {
+          out += (out.empty() ? "" : ", ") + where(m);
+          break;
+        }
+    cudaGetLastError();  // a query's error is not sticky; cleared so later calls start clean
+    return out;
+  }
+
   // The group failed: has the aborter thread abort every communicator not aborted yet (started
   // on the first request; one pass over them all). Returns at once.
   void request_abort() {
@@ -394,8 +466,12 @@ class NcclCollective final : public GroupCollective {
       for (int r = 0; r < size(); ++r) {
         const size_t i = static_cast<size_t>(r);
         {
-          std::lock_guard<std::mutex> guard(mutex_);
+          std::unique_lock<std::mutex> guard(mutex_);
           if (aborted_[i] || comms_[i] == nullptr) continue;
+          // Not while the rank's thread is inside an NCCL call on it (the abort frees it); one
+          // that stays in longer than the timeout is stuck there, and the abort is what frees it.
+          left_nccl_.wait_for(guard, std::chrono::milliseconds(timeout_ms_),
+                              [&] { return !in_nccl_[i]; });
           aborted_[i] = true;
           aborting_ = r;
         }
@@ -486,11 +562,15 @@ class NcclCollective final : public GroupCollective {
   std::condition_variable entered_;  // a collective's last rank entered, or the group failed
   // Under mutex_.
   std::vector<bool> aborted_;
+  std::vector<bool> in_nccl_;              // the rank's thread is in an NCCL call (with_comm)
+  std::condition_variable left_nccl_;      // ... and has left it
   std::thread aborter_;                    // started by the first request_abort
   std::condition_variable aborts_ended_;   // ... and its pass over the communicators ended
   bool aborts_done_ = false;
   int aborting_ = 0;                       // the rank whose communicator it aborts
   std::vector<int64_t> calls_;       // collectives each rank has entered
+  // Per rank, the events its queued sums wait on (all_reduce_sum_after), until finish().
+  std::vector<std::vector<cudaEvent_t>> gates_;
   std::map<int64_t, Call> pending_;  // collectives some but not all ranks have entered
   std::string failure_;              // non-empty: the group is broken, every call throws this
   // Per rank, touched only by its own thread: the number of the last collective queued by

@@ -73,10 +73,14 @@ void MetricsLog::epoch(const EpochReport& r) {
                    {"step", r.step},
                    {"train_loss_mean", r.train_loss_mean},
                    {"samples_per_s", r.samples_per_s},
-                   {"seconds", r.seconds},
-                   {"validation_loss", r.validation.loss_sum},
-                   {"validation_loss_mean", r.validation.loss_mean},
-                   {"validation_accuracy", r.validation.accuracy}};
+                   {"seconds", r.seconds}};
+  // Only a scored epoch has validation figures: a run without a validation split wrote a loss
+  // and an accuracy of 0, which read as a perfect model.
+  if (r.validation.samples > 0) {
+    j["validation_loss"] = r.validation.loss_sum;
+    j["validation_loss_mean"] = r.validation.loss_mean;
+    j["validation_accuracy"] = r.validation.accuracy;
+  }
   write_line(json_text(std::move(j)));
 }
 

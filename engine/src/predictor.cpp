@@ -561,21 +561,19 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
   check_device_for(options, in.checkpoint.model.config());
   const bool any_work = !chunks_to_write.empty() && options.stop_after_chunks != 0;
   std::unique_ptr<Backend> device_backend;
-  bool on_device = options.backend == BackendKind::Cuda;
-  if (options.backend == BackendKind::Auto && kernels::cuda_device_count() > 0) {
+  std::mutex device_mutex;
+  bool on_device = options.backend == BackendKind::Cuda ||
+                   (options.backend == BackendKind::Auto && kernels::cuda_device_count() > 0);
+  if (on_device && any_work) {
     // auto: the device when this build's kernels run on it; else make_backend says why not
-    // (once) and the CPU predicts, as `tandem train --backend auto` trains there.
-    std::unique_ptr<Backend> probe =
-        make_backend(BackendKind::Auto, in.checkpoint.model.config(), OptimizerConfig{}, 1);
-    on_device = probe->name() == "cuda";
-    if (on_device) device_backend = std::move(probe);
+    // (once) and the CPU predicts, as `tandem train --backend auto` trains there. (Only with
+    // work to do: a call that only counts the chunks done starts no CUDA context.)
+    device_backend = make_backend(options.backend, in.checkpoint.model.config(),
+                                  OptimizerConfig{}, 1);
+    on_device = device_backend->name() == "cuda";
+    if (!on_device) device_backend.reset();
   }
   s.backend = on_device ? "cuda" : "cpu";
-  std::mutex device_mutex;
-  if (on_device && any_work && !device_backend)
-    device_backend = make_backend(BackendKind::Cuda, in.checkpoint.model.config(),
-                                  OptimizerConfig{}, 1);
-  if (!any_work) device_backend.reset();
   if (device_backend) device_backend->set_parameters(in.checkpoint.model);
   // Only counting the chunks done (the parent of --processes asks that): no backend per worker.
   if (!any_work) return s;

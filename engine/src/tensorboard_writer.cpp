@@ -218,7 +218,11 @@ void TensorBoardWriter::fail(const std::string& what) {
     uint64_t keep = 0;
     for (uint64_t end : record_ends_)
       if (end <= static_cast<uint64_t>(st.st_size)) keep = end;
-    if (::ftruncate(fileno(f), static_cast<off_t>(keep)) != 0) {
+    // With no whole record (not even the file's first), the file goes: left empty, it would
+    // make the next run's writer in this directory refuse it as another run's events.
+    if (keep == 0) {
+      ::unlink(path_.c_str());
+    } else if (::ftruncate(fileno(f), static_cast<off_t>(keep)) != 0) {
       // (the cut record stays; nothing more is written after it)
     }
   }

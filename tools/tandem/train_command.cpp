@@ -152,8 +152,16 @@ void run_train(TrainOptions& o) {
   resume_from.reset();  // the trainer holds what it needs of it
   ProgressLine progress;
   const int64_t steps_per_epoch = batch_count(train_rows, config.batch);
+  // Counted here, not from the global step: a run resumed with another --batch took its earlier
+  // epochs' steps at another size.
+  int progress_epoch = -1;
+  int64_t in_epoch = 0;
   trainer.on_step = [&](const StepReport& r) {
-    const int64_t in_epoch = (r.step - 1) % steps_per_epoch + 1;
+    if (r.epoch != progress_epoch) {
+      progress_epoch = r.epoch;
+      in_epoch = 0;
+    }
+    ++in_epoch;
     progress.update("epoch " + std::to_string(r.epoch + 1) + "/" + std::to_string(config.epochs) +
                     "  step " + std::to_string(in_epoch) + "/" + std::to_string(steps_per_epoch) +
                     "  loss/sample " + std::to_string(r.loss_sum / static_cast<double>(r.samples)) +

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -48,11 +49,19 @@ std::string errno_text() { return std::strerror(errno); }
 
 // `text` in a new file beside `path` (mode `mode` exactly), on disk before this returns; its name.
 std::string write_temp_file(const std::string& path, const std::string& text, mode_t mode) {
-  static std::atomic<unsigned> counter{0};
-  const std::string temp =
-      path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) throw IoError(path + ": cannot create " + temp + ": " + errno_text());
+  // A random name, tried again when taken: one a killed run left behind (its pid the same in a
+  // container's next run) must not block every later one.
+  std::random_device entropy;
+  std::string temp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    char suffix[24];
+    std::snprintf(suffix, sizeof suffix, ".tmp-%08x%08x", entropy(), entropy());
+    temp = path + suffix;
+    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0 && (errno != EEXIST || attempt == 20))
+      throw IoError(path + ": cannot create " + temp + ": " + errno_text());
+  }
   const auto fail = [&](const std::string& what) {
     const std::string why = errno_text();
     ::close(fd);
@@ -80,9 +89,15 @@ std::string write_temp_file(const std::string& path, const std::string& text, mo
 // symbolic link itself, never what it points to); without `replace`, link() puts it only where
 // nothing is, so a file made there since it was looked for is not overwritten.
 void put_in_place(const std::string& temp, const std::string& path, bool replace) {
-  const int status = replace ? ::rename(temp.c_str(), path.c_str())
-                             : ::link(temp.c_str(), path.c_str());
-  const int err = errno;
+  int status = replace ? ::rename(temp.c_str(), path.c_str())
+                       : ::link(temp.c_str(), path.c_str());
+  int err = errno;
+  if (!replace && status != 0 && err != EEXIST) {
+    // A file system without hard links (some FUSE and SMB mounts): rename without replacing.
+    status = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
+    err = errno;
+    if (status == 0) return;
+  }
   if (!replace || status != 0) ::unlink(temp.c_str());
   if (status == 0) return;
   if (err == EEXIST)
@@ -202,10 +217,16 @@ void write_curve_key_files(const std::string& path_prefix, const CurveKeyPair& p
   }
   try {
     put_in_place(public_temp, path_prefix + ".key", replace_existing);
-  } catch (...) {
+  } catch (const std::exception& e) {
     // A public file made there meanwhile: the new secret must not stay without its public key.
-    if (!replace_existing) ::unlink((path_prefix + ".key_secret").c_str());
-    throw;
+    if (!replace_existing) {
+      ::unlink((path_prefix + ".key_secret").c_str());
+      throw;
+    }
+    // The old secret is replaced already: said, since the two files no longer match.
+    throw IoError(std::string(e.what()) + "; " + path_prefix + ".key_secret holds the new " +
+                  "secret key, which does not match " + path_prefix + ".key: write the pair " +
+                  "again once that is fixed");
   }
 }
 
