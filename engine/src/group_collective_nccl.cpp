@@ -377,15 +377,20 @@ class NcclCollective final : public GroupCollective {
         }
       }
       if (problem.empty()) {
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::unique_lock<std::mutex> lock(mutex_);
         if (!failure_.empty()) {
           problem = failure_;
         } else if (std::chrono::steady_clock::now() >= deadline) {
           // Every rank entered it before it was issued (enter), so it is a GPU or the link; but
           // not necessarily this rank's GPU: a collective waits for its peers, so a hung GPU
-          // holds every rank's, and whichever rank's deadline comes first says so.
-          const std::string hung = ranks_behind_their_gates();
-          problem = "worker group: " + std::string(kind) + " #" + std::to_string(number) +
+          // holds every rank's. The gates say whose backward pass has not finished; queried
+          // without the lock, which every rank and the aborter need (a CUDA call may wait).
+          const std::vector<std::vector<cudaEvent_t>> gates = gates_;
+          lock.unlock();
+          const std::string hung = ranks_behind(gates);
+          lock.lock();
+          problem = !failure_.empty() ? failure_ :  // (another rank's, meanwhile)
+                    "worker group: " + std::string(kind) + " #" + std::to_string(number) +
                     " did not complete on " + where(rank) + " within " +
                     std::to_string(timeout_ms_) + " ms (every rank reached it: " +
                     (hung.empty() ? "a GPU or link of the group hangs, this rank's or one it "
@@ -442,13 +447,14 @@ class NcclCollective final : public GroupCollective {
     return call();
   }
 
-  // "rank 1 (GPU 3)": the ranks whose sum still waits for its gate (the backend's event after a
-  // layer's gradients): their own GPU has not finished the backward pass, so the hang is theirs,
-  // not the link's or a peer's. Empty when none (or the events cannot say). mutex_ held.
-  std::string ranks_behind_their_gates() const {
+  // "rank 1 (GPU 3)": the ranks whose sum still waits for one of `gates` (a copy of gates_: the
+  // backend's events after each layer's gradients): their own GPU has not finished the backward
+  // pass, so the hang is theirs, not the link's or a peer's. Empty when none (or the events
+  // cannot say).
+  std::string ranks_behind(const std::vector<std::vector<cudaEvent_t>>& gates) const {
     std::string out;
     for (int m = 0; m < size(); ++m)
-      for (cudaEvent_t gate : gates_[static_cast<size_t>(m)])
+      for (cudaEvent_t gate : gates[static_cast<size_t>(m)])
         if (cudaEventQuery(gate) == cudaErrorNotReady) {
           out += (out.empty() ? "" : ", ") + where(m);
           break;

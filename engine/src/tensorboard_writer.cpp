@@ -169,7 +169,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   } catch (...) {
     if (file_ != nullptr) std::fclose(file_);  // no destructor runs for a constructor that throws
     file_ = nullptr;
-    ::unlink(path_.c_str());
+    // Once: a second unlink could remove another writer's file, made under the freed name.
+    if (!removed_) ::unlink(path_.c_str());
     throw;
   }
 }
@@ -222,6 +223,7 @@ void TensorBoardWriter::fail(const std::string& what) {
     // make the next run's writer in this directory refuse it as another run's events.
     if (keep == 0) {
       ::unlink(path_.c_str());
+      removed_ = true;
     } else if (::ftruncate(fileno(f), static_cast<off_t>(keep)) != 0) {
       // (the cut record stays; nothing more is written after it)
     }

@@ -69,6 +69,7 @@ class TensorBoardWriter {
   std::FILE* file_ = nullptr;
   std::vector<uint64_t> record_ends_;  // the file offset after each record written
   std::string failed_;                 // why the file takes no more records
+  bool removed_ = false;               // fail() removed the file (it held no whole record)
 };
 
 }  // namespace tandem

@@ -11,10 +11,31 @@
 #include "blas_kernels.h"
 #include "cluster_commands.h"
 #include "commands.h"
+#include "cuda/cuda_device.h"
 #include "group_collective.h"
 #include "store_commands.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
+
+namespace {
+
+// "1 device: NVIDIA H200 (sm_90, 139 GiB)", "no usable device" or "not in this build".
+std::string cuda_devices_text() {
+  if (!TANDEM_WITH_CUDA) return "not in this build";
+  int devices = 0;
+  try {
+    devices = tandem::kernels::cuda_device_count();
+  } catch (const std::exception& e) {  // TANDEM_REQUIRE_CUDA set: the reason
+    return std::string("no usable device (") + e.what() + ")";
+  }
+  if (devices == 0) return "no usable device";
+  std::string text = std::to_string(devices) + (devices == 1 ? " device: " : " devices: ");
+  for (int d = 0; d < devices; ++d)
+    text += (d == 0 ? "" : ", ") + tandem::kernels::cuda_device_description(d);
+  return text;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // SIGCHLD ignored by whoever started us (a daemon, Python's signal(SIGCHLD, SIG_IGN)) would
@@ -26,9 +47,11 @@ int main(int argc, char** argv) {
   const std::string blas_warning = tandem::use_better_blas_kernels();
   if (!blas_warning.empty()) std::fprintf(stderr, "warning: %s\n", blas_warning.c_str());
   CLI::App app{"Tandem: train models with parameter servers, on CPUs and GPUs"};
-  app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION +
-                                        " (CPU: OpenBLAS " + tandem::blas_kernels().loaded +
-                                        " kernels)");
+  // Computed only when asked for: counting CUDA devices starts the driver.
+  app.set_version_flag("--version", [] {
+    return std::string("tandem ") + TANDEM_VERSION + " (CPU: OpenBLAS " +
+           tandem::blas_kernels().loaded + " kernels; CUDA: " + cuda_devices_text() + ")";
+  });
   app.require_subcommand(1);
   tandem::cli::add_train_command(app);
   tandem::cli::add_eval_command(app);

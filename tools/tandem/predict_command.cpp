@@ -23,6 +23,7 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "commands.h"
+#include "cuda/cuda_device.h"
 #include "file_io.h"
 #include "predictor.h"
 #include "run_dir_lock.h"
@@ -285,7 +286,17 @@ void run_predict(PredictCliOptions& o) {
   PredictSummary s;
   if (!o.slots.remote()) {
     run_processes(o);
-    s.backend = before.backend;  // what the children's --backend resolves to here
+    s.backend = before.backend;  // what the children's --backend resolves to here ...
+    // ... except that `auto` on a GPU this build's kernels cannot run on is the CPU (as each
+    // child found). Asked only now: the question starts a CUDA context in this process, which
+    // the counting call above must not hold while the children predict.
+    if (o.engine.backend == BackendKind::Auto && s.backend == "cuda") {
+      try {
+        if (!kernels::cuda_kernels_unusable_on(0).empty()) s.backend = "cpu";
+      } catch (const std::exception&) {
+        s.backend = "cpu";  // (busy or failed: not what the children could use either)
+      }
+    }
   } else {
     o.processes = run_on_slots(o);
     s.backend = o.backend;  // each server resolves it on its own machine

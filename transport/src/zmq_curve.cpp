@@ -92,8 +92,10 @@ void put_in_place(const std::string& temp, const std::string& path, bool replace
   int status = replace ? ::rename(temp.c_str(), path.c_str())
                        : ::link(temp.c_str(), path.c_str());
   int err = errno;
+  std::string tried;  // what failed before the last try, for the message
   if (!replace && status != 0 && err != EEXIST) {
     // A file system without hard links (some FUSE and SMB mounts): rename without replacing.
+    tried = std::string("link: ") + std::strerror(err) + "; renameat2(RENAME_NOREPLACE): ";
     status = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
     err = errno;
     if (status == 0) return;
@@ -103,7 +105,7 @@ void put_in_place(const std::string& temp, const std::string& path, bool replace
   if (err == EEXIST)
     throw InputError(path + " exists: a new key pair would lock out the peers that have the old "
                      "public key (--overwrite, or overwrite=True, replaces it)");
-  throw IoError(path + ": cannot put the new file in place: " + std::strerror(err));
+  throw IoError(path + ": cannot put the new file in place: " + tried + std::strerror(err));
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
