@@ -152,8 +152,10 @@ enum class Receive {
 
 class PsPair {
  public:
-  PsPair(const std::string& bind, Receive receive, tandem::OptimizerKind optimizer)
-      : server_(options(bind, optimizer)), client_({server_.endpoint()}), receive_(receive) {
+  PsPair(const std::string& bind, Receive receive, tandem::OptimizerKind optimizer, int spin_us)
+      : server_(options(bind, optimizer)),
+        client_({server_.endpoint()}, client_options(spin_us)),
+        receive_(receive) {
     const tandem::Model model = tandem::Model::initialized(tandem::ModelConfig{}, 1);
     client_.init(model.parameters()).wait();
     // Small gradients: the parameters stay finite however many steps the benchmark takes.
@@ -172,6 +174,11 @@ class PsPair {
   }
 
  private:
+  static tandem::ClientOptions client_options(int spin_us) {
+    tandem::ClientOptions o;
+    o.spin_us = spin_us;
+    return o;
+  }
   static tandem::ServerOptions options(const std::string& bind, tandem::OptimizerKind optimizer) {
     tandem::ServerOptions o;
     o.bind = bind;
@@ -208,6 +215,11 @@ int main(int argc, char** argv) {
                  "The server's update: adam (the default's) or sgd (no square root or division "
                  "per parameter: how much of the gap to raw is Adam's arithmetic)")
       ->check(CLI::IsMember({"adam", "sgd"}));
+  int spin_us = 0;
+  app.add_option("--spin-us", spin_us,
+                 "Tandem's client looks for each reply without sleeping for up to this many "
+                 "microseconds before it blocks (ClientOptions::spin_us; raw ZeroMQ always blocks)")
+      ->check(CLI::Range(0, 1'000'000));
   CLI11_PARSE(app, argc, argv);
   const tandem::OptimizerKind kind = tandem::parse_optimizer(optimizer);
   // The frames of Tandem's messages: a header frame (the tensor table) and one per tensor.
@@ -228,9 +240,9 @@ int main(int argc, char** argv) {
     const auto endpoint = [&](const std::string& suffix) { return bind == ipc ? ipc + suffix : bind; };
     RawPair raw_pair(endpoint(""), {bytes});
     RawPair frames_pair(endpoint("-frames"), frame_bytes);
-    PsPair copied_pair(endpoint("-ps-copied"), Receive::Copied, kind);
-    PsPair zero_pair(endpoint("-ps"), Receive::Into, kind);
-    PsPair in_place_pair(endpoint("-ps-in-place"), Receive::InPlace, kind);
+    PsPair copied_pair(endpoint("-ps-copied"), Receive::Copied, kind, spin_us);
+    PsPair zero_pair(endpoint("-ps"), Receive::Into, kind, spin_us);
+    PsPair in_place_pair(endpoint("-ps-in-place"), Receive::InPlace, kind, spin_us);
     std::vector<Contender> contenders(kinds.size());
     contenders[0].round_trip = [&] { raw_pair.round_trip(); };
     contenders[1].round_trip = [&] { copied_pair.round_trip(); };
@@ -258,7 +270,7 @@ int main(int argc, char** argv) {
     const std::string transport = bind.substr(0, bind.find(':'));
     if (json)
       std::printf("%s\n", nlohmann::json{{"transport", transport}, {"bytes", bytes},
-                                         {"optimizer", optimizer},
+                                         {"optimizer", optimizer}, {"spin_us", spin_us},
                                          {"raw_round_trips_per_s", raw.round_trips_per_s},
                                          {"raw_p50_us", raw.p50_us}, {"raw_p99_us", raw.p99_us},
                                          {"ps_copied_round_trips_per_s", copied.round_trips_per_s},

@@ -26,6 +26,7 @@
 #include "cluster_work_queue.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "ps_client.h"
 #include "score_subscriber.h"
 #include "signal_storm.h"
 #include "tandem/cluster.h"
@@ -962,6 +963,24 @@ TEST(RunSettings, TheStepTimeoutTravelsAndANegativeOneIsRefused) {
   json bad = to_json(s);
   bad["step_timeout_s"] = -1.0;
   EXPECT_THROW(run_settings_from_json(bad), InputError);
+}
+
+// The workers' spin for replies travels in the settings to every role's client; settings from
+// before it spin not at all, and a spin past a second is refused.
+TEST(RunSettings, TheClientsSpinTravelsAndOneTooLongIsRefused) {
+  RunSettings s;
+  s.ps_spin_us = 300;
+  EXPECT_EQ(run_settings_from_json(to_json(s)).ps_spin_us, 300);
+  EXPECT_EQ(cluster_client_options(s, nullptr).spin_us, 300);
+  json older = to_json(s);
+  older.erase("ps_spin_us");
+  EXPECT_EQ(run_settings_from_json(older).ps_spin_us, 0);
+  for (const int bad_spin : {-1, 1'000'001}) {
+    json bad = to_json(s);
+    bad["ps_spin_us"] = bad_spin;
+    EXPECT_TRUE(test::contains(test::error_of<InputError>([&] { run_settings_from_json(bad); }),
+                               "ps_spin_us must be in [0, 1000000]"));
+  }
 }
 
 // Settings (from the public API's dict or JSON, or a coordinator) are read as their types:

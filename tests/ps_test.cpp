@@ -428,6 +428,46 @@ TEST(PsClient, SeveralOutstandingRequestsAreMatchedByRequestId) {
   EXPECT_TRUE(bit_equal(r1.tensors, after1));
 }
 
+// A client that looks for its replies without sleeping (ClientOptions::spin_us) gets the same
+// replies, matched by request id as when it blocks, and still gives up at its deadline: a spin
+// longer than the request's timeout ends with it.
+TEST(PsClient, ASpinningClientGetsTheSameRepliesAndKeepsItsDeadline) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-spinning"));
+  ClientOptions o = client_options(&ctx);
+  o.spin_us = 300;
+  PsClient client({server.endpoint()}, o);
+  const auto params = small_params(6);
+  client.init(params).wait();
+  ReferenceAdam ref(params);
+  for (int step = 0; step < 20; ++step) {
+    const auto g = gradients_like(params, 400 + step);
+    ref.apply(g);
+    EXPECT_TRUE(bit_equal(client.push_pull(g).wait().tensors, ref.w)) << "step " << step;
+  }
+  // Waited for out of order: the reply a spin finds for another request is kept for it.
+  const auto g1 = gradients_like(params, 500), g2 = gradients_like(params, 510);
+  auto h1 = client.push_pull(g1);
+  auto h2 = client.push_pull(g2);
+  auto h3 = client.pull();
+  ref.apply(g1);
+  const auto after1 = ref.w;
+  ref.apply(g2);
+  EXPECT_TRUE(bit_equal(h3.wait().tensors, ref.w));
+  EXPECT_EQ(h2.wait().version, 22u);
+  EXPECT_TRUE(bit_equal(h1.wait().tensors, after1));
+
+  ClientOptions patient = client_options(&ctx, 300);
+  patient.spin_us = 5'000'000;
+  PsClient waiting({"inproc://nobody-answers-a-spinning-client"}, patient);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(waiting.init(small_params(8)).wait(), transport::TransportError);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(ms, 250);
+  EXPECT_LT(ms, 3000) << "the spin outlasted the request's 300 ms deadline";
+}
+
 TEST(PsClient, PlacementIsGreedyBySize) {
   EXPECT_EQ(place_tensors({78400, 100, 1000, 10}, 2), (std::vector<int>{0, 1, 1, 1}));
   EXPECT_EQ(place_tensors({5, 5, 5, 5}, 2), (std::vector<int>{0, 1, 0, 1}));

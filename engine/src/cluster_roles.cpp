@@ -79,6 +79,7 @@ json to_json(const RunSettings& s) {
           {"curve_client_file", s.curve_client_file},
           {"fed", s.fed},
           {"ps_timeout_ms", s.ps_timeout_ms},
+          {"ps_spin_us", s.ps_spin_us},
           {"init_timeout_ms", s.init_timeout_ms},
           {"step_timeout_s", s.step_timeout_s}};
 }
@@ -135,6 +136,7 @@ RunSettings run_settings_from_json(const json& j) {
   s.curve_client_file = r.text("curve_client_file");
   s.fed = r.flag("fed", &no);
   s.ps_timeout_ms = r.small_integer("ps_timeout_ms");
+  s.ps_spin_us = r.small_integer("ps_spin_us", &zero);  // absent from older settings
   s.init_timeout_ms = r.small_integer("init_timeout_ms");
   s.step_timeout_s = r.number("step_timeout_s", &ten_minutes);  // absent from older settings
   if (s.batch < 1) throw InputError("cluster settings: batch must be >= 1");
@@ -143,6 +145,8 @@ RunSettings run_settings_from_json(const json& j) {
   } catch (const InputError& e) {
     throw InputError(std::string("cluster settings: ") + e.what());
   }
+  if (s.ps_spin_us < 0 || s.ps_spin_us > 1'000'000)
+    throw InputError("cluster settings: ps_spin_us must be in [0, 1000000] (microseconds)");
   if (!(s.step_timeout_s >= 0))
     throw InputError("cluster settings: step_timeout_s must be >= 0 (0: never)");
   check_overlap(s);
@@ -153,6 +157,7 @@ RunSettings run_settings_from_json(const json& j) {
 ClientOptions cluster_client_options(const RunSettings& s, zmq::context_t* context) {
   ClientOptions c;
   c.timeout_ms = s.ps_timeout_ms;
+  c.spin_us = s.ps_spin_us;
   c.context = context;
   if (!s.curve_server_public.empty()) {
     c.curve_server_key = s.curve_server_public;

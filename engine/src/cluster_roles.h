@@ -81,6 +81,7 @@ struct RunSettings {
   // target, time or request.
   bool fed = false;
   int ps_timeout_ms = 10000;         // a parameter server request's deadline
+  int ps_spin_us = 0;                // ClientOptions::spin_us for every role's client
   int init_timeout_ms = 60000;       // how long non-chief workers wait for the chief's init
   // A worker whose backend has not returned from a call (a step, its group's step, installing
   // parameters) for this long says so in its heartbeats, and the coordinator counts it lost and

@@ -326,6 +326,16 @@ std::vector<uint64_t> PsClient::versions() const {
   return out;
 }
 
+bool PsClient::spin_for_reply(Server& server, Frames& frames, Clock::time_point deadline) {
+  if (options_.spin_us <= 0) return false;
+  const auto until =
+      std::min(deadline, Clock::now() + std::chrono::microseconds(options_.spin_us));
+  do {
+    if (transport::receive_frames(server.socket, frames, 0, server.where)) return true;
+  } while (Clock::now() < until && !(options_.cancel && *options_.cancel));
+  return false;
+}
+
 Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, MessageType type) {
   const uint64_t request_id = part.request_id;
   Server& server = *servers_[part.server];
@@ -372,7 +382,8 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
     Frames frames;
     const long slice =
         left <= 0 ? 0 : options_.cancel ? std::min<long>(long(left), 100) : long(left);
-    if (!transport::receive_frames(server.socket, frames, slice, where)) {
+    if (!spin_for_reply(server, frames, deadline) &&
+        !transport::receive_frames(server.socket, frames, slice, where)) {
       looked_last = left <= 0;
       continue;
     }

@@ -79,6 +79,12 @@ struct ClientOptions {
   // TransportError, as a timeout would: a role stopping from its own process does not sit out
   // timeout_ms for a server that stopped with it. Null: only the timeout.
   std::shared_ptr<const std::atomic<bool>> cancel;
+  // Before blocking for a reply, look for it without sleeping for up to this many microseconds
+  // (never past the request's deadline). On a virtual machine whose idle vCPUs halt, waking a
+  // blocked thread on another vCPU costs tens of microseconds each way; a short spin keeps the
+  // waiting thread's vCPU awake for the reply (bench/RESULTS.md: the round trip with Adam on a
+  // 2-vCPU Xeon VM). It costs a core's time while the reply is on its way. 0: block at once.
+  int spin_us = 0;
 };
 
 struct PsResult {
@@ -237,6 +243,10 @@ class PsClient {
   transport::Frames await(const Handle::Part& part,
                           std::chrono::steady_clock::time_point deadline,
                           transport::MessageType type);
+  // A message from `server` looked for without sleeping, for up to options_.spin_us (not past
+  // `deadline`); false when none came (or spinning is off).
+  bool spin_for_reply(Server& server, transport::Frames& frames,
+                      std::chrono::steady_clock::time_point deadline);
   // Waits for the handle's replies, kept in `into` with their parameters' runs (none when the
   // handle brings no parameters).
   PsResult collect(Handle& handle, ReceivedParameters& into);  // forgets the rest on failure

@@ -160,6 +160,11 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--ps-timeout", s.ps_timeout_ms,
                   "Milliseconds a worker waits for a parameter server's answer before it retries")
       ->check(positive_number())->capture_default_str();
+  cmd->add_option("--ps-spin-us", s.ps_spin_us,
+                  "Microseconds a worker looks for a parameter server's answer without sleeping "
+                  "before it blocks (0: blocks at once). On a VM whose idle vCPUs halt, about 300 "
+                  "shortens each exchange by the wake-up (bench/RESULTS.md), at a core's time")
+      ->check(number_in(0, 1e6, false, "MICROSECONDS"))->capture_default_str();
   cmd->add_option("--step-timeout", s.step_timeout_s,
                   "Seconds a worker's backend may stay in one call (a step; a hung GPU) before "
                   "the coordinator counts the worker lost and hands its batches on (0: never)")

@@ -25,8 +25,9 @@
 // "bounded_staleness"), ps_device ("auto" | "cpu" | "cuda"), replicas_to_aggregate,
 // staleness_bound, checkpoint_dir, checkpoint_every_s, checkpoint_every_steps (0: off; both may
 // be set), best_model_path, overlap, curve_* (CURVE key files, see the README), fed,
-// ps_timeout_ms, init_timeout_ms, step_timeout_s (600: a worker whose backend stays that long in
-// one call is counted lost; 0: never). An unknown key is an InputError naming the known ones.
+// ps_timeout_ms, ps_spin_us (0: a client blocks for each reply at once), init_timeout_ms,
+// step_timeout_s (600: a worker whose backend stays that long in one call is counted lost; 0:
+// never). An unknown key is an InputError naming the known ones.
 // Fed runs (workers trained on blocks handed to them in their own process) need the Python
 // package's WorkerRole.feed: this header's workers read the store.
 //
