@@ -316,8 +316,10 @@ TEST_F(CudaKernels, AMisalignedBiasGivesTheCpuResult) {
     auto dw = upload(w);
     auto db = upload(b_with_one_before);
     auto y = poisoned<float>(count(s.rows, s.out));
+    const int64_t fused_before = dense.fused_forwards();
     dense.forward(dx.data(), dw.data(), db.data() + 1, y.data(), s.rows, s.in, s.out, true,
                   DenseEpilogue::Fused);
+    EXPECT_EQ(dense.fused_forwards(), fused_before) << "a misaligned bias went to cuBLASLt";
     const std::vector<float> got = download(y);
     const std::vector<float> expected = cpu_forward(x, w, b, s, true);
     const std::vector<float> linear = cpu_forward(x, w, b, s, false);  // for the error's scale
@@ -355,6 +357,7 @@ TEST_F(CudaKernels, TheDefaultModelsProductsRunInCublasLt) {
     dense.backward_params(x.data(), h.data(), dw1.data(), db1.data(), rows, 784, 100, false);
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
     EXPECT_EQ(dense.fallback_forms(), 0u) << "precision " << static_cast<int>(precision);
+    EXPECT_EQ(dense.fused_forwards(), 2) << "precision " << static_cast<int>(precision);
   }
 }
 

@@ -110,6 +110,7 @@ struct DenseCuda::Impl {
   // device and library: each falls back to Tandem's own kernel for good, without asking again.
   // Per form, so one shape without a fused epilogue does not take it from every other shape.
   std::set<Key> unavailable;
+  int64_t fused_forwards = 0;
 
   Impl(cudaStream_t s, MatmulPrecision p) : stream(s), precision(p) {
     TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
@@ -258,6 +259,7 @@ void DenseCuda::set_stream(cudaStream_t stream) { impl_->stream = stream; }
 MatmulPrecision DenseCuda::precision() const { return impl_->precision; }
 void DenseCuda::reserve_rows(int64_t rows) { impl_->reserve_rows(rows); }
 size_t DenseCuda::fallback_forms() const { return impl_->unavailable.size(); }
+int64_t DenseCuda::fused_forwards() const { return impl_->fused_forwards; }
 
 void DenseCuda::forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
                         int64_t in, int64_t out, bool relu, DenseEpilogue epilogue) {
@@ -281,6 +283,7 @@ void DenseCuda::forward(const float* x, const float* w, const float* b, float* y
     // Without an algorithm for this epilogue (found out on a shape's first, eager call, so never
     // inside a graph capture): the plain product and our own bias/ReLU kernel instead.
     if (impl_->try_run(fused)) {
+      ++impl_->fused_forwards;
       if (relu) bias_relu_cuda(y, nullptr, rows, out, true, impl_->stream);
       return;
     }

@@ -53,6 +53,9 @@ class DenseCuda {
   // because cuBLASLt offered no algorithm for them: tests report it, so that a fused path that
   // never ran is seen.
   size_t fallback_forms() const;
+  // How many forward calls ran the bias in cuBLASLt's epilogue (the fused path): tests check that
+  // a bias it must not take (misaligned) was not given to it.
+  int64_t fused_forwards() const;
 
  private:
   struct Impl;
