@@ -38,6 +38,7 @@
 #include "tandem/model.h"
 #include "test_support.h"
 #include "zmq_curve.h"
+#include "zmq_through_signals.h"
 
 namespace tandem {
 namespace {
@@ -1070,6 +1071,44 @@ TEST(ParameterServer, ServesThroughSignalsLandingOnItsThreads) {
   EXPECT_GT(run.steps, 10);
   EXPECT_GT(run.signals, 100);
   EXPECT_EQ(server.stats().version, run.steps);
+}
+
+// A blocking send under a time limit (ZMQ_SNDTIMEO) that signals keep interrupting still times
+// out: each EINTR restarted the whole limit, so signals coming faster than it (a profiler's
+// timer) kept the send waiting for as long as they came.
+TEST(ZmqThroughSignals, ASendKeptInterruptedStillTimesOut) {
+  zmq::context_t ctx;
+  zmq::socket_t socket(ctx, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::sndtimeo, 200);  // connected to nothing: a send waits this long
+  std::atomic<bool> go{false};
+  std::atomic<double> seconds{-1.0};
+  bool sent = true;
+  std::thread sender([&] {  // started before the storm: its signals land here too
+    while (!go) std::this_thread::yield();
+    const auto start = std::chrono::steady_clock::now();
+    sent = transport::send_through_signals(socket, zmq::str_buffer("x"), zmq::send_flags::none)
+               .has_value();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  // Aimed at the sending thread (a process-wide storm may land on any thread not blocking it,
+  // OpenBLAS's among them), every 200 us, for 3 s at most.
+  struct sigaction action {};
+  action.sa_handler = [](int) {};
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // as the stop handler's: poll-like calls still see EINTR
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);  // (stays: a late signal must not kill)
+  int64_t signals = 0;
+  go = true;
+  const auto storm_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (seconds.load() < 0.0 && std::chrono::steady_clock::now() < storm_until) {
+    if (pthread_kill(sender.native_handle(), SIGUSR1) == 0) ++signals;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  sender.join();
+  EXPECT_FALSE(sent);
+  EXPECT_GT(signals, 100);
+  EXPECT_LT(seconds.load(), 2.0) << "the send outlasted its 200 ms limit while signals came";
 }
 
 // Two gradients that are each finite can sum past float32's range: the step is dropped (counted,

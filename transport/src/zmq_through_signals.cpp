@@ -6,6 +6,8 @@ namespace tandem::transport {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // Calls f() until it ends without EINTR.
 template <typename F>
 auto again_after_signals(F&& f) {
@@ -16,6 +18,34 @@ auto again_after_signals(F&& f) {
       if (e.num() != EINTR) throw;
     }
   }
+}
+
+// The same for a send or receive with a time limit (`limit_ms()`: the socket's SNDTIMEO or
+// RCVTIMEO, -1 for none, asked only once a signal came): interrupted once that limit has passed
+// since the first call, the call has timed out (an empty result, as EAGAIN). Each retry waits
+// up to the whole limit again, so a call takes at most twice it; without the bound, signals
+// coming faster than the limit (a profiler's timer) kept it from ever timing out.
+template <typename F, typename Limit>
+auto again_within_limit(F&& f, Limit&& limit_ms) -> decltype(f()) {
+  const Clock::time_point start = Clock::now();
+  int limit = -2;  // not asked yet
+  for (;;) {
+    try {
+      return f();
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      if (limit == -2) limit = limit_ms();
+      if (limit >= 0 && Clock::now() - start >= std::chrono::milliseconds(limit)) return {};
+    }
+  }
+}
+
+// The socket's limit for a call with `dontwait` (none: it does not wait) or without it.
+int send_limit_ms(zmq::socket_t& socket, bool dontwait) {
+  return dontwait ? 0 : socket.get(zmq::sockopt::sndtimeo);
+}
+int recv_limit_ms(zmq::socket_t& socket, bool dontwait) {
+  return dontwait ? 0 : socket.get(zmq::sockopt::rcvtimeo);
 }
 
 }  // namespace
@@ -39,17 +69,23 @@ int poll_through_signals(zmq::pollitem_t* items, size_t count, std::chrono::mill
 
 zmq::send_result_t send_through_signals(zmq::socket_t& socket, zmq::message_t& message,
                                         zmq::send_flags flags) {
-  return again_after_signals([&] { return socket.send(message, flags); });
+  const bool dontwait = (flags & zmq::send_flags::dontwait) == zmq::send_flags::dontwait;
+  return again_within_limit([&] { return socket.send(message, flags); },
+                            [&] { return send_limit_ms(socket, dontwait); });
 }
 
 zmq::send_result_t send_through_signals(zmq::socket_t& socket, zmq::const_buffer buffer,
                                         zmq::send_flags flags) {
-  return again_after_signals([&] { return socket.send(buffer, flags); });
+  const bool dontwait = (flags & zmq::send_flags::dontwait) == zmq::send_flags::dontwait;
+  return again_within_limit([&] { return socket.send(buffer, flags); },
+                            [&] { return send_limit_ms(socket, dontwait); });
 }
 
 zmq::recv_result_t recv_through_signals(zmq::socket_t& socket, zmq::message_t& message,
                                         zmq::recv_flags flags) {
-  return again_after_signals([&] { return socket.recv(message, flags); });
+  const bool dontwait = (flags & zmq::recv_flags::dontwait) == zmq::recv_flags::dontwait;
+  return again_within_limit([&] { return socket.recv(message, flags); },
+                            [&] { return recv_limit_ms(socket, dontwait); });
 }
 
 }  // namespace tandem::transport

@@ -5,7 +5,8 @@
 // A serving thread that let it escape ended the process (std::terminate); a wait or a send that
 // let it escape lost an answer. These call again instead: for poll, for the time that is left;
 // for send and receive, at once (EINTR comes before anything is queued or taken, so the message
-// is untouched and the retry is exact).
+// is untouched and the retry is exact), until the socket's SNDTIMEO or RCVTIMEO has passed since
+// the first call: interrupted after that, the call has timed out (at most twice the limit).
 #pragma once
 
 #include <zmq.hpp>
