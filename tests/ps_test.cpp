@@ -466,7 +466,8 @@ TEST(PsClient, ASpinningClientGetsTheSameRepliesAndKeepsItsDeadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(ms, 250);
-  EXPECT_LT(ms, 3000) << "the spin outlasted the request's 300 ms deadline";
+  // Not the spin, then a whole wait after it: about 600 ms.
+  EXPECT_LT(ms, 550) << "the spin and the wait after it outlasted the request's 300 ms deadline";
 }
 
 TEST(PsClient, PlacementIsGreedyBySize) {
@@ -1081,6 +1082,11 @@ TEST(ZmqThroughSignals, ASendKeptInterruptedStillTimesOut) {
   zmq::socket_t socket(ctx, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::sndtimeo, 200);  // connected to nothing: a send waits this long
+  struct sigaction action {};
+  action.sa_handler = [](int) {};
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // as the stop handler's: poll-like calls still see EINTR
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);  // (stays: a late signal must not kill)
   std::atomic<bool> go{false};
   std::atomic<double> seconds{-1.0};
   bool sent = true;
@@ -1093,11 +1099,6 @@ TEST(ZmqThroughSignals, ASendKeptInterruptedStillTimesOut) {
   });
   // Aimed at the sending thread (a process-wide storm may land on any thread not blocking it,
   // OpenBLAS's among them), every 200 us, for 3 s at most.
-  struct sigaction action {};
-  action.sa_handler = [](int) {};
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // as the stop handler's: poll-like calls still see EINTR
-  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);  // (stays: a late signal must not kill)
   int64_t signals = 0;
   go = true;
   const auto storm_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
@@ -1107,7 +1108,7 @@ TEST(ZmqThroughSignals, ASendKeptInterruptedStillTimesOut) {
   }
   sender.join();
   EXPECT_FALSE(sent);
-  EXPECT_GT(signals, 100);
+  EXPECT_GT(signals, 10);
   EXPECT_LT(seconds.load(), 2.0) << "the send outlasted its 200 ms limit while signals came";
 }
 

@@ -380,10 +380,17 @@ Frames PsClient::await(const Handle::Part& part, Clock::time_point deadline, Mes
                            std::to_string(request_id) + " abandoned: this client is stopping");
     }
     Frames frames;
-    const long slice =
-        left <= 0 ? 0 : options_.cancel ? std::min<long>(long(left), 100) : long(left);
-    if (!spin_for_reply(server, frames, deadline) &&
-        !transport::receive_frames(server.socket, frames, slice, where)) {
+    // What is left after the spin (which may use up to all of it), so the wait ends by the
+    // deadline all the same.
+    const bool spun = spin_for_reply(server, frames, deadline);
+    const auto after_spin =
+        spun ? left
+             : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+                   .count();
+    const long slice = after_spin <= 0                 ? 0
+                       : options_.cancel               ? std::min<long>(long(after_spin), 100)
+                                                       : long(after_spin);
+    if (!spun && !transport::receive_frames(server.socket, frames, slice, where)) {
       looked_last = left <= 0;
       continue;
     }

@@ -24,7 +24,10 @@ auto again_after_signals(F&& f) {
 // RCVTIMEO, -1 for none, asked only once a signal came): interrupted once that limit has passed
 // since the first call, the call has timed out (an empty result, as EAGAIN). Each retry waits
 // up to the whole limit again, so a call takes at most twice it; without the bound, signals
-// coming faster than the limit (a profiler's timer) kept it from ever timing out.
+// coming faster than the limit (a profiler's timer) kept it from ever timing out. A call that
+// does not wait (dontwait, or a limit of 0) is retried at once as before: libzmq's check of its
+// command queue can meet a signal even there, and an empty result in the middle of a message of
+// several frames would leave half of it in the socket.
 template <typename F, typename Limit>
 auto again_within_limit(F&& f, Limit&& limit_ms) -> decltype(f()) {
   const Clock::time_point start = Clock::now();
@@ -35,7 +38,7 @@ auto again_within_limit(F&& f, Limit&& limit_ms) -> decltype(f()) {
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       if (limit == -2) limit = limit_ms();
-      if (limit >= 0 && Clock::now() - start >= std::chrono::milliseconds(limit)) return {};
+      if (limit > 0 && Clock::now() - start >= std::chrono::milliseconds(limit)) return {};
     }
   }
 }
