@@ -2,6 +2,7 @@
 // written under `key`, or nothing when it is absent or not one (a file from elsewhere).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +17,12 @@ inline std::optional<int64_t> checkpoint_count(const Checkpoint& ckpt, const std
       it->second.find_first_not_of("0123456789") != std::string::npos)
     return std::nullopt;
   return std::stoll(it->second);
+}
+
+// How far the checkpointed run trained: its epoch, or further when it kept an earlier epoch and
+// said beside it how far it went (epochs_trained). A resumed run asked for no more trains none.
+inline int64_t epochs_reached(const Checkpoint& ckpt) {
+  return std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
 }
 
 }  // namespace tandem

@@ -84,8 +84,7 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   resumed_ = true;
   // A kept best epoch's checkpoint says how far its run trained; a rerun that trains nothing
   // saves that again, not the kept epoch (a second rerun would train the epochs after it).
-  resumed_epochs_trained_ =
-      std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
+  resumed_epochs_trained_ = epochs_reached(ckpt);
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
   epochs_trained_ = -1;
   best_.reset();

@@ -50,19 +50,17 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   Checkpoint ckpt = load_checkpoint(o.config.resume_path);
   TrainConfig& config = o.config;
   // --epochs counts the run's epochs in all: one the checkpoint has reached already trains
-  // nothing, and the checkpoint is evaluated (a requeued job's rerun of a finished run). Said,
-  // since it exits 0 as if the run had gone on. (--epochs 0 asks for just that, unsaid.)
-  // A run that kept its best epoch holds that one, and says beside it how far it trained
-  // (epochs_trained): its rerun must not train the epochs after the best again.
-  const int64_t reached =
-      std::max<int64_t>(ckpt.epoch, checkpoint_count(ckpt, "epochs_trained").value_or(0));
+  // nothing (Trainer::fit, by epochs_reached: a run that kept an earlier epoch does not train
+  // the epochs after it again), and the checkpoint is evaluated (a requeued job's rerun of a
+  // finished run). Said, since it exits 0 as if the run had gone on. (--epochs 0 asks for just
+  // that, unsaid.)
+  const int64_t reached = epochs_reached(ckpt);
   if (config.epochs > 0 && config.epochs <= reached) {
     std::fprintf(stderr,
                  "tandem train: the run in %s is at epoch %lld, and --epochs %d%s counts the "
                  "run's epochs in all: nothing to train; evaluating its checkpoint\n",
                  config.resume_path.c_str(), static_cast<long long>(reached), config.epochs,
                  o.epochs_option->count() == 0 ? " (the default)" : "");
-    config.epochs = static_cast<int>(std::min<int64_t>(config.epochs, ckpt.epoch));
   }
   auto note = [&](const std::string& flag, const std::string& given, const std::string& theirs) {
     if (given != theirs)

@@ -8,26 +8,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Calls f() until it ends without EINTR.
-template <typename F>
-auto again_after_signals(F&& f) {
-  for (;;) {
-    try {
-      return f();
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-  }
-}
-
-// The same for a send or receive with a time limit (`limit_ms()`: the socket's SNDTIMEO or
-// RCVTIMEO, -1 for none, asked only once a signal came): interrupted once that limit has passed
-// since the first call, the call has timed out (an empty result, as EAGAIN). Each retry waits
-// up to the whole limit again, so a call takes at most twice it; without the bound, signals
-// coming faster than the limit (a profiler's timer) kept it from ever timing out. A call that
-// does not wait (dontwait, or a limit of 0) is retried at once as before: libzmq's check of its
-// command queue can meet a signal even there, and an empty result in the middle of a message of
-// several frames would leave half of it in the socket.
+// Calls f() until it ends without EINTR. With a time limit (`limit_ms()`: a socket's SNDTIMEO
+// or RCVTIMEO, -1 for none, asked only once a signal came), a call interrupted once that limit
+// has passed since the first try has timed out (an empty result, as EAGAIN). Each retry waits up
+// to the whole limit again, so a call takes at most twice it; without the bound, signals coming
+// faster than the limit (a profiler's timer) kept it from ever timing out. A call that does not
+// wait (dontwait, or a limit of 0) is retried at once: libzmq's check of its command queue can
+// meet a signal even there, and an empty result in the middle of a message of several frames
+// would leave half of it in the socket.
 template <typename F, typename Limit>
 auto again_within_limit(F&& f, Limit&& limit_ms) -> decltype(f()) {
   const Clock::time_point start = Clock::now();
@@ -56,7 +44,8 @@ int recv_limit_ms(zmq::socket_t& socket, bool dontwait) {
 int poll_through_signals(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   if (timeout.count() < 0)
-    return again_after_signals([&] { return zmq::poll(items, count, timeout); });
+    return again_within_limit([&] { return zmq::poll(items, count, timeout); },
+                              [] { return -1; });
   const Clock::time_point deadline = Clock::now() + timeout;
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
