@@ -11,6 +11,8 @@
 #   kernels_cuda.json   Google Benchmark: ceilings (device copy, cuBLAS SGEMM) and each kernel
 #   tandem_steps.json   whole training steps of the CUDA backend (batch 1,000 / 10,000 / 60,000)
 #   torch_steps.json    the same steps in PyTorch eager and torch.compile, in the same run
+#   torch_steps_tf32_bf16.json  PyTorch at float32 matmul precision high and medium, the
+#                       baseline for Tandem's tf32 and bf16 steps
 #   feed.json           the chunk manager feeding the GPU from a store: pinned H2D bandwidth,
 #                       stream-to-device bandwidth, steps fed by the stream vs resident data
 #   cluster_*.json      tandem launch with 1, 2, 4 CUDA workers and the single-process trainer
@@ -48,7 +50,8 @@ res=/tmp/tandem-gpu-results
 rm -rf "$res" && mkdir -p "$res"
 summarize() {  # the summary table from what the stages so far wrote (gpu_table.py; ~0.1 s)
   "${py_env[@]}" python3 bench/gpu_table.py --kernels "$res/kernels_cuda.json" \
-    --tandem "$res/tandem_steps.json" --torch "$res/torch_steps.json" --feed "$res/feed.json" \
+    --tandem "$res/tandem_steps.json" --torch "$res/torch_steps.json" \
+    --torch-other "$res/torch_steps_tf32_bf16.json" --feed "$res/feed.json" \
     --group "$res/group_step.json" --search-dir "$res" --markdown "$res/table.md" "$@"
 }
 pack() {  # every stage leaves an up-to-date table.md, so a run cut short still has one
@@ -194,6 +197,14 @@ stage "whole training steps: PyTorch eager and torch.compile"
 run_for 170 "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py \
   --batches 1000,10000,60000 \
   --seconds 0.5 --repeats 3 --impls eager,eager_fused,graph,compile --json "$res/torch_steps.json"
+echo "exit status $?"
+
+stage "whole training steps: PyTorch in tf32 and bf16, against Tandem's (no goal)"
+# What Tandem's --precision tf32 and bf16 ask of cuBLAS is PyTorch's float32 matmul precision
+# "high" and "medium": the like-for-like baseline for the tf32 and bf16 steps measured above.
+run_for 60 "${py_env[@]}" PYTHONUNBUFFERED=1 python3 bench/torch_gpu_bench.py \
+  --batches 1000,10000,60000 --seconds 0.3 --repeats 3 --impls eager_fused,graph \
+  --precisions tf32,bf16 --json "$res/torch_steps_tf32_bf16.json"
 echo "exit status $?"
 
 stage "kernels and ceilings"

@@ -19,9 +19,13 @@ missing key, is reported in the output and never stops the script):
                    "steps_per_s": ..., "ms_per_step": ..., "flops_per_step": ...}]}
                   Where a batch has several fp32 results (CUDA Graphs and
                   eager launches, "graph": true/false) the fastest is shown,
-                  with its mode; other precisions are listed in the notes.
+                  with its mode; other precisions (tf32, bf16) go to their own
+                  table, against PyTorch at the same precision.
   --torch PATH    bench/torch_gpu_bench.py's JSON (impls eager, eager_fused,
                   compile, graph).
+  --torch-other PATH
+                  the same script's JSON for --precisions tf32,bf16: compared
+                  with Tandem's tf32 and bf16 steps in a table of their own.
   --feed PATH     tandem_train_step_cuda_bench --store's JSON (the data feed).
   --group PATH    tandem_group_step_cuda_bench's JSON: {"results": [{"batch",
                   "way": plain | group-host | group-nccl, "us_per_step",
@@ -165,13 +169,15 @@ def as_batch(value):
 
 
 def read_tandem(doc, notes):
-    """batch -> {"sps", "ms", "flops", "error", "mode"} for fp32 training results.
+    """(fp32, other): fp32 is batch -> {"sps", "ms", "flops", "error", "mode"}
+    for fp32 training results, other (precision, batch) -> (sps, mode) for the
+    rest.
 
-    With several fp32 results for a batch (CUDA Graphs and eager launches,
+    With several results for a batch (CUDA Graphs and eager launches,
     "graph": true/false), the fastest is kept and its mode recorded."""
     out, other = {}, {}
     if doc is None:
-        return out
+        return out, other
     rows = results_of(doc)
     if not rows:
         notes.append("tandem: no results list")
@@ -199,20 +205,17 @@ def read_tandem(doc, notes):
         old = out.get(batch)
         if old is None or (sps is not None and (old["sps"] is None or sps > old["sps"])):
             out[batch] = rec
-    if other:
-        notes.append("tandem, not fp32 (not in the table): " + ", ".join(
-            "%s@%d %.1f steps/s%s" % (p, b, v, " (%s)" % m if m else "")
-            for (p, b), (v, m) in sorted(other.items())))
     if rows and not out:
         notes.append("tandem: no fp32 training results")
-    return out
+    return out, other
 
 
 def read_torch(doc, notes):
-    """(impl, batch) -> {"sps", "ms", "error"}."""
-    out = {}
+    """(fp32, other): fp32 is (impl, batch) -> {"sps", "ms", "error"} for the
+    fp32 results, other (precision, impl, batch) -> the same for the rest."""
+    out, other = {}, {}
     if doc is None:
-        return out
+        return out, other
     if isinstance(doc, dict) and doc.get("skipped"):
         notes.append("torch: skipped (%s)" % doc.get("skipped"))
     rows = results_of(doc)
@@ -226,9 +229,34 @@ def read_torch(doc, notes):
             continue
         sps, ms = step_rates(r)
         rec = {"sps": sps, "ms": ms, "error": r.get("error")}
-        if (impl, batch) not in out or out[(impl, batch)]["sps"] is None:
-            out[(impl, batch)] = rec
-    return out
+        prec = str(r.get("precision", "fp32")).lower()
+        table, key = (out, (impl, batch)) if prec == "fp32" else (other, (prec, impl, batch))
+        if key not in table or table[key]["sps"] is None:
+            table[key] = rec
+    return out, other
+
+
+def other_precisions_table(tandem_other, torch_other, errors):
+    """Tandem's tf32 and bf16 steps against PyTorch's at the same float32 matmul
+    precision (torch_gpu_bench.py --precisions): (head, rows, right)."""
+    impls = [i for i in ("eager", "eager_fused", "graph") if any(k[1] == i for k in torch_other)]
+    head = (["precision", "batch", "tandem/s", "mode"] + ["%s/s" % i for i in impls]
+            + ["vs %s" % i for i in impls])
+    rows = []
+    for prec, b in sorted(set(tandem_other) | {(p, b) for p, _, b in torch_other}):
+        t_sps, mode = tandem_other.get((prec, b), (None, None))
+        cells = [prec, format(b, ","), fmt(t_sps, ",.1f"), mode or "-"]
+        rates = []
+        for i in impls:
+            r = torch_other.get((prec, i, b), {})
+            if r.get("error"):
+                errors.append("torch %s %s batch %d: %s" % (i, prec, b, r["error"]))
+            rates.append(r.get("sps"))
+            cells.append("error" if r.get("error") and r.get("sps") is None
+                         else fmt(r.get("sps"), ",.1f"))
+        cells += [fmt(ratio(t_sps, v), ".2f", "x") for v in rates]
+        rows.append(cells)
+    return head, rows, [h not in ("precision", "mode") for h in head]
 
 
 def base_name(entry):
@@ -373,8 +401,14 @@ def build(args):
     pdoc = load_json(args.torch, "torch", notes)
     fdoc = load_json(getattr(args, "feed", None), "feed", notes)
     kernels = read_kernels(kdoc, notes)
-    tandem = read_tandem(tdoc, notes)
-    torch = read_torch(pdoc, notes)
+    tandem, tandem_other = read_tandem(tdoc, notes)
+    torch, torch_other = read_torch(pdoc, notes)
+    odoc = load_json(args.torch_other, "torch, tf32 and bf16", notes) \
+        if getattr(args, "torch_other", None) else None
+    more_fp32, more_other = read_torch(odoc, notes)
+    torch_other.update(more_other)
+    for key, rec in more_fp32.items():
+        torch.setdefault(key, rec)
 
     copy_gbps = best(kernels, COPY_CEILING, "gbps")
     sgemm_tflops = best(kernels, SGEMM_CEILING, "tflops")
@@ -602,12 +636,15 @@ def build(args):
     return {"devices": devices, "ceilings": ceilings, "notes": notes, "errors": errors,
             "goals": goals, "t1": (t1_head, t1_rows, t1_right),
             "t2": (t2_head, t2_rows, t2_right), "t3": (t3_head, t3_rows, t3_right),
-            "t4": (t4_head, t4_rows, t4_right), "t5": (t5_head, t5_rows, t5_right)}
+            "t4": (t4_head, t4_rows, t4_right), "t5": (t5_head, t5_rows, t5_right),
+            "t6": other_precisions_table(tandem_other, torch_other, errors)}
 
 
 # The optional tables after the data feed: (key, title).
 EXTRA_TABLES = (("t4", "Worker group of one GPU against the plain GPU worker (step up to the push)"),
-                ("t5", "Search and predict on the GPU and the CPU (x: processes)"))
+                ("t5", "Search and predict on the GPU and the CPU (x: processes)"),
+                ("t6", "Training steps in tf32 and bf16 (no goal): tandem against PyTorch at "
+                       "the same float32 matmul precision (high, medium)"))
 
 
 def text_report(rep):
@@ -674,6 +711,8 @@ def main(argv=None):
     p.add_argument("--kernels", metavar="PATH", help="kernels_cuda_bench Google Benchmark JSON")
     p.add_argument("--tandem", metavar="PATH", help="tandem's step benchmark JSON")
     p.add_argument("--torch", metavar="PATH", help="bench/torch_gpu_bench.py JSON")
+    p.add_argument("--torch-other", metavar="PATH",
+                   help="bench/torch_gpu_bench.py --precisions tf32,bf16 JSON")
     p.add_argument("--feed", metavar="PATH", help="tandem_train_step_cuda_bench --store JSON")
     p.add_argument("--group", metavar="PATH", help="tandem_group_step_cuda_bench JSON")
     p.add_argument("--search-dir", metavar="DIR",

@@ -14,7 +14,11 @@ together):
     F.cross_entropy(logits, labels, reduction="sum").
   * torch.optim.Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-8).
   * float32 everywhere, TF32 off (allow_tf32 = False for cuBLAS and cuDNN,
-    set_float32_matmul_precision("highest")).
+    set_float32_matmul_precision("highest")).  --precisions adds tf32 and
+    bf16, Tandem's other two: float32 tensors whose matrix products may round
+    their operands on the tensor cores, which is what PyTorch's "high" (TF32)
+    and "medium" (bfloat16 inside, float32 accumulation) float32 matmul
+    precisions ask for; parameters, gradients and Adam stay float32 in both.
   * data: a random uint8 data set of 60,000 x layers[0] pixels and int64
     labels, generated on the device with a fixed torch.Generator seed and
     kept there as uint8.  A random permutation of the rows is drawn once;
@@ -56,7 +60,8 @@ PATH (rewritten after every result, so a run cut short keeps what it had):
 
   {"device": "NVIDIA H200", "torch": "2.x", ...,
    "results": [{"impl": "eager"|"eager_fused"|"compile", "batch": B,
-                "precision": "fp32", "steps_per_s": ..., "ms_per_step": ...,
+                "precision": "fp32"|"tf32"|"bf16", "matmul_precision":
+                "highest"|"high"|"medium", "steps_per_s": ..., "ms_per_step": ...,
                 "repeats_ms": [ms per step of each repeat], "steps": N,
                 "peak_mem_bytes": ..., "flops_per_step": ...,
                 "warmup_s": ..., "error": "..." (only on failure)}]}
@@ -97,6 +102,8 @@ LEARNING_RATE = 0.01
 BETAS = (0.9, 0.999)
 EPS = 1e-8
 KNOWN_IMPLS = ("eager", "eager_fused", "compile", "graph")
+# Tandem's --precision names -> torch.set_float32_matmul_precision's.
+MATMUL_PRECISION = {"fp32": "highest", "tf32": "high", "bf16": "medium"}
 
 
 def impl_list(text):
@@ -106,6 +113,15 @@ def impl_list(text):
         raise argparse.ArgumentTypeError(
             "'%s': expected a comma list of %s" % (text, ", ".join(KNOWN_IMPLS)))
     return impls
+
+
+def precision_list(text):
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in MATMUL_PRECISION]
+    if not values or bad or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(
+            "'%s': expected a comma list of distinct %s" % (text, ", ".join(MATMUL_PRECISION)))
+    return values
 
 
 def layer_list(text):
@@ -122,16 +138,22 @@ def flops_per_step(layers, batch):
     return 2 * batch * (2 * sum(mac) + sum(mac[1:]))
 
 
-def set_fp32_precision():
-    """Strict fp32: no TF32 anywhere.  Only the legacy switches are used;
-    mixing them with the newer fp32_precision attributes makes recent
-    PyTorch raise when inductor reads the setting back."""
+def set_precision(precision):
+    """fp32: strict, no TF32 anywhere; tf32 and bf16: the float32 matmul
+    precision that lets products round their operands (MATMUL_PRECISION).
+    Only the legacy switches are used; mixing them with the newer
+    fp32_precision attributes makes recent PyTorch raise when inductor reads
+    the setting back."""
+    strict = precision == "fp32"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = not strict
+        torch.backends.cudnn.allow_tf32 = not strict
         if hasattr(torch, "set_float32_matmul_precision"):
-            torch.set_float32_matmul_precision("highest")
+            torch.set_float32_matmul_precision(MATMUL_PRECISION[precision])
+        elif precision == "bf16":
+            raise RuntimeError("torch %s has no set_float32_matmul_precision: no bf16 matmuls "
+                               "for float32 tensors" % torch.__version__)
 
 
 def precision_state():
@@ -395,12 +417,13 @@ def print_result(r):
         err = " ".join(str(r["error"]).split())
         if len(err) > 300:
             err = err[:300] + " ..."
-        print("torch %-11s batch %6d: ERROR %s" % (r["impl"], r["batch"], err), flush=True)
+        print("torch %-11s %s batch %6d: ERROR %s" % (r["impl"], r["precision"], r["batch"], err),
+              flush=True)
         return
     mem = r.get("peak_mem_bytes")
-    print("torch %-11s batch %6d: %10.1f steps/s %9.4f ms/step  repeats %s ms  "
+    print("torch %-11s %s batch %6d: %10.1f steps/s %9.4f ms/step  repeats %s ms  "
           "N=%d warmup %.1fs%s"
-          % (r["impl"], r["batch"], r["steps_per_s"], r["ms_per_step"],
+          % (r["impl"], r["precision"], r["batch"], r["steps_per_s"], r["ms_per_step"],
              ",".join("%.4f" % v for v in r["repeats_ms"]), r["steps"],
              r["warmup_s"],
              "" if mem is None else "  peak %.0f MiB" % (mem / 2**20)),
@@ -421,6 +444,9 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument("--impls", type=impl_list, default=["eager", "compile"],
                    help="comma list of %s (default eager,compile)" % ",".join(KNOWN_IMPLS))
+    p.add_argument("--precisions", type=precision_list, default=["fp32"],
+                   help="comma list of fp32, tf32, bf16 (default fp32): every impl runs in "
+                        "each, in turn")
     p.add_argument("--device", default=None,
                    help="torch device (default cuda; cpu only when given explicitly)")
     p.add_argument("--layers", type=layer_list, default=[784, 100, 10],
@@ -447,7 +473,7 @@ def main(argv=None):
                                "results": [], "skipped": "no CUDA device"})
         return 0
     torch.manual_seed(args.seed)
-    set_fp32_precision()
+    set_precision("fp32")
     if "compile" in args.impls:
         allow_more_recompiles()
 
@@ -473,11 +499,33 @@ def main(argv=None):
         "precision_settings": precision_state(),
         "results": [],
     }
-    print("torch_gpu_bench: %s, torch %s, layers %s, impls %s, batches %s"
+    print("torch_gpu_bench: %s, torch %s, layers %s, impls %s, precisions %s, batches %s"
           % (device_name, torch.__version__, ",".join(map(str, args.layers)),
-             ",".join(args.impls), ",".join(map(str, args.batches))), flush=True)
+             ",".join(args.impls), ",".join(args.precisions), ",".join(map(str, args.batches))),
+          flush=True)
     write_json(args.json, doc)
 
+    for precision in args.precisions:
+        try:
+            set_precision(precision)
+        except Exception as e:  # noqa: BLE001 - that precision's results say why
+            for impl in args.impls:
+                for batch in args.batches:
+                    rec = {"impl": impl, "batch": batch, "precision": precision,
+                           "steps_per_s": None, "ms_per_step": None, "repeats_ms": [],
+                           "error": error_text(e)}
+                    doc["results"].append(rec)
+                    print_result(rec)
+            write_json(args.json, doc)
+            continue
+        doc.setdefault("precision_settings_by_precision", {})[precision] = precision_state()
+        run_impls(args, device, images, labels, perm, precision, doc)
+    set_precision("fp32")
+    return 0
+
+
+def run_impls(args, device, images, labels, perm, precision, doc):
+    """Every impl at every batch in one precision, appending to doc's results."""
     for impl in args.impls:
         trainer, build_error, compile_error = None, None, None
         try:
@@ -485,7 +533,8 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001
             build_error = error_text(e)
         for batch in args.batches:
-            base = {"impl": impl, "batch": batch, "precision": "fp32",
+            base = {"impl": impl, "batch": batch, "precision": precision,
+                    "matmul_precision": MATMUL_PRECISION[precision],
                     "flops_per_step": flops_per_step(args.layers, batch)}
             if batch > ROWS:
                 rec = dict(base, steps_per_s=None, ms_per_step=None, repeats_ms=[],
@@ -516,7 +565,6 @@ def main(argv=None):
             reset_dynamo()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return 0
 
 
 if __name__ == "__main__":

@@ -356,6 +356,26 @@ TEST(ChunkManager, AMissingChunkOfAStoreThatHasThemAllIsAnError) {
   }
 }
 
+// The other two readers of such a store say the same: a band put together from chunks narrower
+// than a row, and a split read whole into memory (tandem train without --stream).
+TEST(ChunkManager, AMissingChunkOfANarrowBandOrOfAWholeSplitIsAnError) {
+  Fixture f;
+  auto split = write_split(f.dir.file("s"), f.data, 50, 7, 413, zarr::Format::V3);
+  ASSERT_TRUE(std::filesystem::remove(f.dir.file("s") + "/images/c/2/1"));
+  ChunkManagerOptions o;
+  o.batch_rows = 64;
+  o.shuffle = false;
+  split.every_chunk_written = true;
+  const std::string images = "zarr store '" + f.dir.file("s") + "/images': ";
+  ChunkManager cm(split, 10, o);
+  std::string why = test::error_of<InputError>([&] { epoch_rows(cm, 0); });
+  EXPECT_TRUE(test::contains(why, images + "a chunk of row band 2 is missing, and a store "
+                                           "`tandem prepare` wrote has every chunk"))
+      << why;
+  why = test::error_of<InputError>([&] { read_split(split, 10, "train"); });
+  EXPECT_TRUE(test::contains(why, images + "chunk c/2/1 is missing")) << why;
+}
+
 // The same for the labels: a missing labels chunk of such a store read as class 0 for its rows.
 TEST(ChunkManager, AMissingLabelsChunkOfAStoreThatHasThemAllIsAnError) {
   Fixture f;
@@ -366,7 +386,9 @@ TEST(ChunkManager, AMissingLabelsChunkOfAStoreThatHasThemAllIsAnError) {
   { ChunkManager fill(split, 10, o); }  // anyone's store: the fill value stands
   split.every_chunk_written = true;
   const std::string why = test::error_of<InputError>([&] { ChunkManager cm(split, 10, o); });
-  EXPECT_TRUE(test::contains(why, "labels: a chunk of row band 1 is missing")) << why;
+  EXPECT_TRUE(test::contains(why, "labels: zarr store '" + f.dir.file("s") +
+                                      "/labels': a chunk of row band 1 is missing"))
+      << why;
 }
 
 TEST(ChunkManager, UncompressedChunkOfTheWrongSizeSurfacesInTheConsumer) {

@@ -908,6 +908,47 @@ TEST(RoleEnd, ARoleWhoseCoordinatorRestartedEndsSayingSo) {
       << error;
 }
 
+// A role of the earlier run that reconnected on its own (its link's socket does) is not the new
+// run's role of the same name: its heartbeats are told the coordinator does not know it (no
+// batches counted, no phase), and what else it asks is refused naming both runs. Before, once
+// the new run had a worker0, the old worker0's reports were counted and its goodbye ended the
+// new one.
+TEST(RoleEnd, ARoleOfAnEarlierRunIsNotTakenForTheNewRunsRoleOfItsName) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 1, 0);
+  o.bind = "tcp://127.0.0.1:*";
+  o.heartbeat_timeout_ms = 60000;
+  auto first = std::make_unique<Coordinator>(o);
+  const std::string first_run = first->state().at("cluster").at("run").get<std::string>();
+  CoordinatorLink stale(first->endpoint(), context, 5000);
+  stale.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  o.bind = first->endpoint();
+  first.reset();
+  std::unique_ptr<Coordinator> second = coordinator_bound_again(o);
+  ASSERT_NE(second, nullptr);
+  const std::string second_run = second->state().at("cluster").at("run").get<std::string>();
+  ASSERT_NE(first_run, second_run);
+  CoordinatorLink fresh(second->endpoint(), context, 5000);
+  fresh.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  ASSERT_EQ(second->wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
+
+  const json beat = stale.request(
+      {{"type", "heartbeat"}, {"name", "worker0"}, {"status", {{"batches_done", 999}}}});
+  EXPECT_TRUE(beat.value("unknown", false)) << beat.dump();
+  EXPECT_FALSE(beat.contains("phase")) << beat.dump();
+  EXPECT_EQ(second->batches_done(), 0);
+  const std::string why = test::error_of<Error>(
+      [&] { stale.request({{"type", "goodbye"}, {"name", "worker0"}}); });
+  EXPECT_TRUE(test::contains(why, "'goodbye' from 'worker0' of run " + first_run +
+                                      ": this coordinator serves run " + second_run))
+      << why;
+  EXPECT_EQ(second->phase(), ClusterPhase::Training);
+  // The new run's own worker0 is heard as before.
+  fresh.request({{"type", "heartbeat"}, {"name", "worker0"}, {"status", {{"batches_done", 4}}}});
+  EXPECT_EQ(second->batches_done(), 4);
+  fresh.request({{"type", "goodbye"}, {"name", "worker0"}});
+}
+
 TEST(FedCoordinator, RefusesMaxEpochs) {
   zmq::context_t context(1);
   CoordinatorOptions o = fed_coordinator(context, fed_settings(), 0, 0, 0);

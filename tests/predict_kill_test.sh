@@ -5,8 +5,8 @@
 # equals a clean run's byte for byte (every file, metadata included, but for the group's id).
 # Fails, rather than passing vacuously, when the run ended before the kill could land. Then
 # SIGTERM, to one process and to the parent of --processes 2: the run stops between chunks, says
-# so, and leaves no temporary file; its rerun finishes the output. A run started with SIGHUP
-# ignored (nohup) ignores it.
+# so, and leaves no temporary file; its rerun finishes the output. A share killed by SIGKILL
+# fails its run, named. A run started with SIGHUP ignored (nohup) ignores it.
 # usage: predict_kill_test.sh TANDEM
 set -uo pipefail
 tandem=$1
@@ -109,6 +109,27 @@ for how in "one process" "--processes 2"; do
     "$done_before/$((chunks - done_before))"
   check "$how: ... and the output equals the clean run's" same_output "$dir/clean.zarr" "$out"
 done
+
+# A share of --processes 2 killed outright (what the kernel's out-of-memory killer does) while its
+# parent lives: the parent waits for the other share, fails naming the killed one and the rerun
+# (not "errors above": a share killed so printed none), and the rerun finishes the output.
+out=$dir/share-killed.zarr
+"$tandem" predict --model "$model" --data "$store" --split train --backend cpu --threads 2 \
+  --out "$out" --processes 2 >/dev/null 2>"$dir/share.err" &
+pid=$!
+while [ "$(complete "$out")" -lt 2 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+victim=$(pgrep -P "$pid" -f -- '--chunks 1/2')
+check "share 1/2 was running when it was to be killed" test -n "$victim"
+[ -n "$victim" ] && kill -9 "$victim"
+{ wait_within "$pid" 120; } 2>/dev/null; status=$?
+pid=
+check "a share killed by SIGKILL fails the run (exit status $status)" test "$status" -eq 1
+said="prediction processes failed: share 1/2 killed by signal 9 (out of memory? see dmesg); "
+check "... naming it and the rerun ($(tail -1 "$dir/share.err"))" grep -qF \
+  "${said}rerun to finish the missing chunks" "$dir/share.err"
+check "... after share 0 finished its half" test "$(complete "$out")" -ge $((chunks / 2))
+predict --out "$out" --json >/dev/null
+check "the rerun completes it, equal to the clean run" same_output "$dir/clean.zarr" "$out"
 
 # Started with SIGHUP ignored (nohup), a run keeps ignoring it: a closed terminal does not stop it.
 out=$dir/nohup.zarr

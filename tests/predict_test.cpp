@@ -20,6 +20,7 @@
 
 #include "cuda/cuda_device.h"
 #include "dataset_store.h"
+#include "predictions_writers_lock.h"
 #include "predictor.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -534,6 +535,58 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   EXPECT_THROW(prepare_predictions_output(data, layout, json::object(), true, hint), InputError);
   EXPECT_THROW(remove_predictions_output(data), InputError);
   EXPECT_EQ(test::read_bytes(data + "/keep"), "keep me");
+}
+
+// A share of an earlier run, cut off from its client but still writing, and a run replacing the
+// group (--overwrite) exclude each other. A chunk's check of the group and its writes hold the
+// shared lock, so the replacement waits for the chunk in flight (and then the share's next chunk
+// finds the new group and stops); a share stuck mid-chunk makes the replacement give up, saying
+// so, with the old group untouched; a chunk begun during a replacement waits for it.
+TEST(Predictor, ReplacingAGroupWaitsForTheChunkAShareIsWriting) {
+  test::TempDir dir;
+  const std::string out = dir.file("pred.zarr");
+  const PredictionsLayout layout = five_rows_in_chunks_of_two();
+  prepare_predictions_output(out, layout, json::object(), false, kOverwriteHint);
+  PredictionsLayout other = layout;
+  other.fingerprint = "model:c;input:b";
+  using Kind = PredictionsWritersLock::Kind;
+  {
+    const PredictionsWritersLock share(out, Kind::Writing);  // a chunk in flight
+    const std::string why = test::error_of<InputError>(
+        [&] { PredictionsWritersLock replacing(out, Kind::Replacing, 200); });
+    EXPECT_TRUE(test::contains(why, out + ": another run's share is still writing it")) << why;
+    EXPECT_NO_THROW(PredictionsOutput(out, layout, kOverwriteHint)) << "the old group was touched";
+  }
+  std::thread share([&] {
+    const PredictionsWritersLock writing(out, Kind::Writing);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the share holds the lock)
+  const auto start = std::chrono::steady_clock::now();
+  prepare_predictions_output(out, other, json::object(), true, kOverwriteHint);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150))
+      << "replaced while the share's chunk was in flight";
+  share.join();
+  EXPECT_NO_THROW(PredictionsOutput(out, other, kOverwriteHint));
+
+  // write_chunk takes the lock: while a replacement holds it, a chunk waits.
+  PredictionsOutput output(out, other, kOverwriteHint);
+  std::atomic<bool> written{false};
+  std::thread writer;
+  {
+    const PredictionsWritersLock replacing(out, Kind::Replacing);
+    writer = std::thread([&] {
+      const uint8_t ids[2] = {1, 2};
+      const std::vector<float> p(6, 0.5f);
+      output.write_chunk(0, ids, p.data());
+      written = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(written.load()) << "a chunk was written during a replacement";
+  }
+  writer.join();
+  EXPECT_TRUE(written.load());
+  EXPECT_TRUE(output.chunk_done(0));
 }
 
 // With input_digests (tandem.dask.predict's groups), each chunk's input digest is written

@@ -800,6 +800,52 @@ TEST(PsClient, AMessageOverTheServersLimitIsRefusedSayingWhy) {
       << why;
 }
 
+// Every server's message is made and its size checked before any is sent. Here ps1's part (b and
+// c) is over the limit and ps0's (a) is not: had ps0's Init gone out first, ps0 would hold a from
+// the refused call and keep it (a server keeps the first Init), while ps1 took the next call's.
+TEST(PsClient, AnInitOverTheLimitForOneServerReachesNoServer) {
+  zmq::context_t ctx;
+  ParameterServer ps0(inproc_options(ctx, "limit-ps0"));
+  ParameterServer ps1(inproc_options(ctx, "limit-ps1"));
+  ClientOptions o = client_options(&ctx, 2000);
+  o.split_tensors = false;
+  o.limits.max_message_bytes = 600;
+  PsClient client({ps0.endpoint(), ps1.endpoint()}, o);
+  const std::vector<NamedTensor> refused = {{"a", {100}, test::random_floats(100, 1)},
+                                            {"b", {90}, test::random_floats(90, 2)},
+                                            {"c", {90}, test::random_floats(90, 3)}};
+  const std::string why = test::error_of<InputError>([&] { client.init(refused).wait(); });
+  EXPECT_TRUE(test::contains(why, "to parameter server " + ps1.endpoint() + " would be") &&
+              test::contains(why, "over the servers' limit of 600 bytes"))
+      << why;
+  const std::vector<NamedTensor> taken = {{"a", {100}, test::random_floats(100, 4)},
+                                          {"b", {10}, test::random_floats(10, 5)},
+                                          {"c", {10}, test::random_floats(10, 6)}};
+  EXPECT_TRUE(bit_equal(client.init(taken).wait().tensors, taken));
+  EXPECT_EQ(ps0.stats().by_type["Init"], 1);
+  EXPECT_EQ(ps1.stats().by_type["Init"], 1);
+}
+
+// At the deadline the client looks once more without waiting before it gives a request up: a
+// reply that arrived in time but was read late (the caller busy, or an earlier part of the handle
+// using the shared deadline up) is taken, not reported as a timeout that resets the connection.
+TEST(PsClient, AReplyWaitingPastTheDeadlineIsTakenNotTimedOut) {
+  for (const int spin_us : {0, 50}) {
+    zmq::context_t ctx;
+    ParameterServer server(inproc_options(ctx, "late-read-" + std::to_string(spin_us)));
+    ClientOptions o = client_options(&ctx, 200);
+    o.spin_us = spin_us;
+    PsClient client({server.endpoint()}, o);
+    const auto params = small_params(41);
+    client.init(params).wait();
+    PsClient::Handle pulled = client.pull();
+    ASSERT_TRUE(test::eventually([&] { return server.stats().pulls == 1; }, 2000, 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the 200 ms deadline
+    EXPECT_TRUE(bit_equal(pulled.wait().tensors, params)) << "spin_us " << spin_us;
+    EXPECT_TRUE(bit_equal(client.pull().wait().tensors, params)) << "spin_us " << spin_us;
+  }
+}
+
 // Sends Init until a server started again answers it (a request sent before the client's
 // socket has reconnected times out): true once one is answered, within 20 tries.
 bool init_once_answered(PsClient& client, const std::vector<NamedTensor>& params) {

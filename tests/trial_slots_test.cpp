@@ -440,6 +440,44 @@ TEST_F(TrialSlotServerTest, StoppingTheServerSignalsACancelledJobNoMore) {
   EXPECT_EQ(terms(), 1) << "the cancelled job was sent SIGTERM again";
 }
 
+// A server told to stop (SIGTERM to tandem trial-slots) drains its running jobs: one SIGTERM each,
+// then their grace to end. The job's log tells how it ended: killed at once, signalled twice, or
+// not waited for (the serving thread's exit kills its jobs through PR_SET_PDEATHSIG, before the
+// job's "drained").
+TEST_F(TrialSlotServerTest, StoppingTheServerDrainsARunningJobWithinItsGrace) {
+  Client c(context_, server_->endpoint());
+  c.log_ = ::testing::TempDir() + "trial_slots_drain.log";
+  std::remove(c.log_.c_str());
+  const SlotMessage m = c.start("draining", "trap 'echo TERM; sleep 0.2; echo drained; exit 0' "
+                                            "TERM; echo ready; while :; do sleep 0.02; done");
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  wait_until_ready(c);
+  stop_.store(true);
+  thread_.join();
+  EXPECT_FALSE(process_running(m.pid));
+  std::ifstream in(c.log_);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  EXPECT_EQ(lines, (std::vector<std::string>{"ready", "TERM", "drained"}));
+}
+
+// ... and a job that ignores SIGTERM is killed once the grace (500 ms here) is over: the server's
+// stop does not wait for it forever.
+TEST_F(TrialSlotServerTest, StoppingTheServerKillsAJobIgnoringSigtermAfterTheGrace) {
+  Client c(context_, server_->endpoint());
+  c.log_ = ::testing::TempDir() + "trial_slots_drain_stubborn.log";
+  std::remove(c.log_.c_str());
+  const SlotMessage m = c.start("stubborn", kJobIgnoringSigterm);
+  ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+  wait_until_ready(c);
+  const auto stopped = Clock::now();
+  stop_.store(true);
+  thread_.join();
+  EXPECT_FALSE(process_running(m.pid));
+  EXPECT_GE(Clock::now() - stopped, std::chrono::milliseconds(500)) << "killed before its grace";
+  EXPECT_LT(Clock::now() - stopped, std::chrono::seconds(10)) << "the job held the stop up";
+}
+
 TEST_F(TrialSlotServerTest, ByeEndsTheClientsJobs) {
   // The client goes on sending heartbeats after its bye, so only the bye can end the job (a
   // silent client's jobs end too, but this one is never silent).

@@ -294,16 +294,13 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
   if (!read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true) &&
       split_.every_chunk_written)
-    throw InputError("zarr store '" + split_.images.path() + "': a chunk of row band " +
-                     std::to_string(band) + " is missing, and a store `tandem prepare` wrote " +
-                     "has every chunk: it was removed or damaged while it was read");
+    throw InputError(missing_chunk_message(split_.images,
+                                           "a chunk of row band " + std::to_string(band)));
 }
 
 void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {
   if (!split_.every_chunk_written) return;  // a fill value, as Zarr means it
-  throw InputError("zarr store '" + split_.images.path() + "': chunk " +
-                   split_.images.chunk_key(index) + " is missing, and a store `tandem prepare` "
-                   "wrote has every chunk: it was removed or damaged while it was read");
+  throw InputError(missing_chunk_message(split_.images, "chunk " + split_.images.chunk_key(index)));
 }
 
 void ChunkManager::shuffle_band(int64_t band, Band& out) const {

@@ -92,6 +92,11 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
   if (timeout_ms < 0) timeout_ms = timeout_ms_;
   const uint64_t seq = next_seq_++;
   message["seq"] = seq;
+  const bool registering = json_string_or(message, "type", "") == "register";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!registering && !run_.empty() && !message.contains("run")) message["run"] = run_;
+  }
   if (!send_json(socket_, message, nullptr)) {
     // libzmq drops a connection whose handshake failed for good: say why, when that is it.
     const std::string& why = handshakes_.problem(transport::CurveHandshakeWatch::kEventWaitMs);
@@ -142,6 +147,10 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
       throw Error("coordinator at " + endpoint_ + ": " +
                   (error.is_string() ? error.get<std::string>() : wire_text(error)));
     }
+    if (registering) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      run_ = json_string_or(reply, "run", run_);  // (absent from older coordinators)
+    }
     return reply;
   }
 }
@@ -159,6 +168,10 @@ void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::j
   uint64_t seq = 0;
   while (!stopping_) {
     nlohmann::json beat{{"type", "heartbeat"}, {"name", name}, {"seq", ++seq}};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!run_.empty()) beat["run"] = run_;
+    }
     if (status) beat["status"] = status();
     // Not sent when the coordinator's queue is full (it is gone): coordinator_lost() says so.
     send_json(socket, beat, nullptr);

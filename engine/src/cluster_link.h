@@ -93,6 +93,10 @@ class CoordinatorLink {
   std::string phase_;
   std::string failure_;
   bool forgotten_ = false;
+  // The run this link's role registered with (the register reply's "run"), sent with every later
+  // request and heartbeat: a coordinator serving another run at the same address refuses them
+  // rather than take this role for its own role of the same name.
+  std::string run_;
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::chrono::steady_clock::time_point last_reply_ = std::chrono::steady_clock::now();
   std::atomic<bool> stopping_{false};

@@ -241,6 +241,16 @@ void Coordinator::publish(const json& message) {
 json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   const std::string type = json_string(r, "type", "");
   if (type == "register") return handle_register(r);
+  // A role of another run (this address's previous coordinator's, reconnected on its own) goes
+  // by the same names as this run's roles: only the run it registered with tells them apart.
+  // Its heartbeats are told this coordinator does not know it (and not this run's phase), so it
+  // ends; anything else it asks is refused. Requests without a run (tandem status, tandem stop,
+  // roles of older versions) are taken as before.
+  if (const std::string run = json_string(r, "run", ""); !run.empty() && run != run_id_) {
+    if (type == "heartbeat") return json{{"unknown", true}};
+    throw InputError("'" + type + "' from '" + json_string_or(r, "name", "") + "' of run " + run +
+                     ": this coordinator serves run " + run_id_);
+  }
   if (type == "work") return handle_work(r);
   if (type == "score") return handle_score(r);
   if (type == "status") return state();

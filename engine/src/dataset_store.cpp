@@ -445,6 +445,11 @@ std::string partial_store_path(const std::string& out) {
   return temporary_path(out, ".partial-");
 }
 
+std::string missing_chunk_message(const zarr::Array& array, const std::string& which) {
+  return "zarr store '" + array.path() + "': " + which + " is missing, and a store `tandem " +
+         "prepare` wrote has every chunk: it was removed or damaged";
+}
+
 void write_dataset_store(const DataSplits& splits, const std::string& out_path,
                          const StoreWriteOptions& options, const nlohmann::json& provenance) {
   std::string out = without_trailing_slashes(out_path);
@@ -658,9 +663,8 @@ Dataset read_split(const DatasetStore::Split& split, int num_classes, const std:
         buffer.resize(im.chunk_bytes());
         const std::vector<int64_t> index = chunk_index_of(igrid, j);
         if (!split.images.read_chunk(index, buffer.data()) && split.every_chunk_written)
-          throw InputError("zarr store '" + split.images.path() + "': chunk " +
-                           split.images.chunk_key(index) + " is missing, and a store `tandem "
-                           "prepare` wrote has every chunk: it was removed or damaged");
+          throw InputError(
+              missing_chunk_message(split.images, "chunk " + split.images.chunk_key(index)));
         pixels_in_place(im, buffer.data());
         const ChunkLayout layout = chunk_layout(im, index);
         place_chunk_rows(layout, buffer.data(), esize, split.features,

@@ -54,6 +54,11 @@ void write_dataset_store(const DataSplits& splits, const std::string& out,
 // their process ids (containers with the host's network) are taken for one.
 std::string partial_store_path(const std::string& out);
 
+// What a chunk missing from `array` means in a split whose every chunk was written (a store
+// `tandem prepare` wrote): damage, not fill values to train on. `which` names it ("chunk 0.0",
+// "a chunk of row band 3").
+std::string missing_chunk_message(const zarr::Array& array, const std::string& which);
+
 // An opened dataset store: the arrays of each split.
 struct DatasetStore {
   struct Split {

@@ -24,6 +24,7 @@
 #include "dataset_store.h"
 #include "file_io.h"
 #include "json_fields.h"
+#include "predictions_writers_lock.h"
 #include "split_labels.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -323,6 +324,11 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
     } catch (const InputError&) {
       if (!overwrite) throw;
     }
+  }
+  // Replaced (or made) with no chunk of another run's share in flight; one that comes later
+  // finds the new output id and stops.
+  const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
+  if (exists && !empty_dir) {
     fs::remove_all(out);
   } else if (empty_dir) {
     fs::remove(out, ec);
@@ -344,6 +350,7 @@ void remove_predictions_output(const std::string& out_given) {
   if (!is_predictions_group(out))
     throw InputError(out + ": exists and holds something other than tandem predict's "
                      "output; refusing to remove it");
+  const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
   fs::remove_all(out);
 }
 
@@ -395,6 +402,9 @@ void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids, const flo
   if (chunk < 0 || chunk >= layout_.chunks())
     throw InputError(path_ + ": no chunk " + std::to_string(chunk) + " in predictions of " +
                      layout_.describe());
+  // The check and the writes under one lock: a run replacing the group waits for them, or comes
+  // first and this check sees it.
+  const PredictionsWritersLock writing(through_link(path_), PredictionsWritersLock::Kind::Writing);
   if (output_id_of(path_) != output_id_)
     throw Error(path_ + ": replaced by another run (tandem predict --overwrite) while this one "
                 "was writing; chunk " + std::to_string(chunk) + " and later ones not written");

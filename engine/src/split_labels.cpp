@@ -141,9 +141,8 @@ std::vector<uint8_t> read_class_labels(const zarr::Array& labels, int num_classe
   std::vector<uint8_t> scratch;
   for (int64_t b = 0; b * band_rows < rows; ++b) {
     if (!read_row_band(labels, b, width, band.data(), scratch) && every_chunk_written)
-      throw InputError(what + ": labels: a chunk of row band " + std::to_string(b) + " is " +
-                       "missing, and a store `tandem prepare` wrote has every chunk: it was " +
-                       "removed or damaged (" + labels.path() + ")");
+      throw InputError(what + ": labels: " +
+                       missing_chunk_message(labels, "a chunk of row band " + std::to_string(b)));
     const int64_t first = b * band_rows, n = std::min(band_rows, rows - first);
     uint8_t* const dst = out.data() + first;
     if (classes > 0)

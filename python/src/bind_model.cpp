@@ -36,6 +36,13 @@ py::dict eval_dict(const EvalResult& e) {
                   "correct"_a = e.correct, "samples"_a = e.samples);
 }
 
+// An evaluation of no rows (no validation or test split was given) is None, not a row of zeros
+// that reads as a perfect loss.
+py::object eval_or_none(const EvalResult& e) {
+  if (e.samples == 0) return py::none();
+  return eval_dict(e);
+}
+
 py::dict parameters_dict(const Model& model) {
   py::dict out;
   for (const NamedTensor& t : model.parameters()) {
@@ -71,7 +78,7 @@ py::dict summary_dict(const TrainSummary& s) {
   return py::dict("backend"_a = s.backend, "threads"_a = s.threads, "epochs"_a = s.epochs,
                   "kept_epoch"_a = s.kept_epoch, "steps"_a = s.steps, "samples"_a = s.samples,
                   "seconds"_a = s.seconds, "samples_per_s"_a = s.samples_per_s,
-                  "validation"_a = eval_dict(s.validation), "test"_a = eval_dict(s.test));
+                  "validation"_a = eval_or_none(s.validation), "test"_a = eval_or_none(s.test));
 }
 
 }  // namespace
@@ -192,7 +199,7 @@ void bind_model(py::module_& m) {
             py::gil_scoped_acquire gil;
             cb(py::dict("epoch"_a = r.epoch, "step"_a = r.step, "train_loss_mean"_a = r.train_loss_mean,
                         "samples_per_s"_a = r.samples_per_s, "seconds"_a = r.seconds,
-                        "validation"_a = eval_dict(r.validation)));
+                        "validation"_a = eval_or_none(r.validation)));
           };
         }
         // Ctrl-C reaches Python only when the GIL is taken, which training in C++ would not do
@@ -220,7 +227,8 @@ void bind_model(py::module_& m) {
       "seed"_a = 1, "shuffle"_a = true, "keep_best"_a = true, "on_epoch"_a = py::none(),
       "resume"_a = py::none(), "return_state"_a = false,
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
-      "(model, summary). on_epoch(report) is called after every epoch.\n\n"
+      "(model, summary). on_epoch(report) is called after every epoch. A report's and the "
+      "summary's validation (and the summary's test) is None when no such split was given.\n\n"
       "return_state=True returns (model, summary, state): state is the run's whole training "
       "state (parameters, optimizer moments, step, epochs done; the kept epoch's with "
       "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "

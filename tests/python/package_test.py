@@ -75,6 +75,15 @@ class ModelTest(unittest.TestCase):
             x, y = make_rows(300, 4)
             model, _ = tandem.train([x, y], validation=[x, y], layers=[784, 8, 10], epochs=1,
                                     batch=100, backend="cpu", threads=1)
+            # Without a validation or test split there is no evaluation to report: None, not
+            # a loss of 0 over 0 rows.
+            reports = []
+            _, unscored = tandem.train([x, y], layers=[784, 8, 10], epochs=2, batch=100,
+                                       backend="cpu", threads=1, on_epoch=reports.append)
+            self.assertEqual([(r["epoch"], r["validation"]) for r in reports],
+                             [(1, None), (2, None)])
+            self.assertIsNone(unscored["validation"])
+            self.assertIsNone(unscored["test"])
             path = pathlib.Path(d) / "model.safetensors"
             model.save(path)
             np.testing.assert_array_equal(tandem.load(path).parameters()["hid_b"],

@@ -120,20 +120,23 @@ void run_processes(const PredictCliOptions& o) {
     if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::string failures;
+  bool all_killed = true;  // (a share killed by a signal said nothing)
   for (int i = 0; i < o.processes; ++i) {
     const int status = statuses[size_t(i)];
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    failures += " share " + std::to_string(i) + "/" + std::to_string(o.processes) +
-                (WIFSIGNALED(status) ? " killed by signal " + std::to_string(WTERMSIG(status))
-                                     : " exited with status " +
-                                           std::to_string(WEXITSTATUS(status))) + ";";
+    all_killed = all_killed && WIFSIGNALED(status);
+    // SIGKILL from nobody here: most often the kernel's, out of memory.
+    const bool sigkill = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    failures += " share " + std::to_string(i) + "/" + std::to_string(o.processes) + " " +
+                describe_exit(status) + (sigkill ? " (out of memory? see dmesg)" : "") + ";";
   }
   if (stop.load())
     throw stopped_by_signal(failures.empty() ? std::string() : " (its processes:" + failures + ")");
   // A share may have failed on its input (a row it cannot predict), which a rerun meets again.
   if (!failures.empty())
-    throw Error("prediction processes failed:" + failures + " their errors are above; once what "
-                "they name is fixed, " + kRerun);
+    throw Error("prediction processes failed:" + failures +
+                (all_killed ? " " : " their errors are above; once what they name is fixed, ") +
+                kRerun);
 }
 
 // The shares on slot servers: as many shares as the servers have slots, each a `tandem predict

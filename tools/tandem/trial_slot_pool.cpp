@@ -56,10 +56,14 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
     : options_(std::move(options)) {
   if (endpoints.empty()) throw InputError("--slots: no slot server endpoints");
   options_.curve = transport::resolve_curve_client(options_.curve, "--slots");
-  // One identity for this search on every server, kept across reconnections.
+  // One identity for this search on every server, kept across reconnections. Servers hand a
+  // routing id over to whoever connects with it (router_handover), so it must not be guessable:
+  // 128 random bits, or another client admitted by the same key could take this search's
+  // replies.
   std::random_device random;
-  char id[64];
-  std::snprintf(id, sizeof id, "search-%d-%08x", static_cast<int>(getpid()), random());
+  char id[80];
+  std::snprintf(id, sizeof id, "search-%d-%08x%08x%08x%08x", static_cast<int>(getpid()),
+                random(), random(), random(), random());
   id_ = id;
   const auto now = Clock::now();
   for (const std::string& endpoint : endpoints) servers_.push_back(connect_server(endpoint, now));
