@@ -19,6 +19,8 @@
 #include "cluster_link.h"
 #include "cluster_roles.h"
 #include "coordinator.h"
+#include "coordinator_replies.h"
+#include "dataset_store.h"
 #include "feed_queue.h"
 #include "ps_client.h"
 #include "score_subscriber.h"
@@ -947,6 +949,64 @@ TEST(RoleEnd, ARoleOfAnEarlierRunIsNotTakenForTheNewRunsRoleOfItsName) {
   fresh.request({{"type", "heartbeat"}, {"name", "worker0"}, {"status", {{"batches_done", 4}}}});
   EXPECT_EQ(second->batches_done(), 4);
   fresh.request({{"type", "goodbye"}, {"name", "worker0"}});
+}
+
+// A sync-mode worker back at work after idling (no batch while another worker held the epoch's
+// last ones) pulls before its first gradient: the servers stepped without it meanwhile, and a
+// gradient computed on its older parameters would be dropped as stale, a batch counted but never
+// applied. Here the test plays worker1: it takes the second half of the only epoch and holds it;
+// once worker0 has trained its half and says it is idle, the test steps the server with a push
+// of its own and is marked lost, so its batches go to worker0.
+TEST(SyncRun, AWorkerBackFromIdleRefreshesBeforeItsFirstGradient) {
+  test::TempDir dir;
+  const std::string store = dir.file("small.zarr");
+  write_dataset_store(test::separable_splits(2000, 400, 1), store, StoreWriteOptions{},
+                      json{{"source", "feed_test"}});
+  RunSettings s;
+  s.data = store;
+  s.model = ModelConfig::parse("40-16-4");
+  s.batch = 100;
+  s.ps_mode = "sync";
+  s.replicas_to_aggregate = 1;
+  zmq::context_t context(1);
+  CoordinatorOptions co = fed_coordinator(context, s, 1, 2, 0);
+  co.fed = false;
+  co.batches_per_epoch = 20;
+  co.max_epochs = 1;
+  co.heartbeat_timeout_ms = 60000;
+  Coordinator c(co);
+  CoordinatorLink worker1(c.endpoint(), context);
+  worker1.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  RoleThreads roles(c);
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  roles.start(run_worker_role, role_options(c, context, "worker0"));
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 30000), ClusterPhase::Training);
+  const WorkReply held = read_work_reply(worker1.request({{"type", "work"}, {"name", "worker1"}}));
+  ASSERT_TRUE(held.has_task);
+  const auto worker0_idle = [&] {
+    const json state = c.state();
+    for (const json& w : state.at("workers"))
+      if (w.at("name") == "worker0") return w.at("idle").get<bool>();
+    return false;
+  };
+  ASSERT_TRUE(test::eventually(worker0_idle, 30000, 10)) << roles.errors();
+  ASSERT_EQ(c.batches_done(), 20 - int64_t(held.batches.size()));
+
+  // The server steps without worker0.
+  ClientOptions client;
+  client.context = &context;
+  PsClient other(c.ps_endpoints(), client);
+  const std::vector<NamedTensor> params = other.init({}).wait().tensors;
+  std::vector<NamedTensor> zero = params;
+  for (NamedTensor& t : zero) std::fill(t.values.begin(), t.values.end(), 0.0f);
+  other.push_pull(zero).wait();
+  c.mark_lost("worker1", "the test let its batches go");
+  ASSERT_TRUE(test::eventually([&] { return c.phase() != ClusterPhase::Training; }, 30000))
+      << roles.errors();
+  EXPECT_EQ(c.batches_done(), 20);
+  EXPECT_EQ(c.gradients_lost(), 0) << "worker0's first gradient after idling was dropped";
+  finish_run(c, roles);
+  EXPECT_EQ(roles.errors(), "");
 }
 
 TEST(FedCoordinator, RefusesMaxEpochs) {

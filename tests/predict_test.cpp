@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -539,9 +540,11 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
 
 // A share of an earlier run, cut off from its client but still writing, and a run replacing the
 // group (--overwrite) exclude each other. A chunk's check of the group and its writes hold the
-// shared lock, so the replacement waits for the chunk in flight (and then the share's next chunk
-// finds the new group and stops); a share stuck mid-chunk makes the replacement give up, saying
-// so, with the old group untouched; a chunk begun during a replacement waits for it.
+// shared lock, so the replacement waits for the chunk in flight; a share stuck mid-chunk makes
+// the replacement give up, saying so, with the old group untouched; a chunk begun during a
+// replacement waits for it. Before the lock is waited for, the old group's output id is changed:
+// its writers are turned away at their next chunk, and cannot keep the replacement out by taking
+// turns with the shared lock.
 TEST(Predictor, ReplacingAGroupWaitsForTheChunkAShareIsWriting) {
   test::TempDir dir;
   const std::string out = dir.file("pred.zarr");
@@ -554,19 +557,41 @@ TEST(Predictor, ReplacingAGroupWaitsForTheChunkAShareIsWriting) {
     const PredictionsWritersLock share(out, Kind::Writing);  // a chunk in flight
     const std::string why = test::error_of<InputError>(
         [&] { PredictionsWritersLock replacing(out, Kind::Replacing, 200); });
-    EXPECT_TRUE(test::contains(why, out + ": another run's share is still writing it")) << why;
+    EXPECT_TRUE(test::contains(why, out + ": another run's share is still writing a chunk of it "
+                                          "(200 ms waited"))
+        << why;
     EXPECT_NO_THROW(PredictionsOutput(out, layout, kOverwriteHint)) << "the old group was touched";
   }
-  std::thread share([&] {
-    const PredictionsWritersLock writing(out, Kind::Writing);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  const uint8_t ids[2] = {1, 2};
+  const std::vector<float> p(6, 0.5f);
+  PredictionsOutput old_writer(out, layout, kOverwriteHint);
+  std::optional<PredictionsWritersLock> in_flight(std::in_place, out, Kind::Writing);
+  std::atomic<bool> replaced{false};
+  std::string replace_error;
+  std::thread replacing([&] {
+    try {
+      prepare_predictions_output(out, other, json::object(), true, kOverwriteHint);
+      replaced = true;
+    } catch (const std::exception& e) {
+      replace_error = e.what();
+    }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the share holds the lock)
-  const auto start = std::chrono::steady_clock::now();
-  prepare_predictions_output(out, other, json::object(), true, kOverwriteHint);
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150))
-      << "replaced while the share's chunk was in flight";
-  share.join();
+  // The old group's next chunk is turned away while the replacement still waits.
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        try {
+          old_writer.write_chunk(1, ids, p.data());
+          return false;
+        } catch (const Error& e) {
+          return test::contains(e.what(), "replaced by another run");
+        }
+      },
+      10000, 1));
+  EXPECT_FALSE(replaced.load()) << "replaced while a chunk was in flight";
+  in_flight.reset();
+  replacing.join();
+  EXPECT_TRUE(replaced.load()) << replace_error;
   EXPECT_NO_THROW(PredictionsOutput(out, other, kOverwriteHint));
 
   // write_chunk takes the lock: while a replacement holds it, a chunk waits.
@@ -574,10 +599,8 @@ TEST(Predictor, ReplacingAGroupWaitsForTheChunkAShareIsWriting) {
   std::atomic<bool> written{false};
   std::thread writer;
   {
-    const PredictionsWritersLock replacing(out, Kind::Replacing);
+    const PredictionsWritersLock replacement(out, Kind::Replacing);
     writer = std::thread([&] {
-      const uint8_t ids[2] = {1, 2};
-      const std::vector<float> p(6, 0.5f);
       output.write_chunk(0, ids, p.data());
       written = true;
     });

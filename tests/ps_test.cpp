@@ -833,14 +833,14 @@ TEST(PsClient, AReplyWaitingPastTheDeadlineIsTakenNotTimedOut) {
   for (const int spin_us : {0, 50}) {
     zmq::context_t ctx;
     ParameterServer server(inproc_options(ctx, "late-read-" + std::to_string(spin_us)));
-    ClientOptions o = client_options(&ctx, 200);
+    ClientOptions o = client_options(&ctx, 500);
     o.spin_us = spin_us;
     PsClient client({server.endpoint()}, o);
     const auto params = small_params(41);
     client.init(params).wait();
     PsClient::Handle pulled = client.pull();
     ASSERT_TRUE(test::eventually([&] { return server.stats().pulls == 1; }, 2000, 1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the 200 ms deadline
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the 500 ms deadline
     EXPECT_TRUE(bit_equal(pulled.wait().tensors, params)) << "spin_us " << spin_us;
     EXPECT_TRUE(bit_equal(client.pull().wait().tensors, params)) << "spin_us " << spin_us;
   }

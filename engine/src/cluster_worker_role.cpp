@@ -202,6 +202,7 @@ void train_tasks(const Worker& w, ChunkManager& stream) {
       // ms) costs next to nothing.
       if (w.r.settings.ps_mode != "async") w.trainer.idle();
       idled = true;
+      w.status.idle = true;
       w.link.wait_phase_change(w.link.phase(), reply.wait_ms);
       continue;
     }
@@ -209,6 +210,7 @@ void train_tasks(const Worker& w, ChunkManager& stream) {
     // the parameters it holds, would be dropped as stale (a batch not trained).
     if (idled && w.r.settings.ps_mode == "sync" && !w.trainer.refresh()) break;
     idled = false;
+    w.status.idle = false;
     w.status.done = 0;
     w.status.task = reply.task_id;
     stream.start_epoch(reply.epoch, reply.batches);

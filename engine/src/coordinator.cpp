@@ -244,12 +244,13 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   // A role of another run (this address's previous coordinator's, reconnected on its own) goes
   // by the same names as this run's roles: only the run it registered with tells them apart.
   // Its heartbeats are told this coordinator does not know it (and not this run's phase), so it
-  // ends; anything else it asks is refused. Requests without a run (tandem status, tandem stop,
-  // roles of older versions) are taken as before.
+  // ends; anything else it asks is refused. Requests without a run (from links that never
+  // registered, roles of older versions) are taken as before.
   if (const std::string run = json_string(r, "run", ""); !run.empty() && run != run_id_) {
     if (type == "heartbeat") return json{{"unknown", true}};
-    throw InputError("'" + type + "' from '" + json_string_or(r, "name", "") + "' of run " + run +
-                     ": this coordinator serves run " + run_id_);
+    const std::string name = json_string_or(r, "name", "");
+    throw InputError("'" + type + "' " + (name.empty() ? "" : "from '" + name + "' ") + "of run " +
+                     run + ": this coordinator serves run " + run_id_);
   }
   if (type == "work") return handle_work(r);
   if (type == "score") return handle_score(r);
@@ -783,7 +784,9 @@ json Coordinator::state() const {
                          {"queue_depth", json_integer_or(st, "queue_depth", 0)},
                          {"steps", json_integer_or(st, "steps", 0)},
                          {"batches_done", json_integer_or(st, "batches_done", 0)},
-                         {"gradients_lost", json_integer_or(st, "gradients_lost", 0)}});
+                         {"gradients_lost", json_integer_or(st, "gradients_lost", 0)},
+                         {"idle", st.contains("idle") && st["idle"].is_boolean() &&
+                                      st["idle"].get<bool>()}});
     } else if (role.role == "ps" && st.contains("stats")) {
       const json& s = st["stats"];
       step = std::max<int64_t>(step, json_integer_or(s, "version", 0));

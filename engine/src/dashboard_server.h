@@ -24,7 +24,7 @@
 //                 "host": "node1", "last_seen_s": 0.4}],
 //    "scores":  [{"t": 3.1, "step": 120, "loss": 2300.5, "accuracy": 0.83}],
 //    "workers": [{"name": "worker0", "samples_per_s": 45000.0, "queue_depth": 2, "steps": 265,
-//                 "batches_done": 265}],
+//                 "batches_done": 265, "gradients_lost": 0, "idle": false}],
 //    "servers": [{"name": "ps0", "pushes_per_s": 45.0, "pulls_per_s": 46.0, "version": 530,
 //                 "staleness": {"0": 400, "1": 100, "2": 30, "3": 5, "4-7": 2, "8-15": 0,
 //                               "16+": 0}}]}
@@ -34,6 +34,7 @@
 // scores holds at most 2,000 of the run's scores_total (the newest 1,000, and the older ones
 // thinned evenly); failure says why a failed run failed;
 // scores[].t and last_seen_s are seconds (since the start, and since the role was last heard);
+// workers[].idle: the worker has no batch for now (the others are finishing the epoch);
 // staleness maps a bucket of staleness in steps (its label: "0" to "3", "4-7", "8-15", "16+") to
 // how many updates arrived that stale.
 //

@@ -5,9 +5,17 @@
 // still ending after Ctrl-C) could pass its check on the old group and then rename its chunk
 // into the new one: another model's rows, counted as done.
 //
+// A replacing run first changes the old group's output id (retire_output_id), so that its
+// writers stop at their next chunk: the lock then waits only for the chunks already past their
+// check, and writers taking turns with the shared lock cannot keep the replacement out.
+//
 // The lock is flock(2) on OUT.writers beside the group (replacing it removes the group's
 // directory, and a lock inside would go with it), so it goes with its process however that ends.
-// flock works across the machines of a Linux NFS mount, where slot servers write their shares.
+// It is left there after the group is removed (removing a lock file others may be waiting on
+// would split them between two files). On a Linux NFS mount flock is a lock of the server's
+// (NFSv4, or NFSv3 with its lock service), so slot servers' shares are kept apart too; where
+// the lock cannot be had (no lock service, a mount with local_lock, Lustre without flock, no
+// right to create the file) a warning says so once and the group is written as before, unlocked.
 #pragma once
 
 #include <string>
@@ -26,8 +34,9 @@ class PredictionsWritersLock {
   PredictionsWritersLock(const PredictionsWritersLock&) = delete;
   PredictionsWritersLock& operator=(const PredictionsWritersLock&) = delete;
 
-  // A chunk takes seconds at most to write; a writer holding the lock longer is stuck (a frozen
-  // machine's share), and the replacing run says so rather than wait for ever.
+  // Once the old group is retired, only chunks already past their check hold the lock: a writer
+  // holding it longer than this is stuck (a machine frozen mid-write), and the replacing run
+  // says so rather than wait for ever.
   static constexpr int kReplaceWaitMs = 30000;
 
  private:

@@ -299,6 +299,33 @@ static std::string through_link(const std::string& out) {
   return fs::is_symlink(name, ec) ? resolved_path(name) : out;
 }
 
+// Gives the group at `out` an output id no writer holds: the writers of the group as it was stop
+// at their next chunk ("replaced by another run"), before the group is removed.
+static void retire_output_id(const std::string& out) {
+  auto [format, group_attributes] = zarr::Group::open(out);
+  group_attributes["output_id"] = "retired-" + new_output_id();
+  zarr::Group::create(out, format, group_attributes);
+}
+
+// With the writers' lock held: removes what is at `out`, for a new group. Looked at again now,
+// since the lock may have been waited for, and a run that takes no OUT.lock (tandem.dask.predict)
+// may have made a group there meanwhile: that one is removed only with `overwrite`.
+static void clear_for_new_group(const std::string& out, bool overwrite) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  if (fs::is_directory(out, ec) && fs::is_empty(out, ec)) {
+    fs::remove(out, ec);
+    return;
+  }
+  if (!is_predictions_group(out))
+    throw InputError(out + ": exists and holds something other than tandem predict's "
+                     "output; refusing to write there");
+  if (!overwrite)
+    throw InputError(out + ": another run made a predictions group here meanwhile; run again "
+                     "to go on with it");
+  fs::remove_all(out);
+}
+
 void prepare_predictions_output(const std::string& out_given, const PredictionsLayout& layout,
                                 const json& attributes, bool overwrite,
                                 const std::string& overwrite_hint) {
@@ -325,14 +352,10 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
       if (!overwrite) throw;
     }
   }
-  // Replaced (or made) with no chunk of another run's share in flight; one that comes later
-  // finds the new output id and stops.
+  // Replaced (or made) with no chunk of another run's share in flight (predictions_writers_lock.h).
+  if (exists && !empty_dir) retire_output_id(out);
   const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
-  if (exists && !empty_dir) {
-    fs::remove_all(out);
-  } else if (empty_dir) {
-    fs::remove(out, ec);
-  }
+  clear_for_new_group(out, overwrite);
   json all = attributes;
   all[kMarker] = 1;
   all["rows"] = layout.rows;
@@ -350,8 +373,9 @@ void remove_predictions_output(const std::string& out_given) {
   if (!is_predictions_group(out))
     throw InputError(out + ": exists and holds something other than tandem predict's "
                      "output; refusing to remove it");
+  retire_output_id(out);
   const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
-  fs::remove_all(out);
+  clear_for_new_group(out, true);
 }
 
 PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLayout& layout,

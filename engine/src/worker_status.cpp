@@ -20,7 +20,7 @@ nlohmann::json WorkerStatus::counters() const {
   return {{"steps", steps.load()},          {"samples", samples.load()},
           {"batches_done", batches_done.load()}, {"gradients_lost", gradients_lost.load()},
           {"task", task.load()},            {"done", done.load()},
-          {"queue_depth", queue_depth.load()}};
+          {"queue_depth", queue_depth.load()}, {"idle", idle.load()}};
 }
 
 InBackend::InBackend(WorkerStatus& status, const char* what)

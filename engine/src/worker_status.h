@@ -19,6 +19,9 @@ struct WorkerStatus {
   // progress, batches this worker will not train again.
   std::atomic<int64_t> steps{0}, samples{0}, batches_done{0}, gradients_lost{0}, task{0}, done{0};
   std::atomic<int> queue_depth{0};
+  // No batch for now: the coordinator has none to hand out until the others finish the epoch
+  // (or one of them is lost and its batches come back).
+  std::atomic<bool> idle{false};
   // Since when the backend has been in a call (steady-clock ns; 0: in none), and which: the
   // heartbeats report a call older than the step timeout (RunSettings::step_timeout_s).
   std::atomic<int64_t> busy_since_ns{0};

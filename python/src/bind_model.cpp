@@ -36,8 +36,8 @@ py::dict eval_dict(const EvalResult& e) {
                   "correct"_a = e.correct, "samples"_a = e.samples);
 }
 
-// An evaluation of no rows (no validation or test split was given) is None, not a row of zeros
-// that reads as a perfect loss.
+// An evaluation of no rows (no validation or test split was given, or one of no rows) is None,
+// not a row of zeros that reads as a perfect loss.
 py::object eval_or_none(const EvalResult& e) {
   if (e.samples == 0) return py::none();
   return eval_dict(e);
@@ -228,7 +228,8 @@ void bind_model(py::module_& m) {
       "resume"_a = py::none(), "return_state"_a = false,
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
       "(model, summary). on_epoch(report) is called after every epoch. A report's and the "
-      "summary's validation (and the summary's test) is None when no such split was given.\n\n"
+      "summary's validation (and the summary's test) is None when no such split was given (or "
+      "it has no rows).\n\n"
       "return_state=True returns (model, summary, state): state is the run's whole training "
       "state (parameters, optimizer moments, step, epochs done; the kept epoch's with "
       "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "

@@ -108,7 +108,10 @@ void bind_predict(py::module_& m) {
           "attributes"_a, "overwrite"_a, "overwrite_hint"_a,
           "Creates the group, or checks the one there and removes an interrupted run's "
           "temporary files.")
-      .def_static("remove", &remove_predictions_output, "out"_a,
+      .def_static(
+          "remove",
+          [](const std::string& out) { without_gil([&] { remove_predictions_output(out); }); },
+          "out"_a,
                   "Removes the predictions group at out (InputError if something else is "
                   "there).")
       .def_property_readonly("chunks", [](const PredictionsOutput& o) { return o.layout().chunks(); })

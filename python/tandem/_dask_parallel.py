@@ -178,7 +178,7 @@ def _ranked(records):
     trials and trials that never finished a job last."""
     def loss(r):
         return _finite_or_inf(r.get("best_validation_loss",
-                                    r.get("validation", {}).get("loss_sum", 0.0)))
+                                    (r.get("validation") or {}).get("loss_sum", 0.0)))
 
     return sorted(records, key=lambda r: ("error" in r, "validation" not in r, loss(r)))
 
@@ -260,8 +260,14 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     common = dict({"threads": 1, "backend": "cpu"}, **common)
     # hash=False: named by content, a second search of the same arrays would reuse the key the
     # scheduler is still releasing from the first, and its trials fail on "lost dependencies".
+    validation = _computed(validation)
+    if len(validation) != 2 or len(validation[1]) == 0:
+        # Every trial is ranked by its validation loss: none to rank by is refused before any
+        # trial trains, not met as each trial's error.
+        raise InputError("search needs validation rows (images, labels) to rank the trials by; "
+                         "got none")
     train_data = client.scatter(_computed(train), broadcast=True, hash=False)
-    validation_data = client.scatter(_computed(validation), broadcast=True, hash=False)
+    validation_data = client.scatter(validation, broadcast=True, hash=False)
     if budget is not None:
         return _successive_halving(client, configs, train_data, validation_data, common, budget,
                                    min_epochs, eta, budget_seconds, slots)

@@ -196,6 +196,13 @@ class SuccessiveHalvingSearchTest(LocalClusterTest):
                 tdask.search(self.client, configs, TRAIN, VALIDATION, **kwargs)
         with self.assertRaisesRegex(tandem.InputError, "successive halving sets epochs"):
             tdask.search(self.client, [{"epochs": 4}], TRAIN, VALIDATION, budget=3)
+        # No validation rows: nothing to rank by, refused before any trial trains (it was each
+        # trial's TypeError, or the ranking's AttributeError after all of them ran).
+        empty = (VALIDATION[0][:0], VALIDATION[1][:0])
+        for kwargs in ({}, {"budget": 2}):
+            with self.subTest(**kwargs), self.assertRaisesRegex(tandem.InputError,
+                                                                "needs validation rows"):
+                tdask.search(self.client, configs, TRAIN, empty, **kwargs)
 
 
 if __name__ == "__main__":

@@ -120,13 +120,13 @@ void run_processes(const PredictCliOptions& o) {
     if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::string failures;
-  bool all_killed = true;  // (a share killed by a signal said nothing)
+  bool all_killed = true;  // (by SIGKILL: nothing said; another signal may have had its say)
   for (int i = 0; i < o.processes; ++i) {
     const int status = statuses[size_t(i)];
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    all_killed = all_killed && WIFSIGNALED(status);
     // SIGKILL from nobody here: most often the kernel's, out of memory.
     const bool sigkill = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    all_killed = all_killed && sigkill;
     failures += " share " + std::to_string(i) + "/" + std::to_string(o.processes) + " " +
                 describe_exit(status) + (sigkill ? " (out of memory? see dmesg)" : "") + ";";
   }
