@@ -612,6 +612,36 @@ TEST(Predictor, ReplacingAGroupWaitsForTheChunkAShareIsWriting) {
   EXPECT_TRUE(output.chunk_done(0));
 }
 
+// A group whose output id was retired (by a replacement that then gave up: a chunk in flight for
+// longer than it waited) takes no new writer, so shares and Dask tasks starting late cannot hold
+// a replacement up; the next run that resumes it without overwriting gives it a live id again,
+// keeping its chunks.
+TEST(Predictor, ARetiredGroupTakesNoNewWriterUntilARunResumesIt) {
+  test::TempDir dir;
+  const std::string out = dir.file("pred.zarr");
+  const PredictionsLayout layout = five_rows_in_chunks_of_two();
+  prepare_predictions_output(out, layout, json::object(), false, kOverwriteHint);
+  PredictionsOutput early(out, layout, kOverwriteHint);
+  const uint8_t ids[2] = {1, 2};
+  const std::vector<float> p(6, 0.5f);
+  early.write_chunk(0, ids, p.data());
+  auto [format, attributes] = zarr::Group::open(out);
+  attributes["output_id"] = "retired-by-a-replacement-that-gave-up";
+  zarr::Group::create(out, format, attributes);
+
+  std::string why =
+      test::error_of<InputError>([&] { PredictionsOutput(out, layout, kOverwriteHint); });
+  EXPECT_TRUE(test::contains(why, out + ": being replaced by another run")) << why;
+  why = test::error_of<Error>([&] { early.write_chunk(1, ids, p.data()); });
+  EXPECT_TRUE(test::contains(why, "replaced by another run")) << why;
+
+  prepare_predictions_output(out, layout, json::object(), false, kOverwriteHint);
+  PredictionsOutput resumed(out, layout, kOverwriteHint);
+  EXPECT_TRUE(resumed.chunk_done(0));
+  resumed.write_chunk(1, ids, p.data());
+  EXPECT_TRUE(resumed.chunk_done(1));
+}
+
 // With input_digests (tandem.dask.predict's groups), each chunk's input digest is written
 // before its other files and read back; a chunk without its digest is not done, and one cannot
 // be written without it. A group made without the digests' array is refused for such a layout.

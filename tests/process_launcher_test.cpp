@@ -129,26 +129,26 @@ TEST(ProcessLauncher, AScorerOutOfRestartsFailsARunOnlyItsScoresWouldStop) {
 TEST(RunDirLock, ASecondRunOnTheDirectoryIsRefusedUntilTheFirstEnds) {
   test::TempDir dir;
   {
-    cli::RunDirLock first(dir.path().string());
+    RunDirLock first(dir.path().string());
     const std::string why =
-        test::error_of<InputError>([&] { cli::RunDirLock second(dir.path().string()); });
+        test::error_of<InputError>([&] { RunDirLock second(dir.path().string()); });
     EXPECT_TRUE(test::contains(why, "is in use by another run (process " +
                                         std::to_string(getpid()) + ")"))
         << why;
     // A child started now (its shell, then sleep) inherits no descriptor of the lock file.
     ASSERT_EQ(std::system("sleep 2 </dev/null >/dev/null 2>&1 &"), 0);
   }
-  cli::RunDirLock after(dir.path().string());
+  RunDirLock after(dir.path().string());
   // A file of the user's where the lock file would be is left as it is, and the run refused
   // (predict's OUT.lock beside a --out OUT: a notes.lock for --out notes was overwritten).
   const std::string notes = dir.file("notes.lock");
   test::write_bytes(notes, "my notes\n");
   const std::string refused = test::error_of<InputError>(
-      [&] { cli::RunDirLock lock(dir.path().string(), "--out", notes); });
+      [&] { RunDirLock lock(dir.path().string(), "--out", notes); });
   EXPECT_TRUE(test::contains(refused, notes + " is there and is not a lock file")) << refused;
   EXPECT_EQ(test::read_bytes(notes), "my notes\n");
   const std::string missing = (dir.path() / "absent").string();
-  const std::string why = test::error_of<IoError>([&] { cli::RunDirLock lock(missing); });
+  const std::string why = test::error_of<IoError>([&] { RunDirLock lock(missing); });
   EXPECT_TRUE(test::contains(why, "cannot open " + missing + "/lock")) << why;
 }
 

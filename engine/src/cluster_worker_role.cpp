@@ -256,6 +256,7 @@ void worker_role(const RoleOptions& o) {
   trainer.finish();  // the last gradient, applied (or lost)
   nlohmann::json counters = status->counters();
   counters["queue_depth"] = 0;
+  counters["idle"] = false;  // (it has left: no longer waiting for a batch)
   end_role(link, r.name, counters);
 }
 

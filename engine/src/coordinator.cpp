@@ -785,8 +785,8 @@ json Coordinator::state() const {
                          {"steps", json_integer_or(st, "steps", 0)},
                          {"batches_done", json_integer_or(st, "batches_done", 0)},
                          {"gradients_lost", json_integer_or(st, "gradients_lost", 0)},
-                         {"idle", st.contains("idle") && st["idle"].is_boolean() &&
-                                      st["idle"].get<bool>()}});
+                         {"idle", !gone(role.state) && st.contains("idle") &&
+                                      st["idle"].is_boolean() && st["idle"].get<bool>()}});
     } else if (role.role == "ps" && st.contains("stats")) {
       const json& s = st["stats"];
       step = std::max<int64_t>(step, json_integer_or(s, "version", 0));

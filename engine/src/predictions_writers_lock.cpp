@@ -4,11 +4,12 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "file_io.h"
@@ -20,10 +21,14 @@ namespace {
 
 // Where the lock cannot be had (a directory this user may not create files in, a file system
 // without flock: NFS without its lock service, Lustre mounted noflock), writers and a replacing
-// run are not kept apart, as before the lock existed; said once a process.
+// run are not kept apart, as before the lock existed; said once a process for each lock file.
 void warn_unlocked(const std::string& path, int err) {
-  static std::atomic<bool> said{false};
-  if (said.exchange(true)) return;
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!said.insert(path).second) return;
+  }
   std::fprintf(stderr,
                "tandem: warning: cannot lock %s (%s): a run replacing this predictions group "
                "(--overwrite) and the writers of the group it replaces are not kept apart\n",
@@ -34,10 +39,15 @@ void warn_unlocked(const std::string& path, int err) {
 
 PredictionsWritersLock::PredictionsWritersLock(const std::string& out, Kind kind, int wait_ms) {
   const std::string path = without_trailing_slashes(out) + ".writers";
-  // Read-only is enough for flock, so users sharing the output's directory (by group) can lock a
-  // file another made; 0666 lets the umask decide who that is. Close-on-exec: a share's children
-  // must not hold its lock. Not through a symbolic link, as for every lock file of Tandem's.
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  // Opened for writing: on NFS flock is a byte-range lock of the server's, and an exclusive one
+  // needs a file open for writing. A writer that may only read the file (another user made it,
+  // without group write) still takes its shared lock read-only. 0666: the umask decides who
+  // shares the file. Close-on-exec: a share's children must not hold its lock. Not through a
+  // symbolic link, as for every lock file of Tandem's.
+  const int flags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
+  fd_ = ::open(path.c_str(), O_RDWR | flags, 0666);
+  if (fd_ < 0 && kind == Kind::Writing && (errno == EACCES || errno == EROFS))
+    fd_ = ::open(path.c_str(), O_RDONLY | flags, 0666);
   if (fd_ < 0) {
     warn_unlocked(path, errno);
     return;

@@ -13,9 +13,11 @@
 // directory, and a lock inside would go with it), so it goes with its process however that ends.
 // It is left there after the group is removed (removing a lock file others may be waiting on
 // would split them between two files). On a Linux NFS mount flock is a lock of the server's
-// (NFSv4, or NFSv3 with its lock service), so slot servers' shares are kept apart too; where
-// the lock cannot be had (no lock service, a mount with local_lock, Lustre without flock, no
-// right to create the file) a warning says so once and the group is written as before, unlocked.
+// (NFSv4, or NFSv3 with its lock service), so slot servers' shares are kept apart too. Where the
+// lock cannot be had (no lock service, Lustre without flock, no right to create the file) a
+// warning says so once and the group is written as before, unlocked. A mount with
+// local_lock=flock (or =all) locks each machine on its own, silently: shares on other machines
+// are then kept apart by the output id alone.
 #pragma once
 
 #include <string>

@@ -301,9 +301,25 @@ static std::string through_link(const std::string& out) {
 
 // Gives the group at `out` an output id no writer holds: the writers of the group as it was stop
 // at their next chunk ("replaced by another run"), before the group is removed.
+// (Writers opened later refuse such a group; a run that resumes it, a replacement having given
+// up, gives it a new id: revive_output_id.)
+static constexpr const char* kRetiredPrefix = "retired-";
+
 static void retire_output_id(const std::string& out) {
   auto [format, group_attributes] = zarr::Group::open(out);
-  group_attributes["output_id"] = "retired-" + new_output_id();
+  group_attributes["output_id"] = kRetiredPrefix + new_output_id();
+  zarr::Group::create(out, format, group_attributes);
+}
+
+// A group left retired by a replacement that gave up (a chunk in flight for longer than it
+// waited, or an error) is this run's to resume: it gets a live id again, with no chunk of any
+// writer in flight.
+static void revive_output_id(const std::string& out) {
+  if (output_id_of(out).value_or("").rfind(kRetiredPrefix, 0) != 0) return;
+  const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
+  auto [format, group_attributes] = zarr::Group::open(out);
+  if (json_string_or(group_attributes, "output_id", "").rfind(kRetiredPrefix, 0) != 0) return;
+  group_attributes["output_id"] = new_output_id();
   zarr::Group::create(out, format, group_attributes);
 }
 
@@ -343,6 +359,7 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
     if (!is_predictions_group(out))
       throw InputError(out + ": exists and holds something other than tandem predict's "
                        "output; refusing to write there");
+    if (!overwrite) revive_output_id(out);
     create_missing_arrays(out, layout);
     try {
       const PredictionsOutput existing(out, layout, overwrite_hint);  // same layout, fingerprint
@@ -391,6 +408,10 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
   const JsonFields fields(attributes, out + "'s attributes");
   const std::string none;
   output_id_ = fields.text("output_id", &none);
+  // A writer that comes to a retired group (a share or a Dask task starting late) would pass
+  // the check of its id and write into a group on its way out, holding the replacement up.
+  if (output_id_.rfind(kRetiredPrefix, 0) == 0)
+    throw InputError(out + ": being replaced by another run (an overwrite); nothing written");
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || !same_layout(c, output_meta(layout, Output::Classes)) ||
       !same_layout(p, output_meta(layout, Output::Probabilities)))

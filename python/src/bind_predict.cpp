@@ -15,6 +15,7 @@
 #include "gil.h"
 #include "predictor.h"
 #include "py_json.h"
+#include "run_dir_lock.h"
 #include "tandem/tandem.h"
 
 namespace py = pybind11;
@@ -78,6 +79,22 @@ void bind_predict(py::module_& m) {
       "Labels of `rows` images as uint8 class ids of a model of `classes` classes, checked as "
       "Model.evaluate checks them (tandem.dask.predict's accuracy): InputError naming the first "
       "label that names no class.");
+  // tandem predict's OUT.lock, for tandem.dask.predict: one prediction at a time per output.
+  struct OutputLock {
+    std::unique_ptr<RunDirLock> lock;
+  };
+  py::class_<OutputLock>(m, "_OutputLock",
+                         "One prediction at a time per output: the lock tandem predict holds on "
+                         "its --out (OUT.lock beside it), held until release() or the with "
+                         "block's end.")
+      .def(py::init([](const std::string& out) {
+             return OutputLock{lock_prediction_output(out, "out")};
+           }),
+           "out"_a)
+      .def("release", [](OutputLock& l) { l.lock.reset(); })
+      .def("__enter__", [](OutputLock& l) -> OutputLock& { return l; },
+           py::return_value_policy::reference)
+      .def("__exit__", [](OutputLock& l, py::args) { l.lock.reset(); });
   py::class_<PredictionsOutput>(
       m, "_Predictions",
       "A predictions group as tandem predict writes it (used by tandem.dask.predict).")

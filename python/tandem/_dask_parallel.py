@@ -14,7 +14,7 @@ import traceback
 
 import numpy as np
 
-from ._tandem import Error, InputError, _Predictions, _SuccessiveHalving, _class_ids
+from ._tandem import Error, InputError, _OutputLock, _Predictions, _SuccessiveHalving, _class_ids
 from ._tandem import train as _train
 
 
@@ -260,12 +260,15 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     common = dict({"threads": 1, "backend": "cpu"}, **common)
     # hash=False: named by content, a second search of the same arrays would reuse the key the
     # scheduler is still releasing from the first, and its trials fail on "lost dependencies".
+    # Every trial is ranked by its validation loss: none to rank by is refused before any trial
+    # trains, not met as each trial's error.
+    if validation is None:
+        raise InputError("search needs validation (images, labels) to rank the trials by")
     validation = _computed(validation)
-    if len(validation) != 2 or len(validation[1]) == 0:
-        # Every trial is ranked by its validation loss: none to rank by is refused before any
-        # trial trains, not met as each trial's error.
-        raise InputError("search needs validation rows (images, labels) to rank the trials by; "
-                         "got none")
+    if len(validation) != 2:
+        raise InputError(f"validation must be (images, labels), got {len(validation)} items")
+    if len(validation[1]) == 0:
+        raise InputError("search needs validation rows to rank the trials by; got none")
     train_data = client.scatter(_computed(train), broadcast=True, hash=False)
     validation_data = client.scatter(validation, broadcast=True, hash=False)
     if budget is not None:
@@ -394,7 +397,9 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     they both wrote mixed; at least one of them then raises an Error naming it. A group
     written from another model or input (any chunk's rows changed), or of another shape or
     chunking, is refused naming ``out``, unless ``overwrite=True``, which starts afresh (it
-    replaces only a predictions group). Computed at once, on the current Dask scheduler (a
+    replaces only a predictions group). One prediction at a time writes ``out``: while another
+    (this function's or ``tandem predict``'s) holds its lock (``OUT.lock`` beside it), predict
+    is refused, naming the process. Computed at once, on the current Dask scheduler (a
     distributed Client when one is active).
 
     A row with no class (a NaN or infinite pixel, or pixels so large that its logits are not
@@ -425,8 +430,6 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
         return images.map_blocks(_predict_block, model, threads, dtype=np.uint8,
                                  drop_axis=list(range(1, images.ndim)),
                                  chunks=(images.chunks[0],))
-    import dask
-
     started = time.time()
     out = os.fspath(out)
     if zarr_format not in (2, 3):
@@ -449,6 +452,20 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
                   "note": "classes: arg-max of the model's logits (first maximum), what tandem "
                           "eval counts; probabilities: their softmax. Chunked like the input's "
                           "rows."}
+    # One prediction at a time writes out (tandem predict's OUT.lock): a second would remove
+    # the group under this one with overwrite, or write into it.
+    with _OutputLock(out):
+        return _write_predictions(model, images, out, layout, attributes, truth, overwrite,
+                                  threads, started)
+
+
+def _write_predictions(model, images, out, layout, attributes, truth, overwrite, threads,
+                       started):
+    """predict's work once it holds out's lock: the group prepared, every missing chunk
+    written, the summary."""
+    import dask
+
+    rows = layout[1]
     if overwrite:
         _Predictions.remove(out)  # refuses anything but a predictions group
     _Predictions.prepare(out, *layout, attributes, False, _OVERWRITE_HINT)

@@ -249,6 +249,12 @@ class DaskPredictTest(unittest.TestCase):
                                 backend="cpu", threads=1, seed=3)
         with self.assertRaisesRegex(tandem.InputError, "written from another model or input"):
             tdask.predict(other, self.dask_images(), out)
+        # One prediction at a time writes out, from Dask or tandem predict (OUT.lock beside it).
+        with tandem._tandem._OutputLock(out):
+            with self.assertRaisesRegex(tandem.InputError,
+                                        f"out {out} is in use by another run \\(process \\d+\\)"):
+                tdask.predict(self.model, self.dask_images(chunks=(500, 28, 28)), out,
+                              overwrite=True)
         # overwrite=True starts afresh with the new chunking.
         s = tdask.predict(self.model, self.dask_images(chunks=(500, 28, 28)), out, overwrite=True)
         self.assertEqual((s["chunks"], s["chunks_written"], s["chunks_skipped"]), (5, 5, 0))

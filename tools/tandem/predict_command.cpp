@@ -261,16 +261,8 @@ void run_predict(PredictCliOptions& o) {
   // Said before the output's directories and lock are made, which a mistyped path left behind.
   check_prediction_inputs(o.model, o.data);
   if (o.out.empty()) throw InputError("--out must name the Zarr group to write");
-  // One prediction per --out (its shares aside, which this one starts): a second would write
-  // into the same output, or remove it under the first with --overwrite. The lock is beside the
-  // output (an --overwrite removes the output's directory), so its parent is made first, as
-  // writing the output would.
-  const fs::path out_path =
-      without_trailing_slashes(fs::path(o.out).lexically_normal().string());
-  if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
-  // The lock goes by the output's real path: through a symbolic link to the output another run
-  // would lock another name and write the same output.
-  const RunDirLock lock(o.out, "--out", resolved_path(out_path.string()) + ".lock");
+  // One prediction per --out (its shares aside, which this one starts).
+  const std::unique_ptr<RunDirLock> lock = lock_prediction_output(o.out, "--out");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));

@@ -7,11 +7,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
+#include "file_io.h"
 #include "tandem/error.h"
 
-namespace tandem::cli {
+namespace tandem {
 
 namespace {
 
@@ -70,4 +72,12 @@ RunDirLock::~RunDirLock() {
   if (fd_ >= 0) close(fd_);  // releases the lock
 }
 
-}  // namespace tandem::cli
+std::unique_ptr<RunDirLock> lock_prediction_output(const std::string& out,
+                                                   const std::string& option) {
+  namespace fs = std::filesystem;
+  const fs::path path = without_trailing_slashes(fs::path(out).lexically_normal().string());
+  if (path.has_parent_path()) fs::create_directories(path.parent_path());
+  return std::make_unique<RunDirLock>(out, option, resolved_path(path.string()) + ".lock");
+}
+
+}  // namespace tandem

@@ -5,9 +5,10 @@
 // however that process ends: no stale lock to clean up after a crash or a SIGKILL.
 #pragma once
 
+#include <memory>
 #include <string>
 
-namespace tandem::cli {
+namespace tandem {
 
 class RunDirLock {
  public:
@@ -15,7 +16,8 @@ class RunDirLock {
   // holds it, IoError when the lock file cannot be opened. `option` names the directory's
   // option in the message (tandem search locks its --out the same way). The lock file is
   // `lock_file`, by default RUN_DIR/lock (tandem predict's --out, which an --overwrite removes
-  // and makes again, is locked by OUT.lock beside it).
+  // and makes again, is locked by OUT.lock beside it; tandem.dask.predict takes the same lock,
+  // so one prediction at a time writes an output, from the command line or from Dask).
   explicit RunDirLock(const std::string& run_dir, const std::string& option = "--run-dir",
                       const std::string& lock_file = "");
   ~RunDirLock();
@@ -26,4 +28,13 @@ class RunDirLock {
   int fd_ = -1;
 };
 
-}  // namespace tandem::cli
+// One prediction at a time per output: the lock on `out` that tandem predict and
+// tandem.dask.predict hold while they write it (a second would write into the same output, or
+// remove it under the first with an overwrite). OUT.lock beside the output, since an overwrite
+// removes the output's directory: its parent is made first, as writing the output would. By the
+// output's real path: through a symbolic link to the output another run would lock another name
+// and write the same output. `option` names `out` in the message ("--out", "out").
+std::unique_ptr<RunDirLock> lock_prediction_output(const std::string& out,
+                                                   const std::string& option);
+
+}  // namespace tandem
