@@ -299,33 +299,36 @@ static std::string through_link(const std::string& out) {
   return fs::is_symlink(name, ec) ? resolved_path(name) : out;
 }
 
-// Gives the group at `out` an output id no writer holds: the writers of the group as it was stop
-// at their next chunk ("replaced by another run"), before the group is removed.
-// (Writers opened later refuse such a group; a run that resumes it, a replacement having given
-// up, gives it a new id: revive_output_id.)
+// A group's output id changes whenever a run takes the group over, resuming or replacing it: the
+// writers of earlier runs on it (a share cut off from its client, the tasks of an interrupted
+// Dask run), which check the id before each chunk, stop at their next one ("replaced by another
+// run"). A replaced group's id is retired first: writers opened on it later refuse it too.
 static constexpr const char* kRetiredPrefix = "retired-";
 
-static void retire_output_id(const std::string& out) {
+static void set_output_id(const std::string& out, const std::string& id) {
   auto [format, group_attributes] = zarr::Group::open(out);
-  group_attributes["output_id"] = kRetiredPrefix + new_output_id();
+  group_attributes["output_id"] = id;
   zarr::Group::create(out, format, group_attributes);
 }
 
-// A group left retired by a replacement that gave up (a chunk in flight for longer than it
-// waited, or an error) is this run's to resume: it gets a live id again, with no chunk of any
-// writer in flight.
-static void revive_output_id(const std::string& out) {
-  if (output_id_of(out).value_or("").rfind(kRetiredPrefix, 0) != 0) return;
-  const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
-  auto [format, group_attributes] = zarr::Group::open(out);
-  if (json_string_or(group_attributes, "output_id", "").rfind(kRetiredPrefix, 0) != 0) return;
-  group_attributes["output_id"] = new_output_id();
-  zarr::Group::create(out, format, group_attributes);
+// A run resuming the group it found: a new id, then the chunks other writers had in flight
+// (past their check) waited for. The group is this run's alone from here, and one that a
+// replacement left retired when it gave up is live again.
+// A group this run may not write (a read-only mount: a rerun that finds every chunk done and
+// only reads the classes back) is left as it is: this run writes no chunk there either.
+static void renew_output_id(const std::string& out) {
+  try {
+    set_output_id(out, new_output_id());
+  } catch (const IoError&) {
+    return;
+  }
+  const PredictionsWritersLock settled(out, PredictionsWritersLock::Kind::Replacing);
 }
 
 // With the writers' lock held: removes what is at `out`, for a new group. Looked at again now,
-// since the lock may have been waited for, and a run that takes no OUT.lock (tandem.dask.predict)
-// may have made a group there meanwhile: that one is removed only with `overwrite`.
+// since the lock may have been waited for, and a caller of prepare that holds no OUT.lock (a
+// program of its own using the Python _Predictions) may have made a group there meanwhile: that
+// one is removed only with `overwrite`.
 static void clear_for_new_group(const std::string& out, bool overwrite) {
   std::error_code ec;
   if (!fs::exists(out, ec)) return;
@@ -359,7 +362,7 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
     if (!is_predictions_group(out))
       throw InputError(out + ": exists and holds something other than tandem predict's "
                        "output; refusing to write there");
-    if (!overwrite) revive_output_id(out);
+    renew_output_id(out);
     create_missing_arrays(out, layout);
     try {
       const PredictionsOutput existing(out, layout, overwrite_hint);  // same layout, fingerprint
@@ -370,7 +373,7 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
     }
   }
   // Replaced (or made) with no chunk of another run's share in flight (predictions_writers_lock.h).
-  if (exists && !empty_dir) retire_output_id(out);
+  if (exists && !empty_dir) set_output_id(out, kRetiredPrefix + new_output_id());
   const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
   clear_for_new_group(out, overwrite);
   json all = attributes;
@@ -390,7 +393,7 @@ void remove_predictions_output(const std::string& out_given) {
   if (!is_predictions_group(out))
     throw InputError(out + ": exists and holds something other than tandem predict's "
                      "output; refusing to remove it");
-  retire_output_id(out);
+  set_output_id(out, kRetiredPrefix + new_output_id());
   const PredictionsWritersLock replacing(out, PredictionsWritersLock::Kind::Replacing);
   clear_for_new_group(out, true);
 }

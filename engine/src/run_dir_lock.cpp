@@ -33,7 +33,13 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
   const std::string path = lock_file.empty() ? run_dir + "/lock" : lock_file;
   // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
   // Not through a symbolic link: the pid written below would land in whatever it points to.
-  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // 0666: the umask decides who shares the file (a directory shared by a group). A file another
+  // user made, which this one may only read, is locked read-only: flock needs no write access
+  // (only the pid below is not written then).
+  const int flags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
+  fd_ = open(path.c_str(), O_RDWR | flags, 0666);
+  if (fd_ < 0 && (errno == EACCES || errno == EROFS))
+    fd_ = open(path.c_str(), O_RDONLY | flags, 0666);
   if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
   int rc;
   do rc = flock(fd_, LOCK_EX | LOCK_NB);
@@ -76,7 +82,10 @@ std::unique_ptr<RunDirLock> lock_prediction_output(const std::string& out,
                                                    const std::string& option) {
   namespace fs = std::filesystem;
   const fs::path path = without_trailing_slashes(fs::path(out).lexically_normal().string());
-  if (path.has_parent_path()) fs::create_directories(path.parent_path());
+  std::error_code ec;
+  if (path.has_parent_path() && !fs::create_directories(path.parent_path(), ec) && ec)
+    throw IoError("cannot make " + path.parent_path().string() + ", the directory of " + option +
+                  " " + out + ": " + ec.message());
   return std::make_unique<RunDirLock>(out, option, resolved_path(path.string()) + ".lock");
 }
 

@@ -393,8 +393,10 @@ def predict(model, images, out=None, *, labels=None, overwrite=False, zarr_forma
     The group records each chunk's input rows as a SHA-256 (``input_sha256``, uint8 [chunks,
     32]), and a rerun computes and hashes the blocks of the chunks already done to compare
     them, before it writes anything: a rerun computes every block of its input again, whatever
-    is left to predict. Two runs at once onto one group from different rows can leave a chunk
-    they both wrote mixed; at least one of them then raises an Error naming it. A group
+    is left to predict. Tasks of an earlier run still writing (its client interrupted) stop at
+    their next chunk once a run takes the group over, and the chunks they have in flight are
+    waited for; were two runs' writes still to meet in one chunk (a file system whose locks
+    do not reach every machine), at least one of them raises an Error naming it. A group
     written from another model or input (any chunk's rows changed), or of another shape or
     chunking, is refused naming ``out``, unless ``overwrite=True``, which starts afresh (it
     replaces only a predictions group). One prediction at a time writes ``out``: while another
