@@ -30,8 +30,8 @@ void warn_unlocked(const std::string& path, int err) {
     if (!said.insert(path).second) return;
   }
   std::fprintf(stderr,
-               "tandem: warning: cannot lock %s (%s): a run replacing this predictions group "
-               "(--overwrite) and the writers of the group it replaces are not kept apart\n",
+               "tandem: warning: cannot lock %s (%s): a run taking this predictions group over "
+               "(resuming or replacing it) and the earlier runs' writers are not kept apart\n",
                path.c_str(), std::strerror(err));
 }
 

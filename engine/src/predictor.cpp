@@ -1,6 +1,7 @@
 #include "predictor.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -312,17 +313,21 @@ static void set_output_id(const std::string& out, const std::string& id) {
 }
 
 // A run resuming the group it found: a new id, then the chunks other writers had in flight
-// (past their check) waited for. The group is this run's alone from here, and one that a
-// replacement left retired when it gave up is live again.
-// A group this run may not write (a read-only mount: a rerun that finds every chunk done and
-// only reads the classes back) is left as it is: this run writes no chunk there either.
-static void renew_output_id(const std::string& out) {
+// (past their check) waited for. Writers of earlier runs stop at their next chunk, and those
+// opened later with their run's id refuse the group; one that a replacement left retired when
+// it gave up is live again. Returns the new id. A group this run may not write (a read-only
+// mount: a rerun that finds every chunk done and only reads the classes back) keeps its id:
+// this run writes no chunk there either.
+static std::string renew_output_id(const std::string& out) {
+  const std::string id = new_output_id();
   try {
-    set_output_id(out, new_output_id());
+    set_output_id(out, id);
   } catch (const IoError&) {
-    return;
+    if (::access(out.c_str(), W_OK) == 0) throw;  // (a full disk, say: not read-only)
+    return output_id_of(out).value_or("");
   }
   const PredictionsWritersLock settled(out, PredictionsWritersLock::Kind::Replacing);
+  return id;
 }
 
 // With the writers' lock held: removes what is at `out`, for a new group. Looked at again now,
@@ -345,9 +350,9 @@ static void clear_for_new_group(const std::string& out, bool overwrite) {
   fs::remove_all(out);
 }
 
-void prepare_predictions_output(const std::string& out_given, const PredictionsLayout& layout,
-                                const json& attributes, bool overwrite,
-                                const std::string& overwrite_hint) {
+std::string prepare_predictions_output(const std::string& out_given,
+                                       const PredictionsLayout& layout, const json& attributes,
+                                       bool overwrite, const std::string& overwrite_hint) {
   const std::string out = through_link(out_given);
   if (layout.rows < 1 || layout.chunk_rows < 1 || layout.classes < 1 || layout.classes > 256)
     throw InputError(out + ": cannot write predictions of " + layout.describe() +
@@ -362,14 +367,21 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
     if (!is_predictions_group(out))
       throw InputError(out + ": exists and holds something other than tandem predict's "
                        "output; refusing to write there");
-    renew_output_id(out);
     create_missing_arrays(out, layout);
+    // The same layout and fingerprint (whatever its id: one a replacement that gave up left
+    // retired is resumed too): this run takes it over; otherwise it is replaced, or refused.
+    bool matches = true;
     try {
-      const PredictionsOutput existing(out, layout, overwrite_hint);  // same layout, fingerprint
-      remove_stray_temporaries(out);
-      return;
+      const PredictionsOutput existing(out, layout, overwrite_hint,
+                                       output_id_of(out).value_or(""));
     } catch (const InputError&) {
       if (!overwrite) throw;
+      matches = false;
+    }
+    if (matches) {
+      const std::string id = renew_output_id(out);
+      remove_stray_temporaries(out);  // (no writer has a chunk in flight now)
+      return id;
     }
   }
   // Replaced (or made) with no chunk of another run's share in flight (predictions_writers_lock.h).
@@ -380,10 +392,12 @@ void prepare_predictions_output(const std::string& out_given, const PredictionsL
   all[kMarker] = 1;
   all["rows"] = layout.rows;
   all["fingerprint"] = layout.fingerprint;
-  all["output_id"] = new_output_id();
+  const std::string id = new_output_id();
+  all["output_id"] = id;
   zarr::Group::create(out, layout.format, all);
   for (const Output array : output_arrays(layout))
     zarr::Array::create(join(out, output_name(array)), output_meta(layout, array));
+  return id;
 }
 
 void remove_predictions_output(const std::string& out_given) {
@@ -399,7 +413,8 @@ void remove_predictions_output(const std::string& out_given) {
 }
 
 PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLayout& layout,
-                                     const std::string& overwrite_hint)
+                                     const std::string& overwrite_hint,
+                                     const std::string& run_output_id)
     : path_(out), layout_(layout) {
   if (!zarr::Group::exists(out))
     throw InputError(out + ": no predictions group here (prepare_predictions makes it)");
@@ -411,9 +426,13 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
   const JsonFields fields(attributes, out + "'s attributes");
   const std::string none;
   output_id_ = fields.text("output_id", &none);
-  // A writer that comes to a retired group (a share or a Dask task starting late) would pass
-  // the check of its id and write into a group on its way out, holding the replacement up.
-  if (output_id_.rfind(kRetiredPrefix, 0) == 0)
+  // A writer that comes late (a share or a Dask task of a run that another has since taken the
+  // group over from) would pass the check of the id it read and write into the other run's
+  // group: refused, by its run's id or, without one, when the group is being replaced.
+  if (!run_output_id.empty() && output_id_ != run_output_id)
+    throw Error(out + ": taken over by another run (resumed or replaced) since this one "
+                "prepared it; nothing written");
+  if (run_output_id.empty() && output_id_.rfind(kRetiredPrefix, 0) == 0)
     throw InputError(out + ": being replaced by another run (an overwrite); nothing written");
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || !same_layout(c, output_meta(layout, Output::Classes)) ||
@@ -454,8 +473,9 @@ void PredictionsOutput::write_chunk(int64_t chunk, const uint8_t* ids, const flo
   // first and this check sees it.
   const PredictionsWritersLock writing(through_link(path_), PredictionsWritersLock::Kind::Writing);
   if (output_id_of(path_) != output_id_)
-    throw Error(path_ + ": replaced by another run (tandem predict --overwrite) while this one "
-                "was writing; chunk " + std::to_string(chunk) + " and later ones not written");
+    throw Error(path_ + ": taken over by another run (resumed, or replaced with an overwrite) "
+                "while this one was writing; chunk " + std::to_string(chunk) +
+                " and later ones not written");
   // The classes last: a chunk counts as done once every file exists, and a rerun that finds the
   // classes finds the digest they were made from.
   if (input_digests_) input_digests_->write_chunk({chunk, 0}, input_digest);
@@ -564,15 +584,18 @@ static void check_device_for(const PredictOptions& options, const ModelConfig& c
 }
 
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
-                            const std::string& out_path, const PredictOptions& options) {
+                            const std::string& out_path, const PredictOptions& options,
+                            std::string* output_id) {
   const Inputs in = open_inputs(model_path, store_path, options.split);
   // What would fail the prediction for want of threads or of a device fails before the output is
   // made: an empty group tied to this model would refuse the next run's other model.
   if (options.threads > 0) ThreadPool::check_thread_count(options.threads);
   check_device_for(options, in.checkpoint.model.config());
-  prepare_predictions_output(out_path, in.layout,
-                             output_attributes(in, model_path, store_path, options.split),
-                             options.overwrite, kOverwriteHint);
+  const std::string id =
+      prepare_predictions_output(out_path, in.layout,
+                                 output_attributes(in, model_path, store_path, options.split),
+                                 options.overwrite, kOverwriteHint);
+  if (output_id != nullptr) *output_id = id;
   return in.chunks;
 }
 
@@ -583,7 +606,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
                      std::to_string(options.shares) + " is not one of 0/N ... N-1/N");
   const auto start = std::chrono::steady_clock::now();
   const Inputs in = open_inputs(model_path, store_path, options.split);
-  const PredictionsOutput out(out_path, in.layout, kOverwriteHint);
+  const PredictionsOutput out(out_path, in.layout, kOverwriteHint, options.output_id);
   PredictSummary s;
   s.rows = in.split.rows;
   s.chunks = in.chunks;
@@ -728,8 +751,9 @@ void add_accuracy(const std::string& store_path, const std::string& out_path,
 
 PredictSummary predict_store(const std::string& model_path, const std::string& store_path,
                              const std::string& out_path, const PredictOptions& options) {
-  prepare_predictions(model_path, store_path, out_path, options);
-  PredictSummary s = predict_chunks(model_path, store_path, out_path, options);
+  PredictOptions run = options;
+  prepare_predictions(model_path, store_path, out_path, options, &run.output_id);
+  PredictSummary s = predict_chunks(model_path, store_path, out_path, run);
   const bool whole = options.shares == 1 && s.chunks_written + s.chunks_skipped == s.chunks;
   if (whole) add_accuracy(store_path, out_path, options, s);
   return s;

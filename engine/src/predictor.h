@@ -50,9 +50,12 @@ struct PredictionsLayout {
 // removes the temporary files an interrupted run left. Anything else at `out` is refused
 // (InputError naming it); a predictions group with another layout or fingerprint too, naming
 // `overwrite_hint` ("pass --overwrite to replace it"), unless `overwrite`, which replaces it.
-void prepare_predictions_output(const std::string& out, const PredictionsLayout& layout,
-                                const nlohmann::json& attributes, bool overwrite,
-                                const std::string& overwrite_hint);
+// Returns the group's output id for this run's writers (PredictionsOutput's run_output_id): the
+// group gets a new one whenever a run takes it over, resuming or replacing it, so the writers of
+// earlier runs stop (predictions_writers_lock.h).
+std::string prepare_predictions_output(const std::string& out, const PredictionsLayout& layout,
+                                       const nlohmann::json& attributes, bool overwrite,
+                                       const std::string& overwrite_hint);
 
 // Removes the predictions group at `out`, if any; InputError naming `out` when something else is
 // there (an empty directory counts as nothing).
@@ -64,9 +67,11 @@ void remove_predictions_output(const std::string& out);
 class PredictionsOutput {
  public:
   // InputError naming `out` when no predictions group is there, or one of another layout or
-  // fingerprint (with `overwrite_hint`).
+  // fingerprint (with `overwrite_hint`). With `run_output_id` (what prepare returned to this
+  // writer's run), Error when the group's id is another: another run has taken it over since.
+  // Without it, any id but a retired one (a group being replaced) is taken.
   PredictionsOutput(const std::string& out, const PredictionsLayout& layout,
-                    const std::string& overwrite_hint);
+                    const std::string& overwrite_hint, const std::string& run_output_id = "");
   const PredictionsLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }
   bool chunk_done(int64_t chunk) const;
@@ -132,6 +137,10 @@ struct PredictOptions {
   // more; the chunks being predicted are finished and renamed into place, so the run leaves no
   // temporary file and a rerun finishes the rest.
   const std::atomic<bool>* stop = nullptr;
+  // The output id this run's writers write under (prepare_predictions sets it; tandem predict
+  // gives it to its shares): a share of an earlier run, started late, finds the group taken over
+  // and writes nothing. Empty: the id the group has when predict_chunks opens it.
+  std::string output_id;
 };
 
 struct PredictSummary {
@@ -158,8 +167,10 @@ void check_prediction_inputs(const std::string& model_path, const std::string& s
 // was made from the same model and input: InputError otherwise, unless options.overwrite, which
 // replaces a predictions group but nothing else). Removes temporary files an interrupted run left.
 // Call once, before any process predicts. Returns the number of row chunks.
+// `output_id`, when given, is set to the group's output id for this run's writers.
 int64_t prepare_predictions(const std::string& model_path, const std::string& store_path,
-                            const std::string& out_path, const PredictOptions& options);
+                            const std::string& out_path, const PredictOptions& options,
+                            std::string* output_id = nullptr);
 
 // Predicts the chunks of options' share that are not complete yet, with options.threads threads,
 // on options.backend. The output must have been prepared (InputError otherwise, or when its

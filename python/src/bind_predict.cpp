@@ -100,15 +100,16 @@ void bind_predict(py::module_& m) {
       "A predictions group as tandem predict writes it (used by tandem.dask.predict).")
       .def(py::init([](const std::string& out, int format, int64_t rows, int64_t chunk_rows,
                        int64_t classes, const std::string& fingerprint,
-                       const std::string& overwrite_hint) {
+                       const std::string& overwrite_hint, const std::string& output_id) {
              return PredictionsOutput(out, layout_of(format, rows, chunk_rows, classes,
                                                      fingerprint),
-                                      overwrite_hint);
+                                      overwrite_hint, output_id);
            }),
            "out"_a, "zarr_format"_a, "rows"_a, "chunk_rows"_a, "classes"_a, "fingerprint"_a,
-           "overwrite_hint"_a,
+           "overwrite_hint"_a, "output_id"_a = "",
            "Opens a prepared group; InputError when it is missing or was made for another "
-           "layout or fingerprint.")
+           "layout or fingerprint. With output_id (what prepare returned to this run), Error "
+           "when another run has taken the group over since.")
       .def_static(
           "prepare",
           [](const std::string& out, int format, int64_t rows, int64_t chunk_rows,
@@ -117,14 +118,17 @@ void bind_predict(py::module_& m) {
             const PredictionsLayout layout =
                 layout_of(format, rows, chunk_rows, classes, fingerprint);
             const nlohmann::json a = from_python(attributes);
+            std::string id;
             without_gil([&] {
-              prepare_predictions_output(out, layout, a, overwrite, overwrite_hint);
+              id = prepare_predictions_output(out, layout, a, overwrite, overwrite_hint);
             });
+            return id;
           },
           "out"_a, "zarr_format"_a, "rows"_a, "chunk_rows"_a, "classes"_a, "fingerprint"_a,
           "attributes"_a, "overwrite"_a, "overwrite_hint"_a,
-          "Creates the group, or checks the one there and removes an interrupted run's "
-          "temporary files.")
+          "Creates the group, or checks the one there (taking it over: earlier runs' writers "
+          "stop) and removes an interrupted run's temporary files. Returns the output id this "
+          "run's writers open the group with.")
       .def_static(
           "remove",
           [](const std::string& out) { without_gil([&] { remove_predictions_output(out); }); },

@@ -347,21 +347,23 @@ def _add_note(error, text):
         error.__notes__ = [*getattr(error, "__notes__", ()), text]
 
 
-def _predict_chunk_or_error(block, chunk, model, out, layout, threads):
+def _predict_chunk_or_error(block, chunk, model, out, layout, threads, output_id):
     """_predict_chunk_to, its error returned rather than raised: a compute that raised on the
     first error would return while the other tasks still write their chunks."""
     try:
-        return _predict_chunk_to(block, chunk, model, out, layout, threads), None
+        return _predict_chunk_to(block, chunk, model, out, layout, threads, output_id), None
     except Exception as e:  # noqa: BLE001 (raised by predict once every task has ended)
         _add_note(e, f"in the task of chunk {chunk}:\n{traceback.format_exc()}")
         return 0, e
 
 
-def _predict_chunk_to(block, chunk, model, out, layout, threads):
+def _predict_chunk_to(block, chunk, model, out, layout, threads, output_id):
     """A Dask task: predicts one block and writes it as chunk `chunk` of the group at `out`
     (the block's digest, then both files, each through a temporary file and a rename). 0 when
     another run did it meanwhile, from the same rows."""
-    output = _Predictions(out, *layout, _OVERWRITE_HINT)
+    # This run's output id: a task starting after another run took the group over (this run
+    # interrupted) writes nothing.
+    output = _Predictions(out, *layout, _OVERWRITE_HINT, output_id)
     digest = _block_digest(block)
     if output.chunk_done(chunk):
         if output.input_digest(chunk) != digest:
@@ -470,8 +472,8 @@ def _write_predictions(model, images, out, layout, attributes, truth, overwrite,
     rows = layout[1]
     if overwrite:
         _Predictions.remove(out)  # refuses anything but a predictions group
-    _Predictions.prepare(out, *layout, attributes, False, _OVERWRITE_HINT)
-    output = _Predictions(out, *layout, _OVERWRITE_HINT)
+    output_id = _Predictions.prepare(out, *layout, attributes, False, _OVERWRITE_HINT)
+    output = _Predictions(out, *layout, _OVERWRITE_HINT, output_id)
     done = [c for c in range(output.chunks) if output.chunk_done(c)]
     blocks = images.to_delayed().ravel()
     # The done chunks' rows first, all of them, so that a changed input is refused before a
@@ -484,7 +486,7 @@ def _write_predictions(model, images, out, layout, attributes, truth, overwrite,
     missing = sorted(set(range(output.chunks)) - set(done))
     shared_model = dask.delayed(model)  # once in the graph, not once per task
     tasks = [dask.delayed(_predict_chunk_or_error, pure=False)(blocks[c], c, shared_model, out,
-                                                               layout, threads)
+                                                               layout, threads, output_id)
              for c in missing]
     results = dask.compute(*tasks) if tasks else ()
     errors = [e for _, e in results if e is not None]

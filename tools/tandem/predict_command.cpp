@@ -58,7 +58,8 @@ pid_t spawn_share(const std::string& self, const PredictCliOptions& o, int share
                                    "--split", o.engine.split, "--out", o.out,
                                    "--backend", o.backend,
                                    "--threads", std::to_string(threads), "--chunks",
-                                   std::to_string(share) + "/" + std::to_string(o.processes)};
+                                   std::to_string(share) + "/" + std::to_string(o.processes),
+                                   "--output-id", o.engine.output_id};
   return start_child_process(args, "", "predict: cannot start share " + std::to_string(share));
 }
 
@@ -173,7 +174,8 @@ int run_on_slots(PredictCliOptions& o) {
             return std::vector<std::string>{
                 "predict", "--model", o.model, "--data", o.data, "--split", o.engine.split,
                 "--out", o.out, "--backend", o.backend, "--threads", std::to_string(threads),
-                "--chunks", std::to_string(share) + "/" + std::to_string(shares)};
+                "--chunks", std::to_string(share) + "/" + std::to_string(shares),
+                "--output-id", o.engine.output_id};
           },
           log_of(share).string());
       running[job] = share;
@@ -273,7 +275,10 @@ void run_predict(PredictCliOptions& o) {
   // client without a GPU (a login node) must not refuse it here.
   PredictOptions here = o.engine;
   if (o.slots.remote()) here.backend = BackendKind::Cpu;
-  const int64_t chunks = prepare_predictions(o.model, o.data, o.out, here);
+  // Its shares write under this run's output id (--output-id): a share of an earlier run that
+  // starts late writes nothing into the group this run took over.
+  const int64_t chunks = prepare_predictions(o.model, o.data, o.out, here, &o.engine.output_id);
+  here.output_id = o.engine.output_id;
   // Count what is already there before the children write: written = chunks - skipped after.
   PredictOptions probe = here;
   probe.stop_after_chunks = 0;
@@ -333,6 +338,9 @@ void add_predict_command(CLI::App& app) {
                 "Replace an output written from another model or input");
   cmd->add_option("--chunks", o->chunks, "This process's share of the chunks, i/N")
       ->group("");  // hidden: how --processes starts its children
+  cmd->add_option("--output-id", o->engine.output_id,
+                  "Write only into the group of this output id (the run that started the share)")
+      ->group("");  // hidden: the id a run's shares write under
   cmd->add_flag("--json", o->json, "Print one line of JSON");
   cmd->callback([o] { run_predict(*o); });
 }
