@@ -135,6 +135,13 @@ before=$(output_id "$out")
 check "... also given with a trailing slash" "$tandem" predict --model "$dir/m2.safetensors" \
   --data "$store" --out "$dir/link-to-out.zarr/" --overwrite
 check "... replacing the output it points to" test "$(output_id "$out")" != "$before"
+# A share names its run's output id (--output-id, hidden): one of a run that another has since
+# taken the output over from (a child or slot share that started late) writes nothing there.
+expect_error "a share of an earlier run refused" "taken over by another run" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out" --chunks 0/1 \
+  --output-id an-earlier-run
+expect_error "... and --output-id without --chunks" "--output-id is for a share" \
+  "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out" --output-id x
 # An --out in directories not made yet, given with a trailing slash: made, locked beside it.
 check "an --out under new directories, with a trailing slash" "$tandem" predict \
   --model "$dir/m2.safetensors" --data "$store" --out "$dir/new/dirs/p.zarr/"

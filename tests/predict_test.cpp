@@ -482,9 +482,12 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
   EXPECT_FALSE(fs::exists(stray));
   EXPECT_TRUE(PredictionsOutput(out, layout, hint).chunk_done(1));
 
-  // Another chunking: refused naming the store, both layouts and the hint; then replaced.
+  // Another chunking: refused naming the store, both layouts and the hint; then replaced. The
+  // refused run leaves the group as it was: its id too, so its writers go on.
   PredictionsLayout other = layout;
   other.chunk_rows = 3;
+  PredictionsOutput still_writing(out, layout, hint);
+  const std::string id_before = zarr::Group::open(out).second.value("output_id", "");
   try {
     prepare_predictions_output(out, other, json::object(), false, hint);
     ADD_FAILURE() << "another chunking was accepted";
@@ -493,6 +496,12 @@ TEST(Predictor, PredictionsOutputHoldsRowsFromElsewhere) {
     for (const char* text : {"5 rows in chunks of 2", "5 rows in chunks of 3", "overwrite=True"})
       EXPECT_NE(m.find(text), std::string::npos) << m;
     EXPECT_EQ(m.rfind(out, 0), 0u) << m;
+  }
+  EXPECT_EQ(zarr::Group::open(out).second.value("output_id", ""), id_before);
+  {
+    const uint8_t two[2] = {0, 1};
+    const std::vector<float> probabilities(6, 0.5f);
+    EXPECT_NO_THROW(still_writing.write_chunk(0, two, probabilities.data()));
   }
   EXPECT_THROW(PredictionsOutput(out, other, hint), InputError);
   PredictionsLayout renamed = layout;
@@ -644,11 +653,6 @@ TEST(Predictor, ARetiredGroupTakesNoNewWriterUntilARunResumesIt) {
   std::string why =
       test::error_of<InputError>([&] { PredictionsOutput(out, layout, kOverwriteHint); });
   EXPECT_TRUE(test::contains(why, out + ": being replaced by another run")) << why;
-  // A writer given its run's id (tandem predict's shares, tandem.dask.predict's tasks) refuses
-  // any other, a live one included: another run has taken the group over since.
-  const std::string live = zarr::Group::open(out).second.value("output_id", "");
-  why = test::error_of<Error>([&] { PredictionsOutput(out, layout, kOverwriteHint, "run-1"); });
-  EXPECT_TRUE(test::contains(why, out + ": taken over by another run")) << why;
   why = test::error_of<Error>([&] { early.write_chunk(1, ids, p.data()); });
   EXPECT_TRUE(test::contains(why, "taken over by another run")) << why;
 
@@ -659,6 +663,21 @@ TEST(Predictor, ARetiredGroupTakesNoNewWriterUntilARunResumesIt) {
   EXPECT_TRUE(resumed.chunk_done(0));
   resumed.write_chunk(1, ids, p.data());
   EXPECT_TRUE(resumed.chunk_done(1));
+
+  // A writer opened with its run's id (tandem predict's shares, tandem.dask.predict's tasks)
+  // refuses the group once another run has taken it over, though the group's new id is live:
+  // a late-starting writer of the earlier run writes nothing into the later run's group.
+  const std::string first_run =
+      prepare_predictions_output(out, layout, json::object(), false, kOverwriteHint);
+  EXPECT_NO_THROW(PredictionsOutput(out, layout, kOverwriteHint, first_run));
+  const std::string second_run =
+      prepare_predictions_output(out, layout, json::object(), false, kOverwriteHint);
+  EXPECT_NE(first_run, second_run);
+  EXPECT_EQ(zarr::Group::open(out).second.value("output_id", ""), second_run);
+  why = test::error_of<Error>(
+      [&] { PredictionsOutput(out, layout, kOverwriteHint, first_run); });
+  EXPECT_TRUE(test::contains(why, out + ": taken over by another run")) << why;
+  EXPECT_NO_THROW(PredictionsOutput(out, layout, kOverwriteHint, second_run));
   // The same with --overwrite (a script that always passes it): the group still matches, so
   // it is resumed, not replaced.
   attributes["output_id"] = "retired-again";

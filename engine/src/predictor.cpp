@@ -208,7 +208,13 @@ void remove_stray_temporaries(const std::string& out) {
       if (it->path().filename().string().find(".tmp-") != std::string::npos)
         stray.push_back(it->path());
   }
-  for (const fs::path& p : stray) fs::remove(p);  // std::filesystem::filesystem_error names it
+  for (const fs::path& p : stray) {
+    // (On a read-only mount nothing is written by this run either: a stray file stays.)
+    std::error_code ec;
+    if (!fs::remove(p, ec) && ec && ec != std::errc::read_only_file_system &&
+        ec != std::errc::permission_denied)
+      throw fs::filesystem_error("cannot remove a temporary file", p, ec);
+  }
 }
 
 // A predictions group's identity, made anew whenever the group is (re)created: a group removed
@@ -302,8 +308,10 @@ static std::string through_link(const std::string& out) {
 
 // A group's output id changes whenever a run takes the group over, resuming or replacing it: the
 // writers of earlier runs on it (a share cut off from its client, the tasks of an interrupted
-// Dask run), which check the id before each chunk, stop at their next one ("replaced by another
-// run"). A replaced group's id is retired first: writers opened on it later refuse it too.
+// Dask run), which check the id before each chunk, stop at their next one ("taken over by
+// another run"), and a run's writers open the group with their run's id (PredictionsOutput's
+// run_output_id). A replaced group's id is retired first: writers opened on it later without
+// a run's id refuse it too.
 static constexpr const char* kRetiredPrefix = "retired-";
 
 static void set_output_id(const std::string& out, const std::string& id) {
@@ -380,7 +388,8 @@ std::string prepare_predictions_output(const std::string& out_given,
     }
     if (matches) {
       const std::string id = renew_output_id(out);
-      remove_stray_temporaries(out);  // (no writer has a chunk in flight now)
+      // (No writer has a chunk in flight now, where the writers' lock could be had.)
+      remove_stray_temporaries(out);
       return id;
     }
   }
@@ -433,7 +442,8 @@ PredictionsOutput::PredictionsOutput(const std::string& out, const PredictionsLa
     throw Error(out + ": taken over by another run (resumed or replaced) since this one "
                 "prepared it; nothing written");
   if (run_output_id.empty() && output_id_.rfind(kRetiredPrefix, 0) == 0)
-    throw InputError(out + ": being replaced by another run (an overwrite); nothing written");
+    throw InputError(out + ": being replaced by another run (an overwrite), or left so by one "
+                     "that gave up (a rerun resumes it); nothing written");
   const zarr::ArrayMeta &c = classes_.meta(), &p = probabilities_.meta();
   if (format != layout.format || !same_layout(c, output_meta(layout, Output::Classes)) ||
       !same_layout(p, output_meta(layout, Output::Probabilities)))

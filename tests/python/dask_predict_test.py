@@ -249,6 +249,12 @@ class DaskPredictTest(unittest.TestCase):
                                 backend="cpu", threads=1, seed=3)
         with self.assertRaisesRegex(tandem.InputError, "written from another model or input"):
             tdask.predict(other, self.dask_images(), out)
+        # A task of an earlier run that starts late, after another run took the group over, names
+        # its run's output id and writes nothing.
+        layout = (3, 2500, 700, 10, _dask_parallel._fingerprint(self.model, self.dask_images()))
+        with self.assertRaisesRegex(tandem.Error, "taken over by another run"):
+            _dask_parallel._predict_chunk_to(self.images[:700], 0, self.model, out, layout, 1,
+                                             "an-earlier-run")
         # One prediction at a time writes out, from Dask or tandem predict (OUT.lock beside it).
         with tandem._tandem._OutputLock(out):
             with self.assertRaisesRegex(tandem.InputError,

@@ -242,6 +242,9 @@ void print(const PredictCliOptions& o, const PredictSummary& s) {
 
 void run_predict(PredictCliOptions& o) {
   o.engine.backend = parse_backend(o.backend);
+  if (!o.engine.output_id.empty() && o.chunks.empty())
+    throw InputError("--output-id is for a share (--chunks i/N) of a run that prepared its "
+                     "output; a run prepares its own");
   if (!o.chunks.empty()) {  // a child: its share only, no summary beyond its own counts
     if (std::sscanf(o.chunks.c_str(), "%d/%d", &o.engine.share, &o.engine.shares) != 2)
       throw InputError("--chunks takes i/N, got '" + o.chunks + "'");
