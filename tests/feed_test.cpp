@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "bare_coordinator.h"
 #include "cluster_link.h"
 #include "cluster_roles.h"
+#include "cluster_run.h"
 #include "coordinator.h"
 #include "coordinator_replies.h"
 #include "dataset_store.h"
@@ -1009,6 +1011,91 @@ TEST(SyncRun, AWorkerBackFromIdleRefreshesBeforeItsFirstGradient) {
   EXPECT_EQ(roles.errors(), "");
   EXPECT_EQ(c.batches_done(), 20);
   EXPECT_EQ(c.gradients_lost(), 0) << "worker0's first gradient after idling was dropped";
+}
+
+// The final parameters are read once every server serves: a server that restarted as the workers
+// left (registered again, without an address until it has loaded its checkpoint) is waited for,
+// not read at its old address or taken for gone. Here the test plays that restart on ps0's
+// name (the real ps0 goes on serving at its address) as the run drains, and says ps0 is ready
+// again at that address on the second tick after the workers left.
+TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
+  test::TempDir dir;
+  const std::string store = dir.file("small.zarr");
+  StoreWriteOptions w;
+  w.chunk_rows = 500;
+  write_dataset_store(test::separable_splits(2000, 400, 1), store, w,
+                      json{{"source", "feed_test"}});
+  ClusterOptions o;
+  o.inproc = false;
+  o.ps = 1;
+  o.workers = 1;
+  o.scorers = 0;
+  o.max_epochs = 1;
+  o.keep_best = false;
+  o.heartbeat_ms = 100;
+  o.test_threads = 1;
+  o.model_out = dir.file("model.safetensors");
+  RunSettings& s = o.settings;
+  s.data = store;
+  s.model = ModelConfig::parse("40-16-4");
+  s.batch = 100;
+  s.checkpoint_dir = dir.file("checkpoints");
+  s.init_timeout_ms = 20000;
+  ClusterRun run(o);
+  zmq::context_t context(1);
+  const std::string coordinator = run.coordinator().endpoint();
+  const auto role = [&](const std::string& name) {
+    RoleOptions r;
+    r.coordinator = coordinator;
+    r.name = name;
+    r.context = &context;
+    r.heartbeat_ms = 100;
+    return r;
+  };
+  std::vector<std::thread> roles;
+  std::string role_errors;
+  std::mutex errors_mutex;
+  for (const auto& [name, body] : {std::pair<std::string, void (*)(const RoleOptions&)>{
+                                       "ps0", run_ps_role},
+                                   {"worker0", run_worker_role}})
+    roles.emplace_back([&, name = name, body = body] {
+      try {
+        body(role(name));
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(errors_mutex);
+        role_errors += name + ": " + e.what() + "\n";
+      }
+    });
+  CoordinatorLink link(coordinator, context, 5000);
+  std::string address;
+  int stage = 0, ticks_without_workers = 0;
+  bool serving_when_ready_said = true;
+  run.set_callbacks(nullptr, [&](const Coordinator& c) {
+    if (stage == 0 && c.phase() == ClusterPhase::Draining) {
+      address = c.ps_endpoints().at(0);
+      link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});  // "restarted"
+      stage = 1;
+    } else if (stage == 1 && c.wait_workers_gone(0) && ++ticks_without_workers == 2) {
+      serving_when_ready_said = c.servers_serving();
+      link.request({{"type", "ready"}, {"name", "ps0"}, {"address", address}});
+      stage = 2;
+    }
+  });
+  ClusterSummary summary;
+  std::string failure;
+  try {
+    summary = run.run(nullptr);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  for (std::thread& t : roles) t.join();
+  EXPECT_EQ(failure, "") << "(the final read did not wait for ps0)";
+  EXPECT_EQ(stage, 2);
+  EXPECT_FALSE(serving_when_ready_said) << "ps0 was serving before it said it was ready again";
+  EXPECT_EQ(summary.kept, "last");
+  EXPECT_GT(summary.steps, 0);
+  EXPECT_TRUE(std::filesystem::exists(o.model_out));
+  EXPECT_EQ(role_errors, "");
 }
 
 TEST(FedCoordinator, RefusesMaxEpochs) {
