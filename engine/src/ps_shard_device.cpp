@@ -2,9 +2,12 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "cuda/adam_cuda.h"
 #include "cuda/cuda_check.h"
@@ -20,6 +23,17 @@ kernels::AdamHyper hyper_of(const OptimizerConfig& o) {
   return {o.learning_rate, o.beta1, o.beta2, o.epsilon};
 }
 
+// True once the stream's work is done (or failed: nothing left running), false if it is still
+// running after `seconds`.
+bool stream_finished_within(cudaStream_t stream, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    if (cudaStreamQuery(stream) != cudaErrorNotReady) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 class CudaShardDevice final : public ShardDevice {
  public:
   CudaShardDevice(const OptimizerConfig& optimizer, int device)
@@ -31,8 +45,19 @@ class CudaShardDevice final : public ShardDevice {
     cudaSetDevice(device_);  // the server's thread, or the one that built it: either may differ
     // A step that threw after queueing its copies (a failed launch) may have left them running:
     // they read the pinned buffer and write the device buffers freed here. (Errors ignored: a
-    // destructor has nobody to tell, and a failed stream has nothing left running.)
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    // destructor has nobody to tell, and a failed stream has nothing left running.) Waited for
+    // within a bound: a hung GPU never finishes them, and the server would never exit. Past it
+    // the buffers are left allocated (the copies may still use them; cudaFree would wait for
+    // the device too) and the process ends with them.
+    if (stream_ != nullptr && !stream_finished_within(stream_, kDrainSeconds)) {
+      std::fprintf(stderr,
+                   "tandem: warning: the parameter server's work on GPU %d did not finish "
+                   "within %d s (a hung GPU?); its GPU and pinned memory are left allocated\n",
+                   device_, kDrainSeconds);
+      for (kernels::DeviceBuffer<float>* b : {&params_, &m_, &v_, &grads_}) b->abandon();
+      step_.abandon();
+      return;
+    }
     if (pinned_ != nullptr) cudaFreeHost(pinned_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -115,6 +140,7 @@ class CudaShardDevice final : public ShardDevice {
   kernels::DeviceBuffer<float> params_, m_, v_, grads_;
   kernels::DeviceBuffer<kernels::AdamDeviceStep> step_;
   float* pinned_ = nullptr;  // 2 x total floats: gradients in, parameters out
+  static constexpr int kDrainSeconds = 10;
 };
 
 }  // namespace

@@ -55,6 +55,13 @@ class DeviceBuffer {
     return buffer;
   }
 
+  // Forgets the memory without freeing it: for an owner whose stream may still use it and will
+  // not finish (a hung GPU), where cudaFree would wait for the device for ever.
+  void abandon() noexcept {
+    data_ = nullptr;
+    count_ = 0;
+  }
+
   // Grows to at least `count` elements (contents are not kept); no-op when already large enough.
   // The old allocation goes first, so growing needs room for the new size only, not for both.
   // (If the new one fails, the buffer is left empty.)
