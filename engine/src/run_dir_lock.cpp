@@ -1,6 +1,7 @@
 #include "run_dir_lock.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,8 +35,9 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
   // Close-on-exec: the role processes a launcher starts must not hold the lock after it is gone.
   // Not through a symbolic link: the pid written below would land in whatever it points to.
   // 0666: the umask decides who shares the file (a directory shared by a group). A file another
-  // user made, which this one may only read, is locked read-only: flock needs no write access
-  // (only the pid below is not written then).
+  // user made, which this one may only read, is locked read-only: on a local file system flock
+  // needs no write access (on NFS it does, and the lock below fails naming the file). The pid
+  // below is not written then.
   const int flags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
   fd_ = open(path.c_str(), O_RDWR | flags, 0666);
   if (fd_ < 0 && (errno == EACCES || errno == EROFS))
@@ -46,7 +48,13 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
   while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int err = errno;
-    const std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
+    std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
+    // (A holder that locked the file read-only wrote no pid: the one there may be an earlier
+    // holder's, gone since.)
+    const bool a_pid = !holder.empty() && holder.size() < 10 &&
+                       holder.find_first_not_of("0123456789") == std::string::npos;
+    if (a_pid && ::kill(static_cast<pid_t>(std::stol(holder)), 0) != 0 && errno == ESRCH)
+      holder.clear();
     close(fd_);
     fd_ = -1;
     if (err != EWOULDBLOCK) throw IoError("cannot lock " + path + ": " + std::strerror(err));
