@@ -258,8 +258,6 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
                              " itself; do not give them")
     _check_train_keywords(configs, common)
     common = dict({"threads": 1, "backend": "cpu"}, **common)
-    # hash=False: named by content, a second search of the same arrays would reuse the key the
-    # scheduler is still releasing from the first, and its trials fail on "lost dependencies".
     # Every trial is ranked by its validation loss: none to rank by is refused before any trial
     # trains, not met as each trial's error.
     if validation is None:
@@ -269,6 +267,8 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
         raise InputError(f"validation must be (images, labels), got {len(validation)} items")
     if len(validation[1]) == 0:
         raise InputError("search needs validation rows to rank the trials by; got none")
+    # hash=False: named by content, a second search of the same arrays would reuse the key the
+    # scheduler is still releasing from the first, and its trials fail on "lost dependencies".
     train_data = client.scatter(_computed(train), broadcast=True, hash=False)
     validation_data = client.scatter(validation, broadcast=True, hash=False)
     if budget is not None:
