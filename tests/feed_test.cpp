@@ -1017,7 +1017,8 @@ TEST(SyncRun, AWorkerBackFromIdleRefreshesBeforeItsFirstGradient) {
 // left (registered again, without an address until it has loaded its checkpoint) is waited for,
 // not read at its old address or taken for gone. Here the test plays that restart on ps0's
 // name (the real ps0 goes on serving at its address) as the run drains, and says ps0 is ready
-// again at that address on the second tick after the workers left.
+// again at that address on the second tick that finds the workers gone (the first may still be
+// the drain's; the second is the final read's wait).
 TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   test::TempDir dir;
   const std::string store = dir.file("small.zarr");
@@ -1088,6 +1089,7 @@ TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  if (!failure.empty()) run.coordinator().fail(failure);  // (the roles end on it, not hang)
   for (std::thread& t : roles) t.join();
   EXPECT_EQ(failure, "") << "(the final read did not wait for ps0)";
   EXPECT_EQ(stage, 2);
@@ -1096,6 +1098,32 @@ TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   EXPECT_GT(summary.steps, 0);
   EXPECT_TRUE(std::filesystem::exists(o.model_out));
   EXPECT_EQ(role_errors, "");
+}
+
+// A caller's tick that throws ends run() with its error, and fails the run first: roles started
+// elsewhere (by hand, on other nodes) learn that it is over rather than serve a coordinator that
+// nobody runs any more.
+TEST(ClusterRun, ATickThatThrowsFailsTheRun) {
+  test::TempDir dir;
+  const std::string store = dir.file("small.zarr");
+  StoreWriteOptions w;
+  w.chunk_rows = 500;
+  write_dataset_store(test::separable_splits(2000, 400, 1), store, w,
+                      json{{"source", "feed_test"}});
+  ClusterOptions o;
+  o.scorers = 0;
+  o.max_epochs = 1;
+  o.settings.data = store;
+  o.settings.model = ModelConfig::parse("40-16-4");
+  o.settings.batch = 100;
+  ClusterRun run(o);
+  run.set_callbacks(nullptr, [](const Coordinator&) { throw Error("the caller's own trouble"); });
+  const std::string why = test::error_of<Error>([&] { run.run(nullptr); });
+  EXPECT_TRUE(test::contains(why, "the caller's own trouble")) << why;
+  EXPECT_EQ(run.coordinator().phase(), ClusterPhase::Failed);
+  EXPECT_TRUE(test::contains(run.coordinator().failure(), "the run's caller failed: the caller's "
+                                                          "own trouble"))
+      << run.coordinator().failure();
 }
 
 TEST(FedCoordinator, RefusesMaxEpochs) {

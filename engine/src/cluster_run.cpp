@@ -221,7 +221,15 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       for (const std::string& e : errors_) c.fail(e);
       errors_.clear();
     }
-    if (options_.on_tick) options_.on_tick(c);
+    if (options_.on_tick) {
+      try {
+        options_.on_tick(c);
+      } catch (const std::exception& e) {
+        // Failed, so that roles started elsewhere end too rather than serve a run nobody runs.
+        c.fail(std::string("the run's caller failed: ") + e.what());
+        throw;
+      }
+    }
     if (launcher != nullptr) launcher->watch(c);
   };
   auto cleanup = [&] {

@@ -46,9 +46,10 @@ class CudaShardDevice final : public ShardDevice {
     // A step that threw after queueing its copies (a failed launch) may have left them running:
     // they read the pinned buffer and write the device buffers freed here. (Errors ignored: a
     // destructor has nobody to tell, and a failed stream has nothing left running.) Waited for
-    // within a bound: a hung GPU never finishes them, and the server would never exit. Past it
-    // the buffers are left allocated (the copies may still use them; cudaFree would wait for
-    // the device too) and the process ends with them.
+    // within a bound: a hung GPU never finishes them, and a server whose step threw would never
+    // get past its destructor. Past it the buffers are left allocated (the copies may still use
+    // them; cudaFree would wait for the device too). (A step's own waits have no bound: a GPU
+    // that hangs in one holds the server's thread there.)
     if (stream_ != nullptr && !stream_finished_within(stream_, kDrainSeconds)) {
       std::fprintf(stderr,
                    "tandem: warning: the parameter server's work on GPU %d did not finish "

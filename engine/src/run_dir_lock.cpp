@@ -53,8 +53,8 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
     // holder's, gone since.)
     const bool a_pid = !holder.empty() && holder.size() < 10 &&
                        holder.find_first_not_of("0123456789") == std::string::npos;
-    if (a_pid && ::kill(static_cast<pid_t>(std::stol(holder)), 0) != 0 && errno == ESRCH)
-      holder.clear();
+    const pid_t pid = a_pid ? static_cast<pid_t>(std::stol(holder)) : 0;
+    if (a_pid && (pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH))) holder.clear();
     close(fd_);
     fd_ = -1;
     if (err != EWOULDBLOCK) throw IoError("cannot lock " + path + ": " + std::strerror(err));
