@@ -953,6 +953,20 @@ TEST(RoleEnd, ARoleOfAnEarlierRunIsNotTakenForTheNewRunsRoleOfItsName) {
   fresh.request({{"type", "goodbye"}, {"name", "worker0"}});
 }
 
+// A store of separable rows in `dir` (4 classes, 40 features, 2,000 training rows in chunks of
+// 500) and the settings of a run on it: model 40-16-4, batches of 100.
+RunSettings small_store_settings(const test::TempDir& dir) {
+  StoreWriteOptions w;
+  w.chunk_rows = 500;
+  RunSettings s;
+  s.data = dir.file("small.zarr");
+  write_dataset_store(test::separable_splits(2000, 400, 1), s.data, w,
+                      json{{"source", "feed_test"}});
+  s.model = ModelConfig::parse("40-16-4");
+  s.batch = 100;
+  return s;
+}
+
 // A sync-mode worker back at work after idling (no batch while another worker held the epoch's
 // last ones) pulls before its first gradient: the servers stepped without it meanwhile, and a
 // gradient computed on its older parameters would be dropped as stale, a batch counted but never
@@ -961,15 +975,7 @@ TEST(RoleEnd, ARoleOfAnEarlierRunIsNotTakenForTheNewRunsRoleOfItsName) {
 // of its own and is marked lost, so its batches go to worker0.
 TEST(SyncRun, AWorkerBackFromIdleRefreshesBeforeItsFirstGradient) {
   test::TempDir dir;
-  const std::string store = dir.file("small.zarr");
-  StoreWriteOptions w;
-  w.chunk_rows = 500;
-  write_dataset_store(test::separable_splits(2000, 400, 1), store, w,
-                      json{{"source", "feed_test"}});
-  RunSettings s;
-  s.data = store;
-  s.model = ModelConfig::parse("40-16-4");
-  s.batch = 100;
+  RunSettings s = small_store_settings(dir);
   s.ps_mode = "sync";
   s.replicas_to_aggregate = 1;
   zmq::context_t context(1);
@@ -1021,11 +1027,6 @@ TEST(SyncRun, AWorkerBackFromIdleRefreshesBeforeItsFirstGradient) {
 // the drain's; the second is the final read's wait).
 TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   test::TempDir dir;
-  const std::string store = dir.file("small.zarr");
-  StoreWriteOptions w;
-  w.chunk_rows = 500;
-  write_dataset_store(test::separable_splits(2000, 400, 1), store, w,
-                      json{{"source", "feed_test"}});
   ClusterOptions o;
   o.inproc = false;
   o.ps = 1;
@@ -1036,10 +1037,8 @@ TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   o.heartbeat_ms = 100;
   o.test_threads = 1;
   o.model_out = dir.file("model.safetensors");
+  o.settings = small_store_settings(dir);
   RunSettings& s = o.settings;
-  s.data = store;
-  s.model = ModelConfig::parse("40-16-4");
-  s.batch = 100;
   s.checkpoint_dir = dir.file("checkpoints");
   s.init_timeout_ms = 20000;
   ClusterRun run(o);
@@ -1105,17 +1104,10 @@ TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
 // nobody runs any more.
 TEST(ClusterRun, ATickThatThrowsFailsTheRun) {
   test::TempDir dir;
-  const std::string store = dir.file("small.zarr");
-  StoreWriteOptions w;
-  w.chunk_rows = 500;
-  write_dataset_store(test::separable_splits(2000, 400, 1), store, w,
-                      json{{"source", "feed_test"}});
   ClusterOptions o;
   o.scorers = 0;
   o.max_epochs = 1;
-  o.settings.data = store;
-  o.settings.model = ModelConfig::parse("40-16-4");
-  o.settings.batch = 100;
+  o.settings = small_store_settings(dir);
   ClusterRun run(o);
   run.set_callbacks(nullptr, [](const Coordinator&) { throw Error("the caller's own trouble"); });
   const std::string why = test::error_of<Error>([&] { run.run(nullptr); });
