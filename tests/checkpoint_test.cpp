@@ -4,6 +4,8 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "safetensors.h"
@@ -208,6 +210,36 @@ TEST(Checkpoint, RoundTripsTheBestStateBesideItsOwn) {
   unscored->extra.erase("validation_loss");
   c.best = unscored;
   EXPECT_THROW(save_checkpoint(dir.file("bad.safetensors"), c), InputError);
+}
+
+// Metadata edited by hand: a step near 2^63 (Adam's bias correction overflowed to NaN on the
+// resumed run) and a best loss of -inf (it would have stayed the best against every epoch) are
+// refused when read, naming the key.
+TEST(Checkpoint, RefusesAStepPastTwoToThe53AndALossThatIsNotFinite) {
+  test::TempDir dir;
+  Checkpoint c = sample_checkpoint();
+  auto best = std::make_shared<Checkpoint>(sample_checkpoint());
+  best->extra["validation_loss"] = "1234.5";
+  c.best = best;
+  save_checkpoint(dir.file("c.safetensors"), c);
+  const SafeTensorsFile good = read_safetensors(dir.file("c.safetensors"));
+  for (const auto& [key, value, said] : std::vector<std::tuple<std::string, std::string,
+                                                              std::string>>{
+           {"step", "9223372036854775807", "past 2^53"},
+           {"best_step", "9007199254740993", "past 2^53"},
+           {"best_validation_loss", "-inf", "'best_validation_loss' = '-inf' is not a finite"},
+           {"learning_rate", "nan", "'learning_rate' = 'nan' is not a finite"}}) {
+    SafeTensorsFile edited = good;
+    ASSERT_EQ(edited.metadata.count(key), 1u) << key;
+    edited.metadata[key] = value;
+    write_safetensors_atomic(dir.file("edited.safetensors"), edited);
+    try {
+      load_checkpoint(dir.file("edited.safetensors"));
+      ADD_FAILURE() << key << " = " << value << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A diverged run's parameters (NaN, infinity) or a negative second moment would poison every

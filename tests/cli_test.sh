@@ -144,6 +144,13 @@ expect_error "a model whose logits overflow: no accuracy" "is not finite (its lo
 expect_error "eval of an empty split says so" "the validation split of $real has no rows" \
   "$tandem" eval --model "$dir/model.safetensors" --data "$real" --split validation \
   --validation-rows 0
+# A model trained without a validation split learned from the rows a default split holds out:
+# eval takes the count from its checkpoint, and has no validation rows to score it on.
+"$tandem" train --data "$real" --epochs 1 --threads 2 --validation-rows 0 \
+  --checkpoint "$dir/v0.safetensors" >/dev/null 2>&1
+expect_error "eval's validation split is the one the model was trained without" \
+  "the validation split of $real has no rows" \
+  "$tandem" eval --model "$dir/v0.safetensors" --data "$real" --split validation
 # A checkpoint that cannot be written is refused before the first step, not after an epoch.
 expect_error "an unwritable --checkpoint is refused at once" \
   "cannot write '$dir/absent/c.safetensors'" \

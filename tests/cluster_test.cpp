@@ -1237,6 +1237,11 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
       {"checkpoint_every_s", [&](ClusterOptions& c) { c.settings.checkpoint_every_s = nan; }},
       {"step_timeout_s", [](ClusterOptions& c) { c.settings.step_timeout_s = -1; }},
       {"checkpoint_every_steps", [](ClusterOptions& c) { c.settings.checkpoint_every_steps = -1; }},
+      // (a bound only bounded_staleness reads: with sync or async it was silently ignored)
+      {"staleness_bound", [](ClusterOptions& c) {
+         c.settings.ps_mode = "sync";
+         c.settings.staleness_bound = 3;
+       }},
   };
   for (const auto& [name, spoil] : bad) {
     o = small_run(dir, store);

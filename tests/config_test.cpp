@@ -2,6 +2,8 @@
 #include "tandem/error.h"
 #include "test_support.h"
 
+#include <unistd.h>
+
 namespace tandem {
 namespace {
 
@@ -38,6 +40,29 @@ TEST(TrainConfig, ValidatesValues) {
   EXPECT_THROW(parse_backend("gpu"), InputError);
   EXPECT_EQ(parse_backend("cuda"), BackendKind::Cuda);
   EXPECT_THROW(parse_optimizer("rmsprop"), InputError);
+}
+
+// The metrics log, opened for writing first, destroyed an --init or --resume model given as the
+// same file, and a checkpoint's rename took it away: the same file under any name is refused.
+TEST(TrainConfig, TheMetricsFileMustBeNoneOfTheModelFiles) {
+  test::TempDir dir;
+  const std::string model = dir.file("m.safetensors");
+  test::write_bytes(model, "model");
+  ASSERT_EQ(::link(model.c_str(), dir.file("hard.safetensors").c_str()), 0);
+  for (const std::string& metrics :
+       {model, dir.file("./m.safetensors"), dir.file("hard.safetensors")}) {
+    for (int which = 0; which < 3; ++which) {
+      TrainConfig c;
+      (which == 0 ? c.init_path : which == 1 ? c.resume_path : c.checkpoint_path) = model;
+      c.metrics_path = metrics;
+      EXPECT_THROW(c.validate(), InputError) << metrics << " " << which;
+    }
+  }
+  TrainConfig fine;
+  fine.checkpoint_path = model;
+  fine.metrics_path = dir.file("metrics.jsonl");
+  EXPECT_NO_THROW(fine.validate());
+  EXPECT_EQ(test::read_bytes(model), "model");
 }
 
 TEST(Config, PrecisionParsesAndNeedsCuda) {

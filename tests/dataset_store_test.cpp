@@ -910,6 +910,23 @@ TEST(DatasetStore, RefusesSplitsPastInt32RowsOrFeatures) {
   }
 }
 
+// Images of no pixels ([rows, 0], [rows, 28, 0]): refused when opened, not as a model of width 0
+// or an image of 0x0 pixels far from the store.
+TEST(DatasetStore, RefusesImagesWithoutFeatures) {
+  TempDir dir;
+  const auto u8 = zarr::DType::UInt8;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{20, 0},
+                                            std::vector<int64_t>{20, 28, 0}}) {
+    const std::string root = dir.file("none" + std::to_string(shape.size()) + ".zarr");
+    zarr::Group::create(root, zarr::Format::V3);
+    std::vector<int64_t> chunks(shape.size(), 5);
+    zarr::Array::create(root + "/images", meta_of(zarr::Format::V3, u8, shape, chunks));
+    zarr::Array::create(root + "/labels", meta_of(zarr::Format::V3, u8, {20}, {5}));
+    const std::string why = test::error_of<InputError>([&] { DatasetStore::open(root); });
+    EXPECT_TRUE(test::contains(why, "no features")) << why;
+  }
+}
+
 // Prediction opens a split without labels (new images to classify); everything else needs them,
 // and a labels array that is there must fit even for prediction.
 TEST(DatasetStore, LabelsMayBeAbsentOnlyWhenOptional) {

@@ -28,6 +28,8 @@ TEST(ParseBoundedJson, TakesDocumentsUpToTheBoundAndDiscardsDeeperOnes) {
   const std::string brackets_in_text = "{\"name\": \"" + std::string(1000, '[') + "\"}";
   EXPECT_FALSE(parse_bounded_json(brackets_in_text).is_discarded());
   EXPECT_TRUE(parse_bounded_json("{not json").is_discarded());
+  // A NUL ended nlohmann's text: a valid object before it was taken, whatever followed.
+  EXPECT_TRUE(parse_bounded_json(std::string("{}\0{{{garbage", 13)).is_discarded());
 }
 
 TEST(ParseJsonFileText, SaysWhyADocumentIsRefused) {
@@ -42,6 +44,13 @@ TEST(ParseJsonFileText, SaysWhyADocumentIsRefused) {
   for (const std::string bad : {"{\"a\": ", "", "\"\xff\xfe\"", "1E400", "[1] [2]"}) {
     EXPECT_TRUE(parse_json_file_text(bad, problem).is_discarded()) << bad;
     EXPECT_EQ(problem.rfind("not valid JSON (", 0), 0u) << bad << ": " << problem;
+  }
+  // Text after a NUL, and a binary file of stray brackets: not valid JSON, saying where (it
+  // said "nested too deep" of the second).
+  const std::string binary = std::string("\x7f" "ELF\0\0", 6) + std::string(100, '[');
+  for (const std::string& bad : {std::string("{}\0garbage", 10), binary}) {
+    EXPECT_TRUE(parse_json_file_text(bad, problem).is_discarded());
+    EXPECT_EQ(problem.rfind("not valid JSON (a NUL byte at offset ", 0), 0u) << problem;
   }
 }
 

@@ -106,5 +106,31 @@ TEST(MetricsLog, AResumedLogStartsAfterALineCutShort) {
                                     "{\"type\":\"epoch\"}\n");
 }
 
+// A run killed after its checkpoint at step 20 logged steps 30 and 40, which its resumption
+// trains again: they are cut, so that no step is in the log twice with two losses, and a record
+// says where the run resumed and how many records went. Records before the cut stay, whatever
+// their type.
+TEST(MetricsLog, AResumedLogDropsTheRecordsPastItsCheckpoint) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  const std::string kept = "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
+                           "{\"type\":\"epoch\",\"step\":20}\n";
+  test::write_bytes(path, kept + "{\"type\":\"step\",\"step\":30}\n{\"type\":\"cluster\"}\n"
+                                 "{\"type\":\"step\",\"st");
+  {
+    MetricsLog log(path, true, 20);
+    log.write({{"type", "step"}, {"step", 21}});
+  }
+  EXPECT_EQ(test::read_bytes(path),
+            kept + "{\"dropped_records\":3,\"step\":20,\"type\":\"resume\"}\n"
+                   "{\"step\":21,\"type\":\"step\"}\n");
+  // Nothing past the step: nothing dropped.
+  {
+    MetricsLog log(path, true, 21);
+  }
+  const std::string none_dropped = "{\"dropped_records\":0,\"step\":21,\"type\":\"resume\"}\n";
+  EXPECT_NE(test::read_bytes(path).find(none_dropped), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -1907,6 +1907,16 @@ TEST(PsCheckpoint, AClientFollowsARestartedServerBackToItsCheckpointsVersion) {
   EXPECT_EQ(st.staleness[0], 2);
 }
 
+// A server (options `o`) that initialised `params`, took one step (gradients of `seed`) and
+// wrote ps0-step-1 at its stop.
+void one_step_checkpointed(zmq::context_t& ctx, ServerOptions o,
+                           const std::vector<NamedTensor>& params, uint32_t seed) {
+  ParameterServer server(std::move(o));
+  PsClient c({server.endpoint()}, client_options(&ctx));
+  c.init(params).wait();
+  c.push_pull(gradients_like(params, seed)).wait();
+}
+
 // A server resumed from a checkpoint of another model (or of another number of servers, whose
 // parts differ) refuses the chief's Init, naming the checkpoint, instead of serving parameters
 // the workers' model does not have; the model it holds is still served to its own Init.
@@ -1914,12 +1924,7 @@ TEST(PsCheckpoint, AnInitForAnotherModelThanTheRestoredOneIsRefused) {
   zmq::context_t ctx;
   test::TempDir dir;
   const auto params = small_params(47);
-  {
-    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-model-a", dir));
-    PsClient c({server.endpoint()}, client_options(&ctx));
-    c.init(params).wait();
-    c.push_pull(gradients_like(params, 4700)).wait();
-  }  // ps0-step-1
+  one_step_checkpointed(ctx, checkpoint_options(ctx, "ps-ckpt-model-a", dir), params, 4700);
   ParameterServer server(checkpoint_options(ctx, "ps-ckpt-model-b", dir));
   ASSERT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors"));
   auto wider = params;
@@ -2000,6 +2005,52 @@ TEST(PsCheckpoint, ANewestWithCorruptMomentsIsSkippedForThePreviousComplete) {
   }
 }
 
+// A server of another optimizer than the checkpoints' (launch --resume without the run's
+// --optimizer sgd) refuses them, saying which optimizer wrote them, and leaves them as they
+// were: it once started empty and wrote its own checkpoint over the run's.
+TEST(PsCheckpoint, CheckpointsOfAnotherOptimizerAreRefusedAndKept) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  auto sgd = [&](const std::string& name) {
+    ServerOptions o = checkpoint_options(ctx, name, dir);
+    o.optimizer.kind = OptimizerKind::Sgd;
+    return o;
+  };
+  one_step_checkpointed(ctx, sgd("ps-ckpt-sgd"), small_params(47), 4700);
+  const std::string file = dir.file("ps0-step-1.safetensors");
+  const auto before = test::read_bytes(file);
+  try {
+    ParameterServer adam(checkpoint_options(ctx, "ps-ckpt-adam", dir));
+    ADD_FAILURE() << "expected an Adam server to refuse SGD checkpoints";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("updating with sgd"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_bytes(file), before);
+  ParameterServer again(sgd("ps-ckpt-sgd2"));
+  EXPECT_EQ(again.restored_from(), file);
+}
+
+// A checkpoint skipped as unreadable is not one of the two that pruning keeps: counted, it had
+// the older restorable one deleted, leaving a single good checkpoint.
+TEST(PsCheckpoint, AnUnreadableNewerCheckpointDoesNotCountAmongTheKept) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(48);
+  one_step_checkpointed(ctx, checkpoint_options(ctx, "ps-ckpt-prune", dir), params, 4800);
+  test::write_bytes(dir.file("ps0-step-5.safetensors"), std::string("damaged"));
+  {
+    ParameterServer server(checkpoint_options(ctx, "ps-ckpt-prune2", dir));
+    ASSERT_EQ(server.restored_from(), dir.file("ps0-step-1.safetensors"));
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    c.init({}).wait();
+    for (int i = 0; i < 5; ++i) c.push_pull(gradients_like(params, 4801 + i)).wait();
+    EXPECT_EQ(request_checkpoint(ctx, server.endpoint()), dir.file("ps0-step-6.safetensors"));
+  }  // (its writer, which prunes after each write, has finished)
+  // Kept: step 6 and step 1, the two restorable ones; the damaged one is left as it was.
+  EXPECT_TRUE(std::filesystem::exists(dir.file("ps0-step-1.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("ps0-step-5.safetensors")));
+}
+
 TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
   zmq::context_t ctx;
   test::TempDir dir;
@@ -2029,13 +2080,29 @@ TEST(PsCheckpoint, CorruptDirEntriesNeverCrashTheServer) {
     f.tensors.push_back({"w", "F32", {1}, std::vector<uint8_t>(4, 0)});
     write_safetensors_atomic(dir.file("ps0-step-6.safetensors"), f);
   }
-  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
-  EXPECT_EQ(server.restored_from(), "");
+  // None of the shard's checkpoints restores: refused, naming each, rather than started empty
+  // (it would train from scratch as if resumed, and its first checkpoint would replace them).
+  try {
+    ParameterServer refused(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
+    ADD_FAILURE() << "expected the server to refuse checkpoints it cannot restore";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    for (const char* name : {"ps0-step-9.safetensors", "ps0-step-8.safetensors",
+                             "ps0-step-7.safetensors", "ps0-step-6.safetensors", "move them away"})
+      EXPECT_NE(what.find(name), std::string::npos) << name << " in: " << what;
+  }
   EXPECT_FALSE(std::filesystem::exists(dead));
   EXPECT_FALSE(std::filesystem::exists(dead_older));
   EXPECT_TRUE(std::filesystem::exists(live));
   EXPECT_TRUE(std::filesystem::exists(other));
   EXPECT_TRUE(std::filesystem::exists(recent));
+  // Moved away, what is left (names that are no checkpoint of this shard, writes in progress)
+  // never stops the server.
+  for (const char* name : {"ps0-step-9.safetensors", "ps0-step-8.safetensors",
+                           "ps0-step-7.safetensors", "ps0-step-6.safetensors"})
+    std::filesystem::rename(dir.file(name), dir.file(std::string("moved-") + name));
+  ParameterServer server(checkpoint_options(ctx, "ps-ckpt-corrupt", dir));
+  EXPECT_EQ(server.restored_from(), "");
   PsClient c({server.endpoint()}, client_options(&ctx));
   const auto params = small_params(45);
   EXPECT_TRUE(bit_equal(c.init(params).wait().tensors, params));

@@ -234,20 +234,27 @@ TEST_F(SafeTensorsTest, RejectsBadHeaderLengths) {
 
 TEST_F(SafeTensorsTest, RejectsHeadersThatAreNotJsonObjects) {
   expect_read_fails(overwrite_with(file_bytes("{\"a\": ", "")), "not valid JSON");
-  expect_read_fails(overwrite_with(file_bytes("", "")), "not valid JSON");
+  expect_read_fails(overwrite_with(file_bytes("", "")), "does not start with '{'");
   expect_read_fails(overwrite_with(file_bytes("{\"\xff\": 1}", "")),
                     "not valid JSON");  // bad UTF-8
   // A number beyond double's range: nlohmann reports it as out_of_range, not as a parse_error
   // (found by tests/fuzz/safetensors_fuzz.cpp; it crashed the reader before).
   expect_read_fails(overwrite_with(file_bytes("{\"a\": 2E84434840}", "")), "not valid JSON");
-  expect_read_fails(overwrite_with(file_bytes("[1, 2]", "")), "not a JSON object");
+  expect_read_fails(overwrite_with(file_bytes("[1, 2]", "")), "does not start with '{'");
   // A shape nested 100,000 deep: its error showed the value with dump(), which recursed once
   // per level and overflowed the stack.
   expect_read_fails(overwrite_with(file_bytes("{\"t\":{\"dtype\":\"F32\",\"data_offsets\":[0,0],"
                                               "\"shape\":[" + std::string(100'000, '[') +
                                               std::string(100'000, ']') + "]}}", "")),
                     "nested more than 64 levels deep");
-  expect_read_fails(overwrite_with(file_bytes("\"text\"", "")), "not a JSON object");
+  expect_read_fails(overwrite_with(file_bytes("\"text\"", "")), "does not start with '{'");
+  // As the Python package refuses them: a byte-order mark or a space before the object, and
+  // anything after a NUL (nlohmann's parser took a NUL for the end of the text and read a
+  // valid object followed by garbage).
+  expect_read_fails(overwrite_with(file_bytes("\xef\xbb\xbf{}", "")), "does not start with '{'");
+  expect_read_fails(overwrite_with(file_bytes(" {}", "")), "does not start with '{'");
+  expect_read_fails(overwrite_with(file_bytes(std::string("{}\0garbage {{{", 14), "")),
+                    "a NUL byte at offset 2");
 }
 
 TEST_F(SafeTensorsTest, RejectsEntriesWithMissingFields) {
@@ -430,15 +437,90 @@ TEST_F(SafeTensorsTest, WriteIntoAMissingDirectoryIsAnIoError) {
   EXPECT_TRUE(listing().empty());
 }
 
-TEST_F(SafeTensorsTest, FailedRenameRemovesTheTemporaryFile) {
-  // A non-empty directory where the file should go: the temporary file is written in full,
-  // then rename() fails, which exercises the clean-up after the temporary file exists.
+TEST_F(SafeTensorsTest, ADirectoryInThePlaceIsRefusedBeforeAnythingIsWritten) {
   const std::string p = path("model.safetensors");
   ASSERT_EQ(::mkdir(p.c_str(), 0755), 0) << std::strerror(errno);
   write_bytes(p + "/keep", "old");
   EXPECT_THROW(write_safetensors_atomic(p, two_tensors()), IoError);
   EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
   EXPECT_EQ(read_bytes(p + "/keep"), "old");
+}
+
+TEST_F(SafeTensorsTest, FailedRenameRemovesTheTemporaryFile) {
+  // A non-empty directory made where the file goes once the temporary file exists: the rename
+  // fails, which exercises the clean-up after the temporary file was written.
+  const std::string p = path("model.safetensors");
+  {
+    AtomicFile out(p);
+    out.write("data", 4);
+    ASSERT_EQ(::mkdir(p.c_str(), 0755), 0) << std::strerror(errno);
+    write_bytes(p + "/keep", "old");
+    EXPECT_THROW(out.commit(), IoError);
+  }
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(read_bytes(p + "/keep"), "old");
+}
+
+// A link's file is replaced and the link stays a link (replacing the link would leave the file
+// it names stale); a link to nothing is refused.
+TEST_F(SafeTensorsTest, WritingThroughALinkReplacesTheFileItNames) {
+  const std::string real = path("real.safetensors"), link = path("link.safetensors");
+  write_text_atomic(real, "old\n");
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0) << std::strerror(errno);
+  write_safetensors_atomic(link, two_tensors());
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_safetensors(real).tensors.size(), 2u);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"link.safetensors", "real.safetensors"}));
+
+  const std::string dangling = path("dangling.safetensors");
+  ASSERT_EQ(::symlink(path("nowhere").c_str(), dangling.c_str()), 0) << std::strerror(errno);
+  EXPECT_THROW(write_safetensors_atomic(dangling, two_tensors()), IoError);
+  EXPECT_TRUE(std::filesystem::is_symlink(dangling));
+  EXPECT_FALSE(std::filesystem::exists(path("nowhere")));
+}
+
+// `--checkpoint /dev/null` once replaced the system's /dev/null with a model file: a device, a
+// FIFO or a socket is never replaced, and check_replaceable says so before any work.
+TEST_F(SafeTensorsTest, DevicesAndFifosAreNeverReplaced) {
+  const std::string fifo = path("model.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  for (const std::string& p : {std::string("/dev/null"), fifo}) {
+    try {
+      check_replaceable(p);
+      FAIL() << "expected IoError for " << p;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(write_safetensors_atomic(fifo, two_tensors()), IoError);
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+}
+
+TEST_F(SafeTensorsTest, TheReplacedFileKeepsItsPermissions) {
+  const std::string p = path("model.safetensors");
+  write_safetensors_atomic(p, two_tensors());
+  ASSERT_EQ(::chmod(p.c_str(), 0600), 0);
+  write_safetensors_atomic(p, two_tensors());
+  struct stat st {};
+  ASSERT_EQ(::stat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A FIFO given as a file to read is refused at once, not waited on for a writer.
+TEST_F(SafeTensorsTest, AFifoToReadIsRefusedWithoutWaiting) {
+  const std::string fifo = path("model.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  try {
+    read_safetensors(fifo);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -223,15 +223,28 @@ expect_error "a store without a validation split refused" "has no validation spl
 mkdir -p "$dir/s12"
 echo '{"results": []}' >"$dir/s12/results.json"
 echo 'rank,trial' >"$dir/s12/results.csv"
+# An earlier search of more trials: its trial 3 is none of this one's, and goes too; a file of
+# the user's that only looks alike stays.
+echo 'old log' >"$dir/s12/trial-3.log"
+echo 'notes' >"$dir/s12/trial-notes.txt"
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1000 --min-epochs 1000 \
     --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/s12" >/dev/null 2>&1 &
 first=$!
 for _ in $(seq 300); do test -e "$dir/s12/trial-0.log" && break; sleep 0.1; done
 check "an earlier search's results are gone once a search has started its trials" \
     test ! -e "$dir/s12/results.json" -a ! -e "$dir/s12/results.csv"
+check "... and its trials' files too, those of trial numbers this search has not" \
+    test ! -e "$dir/s12/trial-3.log" -a -e "$dir/s12/trial-notes.txt"
 expect_error "a second search on the same --out refused" "is in use by another run" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/s12"
 kill -TERM "$first"; wait_within "$first" 120
+echo notes >"$dir/notes.txt"
+expect_error "an --out that is a file is refused naming the option" \
+    "cannot create --out '$dir/notes.txt'" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/notes.txt"
+expect_error "a dataset store as --out is refused" "is a dataset store" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/fm.zarr"
+check "... leaving nothing in it" test ! -e "$dir/fm.zarr/lock" -a ! -e "$dir/fm.zarr/trial-0.log"
 expect_error "unknown grid key named" "unknown key 'momentum'" \
     "$tandem" search --data "$dir/fm.zarr" --grid momentum=0.9 --out "$dir/s3"
 expect_error "bad grid value named" "batch=ten" \

@@ -32,6 +32,26 @@ check "store and IDX files train bit-identically" test "$(json_field "$a" loss)"
 "$tandem" train --data "$dir/one.zarr" --epochs 1 --checkpoint "$dir/m.safetensors" >/dev/null 2>&1
 ev=$("$tandem" eval --model "$dir/m.safetensors" --data "$dir/one.zarr" --split test --json)
 check "eval on a store's test split" test "$(json_field "$ev" samples)" = 10000
+# A chunk gone from a store tandem prepare wrote: predict and inspect refuse it, as training
+# does, instead of reading zeros (predict once wrote classes of blank images, exiting 0).
+cp -r "$dir/one.zarr" "$dir/holed.zarr"
+rm "$(find "$dir/holed.zarr/test/images" -type f -path '*/c/*' | sort | head -1)"
+expect_error "predict refuses a store with a missing chunk" "is missing" \
+  "$tandem" predict --model "$dir/m.safetensors" --data "$dir/holed.zarr" --out "$dir/holed-p.zarr"
+expect_error "inspect refuses a split with a missing images chunk" "is missing" \
+  "$tandem" inspect "$dir/holed.zarr" --split test --out "$dir/png-holed"
+# A store whose group metadata is damaged, and an array's path, are stores train refuses saying
+# what is wrong: taken for directories of IDX files, they were refused for having none.
+cp -r "$dir/one.zarr" "$dir/broken.zarr"
+echo '{"zarr_format":3,"node_type":"group",' >"$dir/broken.zarr/zarr.json"
+expect_error "train names a store's damaged metadata" "zarr.json" \
+  "$tandem" train --data "$dir/broken.zarr" --epochs 1
+expect_error "train on an array's path says it is no group" '"array"' \
+  "$tandem" train --data "$dir/one.zarr/images" --epochs 1
+cp -r "$dir/one.zarr" "$dir/holed-labels.zarr"
+rm "$(find "$dir/holed-labels.zarr/labels" -type f -path '*/c/*' | sort | head -1)"
+expect_error "inspect refuses a split with a missing labels chunk" "is missing" \
+  "$tandem" inspect "$dir/holed-labels.zarr" --out "$dir/png-holed"
 
 expect_error "prepare refuses an existing store" "$dir/one.zarr" "$tandem" prepare --out "$dir/one.zarr"
 check "overwrite replaces it" "$tandem" prepare --out "$dir/one.zarr" --overwrite --chunk-rows 5000

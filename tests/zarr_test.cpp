@@ -677,6 +677,9 @@ TEST(Zarr, ReadsZarrPythonStyleV3) {
   const std::vector<uint8_t> data = make_values(DType::UInt8, 70, 2);
   write_logical(a, data);
   EXPECT_TRUE(read_logical(Array::open(path)) == data);
+  // "dimension_names": null, which zarr-python reads as no names.
+  const std::string unnamed = write_v3(dir, [](json& d) { d["dimension_names"] = nullptr; });
+  EXPECT_NO_THROW(Array::open(unnamed));
 }
 
 // numcodecs writes levels Tandem does not (zlib's and gzip's default, -1; a zstd level above the

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "dataset_store.h"
 #include "tandem/error.h"
 #include "thread_pool.h"
 
@@ -298,6 +299,18 @@ size_t pixels_in_place(const zarr::ArrayMeta& images, uint8_t* chunk) {
   return sizeof(float);
 }
 
+namespace {
+
+// A chunk read, or its fill value where it is missing; with `every_chunk_written` (a store tandem
+// prepare wrote, DatasetStore::Split::every_chunk_written) a missing one is an InputError.
+void read_chunk_of_store(const zarr::Array& array, const std::vector<int64_t>& index,
+                         uint8_t* out, bool every_chunk_written) {
+  if (!array.read_chunk(index, out) && every_chunk_written)
+    throw InputError(missing_chunk_message(array, "chunk " + array.chunk_key(index)));
+}
+
+}  // namespace
+
 bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
                    std::vector<uint8_t>& scratch, bool as_pixels) {
   bool whole = true;
@@ -316,7 +329,7 @@ bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uin
   return whole;
 }
 
-ColumnStats column_stats(const zarr::Array& array, int threads) {
+ColumnStats column_stats(const zarr::Array& array, int threads, bool every_chunk_written) {
   const zarr::ArrayMeta& meta = array.meta();
   image_pixel_type(meta, array.path() + ": column statistics");  // the dtypes images may have
   if (meta.shape.size() < 2)
@@ -363,7 +376,7 @@ ColumnStats column_stats(const zarr::Array& array, int threads) {
       const ChunkLayout layout = chunk_layout(meta, index);
       if (first) acc.reset(size_t(layout.columns()));
       first = false;
-      array.read_chunk(index, s.chunk.data());
+      read_chunk_of_store(array, index, s.chunk.data(), every_chunk_written);
       pixels_in_place(meta, s.chunk.data());
       if (meta.dtype == zarr::DType::UInt8)
         chunk_moments_u8(s.chunk.data(), layout, s.moments, s.sum, s.sum_sq);
@@ -395,7 +408,8 @@ ColumnStats column_stats(const zarr::Array& array, int threads) {
   return result;
 }
 
-IntegerHistogram integer_histogram(const zarr::Array& array, int threads) {
+IntegerHistogram integer_histogram(const zarr::Array& array, int threads,
+                                   bool every_chunk_written) {
   const zarr::ArrayMeta& meta = array.meta();
   if (meta.dtype == zarr::DType::Float32 || meta.dtype == zarr::DType::Float64)
     throw InputError(array.path() + ": a histogram of values needs an integer array, got " +
@@ -416,7 +430,7 @@ IntegerHistogram integer_histogram(const zarr::Array& array, int threads) {
     p.chunk.resize(meta.chunk_bytes());
     const std::vector<int64_t> index =
         meta.shape.empty() ? std::vector<int64_t>{} : chunk_index_of(grid, job);
-    array.read_chunk(index, p.chunk.data());
+    read_chunk_of_store(array, index, p.chunk.data(), every_chunk_written);
     // Gather the valid elements of the chunk, then count them.
     const ChunkLayout layout = chunk_layout(meta, index);
     p.valid.resize(size_t(layout.rows * layout.columns()) * esize);
@@ -456,7 +470,8 @@ IntegerHistogram integer_histogram(const zarr::Array& array, int threads) {
   return h;
 }
 
-std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row) {
+std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row,
+                                    bool every_chunk_written) {
   const zarr::ArrayMeta& meta = array.meta();
   if (meta.shape.empty() || row < 0 || row >= meta.shape[0])
     throw InputError(array.path() + ": row " + std::to_string(row) + " is out of range; the array "
@@ -470,7 +485,7 @@ std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row) {
   for (int64_t tuple = 0; tuple < column_tuples; ++tuple) {
     std::vector<int64_t> index = chunk_index_of(grid, tuple);
     index[0] = row / meta.chunks[0];
-    array.read_chunk(index, chunk.data());
+    read_chunk_of_store(array, index, chunk.data(), every_chunk_written);
     const ChunkLayout layout = chunk_layout(meta, index);
     const uint8_t* src = chunk.data() + size_t(row - layout.row_begin) *
                                             size_t(layout.chunk_row_elements) * esize;

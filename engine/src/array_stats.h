@@ -81,8 +81,10 @@ struct ColumnStats {
 // reduced on its own (uint8: exact integer sums; float32: corrected two-pass) and the partial
 // results are merged with Chan et al.'s pairwise formula in an order fixed by the array's shape,
 // so the result does not depend on `threads` (0: every core this process may use). InputError
-// for another dtype or a corrupt chunk (naming the store and key).
-ColumnStats column_stats(const zarr::Array& array, int threads = 0);
+// for another dtype or a corrupt chunk (naming the store and key). `every_chunk_written` (a
+// store tandem prepare wrote): a missing chunk is an InputError too, not its fill value.
+ColumnStats column_stats(const zarr::Array& array, int threads = 0,
+                         bool every_chunk_written = false);
 
 struct IntegerHistogram {
   int64_t count = 0;
@@ -91,10 +93,14 @@ struct IntegerHistogram {
   std::map<int64_t, int64_t> counts;  // value -> occurrences
 };
 
-// Histogram of the values of an integer array (any shape); InputError for a float dtype.
-IntegerHistogram integer_histogram(const zarr::Array& array, int threads = 0);
+// Histogram of the values of an integer array (any shape); InputError for a float dtype, and
+// for a missing chunk with `every_chunk_written`.
+IntegerHistogram integer_histogram(const zarr::Array& array, int threads = 0,
+                                   bool every_chunk_written = false);
 
-// Row `row` of the array as a matrix, converted to double (InputError when out of range).
-std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row);
+// Row `row` of the array as a matrix, converted to double (InputError when out of range, and
+// for a missing chunk with `every_chunk_written`).
+std::vector<double> read_matrix_row(const zarr::Array& array, int64_t row,
+                                    bool every_chunk_written = false);
 
 }  // namespace tandem

@@ -94,10 +94,13 @@ T parse_number(const std::string& path, const std::string& key, const std::strin
     size_t used = 0;
     const T value = std::is_floating_point<T>::value ? static_cast<T>(std::stod(text, &used))
                                                      : static_cast<T>(std::stoll(text, &used));
-    if (used == text.size()) return value;
+    // No figure of a run is infinite or NaN: a best loss of -inf, say, would keep its epoch
+    // against every later one.
+    if (used == text.size() && std::isfinite(static_cast<double>(value))) return value;
   } catch (const std::exception&) {
   }
-  throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text + "' is not a number");
+  throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text +
+                   "' is not a finite number");
 }
 
 // Seeds are unsigned 64-bit, all of them (2^63 and above too, which stoll refuses).
@@ -237,8 +240,11 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
   checkpoint.epoch = parse_number<int64_t>(path, "epoch", metadata(file, path, "epoch"));
   checkpoint.seed = parse_seed(path, metadata(file, path, "seed"));
   checkpoint.batch = parse_number<int64_t>(path, "batch", metadata(file, path, "batch"));
-  if (checkpoint.step < 0 || checkpoint.epoch < 0)
-    throw InputError(path + ": negative step or epoch in checkpoint metadata");
+  // Beyond 2^53 no run gets (and a step near 2^63 overflowed Adam's bias correction to NaN).
+  constexpr int64_t kMostSteps = int64_t(1) << 53;
+  if (checkpoint.step < 0 || checkpoint.epoch < 0 || checkpoint.step > kMostSteps ||
+      checkpoint.epoch > kMostSteps)
+    throw InputError(path + ": step or epoch in checkpoint metadata is negative or past 2^53");
 
   size_t expected_tensors = read_state(file, path, "", checkpoint);
   const bool has_best = file.metadata.count("best_epoch") > 0;
@@ -248,8 +254,9 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
     best->optimizer = opt;
     best->step = parse_number<int64_t>(path, "best_step", metadata(file, path, "best_step"));
     best->epoch = parse_number<int64_t>(path, "best_epoch", metadata(file, path, "best_epoch"));
-    if (best->step < 0 || best->epoch < 0)
-      throw InputError(path + ": negative step or epoch of the best state in checkpoint metadata");
+    if (best->step < 0 || best->epoch < 0 || best->step > kMostSteps || best->epoch > kMostSteps)
+      throw InputError(path + ": step or epoch of the best state in checkpoint metadata is "
+                       "negative or past 2^53");
     best->seed = checkpoint.seed;
     best->batch = checkpoint.batch;
     const std::string& loss = metadata(file, path, "best_validation_loss");

@@ -366,7 +366,9 @@ void scorer_role(const RoleOptions& o) {
       best.batch = s.batch;
       best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";
       best.extra["trained_with"] = to_string(s.optimizer.kind);
-      best.extra["validation_loss"] = std::to_string(stats.loss_sum);
+      char loss_text[32];  // every digit, as tandem train writes it (to_string kept six decimals)
+      std::snprintf(loss_text, sizeof loss_text, "%.17g", stats.loss_sum);
+      best.extra["validation_loss"] = loss_text;
       best.extra["run"] = r.run;
       save_checkpoint(s.best_model_path, best);
     }

@@ -86,6 +86,10 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
     throw InputError("checkpoint_every_steps must be >= 0 (0: by time only)");
   if (!(s.step_timeout_s >= 0 && s.step_timeout_s <= 1e7))
     throw InputError("step_timeout_s must be from 0 to 1e7 (0: never)");
+  // A bound no other mode reads: given with sync or async, the run would go without it.
+  if (s.staleness_bound != 0 && s.ps_mode != "bounded_staleness")
+    throw InputError("a staleness bound (--staleness, staleness_bound) is for --ps-mode "
+                     "bounded_staleness; the " + s.ps_mode + " mode has none");
   check_overlap(s);
   check_worker_group(s);
 }

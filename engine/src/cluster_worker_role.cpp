@@ -243,6 +243,11 @@ void worker_role(const RoleOptions& o) {
   if (s.fed && !o.feed)
     throw InputError(r.name + ": this run trains on fed batches, and this worker was started "
                      "without a feed (start it from the Python package: tandem.WorkerRole)");
+  // A feed to a worker of a run that trains on its store would be taken and never trained on:
+  // closed at once, so that feeding it says why.
+  if (!s.fed)
+    feed_closer.close(" trains on the run's data store (" + s.data + "), not on fed blocks: "
+                      "start the run with the setting 'fed': True to train on what is fed");
   // The stream first: no backend is started for a store that does not fit the model.
   const std::unique_ptr<ChunkManager> stream = s.fed ? nullptr : open_stream(o, r);
   WorkerTrainer trainer(o, rc.context, link, r, *status, servers);

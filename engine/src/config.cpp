@@ -1,9 +1,12 @@
 #include "tandem/config.h"
 
 #include <cmath>
+#include <filesystem>
+#include <utility>
 #include <cstdio>
 #include <sstream>
 
+#include "file_io.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -77,6 +80,18 @@ void OptimizerConfig::validate() const {
                      shortest_text(epsilon));
 }
 
+namespace {
+
+// Whether two paths name one file: spelled alike once resolved (neither need exist yet), or
+// one file under two names (a hard link).
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec;
+  return resolved_path(a) == resolved_path(b) || std::filesystem::equivalent(a, b, ec);
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   model.validate();
   if (batch < 1) throw InputError("batch size must be at least 1, got " + std::to_string(batch));
@@ -86,6 +101,15 @@ void TrainConfig::validate() const {
   if (!init_path.empty() && !resume_path.empty())
     throw InputError("give either an initial model (" + init_path + ") or a checkpoint to resume (" +
                      resume_path + "), not both");
+  // The metrics log is opened for writing first: over the model read, it destroyed it; over the
+  // checkpoint, each save's rename took the log away.
+  for (const auto& [what, path] : {std::pair<const char*, const std::string&>{"initial model",
+                                                                              init_path},
+                                   {"checkpoint to resume", resume_path},
+                                   {"checkpoint", checkpoint_path}})
+    if (same_file(metrics_path, path))
+      throw InputError("the metrics file " + metrics_path + " is the " + what + " " + path +
+                       ": give the metrics another file");
   if (precision != Precision::Fp32 && backend == BackendKind::Cpu)
     throw InputError(std::string("precision ") + to_string(precision) +
                      " needs the CUDA backend; the CPU backend computes in fp32");

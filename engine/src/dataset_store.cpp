@@ -397,6 +397,9 @@ DatasetStore::Split open_split(const std::string& store, const std::string& dir,
   if (s.rows > kMaxSplitRows)
     throw InputError(store + ": " + name + " has " + std::to_string(s.rows) +
                      " rows; at most " + std::to_string(kMaxSplitRows) + " rows per split");
+  if (s.features < 1)  // (a model of no inputs, an image of no pixels: refused far from here)
+    throw InputError(store + ": " + name + " images have shape " +
+                     zarr::detail::dims_text(im.shape) + ": no features (pixels) in a row");
   if (s.features > kMaxSplitRows)  // a model's inputs, and every per-feature statistic
     throw InputError(store + ": " + name + " has " + std::to_string(s.features) +
                      " features per row; at most " + std::to_string(kMaxSplitRows));
@@ -447,7 +450,10 @@ std::string partial_store_path(const std::string& out) {
 
 std::string missing_chunk_message(const zarr::Array& array, const std::string& which) {
   return "zarr store '" + array.path() + "': " + which + " is missing, and a store `tandem " +
-         "prepare` wrote has every chunk: it was removed or damaged";
+         "prepare` wrote has every chunk: it was removed, by damage or by a Zarr library that " +
+         "drops a chunk holding only the fill value when it rewrites one (zarr-python 3 does " +
+         "unless the array is opened with write_empty_chunks=True); write the chunk again, or " +
+         "prepare the store again";
 }
 
 void write_dataset_store(const DataSplits& splits, const std::string& out_path,
@@ -554,6 +560,10 @@ bool killed_prepare_output(const std::string& path) {
 
 bool DatasetStore::looks_like_store(const std::string& path) {
   return !killed_prepare_output(path) && split_exists(path);
+}
+
+bool DatasetStore::has_zarr_metadata(const std::string& path) {
+  return has_group_metadata(path) || array_exists(path);
 }
 
 void DatasetStore::check_is_directory(const std::string& path_in) {

@@ -104,9 +104,31 @@ std::string resolved_path(const std::string& path) {
   return without_trailing_slashes(out);
 }
 
-void check_replaceable(const std::string& path) {
+std::string replacement_target(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) io_error("write", path, EISDIR);
+  if (::lstat(path.c_str(), &st) != 0) return path;  // nothing there yet (or unreadable: below)
+  std::string target = path;
+  if (S_ISLNK(st.st_mode)) {
+    // Replacing the link itself would leave the file it names as it was, and the user with a
+    // link turned into a copy: the write goes to the file it names, as a write through it would.
+    std::error_code ec;
+    target = std::filesystem::canonical(path, ec).string();
+    if (ec)
+      throw IoError("cannot write '" + path + "': a symbolic link to nothing that exists (" +
+                    ec.message() + "); give the file's own path");
+    if (::stat(target.c_str(), &st) != 0) io_error("write", path, errno);
+  }
+  if (S_ISDIR(st.st_mode)) io_error("write", path, EISDIR);
+  // A device (/dev/null, /dev/full), FIFO or socket is not content a rename may replace:
+  // `--checkpoint /dev/null` must not turn the system's /dev/null into a model file.
+  if (!S_ISREG(st.st_mode))
+    throw IoError("cannot write '" + path + "': it is not a regular file (a device, FIFO or " +
+                  "socket) and would be replaced by one; give a file's path");
+  return target;
+}
+
+void check_replaceable(const std::string& path_given) {
+  const std::string path = replacement_target(path_given);
   const std::string probe = temp_path(path);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -115,6 +137,16 @@ void check_replaceable(const std::string& path) {
   }
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void create_output_directory(const std::string& dir, const std::string& what) {
+  if (dir.empty()) throw IoError("cannot create " + what + " '': an empty path names no directory");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // (create_directories reports a file in the way as "File exists" or "Not a directory")
+  if (ec || !std::filesystem::is_directory(dir))
+    throw IoError("cannot create " + what + " '" + dir + "': " +
+                  (ec ? ec.message() : std::string("a file is in the way")));
 }
 
 int fsync_directory(const std::string& dir) {
@@ -136,14 +168,22 @@ std::string temp_path(const std::string& path) {
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
-  AtomicFile out(path, temp_path(path));
+  AtomicFile out(path);
   out.write(text.data(), text.size());
   out.commit();
-  fsync_parent_directory(path, "writing");
+  fsync_parent_directory(out.target(), "writing");
 }
 
-AtomicFile::AtomicFile(std::string path, std::string tmp)
-    : path_(std::move(path)), tmp_(std::move(tmp)), fd_(create_for_writing(tmp_)), guard_(tmp_) {}
+AtomicFile::AtomicFile(const std::string& path)
+    : path_(replacement_target(path)),
+      tmp_(temp_path(path_)),
+      fd_(create_for_writing(tmp_)),
+      guard_(tmp_) {
+  // The file replaced keeps its permissions: a checkpoint made private (0600) stays private.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && ::fchmod(fd_.get(), st.st_mode & 07777) != 0)
+    io_error("set the permissions of", tmp_, errno);
+}
 
 void AtomicFile::commit() {
   // The data must be on disk before the rename publishes it, or a crash can leave an empty or

@@ -66,11 +66,21 @@ std::string parent_directory(const std::string& path);
 // searched), absolute and lexically normal. No trailing slash but the root's.
 std::string resolved_path(const std::string& path);
 
+// What an atomic replacement of `path` replaces: `path` itself, or the file a symbolic link
+// there names. IoError when that is a directory, something other than a regular file (a
+// device such as /dev/null, a FIFO, a socket), or a link to nothing.
+std::string replacement_target(const std::string& path);
+
 // Fails now where replacing `path` atomically would fail later, after the work that produced its
-// content (a directory missing or not writable, a read-only filesystem, a directory by that
-// name): creates and removes the temporary file the replacement writes (temp_path). IoError
-// "cannot write 'PATH': <strerror>".
+// content (a directory missing or not writable, a read-only filesystem, a directory or a device
+// by that name): creates and removes the temporary file the replacement writes (temp_path).
+// IoError "cannot write 'PATH': <reason>".
 void check_replaceable(const std::string& path);
+
+// Creates directory `dir` and its parents (nothing when it is there). IoError "cannot create
+// WHAT 'DIR': <reason>" (WHAT: the option that named it, say) when it cannot, instead of the
+// standard library's message, which names neither the option nor an empty path.
+void create_output_directory(const std::string& dir, const std::string& what);
 
 // fsyncs directory `dir`; returns 0, or the errno of the open or fsync that failed. A rename is
 // durable only once its directory is: without this a crash can bring back the old entry.
@@ -116,17 +126,20 @@ class MappedFile {
 // threads or processes writing one path never share one.
 std::string temp_path(const std::string& path);
 
-// A file written through a temporary file `tmp` (in the same directory as `path`) and a rename,
-// so readers see the old file or the new one, never part of one. Construction creates `tmp`;
-// commit() fsyncs it, closes it and renames it over `path`; destroyed before commit() (a throw),
-// it removes `tmp`. commit() leaves the directory unsynced: see fsync_parent_directory.
+// A file written through a temporary file (temp_path, beside the target) and a rename, so
+// readers see the old file or the new one, never part of one. The target is
+// replacement_target(path): a link's file is replaced, a device never. Construction creates the
+// temporary file; commit() fsyncs it, closes it and renames it over the target; destroyed before
+// commit() (a throw), it removes it. commit() leaves the directory unsynced: see
+// fsync_parent_directory, of target().
 class AtomicFile {
  public:
-  AtomicFile(std::string path, std::string tmp);
+  explicit AtomicFile(const std::string& path);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   void write(const void* buf, size_t n) { write_all(fd_.get(), buf, n, tmp_); }
   void commit();
+  const std::string& target() const { return path_; }
 
  private:
   std::string path_;

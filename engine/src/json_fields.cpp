@@ -37,11 +37,21 @@ int json_depth(std::string_view text) {
 
 json parse_bounded_json(std::string_view text) {
   if (json_depth(text) > kMaxJsonDepth) return json(json::value_t::discarded);
+  // JSON has no raw NUL; nlohmann's parser would take one for the end of the text and accept
+  // whatever precedes it.
+  if (text.find('\0') != std::string_view::npos) return json(json::value_t::discarded);
   return json::parse(text, nullptr, false);
 }
 
 json parse_json_file_text(std::string_view text, std::string& problem) {
   problem.clear();
+  // Before the depth: the brackets counted in a binary file given for a JSON one (which holds
+  // NULs) made it "nested too deep".
+  if (const size_t at = text.find('\0'); at != std::string_view::npos) {
+    problem = "not valid JSON (a NUL byte at offset " + std::to_string(at) +
+              ", which the parser would take for the end of the text)";
+    return json(json::value_t::discarded);
+  }
   if (json_depth(text) > kMaxJsonDepth) {
     problem = "JSON nested more than " + std::to_string(kMaxJsonDepth) + " levels deep";
     return json(json::value_t::discarded);

@@ -4,11 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "file_io.h"
+#include "json_fields.h"
 #include "json_text.h"
 #include "tandem/error.h"
 
@@ -29,9 +32,37 @@ bool ends_mid_line(const std::string& path) {
   return cut;
 }
 
+// Cuts a regular file at the start of its first record whose "step" is above `step`: the
+// records are in the order they were written, so all from there on come after the checkpoint a
+// run resumes from. Returns the number of lines cut (0: none, or not a regular file).
+int64_t cut_records_after(const std::string& path, int64_t step) {
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  std::string text(size_t(st.st_size), '\0');
+  read_exact(fd.get(), text.data(), text.size(), path, "metrics file " + path + " shrank");
+  size_t at = 0;
+  for (size_t end; at < text.size(); at = end + 1) {
+    end = std::min(text.find('\n', at), text.size());
+    const nlohmann::json record =
+        parse_bounded_json(std::string_view(text).substr(at, end - at));
+    int64_t record_step = 0;
+    if (record.is_object() && record.contains("step") &&
+        json_as_integer(record["step"], record_step) && record_step > step)
+      break;
+  }
+  if (at >= text.size()) return 0;
+  const int64_t lines = int64_t(std::count(text.begin() + ptrdiff_t(at), text.end(), '\n')) +
+                        (text.back() == '\n' ? 0 : 1);
+  if (::ftruncate(fd.get(), off_t(at)) != 0) io_error("truncate", path, errno);
+  return lines;
+}
+
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_step)
+    : path_(path) {
+  const int64_t dropped = append && resumed_step >= 0 ? cut_records_after(path, resumed_step) : 0;
   // Checked before the file is opened for appending: the resumed run's first record starts a
   // line of its own, or the two would be one line that no JSON reader takes.
   const bool cut = append && ends_mid_line(path);
@@ -43,6 +74,15 @@ MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
     std::fclose(file_);
     file_ = nullptr;
     throw IoError("writing metrics file " + path_ + ": " + std::strerror(error));
+  }
+  if (append && resumed_step >= 0) {
+    try {
+      write({{"type", "resume"}, {"step", resumed_step}, {"dropped_records", dropped}});
+    } catch (...) {  // no destructor runs for a constructor that throws
+      std::fclose(file_);
+      file_ = nullptr;
+      throw;
+    }
   }
 }
 

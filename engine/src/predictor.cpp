@@ -276,14 +276,20 @@ std::string found_layout(zarr::Format format, const zarr::ArrayMeta& classes,
   return found.describe();
 }
 
-// Row chunk `chunk` of `images` as a [chunk rows, features] matrix in `out` (every chunk along
-// the other dimensions read and placed; rows past the array's end zero).
-void read_row_chunk(const zarr::Array& images, int64_t chunk, int64_t features,
+// Row chunk `chunk` of the split's images as a [chunk rows, features] matrix in `out` (every
+// chunk along the other dimensions read and placed; rows past the array's end zero). A chunk
+// missing from a store `tandem prepare` wrote is an InputError, as in training: its fill value
+// would be predicted on as if it were images.
+void read_row_chunk(const DatasetStore::Split& split, int64_t chunk, int64_t features,
                     std::vector<uint8_t>& out, std::vector<uint8_t>& buffer) {
+  const zarr::Array& images = split.images;
   const zarr::ArrayMeta& meta = images.meta();
   const size_t pixel = image_pixel_type(meta, images.path()) == PixelType::UInt8 ? 1 : 4;
   out.assign(size_t(meta.chunks[0] * features) * pixel, 0);
-  read_row_band(images, chunk, features, out.data(), buffer, true);
+  if (!read_row_band(images, chunk, features, out.data(), buffer, true) &&
+      split.every_chunk_written)
+    throw InputError(missing_chunk_message(images, "a chunk of row band " +
+                                                       std::to_string(chunk)));
 }
 
 }  // namespace
@@ -696,7 +702,7 @@ PredictSummary predict_chunks(const std::string& model_path, const std::string& 
         }
         const int64_t chunk = chunks_to_write[size_t(j)];
         const int64_t n = std::min(chunk_rows, in.split.rows - chunk * chunk_rows);
-        read_row_chunk(in.split.images, chunk, features, pixels, buffer);
+        read_row_chunk(in.split, chunk, features, pixels, buffer);
         DatasetView view;
         view.pixel_type = pixel_type;
         view.pixels = pixels.data();

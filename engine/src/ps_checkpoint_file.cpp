@@ -81,8 +81,14 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
     ++expected;
     const SafeTensor* m = file.find(t.name + ".adam_m");
     const SafeTensor* v = file.find(t.name + ".adam_v");
-    if (adam && (m == nullptr || v == nullptr))
-      throw InputError(path + ": no Adam moments for '" + t.name + "'");
+    if (adam && (m == nullptr || v == nullptr)) {
+      const auto optimizer = file.metadata.find("optimizer");
+      throw InputError(path + ": no Adam moments for '" + t.name + "'" +
+                       (optimizer == file.metadata.end() || optimizer->second == "adam"
+                            ? std::string()
+                            : " (a server updating with " + optimizer->second +
+                                  " wrote it: resume with that optimizer)"));
+    }
     for (const SafeTensor* mv : {m, v}) {
       if (mv == nullptr) continue;
       if (mv->dtype != "F32" || mv->shape != t.shape)

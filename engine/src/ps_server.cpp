@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "ps_checkpoint_choice.h"
 #include "ps_checkpoint_file.h"
 #include "safetensors.h"
 #include "tandem/error.h"
@@ -120,29 +121,6 @@ ParameterServer::ParameterServer(ServerOptions options)
   thread_ = std::thread([this] { serve(); });
 }
 
-namespace {
-// This shard's checkpoint files in `dir`, newest (highest step) first.
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir,
-                                                              const std::string& shard) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  const std::string prefix = shard + "-step-", suffix = ".safetensors";
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string digits =
-        name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    out.emplace_back(std::stoll(digits), it->path().string());
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return out;
-}
-}  // namespace
 
 std::string ParameterServer::init_mismatch(const Message& m) const {
   using Part = std::pair<std::string, std::vector<int64_t>>;
@@ -208,27 +186,26 @@ void remove_dead_writers_files(const std::string& dir, const std::string& shard)
 void ParameterServer::restore_newest() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
   remove_dead_writers_files(options_.checkpoint_dir, options_.shard_name);
-  for (const auto& [step_in_name, path] :
-       list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
-    try {
-      const ShardCheckpoint checkpoint =
-          decode_shard_checkpoint(read_safetensors(path), path, adam);
-      const int64_t step = checkpoint.step;
-      shard_.restore(checkpoint.tensors, step);
-      model_order_ = checkpoint.model_order;
-      checkpointed_step_ = step;
-      restored_from_ = path;
-      stats_.version = step;
-      std::fprintf(stderr, "tandem parameter server %s: resumed from checkpoint %s (step %lld)\n",
-                   options_.shard_name.c_str(), path.c_str(), static_cast<long long>(step));
-      return;
-    } catch (const ShardDeviceFailed&) {
-      throw;  // the GPU, not the file: every older checkpoint would fail the same way
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem parameter server %s: skipping checkpoint %s: %s\n",
-                   options_.shard_name.c_str(), path.c_str(), e.what());
-    }
+  const CheckpointChoice choice = choose_shard_checkpoint(
+      options_.checkpoint_dir, options_.shard_name, adam,
+      [&](ShardCheckpoint&& checkpoint, const std::string& path) {
+        shard_.restore(checkpoint.tensors, checkpoint.step);
+        model_order_ = checkpoint.model_order;
+        checkpointed_step_ = checkpoint.step;
+        restored_from_ = path;
+        stats_.version = checkpoint.step;
+      });
+  for (const auto& [path, why] : choice.skipped) {
+    std::fprintf(stderr, "tandem parameter server %s: skipping checkpoint %s: %s\n",
+                 options_.shard_name.c_str(), path.c_str(), why.c_str());
+    unrestorable_.insert(path);
   }
+  const std::string refusal = choice.refusal(options_.shard_name, options_.checkpoint_dir);
+  if (!refusal.empty()) throw InputError(refusal);
+  if (!choice.path.empty())
+    std::fprintf(stderr, "tandem parameter server %s: resumed from checkpoint %s (step %lld)\n",
+                 options_.shard_name.c_str(), choice.path.c_str(),
+                 static_cast<long long>(choice.step));
 }
 
 uint64_t ParameterServer::submit_checkpoint() {
@@ -276,8 +253,11 @@ void ParameterServer::prune_checkpoints(int64_t written) const {
   // Only files at or below the step written count: one with a higher step is not ours (a
   // corrupt leftover skipped at start, say) and deleting by number would drop the newest write.
   size_t kept = 0;
-  for (const auto& [step, path] : list_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
-    if (step > written) continue;
+  for (const auto& [step, path] :
+       list_shard_checkpoints(options_.checkpoint_dir, options_.shard_name)) {
+    // Nor does one that could not be restored: counted among the two kept, it would have the
+    // older restorable one deleted.
+    if (step > written || unrestorable_.count(path) != 0) continue;
     if (++kept <= 2) continue;
     std::error_code ec;
     std::filesystem::remove(path, ec);

@@ -223,6 +223,9 @@ class ParameterServer {
   int64_t checkpointed_step_ = -1;  // the step of the last checkpoint written or loaded
   std::chrono::steady_clock::time_point checkpointed_at_ = std::chrono::steady_clock::now();
   std::string restored_from_;
+  // Checkpoint files skipped at the start as not restorable, which pruning leaves alone. Written
+  // before the checkpoint writer's thread starts, read-only after.
+  std::set<std::string> unrestorable_;
   std::vector<Pending> held_;       // Sync: PushPull replies waiting for the step
   std::vector<Pending> checkpoint_requests_;  // waiting for their file to be written
   std::chrono::steady_clock::time_point step_deadline_;

@@ -146,6 +146,10 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
 std::vector<HeaderEntry> parse_header(const std::string& path, const std::string& text,
                                       std::map<std::string, std::string>& metadata) {
   std::string problem;
+  // As the reference implementation: the header is a JSON object from its first byte (no
+  // byte-order mark or space before it; spaces pad it at the end only).
+  if (text.empty() || text.front() != '{')
+    input_error(path, "header does not start with '{'; expected a safetensors header");
   const json header = parse_json_file_text(text, problem);
   if (!problem.empty())
     input_error(path, "header is " + problem + "; expected a safetensors header");
@@ -289,7 +293,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   // What a read that meets the end of the file early throws.
   const std::string truncated =
       "safetensors file '" + path + "': file ended early (was it truncated while being read?)";
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: refused below
   if (fd.get() < 0) io_error("open", path, errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) io_error("stat", path, errno);
@@ -344,11 +348,11 @@ SafeTensorsFile decode_safetensors(const uint8_t* data, size_t size, const std::
 
 void write_safetensors_atomic(const std::string& path, const SafeTensorsFile& file) {
   const std::string prefix = file_prefix(path, file);
-  AtomicFile out(path, temp_path(path));
+  AtomicFile out(path);
   out.write(prefix.data(), prefix.size());
   for (const SafeTensor& t : file.tensors) out.write(t.data.data(), t.data.size());
   out.commit();
-  fsync_parent_directory(path, "replacing");
+  fsync_parent_directory(out.target(), "replacing");
 }
 
 }  // namespace tandem

@@ -4,7 +4,12 @@
 
 namespace tandem {
 
-bool is_dataset_store(const std::string& path) { return DatasetStore::looks_like_store(path); }
+bool is_dataset_store(const std::string& path) {
+  // Zarr metadata at the top (damaged, or an array's rather than a group's) makes it a store
+  // too, one that DatasetStore::open then refuses saying what is wrong: taken for a directory of
+  // IDX files, it was refused for having none.
+  return DatasetStore::looks_like_store(path) || DatasetStore::has_zarr_metadata(path);
+}
 
 DataSplits read_eval_splits(const DatasetStore& store) {
   const std::string& path = store.path;

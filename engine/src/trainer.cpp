@@ -27,7 +27,8 @@ namespace {
 void save_run_state(const std::string& path, const Checkpoint& state) {
   if (!parameters_finite(state.model))
     throw InputError("training diverged: epoch " + std::to_string(state.epoch) +
-                     "'s parameters are not finite (try a lower learning rate); " + path +
+                     "'s parameters are not finite (try a lower learning rate, or look for "
+                     "NaN or infinite pixels in the data); " + path +
                      " was not written");
   save_checkpoint(path, state);
 }
@@ -101,11 +102,13 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
     // naming the file (load_checkpoint checks the best state's own).
     try {
       size_t used = 0;
-      (void)std::stod(loss->second, &used);
+      const double value = std::stod(loss->second, &used);
       if (used != loss->second.size()) throw std::invalid_argument("trailing text");
+      // -inf would stay the best against every later epoch, NaN against none.
+      if (!std::isfinite(value)) throw std::invalid_argument("not finite");
     } catch (const std::exception&) {
       throw InputError(source + ": checkpoint metadata 'validation_loss' = '" + loss->second +
-                       "' is not a number");
+                       "' is not a finite number");
     }
     auto current = std::make_shared<Checkpoint>(ckpt);
     current->best.reset();
@@ -241,9 +244,10 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   // A checkpoint that cannot be written is said now, not after the first epoch's work.
   if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
   std::unique_ptr<MetricsLog> metrics;
-  // A resumed run adds to the metrics of the run it continues.
+  // A resumed run adds to the metrics of the run it continues, from its checkpoint's step.
   if (!config_.metrics_path.empty())
-    metrics = std::make_unique<MetricsLog>(config_.metrics_path, resumed_);
+    metrics = std::make_unique<MetricsLog>(config_.metrics_path, resumed_,
+                                           resumed_ ? backend_->step() : -1);
 
   TrainSummary summary;
   summary.backend = backend_->name();

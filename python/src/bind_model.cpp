@@ -8,6 +8,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 
 #include "array_rows.h"
@@ -90,7 +91,9 @@ void bind_model(py::module_& m) {
            "Zero parameters for layer widths from input to output (784-100-10: the seed's).")
       .def_static("initialized",
                   [](const std::vector<int64_t>& layers, uint64_t seed) {
-                    return Model::initialized(model_config(layers), seed);
+                    const ModelConfig config = model_config(layers);
+                    // Seconds for a large model: other Python threads go on meanwhile.
+                    return without_gil([&] { return Model::initialized(config, seed); });
                   },
                   "layers"_a = std::vector<int64_t>{784, 100, 10}, "seed"_a = 1,
                   "TensorFlow's initialisers; the same seed gives the same parameters everywhere.")
@@ -124,11 +127,14 @@ void bind_model(py::module_& m) {
            "finite.")
       .def("save",
            [](const Model& model, const std::filesystem::path& path) {  // str or os.PathLike
-             Checkpoint c;
-             c.model = model;
-             c.optimizer.kind = OptimizerKind::Sgd;  // parameters only: no moments to save
-             c.extra["source"] = "tandem (Python)";
-             save_checkpoint(path.string(), c);
+             const std::string file = path.string();
+             without_gil([&] {
+               Checkpoint c;
+               c.model = model;
+               c.optimizer.kind = OptimizerKind::Sgd;  // parameters only: no moments to save
+               c.extra["source"] = "tandem (Python)";
+               save_checkpoint(file, c);
+             });
            },
            "path"_a, "Writes the parameters as a safetensors checkpoint (atomically).")
       .def(py::pickle(  // so a model travels to Dask workers (tandem.dask.predict)
@@ -145,7 +151,10 @@ void bind_model(py::module_& m) {
       });
 
   m.def("load",
-        [](const std::filesystem::path& path) { return load_checkpoint(path.string()).model; },
+        [](const std::filesystem::path& path) {
+          const std::string file = path.string();
+          return without_gil([&] { return load_checkpoint(file).model; });
+        },
         "path"_a,
         "The model of a checkpoint (tandem train, tandem launch, Model.save).");
 
@@ -181,17 +190,24 @@ void bind_model(py::module_& m) {
         config.shuffle = shuffle;
         config.keep_best = keep_best && val_rows.has_value();
         config.validate();
-        Trainer trainer(config);
+        // Building the trainer (its parameters initialised), decoding a state to resume and
+        // encoding the one returned take seconds for a large model: without the GIL, as the
+        // training itself, so that other Python threads go on.
+        const std::unique_ptr<Trainer> trainer_owned =
+            without_gil([&] { return std::make_unique<Trainer>(config); });
+        Trainer& trainer = *trainer_owned;
         if (!resume.is_none()) {
           if (!PyObject_CheckBuffer(resume.ptr()) || PyUnicode_Check(resume.ptr()))
             throw py::type_error("resume must be the bytes of a training state (return_state=True)");
           const py::buffer_info state = resume.cast<py::buffer>().request();
           if (state.itemsize != 1 || state.ndim != 1 || state.strides[0] != 1)
             throw py::type_error("resume must be a contiguous bytes-like object");
-          trainer.resume(decode_checkpoint(static_cast<const uint8_t*>(state.ptr),
-                                           static_cast<size_t>(state.size), "resume state",
-                                           &config.model),
-                         "resume state");
+          without_gil([&] {
+            trainer.resume(decode_checkpoint(static_cast<const uint8_t*>(state.ptr),
+                                             static_cast<size_t>(state.size), "resume state",
+                                             &config.model),
+                           "resume state");
+          });
         }
         if (on_epoch) {
           trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
@@ -217,7 +233,8 @@ void bind_model(py::module_& m) {
                              test_rows ? test_rows->block.rows : DatasetView{});
         });
         if (!return_state) return py::make_tuple(trainer.model(), summary_dict(summary));
-        const std::vector<uint8_t> state = encode_checkpoint(trainer.resume_state());
+        const std::vector<uint8_t> state =
+            without_gil([&] { return encode_checkpoint(trainer.resume_state()); });
         return py::make_tuple(trainer.model(), summary_dict(summary),
                               py::bytes(reinterpret_cast<const char*>(state.data()), state.size()));
       },

@@ -238,10 +238,15 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     configs = expand_grid(configs) if isinstance(configs, dict) else list(configs)
     if not configs:
         raise InputError("search needs at least one configuration")
+    _check_train_keywords(configs, common)
     if budget is None:
         if (min_epochs, eta, budget_seconds, slots) != (1, 3, 0, None):
             raise InputError("min_epochs, eta, budget_seconds and slots are successive "
                              "halving's: give budget (the most epochs a trial trains) too")
+        # A trial returns its model and summary; a third value (the state) failed every trial.
+        if any("return_state" in keywords for keywords in [common] + list(configs)):
+            raise InputError("return_state is not for search: each trial's result holds its "
+                             "model (with budget, successive halving keeps the states itself)")
     else:
         if eta < 2:
             raise InputError(f"eta={eta}: expected >= 2 (rungs grow by eta, the top 1/eta go on)")
@@ -256,7 +261,6 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
         if given:
             raise InputError(f"with budget, successive halving sets {', '.join(sorted(given))}"
                              " itself; do not give them")
-    _check_train_keywords(configs, common)
     common = dict({"threads": 1, "backend": "cpu"}, **common)
     # Every trial is ranked by its validation loss: none to rank by is refused before any trial
     # trains, not met as each trial's error.

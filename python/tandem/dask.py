@@ -97,6 +97,11 @@ def _role_stopper():
 
 
 def _host_of(address: str) -> str:
+    # An inproc:// worker (LocalCluster(processes=False)) runs in this process: its address
+    # names the machine's network address, but loopback reaches it, and listening on every
+    # interface for it opened the run to the network.
+    if address.startswith("inproc://"):
+        return "127.0.0.1"
     return urlparse(address).hostname or "127.0.0.1"
 
 

@@ -190,7 +190,9 @@ class SuccessiveHalvingSearchTest(LocalClusterTest):
                  (dict(budget=3, min_epochs=0), "min_epochs=0: expected >= 1"),
                  (dict(budget=3, epochs=5), "successive halving sets epochs"),
                  (dict(eta=2), "give budget"),
-                 (dict(budget=3, slots=0), "slots >= 1")]
+                 (dict(budget=3, slots=0), "slots >= 1"),
+                 # (without budget it failed every trial, unpacking three values for two)
+                 (dict(epochs=1, return_state=True), "return_state is not for search")]
         for kwargs, message in cases:
             with self.subTest(**kwargs), self.assertRaisesRegex(tandem.InputError, message):
                 tdask.search(self.client, configs, TRAIN, VALIDATION, **kwargs)

@@ -257,6 +257,18 @@ class LostDaskWorkerTest(unittest.TestCase):
             self.assertIsNotNone(result["model"])
 
 
+class ListenAddressTest(unittest.TestCase):
+    def test_in_process_workers_keep_the_run_on_loopback(self):
+        """LocalCluster(processes=False) names its workers inproc://MACHINE-ADDRESS/...: they
+        run in this process, so the coordinator listens on loopback, not on every interface
+        (where the run, without CURVE, was open to the network)."""
+        workers = ["inproc://192.0.2.2/12345/1", "inproc://192.0.2.2/12345/2"]
+        self.assertEqual(tdask._advertised_bind(workers), ("tcp://127.0.0.1:*", ""))
+        self.assertEqual(tdask._advertised_bind(["tcp://127.0.0.1:4000"]),
+                         ("tcp://127.0.0.1:*", ""))
+        self.assertEqual(tdask._host_of("tcp://10.1.2.3:4000"), "10.1.2.3")
+
+
 class AbandonedRunTest(unittest.TestCase):
     def test_closing_dask_with_roles_running_ends_them_cleanly(self):
         """The run is never stopped and its coordinator goes away: closing the Dask cluster

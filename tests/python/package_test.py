@@ -208,6 +208,51 @@ class ModelTest(unittest.TestCase):
         guard.join()
 
 
+class GilTest(unittest.TestCase):
+    def test_long_model_calls_let_other_threads_run(self):
+        """Initialising, saving and loading a large model, and building, resuming and returning
+        a trainer's state, take seconds: other Python threads run meanwhile (they stalled, the
+        GIL held throughout). Counted, not timed: a thread that ticks while the call runs."""
+        ticks = [0]
+        stop = threading.Event()
+
+        def ticker():
+            while not stop.is_set():
+                ticks[0] += 1
+                time.sleep(0.0005)
+
+        layers = [784, 5000, 5000, 10]  # 29 M parameters
+        x, y = make_rows(50, 6)
+
+        def ticks_during(call):
+            before = ticks[0]
+            result = call()
+            return ticks[0] - before, result
+
+        thread = threading.Thread(target=ticker, daemon=True)
+        thread.start()
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "big.safetensors")
+                counted, model = ticks_during(lambda: tandem.Model.initialized(layers, 3))
+                self.assertGreater(counted, 3, "Model.initialized")
+                counted, _ = ticks_during(lambda: model.save(path))
+                self.assertGreater(counted, 3, "Model.save")
+                counted, _ = ticks_during(lambda: tandem.load(path))
+                self.assertGreater(counted, 3, "tandem.load")
+            counted, (_, _, state) = ticks_during(lambda: tandem.train(
+                (x, y), layers=layers, epochs=0, batch=50, backend="cpu", threads=1,
+                return_state=True))
+            self.assertGreater(counted, 3, "tandem.train building the trainer and its state")
+            counted, _ = ticks_during(lambda: tandem.train(
+                (x, y), layers=layers, epochs=0, batch=50, backend="cpu", threads=1,
+                resume=state))
+            self.assertGreater(counted, 3, "tandem.train resuming")
+        finally:
+            stop.set()
+            thread.join()
+
+
 class BlasKernelsTest(unittest.TestCase):
     # The import switches OpenBLAS from kernels older than AVX2 (its choice on a CPU model newer
     # than the library) to the best family kernels the CPU runs, as the tandem binary does; a
@@ -337,6 +382,33 @@ class RolesTest(unittest.TestCase):
         for role in roles[:2]:
             with self.assertRaisesRegex(tandem.Error, "the run failed: test over"):
                 role.join(30)
+
+    def test_feeding_a_worker_of_a_run_on_its_store_says_it_is_not_trained_on(self):
+        # A run on a store hands its workers the store's batches: what is fed to one was
+        # taken and never trained on (then the full queue timed out). The feed says why.
+        import zarr
+        x, y = make_rows(300, 3)
+        with tempfile.TemporaryDirectory() as tmp:
+            store = os.path.join(tmp, "s.zarr")
+            group = zarr.open_group(store, mode="w")
+            group.create_array("images", data=x)
+            group.create_array("labels", data=y.astype(np.uint8))
+            coordinator = tandem.Coordinator(dict(data=store, batch=100, model="784-16-10"),
+                                             ps=1, workers=1, scorers=0, max_seconds=60)
+            roles = [tandem.ParameterServerRole(coordinator.endpoint),
+                     tandem.WorkerRole(coordinator.endpoint, capacity=1)]
+            for role in roles:
+                role.start()
+            try:
+                with self.assertRaisesRegex(tandem.Error, "trains on the run's data store"):
+                    for _ in range(3):  # the first may be queued before the worker joins
+                        roles[1].feed(x, y, timeout_s=30)
+            finally:
+                coordinator.fail("test over")
+                for role in roles:
+                    with self.assertRaises(tandem.Error):
+                        role.join(30)
+                coordinator.close()
 
     def test_servers_no_worker_initialised_hold_no_model(self):
         # A run stopped before its chief worker's Init (right after start()): its servers hold

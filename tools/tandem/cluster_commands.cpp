@@ -32,6 +32,7 @@
 #include "json_fields.h"
 #include "json_output.h"
 #include "metrics_log.h"
+#include "ps_checkpoint_choice.h"
 #include "process_launcher.h"
 #include "progress_line.h"
 #include "run_dir_lock.h"
@@ -65,6 +66,7 @@ struct ClusterCommandOptions {
   std::string advertise_host;
   bool inproc = false;
   bool resume = false;
+  int64_t resumed_step = -1;    // with --resume: the servers' (lowest) step to resume at
   std::string rendezvous_file;  // tandem rank: where rank 0 says where it listens
   std::string rendezvous_job;
   bool json_summary = false;
@@ -217,6 +219,33 @@ bool holds_server_checkpoint(const std::string& dir) {
   return false;
 }
 
+// The step a resumed run continues from, each server resuming from its newest checkpoint that
+// reads back whole, as the servers will choose (choose_shard_checkpoint): the lowest of theirs,
+// the step the workers' parameters are at. Said now, before anything starts: a server whose
+// checkpoints all fail refuses the run (started, it would have trained from scratch and written
+// over them), and servers at different steps (a damaged newest checkpoint of one, checkpoints
+// timed by each server's clock) are told, their parameters mixing two points of the run.
+int64_t resumed_step_of_servers(const std::string& dir, int servers, bool adam) {
+  int64_t lowest = -1, highest = -1;
+  std::string steps;
+  for (int i = 0; i < servers; ++i) {
+    const std::string shard = "ps" + std::to_string(i);
+    const CheckpointChoice choice =
+        choose_shard_checkpoint(dir, shard, adam, [](ShardCheckpoint&&, const std::string&) {});
+    const std::string refusal = choice.refusal(shard, dir);
+    if (!refusal.empty()) throw InputError("--resume: " + refusal);
+    if (choice.path.empty()) continue;  // a server added since: it starts empty, as a new one
+    lowest = lowest < 0 ? choice.step : std::min(lowest, choice.step);
+    highest = std::max(highest, choice.step);
+    steps += (steps.empty() ? "" : ", ") + shard + " at step " + std::to_string(choice.step) +
+             (choice.skipped.empty() ? "" : " (a newer checkpoint of it does not read back)");
+  }
+  if (lowest != highest)
+    std::fprintf(stderr, "tandem: the parameter servers resume at different steps: %s\n",
+                 steps.c_str());
+  return lowest;
+}
+
 // TensorBoard shows the event files of one directory as one run: a fresh run writing beside an
 // earlier run's files would draw both as one curve, stepping back and forth. The default
 // directory is cleared (it is the run's own); a directory given is the user's, so it is refused.
@@ -252,6 +281,9 @@ void resolve(ClusterCommandOptions& o) {
   s.model = ModelConfig::parse(std::to_string(store.train.features) + "," + o.hidden + "," +
                                std::to_string(store.num_classes));
   s.optimizer.kind = parse_optimizer(o.optimizer);
+  if (o.resume)
+    o.resumed_step = resumed_step_of_servers(s.checkpoint_dir, o.cluster.ps,
+                                             s.optimizer.kind == OptimizerKind::Adam);
   s.shuffle = o.shuffle == "on";
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
@@ -423,7 +455,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   stop_on_signals();
   refuse_to_suspend();
   check_data_exists(o.data);  // before --run-dir is made: a mistyped --data leaves nothing behind
-  std::filesystem::create_directories(o.run_dir);
+  refuse_store_as_output(o.run_dir, "--run-dir");
+  create_output_directory(o.run_dir, "--run-dir");
   const RunDirLock run_dir_lock(o.run_dir);  // before the previous run's files are cleared
   resolve(o);
   const RunSettings& rs = o.cluster.settings;
@@ -444,7 +477,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path;
   check_writable_in_place(metrics_path);
   if (!o.tensorboard_dir.empty()) {
-    std::filesystem::create_directories(tensorboard_dir);
+    create_output_directory(tensorboard_dir, "--tensorboard");
     check_replaceable(tensorboard_dir + "/events");
   }
   // The coordinator binds here (an address in use, too many servers for the model or an
@@ -465,8 +498,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(tensorboard_dir);
-  // A resumed run adds to the log of the run it continues, as it does to its TensorBoard events.
-  MetricsLog metrics(metrics_path, o.resume);
+  // A resumed run adds to the log of the run it continues (past its servers' step: what the run
+  // did after its checkpoints, trained again now, is cut), as it does to its TensorBoard events.
+  MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
@@ -833,6 +867,11 @@ void add_cluster_commands(CLI::App& app) {
     cmd->add_option("--out", *prefix, "Path prefix of the two files")->required();
     cmd->add_flag("--overwrite", *overwrite, "Replace an existing key pair");
     cmd->callback([prefix, overwrite] {
+      // An empty prefix or one ending in a slash names no file: it wrote the hidden files .key
+      // and .key_secret into the directory.
+      if (prefix->empty() || prefix->back() == '/')
+        throw InputError("--out '" + *prefix + "': a path prefix ends in a file name (keys/run "
+                         "writes keys/run.key and keys/run.key_secret)");
       const transport::CurveKeyPair pair = transport::generate_curve_keypair();
       transport::write_curve_key_files(*prefix, pair, *overwrite);
       std::printf("public key %s\nwrote %s.key and %s.key_secret\n", pair.public_key.c_str(),

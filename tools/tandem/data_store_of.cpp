@@ -42,6 +42,13 @@ void check_data_exists(const std::string& data) {
                      " (expected a dataset store, or a directory of MNIST-format IDX files)");
 }
 
+void refuse_store_as_output(const std::string& dir, const std::string& option) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec) && is_dataset_store(dir))
+    throw InputError(option + " " + dir + " is a dataset store: this command's files (and its "
+                     "lock) would be written among its arrays; give a directory of its own");
+}
+
 std::string data_store_of(const std::string& data, const std::string& dir, const std::string& by) {
   if (is_dataset_store(data)) return data;
   const std::string store = dir + "/data.zarr";

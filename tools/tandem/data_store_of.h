@@ -20,4 +20,8 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
 // directory before they read --data, so that a mistyped path leaves nothing behind.
 void check_data_exists(const std::string& data);
 
+// InputError when `dir`, a command's output directory (`option`: --run-dir, --out), is a
+// dataset store: the command's checkpoints, logs and lock file would land among its arrays.
+void refuse_store_as_output(const std::string& dir, const std::string& option);
+
 }  // namespace tandem::cli

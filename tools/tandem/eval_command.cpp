@@ -2,7 +2,9 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
+#include "checkpoint_count.h"
 #include "json_text.h"
 #include "number_checks.h"
 #include "commands.h"
@@ -55,8 +57,22 @@ void run_eval(const EvalOptions& o) {
   if (store && o.validation_rows_option->count() > 0)
     throw InputError("--validation-rows is for a directory of IDX files: the store " + o.data +
                      " holds its own validation split (tandem prepare --validation-rows)");
+  // From IDX files the validation split is the training file's last rows, as many as the model
+  // was trained without (tandem train writes the count into its checkpoints): the default
+  // count would score a model trained with --validation-rows 0 on rows it learned from.
+  int64_t validation_rows = o.validation_rows;
+  std::optional<int64_t> held_out = checkpoint_count(ckpt, "validation_rows");
+  if (!held_out) held_out = checkpoint_count(ckpt, "validation_samples");  // older checkpoints
+  if (!store && held_out) {
+    if (o.validation_rows_option->count() == 0) validation_rows = *held_out;
+    else if (validation_rows != *held_out)
+      std::fprintf(stderr, "tandem eval: --validation-rows %lld, but %s was trained with %lld "
+                   "(its validation split holds other rows than the run's)\n",
+                   static_cast<long long>(validation_rows), o.model.c_str(),
+                   static_cast<long long>(*held_out));
+  }
   const DataSplits data = store ? load_store_eval_splits(o.data)
-                                : load_mnist_splits(o.data, o.validation_rows);
+                                : load_mnist_splits(o.data, validation_rows);
   const bool streamed = store && o.split == "train";
   const Dataset& split = o.split == "train" ? data.train
                          : o.split == "validation" ? data.validation : data.test;
@@ -97,8 +113,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--split", o->split, "train, validation or test")
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
   o->validation_rows_option =
-      cmd->add_option("--validation-rows", o->validation_rows, "Validation rows")
-          ->capture_default_str();
+      cmd->add_option("--validation-rows", o->validation_rows,
+                      "Validation rows of IDX files (default: as many as the model's training "
+                      "run held out, else 5000)");
   cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(non_negative_number());
   cmd->add_flag("--json", o->json, "Print one line of JSON");
   cmd->callback([o] { run_eval(*o); });

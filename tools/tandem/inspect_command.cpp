@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "file_io.h"
 #include "json_text.h"
 #include "number_checks.h"
 #include "array_stats.h"
@@ -76,9 +77,11 @@ IntegerHistogram label_histogram(const DatasetStore& store, const DatasetStore::
                                  int threads) {
   const zarr::ArrayMeta& meta = split.labels.meta();
   const bool floats = meta.dtype == zarr::DType::Float32 || meta.dtype == zarr::DType::Float64;
-  if (one_hot_classes(meta) == 0 && !floats) return integer_histogram(split.labels, threads);
+  if (one_hot_classes(meta) == 0 && !floats)
+    return integer_histogram(split.labels, threads, split.every_chunk_written);
   IntegerHistogram h;
-  for (const uint8_t c : read_class_labels(split.labels, store.num_classes, store.path)) {
+  for (const uint8_t c : read_class_labels(split.labels, store.num_classes, store.path,
+                                           split.every_chunk_written)) {
     h.min = h.count == 0 ? c : std::min<int64_t>(h.min, c);
     h.max = h.count == 0 ? c : std::max<int64_t>(h.max, c);
     ++h.count;
@@ -89,7 +92,7 @@ IntegerHistogram label_histogram(const DatasetStore& store, const DatasetStore::
 
 // Row `row`'s label: its value, or the class of its one-hot row (by the rule training reads).
 double sample_label_of(const DatasetStore::Split& split, int64_t row) {
-  const std::vector<double> values = read_matrix_row(split.labels, row);
+  const std::vector<double> values = read_matrix_row(split.labels, row, split.every_chunk_written);
   if (one_hot_classes(split.labels.meta()) == 0) return values[0];
   const char* why = nullptr;
   const int64_t c = one_hot_row_class(values.data(), int64_t(values.size()), &why);
@@ -122,7 +125,7 @@ void run_inspect(const InspectOptions& o) {
   const SplitReport* chosen_report = nullptr;
   for (SplitReport& r : reports) {
     const auto s0 = std::chrono::steady_clock::now();
-    r.images = column_stats(r.split->images, o.threads);
+    r.images = column_stats(r.split->images, o.threads, r.split->every_chunk_written);
     if (r.name == o.split) {
       chosen_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       chosen_report = &r;
@@ -131,10 +134,9 @@ void run_inspect(const InspectOptions& o) {
   }
 
   // The images: row `sample`, the mean and the variance, each scaled by its own range.
-  std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  if (ec) throw IoError("cannot create the output directory " + o.out + ": " + ec.message());
-  const std::vector<double> sample = read_matrix_row(chosen.images, o.sample);
+  create_output_directory(o.out, "--out");
+  const std::vector<double> sample =
+      read_matrix_row(chosen.images, o.sample, chosen.every_chunk_written);
   const nlohmann::json sample_label =
       chosen.has_labels ? nlohmann::json(sample_label_of(chosen, o.sample)) : nullptr;
   PngOptions png;

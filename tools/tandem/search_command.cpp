@@ -314,7 +314,8 @@ void run_search(SearchOptions& o) {
   // Before --out is made: a mistyped --data leaves nothing behind (slot servers may read data
   // this machine does not have).
   if (!o.slots.remote()) check_data_exists(o.data);
-  fs::create_directories(o.out);
+  refuse_store_as_output(o.out, "--out");
+  create_output_directory(o.out, "--out");
   // One search per --out: a second one would delete this one's checkpoints as it starts.
   const RunDirLock lock(o.out, "--out");
   o.data = search_data(o);  // (before anything of an earlier search is removed)
@@ -322,11 +323,17 @@ void run_search(SearchOptions& o) {
   // this search's results if it were killed before it writes its own.
   for (const char* name : {"results.json", "results.csv", "best.safetensors"})
     fs::remove(fs::path(o.out) / name);
-  for (size_t i = 0; i < configs.size(); ++i)  // logs and metrics of an earlier search
-    for (const auto& entry : fs::directory_iterator(o.out)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("trial-" + std::to_string(i) + ".", 0) == 0) fs::remove(entry.path());
-    }
+  // Every trial's log, metrics and model of an earlier search (trial-N.*), not only those of
+  // the numbers this one reuses: an earlier search of more trials left its others beside these.
+  std::vector<fs::path> earlier_trials;
+  for (const auto& entry : fs::directory_iterator(o.out)) {
+    const std::string name = entry.path().filename().string();
+    const size_t digits_end = name.find_first_not_of("0123456789", 6);
+    if (name.rfind("trial-", 0) == 0 && digits_end != std::string::npos && digits_end > 6 &&
+        name[digits_end] == '.')
+      earlier_trials.push_back(entry.path());
+  }
+  for (const fs::path& path : earlier_trials) fs::remove(path);
 
   std::vector<TrialRecord> records(configs.size());
   for (size_t i = 0; i < configs.size(); ++i) records[i].config = configs[i];
@@ -674,7 +681,7 @@ void add_search_command(CLI::App& app) {
   add_slot_client_options(cmd, o->slots, "trials", "search", "--data and --out");
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial (0: cores / processes; with --slots, each server's own)")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(CLI::Range(0, ThreadPool::kMaxThreads))->capture_default_str();
   cmd->add_option("--backend", o->backend,
                   "Each trial's backend: cpu, cuda or auto (auto: the GPU where the trial runs "
                   "has one; trials on one GPU share it)")

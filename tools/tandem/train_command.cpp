@@ -86,6 +86,9 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   if (o.seed_option->count() == 0) config.seed = ckpt.seed;
   else note("--seed", std::to_string(config.seed), std::to_string(ckpt.seed));
   auto shuffle = ckpt.extra.find("shuffle");
+  if (shuffle != ckpt.extra.end() && shuffle->second != "on" && shuffle->second != "off")
+    throw InputError("checkpoint " + o.config.resume_path + ": its shuffle is '" +
+                     shuffle->second + "', expected on or off (was the file edited?)");
   if (shuffle != ckpt.extra.end()) {
     if (o.shuffle_option->count() == 0) o.shuffle = shuffle->second;
     else note("--shuffle", o.shuffle, shuffle->second);
@@ -248,7 +251,9 @@ void run_train(TrainOptions& o) {
                      : std::pair("", 0.0);
   if (!std::isfinite(loss))
     throw InputError(std::string("training diverged: ") + judged_by + " " +
-                     std::to_string(loss) + " (try a lower --lr)");
+                     std::to_string(loss) + " (try a lower --lr; or the data holds NaN or "
+                     "infinite pixels, a store's fill value for its missing chunks say: tandem "
+                     "inspect shows their min and max)");
 }
 
 }  // namespace

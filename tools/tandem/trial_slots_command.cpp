@@ -58,7 +58,7 @@ class DirectoryEntry {
  public:
   DirectoryEntry(const std::string& dir, const std::string& endpoint) {
     if (dir.empty()) return;
-    std::filesystem::create_directories(dir);
+    create_output_directory(dir, "--endpoint-dir");
     path_ = (std::filesystem::path(dir) /
              (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
                 .string();
@@ -137,7 +137,7 @@ void add_trial_slots_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
                   "Threads per trial unless the search gives them (0: cores / slots)")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(CLI::Range(0, ThreadPool::kMaxThreads))->capture_default_str();
   cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
                   "Seconds a search may stay silent before its trials are killed")
       ->check(CLI::Range(0.2, 3600.0))->capture_default_str();

@@ -80,10 +80,10 @@ enum class Durability { Data, DataAndDirectory };
 // one, never part of one, and two threads or processes never share a temporary file.
 void write_file_atomic(const std::string& path, const void* data, size_t size,
                        Durability durability) {
-  AtomicFile out(path, temp_path(path));
+  AtomicFile out(path);
   out.write(data, size);
   out.commit();
-  if (durability == Durability::DataAndDirectory) fsync_parent_directory(path, "writing");
+  if (durability == Durability::DataAndDirectory) fsync_parent_directory(out.target(), "writing");
 }
 
 // A metadata document as zarr-python formats it (indented), written atomically and durably.

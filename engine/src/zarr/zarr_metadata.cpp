@@ -688,7 +688,8 @@ ArrayMeta parse_v3_array(const std::string& store, const json& doc) {
   if (const json* attributes = r.find(doc, "attributes")) {
     meta.attributes = r.object(*attributes, "attributes");
   }
-  if (const json* names = r.find(doc, "dimension_names")) {
+  // null: no names, as zarr-python reads it (the key left out means the same).
+  if (const json* names = r.find(doc, "dimension_names"); names != nullptr && !names->is_null()) {
     check_dimension_names(r, *names, meta.shape.size());
   }
   if (const json* st = r.find(doc, "storage_transformers")) {

@@ -1,0 +1,40 @@
+// Which of a parameter server's checkpoint files (SHARD-step-N.safetensors in the run's
+// checkpoint directory) it resumes from: the newest that reads back whole, older ones standing
+// in for a newer one that was damaged. The server restores through it; `tandem launch --resume`
+// asks it beforehand which step each server will resume at.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ps_checkpoint_file.h"
+
+namespace tandem {
+
+// `shard`'s checkpoint files in `dir`, newest (highest step in the name) first.
+std::vector<std::pair<int64_t, std::string>> list_shard_checkpoints(const std::string& dir,
+                                                                    const std::string& shard);
+
+struct CheckpointChoice {
+  std::string path;  // the file taken; empty when none was
+  int64_t step = -1;
+  // Each file passed over (unreadable, damaged, of another optimizer, or refused by the
+  // caller), with why, newest first.
+  std::vector<std::pair<std::string, std::string>> skipped;
+
+  // Empty when a file was taken or there were none; otherwise the InputError text for a server
+  // that has checkpoints and none it can resume from.
+  std::string refusal(const std::string& shard, const std::string& dir) const;
+};
+
+// Offers `shard`'s checkpoints in `dir` that decode (decode_shard_checkpoint) to `take`, newest
+// first, until `take` returns; an exception from reading, decoding or `take` passes that file
+// over for the next, but ShardDeviceFailed (the GPU, not the file), which ends the search.
+CheckpointChoice choose_shard_checkpoint(
+    const std::string& dir, const std::string& shard, bool adam,
+    const std::function<void(ShardCheckpoint&&, const std::string& path)>& take);
+
+}  // namespace tandem
