@@ -151,6 +151,20 @@ expect_error "eval of an empty split says so" "the validation split of $real has
 expect_error "eval's validation split is the one the model was trained without" \
   "the validation split of $real has no rows" \
   "$tandem" eval --model "$dir/v0.safetensors" --data "$real" --split validation
+# A count that says nothing of IDX files (the Python API's own validation arrays, a store's
+# split; here the same file without tandem train's "validation_split"): the default 5000.
+python3 -c 'import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+del header["__metadata__"]["validation_split"]
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])' \
+  "$dir/v0.safetensors" "$dir/v0-python.safetensors"
+ev=$("$tandem" eval --model "$dir/v0-python.safetensors" --data "$real" --split validation --json)
+check "... but only a count tandem train split off IDX files" \
+  test "$(json_field "$ev" samples)" = 5000
 # A checkpoint that cannot be written is refused before the first step, not after an epoch.
 expect_error "an unwritable --checkpoint is refused at once" \
   "cannot write '$dir/absent/c.safetensors'" \

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <png.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1166,6 +1167,16 @@ TEST(PngWriter, ErrorsNameTheFile) {
   EXPECT_THROW(write_gray_png(dir.file("x.png"), image.data(), 2, 2, o), InputError);
   EXPECT_THROW(write_gray_png(dir.file("x.png"), image.data(), 0, 2), InputError);
   EXPECT_TRUE(entries(dir.path()).empty());
+  // A FIFO in the image's place is refused, not replaced; through a link the file it names is
+  // written and the link kept (as every atomic write does).
+  ASSERT_EQ(::mkfifo(dir.file("fifo.png").c_str(), 0644), 0);
+  EXPECT_THROW(write_gray_png(dir.file("fifo.png"), image.data(), 2, 2), IoError);
+  EXPECT_TRUE(fs::is_fifo(dir.file("fifo.png")));
+  write_gray_png(dir.file("real.png"), image.data(), 2, 2);
+  fs::create_symlink(dir.file("real.png"), dir.file("link.png"));
+  write_gray_png(dir.file("link.png"), image.data(), 2, 1);
+  EXPECT_TRUE(fs::is_symlink(dir.file("link.png")));
+  EXPECT_EQ(entries(dir.path()).size(), 3u);
 }
 
 }  // namespace

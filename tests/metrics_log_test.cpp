@@ -1,5 +1,6 @@
 // The metrics log's lines: every one valid JSON, whatever the numbers and text written.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <limits>
@@ -107,23 +108,31 @@ TEST(MetricsLog, AResumedLogStartsAfterALineCutShort) {
 }
 
 // A run killed after its checkpoint at step 20 logged steps 30 and 40, which its resumption
-// trains again: they are cut, so that no step is in the log twice with two losses, and a record
-// says where the run resumed and how many records went. Records before the cut stay, whatever
-// their type.
+// trains again: they are dropped, so that no step is in the log twice with two losses, and a
+// record says where the run resumed and how many records went. Every other line stays, in its
+// order: a cluster's score of step 15 logged after a record of step 30 (its scorer pulled
+// before), records without a step, a last line cut short.
 TEST(MetricsLog, AResumedLogDropsTheRecordsPastItsCheckpoint) {
   test::TempDir dir;
   const std::string path = dir.file("metrics.jsonl");
-  const std::string kept = "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
-                           "{\"type\":\"epoch\",\"step\":20}\n";
-  test::write_bytes(path, kept + "{\"type\":\"step\",\"step\":30}\n{\"type\":\"cluster\"}\n"
-                                 "{\"type\":\"step\",\"st");
+  test::write_bytes(path, "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
+                          "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"step\",\"step\":30}\n"
+                          "{\"type\":\"score\",\"step\":15}\n{\"type\":\"step\",\"step\":40.0}\n"
+                          "\n{\"type\":\"step\",\"st");
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
   {
     MetricsLog log(path, true, 20);
     log.write({{"type", "step"}, {"step", 21}});
   }
   EXPECT_EQ(test::read_bytes(path),
-            kept + "{\"dropped_records\":3,\"step\":20,\"type\":\"resume\"}\n"
-                   "{\"step\":21,\"type\":\"step\"}\n");
+            "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
+            "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"score\",\"step\":15}\n\n"
+            "{\"type\":\"step\",\"st\n"
+            "{\"dropped_records\":2,\"step\":20,\"type\":\"resume\"}\n"
+            "{\"step\":21,\"type\":\"step\"}\n");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);  // (rewritten, it keeps its permissions)
   // Nothing past the step: nothing dropped.
   {
     MetricsLog log(path, true, 21);

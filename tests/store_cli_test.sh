@@ -53,6 +53,10 @@ rm "$(find "$dir/holed-labels.zarr/labels" -type f -path '*/c/*' | sort | head -
 expect_error "inspect refuses a split with a missing labels chunk" "is missing" \
   "$tandem" inspect "$dir/holed-labels.zarr" --out "$dir/png-holed"
 
+out=$("$tandem" prepare --out "$dir/bigchunk.zarr" --chunk-rows 99999999 --json 2>/dev/null)
+check "prepare reports the chunks it wrote (a --chunk-rows past the training rows is cut)" \
+  test "$(json_field "$out" chunk_rows)" = 55000
+rm -rf "$dir/bigchunk.zarr"
 expect_error "prepare refuses an existing store" "$dir/one.zarr" "$tandem" prepare --out "$dir/one.zarr"
 check "overwrite replaces it" "$tandem" prepare --out "$dir/one.zarr" --overwrite --chunk-rows 5000
 expect_error "unknown compressor" "lz5" "$tandem" prepare --out "$dir/x.zarr" --compressor blosc-lz5

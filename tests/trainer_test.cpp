@@ -102,6 +102,7 @@ TEST(Trainer, KeepsTheBestEpoch) {
   TrainConfig c = small_config(8);
   c.optimizer.learning_rate = 0.1f;
   c.checkpoint_path = dir.file("best.safetensors");
+  c.metrics_path = dir.file("metrics.jsonl");
   std::vector<double> losses;
   Trainer trainer(c);
   trainer.on_epoch = [&](const EpochReport& r) { losses.push_back(r.validation.loss_sum); };
@@ -119,6 +120,7 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(saved.extra.at("validation_rows"), "100");
   // Resumed with nothing to train (as the command line does for such a rerun), it is saved again
   // saying 8, not its kept epoch: a second rerun would train the epochs after the best.
+  const std::string logged = test::read_bytes(c.metrics_path);
   {
     TrainConfig again = c;
     again.epochs = static_cast<int>(best_epoch);
@@ -127,6 +129,9 @@ TEST(Trainer, KeepsTheBestEpoch) {
     EXPECT_EQ(rerun.fit(train.view(), validation.view(), {}).epochs, 0);
     EXPECT_EQ(load_checkpoint(c.checkpoint_path).extra.at("epochs_trained"), "8");
   }
+  // Its metrics keep the records of the epochs after the kept one: they stand, trained once (a
+  // rerun that trains nothing dropped them as if it would train them again).
+  EXPECT_EQ(test::read_bytes(c.metrics_path), logged);
   EXPECT_EQ(flat(saved.model), flat(trainer.model()));
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
 }

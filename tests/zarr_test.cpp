@@ -680,6 +680,19 @@ TEST(Zarr, ReadsZarrPythonStyleV3) {
   // "dimension_names": null, which zarr-python reads as no names.
   const std::string unnamed = write_v3(dir, [](json& d) { d["dimension_names"] = nullptr; });
   EXPECT_NO_THROW(Array::open(unnamed));
+  // One byte has no order: big-endian uint8 is uint8, in v3 as in v2 (">u1").
+  const std::string big_bytes = write_v3(dir, [](json& d) {
+    d["data_type"] = "uint8";
+    d["fill_value"] = 0;
+    d["codecs"][0]["configuration"]["endian"] = "big";
+  });
+  EXPECT_EQ(Array::open(big_bytes).meta().dtype, DType::UInt8);
+  const TempDir v2_dir;  // (write_v2 writes the same path as write_v3)
+  const std::string big_v2 = write_v2(v2_dir, [](json& d) {
+    d["dtype"] = ">u1";
+    d["fill_value"] = 0;
+  });
+  EXPECT_EQ(Array::open(big_v2).meta().dtype, DType::UInt8);
 }
 
 // numcodecs writes levels Tandem does not (zlib's and gzip's default, -1; a zstd level above the

@@ -15,7 +15,12 @@ namespace tandem {
 
 namespace {
 
-int resolve_threads(int threads) { return threads > 0 ? threads : ThreadPool::available_cores(); }
+int resolve_threads(int threads) {
+  // A negative count ran on every core, silently (Model.evaluate(threads=-1), say), where
+  // training refuses it.
+  if (threads < 0) throw InputError("threads must be >= 0, got " + std::to_string(threads));
+  return threads > 0 ? threads : ThreadPool::available_cores();
+}
 
 }  // namespace
 

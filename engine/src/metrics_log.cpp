@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <utility>
 #include <nlohmann/json.hpp>
 
@@ -32,37 +32,47 @@ bool ends_mid_line(const std::string& path) {
   return cut;
 }
 
-// Cuts a regular file at the start of its first record whose "step" is above `step`: the
-// records are in the order they were written, so all from there on come after the checkpoint a
-// run resumes from. Returns the number of lines cut (0: none, or not a regular file).
-int64_t cut_records_after(const std::string& path, int64_t step) {
-  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
+// Whether `line` is a record of a step above `step`.
+bool past(const std::string& line, int64_t step) {
+  const nlohmann::json record = parse_bounded_json(line);
+  int64_t record_step = 0;
+  return record.is_object() && record.contains("step") &&
+         json_as_integer(record["step"], record_step) && record_step > step;
+}
+
+// Drops the records of a regular file whose "step" is above `step`, keeping every other line
+// in its order; returns how many went. Each record is looked at, not the file cut at the first:
+// a cluster's log is not in step order (a score, of the step its scorer pulled, comes after
+// records of later steps). The file is read twice, never held whole, and replaced atomically
+// only when something goes.
+int64_t drop_records_after(const std::string& path, int64_t step) {
   struct stat st {};
-  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
-  std::string text(size_t(st.st_size), '\0');
-  read_exact(fd.get(), text.data(), text.size(), path, "metrics file " + path + " shrank");
-  size_t at = 0;
-  for (size_t end; at < text.size(); at = end + 1) {
-    end = std::min(text.find('\n', at), text.size());
-    const nlohmann::json record =
-        parse_bounded_json(std::string_view(text).substr(at, end - at));
-    int64_t record_step = 0;
-    if (record.is_object() && record.contains("step") &&
-        json_as_integer(record["step"], record_step) && record_step > step)
-      break;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) dropped += past(line, step) ? 1 : 0;
+  if (dropped == 0) return 0;
+  in.clear();
+  in.seekg(0);
+  AtomicFile out(path);
+  while (std::getline(in, line)) {
+    if (past(line, step)) continue;
+    if (!in.eof()) line += '\n';  // (a last line cut short stays so: see ends_mid_line)
+    out.write(line.data(), line.size());
   }
-  if (at >= text.size()) return 0;
-  const int64_t lines = int64_t(std::count(text.begin() + ptrdiff_t(at), text.end(), '\n')) +
-                        (text.back() == '\n' ? 0 : 1);
-  if (::ftruncate(fd.get(), off_t(at)) != 0) io_error("truncate", path, errno);
-  return lines;
+  if (in.bad()) throw IoError("cannot read metrics file " + path + " again to drop records");
+  out.commit();
+  fsync_parent_directory(out.target(), "rewriting");
+  return dropped;
 }
 
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_step)
     : path_(path) {
-  const int64_t dropped = append && resumed_step >= 0 ? cut_records_after(path, resumed_step) : 0;
+  const int64_t dropped =
+      append && resumed_step >= 0 ? drop_records_after(path, resumed_step) : 0;
   // Checked before the file is opened for appending: the resumed run's first record starts a
   // line of its own, or the two would be one line that no JSON reader takes.
   const bool cut = append && ends_mid_line(path);

@@ -108,8 +108,10 @@ void write_png_impl(const std::string& path, const T* values, int64_t height, in
     gray[i] = static_cast<uint8_t>(std::min(255.0, std::max(0.0, level)));
   }
 
+  // As AtomicFile replaces: a link's file (the link kept), never a device or a FIFO.
+  const std::string target = replacement_target(path);
   static std::atomic<unsigned> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid()) + "-" +
+  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-" +
                           std::to_string(counter.fetch_add(1));
   std::vector<uint8_t> row(size_t(width) * size_t(options.scale));
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
@@ -129,12 +131,12 @@ void write_png_impl(const std::string& path, const T* values, int64_t height, in
   if (std::fclose(file) != 0 && err == 0) err = errno;
   if (!encoded) throw IoError(path + ": libpng failed to write the image: " + state.message);
   if (err != 0) throw IoError(path + ": cannot write " + tmp + ": " + errno_text(err));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
     err = errno;
     throw IoError(path + ": cannot rename " + tmp + " into place: " + errno_text(err));
   }
   guard.dismiss();
-  fsync_parent_directory(path, "replacing");  // the rename itself survives a crash, as elsewhere
+  fsync_parent_directory(target, "replacing");  // the rename itself survives a crash, as elsewhere
 }
 
 }  // namespace

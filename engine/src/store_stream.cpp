@@ -1,4 +1,6 @@
 // The public entry points to dataset stores: detection, evaluation splits, the training stream.
+#include <filesystem>
+
 #include "chunk_manager.h"
 #include "dataset_store.h"
 
@@ -7,8 +9,13 @@ namespace tandem {
 bool is_dataset_store(const std::string& path) {
   // Zarr metadata at the top (damaged, or an array's rather than a group's) makes it a store
   // too, one that DatasetStore::open then refuses saying what is wrong: taken for a directory of
-  // IDX files, it was refused for having none.
-  return DatasetStore::looks_like_store(path) || DatasetStore::has_zarr_metadata(path);
+  // IDX files, it was refused for having none. Unless it has IDX files: a stray file beside
+  // them does not make them a store.
+  if (DatasetStore::looks_like_store(path)) return true;
+  std::error_code ec;
+  const std::string idx = (std::filesystem::path(path) / "train-images-idx3-ubyte").string();
+  return DatasetStore::has_zarr_metadata(path) && !std::filesystem::exists(idx, ec) &&
+         !std::filesystem::exists(idx + ".gz", ec);
 }
 
 DataSplits read_eval_splits(const DatasetStore& store) {

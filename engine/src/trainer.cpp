@@ -174,6 +174,7 @@ Checkpoint Trainer::checkpoint() const {
   // The validation split's rows (0: none): from a directory of IDX files they are the training
   // file's last rows, so a resumed run must split it the same way (tandem train --resume).
   if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
+  if (!config_.validation_split.empty()) ckpt.extra["validation_split"] = config_.validation_split;
   return ckpt;
 }
 
@@ -243,11 +244,19 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
                                    const DatasetView& validation, const DatasetView& test) {
   // A checkpoint that cannot be written is said now, not after the first epoch's work.
   if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
+  // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far
+  // it went beside it) trains nothing: not the epochs after the kept one a second time.
+  const int64_t last_epoch = resumed_epochs_trained_ >= config_.epochs
+                                 ? std::min<int64_t>(epoch_, config_.epochs)
+                                 : config_.epochs;
   std::unique_ptr<MetricsLog> metrics;
-  // A resumed run adds to the metrics of the run it continues, from its checkpoint's step.
+  // A resumed run adds to the metrics of the run it continues, from its checkpoint's step: the
+  // records past it are of epochs it trains again. One that trains nothing keeps them all (they
+  // are of epochs that stand: a finished run's, kept beside its earlier best).
   if (!config_.metrics_path.empty())
     metrics = std::make_unique<MetricsLog>(config_.metrics_path, resumed_,
-                                           resumed_ ? backend_->step() : -1);
+                                           resumed_ && epoch_ < last_epoch ? backend_->step()
+                                                                           : -1);
 
   TrainSummary summary;
   summary.backend = backend_->name();
@@ -275,11 +284,6 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   }
   bool said_diverged = false;
   epochs_trained_ = -1;
-  // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far
-  // it went beside it) trains nothing: not the epochs after the kept one a second time.
-  const int64_t last_epoch = resumed_epochs_trained_ >= config_.epochs
-                                 ? std::min<int64_t>(epoch_, config_.epochs)
-                                 : config_.epochs;
   while (epoch_ < last_epoch) {
     const auto epoch_start = Clock::now();
     auto step_start = epoch_start;

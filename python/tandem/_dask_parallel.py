@@ -244,7 +244,7 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
             raise InputError("min_epochs, eta, budget_seconds and slots are successive "
                              "halving's: give budget (the most epochs a trial trains) too")
         # A trial returns its model and summary; a third value (the state) failed every trial.
-        if any("return_state" in keywords for keywords in [common] + list(configs)):
+        if any(keywords.get("return_state") for keywords in [common] + list(configs)):
             raise InputError("return_state is not for search: each trial's result holds its "
                              "model (with budget, successive halving keeps the states itself)")
     else:

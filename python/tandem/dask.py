@@ -352,6 +352,12 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
                                    or len(validation) != 2):
         raise InputError(f"validation must be (images, labels), not {type(validation).__name__}")
     addresses = sorted(dask_workers if dask_workers is not None else client.nthreads())
+    # One role per Dask worker process: a worker named twice would run two roles of the run,
+    # the second taking the first's place in its process (feeding then found no worker).
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if repeated:
+        raise InputError(f"dask_workers names {', '.join(repeated)} more than once; each runs "
+                         "one role")
     needed = ps + worker + scorer
     if len(addresses) < needed:
         raise InputError(f"start(ps={ps}, worker={worker}, scorer={scorer}) runs one role per Dask "
@@ -443,6 +449,11 @@ def feed(batches, cluster, wait=True, timeout_s=None):
         queued is given to another worker, and the run goes on without the one that left.
     Returns the Dask futures of the transfers (each gives {rows, pixels_copied, ...}).
     """
+    # One pair where a list of them goes: its images were taken for a block, and failed inside
+    # a Dask task as "too many values to unpack".
+    if isinstance(batches, tuple) and len(batches) == 2 and getattr(batches[0], "ndim", 0) >= 2:
+        raise TypeError("feed takes a list of (images, labels) blocks; for one block, give "
+                        "[(images, labels)]")
     cluster.check()
     client = cluster.client
     batches = _as_futures(client, batches)

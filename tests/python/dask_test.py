@@ -159,6 +159,10 @@ class DaskTest(LocalClusterTest):
         with self.assertRaisesRegex(tandem.InputError,
                                     "validation must be .images, labels., not int"):
             tdask.start(self.client, ps=1, worker=1, scorer=1, validation=5, **SETTINGS)
+        some = sorted(self.client.nthreads())[0]
+        with self.assertRaisesRegex(tandem.InputError, "names .* more than once"):
+            tdask.start(self.client, ps=1, worker=1, scorer=0, dask_workers=[some, some],
+                        max_seconds=5, **SETTINGS)
         # A role that fails while the cluster starts: the engine's message, from the Dask
         # worker; the roles already started end.
         with self.assertRaisesRegex(tandem.InputError, "device must be cpu, cuda or auto, not 'tpu'"):
@@ -257,7 +261,9 @@ class LostDaskWorkerTest(unittest.TestCase):
             self.assertIsNotNone(result["model"])
 
 
-class ListenAddressTest(unittest.TestCase):
+class WithoutAClusterTest(unittest.TestCase):
+    """What is decided before any Dask cluster is used."""
+
     def test_in_process_workers_keep_the_run_on_loopback(self):
         """LocalCluster(processes=False) names its workers inproc://MACHINE-ADDRESS/...: they
         run in this process, so the coordinator listens on loopback, not on every interface
@@ -267,6 +273,12 @@ class ListenAddressTest(unittest.TestCase):
         self.assertEqual(tdask._advertised_bind(["tcp://127.0.0.1:4000"]),
                          ("tcp://127.0.0.1:*", ""))
         self.assertEqual(tdask._host_of("tcp://10.1.2.3:4000"), "10.1.2.3")
+
+    def test_feeding_one_pair_instead_of_a_list_says_so(self):
+        # Refused before the cluster is looked at: it failed inside a Dask task, unpacking.
+        x, y = make_rows(10, 1)
+        with self.assertRaisesRegex(TypeError, r"for one block, give \[\(images, labels\)\]"):
+            tdask.feed((x, y), None)
 
 
 class AbandonedRunTest(unittest.TestCase):

@@ -119,6 +119,10 @@ class ModelTest(unittest.TestCase):
         self.assertIsInstance(caught.exception, ValueError)
         self.assertIsInstance(caught.exception, tandem.Error)
         self.assertIn("100 features per row", str(caught.exception))
+        for call in (lambda: model.evaluate(x, y, threads=-1),
+                     lambda: model.predict(x, threads=-1)):
+            with self.assertRaisesRegex(tandem.InputError, "threads must be >= 0, got -1"):
+                call()
         with self.assertRaisesRegex(tandem.InputError, "unknown run setting 'bacth'"):
             tandem.Coordinator({"fed": True, "bacth": 10})
         # NaN, which JSON cannot spell, is refused naming its key (it failed as a parse error).

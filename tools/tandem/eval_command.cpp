@@ -58,11 +58,16 @@ void run_eval(const EvalOptions& o) {
     throw InputError("--validation-rows is for a directory of IDX files: the store " + o.data +
                      " holds its own validation split (tandem prepare --validation-rows)");
   // From IDX files the validation split is the training file's last rows, as many as the model
-  // was trained without (tandem train writes the count into its checkpoints): the default
-  // count would score a model trained with --validation-rows 0 on rows it learned from.
+  // was trained without when tandem train split them off IDX files (it says so in its
+  // checkpoints; a count of the Python API's own validation arrays or of a store's split says
+  // nothing of these files): the default count would score a model trained with
+  // --validation-rows 0 on rows it learned from.
   int64_t validation_rows = o.validation_rows;
-  std::optional<int64_t> held_out = checkpoint_count(ckpt, "validation_rows");
-  if (!held_out) held_out = checkpoint_count(ckpt, "validation_samples");  // older checkpoints
+  const auto said = ckpt.extra.find("validation_split");
+  const std::optional<int64_t> held_out =
+      said != ckpt.extra.end() && said->second == "idx-last-rows"
+          ? checkpoint_count(ckpt, "validation_rows")
+          : std::nullopt;
   if (!store && held_out) {
     if (o.validation_rows_option->count() == 0) validation_rows = *held_out;
     else if (validation_rows != *held_out)

@@ -196,13 +196,15 @@ void run_prepare(const PrepareOptions& o) {
   const int64_t pixel_bytes = w.pixel_type == PixelType::UInt8 ? 1 : 4;
   const int64_t data_bytes = rows_total * features * pixel_bytes + rows_total;
   const int64_t stored_bytes = bytes_under(o.out);
+  // As written: a --chunk-rows above the training rows is cut to them (the option said more).
+  const int64_t chunk_rows = DatasetStore::open(o.out).train.images.meta().chunks[0];
   const double mb_per_s = write_s > 0 ? double(data_bytes) / 1e6 / write_s : 0.0;
   if (o.json) {
     nlohmann::json j{{"store", o.out},
                      {"format", o.format},
                      {"dtype", o.dtype},
                      {"compressor", w.compressor.describe()},
-                     {"chunk_rows", o.chunk_rows},
+                     {"chunk_rows", chunk_rows},
                      {"copies", o.copies},
                      {"features", features},
                      {"rows", {{"train", rows_train},
@@ -217,7 +219,7 @@ void run_prepare(const PrepareOptions& o) {
   } else {
     std::printf("wrote %s: zarr v%d, %s pixels, %lld features, chunks of %lld rows, compressor %s\n",
                 o.out.c_str(), o.format, o.dtype.c_str(), static_cast<long long>(features),
-                static_cast<long long>(o.chunk_rows), w.compressor.describe().c_str());
+                static_cast<long long>(chunk_rows), w.compressor.describe().c_str());
     std::printf("  train %lld rows (%d %s of %lld), validation %lld, test %lld\n",
                 static_cast<long long>(rows_train), o.copies, o.copies == 1 ? "copy" : "copies",
                 static_cast<long long>(splits.train.rows()),

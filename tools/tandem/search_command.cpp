@@ -241,7 +241,8 @@ std::vector<EpochResult> read_epochs(const std::string& path) {
 }
 
 std::string fixed(double x, int digits) {
-  if (!std::isfinite(x)) return "inf";
+  if (std::isnan(x)) return "nan";  // (a diverged trial's loss; it read as "inf")
+  if (!std::isfinite(x)) return x > 0 ? "inf" : "-inf";
   char text[64];
   std::snprintf(text, sizeof(text), "%.*f", digits, x);
   return text;

@@ -140,6 +140,7 @@ void run_train(TrainOptions& o) {
     config.model = model_for(o.hidden, stream->features(), stream->num_classes());
   } else {
     data = load_mnist_splits(o.data, o.validation_rows);
+    config.validation_split = "idx-last-rows";  // (what tandem eval holds out of the same files)
     config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
   }
   const int64_t train_rows = stream ? stream->rows_per_epoch() : data.train.rows();

@@ -155,15 +155,16 @@ class Reader {
 
 DType parse_v2_dtype(const Reader& r, const json& j) {
   const std::string& text = r.string(j, "dtype");
+  for (const DTypeInfo& d : kDTypes) {
+    // A 1-byte type has no byte order; NumPy writes "|" but "<" and ">" mean the same.
+    if (text == d.v2_name || (d.size == 1 && (text == std::string("<") + (d.v2_name + 1) ||
+                                              text == std::string(">") + (d.v2_name + 1)))) {
+      return d.type;
+    }
+  }
   if (!text.empty() && text[0] == '>') {
     r.fail("big-endian dtype \"" + text + "\" is not supported; expected a little-endian one (" +
            kV2DTypeList + ")");
-  }
-  for (const DTypeInfo& d : kDTypes) {
-    // A 1-byte type has no byte order; NumPy writes "|" but "<" means the same.
-    if (text == d.v2_name || (d.size == 1 && text == std::string("<") + (d.v2_name + 1))) {
-      return d.type;
-    }
   }
   r.fail("dtype \"" + text + "\" is not supported; expected one of " + kV2DTypeList);
 }
@@ -318,9 +319,12 @@ void parse_v3_bytes_codec(const Reader& r, const json& config, DType type) {
     return;
   }
   const std::string& e = r.string(*endian, "endian");
-  if (e == "big") r.fail("big-endian data (bytes codec endian \"big\") is not supported; expected "
-                         "\"little\"");
-  if (e != "little") r.fail("bytes codec endian \"" + e + "\" is not \"little\" or \"big\"");
+  // One byte has no order: "big" means the same bytes as "little" (zarr-python reads it).
+  if (e == "big" && dtype_size(type) > 1)
+    r.fail("big-endian data (bytes codec endian \"big\") is not supported; expected "
+           "\"little\"");
+  if (e != "little" && e != "big")
+    r.fail("bytes codec endian \"" + e + "\" is not \"little\" or \"big\"");
 }
 
 Compressor parse_v3_compressor(const Reader& r, const std::string& name, const json& config) {
