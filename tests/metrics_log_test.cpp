@@ -1,6 +1,7 @@
 // The metrics log's lines: every one valid JSON, whatever the numbers and text written.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "metrics_log.h"
+#include "tandem/error.h"
 #include "test_support.h"
 
 namespace tandem {
@@ -108,10 +110,11 @@ TEST(MetricsLog, AResumedLogStartsAfterALineCutShort) {
 }
 
 // A run killed after its checkpoint at step 20 logged steps 30 and 40, which its resumption
-// trains again: they are dropped, so that no step is in the log twice with two losses, and a
-// record says where the run resumed and how many records went. Every other line stays, in its
-// order: a cluster's score of step 15 logged after a record of step 30 (its scorer pulled
-// before), records without a step, a last line cut short.
+// trains again, and a last line it cut short: they are dropped, so that no step is in the log
+// twice with two losses, and a record says where the run resumed and how many records went.
+// Every other line stays, in its order: a cluster's score of step 15 logged after a record of
+// step 30 (its scorer pulled before), records without a step, a blank line. In place: the file
+// keeps its inode (a hard link, `tail -f`, see the new content), and its mode.
 TEST(MetricsLog, AResumedLogDropsTheRecordsPastItsCheckpoint) {
   test::TempDir dir;
   const std::string path = dir.file("metrics.jsonl");
@@ -120,25 +123,40 @@ TEST(MetricsLog, AResumedLogDropsTheRecordsPastItsCheckpoint) {
                           "{\"type\":\"score\",\"step\":15}\n{\"type\":\"step\",\"step\":40.0}\n"
                           "\n{\"type\":\"step\",\"st");
   ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  ASSERT_EQ(::link(path.c_str(), dir.file("linked.jsonl").c_str()), 0);
   {
     MetricsLog log(path, true, 20);
     log.write({{"type", "step"}, {"step", 21}});
   }
-  EXPECT_EQ(test::read_bytes(path),
-            "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
-            "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"score\",\"step\":15}\n\n"
-            "{\"type\":\"step\",\"st\n"
-            "{\"dropped_records\":2,\"step\":20,\"type\":\"resume\"}\n"
-            "{\"step\":21,\"type\":\"step\"}\n");
+  const std::string expected =
+      "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
+      "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"score\",\"step\":15}\n\n"
+      "{\"dropped_records\":3,\"step\":20,\"type\":\"resume\"}\n"
+      "{\"step\":21,\"type\":\"step\"}\n";
+  EXPECT_EQ(test::read_bytes(path), expected);
+  EXPECT_EQ(test::read_bytes(dir.file("linked.jsonl")), expected);
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0640u);  // (rewritten, it keeps its permissions)
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
   // Nothing past the step: nothing dropped.
   {
     MetricsLog log(path, true, 21);
   }
   const std::string none_dropped = "{\"dropped_records\":0,\"step\":21,\"type\":\"resume\"}\n";
-  EXPECT_NE(test::read_bytes(path).find(none_dropped), std::string::npos);
+  EXPECT_EQ(test::read_bytes(path), expected + none_dropped);
+}
+
+// A log that cannot be written is refused before anything is dropped from it (it was rewritten,
+// then refused).
+TEST(MetricsLog, AResumedLogThatCannotBeWrittenIsLeftAsItWas) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes a read-only file";
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  const std::string before = "{\"type\":\"step\",\"step\":30}\n";
+  test::write_bytes(path, before);
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  EXPECT_THROW(MetricsLog(path, true, 20), IoError);
+  EXPECT_EQ(test::read_bytes(path), before);
 }
 
 }  // namespace

@@ -48,6 +48,16 @@ expect_error "train names a store's damaged metadata" "zarr.json" \
   "$tandem" train --data "$dir/broken.zarr" --epochs 1
 expect_error "train on an array's path says it is no group" '"array"' \
   "$tandem" train --data "$dir/one.zarr/images" --epochs 1
+# IDX files with a stray Zarr file beside them are still IDX files; a v2 store that lost its
+# .zgroup is still a store, a damaged one.
+mkdir "$dir/idx-stray" && ln -s /usr/share/datasets/fashion-mnist/* "$dir/idx-stray/"
+echo '{}' >"$dir/idx-stray/.zattrs"
+check "IDX files beside a stray .zattrs are read as IDX files" \
+  "$tandem" eval --model "$dir/m.safetensors" --data "$dir/idx-stray" --split test
+"$tandem" prepare --out "$dir/v2-nogroup.zarr" --format 2 --chunk-rows 20000 >/dev/null 2>&1
+rm "$dir/v2-nogroup.zarr/.zgroup"
+expect_error "a v2 store without its .zgroup is named as damaged, not taken for IDX files" \
+  ".zgroup" "$tandem" eval --model "$dir/m.safetensors" --data "$dir/v2-nogroup.zarr"
 cp -r "$dir/one.zarr" "$dir/holed-labels.zarr"
 rm "$(find "$dir/holed-labels.zarr/labels" -type f -path '*/c/*' | sort | head -1)"
 expect_error "inspect refuses a split with a missing labels chunk" "is missing" \

@@ -103,6 +103,7 @@ TEST(Trainer, KeepsTheBestEpoch) {
   c.optimizer.learning_rate = 0.1f;
   c.checkpoint_path = dir.file("best.safetensors");
   c.metrics_path = dir.file("metrics.jsonl");
+  c.validation_split = "idx-last-rows";
   std::vector<double> losses;
   Trainer trainer(c);
   trainer.on_epoch = [&](const EpochReport& r) { losses.push_back(r.validation.loss_sum); };
@@ -125,9 +126,15 @@ TEST(Trainer, KeepsTheBestEpoch) {
     TrainConfig again = c;
     again.epochs = static_cast<int>(best_epoch);
     Trainer rerun(again);
-    rerun.resume(saved, c.checkpoint_path);
+    // (a file of a version that did not say what its validation rows are: the rerun's file
+    // says, though the state it keeps is the file's)
+    Checkpoint unlabelled = saved;
+    ASSERT_EQ(unlabelled.extra.erase("validation_split"), 1u);
+    rerun.resume(unlabelled, c.checkpoint_path);
     EXPECT_EQ(rerun.fit(train.view(), validation.view(), {}).epochs, 0);
-    EXPECT_EQ(load_checkpoint(c.checkpoint_path).extra.at("epochs_trained"), "8");
+    const Checkpoint rewritten = load_checkpoint(c.checkpoint_path);
+    EXPECT_EQ(rewritten.extra.at("epochs_trained"), "8");
+    EXPECT_EQ(rewritten.extra.at("validation_split"), "idx-last-rows");
   }
   // Its metrics keep the records of the epochs after the kept one: they stand, trained once (a
   // rerun that trains nothing dropped them as if it would train them again).

@@ -563,9 +563,8 @@ bool DatasetStore::looks_like_store(const std::string& path) {
 }
 
 bool DatasetStore::has_zarr_metadata(const std::string& path) {
-  // (not .zattrs alone: attributes without a node's metadata are no Zarr node)
-  return path_exists(join(path, "zarr.json")) || path_exists(join(path, ".zgroup")) ||
-         path_exists(join(path, ".zarray"));
+  // (.zattrs too: a v2 group that lost its .zgroup is a damaged store, not IDX files)
+  return has_group_metadata(path) || array_exists(path);
 }
 
 void DatasetStore::check_is_directory(const std::string& path_in) {

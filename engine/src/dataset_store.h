@@ -87,7 +87,7 @@ struct DatasetStore {
   static DatasetStore open(const std::string& path, Labels labels = Labels::Required);
   // A Zarr group is at path, or a directory holding an `images` array and no group metadata.
   static bool looks_like_store(const std::string& path);
-  // A Zarr node's metadata (zarr.json, .zgroup or .zarray) is at path, readable or not.
+  // Zarr metadata (zarr.json, .zgroup, .zattrs or .zarray) is at path, readable or not.
   static bool has_zarr_metadata(const std::string& path);
   // InputError "PATH: no dataset store here (no such directory | not a directory)" unless path
   // is a directory: open()'s first check, for a caller that must refuse before it makes anything.

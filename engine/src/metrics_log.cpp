@@ -4,10 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <utility>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "file_io.h"
@@ -32,38 +33,75 @@ bool ends_mid_line(const std::string& path) {
   return cut;
 }
 
-// Whether `line` is a record of a step above `step`.
-bool past(const std::string& line, int64_t step) {
+// Whether a log resumed at `step` drops `line` (its newline left out): a record of a step past
+// it, or a last line cut short that is no record (`ended`: it had no newline). What the run did
+// after its checkpoint is trained again; and a line cut short is the last thing a killed run
+// wrote, after its checkpoint.
+bool drops(const std::string& line, bool ended, int64_t step) {
   const nlohmann::json record = parse_bounded_json(line);
+  if (!ended && !record.is_object()) return true;
   int64_t record_step = 0;
   return record.is_object() && record.contains("step") &&
          json_as_integer(record["step"], record_step) && record_step > step;
 }
 
-// Drops the records of a regular file whose "step" is above `step`, keeping every other line
-// in its order; returns how many went. Each record is looked at, not the file cut at the first:
-// a cluster's log is not in step order (a score, of the step its scorer pulled, comes after
-// records of later steps). The file is read twice, never held whole, and replaced atomically
-// only when something goes.
-int64_t drop_records_after(const std::string& path, int64_t step) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
-  std::ifstream in(path, std::ios::binary);
-  std::string line;
-  int64_t dropped = 0;
-  while (std::getline(in, line)) dropped += past(line, step) ? 1 : 0;
-  if (dropped == 0) return 0;
-  in.clear();
-  in.seekg(0);
-  AtomicFile out(path);
-  while (std::getline(in, line)) {
-    if (past(line, step)) continue;
-    if (!in.eof()) line += '\n';  // (a last line cut short stays so: see ends_mid_line)
-    out.write(line.data(), line.size());
+// Calls line(text, ended) for each line of the file open as `fd`, from its start, with
+// `ended` true when it had a newline (left out of `text`).
+template <typename Line>
+void for_each_line(int fd, const std::string& path, Line&& line) {
+  std::string pending;
+  std::vector<char> buffer(size_t(1) << 16);
+  for (off_t at = 0;;) {
+    const ssize_t got = ::pread(fd, buffer.data(), buffer.size(), at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) io_error("read metrics file", path, errno);
+    if (got == 0) break;
+    at += got;
+    const char* const end = buffer.data() + got;
+    for (const char* from = buffer.data(); from < end;) {
+      const char* newline = std::find(from, end, '\n');
+      pending.append(from, newline);
+      if (newline == end) break;
+      line(pending, true);
+      pending.clear();
+      from = newline + 1;
+    }
   }
-  if (in.bad()) throw IoError("cannot read metrics file " + path + " again to drop records");
-  out.commit();
-  fsync_parent_directory(out.target(), "rewriting");
+  if (!pending.empty()) line(pending, false);
+}
+
+// Drops the lines of a resumed run's log that `drops` says go, keeping every other in its order
+// (each record is looked at: a cluster's log is not in step order, a score of the step its
+// scorer pulled coming after records of later steps); returns how many went. In place, each
+// line kept written behind where it is read, then the file cut: it keeps its inode (`tail -f`
+// follows it on), owner, mode and links, and nothing is made beside it (its directory may be
+// read-only). A crash in the milliseconds this takes may leave a line twice. A log that cannot
+// be written is an IoError before anything goes.
+int64_t drop_records_after(const std::string& path, int64_t step) {
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));  // (a FIFO: left alone below)
+  if (fd.get() < 0 && errno == ENOENT) return 0;  // a log begun by this run
+  if (fd.get() < 0) io_error("open metrics file", path, errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io_error("stat metrics file", path, errno);
+  if (!S_ISREG(st.st_mode)) return 0;
+  int64_t dropped = 0;
+  for_each_line(fd.get(), path, [&](const std::string& text, bool ended) {
+    dropped += drops(text, ended, step) ? 1 : 0;
+  });
+  if (dropped == 0) return 0;
+  off_t written = 0;
+  for_each_line(fd.get(), path, [&](std::string& text, bool ended) {
+    if (drops(text, ended, step)) return;
+    if (ended) text += '\n';
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t put = ::pwrite(fd.get(), text.data() + done, text.size() - done, written);
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) io_error("write metrics file", path, errno);
+      done += size_t(put);
+      written += put;
+    }
+  });
+  if (::ftruncate(fd.get(), written) != 0) io_error("truncate metrics file", path, errno);
   return dropped;
 }
 

@@ -158,6 +158,10 @@ Checkpoint Trainer::resume_state() const {
   // than the epochs after the kept one once more.
   if (epochs_trained_ >= 0)
     ckpt.extra["epochs_trained"] = std::to_string(std::max(epochs_trained_, ckpt.epoch));
+  // A best state carried over from a resumed file holds that file's labels: what this run's
+  // validation split is, it says itself.
+  if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
+  if (!config_.validation_split.empty()) ckpt.extra["validation_split"] = config_.validation_split;
   return ckpt;
 }
 

@@ -451,7 +451,8 @@ def feed(batches, cluster, wait=True, timeout_s=None):
     """
     # One pair where a list of them goes: its images were taken for a block, and failed inside
     # a Dask task as "too many values to unpack".
-    if isinstance(batches, tuple) and len(batches) == 2 and getattr(batches[0], "ndim", 0) >= 2:
+    if (isinstance(batches, (tuple, list)) and len(batches) == 2
+            and getattr(batches[0], "ndim", 0) >= 2):
         raise TypeError("feed takes a list of (images, labels) blocks; for one block, give "
                         "[(images, labels)]")
     cluster.check()

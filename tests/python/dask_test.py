@@ -277,8 +277,10 @@ class WithoutAClusterTest(unittest.TestCase):
     def test_feeding_one_pair_instead_of_a_list_says_so(self):
         # Refused before the cluster is looked at: it failed inside a Dask task, unpacking.
         x, y = make_rows(10, 1)
-        with self.assertRaisesRegex(TypeError, r"for one block, give \[\(images, labels\)\]"):
-            tdask.feed((x, y), None)
+        for pair in ((x, y), [x, y]):
+            with self.assertRaisesRegex(TypeError,
+                                        r"for one block, give \[\(images, labels\)\]"):
+                tdask.feed(pair, None)
 
 
 class AbandonedRunTest(unittest.TestCase):
