@@ -110,7 +110,7 @@ check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints
 mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1/metrics.jsonl" "$dir/run1r/"
 first_lines=$(wc -l <"$dir/run1/metrics.jsonl")
 # A score logged after the last checkpoint (a run killed between them), which the resumed run
-# scores again: cut from the log.
+# scores again: dropped from the log, overwritten by a line as long that says so.
 echo '{"type":"score","step":99999999,"loss":1}' >>"$dir/run1r/metrics.jsonl"
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 1 \
   --target 0 --dashboard -1 --resume --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
@@ -119,8 +119,11 @@ check "... its server resumed from the first run's last checkpoint" \
   grep -q "resumed from checkpoint .*/ps0-step-$steps\.safetensors (step $steps)" "$dir/err1r"
 check "... and added to the run's metrics log (it was truncated)" \
   cmp -s <(head -n "$first_lines" "$dir/run1r/metrics.jsonl") "$dir/run1/metrics.jsonl"
-check "... without the score past its checkpoint, saying where it resumed" \
+check "... without the score past its checkpoint" \
   test "$(sed -n "$((first_lines + 1))p" "$dir/run1r/metrics.jsonl")" = \
+  "$(printf '{"type":"dropped"}%23s' '')"  # (as long as the score's 41 bytes)
+check "... saying where it resumed" \
+  test "$(sed -n "$((first_lines + 2))p" "$dir/run1r/metrics.jsonl")" = \
   "{\"dropped_records\":1,\"step\":$steps,\"type\":\"resume\"}"
 check "... with scores of its own" \
   test "$(tail -n +"$((first_lines + 1))" "$dir/run1r/metrics.jsonl" | grep -c '"type":"score"')" -gt 0

@@ -112,26 +112,36 @@ TEST(MetricsLog, AResumedLogStartsAfterALineCutShort) {
 // A run killed after its checkpoint at step 20 logged steps 30 and 40, which its resumption
 // trains again, and a last line it cut short: they are dropped, so that no step is in the log
 // twice with two losses, and a record says where the run resumed and how many records went.
-// Every other line stays, in its order: a cluster's score of step 15 logged after a record of
-// step 30 (its scorer pulled before), records without a step, a blank line. In place: the file
-// keeps its inode (a hard link, `tail -f`, see the new content), and its mode.
+// Each is overwritten by {"type":"dropped"} and spaces, as long as it was; every other line
+// stays as it was: a cluster's score of step 15 logged after a record of step 30 (its scorer
+// pulled before), records without a step, a blank line, lines longer than a read (64 KiB). In
+// place: the file keeps its inode (a hard link, `tail -f`, see the new content), and its mode.
 TEST(MetricsLog, AResumedLogDropsTheRecordsPastItsCheckpoint) {
   test::TempDir dir;
   const std::string path = dir.file("metrics.jsonl");
-  test::write_bytes(path, "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
-                          "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"step\",\"step\":30}\n"
-                          "{\"type\":\"score\",\"step\":15}\n{\"type\":\"step\",\"step\":40.0}\n"
-                          "\n{\"type\":\"step\",\"st");
+  const std::string long_text(100000, 'x');
+  const std::string long_kept = "{\"type\":\"note\",\"step\":5,\"text\":\"" + long_text + "\"}";
+  const std::string long_gone = "{\"type\":\"note\",\"step\":35,\"text\":\"" + long_text + "\"}";
+  const std::string before = "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n" +
+                             long_kept + "\n{\"type\":\"epoch\",\"step\":20}\n";
+  const std::string step_30 = "{\"type\":\"step\",\"step\":30}";
+  const std::string score_15 = "{\"type\":\"score\",\"step\":15}\n";
+  const std::string step_40 = "{\"type\":\"step\",\"step\":40.0}";
+  const std::string cut = "{\"type\":\"step\",\"st";
+  test::write_bytes(path, before + step_30 + "\n" + score_15 + long_gone + "\n" + step_40 +
+                              "\n\n" + cut);
   ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
   ASSERT_EQ(::link(path.c_str(), dir.file("linked.jsonl").c_str()), 0);
   {
     MetricsLog log(path, true, 20);
     log.write({{"type", "step"}, {"step", 21}});
   }
+  const auto dropped = [](const std::string& line) {
+    return "{\"type\":\"dropped\"}" + std::string(line.size() - 18, ' ');
+  };
   const std::string expected =
-      "{\"type\":\"step\",\"step\":10}\n{\"type\":\"cluster\"}\n"
-      "{\"type\":\"epoch\",\"step\":20}\n{\"type\":\"score\",\"step\":15}\n\n"
-      "{\"dropped_records\":3,\"step\":20,\"type\":\"resume\"}\n"
+      before + dropped(step_30) + "\n" + score_15 + dropped(long_gone) + "\n" + dropped(step_40) +
+      "\n\n" + dropped(cut) + "\n{\"dropped_records\":4,\"step\":20,\"type\":\"resume\"}\n"
       "{\"step\":21,\"type\":\"step\"}\n";
   EXPECT_EQ(test::read_bytes(path), expected);
   EXPECT_EQ(test::read_bytes(dir.file("linked.jsonl")), expected);

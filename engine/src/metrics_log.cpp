@@ -45,64 +45,76 @@ bool drops(const std::string& line, bool ended, int64_t step) {
          json_as_integer(record["step"], record_step) && record_step > step;
 }
 
-// Calls line(text, ended) for each line of the file open as `fd`, from its start, with
-// `ended` true when it had a newline (left out of `text`).
+// Calls line(text, at, ended) for each line of the file open as `fd`, from its start: `at` is
+// its offset, `ended` true when it had a newline (left out of `text`).
 template <typename Line>
 void for_each_line(int fd, const std::string& path, Line&& line) {
   std::string pending;
+  off_t pending_at = 0;
   std::vector<char> buffer(size_t(1) << 16);
   for (off_t at = 0;;) {
     const ssize_t got = ::pread(fd, buffer.data(), buffer.size(), at);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) io_error("read metrics file", path, errno);
     if (got == 0) break;
-    at += got;
-    const char* const end = buffer.data() + got;
-    for (const char* from = buffer.data(); from < end;) {
+    const char* const begin = buffer.data();
+    const char* const end = begin + got;
+    for (const char* from = begin; from < end;) {
       const char* newline = std::find(from, end, '\n');
       pending.append(from, newline);
       if (newline == end) break;
-      line(pending, true);
+      line(pending, pending_at, true);
       pending.clear();
+      pending_at = at + (newline + 1 - begin);
       from = newline + 1;
     }
+    at += got;
   }
-  if (!pending.empty()) line(pending, false);
+  if (!pending.empty()) line(pending, pending_at, false);
 }
 
-// Drops the lines of a resumed run's log that `drops` says go, keeping every other in its order
-// (each record is looked at: a cluster's log is not in step order, a score of the step its
-// scorer pulled coming after records of later steps); returns how many went. In place, each
-// line kept written behind where it is read, then the file cut: it keeps its inode (`tail -f`
-// follows it on), owner, mode and links, and nothing is made beside it (its directory may be
-// read-only). A crash in the milliseconds this takes may leave a line twice. A log that cannot
-// be written is an IoError before anything goes.
+// The same number of bytes as a line dropped from a log, and no record of a step: a line of
+// its own however a reader splits the file.
+std::string filler(size_t length) {
+  static const std::string dropped = "{\"type\":\"dropped\"}";
+  if (length >= dropped.size()) return dropped + std::string(length - dropped.size(), ' ');
+  if (length >= 2) return "{}" + std::string(length - 2, ' ');
+  return std::string(length, ' ');
+}
+
+// Drops the lines of a resumed run's log that `drops` says go (each record is looked at: a
+// cluster's log is not in step order, a score of the step its scorer pulled coming after
+// records of later steps); returns how many went. Each is overwritten where it is by a line of
+// as many bytes, {"type":"dropped"} and spaces, and nothing else moves: the file keeps its
+// inode (`tail -f` follows it on), owner, mode and links, nothing is made beside it (its
+// directory may be read-only), and a crash midway leaves every line whole but the one being
+// written. Opened for writing only when something goes: a log that cannot be written is then
+// an IoError before anything went.
 int64_t drop_records_after(const std::string& path, int64_t step) {
-  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));  // (a FIFO: left alone below)
-  if (fd.get() < 0 && errno == ENOENT) return 0;  // a log begun by this run
-  if (fd.get() < 0) io_error("open metrics file", path, errno);
+  Fd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // (a FIFO: left alone below)
+  if (in.get() < 0 && errno == ENOENT) return 0;  // a log begun by this run
+  if (in.get() < 0) io_error("open metrics file", path, errno);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) io_error("stat metrics file", path, errno);
+  if (::fstat(in.get(), &st) != 0) io_error("stat metrics file", path, errno);
   if (!S_ISREG(st.st_mode)) return 0;
-  int64_t dropped = 0;
-  for_each_line(fd.get(), path, [&](const std::string& text, bool ended) {
-    dropped += drops(text, ended, step) ? 1 : 0;
+  std::vector<std::pair<off_t, size_t>> going;  // each line's offset and length
+  for_each_line(in.get(), path, [&](const std::string& text, off_t at, bool ended) {
+    if (drops(text, ended, step)) going.emplace_back(at, text.size());
   });
-  if (dropped == 0) return 0;
-  off_t written = 0;
-  for_each_line(fd.get(), path, [&](std::string& text, bool ended) {
-    if (drops(text, ended, step)) return;
-    if (ended) text += '\n';
+  if (going.empty()) return 0;
+  Fd out(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK));
+  if (out.get() < 0) io_error("open metrics file for writing", path, errno);
+  for (const auto& [at, length] : going) {
+    const std::string text = filler(length);
     for (size_t done = 0; done < text.size();) {
-      const ssize_t put = ::pwrite(fd.get(), text.data() + done, text.size() - done, written);
+      const ssize_t put =
+          ::pwrite(out.get(), text.data() + done, text.size() - done, at + off_t(done));
       if (put < 0 && errno == EINTR) continue;
       if (put < 0) io_error("write metrics file", path, errno);
       done += size_t(put);
-      written += put;
     }
-  });
-  if (::ftruncate(fd.get(), written) != 0) io_error("truncate metrics file", path, errno);
-  return dropped;
+  }
+  return int64_t(going.size());
 }
 
 }  // namespace

@@ -14,9 +14,10 @@ class MetricsLog {
  public:
   MetricsLog() = default;
   // Truncates the file, or appends to it (a resumed run's); throws IoError naming the path.
-  // A run resumed from step `resumed_step` (>= 0) first drops the records past that step (what
-  // the run did after its checkpoint, trained again now: kept, each step would be there twice
-  // with two losses), every other line kept in its order, and then writes a record
+  // A run resumed from step `resumed_step` (>= 0) first drops the records past that step and a
+  // last line cut short (what the run did after its checkpoint, trained again now: kept, each
+  // step would be there twice with two losses), each overwritten in place by a line of as many
+  // bytes, {"type":"dropped"} and spaces, every other line as it was; then it writes a record
   // {"type":"resume","step":S,"dropped_records":N}.
   explicit MetricsLog(const std::string& path, bool append = false, int64_t resumed_step = -1);
   ~MetricsLog();

@@ -103,7 +103,6 @@ ParameterServer::ParameterServer(ServerOptions options)
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }
-  endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
   if (options_.device >= 0)
     shard_.use_device((options_.make_device ? options_.make_device : make_shard_device)(
         options_.optimizer, options_.device));
@@ -118,6 +117,11 @@ ParameterServer::ParameterServer(ServerOptions options)
         options_.shard_name,
         [this](const std::string&, int64_t step) { prune_checkpoints(step); });
   }
+  // Bound last: a server refused above (checkpoints it cannot resume from, a GPU that fails)
+  // leaves its address free. Closed as the constructor throws, a bound socket let the address go
+  // only once ZeroMQ's reaper had closed it, and an inproc:// name was still taken for the
+  // server started next (after the checkpoints were moved away, say).
+  endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
   thread_ = std::thread([this] { serve(); });
 }
 

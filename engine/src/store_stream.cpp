@@ -9,8 +9,8 @@ namespace tandem {
 bool is_dataset_store(const std::string& path) {
   // Zarr metadata at the top (damaged, or an array's rather than a group's) makes it a store
   // too, one that DatasetStore::open then refuses saying what is wrong: taken for a directory of
-  // IDX files, it was refused for having none. Unless it has IDX files: a stray file beside
-  // them does not make them a store.
+  // IDX files, it was refused for having none. Unless it has IDX files: a stray .zattrs or
+  // .zarray beside them does not make them a store (a group's metadata does: looks_like_store).
   if (DatasetStore::looks_like_store(path)) return true;
   std::error_code ec;
   const std::string idx = (std::filesystem::path(path) / "train-images-idx3-ubyte").string();

@@ -158,10 +158,12 @@ Checkpoint Trainer::resume_state() const {
   // than the epochs after the kept one once more.
   if (epochs_trained_ >= 0)
     ckpt.extra["epochs_trained"] = std::to_string(std::max(epochs_trained_, ckpt.epoch));
-  // A best state carried over from a resumed file holds that file's labels: what this run's
-  // validation split is, it says itself.
+  // A best state carried over from a resumed file came with that file's labels. It was carried
+  // only as scored on as many validation rows as this run's, which this run labels: its own
+  // label, or none.
   if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
-  if (!config_.validation_split.empty()) ckpt.extra["validation_split"] = config_.validation_split;
+  if (config_.validation_split.empty()) ckpt.extra.erase("validation_split");
+  else ckpt.extra["validation_split"] = config_.validation_split;
   return ckpt;
 }
 

@@ -437,6 +437,17 @@ def _placement(client, batches, workers, rotation=0):
     return placement
 
 
+def _one_pair(batches):
+    """Whether `batches` is one (images, labels) pair where a list of them goes: its images
+    were taken for a block, and failed inside a Dask task as "too many values to unpack". An
+    array's type has ndim (NumPy's, Dask's); a Delayed block's does not (asked, it would give a
+    Delayed)."""
+    if not isinstance(batches, (tuple, list)) or len(batches) != 2:
+        return False
+    first = batches[0]
+    return hasattr(type(first), "ndim") and first.ndim >= 2
+
+
 def feed(batches, cluster, wait=True, timeout_s=None):
     """Hands blocks of (images, labels) to the Tandem workers, in their own processes.
 
@@ -449,10 +460,7 @@ def feed(batches, cluster, wait=True, timeout_s=None):
         queued is given to another worker, and the run goes on without the one that left.
     Returns the Dask futures of the transfers (each gives {rows, pixels_copied, ...}).
     """
-    # One pair where a list of them goes: its images were taken for a block, and failed inside
-    # a Dask task as "too many values to unpack".
-    if (isinstance(batches, (tuple, list)) and len(batches) == 2
-            and getattr(batches[0], "ndim", 0) >= 2):
+    if _one_pair(batches):
         raise TypeError("feed takes a list of (images, labels) blocks; for one block, give "
                         "[(images, labels)]")
     cluster.check()

@@ -277,10 +277,14 @@ class WithoutAClusterTest(unittest.TestCase):
     def test_feeding_one_pair_instead_of_a_list_says_so(self):
         # Refused before the cluster is looked at: it failed inside a Dask task, unpacking.
         x, y = make_rows(10, 1)
-        for pair in ((x, y), [x, y]):
+        for pair in ((x, y), [x, y], (da.from_array(x), da.from_array(y))):
             with self.assertRaisesRegex(TypeError,
                                         r"for one block, give \[\(images, labels\)\]"):
                 tdask.feed(pair, None)
+        # Two blocks are no pair: delayed ones (whose ndim, asked, is a Delayed) neither.
+        blocks = [delayed(lambda: (x, y))(), delayed(lambda: (x, y))()]
+        self.assertFalse(tdask._one_pair(blocks))
+        self.assertFalse(tdask._one_pair([(x, y), (x, y)]))
 
 
 class AbandonedRunTest(unittest.TestCase):

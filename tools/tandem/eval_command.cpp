@@ -68,13 +68,16 @@ void run_eval(const EvalOptions& o) {
       said != ckpt.extra.end() && said->second == "idx-last-rows"
           ? checkpoint_count(ckpt, "validation_rows")
           : std::nullopt;
-  // A count without the label (tandem train before it wrote one, or the Python API): not used,
-  // but said, since for an older tandem train run it is the right one to give.
-  const std::optional<int64_t> unlabelled = checkpoint_count(ckpt, "validation_rows");
-  if (!store && !held_out && unlabelled && o.split != "test" &&
+  // A count without a label (tandem train of an earlier version, or the Python API): not used,
+  // but said, since for an earlier tandem train on IDX files it is the right one to give.
+  const std::optional<int64_t> unlabelled = said == ckpt.extra.end()
+                                                ? checkpoint_count(ckpt, "validation_rows")
+                                                : std::nullopt;
+  if (!store && unlabelled && o.split != "test" &&
       o.validation_rows_option->count() == 0 && *unlabelled != validation_rows)
     std::fprintf(stderr, "tandem eval: %s says it held out %lld validation rows, not that they "
-                 "were these files' (tandem train of an earlier version did not say): the split "
+                 "were these files' (tandem train of an earlier version, or the Python API): "
+                 "the split "
                  "holds the default %lld; give --validation-rows %lld if it was trained on them\n",
                  o.model.c_str(), static_cast<long long>(*unlabelled),
                  static_cast<long long>(validation_rows), static_cast<long long>(*unlabelled));

@@ -137,6 +137,7 @@ void run_train(TrainOptions& o) {
     // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
+    config.validation_split = "store";  // (its own split: not rows eval holds out of IDX files)
     config.model = model_for(o.hidden, stream->features(), stream->num_classes());
   } else {
     data = load_mnist_splits(o.data, o.validation_rows);
