@@ -140,6 +140,16 @@ Checkpoint scored(Checkpoint ckpt, double loss, int64_t validation_rows) {
   return ckpt;
 }
 
+// The validation split's rows (0: none; -1: not known yet, left out) and what they are
+// (TrainConfig::validation_split; empty: not said). From a directory of IDX files they are the
+// training file's last rows, so a resumed run must split it the same way (tandem train
+// --resume), and tandem eval holds as many out.
+void label_validation(Checkpoint& ckpt, int64_t rows, const std::string& split) {
+  if (rows >= 0) ckpt.extra["validation_rows"] = std::to_string(rows);
+  if (split.empty()) ckpt.extra.erase("validation_split");
+  else ckpt.extra["validation_split"] = split;
+}
+
 }  // namespace
 
 Checkpoint Trainer::resume_state() const {
@@ -161,9 +171,7 @@ Checkpoint Trainer::resume_state() const {
   // A best state carried over from a resumed file came with that file's labels. It was carried
   // only as scored on as many validation rows as this run's, which this run labels: its own
   // label, or none.
-  if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
-  if (config_.validation_split.empty()) ckpt.extra.erase("validation_split");
-  else ckpt.extra["validation_split"] = config_.validation_split;
+  label_validation(ckpt, validation_rows_, config_.validation_split);
   return ckpt;
 }
 
@@ -177,10 +185,7 @@ Checkpoint Trainer::checkpoint() const {
   ckpt.seed = config_.seed;
   ckpt.batch = config_.batch;
   ckpt.extra["shuffle"] = config_.shuffle ? "on" : "off";
-  // The validation split's rows (0: none): from a directory of IDX files they are the training
-  // file's last rows, so a resumed run must split it the same way (tandem train --resume).
-  if (validation_rows_ >= 0) ckpt.extra["validation_rows"] = std::to_string(validation_rows_);
-  if (!config_.validation_split.empty()) ckpt.extra["validation_split"] = config_.validation_split;
+  label_validation(ckpt, validation_rows_, config_.validation_split);
   return ckpt;
 }
 

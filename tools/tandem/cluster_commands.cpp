@@ -498,8 +498,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(tensorboard_dir);
-  // A resumed run adds to the log of the run it continues (past its servers' step: what the run
-  // did after its checkpoints, trained again now, is cut), as it does to its TensorBoard events.
+  // A resumed run adds to the log of the run it continues (the records past its servers' step,
+  // of what it trains again now, dropped), as it does to its TensorBoard events.
   MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
