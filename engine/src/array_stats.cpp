@@ -329,6 +329,12 @@ bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uin
   return whole;
 }
 
+void read_images_band(const zarr::Array& images, int64_t band, int64_t features, uint8_t* out,
+                      std::vector<uint8_t>& scratch, bool every_chunk_written) {
+  if (!read_row_band(images, band, features, out, scratch, true) && every_chunk_written)
+    throw InputError(missing_chunk_message(images, "a chunk of row band " + std::to_string(band)));
+}
+
 ColumnStats column_stats(const zarr::Array& array, int threads, bool every_chunk_written) {
   const zarr::ArrayMeta& meta = array.meta();
   image_pixel_type(meta, array.path() + ": column statistics");  // the dtypes images may have

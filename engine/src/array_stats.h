@@ -62,6 +62,10 @@ void place_chunk_rows(const ChunkLayout& layout, const uint8_t* chunk, size_t el
 // value).
 bool read_row_band(const zarr::Array& array, int64_t band, int64_t features, uint8_t* out,
                    std::vector<uint8_t>& scratch, bool as_pixels = false);
+// read_row_band of a store's images; with `every_chunk_written` (a store tandem prepare wrote,
+// DatasetStore::Split::every_chunk_written) a missing chunk is an InputError, not fill values.
+void read_images_band(const zarr::Array& images, int64_t band, int64_t features, uint8_t* out,
+                      std::vector<uint8_t>& scratch, bool every_chunk_written);
 // Chunk `linear` of the grid in C order, as a chunk index.
 std::vector<int64_t> chunk_index_of(const std::vector<int64_t>& grid, int64_t linear);
 int64_t chunk_count(const std::vector<int64_t>& grid);

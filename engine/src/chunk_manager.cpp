@@ -292,10 +292,8 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
   }
   // Chunked after the row dimension too (or chunks padded past the shape there): the band is
   // put together from every chunk of its chunk row, each chunk's valid part where it belongs.
-  if (!read_row_band(split_.images, band, features_, out.buffer.data(), scratch, true) &&
-      split_.every_chunk_written)
-    throw InputError(missing_chunk_message(split_.images,
-                                           "a chunk of row band " + std::to_string(band)));
+  read_images_band(split_.images, band, features_, out.buffer.data(), scratch,
+                   split_.every_chunk_written);
 }
 
 void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {

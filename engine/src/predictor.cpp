@@ -286,10 +286,7 @@ void read_row_chunk(const DatasetStore::Split& split, int64_t chunk, int64_t fea
   const zarr::ArrayMeta& meta = images.meta();
   const size_t pixel = image_pixel_type(meta, images.path()) == PixelType::UInt8 ? 1 : 4;
   out.assign(size_t(meta.chunks[0] * features) * pixel, 0);
-  if (!read_row_band(images, chunk, features, out.data(), buffer, true) &&
-      split.every_chunk_written)
-    throw InputError(missing_chunk_message(images, "a chunk of row band " +
-                                                       std::to_string(chunk)));
+  read_images_band(images, chunk, features, out.data(), buffer, split.every_chunk_written);
 }
 
 }  // namespace

@@ -330,8 +330,9 @@ void run_search(SearchOptions& o) {
   for (const auto& entry : fs::directory_iterator(o.out)) {
     const std::string name = entry.path().filename().string();
     const size_t digits_end = name.find_first_not_of("0123456789", 6);
+    std::error_code ec;  // (a directory of that name is not a trial's file: left alone)
     if (name.rfind("trial-", 0) == 0 && digits_end != std::string::npos && digits_end > 6 &&
-        name[digits_end] == '.')
+        name[digits_end] == '.' && !entry.is_directory(ec))
       earlier_trials.push_back(entry.path());
   }
   for (const fs::path& path : earlier_trials) fs::remove(path);
