@@ -35,14 +35,6 @@ int json_depth(std::string_view text) {
   return deepest;
 }
 
-json parse_bounded_json(std::string_view text) {
-  if (json_depth(text) > kMaxJsonDepth) return json(json::value_t::discarded);
-  // JSON has no raw NUL; nlohmann's parser would take one for the end of the text and accept
-  // whatever precedes it.
-  if (text.find('\0') != std::string_view::npos) return json(json::value_t::discarded);
-  return json::parse(text, nullptr, false);
-}
-
 json parse_json_file_text(std::string_view text, std::string& problem) {
   problem.clear();
   // Before the depth: the brackets counted in a binary file given for a JSON one (which holds
@@ -62,6 +54,11 @@ json parse_json_file_text(std::string_view text, std::string& problem) {
     problem = std::string("not valid JSON (") + e.what() + ")";
     return json(json::value_t::discarded);
   }
+}
+
+json parse_bounded_json(std::string_view text) {
+  std::string problem;  // (the same checks, the reason left unsaid)
+  return parse_json_file_text(text, problem);
 }
 
 bool json_as_integer(const json& value, int64_t& out) {
