@@ -434,11 +434,15 @@ def main(argv=None):
                 tandem_order.reverse()
             plan = [("tandem t=%d" % t, tandem_cmd(t), {}, "tandem")
                     for t in tandem_order]
-            plan += [("pytorch t=%d" % t, torch_cmd(t), torch_env, "pytorch")
+            # OPENBLAS_NUM_THREADS per child: torch.set_num_threads sets OpenMP's threads, not
+            # those of Debian's OpenBLAS (pthreads), which would use every core in a "t=1" run
+            # where Tandem's BLAS has one thread. (A function: torch_env grows below.)
+            plan += [("pytorch t=%d" % t, torch_cmd(t),
+                      lambda t=t: dict(torch_env, OPENBLAS_NUM_THREADS=str(t)), "pytorch")
                      for t in threads_order]
             print("round %d/%d" % (rnd + 1, args.rounds), file=sys.stderr)
             for name, cmd, env, impl in plan:
-                recs = run_child(name, cmd, env, timeout, runs)
+                recs = run_child(name, cmd, env() if callable(env) else env, timeout, runs)
                 runs[-1]["round"] = rnd + 1
                 check_records(name, recs, impl, args.batch)
                 for r in recs:
@@ -459,7 +463,7 @@ def main(argv=None):
         rows, top_shape, top_gflops = build_table(
             args.batch, args.tandem_threads, args.torch_threads, best, sgemm,
             best_sgemm_by_threads(records))
-        print("best of %d round(s); PyTorch with %s; "
+        print("best of %d round(s); PyTorch with %s and OPENBLAS_NUM_THREADS=its threads; "
               "each side credited with its faster thread setting"
               % (args.rounds, ", ".join("%s=%s" % kv for kv in sorted(torch_env.items()))))
         print()

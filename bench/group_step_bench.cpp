@@ -6,7 +6,7 @@
 // The difference is the cost of starting and joining the threads, which matters on small steps.
 // Arguments: members, rows per member. Each member's backend has one thread.
 //
-//   tandem_group_step_bench --benchmark_min_time=2s --benchmark_repetitions=5
+//   tandem_group_step_bench --benchmark_min_time=2 --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

@@ -16,9 +16,14 @@ together):
   * float32 everywhere, TF32 off (allow_tf32 = False for cuBLAS and cuDNN,
     set_float32_matmul_precision("highest")).  --precisions adds tf32 and
     bf16, Tandem's other two: float32 tensors whose matrix products may round
-    their operands on the tensor cores, which is what PyTorch's "high" (TF32)
-    and "medium" (bfloat16 inside, float32 accumulation) float32 matmul
-    precisions ask for; parameters, gradients and Adam stay float32 in both.
+    their operands on the tensor cores, PyTorch's float32 matmul precisions
+    "high" (TF32) and "medium"; parameters, gradients and Adam stay float32 in
+    both.  PyTorch has no bfloat16-product mode for float32 tensors on CUDA:
+    its cuBLAS path turns "medium" into TF32, as "high" (bfloat16 inside is
+    the CPU's oneDNN path only).  So the bf16 runs measure PyTorch in TF32,
+    and a table that sets Tandem's bf16 steps beside them compares bfloat16
+    products with TF32 ones; autocast would instead make the activations
+    bfloat16, another workload.
   * data: a random uint8 data set of 60,000 x layers[0] pixels and int64
     labels, generated on the device with a fixed torch.Generator seed and
     kept there as uint8.  A random permutation of the rows is drawn once;
@@ -102,7 +107,8 @@ LEARNING_RATE = 0.01
 BETAS = (0.9, 0.999)
 EPS = 1e-8
 KNOWN_IMPLS = ("eager", "eager_fused", "compile", "graph")
-# Tandem's --precision names -> torch.set_float32_matmul_precision's.
+# Tandem's --precision names -> torch.set_float32_matmul_precision's ("medium" runs as TF32 on
+# CUDA: see the docstring).
 MATMUL_PRECISION = {"fp32": "highest", "tf32": "high", "bf16": "medium"}
 
 

@@ -1,14 +1,14 @@
 // The parameter server's pull+push round trip against its ceiling, in the same run: a raw ZeroMQ
 // round trip of the same bytes with nothing of Tandem in the way (a DEALER sends one frame the
 // size of the default model's gradients, 79,510 float32 = 318,040 bytes, to a ROUTER thread that
-// answers with a frame of the same size), then Tandem's PsClient::push_pull of the 784-100-10
-// model's gradients against one ParameterServer (validation, Adam, the reply with the updated
-// parameters): copying the gradients into the request and the reply into new tensors (wait());
-// sending them zero-copy from a held buffer and copying the reply into reused tensors
-// (wait_into); and zero-copy with the reply's parameters left where ZeroMQ received them
-// (wait_in_place: readable in place, as raw's reply is; the worker role's backend copies them
-// from there). A fifth kind is raw ZeroMQ with Tandem's frames. One round trip at a time, as
-// one worker does; tcp://127.0.0.1 and ipc://.
+// answers with a frame of the same size; both send without copying, as Tandem's zero-copy kinds
+// do), then Tandem's PsClient::push_pull of the 784-100-10 model's gradients against one
+// ParameterServer (validation, Adam, the reply with the updated parameters): copying the
+// gradients into the request and the reply into new tensors (wait()); sending them zero-copy
+// from a held buffer and copying the reply into reused tensors (wait_into); and zero-copy with
+// the reply's parameters left where ZeroMQ received them (wait_in_place: readable in place, as
+// raw's reply is; the worker role's backend copies them from there). A fifth kind is raw ZeroMQ
+// with Tandem's frames. One round trip at a time, as one worker does; tcp://127.0.0.1 and ipc://.
 //
 // All run interleaved: all are set up first, then each gets a short slice in turn, round after
 // round (the order rotating), so a machine whose speed drifts (a shared VM) slows all alike. The
@@ -84,18 +84,28 @@ struct Contender {
 // two processes would and as the ParameterServer and PsClient below do: one shared context would
 // put both ends on one I/O thread and save the hand-offs between two, which no deployment has.
 class RawPair {
+  // A message over `bytes` without copying them (zmq_msg_init_data, nothing to free), as Tandem
+  // sends its tensors: zmq::buffer would make zmq_send copy each frame into a new message, two
+  // copies a round trip that Tandem's zero-copy kinds do not make, and raw would be no ceiling.
+  // The buffers are never written after they are filled, so a send still in flight reads them
+  // whole.
+  static zmq::message_t unowned(std::vector<uint8_t>& bytes) {
+    return zmq::message_t(bytes.data(), bytes.size(), nullptr, nullptr);
+  }
+
  public:
   // One frame per entry of `frame_bytes`, each way (a multipart message when more than one).
   RawPair(const std::string& bind, std::vector<size_t> frame_bytes)
       : router_(server_context_, zmq::socket_type::router),
         dealer_(client_context_, zmq::socket_type::dealer),
         sizes_(std::move(frame_bytes)) {
-    for (size_t n : sizes_) request_.emplace_back(n, 0xa5);
+    for (size_t n : sizes_) {
+      request_.emplace_back(n, 0xa5);
+      reply_.emplace_back(n, 0x5a);
+    }
     router_.set(zmq::sockopt::linger, 0);
     router_.bind(bind);
     server_ = std::thread([this] {
-      std::vector<std::vector<uint8_t>> reply;
-      for (size_t n : sizes_) reply.emplace_back(n, 0x5a);
       zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
       while (!stop_.load()) {
         if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
@@ -104,9 +114,9 @@ class RawPair {
         do (void)router_.recv(part);
         while (part.more());
         router_.send(identity, zmq::send_flags::sndmore);
-        for (size_t i = 0; i < reply.size(); ++i)
-          router_.send(zmq::buffer(reply[i]),
-                       i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        for (size_t i = 0; i < reply_.size(); ++i)
+          router_.send(unowned(reply_[i]),
+                       i + 1 < reply_.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       }
     });
     dealer_.set(zmq::sockopt::linger, 0);
@@ -118,7 +128,7 @@ class RawPair {
   }
   void round_trip() {
     for (size_t i = 0; i < request_.size(); ++i)
-      dealer_.send(zmq::buffer(request_[i]),
+      dealer_.send(unowned(request_[i]),
                    i + 1 < request_.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     size_t got = 0;
     zmq::message_t part;
@@ -135,10 +145,12 @@ class RawPair {
     for (size_t b : sizes_) n += b;
     return n;
   }
+  // Before the contexts: the frames are sent without copies, and a context's end (which the
+  // sockets' sends finish before) comes before the buffers go.
+  std::vector<std::vector<uint8_t>> request_, reply_;
   zmq::context_t server_context_{1}, client_context_{1};
   zmq::socket_t router_, dealer_;
   std::vector<size_t> sizes_;
-  std::vector<std::vector<uint8_t>> request_;
   std::atomic<bool> stop_{false};
   std::thread server_;
 };

@@ -228,6 +228,7 @@ expect_error "launch --target -1 is refused" "--target: must be" "$tandem" launc
 expect_error "launch --replicas above its workers is refused" \
   "--replicas 3 is more than the 2 workers this launch starts" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1m" --workers 2 --replicas 3 --dashboard -1
+check "... and the run directory it made is gone again, lock and all" test ! -e "$dir/run1m"
 # A port ZeroMQ would take modulo 65536 (99999 served on 34463), or one no dashboard can have.
 expect_error "launch --bind with a port past 65535 is refused" \
   "a tcp:// address needs a port from 0 to 65535 or *, got 'tcp://127.0.0.1:99999'" \
@@ -470,6 +471,46 @@ check "... and saves none" test ! -e "$dir/run4e/model.safetensors"
 check "... nor a cluster spec (it had none; the earlier run's is gone)" \
   test ! -e "$dir/run4e/cluster.json"
 
+# 4h. Stopped after every role registered but before the chief's Init (the chief frozen once
+#     registered: the run begins only with the second worker, and the chief sends its Init
+#     then): the servers hold no parameters and no worker trained, so the run stopped before
+#     training began, as 4e. It once failed, reading the final parameters from servers that
+#     had none ("not initialised yet"), and failed the parameter server with it.
+"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4h" --workers 2 --max-epochs 10 \
+  --target 0 --dashboard -1 >"$dir/out4h" 2>"$dir/err4h" &
+coordinator=$!
+wait_for "$dir/err4h" "coordinator at tcp://" 30
+address=$(grep -o "tcp://[0-9.:]*" "$dir/err4h" | head -1)
+"$tandem" ps --coordinator "$address" >/dev/null 2>"$dir/ps4h" &
+ps4h=$!
+"$tandem" scorer --coordinator "$address" >/dev/null 2>&1 &
+scorer4h=$!
+"$tandem" worker --coordinator "$address" --name worker0 >/dev/null 2>&1 &
+chief4h=$!
+# Registered (the coordinator's state, once a second in the metrics, lists it), then frozen:
+# the coordinator counts it lost 3 s later, so the rest must come within that.
+wait_for "$dir/run4h/metrics.jsonl" '"name":"worker0"' 60
+kill -STOP "$chief4h"
+"$tandem" worker --coordinator "$address" --name worker1 >/dev/null 2>&1 &
+worker4h=$!
+check "the run began with the frozen chief registered" \
+  wait_for "$dir/run4h/cluster.json" '"worker1"' 30  # written as the run begins
+check "... and not yet counted lost (else this is 4e's case)" \
+  test -z "$(grep "worker0 lost" "$dir/err4h")"
+kill -TERM "$coordinator"
+wait_within "$coordinator" 60; rc=$?
+kill -KILL "$chief4h"
+check "a run stopped before the chief's Init exits 0 (status $rc)" test $rc -eq 0
+check "... saying it stopped before training began" \
+  grep -q "stopped (interrupted) before training began: no model" "$dir/out4h" ||
+  tail -3 "$dir/err4h"
+wait_within "$ps4h" 30; rc=$?
+check "... and its parameter server ends cleanly, not failed with the run (status $rc)" \
+  test $rc -eq 0
+wait_within "$worker4h" 30
+wait_within "$scorer4h" 30
+wait "$chief4h" 2>/dev/null
+
 # 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4c" --workers 1 --max-epochs 1000 \
   --target 0 --dashboard 0 --checkpoint-every 1000 >/dev/null 2>"$dir/err4c" &
@@ -612,6 +653,9 @@ rcs=""
 for pid in "${pids[@]}"; do wait_within "$pid" $bound; rcs+="$? "; done
 check "every rank of a 5-task SLURM job under CURVE exits 0 (got: $rcs)" test "$rcs" = "0 0 0 0 0 "
 check "rank 0 coordinated 2 workers for 5 epochs" grep -q "stopped (max-epochs).* 5 epochs" "$dir/out7-0"
+# (Under PMI, with no job id, the next job's ranks took a file left behind for theirs.)
+check "... and removed its coordinator.address as it ended" \
+  test ! -e "$dir/run7/coordinator.address"
 # 6b. A batch system's cancel (scancel) signals every task at once: the ranks that are roles
 #     leave it to the coordinator's rank, which stops the run in order and saves the model (the
 #     servers stopped on their own under it, and it failed reading the final parameters).

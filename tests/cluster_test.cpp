@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -224,6 +225,12 @@ TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {
   write_rendezvous(path, "tcp://node2:6000", "");
   EXPECT_EQ(wait_for_rendezvous(path, "", 0, 1000), "tcp://node2:6000");
   EXPECT_THROW(wait_for_rendezvous(dir.file("none"), "", 0, 200), Error);
+  // Rank 0 removes its own file as it ends, not a newer rank 0's (nor a missing one).
+  remove_rendezvous(path, "tcp://node1:5555", "job-1");
+  EXPECT_TRUE(std::filesystem::exists(path));
+  remove_rendezvous(path, "tcp://node2:6000", "");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  remove_rendezvous(path, "tcp://node2:6000", "");
 }
 
 

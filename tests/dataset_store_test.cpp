@@ -1055,6 +1055,27 @@ TEST(ArrayStats, MatchesTwoPassFloat64WithEdgeChunks) {
   }
 }
 
+// A column holding infinities has NumPy's mean across chunks (inf, or NaN for +inf with -inf)
+// and a NaN variance; the merge of chunk results made every infinite mean NaN.
+TEST(ArrayStats, InfiniteColumnsHaveNumPysMean) {
+  TempDir dir;
+  const zarr::Array a = zarr::Array::create(
+      dir.file("inf"), meta_of(zarr::Format::V3, zarr::DType::Float32, {4, 3}, {2, 3}));
+  const float inf = std::numeric_limits<float>::infinity();
+  // Column 0 +inf in both chunks, column 1 +inf then -inf, column 2 finite.
+  const std::vector<float> x = {inf, inf, 1, inf, inf, 2, inf, -inf, 3, inf, -inf, 4};
+  std::vector<uint8_t> bytes(x.size() * 4);
+  std::memcpy(bytes.data(), x.data(), bytes.size());
+  write_array(a, bytes, 4);
+  const ColumnStats s = column_stats(a, 1);
+  EXPECT_EQ(s.mean[0], double(inf));
+  EXPECT_TRUE(std::isnan(s.mean[1]));
+  EXPECT_DOUBLE_EQ(s.mean[2], 2.5);
+  EXPECT_TRUE(std::isnan(s.variance[0]));
+  EXPECT_TRUE(std::isnan(s.variance[1]));
+  EXPECT_DOUBLE_EQ(s.variance[2], 1.25);
+}
+
 // Readers hold a chunk buffer or two per thread, and a chunk may be up to 2 GB: the threads are
 // capped by a 1 GiB budget of buffers (one thread at least), as well as by the jobs.
 TEST(ArrayStats, ReadThreadsFitTheBufferBudget) {

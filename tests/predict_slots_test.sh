@@ -142,6 +142,8 @@ kill -TERM "$a_pid"
 wait_within "$a_pid" 60 2>/dev/null
 check "a server stopped by SIGTERM takes its entry out of the directory" \
     test "$(ls "$dir/slots")" = "$(basename "$(ls "$dir/slots"/*-"$b_pid".endpoint)")"
+check "... and removes its --endpoint-file (a later client read a server gone)" \
+    test ! -e "$dir/a.ep" -a -e "$dir/b.ep"
 kill -HUP "$b_pid"
 wait_within "$b_pid" 60 2>/dev/null
 check "so does a server stopped by SIGHUP (its terminal gone)" test -z "$(ls "$dir/slots")"

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,7 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "aligned_buffer.h"
@@ -881,6 +884,38 @@ TEST(PsClient, ARequestThatTimedOutIsNotDeliveredToAServerStartedLater) {
   const ServerStats st = client.stats().at(0);
   EXPECT_EQ(st.by_type.count("PushPull"), 0u) << "the abandoned PushPull reached the new server";
   EXPECT_EQ(st.version, 0);
+}
+
+// libzmq replaces the file at an ipc:// path as it binds: a second server given a live server's
+// path took its address from under it. Refused, naming the path, the first one serving on; a file
+// left by a server gone (nothing listening) is replaced as before.
+TEST(ParameterServer, AnIpcPathInUseIsRefusedAndALeftOverFileReplaced) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(34);
+  ServerOptions o = inproc_options(ctx, "unused");
+  o.bind = "ipc://" + dir.file("ps.sock");
+  {
+    ParameterServer first(o);
+    const std::string why =
+        test::error_of<transport::TransportError>([&] { ParameterServer second(o); });
+    EXPECT_TRUE(test::contains(why, "a server is listening at " + dir.file("ps.sock"))) << why;
+    PsClient client({o.bind}, client_options(&ctx, 2000));
+    EXPECT_NO_THROW(client.init(params).wait());  // the first one answers
+  }
+  const std::string left_over = dir.file("left-over.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  std::snprintf(where.sun_path, sizeof(where.sun_path), "%s", left_over.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where)), 0);
+  ::close(fd);  // the file stays, with nobody listening
+  ASSERT_TRUE(std::filesystem::exists(left_over));
+  o.bind = "ipc://" + left_over;
+  ParameterServer again(o);
+  PsClient client({o.bind}, client_options(&ctx, 2000));
+  EXPECT_NO_THROW(client.init(params).wait());
 }
 
 // The same with two servers, both gone: the PushPull waits in both sockets, and both are reset

@@ -217,6 +217,7 @@ check "... and no trial started" test ! -e "$dir/s10/trial-0.log"
 "$tandem" prepare --out "$dir/noval.zarr" --validation-rows 0 >/dev/null 2>&1
 expect_error "a store without a validation split refused" "has no validation split" \
     "$tandem" search --data "$dir/noval.zarr" --grid lr=0.001 --out "$dir/s11"
+check "... and the --out it made is gone again, lock and all" test ! -e "$dir/s11"
 # One search per --out: a second one would delete the first one's checkpoints. An earlier
 # search's results there are removed as it starts, before its first trial: left beside its logs,
 # they read as its own if it is killed before it writes them.

@@ -65,10 +65,19 @@ struct Moments {
     }
     const double na = double(count), nb = double(other.count), n = na + nb;
     const double wb = nb / n, w = na * nb / n;
+    const double wa = na / n;
     for (size_t j = 0; j < mean.size(); ++j) {
       const double delta = other.mean[j] - mean[j];
-      mean[j] += delta * wb;
-      m2[j] += other.m2[j] + delta * delta * w;
+      if (std::isfinite(delta)) {
+        mean[j] += delta * wb;
+        m2[j] += other.m2[j] + delta * delta * w;
+      } else {
+        // A column holding an infinity: inf - inf would make an infinite mean NaN where NumPy's
+        // is inf (and NaN only for +inf with -inf, as the weighted sum gives); the variance is
+        // NaN either way, as NumPy's.
+        mean[j] = mean[j] * wa + other.mean[j] * wb;
+        m2[j] = std::nan("");
+      }
     }
     count += other.count;
   }

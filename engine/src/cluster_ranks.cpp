@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "file_io.h"
@@ -104,8 +105,19 @@ std::string scores_bind_beside(const std::string& bind) {
   return bind.substr(0, colon) + ":*";
 }
 
+namespace {
+std::string rendezvous_text(const std::string& address, const std::string& job) {
+  return address + ' ' + job + '\n';
+}
+}  // namespace
+
 void write_rendezvous(const std::string& path, const std::string& address, const std::string& job) {
-  write_text_atomic(path, address + ' ' + job + '\n');
+  write_text_atomic(path, rendezvous_text(address, job));
+}
+
+void remove_rendezvous(const std::string& path, const std::string& address,
+                       const std::string& job) {
+  remove_if_it_holds(path, rendezvous_text(address, job));
 }
 
 std::string wait_for_rendezvous(const std::string& path, const std::string& job,

@@ -50,6 +50,12 @@ std::string scores_bind_beside(const std::string& bind);
 // wait up to timeout_ms for one of their job (or, without a job id, one written after
 // not_before_unix_s). Throws tandem::Error naming the file when none comes.
 void write_rendezvous(const std::string& path, const std::string& address, const std::string& job);
+// Removes the file when it still holds what write_rendezvous wrote for (address, job), as rank 0
+// ends (remove_if_it_holds): under PMI (no job id) a rank of the next job started within a
+// minute took a file left behind for its own job's, and waited on an address nobody listened
+// at. A newer rank 0's file, written before this check, is left.
+void remove_rendezvous(const std::string& path, const std::string& address,
+                       const std::string& job);
 std::string wait_for_rendezvous(const std::string& path, const std::string& job,
                                 double not_before_unix_s, int timeout_ms);
 

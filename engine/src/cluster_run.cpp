@@ -320,6 +320,16 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     PsResult result = client.init({}).wait();
     model.parameters() = std::move(result.tensors);
     summary.steps = int64_t(result.version);
+  } catch (const ServerError& e) {
+    // Stopped (a signal) after every role had registered but before the chief's Init: the
+    // servers hold no parameters, no worker reported a batch and nothing was scored. Stopped
+    // before training began, as above, not a failure. (Parameters gone after training, a
+    // server restarted without its checkpoint, are one.)
+    if (!e.not_initialised() || c.batches_done() > 0 || !c.scores().empty())
+      fail_now(std::string("reading the final parameters: ") + e.what());
+    summary.kept = "none";
+    stop_servers();
+    return summary;
   } catch (const Error& e) {
     fail_now(std::string("reading the final parameters: ") + e.what());
   }

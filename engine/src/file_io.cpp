@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "tandem/error.h"
 
@@ -172,6 +173,19 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   out.write(text.data(), text.size());
   out.commit();
   fsync_parent_directory(out.target(), "writing");
+}
+
+void remove_if_it_holds(const std::string& path, const std::string& text) noexcept {
+  try {
+    const std::string file = replacement_target(path);
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0 || off_t(text.size()) != st.st_size) return;
+    std::ifstream in(file, std::ios::binary);
+    std::string held(text.size(), '\0');
+    if (in.read(held.data(), std::streamsize(held.size())) && held == text)
+      std::remove(file.c_str());
+  } catch (...) {  // (a link to nothing, a device: not this process's file)
+  }
 }
 
 AtomicFile::AtomicFile(const std::string& path)

@@ -86,6 +86,20 @@ RunDirLock::~RunDirLock() {
   if (fd_ >= 0) close(fd_);  // releases the lock
 }
 
+MadeOutputDirectory::MadeOutputDirectory(const std::string& dir, const std::string& what)
+    : dir_(dir) {
+  std::error_code ec;
+  made_ = !std::filesystem::exists(dir, ec) && !ec;
+  create_output_directory(dir, what);
+}
+
+MadeOutputDirectory::~MadeOutputDirectory() {
+  if (!made_) return;
+  std::error_code ignored;
+  std::filesystem::remove(std::filesystem::path(dir_) / "lock", ignored);
+  std::filesystem::remove(dir_, ignored);  // only when nothing else is in it
+}
+
 std::unique_ptr<RunDirLock> lock_prediction_output(const std::string& out,
                                                    const std::string& option) {
   namespace fs = std::filesystem;

@@ -28,6 +28,24 @@ class RunDirLock {
   int fd_ = -1;
 };
 
+// The output directory a command makes (create_output_directory) before it takes the lock in it:
+// when the command is refused before it starts (destroyed before keep()), a directory it made
+// is removed again with the lock file in it, so a refused launch or search leaves no new
+// directory behind. A directory that was there before stays, and so does one holding anything
+// else. Declared before the RunDirLock, so that the lock is released first.
+class MadeOutputDirectory {
+ public:
+  MadeOutputDirectory(const std::string& dir, const std::string& what);
+  ~MadeOutputDirectory();
+  void keep() { made_ = false; }  // the command started: the directory is its output
+  MadeOutputDirectory(const MadeOutputDirectory&) = delete;
+  MadeOutputDirectory& operator=(const MadeOutputDirectory&) = delete;
+
+ private:
+  std::string dir_;
+  bool made_ = false;
+};
+
 // One prediction at a time per output: the lock on `out` that tandem predict and
 // tandem.dask.predict hold while they write it (a second would write into the same output, or
 // remove it under the first with an overwrite). OUT.lock beside the output, since an overwrite

@@ -321,6 +321,9 @@ class ScoreStream {
       subscriber_ = std::make_unique<ScoreSubscriber>(coordinator, context_, 5000, curve);
       if (follow) subscriber_->fail_when_coordinator_lost(lost_after_s);
     });
+    // The stream's length counts from here: asking the coordinator for the channel's address
+    // (a round trip, which may take up to 5 s to a slow or distant one) is not part of it.
+    subscribed_ = std::chrono::steady_clock::now();
   }
 
   py::object next() {
@@ -363,7 +366,7 @@ class ScoreStream {
  private:
   zmq::context_t context_{1};
   std::unique_ptr<ScoreSubscriber> subscriber_;
-  std::chrono::steady_clock::time_point subscribed_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point subscribed_;  // once the subscriber is made
   bool follow_;
   double timeout_s_;
   std::string end_reason_;

@@ -155,8 +155,11 @@ def _successive_halving(client, configs, train_data, validation_data, common, bu
             record.update(epochs=len(losses[trial]), validation_losses=list(losses[trial]),
                           validation=result["validation"],
                           model=result["model"], kept_epoch=result["kept_epoch"])
-            # Ranked as tandem search ranks: the trial's best validation loss so far.
-            halving.report(trial, min(losses[trial], default=math.inf))
+            # Ranked as tandem search ranks a rung: by the loss of its last epoch, the state a
+            # promotion resumes from (keep_best applies to the last rung only), so a trial that
+            # got worse since its best epoch is not promoted on a state it no longer holds. (The
+            # results are ordered by the best loss, as the CLI's table.)
+            halving.report(trial, losses[trial][-1] if losses[trial] else math.inf)
             if closed:
                 halving.stop(trial)
             states[trial] = result["state"]
@@ -174,8 +177,8 @@ def _successive_halving(client, configs, train_data, validation_data, common, bu
 
 def _ranked(records):
     """By validation loss (the seed's score): with successive halving the trial's best per
-    sample, what ranked it at its rungs (a stopped trial's last epoch may be worse); failed
-    trials and trials that never finished a job last."""
+    sample over every epoch it trained (its rungs ranked it by their last epochs), as tandem
+    search's table; failed trials and trials that never finished a job last."""
     def loss(r):
         return _finite_or_inf(r.get("best_validation_loss",
                                     (r.get("validation") or {}).get("loss_sum", 0.0)))
@@ -215,7 +218,8 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     Without budget every trial trains its epochs. With budget (epochs), hopeless trials stop
     early by asynchronous successive halving, tandem search's rule and code (ASHA): rungs at
     min_epochs, min_epochs*eta, ... epochs up to budget; a trial that finishes a rung goes on
-    when its best validation loss so far ranks in the top 1/eta of the trials seen there, and
+    when the validation loss of the rung's last epoch (the state it would go on from) ranks in
+    the top 1/eta of the trials seen there, and
     once a rung can get no more trials the rest of it is stopped (at least one trial trains
     the whole budget). A promotion continues the trial from its training state (tandem.train's
     resume), so a promoted trial ends as an uninterrupted run of its epochs would. At most
@@ -229,7 +233,7 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     Returns the trials sorted by validation loss (the seed's score), each {trial, config,
     status, validation, epochs, seconds, model}; trials that failed come last with their error.
     With budget each also has rung (the highest finished, -1: none), best_validation_loss (per
-    sample, what ranked it), validation_losses (per sample, every epoch trained) and
+    sample, what the results are sorted by), validation_losses (per sample, every epoch trained) and
     kept_epoch; status is completed, stopped or failed; validation and model are of the trial's
     last job (its last epoch, or the last rung's kept epoch). Training states are dropped as
     trials stop or fail; the best trial, when it completed, has state (tandem.train's resume

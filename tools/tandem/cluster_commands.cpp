@@ -456,7 +456,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   refuse_to_suspend();
   check_data_exists(o.data);  // before --run-dir is made: a mistyped --data leaves nothing behind
   refuse_store_as_output(o.run_dir, "--run-dir");
-  create_output_directory(o.run_dir, "--run-dir");
+  MadeOutputDirectory run_dir(o.run_dir, "--run-dir");  // removed again if the run is refused
   const RunDirLock run_dir_lock(o.run_dir);  // before the previous run's files are cleared
   resolve(o);
   const RunSettings& rs = o.cluster.settings;
@@ -495,6 +495,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     ~StopFirst() { dashboard.reset(); }
   } stop_first{dashboard};
   clear_previous_run(o);
+  run_dir.keep();
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(tensorboard_dir);
@@ -577,6 +578,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                  run.coordinator().scores_endpoint().c_str());
   if (!o.rendezvous_file.empty())
     write_rendezvous(o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job);
+  // Gone with this coordinator, however its run ends (remove_rendezvous).
+  const struct RendezvousRemoval {
+    std::string path, address, job;
+    ~RendezvousRemoval() {
+      if (!path.empty()) remove_rendezvous(path, address, job);
+    }
+  } rendezvous_removal{o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job};
   if (dashboard && !o.json_summary) std::fprintf(stderr, "dashboard at %s\n", dashboard->url().c_str());
   std::unique_ptr<ProcessLauncher> launcher;
   if (launch_roles && !o.inproc) {

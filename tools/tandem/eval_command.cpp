@@ -134,7 +134,9 @@ void add_eval_command(CLI::App& app) {
       cmd->add_option("--validation-rows", o->validation_rows,
                       "Validation rows of IDX files (default: as many as the model's training "
                       "run held out, else 5000)");
-  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(non_negative_number());
+  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")
+      ->check(non_negative_number())
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one line of JSON");
   cmd->callback([o] { run_eval(*o); });
 }

@@ -235,7 +235,9 @@ void add_inspect_command(CLI::App& app) {
       ->check(CLI::IsMember({"train", "validation", "test"}))->capture_default_str();
   cmd->add_option("--scale", o->scale, "Upscaling factor of the images (nearest neighbour)")
       ->check(CLI::Range(1, 1000))->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->check(non_negative_number());
+  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")
+      ->check(non_negative_number())
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one line of JSON (with the per-column mean and variance)");
   cmd->callback([o] { run_inspect(*o); });
 }

@@ -162,7 +162,17 @@ int run_on_slots(PredictCliOptions& o) {
   std::map<std::string, int> running;  // job -> share
   std::string failures;
   while (!waiting.empty() || !running.empty()) {
-    if (stop.load()) throw stopped_by_signal("; the slot servers end its shares");
+    if (stop.load()) {
+      // The logs are kept for the shares that failed, named; a stop alone is no failure (its
+      // shares end on the servers' SIGTERM), and leaves none behind.
+      if (failures.empty()) {
+        std::error_code ignored;
+        fs::remove_all(logs, ignored);
+        throw stopped_by_signal("; the slot servers end its shares");
+      }
+      throw stopped_by_signal("; the slot servers end its shares; before the stop:" + failures +
+                              " logs in " + logs.string());
+    }
     while (!waiting.empty() && pool->free_slots() > 0) {
       const int share = waiting.front();
       waiting.pop_front();
@@ -333,7 +343,8 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--threads", o->engine.threads,
                   "Threads in all (0: all cores); on the GPU, the threads reading and writing "
                   "chunks")
-      ->check(non_negative_number());
+      ->check(non_negative_number())
+      ->capture_default_str();
   cmd->add_option("--processes", o->processes, "Processes, each taking a share of the chunks")
       ->check(CLI::Range(1, 1024))->capture_default_str();
   add_slot_client_options(cmd, o->slots, "shares", "prediction", "The model, --data and --out");

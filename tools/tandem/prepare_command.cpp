@@ -266,8 +266,9 @@ void add_prepare_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Pixel type: uint8, or float32 scaled to [0,1]")
       ->check(CLI::IsMember({"uint8", "float32"}))->capture_default_str();
   cmd->add_option("--compressor", o->compressor,
-                  "none, zstd[:LEVEL], blosc-lz4, blosc-zstd[:LEVEL], gzip[:LEVEL] or "
-                  "zlib[:LEVEL] (Zarr v2 only)")
+                  "none, zstd[:LEVEL], blosc-CNAME[-SHUFFLE][:LEVEL] (CNAME lz4, lz4hc, blosclz, "
+                  "zstd or zlib; SHUFFLE shuffle, the default, noshuffle or bitshuffle), "
+                  "gzip[:LEVEL] or zlib[:LEVEL] (Zarr v2 only)")
       ->capture_default_str();
   cmd->add_option("--format", o->format, "Zarr format: 2 or 3")
       ->check(CLI::IsMember({2, 3}))->capture_default_str();

@@ -316,7 +316,7 @@ void run_search(SearchOptions& o) {
   // this machine does not have).
   if (!o.slots.remote()) check_data_exists(o.data);
   refuse_store_as_output(o.out, "--out");
-  create_output_directory(o.out, "--out");
+  MadeOutputDirectory out_dir(o.out, "--out");  // removed again if the search is refused
   // One search per --out: a second one would delete this one's checkpoints as it starts.
   const RunDirLock lock(o.out, "--out");
   o.data = search_data(o);  // (before anything of an earlier search is removed)
@@ -336,6 +336,7 @@ void run_search(SearchOptions& o) {
       earlier_trials.push_back(entry.path());
   }
   for (const fs::path& path : earlier_trials) fs::remove(path);
+  out_dir.keep();
 
   std::vector<TrialRecord> records(configs.size());
   for (size_t i = 0; i < configs.size(); ++i) records[i].config = configs[i];

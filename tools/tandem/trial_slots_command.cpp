@@ -48,9 +48,11 @@ std::string file_safe(std::string text) {
 
 // Whole or not at all (AtomicFile: a temporary file renamed), so readers polling for it never
 // see part of it. The temporary name does not end in .endpoint: clients reading a directory
-// pass it over.
-void write_endpoint_file(const std::string& path, const std::string& endpoint) {
-  write_text_atomic(path, endpoint + "\n");
+// pass it over. Returns what it wrote.
+std::string write_endpoint_file(const std::string& path, const std::string& endpoint) {
+  const std::string text = endpoint + "\n";
+  write_text_atomic(path, text);
+  return text;
 }
 
 // A server's entry in an --endpoint-dir, removed when it stops (however serve() ends).
@@ -73,6 +75,23 @@ class DirectoryEntry {
 
  private:
   std::string path_;
+};
+
+// --endpoint-file, removed when the server stops if it still names this server
+// (remove_if_it_holds): a client reading it later got the address of a server gone ("did not
+// answer"). A file another server has written since is left.
+class EndpointFile {
+ public:
+  EndpointFile(const std::string& path, const std::string& endpoint)
+      : path_(path), text_(path.empty() ? "" : write_endpoint_file(path, endpoint)) {}
+  ~EndpointFile() {
+    if (!path_.empty()) remove_if_it_holds(path_, text_);
+  }
+  EndpointFile(const EndpointFile&) = delete;
+  EndpointFile& operator=(const EndpointFile&) = delete;
+
+ private:
+  std::string path_, text_;
 };
 
 void run_trial_slots(const TrialSlotsOptions& o) {
@@ -116,7 +135,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
                  "reach it (bind tcp://0.0.0.0:* to serve other machines)\n",
                  endpoint.c_str(), o.endpoint_dir.c_str());
   const DirectoryEntry entry(o.endpoint_dir, endpoint);
-  if (!o.endpoint_file.empty()) write_endpoint_file(o.endpoint_file, endpoint);
+  const EndpointFile endpoint_file(o.endpoint_file, endpoint);
   std::printf("%s\n", endpoint.c_str());
   std::fflush(stdout);
   server.serve(stop);

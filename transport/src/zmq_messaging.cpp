@@ -1,6 +1,14 @@
 #include "zmq_messaging.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <memory>
+#include <thread>
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -129,10 +137,52 @@ DecodeResult decode_frames(const Frames& frames, size_t first, const DecodeLimit
   return decode(spans, limits);
 }
 
+namespace {
+
+// libzmq removes the file at an ipc:// path before it binds there, so a second server given a
+// live server's path took the address from under it, silently (a tcp:// port in use is refused).
+// A path a process answers at is refused as in use; a file left by a process gone (nothing
+// answers) is replaced as before. (Not atomic: two servers binding the same path at the same
+// instant can still both pass; the case is one started at a path already served.)
+bool ipc_path_answers(const sockaddr_un& where) {
+  // Non-blocking: a hung server whose backlog is full makes connect() wait, not answer.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;  // cannot tell: bind as before
+  int rc;
+  do rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where));
+  while (rc != 0 && errno == EINTR);
+  const bool answers = rc == 0 || errno == EAGAIN || errno == EINPROGRESS;
+  ::close(fd);
+  return answers;
+}
+
+void refuse_served_ipc_path(const std::string& address, const std::string& refusal) {
+  if (address.rfind("ipc://", 0) != 0) return;
+  const std::string path = address.substr(6);
+  sockaddr_un where{};
+  if (path.empty() || path == "*" || path[0] == '@' || path.size() >= sizeof(where.sun_path))
+    return;  // any path, an abstract name (in use is refused), or too long (zmq refuses it)
+  where.sun_family = AF_UNIX;
+  std::memcpy(where.sun_path, path.c_str(), path.size() + 1);
+  // A server that has just closed at this path (in this process, or one ending) may answer a
+  // little longer: ZeroMQ closes a listener on its own thread, after the socket is closed.
+  // Only a path that still answers a second later is in use.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (ipc_path_answers(where)) {
+    if (std::chrono::steady_clock::now() > give_up)
+      throw TransportError(refusal + " to " + address + ": a server is listening at " + path +
+                           " (the address is in use; give this one another path)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
 std::string bind_checked(zmq::socket_t& socket, const std::string& address,
                          const std::string& refusal) {
   const std::string problem = bind_address_problem(address);
   if (!problem.empty()) throw InputError(refusal + ": " + problem);
+  refuse_served_ipc_path(address, refusal);
   try {
     socket.bind(address);
   } catch (const zmq::error_t& e) {
