@@ -92,8 +92,9 @@ run_for() {  # run_for SECONDS COMMAND...: within SECONDS or what is left; kille
     return "$skipped"
   fi
   [ "$left" -lt "$seconds" ] && seconds=$left
-  # Tandem's carried libraries for this command only (tandem_env): tar, grep and the
-  # machine's own tools keep the machine's libraries.
+  # Tandem's carried libraries for this command only (tandem_env): tar, grep and the script's
+  # other tools keep the machine's libraries. (compute-sanitizer, run through here, gets them
+  # too: the tests it starts need them.)
   timeout -k 5 "$seconds" "${tandem_env[@]}" "$@"
 }
 
@@ -133,8 +134,9 @@ for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/
 done
 # The carried libraries (Debian 12's zlib, OpenSSL, zstd, OpenBLAS) and the toolkit's go first
 # for Tandem's binaries only, through tandem_env (run_for puts it before every command it runs,
-# and the processes Tandem starts inherit it): this script's own tools, Python and PyTorch keep
-# this machine's libraries (py_env, inside a run_for, puts them back).
+# compute-sanitizer's included, and the processes they start inherit it): this script's own
+# tools, Python and PyTorch keep this machine's libraries (py_env, inside a run_for, puts them
+# back).
 if [ -n "${LD_LIBRARY_PATH+set}" ]; then py_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH")
 else py_env=(env -u LD_LIBRARY_PATH); fi
 tandem_libs=$(IFS=:; echo "${lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

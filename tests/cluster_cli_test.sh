@@ -476,40 +476,46 @@ check "... nor a cluster spec (it had none; the earlier run's is gone)" \
 #     then): the servers hold no parameters and no worker trained, so the run stopped before
 #     training began, as 4e. It once failed, reading the final parameters from servers that
 #     had none ("not initialised yet"), and failed the parameter server with it.
-"$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4h" --workers 2 --max-epochs 10 \
-  --target 0 --dashboard -1 >"$dir/out4h" 2>"$dir/err4h" &
-coordinator=$!
-wait_for "$dir/err4h" "coordinator at tcp://" 30
-address=$(grep -o "tcp://[0-9.:]*" "$dir/err4h" | head -1)
-"$tandem" ps --coordinator "$address" >/dev/null 2>"$dir/ps4h" &
-ps4h=$!
-"$tandem" scorer --coordinator "$address" >/dev/null 2>&1 &
-scorer4h=$!
-"$tandem" worker --coordinator "$address" --name worker0 >/dev/null 2>&1 &
-chief4h=$!
-# Registered (the coordinator's state, once a second in the metrics, lists it), then frozen:
-# the coordinator counts it lost 3 s later, so the rest must come within that.
-wait_for "$dir/run4h/metrics.jsonl" '"name":"worker0"' 60
-kill -STOP "$chief4h"
-"$tandem" worker --coordinator "$address" --name worker1 >/dev/null 2>&1 &
-worker4h=$!
-check "the run began with the frozen chief registered" \
-  wait_for "$dir/run4h/cluster.json" '"worker1"' 30  # written as the run begins
-check "... and not yet counted lost (else this is 4e's case)" \
-  test -z "$(grep "worker0 lost" "$dir/err4h")"
-kill -TERM "$coordinator"
-wait_within "$coordinator" 60; rc=$?
-kill -KILL "$chief4h"
-check "a run stopped before the chief's Init exits 0 (status $rc)" test $rc -eq 0
-check "... saying it stopped before training began" \
-  grep -q "stopped (interrupted) before training began: no model" "$dir/out4h" ||
-  tail -3 "$dir/err4h"
-wait_within "$ps4h" 30; rc=$?
-check "... and its parameter server ends cleanly, not failed with the run (status $rc)" \
-  test $rc -eq 0
-wait_within "$worker4h" 30
-wait_within "$scorer4h" 30
-wait "$chief4h" 2>/dev/null
+# (Not under a sanitizer: worker1 must register within the 3 s before the frozen chief is
+# counted lost, and the coordinator has no option to lengthen that.)
+if [ -n "${TANDEM_TEST_SLOW:-}" ]; then
+  echo "skipped: 4h (its 3 s window is too short for a sanitizer build)"
+else
+  "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4h" --workers 2 --max-epochs 10 \
+    --target 0 --dashboard -1 >"$dir/out4h" 2>"$dir/err4h" &
+  coordinator=$!
+  wait_for "$dir/err4h" "coordinator at tcp://" 30
+  address=$(grep -o "tcp://[0-9.:]*" "$dir/err4h" | head -1)
+  "$tandem" ps --coordinator "$address" >/dev/null 2>"$dir/ps4h" &
+  ps4h=$!
+  "$tandem" scorer --coordinator "$address" >/dev/null 2>&1 &
+  scorer4h=$!
+  "$tandem" worker --coordinator "$address" --name worker0 >/dev/null 2>&1 &
+  chief4h=$!
+  # Registered (the coordinator's state, once a second in the metrics, lists it), then frozen:
+  # the coordinator counts it lost 3 s later, so the rest must come within that.
+  wait_for "$dir/run4h/metrics.jsonl" '"name":"worker0"' 60
+  kill -STOP "$chief4h"
+  "$tandem" worker --coordinator "$address" --name worker1 >/dev/null 2>&1 &
+  worker4h=$!
+  check "the run began with the frozen chief registered" \
+    wait_for "$dir/run4h/cluster.json" '"worker1"' 30  # written as the run begins
+  check "... and not yet counted lost (else this is 4e's case)" \
+    test -z "$(grep "worker0 lost" "$dir/err4h")"
+  kill -TERM "$coordinator"
+  wait_within "$coordinator" 60; rc=$?
+  kill -KILL "$chief4h"
+  check "a run stopped before the chief's Init exits 0 (status $rc)" test $rc -eq 0
+  check "... saying it stopped before training began" \
+    grep -q "stopped (interrupted) before training began: no model" "$dir/out4h" ||
+    tail -3 "$dir/err4h"
+  wait_within "$ps4h" 30; rc=$?
+  check "... and its parameter server ends cleanly, not failed with the run (status $rc)" \
+    test $rc -eq 0
+  wait_within "$worker4h" 30
+  wait_within "$scorer4h" 30
+  wait "$chief4h" 2>/dev/null
+fi
 
 # 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4c" --workers 1 --max-epochs 1000 \

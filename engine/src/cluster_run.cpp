@@ -321,9 +321,9 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     model.parameters() = std::move(result.tensors);
     summary.steps = int64_t(result.version);
   } catch (const ServerError& e) {
-    // Stopped (a signal) after every role had registered but before the chief's Init: the
-    // servers hold no parameters, no worker reported a batch and nothing was scored. Stopped
-    // before training began, as above, not a failure. (Parameters gone after training, a
+    // Stopped (a signal, --max-seconds) after every role had registered but before the chief's
+    // Init: the servers hold no parameters, no worker reported a batch and nothing was scored.
+    // Stopped before training began, as above, not a failure. (Parameters gone after training, a
     // server restarted without its checkpoint, are one.)
     if (!e.not_initialised() || c.batches_done() > 0 || !c.scores().empty())
       fail_now(std::string("reading the final parameters: ") + e.what());

@@ -177,14 +177,15 @@ void write_text_atomic(const std::string& path, const std::string& text) {
 
 void remove_if_it_holds(const std::string& path, const std::string& text) noexcept {
   try {
-    const std::string file = replacement_target(path);
     struct stat st {};
-    if (::stat(file.c_str(), &st) != 0 || off_t(text.size()) != st.st_size) return;
-    std::ifstream in(file, std::ios::binary);
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        off_t(text.size()) != st.st_size)
+      return;
+    std::ifstream in(path, std::ios::binary);
     std::string held(text.size(), '\0');
     if (in.read(held.data(), std::streamsize(held.size())) && held == text)
-      std::remove(file.c_str());
-  } catch (...) {  // (a link to nothing, a device: not this process's file)
+      std::remove(path.c_str());
+  } catch (...) {  // (no memory for the comparison: the file stays)
   }
 }
 

@@ -151,11 +151,12 @@ class AtomicFile {
 // Writes `text` as the whole of `path` through an AtomicFile and syncs the directory: a crash
 // or a full disk leaves the old file or the new one, never an empty or a partial one.
 void write_text_atomic(const std::string& path, const std::string& text);
-// Removes the file write_text_atomic(path, text) wrote (through a symbolic link, the file the link
-// names) when it still holds exactly `text`, as the process that advertised itself through it
-// ends: a file another process has written since is left, as is a missing or unreadable one.
-// (Checked, then removed: one written in between those two is removed too.) Never throws: it
-// runs from destructors.
+// Removes the file write_text_atomic(path, text) wrote when it still holds exactly `text`, as the
+// process that advertised itself through it ends: a file another process has written since is
+// left, as is a missing or unreadable one, and a symbolic link (the user's: removing the file it
+// names would leave it dangling, and the next write through it refused). (Checked, then
+// removed: one written in between those two is removed too.) Never throws: it runs from
+// destructors.
 void remove_if_it_holds(const std::string& path, const std::string& text) noexcept;
 
 }  // namespace tandem

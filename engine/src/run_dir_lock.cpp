@@ -86,18 +86,22 @@ RunDirLock::~RunDirLock() {
   if (fd_ >= 0) close(fd_);  // releases the lock
 }
 
-MadeOutputDirectory::MadeOutputDirectory(const std::string& dir, const std::string& what)
+LockedOutputDirectory::LockedOutputDirectory(const std::string& dir, const std::string& option)
     : dir_(dir) {
   std::error_code ec;
-  made_ = !std::filesystem::exists(dir, ec) && !ec;
-  create_output_directory(dir, what);
+  const bool there = std::filesystem::exists(dir, ec) || ec;
+  create_output_directory(dir, option);
+  lock_ = std::make_unique<RunDirLock>(dir, option);  // throws when another run holds it
+  made_ = !there;  // (two commands making it at once: only the one holding the lock is here)
 }
 
-MadeOutputDirectory::~MadeOutputDirectory() {
-  if (!made_) return;
-  std::error_code ignored;
-  std::filesystem::remove(std::filesystem::path(dir_) / "lock", ignored);
-  std::filesystem::remove(dir_, ignored);  // only when nothing else is in it
+LockedOutputDirectory::~LockedOutputDirectory() {
+  if (made_) {  // removed while the lock is held: no other command can be using it
+    std::error_code ignored;
+    std::filesystem::remove(std::filesystem::path(dir_) / "lock", ignored);
+    std::filesystem::remove(dir_, ignored);  // only when nothing else is in it
+  }
+  lock_.reset();
 }
 
 std::unique_ptr<RunDirLock> lock_prediction_output(const std::string& out,

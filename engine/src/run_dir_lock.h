@@ -28,22 +28,24 @@ class RunDirLock {
   int fd_ = -1;
 };
 
-// The output directory a command makes (create_output_directory) before it takes the lock in it:
-// when the command is refused before it starts (destroyed before keep()), a directory it made
-// is removed again with the lock file in it, so a refused launch or search leaves no new
-// directory behind. A directory that was there before stays, and so does one holding anything
-// else. Declared before the RunDirLock, so that the lock is released first.
-class MadeOutputDirectory {
+// A command's output directory, made if needed (create_output_directory), and its RunDirLock
+// (`option` names the directory in messages). When the command is refused before it starts
+// (destroyed before keep()), a directory this one made is removed again with the lock file in
+// it, unlinked while the lock is still held, so a refused launch or search leaves no new
+// directory behind. A directory that was there stays, and so does one holding anything else
+// (and a parent directory it made).
+class LockedOutputDirectory {
  public:
-  MadeOutputDirectory(const std::string& dir, const std::string& what);
-  ~MadeOutputDirectory();
+  LockedOutputDirectory(const std::string& dir, const std::string& option);
+  ~LockedOutputDirectory();
   void keep() { made_ = false; }  // the command started: the directory is its output
-  MadeOutputDirectory(const MadeOutputDirectory&) = delete;
-  MadeOutputDirectory& operator=(const MadeOutputDirectory&) = delete;
+  LockedOutputDirectory(const LockedOutputDirectory&) = delete;
+  LockedOutputDirectory& operator=(const LockedOutputDirectory&) = delete;
 
  private:
   std::string dir_;
   bool made_ = false;
+  std::unique_ptr<RunDirLock> lock_;
 };
 
 // One prediction at a time per output: the lock on `out` that tandem predict and

@@ -456,8 +456,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   refuse_to_suspend();
   check_data_exists(o.data);  // before --run-dir is made: a mistyped --data leaves nothing behind
   refuse_store_as_output(o.run_dir, "--run-dir");
-  MadeOutputDirectory run_dir(o.run_dir, "--run-dir");  // removed again if the run is refused
-  const RunDirLock run_dir_lock(o.run_dir);  // before the previous run's files are cleared
+  // Locked before the previous run's files are cleared; made, then removed again if the run
+  // is refused.
+  LockedOutputDirectory run_dir(o.run_dir, "--run-dir");
   resolve(o);
   const RunSettings& rs = o.cluster.settings;
   // launch starts all its workers: each step of one worker's gradient each, more never come (the

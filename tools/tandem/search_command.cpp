@@ -316,9 +316,9 @@ void run_search(SearchOptions& o) {
   // this machine does not have).
   if (!o.slots.remote()) check_data_exists(o.data);
   refuse_store_as_output(o.out, "--out");
-  MadeOutputDirectory out_dir(o.out, "--out");  // removed again if the search is refused
-  // One search per --out: a second one would delete this one's checkpoints as it starts.
-  const RunDirLock lock(o.out, "--out");
+  // One search per --out: a second one would delete this one's checkpoints as it starts. Made,
+  // then removed again if the search is refused.
+  LockedOutputDirectory out_dir(o.out, "--out");
   o.data = search_data(o);  // (before anything of an earlier search is removed)
   // An earlier search's results go first: left beside this search's logs, they would read as
   // this search's results if it were killed before it writes its own.

@@ -167,7 +167,9 @@ void add_trial_slots_command(CLI::App& app) {
   cmd->add_option("--advertise", o->advertise,
                   "With --bind tcp://0.0.0.0:PORT: the host name or address clients reach this "
                   "server by (default: this machine's name)");
-  cmd->add_option("--endpoint-file", o->endpoint_file, "Also write the bound endpoint to this file");
+  cmd->add_option("--endpoint-file", o->endpoint_file,
+                  "Also write the bound endpoint to this file (removed when the server stops, "
+                  "if it still names this server and is not a symbolic link)");
   cmd->add_option("--root", o->root,
                   "Refuse jobs that name a path (data, outputs, their log) outside this directory; "
                   "jobs run in it (default: any path the server's user may use)");
