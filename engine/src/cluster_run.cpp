@@ -291,13 +291,15 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   summary.scores = c.scores();
   summary.spec = c.spec();
 
-  if (c.training_spec().is_null()) {
-    // Stopped while the roles were starting (a signal): no worker has trained, and the servers
-    // may hold no parameters yet. Nothing to read, keep or evaluate; not a failure.
+  // Nothing to read, keep or evaluate; not a failure.
+  auto stopped_before_training = [&] {
     summary.kept = "none";
     stop_servers();
     return summary;
-  }
+  };
+  // Stopped while the roles were starting (a signal): no worker has trained, and the servers
+  // may hold no parameters yet.
+  if (c.training_spec().is_null()) return stopped_before_training();
   // The final parameters, straight from the servers. A server that died while the workers left
   // is restarted by the launcher (lost, then registered without an address until it has loaded
   // its checkpoint): waited for, as a worker waits for the servers (init_timeout_ms), not read
@@ -327,9 +329,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     // server restarted without its checkpoint, are one.)
     if (!e.not_initialised() || c.batches_done() > 0 || !c.scores().empty())
       fail_now(std::string("reading the final parameters: ") + e.what());
-    summary.kept = "none";
-    stop_servers();
-    return summary;
+    return stopped_before_training();
   } catch (const Error& e) {
     fail_now(std::string("reading the final parameters: ") + e.what());
   }

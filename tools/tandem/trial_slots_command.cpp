@@ -55,31 +55,20 @@ std::string write_endpoint_file(const std::string& path, const std::string& endp
   return text;
 }
 
-// A server's entry in an --endpoint-dir, removed when it stops (however serve() ends).
-class DirectoryEntry {
- public:
-  DirectoryEntry(const std::string& dir, const std::string& endpoint) {
-    if (dir.empty()) return;
-    create_output_directory(dir, "--endpoint-dir");
-    path_ = (std::filesystem::path(dir) /
-             (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
-                .string();
-    write_endpoint_file(path_, endpoint);
-  }
-  ~DirectoryEntry() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove(path_, ignored);
-  }
-  DirectoryEntry(const DirectoryEntry&) = delete;
-  DirectoryEntry& operator=(const DirectoryEntry&) = delete;
+// A server's entry in an --endpoint-dir: HOST-PID.endpoint in it (made if needed), its own; ""
+// without one.
+std::string directory_entry_path(const std::string& dir) {
+  if (dir.empty()) return {};
+  create_output_directory(dir, "--endpoint-dir");
+  return (std::filesystem::path(dir) /
+          (file_safe(host_name()) + "-" + std::to_string(::getpid()) + ".endpoint"))
+      .string();
+}
 
- private:
-  std::string path_;
-};
-
-// --endpoint-file, removed when the server stops if it still names this server
-// (remove_if_it_holds): a client reading it later got the address of a server gone ("did not
-// answer"). A file another server has written since is left.
+// An endpoint file (--endpoint-file, or the server's entry in --endpoint-dir), removed when the
+// server stops, however serve() ends, if it still names this server (remove_if_it_holds): a
+// client reading it later got the address of a server gone ("did not answer"). A file another
+// server has written since is left. Nothing for an empty path.
 class EndpointFile {
  public:
   EndpointFile(const std::string& path, const std::string& endpoint)
@@ -134,7 +123,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
     std::fprintf(stderr, "tandem trial-slots: note: %s is listed in %s but only this machine can "
                  "reach it (bind tcp://0.0.0.0:* to serve other machines)\n",
                  endpoint.c_str(), o.endpoint_dir.c_str());
-  const DirectoryEntry entry(o.endpoint_dir, endpoint);
+  const EndpointFile entry(directory_entry_path(o.endpoint_dir), endpoint);
   const EndpointFile endpoint_file(o.endpoint_file, endpoint);
   std::printf("%s\n", endpoint.c_str());
   std::fflush(stdout);
