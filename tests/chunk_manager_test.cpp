@@ -309,8 +309,19 @@ TEST(ChunkManager, TinyMemoryBudgetAndOneReaderStillStream) {
   o.memory_budget = 1;
   o.readers = 1;
   o.ring_slots = 2;
+  // Two bands are held whatever the budget: said once, as the manager is made.
+  testing::internal::CaptureStderr();
   ChunkManager cm(split, 10, o);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(test::contains(said, "the memory budget (0.0 MiB) holds fewer than two of the "
+                                   "20-row bands of " + split.images.path()))
+      << said;
   EXPECT_EQ(epoch_rows(cm, 0), f.all_rows());
+  // A budget that holds two says nothing.
+  o.memory_budget = 2 * 20 * 24;  // two bands of 20 rows of 24 uint8 pixels
+  testing::internal::CaptureStderr();
+  ChunkManager enough(split, 10, o);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
 TEST(ChunkManager, CorruptChunkSurfacesInTheConsumer) {

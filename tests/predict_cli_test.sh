@@ -95,6 +95,12 @@ expect_error "missing store" "no dataset store" \
 check "... refused before the output's directory and lock are made" test ! -e "$dir/nodir"
 expect_error "out holds something else" "holds something other" \
   "$tandem" predict --model "$model" --data "$store" --out "$store" --overwrite
+check "... which leaves no lock file beside it" test ! -e "$store.lock"
+mkdir -p "$dir/mine" && echo "my data" >"$dir/mine/data.txt"
+expect_error "a directory of the user's refused" "holds something other" \
+  "$tandem" predict --model "$model" --data "$store" --out "$dir/mine" --processes 2
+check "... left as it was, with no lock file beside it" \
+  test "$(ls "$dir/mine")" = "data.txt" -a ! -e "$dir/mine.lock"
 "$tandem" train --data "$store" --epochs 1 --seed 2 --checkpoint "$dir/m2.safetensors" >/dev/null 2>&1
 expect_error "another model's output refused" "--overwrite" \
   "$tandem" predict --model "$dir/m2.safetensors" --data "$store" --out "$out"

@@ -152,5 +152,27 @@ TEST(RunDirLock, ASecondRunOnTheDirectoryIsRefusedUntilTheFirstEnds) {
   EXPECT_TRUE(test::contains(why, "cannot open " + missing + "/lock")) << why;
 }
 
+// A run that takes a directory it used before removes the temporary files of writes a killed
+// run left there (cluster.json, a search's results), and not those of a process still running.
+TEST(LockedOutputDirectory, TakingADirectoryRemovesWhatKilledWritesLeftInIt) {
+  test::TempDir dir;
+  const std::string killed =
+      dir.file("cluster.json.tmp-" + std::to_string(test::ended_process_id()) + "-3");
+  const std::string alive = dir.file("results.csv.tmp-" + std::to_string(getpid()) + "-3");
+  // A file of the user's with a name like a temporary file's, of a name the run does not write.
+  const std::string users = dir.file("report.tmp-2024-01");
+  for (const std::string& f : {killed, alive, users}) {
+    test::write_bytes(f, "{");
+    test::make_older(f, 5);
+  }
+  {
+    LockedOutputDirectory taken(dir.path().string(), "--run-dir", {"cluster.json", "results.csv"});
+    taken.keep();
+  }
+  EXPECT_FALSE(std::filesystem::exists(killed));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(users));
+}
+
 }  // namespace
 }  // namespace tandem

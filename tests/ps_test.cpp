@@ -205,6 +205,28 @@ TEST(ParameterServer, InitWithoutTensorsBeforeChiefIsAnErrorThenWorks) {
   EXPECT_EQ(worker.names(), (std::vector<std::string>{"w", "b"}));
 }
 
+// The checkpoints keep Adam's moments as NAME.adam_m and NAME.adam_v in a safetensors file: a
+// parameter named so would be read back as a moment (its checkpoints refused at the restart), and
+// "__metadata__" cannot be a tensor there. Refused at Init, the server left uninitialised.
+TEST(ParameterServer, AnInitWithANameTheCheckpointsReserveIsRefused) {
+  zmq::context_t ctx;
+  ParameterServer server(inproc_options(ctx, "ps-init-reserved"));
+  PsClient chief({server.endpoint()}, client_options(&ctx));
+  for (const std::string name : {"emb.adam_m", "emb.adam_v", "__metadata__"}) {
+    auto params = small_params(4);
+    params[1].name = name;
+    try {
+      chief.init(params).wait();
+      ADD_FAILURE() << "expected " << name << " to be refused";
+    } catch (const ServerError& e) {
+      EXPECT_EQ(e.kind(), transport::kBadInitialTensor) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    }
+  }
+  const auto params = small_params(5);
+  EXPECT_TRUE(bit_equal(chief.init(params).wait().tensors, params));
+}
+
 TEST(ParameterServer, PushesEqualAdamUpdatesBitwise) {
   zmq::context_t ctx;
   ParameterServer server(inproc_options(ctx, "ps-adam"));
@@ -918,6 +940,33 @@ TEST(ParameterServer, AnIpcPathInUseIsRefusedAndALeftOverFileReplaced) {
   EXPECT_NO_THROW(client.init(params).wait());
 }
 
+// libzmq (4.3) leaves the file of an ipc:// path when the socket closes: a stopped server removes
+// the one it bound, and not a file that another server has bound at the path since.
+TEST(ParameterServer, AStoppedServerRemovesItsIpcFileButNotAnotherServers) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  ServerOptions o = inproc_options(ctx, "unused");
+  o.bind = "ipc://" + dir.file("ps.sock");
+  {
+    ParameterServer server(o);
+    ASSERT_TRUE(std::filesystem::exists(dir.file("ps.sock")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ps.sock")));
+  {
+    ParameterServer first(o);
+    // Another server's socket at the path (its file unlinked first, as libzmq's bind does).
+    ASSERT_EQ(::unlink(dir.file("ps.sock").c_str()), 0);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un where{};
+    where.sun_family = AF_UNIX;
+    std::snprintf(where.sun_path, sizeof(where.sun_path), "%s", dir.file("ps.sock").c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&where), sizeof(where)), 0);
+    ::close(fd);
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.file("ps.sock")));
+}
+
 // The same with two servers, both gone: the PushPull waits in both sockets, and both are reset
 // (once, only the first server's was: the second server got the gradient when it came back).
 TEST(PsClient, ARequestThatTimedOutReachesNoServerOfTheHandle) {
@@ -1026,6 +1075,8 @@ struct SyncTimeouts {
   int step_ms = 4000;  // not reached when both push
   int worker_ms = ServerOptions().worker_timeout_ms;
   int client_ms = 5000;
+  // The cap on the two above (ServerOptions::longest_wait_ms); 0: no lower than either.
+  int longest_ms = 0;
 };
 
 // A sync-mode server that aggregates two replicas and two registered clients; `a` initialised
@@ -1045,6 +1096,8 @@ struct TwoReplicaSyncServer {
     o.replicas_to_aggregate = 2;
     o.step_timeout_ms = t.step_ms;
     o.worker_timeout_ms = t.worker_ms;
+    o.longest_wait_ms =
+        t.longest_ms > 0 ? t.longest_ms : std::max({o.longest_wait_ms, t.step_ms, t.worker_ms});
     return o;
   }
   // The first step, on both clients' gradients, mirrored in `ref`.
@@ -1349,6 +1402,32 @@ TEST(PsMode, SyncWaitsForWorkersWhoseBatchesTakeLongerThanTheTimeouts) {
   const ServerStats stats = server.stats();
   EXPECT_EQ(stats.partial_steps, 0);
   EXPECT_EQ(stats.stale_dropped, 0);
+}
+
+// The step and worker timeouts are capped at longest_wait_ms, which the cluster sets below the
+// workers' request timeout: a partial step held a worker's PushPull past that timeout (2 s against
+// --ps-timeout 1000), the worker pushed its gradient again, and the step counted it twice. (Either
+// cap alone keeps this step within longest_wait_ms, b silent ceasing to count or the step's own
+// timeout ending it: the test fails with neither.)
+TEST(PsMode, APartialStepWaitsNoLongerThanTheLongestWait) {
+  const auto params = small_params(27);
+  SyncTimeouts t;
+  t.step_ms = t.worker_ms = 4000;
+  t.client_ms = 3000;  // a step held 4 s times this out: RequestTimedOut fails the test
+  t.longest_ms = 1000;  // (the first step's two pushes must come within it)
+  TwoReplicaSyncServer sync("ps-sync-longest", params, t);
+  ReferenceAdam ref(params);
+  sync.step_on_both(ref, params, 2700);
+  const auto g = gradients_like(params, 2702);
+  const PsResult r = sync.a.push_pull(g).wait();  // b never pushes again
+  ref.apply(g);  // the mean of the one gradient the step had
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_TRUE(bit_equal(r.tensors, ref.w));
+  EXPECT_EQ(sync.server.stats().pushes, 3);
+  ServerOptions none = TwoReplicaSyncServer::options(sync.ctx, "ps-sync-no-wait", t);
+  none.longest_wait_ms = 0;
+  const std::string why = test::error_of<InputError>([&] { ParameterServer refused(none); });
+  EXPECT_NE(why.find("longest_wait_ms must be at least 1"), std::string::npos) << why;
 }
 
 // A worker with no batch for now (the end of an epoch's share) says Idle: the step waiting for its
@@ -2421,7 +2500,7 @@ TEST(ParameterServer, InSyncModeEveryHeldWorkerGetsTheGpusFailure) {
   ServerOptions o = inproc_options(ctx, "ps-gpu-fails-sync");
   o.mode = PsMode::Sync;
   o.replicas_to_aggregate = 2;
-  o.step_timeout_ms = 60000;  // the step waits for both workers
+  o.step_timeout_ms = o.longest_wait_ms = 60000;  // the step waits for both workers
   auto control = std::make_shared<DeviceControl>();
   with_host_device(o, control);
   ParameterServer server(o);
@@ -2601,6 +2680,44 @@ TEST(PsSharding, WholePlacementOptionAndPushChecks) {
   reshaped[0].shape = {100, 784};
   EXPECT_THROW(chief.push_pull(reshaped), InputError);
   EXPECT_EQ(chief.push_pull(g).wait().version, 1u);
+}
+
+// A server the placement leaves without a part is never initialised, and the workers, asking
+// every server, waited for it until their init timeout: the chief refuses first, naming it and
+// the most servers the model fills, and initialises no server.
+TEST(PsSharding, AChiefRefusesServersItsModelLeavesEmpty) {
+  zmq::context_t ctx;
+  ParameterServer s0(inproc_options(ctx, "ps-shard-empty-0")),
+      s1(inproc_options(ctx, "ps-shard-empty-1")), s2(inproc_options(ctx, "ps-shard-empty-2"));
+  const std::vector<std::string> three{s0.endpoint(), s1.endpoint(), s2.endpoint()};
+  PsClient chief(three, client_options(&ctx));
+  const std::vector<NamedTensor> two_rows{{"w", {2, 10}, test::random_floats(20, 7200)}};
+  const std::string why = test::error_of<InputError>([&] { chief.init(two_rows); });
+  EXPECT_NE(why.find("leaves parameter server " + s2.endpoint() + " without a part"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("wait for that server until their init timeout"), std::string::npos) << why;
+  EXPECT_NE(why.find("use at most 2 parameter servers"), std::string::npos) << why;
+  for (const ParameterServer* s : {&s0, &s1}) EXPECT_EQ(s->stats().by_type.count("Init"), 0u);
+  // Whole tensors: the default model's four fill four servers, not five.
+  std::vector<std::unique_ptr<ParameterServer>> five;
+  std::vector<std::string> endpoints;
+  for (int i = 0; i < 5; ++i) {
+    five.push_back(std::make_unique<ParameterServer>(
+        inproc_options(ctx, "ps-shard-empty-whole-" + std::to_string(i))));
+    endpoints.push_back(five.back()->endpoint());
+  }
+  ClientOptions whole = client_options(&ctx);
+  whole.split_tensors = false;
+  PsClient whole_chief(endpoints, whole);
+  const std::string whole_why = test::error_of<InputError>(
+      [&] { whole_chief.init(Model::initialized(ModelConfig{}, 3).parameters()); });
+  EXPECT_NE(whole_why.find("use at most 4 parameter servers"), std::string::npos) << whole_why;
+  // Two servers for two rows: the worker, asking both, gets the model.
+  PsClient fits({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+  fits.init(two_rows).wait();
+  PsClient worker({s0.endpoint(), s1.endpoint()}, client_options(&ctx));
+  EXPECT_TRUE(bit_equal(worker.init({}).wait().tensors, two_rows));
 }
 
 TEST(PsSharding, ServerRejectsUnknownAndWronglyShapedParts) {

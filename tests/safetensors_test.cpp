@@ -461,6 +461,32 @@ TEST_F(SafeTensorsTest, FailedRenameRemovesTheTemporaryFile) {
   EXPECT_EQ(read_bytes(p + "/keep"), "old");
 }
 
+// A write killed before its commit leaves NAME.tmp-PID-TID (NAME.tmp-PID from older versions),
+// as big as the file: the next check of the same output removes it once its process has ended
+// and nobody has written to it for a minute, and leaves everything else.
+TEST_F(SafeTensorsTest, TheNextWriteRemovesWhatAKilledWriteLeft) {
+  const std::string model = path("model.safetensors");
+  const std::string dead = std::to_string(test::ended_process_id());
+  const std::string killed = model + ".tmp-" + dead + "-7", killed_older = model + ".tmp-" + dead;
+  const std::string alive = model + ".tmp-" + std::to_string(::getpid()) + "-1";
+  const std::string recent = model + ".tmp-" + dead + "-8";
+  const std::string other = path("other.safetensors.tmp-" + dead + "-1");
+  const std::string not_a_temp = model + ".tmp-" + dead + "x";
+  const std::string a_dir = model + ".tmp-" + dead + "-9", a_link = model + ".tmp-" + dead + "-10";
+  for (const std::string& f : {killed, killed_older, alive, recent, other, not_a_temp})
+    write_bytes(f, "partial");
+  ASSERT_EQ(::mkdir(a_dir.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(other.c_str(), a_link.c_str()), 0);
+  for (const std::string& f : {killed, killed_older, alive, other, not_a_temp, a_dir, a_link})
+    test::make_older(f, 2);
+  check_replaceable(model);
+  EXPECT_FALSE(fs::exists(killed));
+  EXPECT_FALSE(fs::exists(killed_older));
+  for (const std::string& f : {alive, recent, other, not_a_temp, a_dir})
+    EXPECT_TRUE(fs::exists(f)) << f;
+  EXPECT_TRUE(fs::is_symlink(a_link));
+}
+
 // A link's file is replaced and the link stays a link (replacing the link would leave the file
 // it names stale); a link to nothing is refused.
 TEST_F(SafeTensorsTest, WritingThroughALinkReplacesTheFileItNames) {

@@ -170,6 +170,15 @@ print('reported', reported, 'at epoch', best['best_epoch'], 'kept', e['loss_mean
 sys.exit(0 if abs(e['loss_mean'] - reported) <= 1e-6 * reported
          and best['best_epoch'] < last['epoch'] else 1)"
 
+# Trials the time budget kept from starting (one slot for three, a rung longer than the budget):
+# stopped by the time budget as the running one is, not looking like the halving's losers.
+"$tandem" search --data "$dir/small.zarr" --grid lr=0.03,0.01,0.003 batch=100 --budget 1000 \
+    --min-epochs 1000 --budget-seconds 2 --processes 1 --threads-per-trial 1 --backend cpu \
+    --out "$dir/s14" --json >"$dir/out14" 2>"$dir/err14"
+check "trials never started are stopped by the time budget too" py_check "$dir/s14/results.json" \
+    "len(r['results']) == 3 and sorted(t['epochs'] for t in r['results'])[:2] == [0, 0] and \
+    all(t['status'] == 'stopped' and t.get('stopped_by_time_budget') for t in r['results'])"
+
 # Every trial failing is an error; bad grids name the term.
 expect_error "all trials failed -> error" "every trial failed" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --out "$dir/s2" --crash-trial 0

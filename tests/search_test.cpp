@@ -57,6 +57,20 @@ TEST(SearchSpace, BadTermsNameTheKeyAndValue) {
   EXPECT_NE(message({"hidden=100,"}).find("hidden=: expected"), std::string::npos);
   EXPECT_NE(message({"lr="}).find("no values"), std::string::npos);
   EXPECT_NE(message({"lr=0.1", "lr=0.2"}).find("given twice"), std::string::npos);
+  // A rate float32 rounds to 0 (or to infinity): tandem train refuses it, every such trial failed.
+  EXPECT_NE(message({"lr=0.1,1e-50"}).find("lr=1e-50: expected a positive number float32 can "
+                                           "hold"),
+            std::string::npos);
+  EXPECT_NE(message({"lr=1e39"}).find("float32 can hold"), std::string::npos);
+  EXPECT_EQ(parse_grid({"lr=1e-45"}).size(), 1u);  // (a denormal: kept, as tandem train keeps it)
+  // A value given twice, in any spelling that trains alike: two trials of one model.
+  for (const auto& terms : std::vector<std::vector<std::string>>{
+           {"lr=0.1,0.1"}, {"lr=0.1,1e-1"}, {"lr=0.1,0.1000000001"}, {"hidden=8,08", "lr=0.1"},
+           {"hidden=8x4,8x04"}})
+    EXPECT_NE(message(terms).find("--grid: trials 0 and 1 are the same configuration"),
+              std::string::npos)
+        << terms[0] << ": " << message(terms);
+  EXPECT_EQ(parse_grid({"lr=0.1,0.2", "seed=1,2"}).size(), 4u);
   EXPECT_NE(message({}).find("no terms"), std::string::npos);
   // A seed is any uint64, as tandem train --seed takes (not only up to 2^63 - 1).
   EXPECT_EQ(parse_grid({"seed=18446744073709551615"})[0].seed,
@@ -79,6 +93,20 @@ TEST(SearchSpace, ATrialFileIsReadWholeAndContentAfterTheListIsRefused) {
       test::error_of<InputError>([&] { load("[{\"lr\": 0.1}], {\"lr\": 0.2}]"); });
   EXPECT_TRUE(test::contains(why, "trials.json: not valid JSON")) << why;
   EXPECT_THROW(load("[{\"lr\": 0.1}] [{\"lr\": 0.2}]"), InputError);
+  // A key given twice in a trial: JSON parsers keep the last, silently; refused as in the grid.
+  const std::string twice = test::error_of<InputError>(
+      [&] { load("[{\"lr\": 0.1}, 5, {\"hidden\": {\"a\": 1}, \"lr\": 0.1, \"lr\": 0.2}]"); });
+  EXPECT_TRUE(test::contains(twice, "trials.json: trial 2: key 'lr' given twice")) << twice;
+  // Not a list: said so, whatever the object holds.
+  const std::string object =
+      test::error_of<InputError>([&] { load("{\"lr\": 0.1, \"lr\": 0.2}"); });
+  EXPECT_TRUE(test::contains(object, "expected a non-empty JSON list of objects")) << object;
+  // The same key in two trials is no repetition.
+  EXPECT_EQ(load("[{\"lr\": 0.1}, {\"lr\": 0.2, \"seed\": 3}]").size(), 2u);
+  const std::string same = test::error_of<InputError>(
+      [&] { load("[{\"lr\": 0.1}, {\"lr\": 0.2}, {\"lr\": \"1e-1\"}]"); });
+  EXPECT_TRUE(test::contains(same, "trial list: trials 0 and 2 are the same configuration"))
+      << same;
 }
 
 TEST(SearchSpace, TrialListFromJson) {

@@ -4,12 +4,16 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -168,6 +172,23 @@ inline Dataset random_dataset(PixelType type, int64_t rows, int64_t features, in
 
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// The id of a process that has ended (a child that exited at once, reaped): what a temporary
+// file left by a killed writer names.
+inline pid_t ended_process_id() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+// Sets the modification time of `path` (of a link itself, not its file) `minutes` back.
+inline void make_older(const std::string& path, int minutes) {
+  const timespec then{::time(nullptr) - 60 * minutes, 0};
+  const timespec times[2] = {then, then};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW), 0) << path;
 }
 
 // Polls `done` every `poll_ms` until it is true or `timeout_ms` have passed; its last answer.

@@ -1,6 +1,7 @@
 #include "chunk_manager.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #if defined(__SSE2__)
@@ -115,6 +116,7 @@ ChunkManager::ChunkManager(const DatasetStore::Split& split, int num_classes,
     for (auto& slot : ring_) kernels::pinned_free(slot.pixels);
     throw;
   }
+  say_if_over_budget();
 }
 
 ChunkManager::~ChunkManager() {
@@ -258,6 +260,19 @@ void ChunkManager::start_epoch(int64_t epoch, std::vector<int64_t> batches) {
   held_slot_ = -1;
   for (int r = 0; r < options_.readers; ++r) threads_.emplace_back([this] { reader_loop(); });
   for (int a = 0; a < options_.assemblers; ++a) threads_.emplace_back([this] { assembler_loop(); });
+}
+
+// Two bands flow whatever the budget (one read while the assembler holds the other), so a
+// budget below that is not kept: said once, with what is held instead.
+void ChunkManager::say_if_over_budget() const {
+  const size_t band_bytes = std::max<size_t>(1, band_buffer_bytes());
+  if (options_.memory_budget >= 2 * band_bytes) return;
+  const auto mib = [](size_t bytes) { return double(bytes) / double(size_t{1} << 20); };
+  std::fprintf(stderr,
+               "tandem: the memory budget (%.1f MiB) holds fewer than two of the %lld-row bands "
+               "of %s (%.1f MiB each, one chunk row): two are held, %.1f MiB\n",
+               mib(options_.memory_budget), static_cast<long long>(band_rows_),
+               split_.images.path().c_str(), mib(band_bytes), mib(2 * band_bytes));
 }
 
 size_t ChunkManager::band_buffer_bytes() const {

@@ -125,6 +125,7 @@ class ChunkManager final : public BatchStream {
   // A band buffer's size: a whole band's pixels (not one chunk: a band may be many), or the
   // band's one chunk as stored where that is more (float64, narrowed in place).
   size_t band_buffer_bytes() const;
+  void say_if_over_budget() const;
   void fail(std::exception_ptr error);
   void wake_all();  // every waiter: stopping, or an error
 

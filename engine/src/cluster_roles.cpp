@@ -204,9 +204,11 @@ void ps_role(const RoleOptions& o) {
   so.mode = parse_mode(r.settings.ps_mode);
   so.replicas_to_aggregate = r.settings.replicas_to_aggregate;
   so.staleness_bound = r.settings.staleness_bound;
-  // Below the clients' request timeout (their held PushPull waits for a step), by 10% or 1 s.
+  // Below the clients' request timeout (their held PushPull waits for a step), by 10% or 1 s;
+  // by half of a timeout of 2 s or less. It caps the step and worker timeouts too.
   so.longest_wait_ms =
-      r.settings.ps_timeout_ms - std::max(1000, r.settings.ps_timeout_ms / 10);
+      r.settings.ps_timeout_ms -
+      std::max(std::min(1000, r.settings.ps_timeout_ms / 2), r.settings.ps_timeout_ms / 10);
   so.optimizer = r.settings.optimizer;
   so.context = o.context;
   so.bind = !o.bind.empty() ? o.bind

@@ -125,8 +125,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
   endpoint_ = advertised_endpoint(bind_socket(control_, options_.bind, "control"),
                                   options_.advertise_host);
+  control_file_ = transport::BoundIpcFile(options_.bind);
   scores_endpoint_ = advertised_endpoint(bind_socket(scores_, options_.scores_bind, "scores"),
                                          options_.advertise_host);
+  scores_file_ = transport::BoundIpcFile(options_.scores_bind);
   if (options_.serve_at_once) start_serving();
 }
 

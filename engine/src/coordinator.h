@@ -202,6 +202,7 @@ class Coordinator {
   std::unique_ptr<zmq::context_t> own_context_;
   // The CURVE admissions of both sockets; released after the sockets close, before the context.
   transport::ZapAuthenticator::Registration zap_;
+  transport::BoundIpcFile control_file_, scores_file_;  // removed after the sockets close
   zmq::socket_t control_;
   zmq::socket_t scores_;
   std::string endpoint_, scores_endpoint_;

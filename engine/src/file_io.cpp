@@ -1,16 +1,20 @@
 #include "file_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "tandem/error.h"
 
@@ -128,8 +132,57 @@ std::string replacement_target(const std::string& path) {
   return target;
 }
 
+namespace {
+
+// The process that wrote `name`, a temp_path() name (NAME.tmp-PID-TID, or NAME.tmp-PID); 0 for a
+// name that is not one.
+pid_t writer_of_temp_name(const std::string& name) {
+  const std::string marker = ".tmp-";
+  const size_t at = name.rfind(marker);
+  if (at == std::string::npos) return 0;
+  const std::string ids = name.substr(at + marker.size());
+  const size_t dash = ids.find('-');
+  const auto number = [](const std::string& text) {
+    return !text.empty() && text.size() <= 9 &&
+           std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const std::string pid = ids.substr(0, dash);
+  if (!number(pid) || (dash != std::string::npos && !number(ids.substr(dash + 1)))) return 0;
+  return static_cast<pid_t>(std::stol(pid));
+}
+
+}  // namespace
+
+void remove_unfinished_writes(const std::string& dir, const std::string& name_prefix,
+                              const std::string& who) noexcept {
+  try {
+    std::error_code ec;
+    std::vector<std::filesystem::path> dead;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind(name_prefix, 0) != 0) continue;
+      const pid_t pid = writer_of_temp_name(name);
+      // Alive, or not ours to ask about (EPERM: a process runs under that PID): left.
+      if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      struct stat st {};
+      if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (::time(nullptr) - st.st_mtime >= 60) dead.push_back(it->path());
+    }
+    for (const auto& path : dead)
+      if (std::filesystem::remove(path, ec))
+        std::fprintf(stderr, "%s: removed %s, left by a write that did not finish (its process "
+                     "has ended)\n", who.c_str(), path.c_str());
+  } catch (...) {  // (an allocation failing: the files stay, as they would have)
+  }
+}
+
 void check_replaceable(const std::string& path_given) {
   const std::string path = replacement_target(path_given);
+  // Each run that was killed mid-write would otherwise add a file as big as this one beside it.
+  remove_unfinished_writes(parent_directory(path),
+                           std::filesystem::path(path).filename().string() + ".tmp-",
+                           "tandem");
   const std::string probe = temp_path(path);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -74,8 +74,19 @@ std::string replacement_target(const std::string& path);
 // Fails now where replacing `path` atomically would fail later, after the work that produced its
 // content (a directory missing or not writable, a read-only filesystem, a directory or a device
 // by that name): creates and removes the temporary file the replacement writes (temp_path).
-// IoError "cannot write 'PATH': <reason>".
+// IoError "cannot write 'PATH': <reason>". Removes what writes of it killed before their commit
+// left beside it first (remove_unfinished_writes).
 void check_replaceable(const std::string& path);
+
+// A write through an AtomicFile killed before its commit (SIGKILL, a crash, a power cut) leaves
+// its temporary file, TARGET.tmp-PID-TID (or TARGET.tmp-PID, from older versions), as big as
+// the file was to be, and nothing else removes it. Removes those in `dir` whose names begin with
+// `name_prefix`, when no process PID runs here and nobody has written to the file for a minute:
+// a directory on shared storage may hold a live writer's from another machine, whose PID means
+// nothing here, and a write takes seconds. Each removal is said on stderr, after `who` ("tandem
+// train", say). Never throws: a file it cannot list or remove is left.
+void remove_unfinished_writes(const std::string& dir, const std::string& name_prefix,
+                              const std::string& who) noexcept;
 
 // Creates directory `dir` and its parents (nothing when it is there). IoError "cannot create
 // WHAT 'DIR': <reason>" (WHAT: the option that named it, say) when it cannot, instead of the

@@ -243,12 +243,6 @@ bool chunk_file_complete(const zarr::Array& array, const std::vector<int64_t>& i
   return !ec && size == array.meta().chunk_bytes();
 }
 
-bool is_predictions_group(const std::string& path) {
-  if (!zarr::Group::exists(path)) return false;
-  const json a = zarr::Group::open(path).second;
-  return a.is_object() && a.contains(kMarker);
-}
-
 // A run stopped between making the predictions group and its arrays left one or both missing.
 // When the group is this input's (format and fingerprint), they cannot hold a chunk yet: made
 // now, so the rerun resumes instead of refusing the output.
@@ -290,6 +284,12 @@ void read_row_chunk(const DatasetStore::Split& split, int64_t chunk, int64_t fea
 }
 
 }  // namespace
+
+bool is_predictions_group(const std::string& path) {
+  if (!zarr::Group::exists(path)) return false;
+  const json a = zarr::Group::open(path).second;
+  return a.is_object() && a.contains(kMarker);
+}
 
 int64_t PredictionsLayout::rows_in_chunk(int64_t chunk) const {
   return std::min(chunk_rows, rows - chunk * chunk_rows);

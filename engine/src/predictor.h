@@ -57,6 +57,9 @@ std::string prepare_predictions_output(const std::string& out, const Predictions
                                        const nlohmann::json& attributes, bool overwrite,
                                        const std::string& overwrite_hint);
 
+// Whether `path` is a group tandem predict made (its marker attribute), this run's or another's.
+bool is_predictions_group(const std::string& path);
+
 // Removes the predictions group at `out`, if any; InputError naming `out` when something else is
 // there (an empty directory counts as nothing).
 void remove_predictions_output(const std::string& out);

@@ -230,9 +230,35 @@ PsClient::Handle PsClient::init(const std::vector<NamedTensor>& tensors) {
   for (const auto& part : place_parts(names, shapes, int(n), options_.split_tensors))
     per_server[size_t(part.server)].push_back(
         {part.name, part.shape, tensors[part.tensor].values.data() + part.offset});
+  refuse_servers_left_empty(per_server, names, shapes);
   for (auto& e : extra) e = order;  // the full names: workers learn the model's order from it
-  // Servers left without a tensor (more servers than tensors) are not asked.
-  return send_each(MessageType::Init, per_server, extra, holding(per_server));
+  return send_each(MessageType::Init, per_server, extra, all_servers());
+}
+
+// A server the placement leaves without a part would never be initialised, and the other
+// workers, who ask every server (they do not know the model's shapes), would wait for it until
+// their init timeout, then fail. Said before anything is sent, with the most servers this model
+// fills.
+void PsClient::refuse_servers_left_empty(const std::vector<std::vector<FloatTensorRef>>& parts,
+                                         const std::vector<std::string>& names,
+                                         const std::vector<std::vector<int64_t>>& shapes) const {
+  std::string empty;
+  for (size_t s = 0; s < parts.size(); ++s)
+    if (parts[s].empty()) empty += (empty.empty() ? "" : ", ") + servers_[s]->where;
+  if (empty.empty()) return;
+  int most = int(parts.size()) - 1;
+  for (; most > 1; --most) {
+    std::vector<bool> holds(size_t(most), false);
+    for (const auto& part : place_parts(names, shapes, most, options_.split_tensors))
+      holds[size_t(part.server)] = true;
+    if (std::find(holds.begin(), holds.end(), false) == holds.end()) break;
+  }
+  const bool one = empty.find(", ") == std::string::npos;
+  throw InputError("parameter server client: this model (" + std::to_string(names.size()) +
+                   (names.size() == 1 ? " tensor" : " tensors") + ") leaves " + empty +
+                   " without a part of it, and the workers would wait for " +
+                   (one ? "that server" : "those servers") + " until their init timeout: " +
+                   "use at most " + std::to_string(most) + " parameter servers for it");
 }
 
 PsClient::Handle PsClient::pull() {

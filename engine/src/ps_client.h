@@ -236,6 +236,9 @@ class PsClient {
                    const std::shared_ptr<transport::SendHold>& hold = nullptr,
                    const std::vector<uint64_t>* versions = nullptr);
   std::vector<bool> all_servers() const;
+  void refuse_servers_left_empty(
+      const std::vector<std::vector<transport::FloatTensorRef>>& parts,
+      const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes) const;
   Handle send_gradients(transport::MessageType type, const std::vector<NamedTensor>& gradients,
                         const std::shared_ptr<transport::SendHold>& hold,
                         const std::vector<uint64_t>* versions = nullptr);

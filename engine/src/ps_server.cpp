@@ -1,8 +1,5 @@
 #include "ps_server.h"
 
-#include <signal.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "file_io.h"
 #include "ps_checkpoint_choice.h"
 #include "ps_checkpoint_file.h"
 #include "safetensors.h"
@@ -62,6 +60,9 @@ ParameterServer::ParameterServer(ServerOptions options)
   const std::string where = "parameter server at " + options_.bind;
   if (options_.replicas_to_aggregate < 1)
     throw InputError(where + ": replicas_to_aggregate must be at least 1");
+  if (options_.longest_wait_ms < 1)
+    throw InputError(where + ": longest_wait_ms must be at least 1 (got " +
+                     std::to_string(options_.longest_wait_ms) + ")");
   if (options_.staleness_bound < 0) throw InputError(where + ": staleness_bound must be >= 0");
   stats_.mode = to_string(options_.mode);
   const bool curve = !options_.curve_secret_key.empty();
@@ -122,6 +123,7 @@ ParameterServer::ParameterServer(ServerOptions options)
   // only once ZeroMQ's reaper had closed it, and an inproc:// name was still taken for the
   // server started next (after the checkpoints were moved away, say).
   endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
+  bound_file_ = transport::BoundIpcFile(options_.bind);
   thread_ = std::thread([this] { serve(); });
 }
 
@@ -152,44 +154,11 @@ std::string ParameterServer::init_mismatch(const Message& m) const {
          "checkpoints were written with, or start from an empty checkpoint directory";
 }
 
-namespace {
-
-// A checkpoint write killed before its rename leaves SHARD-step-N.safetensors.tmp-PID-TID (or
-// .tmp-PID, from older versions), a whole shard's size, which no pruning sees: removed when no
-// process PID runs here and the file has not been written to for a minute (a checkpoint
-// directory on shared storage may hold a live writer's from another machine, whose PID means
-// nothing here; a write takes seconds).
-void remove_dead_writers_files(const std::string& dir, const std::string& shard) {
-  const std::string prefix = shard + "-step-", marker = ".safetensors.tmp-";
-  std::error_code ec;
-  std::vector<std::filesystem::path> dead;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const size_t at = name.rfind(marker);
-    if (name.rfind(prefix, 0) != 0 || at == std::string::npos) continue;
-    std::string pid_text = name.substr(at + marker.size());
-    pid_text = pid_text.substr(0, pid_text.find('-'));  // (the thread id after it)
-    if (pid_text.empty() || pid_text.size() > 9 ||
-        !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    std::error_code no_time;
-    const auto written = std::filesystem::last_write_time(it->path(), no_time);
-    const auto idle = std::filesystem::file_time_type::clock::now() - written;
-    if (!no_time && idle >= std::chrono::minutes(1)) dead.push_back(it->path());
-  }
-  for (const auto& path : dead)
-    if (std::filesystem::remove(path, ec))
-      std::fprintf(stderr, "tandem parameter server %s: removed %s, a checkpoint write that did "
-                   "not finish\n", shard.c_str(), path.string().c_str());
-}
-
-}  // namespace
-
 void ParameterServer::restore_newest() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
-  remove_dead_writers_files(options_.checkpoint_dir, options_.shard_name);
+  // A checkpoint write killed before its rename left a whole shard's size, which no pruning sees.
+  remove_unfinished_writes(options_.checkpoint_dir, options_.shard_name + "-step-",
+                           "tandem parameter server " + options_.shard_name);
   const CheckpointChoice choice = choose_shard_checkpoint(
       options_.checkpoint_dir, options_.shard_name, adam,
       [&](ShardCheckpoint&& checkpoint, const std::string& path) {
@@ -357,6 +326,7 @@ void ParameterServer::serve() {
     answer_checkpoint_requests();  // every write has ended
   }
   socket_.close();  // the socket belongs to this thread; nothing uses it after this
+  bound_file_.remove();  // (the destructor would too, later: a stopped server's path goes now)
 }
 
 void ParameterServer::reply_error(const zmq::message_t& peer, MessageType type,
@@ -622,8 +592,9 @@ void ParameterServer::handle_push(const zmq::message_t& peer, const Message& m) 
         // The step timeout, or longer for workers whose batches take longer (ps_worker_clocks.h).
         const auto now = Clock::now();
         step_deadline_ = now + std::max<Clock::duration>(
-                                   std::chrono::milliseconds(options_.step_timeout_ms),
-                                   clocks_.slowest_gaps(now));
+                                   std::chrono::milliseconds(std::min(
+                                       options_.step_timeout_ms, options_.longest_wait_ms)),
+                                   clocks_.slowest_gaps(now));  // (at most longest_wait_ms)
       }
       if (reply) {
         Pending p;

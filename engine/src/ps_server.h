@@ -112,8 +112,10 @@ struct ServerOptions {
   // Sync and BoundedStaleness: a worker silent this long (or longer: ps_worker_clocks.h) stops
   // counting.
   int worker_timeout_ms = 2000;
-  // The most those two times may stretch to: below the clients' request timeout (their held
-  // PushPull waits for the step), or a slow worker's step would time its peers' requests out.
+  // The most those two times may stretch to, and a cap on them as given: below the clients'
+  // request timeout (their held PushPull waits for the step), or a step or a pull held past it
+  // would time its worker's request out, and the worker would push again a gradient the server
+  // had taken (counted twice in a sync step). At least 1.
   int longest_wait_ms = 5000;
   std::string bind = "tcp://127.0.0.1:*";  // loopback unless told otherwise
   OptimizerConfig optimizer;
@@ -213,6 +215,7 @@ class ParameterServer {
   // Released after the socket closes and before an owned context is destroyed (member order).
   transport::ZapAuthenticator::Registration zap_;
   std::string curve_public_key_;
+  transport::BoundIpcFile bound_file_;  // removed after the socket closes (member order)
   zmq::socket_t socket_;  // used by the serving thread only, once it runs
   std::string endpoint_;
   PsShard shard_;            // the serving thread's alone

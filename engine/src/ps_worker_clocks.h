@@ -31,11 +31,12 @@ class WorkerClocks {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // longest_ms: the most a worker's allowance (and slowest_gaps) may grow to; below the clients'
-  // request timeout, or a sync step's held replies would time out while it waits.
+  // longest_ms: the most a worker's allowance (and slowest_gaps) may grow to, a timeout_ms
+  // above it included; below the clients' request timeout, or a sync step's held replies would
+  // time out while it waits.
   WorkerClocks(int timeout_ms, int longest_ms)
       : timeout_(std::chrono::milliseconds(timeout_ms)),
-        longest_(std::max(timeout_, Clock::duration(std::chrono::milliseconds(longest_ms)))) {}
+        longest_(std::chrono::milliseconds(longest_ms)) {}
 
   // A valid push from `worker`: moves its clock on by one (from where rejoin puts it when it did
   // not count: new, silent too long, or idle).

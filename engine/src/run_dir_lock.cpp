@@ -39,13 +39,26 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
   // needs no write access (on NFS it does, and the lock below fails naming the file). The pid
   // below is not written then.
   const int flags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
-  fd_ = open(path.c_str(), O_RDWR | flags, 0666);
-  if (fd_ < 0 && (errno == EACCES || errno == EROFS))
-    fd_ = open(path.c_str(), O_RDONLY | flags, 0666);
-  if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
   int rc;
-  do rc = flock(fd_, LOCK_EX | LOCK_NB);
-  while (rc != 0 && errno == EINTR);
+  for (int tries = 1;; ++tries) {
+    fd_ = open(path.c_str(), O_RDWR | O_EXCL | flags, 0666);  // made here, or already there
+    made_ = fd_ >= 0;
+    if (fd_ < 0 && errno == EEXIST) fd_ = open(path.c_str(), O_RDWR | flags, 0666);
+    if (fd_ < 0 && (errno == EACCES || errno == EROFS))
+      fd_ = open(path.c_str(), O_RDONLY | flags, 0666);
+    if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
+    do rc = flock(fd_, LOCK_EX | LOCK_NB);
+    while (rc != 0 && errno == EINTR);
+    // A holder may have removed the file (remove_file) between this open and this flock: a lock
+    // on a file no longer at the path would shut out nobody. Taken again on the path's file.
+    struct stat held {}, named {};
+    if (rc != 0 || (fstat(fd_, &held) == 0 && lstat(path.c_str(), &named) == 0 &&
+                    held.st_dev == named.st_dev && held.st_ino == named.st_ino))
+      break;
+    close(fd_);
+    fd_ = -1;
+    if (tries == 100) throw IoError("cannot lock " + path + ": it keeps being removed");
+  }
   if (rc != 0) {
     const int err = errno;
     std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
@@ -75,6 +88,7 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
     throw InputError(path + " is there and is not a lock file of Tandem's (it holds other "
                      "data): move it away, or give another " + option);
   }
+  path_ = path;
   const std::string pid = std::to_string(getpid()) + "\n";
   // The pid only names the holder in the message above; the lock works without it.
   if (ftruncate(fd_, 0) == 0) {
@@ -86,19 +100,33 @@ RunDirLock::~RunDirLock() {
   if (fd_ >= 0) close(fd_);  // releases the lock
 }
 
-LockedOutputDirectory::LockedOutputDirectory(const std::string& dir, const std::string& option)
+void RunDirLock::remove_file() noexcept {
+  struct stat held {}, named {};
+  if (fd_ >= 0 && fstat(fd_, &held) == 0 && lstat(path_.c_str(), &named) == 0 &&
+      held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+    ::unlink(path_.c_str());
+}
+
+LockedOutputDirectory::LockedOutputDirectory(const std::string& dir, const std::string& option,
+                                             const std::vector<std::string>& replaced_files)
     : dir_(dir) {
   std::error_code ec;
   const bool there = std::filesystem::exists(dir, ec) || ec;
   create_output_directory(dir, option);
   lock_ = std::make_unique<RunDirLock>(dir, option);  // throws when another run holds it
   made_ = !there;  // (two commands making it at once: only the one holding the lock is here)
+  // An earlier run killed while it replaced one of its files here left its temporary file:
+  // removed, now that no other run can be writing here. (Only those: the user's own files in a
+  // directory they gave may have any name.)
+  if (there)
+    for (const std::string& name : replaced_files)
+      remove_unfinished_writes(dir, name + ".tmp-", "tandem");
 }
 
 LockedOutputDirectory::~LockedOutputDirectory() {
   if (made_) {  // removed while the lock is held: no other command can be using it
+    lock_->remove_file();
     std::error_code ignored;
-    std::filesystem::remove(std::filesystem::path(dir_) / "lock", ignored);
     std::filesystem::remove(dir_, ignored);  // only when nothing else is in it
   }
   lock_.reset();

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -24,8 +25,17 @@ class RunDirLock {
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
 
+  // Whether this made the lock file (it was not there before).
+  bool made_file() const { return made_; }
+  // Removes the lock file, still held (a command refused before it made its output leaves none
+  // behind). A process that opened it before and locks it after sees that it is no longer the
+  // file at the path, and takes the lock on a new one.
+  void remove_file() noexcept;
+
  private:
   int fd_ = -1;
+  std::string path_;
+  bool made_ = false;
 };
 
 // A command's output directory, made if needed (create_output_directory), and its RunDirLock
@@ -33,10 +43,13 @@ class RunDirLock {
 // (destroyed before keep()), a directory this one made is removed again with the lock file in
 // it, unlinked while the lock is still held, so a refused launch or search leaves no new
 // directory behind. A directory that was there stays, and so does one holding anything else
-// (and a parent directory it made).
+// (and a parent directory it made). In a directory that was there, the temporary files that
+// writes of `replaced_files` (names in it) left when an earlier run was killed are removed
+// (remove_unfinished_writes).
 class LockedOutputDirectory {
  public:
-  LockedOutputDirectory(const std::string& dir, const std::string& option);
+  LockedOutputDirectory(const std::string& dir, const std::string& option,
+                        const std::vector<std::string>& replaced_files = {});
   ~LockedOutputDirectory();
   void keep() { made_ = false; }  // the command started: the directory is its output
   LockedOutputDirectory(const LockedOutputDirectory&) = delete;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -67,6 +68,11 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
     const double x = std::strtod(v.c_str(), &end);
     if (v.empty() || *end != '\0' || !std::isfinite(x) || x <= 0)
       bad(where, key, v, "a positive number");
+    // tandem train keeps it in a float32, and refuses it once it rounds to 0 or overflows: every
+    // trial of the value would fail.
+    const float kept = static_cast<float>(x);
+    if (!(kept > 0) || !std::isfinite(kept))
+      bad(where, key, v, "a positive number float32 can hold (1.4e-45 to 3.4e38)");
     config.lr = x;
   } else if (key == "hidden") {
     // 256x128 (or 256,128 from a JSON string) -> "256,128"
@@ -94,6 +100,52 @@ void set_value(TrialConfig& config, const std::string& where, const std::string&
   } else {
     throw InputError(where + ": unknown key '" + key + "' (known: " + kKeys + ")");
   }
+}
+
+// Two trials of one configuration train the same model (the same seed too): they tie, and take
+// two of a rung's places. Refused, naming both, in `what` ("--grid", "trial list").
+void refuse_repeated_configurations(const std::vector<TrialConfig>& trials,
+                                    const std::string& what) {
+  std::map<std::vector<std::string>, size_t> first;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    TrialConfig trained = trials[i];
+    trained.lr = static_cast<float>(trained.lr);  // 0.1 and 0.1000000001 train alike
+    const auto [it, added] = first.emplace(trained.train_args(), i);
+    if (!added)
+      throw InputError(what + ": trials " + std::to_string(it->second) + " and " +
+                       std::to_string(i) + " are the same configuration (" +
+                       trials[i].describe() + "), which would train the same model twice; " +
+                       "give each configuration once");
+  }
+}
+
+// nlohmann keeps the last value of a key given twice in an object, silently; the grid refuses a
+// key given twice, and so does a trial file. The first such key ("trial N: key 'K' given
+// twice"), or "". `text` is valid JSON, a list.
+std::string repeated_key(const std::string& text) {
+  using Json = nlohmann::json;
+  using Event = Json::parse_event_t;
+  std::vector<std::set<std::string>> objects;
+  int trial = -1;
+  std::string found;
+  const Json::parser_callback_t look = [&](int depth, Event event, Json& parsed) {
+    // Depth 1: an element of the list (a trial), whatever it holds.
+    if (depth == 1 && (event == Event::object_start || event == Event::array_start ||
+                       event == Event::value))
+      ++trial;
+    if (event == Event::object_start) {
+      objects.emplace_back();
+    } else if (event == Event::object_end) {
+      objects.pop_back();
+    } else if (event == Event::key && found.empty() &&
+               !objects.back().insert(parsed.get<std::string>()).second) {
+      found = (trial >= 0 ? "trial " + std::to_string(trial) + ": " : std::string()) + "key '" +
+              parsed.get<std::string>() + "' given twice";
+    }
+    return true;
+  };
+  [[maybe_unused]] const Json parsed = Json::parse(text, look);  // (only `look` is wanted)
+  return found;
 }
 
 std::string number_text(double x) {
@@ -148,6 +200,7 @@ std::vector<TrialConfig> parse_grid(const std::vector<std::string>& terms) {
       }
     trials = std::move(next);
   }
+  refuse_repeated_configurations(trials, "--grid");
   return trials;
 }
 
@@ -179,6 +232,7 @@ std::vector<TrialConfig> parse_trial_list(const nlohmann::json& list) {
     }
     trials.push_back(c);
   }
+  refuse_repeated_configurations(trials, "trial list");
   return trials;
 }
 
@@ -191,6 +245,9 @@ std::vector<TrialConfig> load_trial_file(const std::string& path) {
   std::string problem;
   const nlohmann::json list = parse_json_file_text(text, problem);
   if (!problem.empty()) throw InputError(path + ": " + problem + "; expected a list of trials");
+  // (Not in what is not a list: parse_trial_list says what a trial file holds.)
+  const std::string repeated = list.is_array() ? repeated_key(text) : std::string();
+  if (!repeated.empty()) throw InputError(path + ": " + repeated);
   try {
     return parse_trial_list(list);
   } catch (const InputError& e) {

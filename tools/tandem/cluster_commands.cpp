@@ -458,7 +458,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   refuse_store_as_output(o.run_dir, "--run-dir");
   // Locked before the previous run's files are cleared; made, then removed again if the run
   // is refused.
-  LockedOutputDirectory run_dir(o.run_dir, "--run-dir");
+  LockedOutputDirectory run_dir(o.run_dir, "--run-dir",
+                                {"cluster.json", "coordinator.address", "model.safetensors",
+                                 "best-score.safetensors"});
   resolve(o);
   const RunSettings& rs = o.cluster.settings;
   // launch starts all its workers: each step of one worker's gradient each, more never come (the

@@ -78,7 +78,9 @@ struct TrialRecord {
   double seconds = 0;
   std::string error;
   std::string slot;  // where its last job ran: "local" or a slot server's endpoint
-  bool cut = false;  // stopped by --budget-seconds while running
+  // Stopped by the search's close (--budget-seconds, or a signal): running, or not started, or
+  // waiting at a rung for a promotion.
+  bool cut = false;
   // The epoch of lowest validation loss; a NaN or infinite one is no score (a NaN first epoch
   // would otherwise stay the best, nothing being below it).
   const EpochResult* best() const {
@@ -318,7 +320,8 @@ void run_search(SearchOptions& o) {
   refuse_store_as_output(o.out, "--out");
   // One search per --out: a second one would delete this one's checkpoints as it starts. Made,
   // then removed again if the search is refused.
-  LockedOutputDirectory out_dir(o.out, "--out");
+  LockedOutputDirectory out_dir(o.out, "--out",
+                                {"results.csv", "results.json", "best.safetensors"});
   o.data = search_data(o);  // (before anything of an earlier search is removed)
   // An earlier search's results go first: left beside this search's logs, they would read as
   // this search's results if it were killed before it writes its own.
@@ -387,6 +390,13 @@ void run_search(SearchOptions& o) {
   auto fail_trial = [&](int trial, const std::string& why, bool say) {
     records[trial].error = why;
     halving.fail(trial);
+    if (trial == best_trial) {  // the table ranks failed trials last: so does the progress line
+      best_trial = -1;
+      for (int t = 0; t < int(configs.size()); ++t)
+        if (halving.status(t) != TrialStatus::Failed && std::isfinite(best_loss(t)) &&
+            (best_trial < 0 || best_loss(t) < best_loss(best_trial)))
+          best_trial = t;
+    }
     if (say)
       progress.print_line("trial " + std::to_string(trial) + " [" +
                           records[trial].config.describe() + "]: FAILED, " + why);
@@ -402,6 +412,11 @@ void run_search(SearchOptions& o) {
     closed = true;
     closed_by_signal = stop.load();
     closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
+    // Those not started yet, and those waiting at a rung for a promotion still possible: stopped
+    // by the budget (or the signal) too, not by the halving, and the results say so.
+    for (int t = 0; t < int(configs.size()); ++t)
+      if (halving.status(t) == TrialStatus::Pending || halving.status(t) == TrialStatus::Waiting)
+        records[t].cut = true;
     halving.close();
     for (RunningJob& r : running) runner->cancel(r.key);
     for (const HalvingJob& j : refused) cut_short(j.trial);

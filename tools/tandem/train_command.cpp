@@ -1,4 +1,5 @@
 // tandem train: single-process training on a data set directory of MNIST-format IDX files.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +30,7 @@ struct TrainOptions {
   std::string shuffle = "on";
   std::string keep = "best";
   int64_t validation_rows = 5000;
+  int64_t memory_budget_mib = 256;
   bool json = false;
   TrainConfig config;
   // Options a resumed run takes from its checkpoint unless they are given.
@@ -134,6 +136,8 @@ void run_train(TrainOptions& o) {
     so.batch_rows = config.batch;
     so.shuffle = config.shuffle;
     so.seed = config.seed;
+    // (A petabyte at most: more would overflow, and holds every band of any store anyway.)
+    so.memory_budget = static_cast<size_t>(std::min<int64_t>(o.memory_budget_mib, 1 << 30)) << 20;
     // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
@@ -292,6 +296,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--keep", o->keep,
                   "Parameters to keep at the end: best (lowest validation loss) or last epoch's")
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
+  cmd->add_option("--memory-budget", o->memory_budget_mib,
+                  "MiB of a store's chunks read ahead (two of its chunk rows at least)")
+      ->check(positive_number())->capture_default_str();
   o->validation_rows_option = cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();
   cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")

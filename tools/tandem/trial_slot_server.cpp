@@ -110,6 +110,7 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
     throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }
   endpoint_ = transport::bind_checked(socket_, options_.bind, where + ": cannot bind");
+  bound_file_ = transport::BoundIpcFile(options_.bind);
 }
 
 TrialSlotServer::~TrialSlotServer() { stop_jobs(options_.kill_grace_ms); }

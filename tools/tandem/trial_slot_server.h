@@ -114,6 +114,7 @@ class TrialSlotServer {
   TrialSlotServerOptions options_;
   zmq::context_t context_{1};
   transport::ZapAuthenticator::Registration zap_;
+  transport::BoundIpcFile bound_file_;  // removed after the socket closes (member order)
   zmq::socket_t socket_;
   std::string endpoint_;
   std::string curve_public_key_;

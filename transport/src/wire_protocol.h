@@ -191,8 +191,10 @@ const char* to_string(DecodeError code);  // "Truncated", ...
 // Limits on what one message may claim, so a hostile peer cannot make the decoder allocate or
 // read without bound. Sizes count the header frame plus every tensor frame. They act once ZeroMQ
 // has received the message whole: the socket's ZMQ_MAXMSGSIZE (max_message_bytes) bounds each
-// frame, but nothing in ZeroMQ bounds a message's count of frames, so a peer that can connect
-// can still make the server's ZeroMQ buffer a huge message before it is refused here. Against
+// frame (ZeroMQ closes the connection of a peer that sends a longer one: no reply, and nothing
+// the server could count, since it never sees the message), but nothing in ZeroMQ bounds a
+// message's count of frames, so a peer that can connect can still make the server's ZeroMQ
+// buffer a huge message before it is refused here. Against
 // peers that are not trusted, CURVE with an allowed-clients list keeps them from connecting.
 struct DecodeLimits {
   size_t max_tensors = 4096;

@@ -1,6 +1,7 @@
 #include "zmq_messaging.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -189,6 +190,38 @@ std::string bind_checked(zmq::socket_t& socket, const std::string& address,
     throw TransportError(refusal + " to " + address + ": " + e.what());
   }
   return socket.get(zmq::sockopt::last_endpoint);
+}
+
+BoundIpcFile::BoundIpcFile(const std::string& address) {
+  if (address.rfind("ipc://", 0) != 0) return;
+  const std::string path = address.substr(6);
+  // (libzmq removes the temporary directory of "ipc://*" itself, only when the file is there.)
+  if (path.empty() || path == "*" || path[0] == '@') return;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  path_ = path;
+  device_ = st.st_dev;
+  inode_ = st.st_ino;
+}
+
+BoundIpcFile& BoundIpcFile::operator=(BoundIpcFile&& other) noexcept {
+  if (this != &other) {
+    remove();
+    path_ = std::move(other.path_);
+    device_ = other.device_;
+    inode_ = other.inode_;
+    other.path_.clear();
+  }
+  return *this;
+}
+
+void BoundIpcFile::remove() noexcept {
+  if (path_.empty()) return;
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == device_ &&
+      st.st_ino == inode_)
+    ::unlink(path_.c_str());
+  path_.clear();
 }
 
 }  // namespace tandem::transport

@@ -3,9 +3,11 @@
 // this file knows nothing of parameters.
 #pragma once
 
+#include <sys/types.h>
 #include <zmq.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "send_hold.h"
@@ -48,6 +50,27 @@ void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
 // bind (in use, no such interface) a TransportError "REFUSAL to ADDRESS: ZeroMQ's reason".
 std::string bind_checked(zmq::socket_t& socket, const std::string& address,
                          const std::string& refusal);
+
+// libzmq (4.3) leaves the file of an ipc:// path it bound when its socket closes (it removes only
+// those of "ipc://*", which it made itself), so each stopped server left a socket file in the
+// user's directory, and a stopped run one per address. Made with the address given to
+// bind_checked once the bind succeeded, this removes that file when destroyed (or at remove()),
+// as long as it is still the file this bind made: another server may have bound the path since.
+// Nothing for other transports, "ipc://*" and abstract names ("ipc://@...").
+class BoundIpcFile {
+ public:
+  BoundIpcFile() = default;
+  explicit BoundIpcFile(const std::string& address);
+  BoundIpcFile(BoundIpcFile&& other) noexcept { *this = std::move(other); }
+  BoundIpcFile& operator=(BoundIpcFile&& other) noexcept;
+  ~BoundIpcFile() { remove(); }
+  void remove() noexcept;
+
+ private:
+  std::string path_;  // empty: nothing to remove
+  dev_t device_ = 0;
+  ino_t inode_ = 0;
+};
 
 // Receives one whole multipart message if one arrives within timeout_ms (0: only if one is
 // waiting). Returns false on timeout. TransportError naming `where` when ZeroMQ fails.
