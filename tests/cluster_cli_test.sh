@@ -204,6 +204,9 @@ check "no role process is left behind (worker group)" no_role_left
 check "launch names the group option for GPUs too" grep -q -- "--gpus-per-worker" \
   <<<"$("$tandem" launch --help 2>&1)"
 check "a worker takes its group's GPUs" grep -q -- "--gpus" <<<"$("$tandem" worker --help 2>&1)"
+# An empty list (--gpus "$UNSET") is refused, not read as GPU 0.
+expect_error "worker --gpus '' refused" "--gpus: an empty item" \
+  "$tandem" worker --coordinator tcp://127.0.0.1:1 --gpus ""
 
 # 1c. GPUs per worker: launch gives worker i GPUs i*K..i*K+K-1 (--worker-gpus to choose), shown
 #     in the cluster spec. Refusals come before any role starts: a --worker-gpus that does not

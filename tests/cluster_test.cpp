@@ -1038,6 +1038,8 @@ TEST(ClusterRun, StopsAtTheTargetAndKeepsTheParametersThatMetIt) {
   if (s.kept == "best") {
     EXPECT_EQ(s.kept_step, s.scores.back().step);
     EXPECT_NEAR(s.validation.loss_sum, s.scores.back().loss, 1e-3 * s.scores.back().loss);
+    // The model file's epoch is that score's (the epochs done when it came), not the run's.
+    EXPECT_EQ(load_checkpoint(o.model_out).epoch, s.scores.back().epochs);
   } else {
     EXPECT_EQ(s.kept, "last");
   }

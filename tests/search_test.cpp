@@ -286,6 +286,23 @@ TEST(SuccessiveHalving, CloseStopsPendingAndWaitingTrials) {
   EXPECT_EQ(h.rung(b->trial), -1);
 }
 
+// A search that closes flags the trials it stopped: those that could still go on (pending, or
+// waiting at a rung that may yet promote them), not the losers of a settled rung.
+TEST(SuccessiveHalving, ATrialIsInContentionUntilItsRungIsSettledWithoutIt) {
+  SuccessiveHalving h(3, 1, 9, 3);  // rungs of 1, 3 and 9 epochs; one of three goes on
+  EXPECT_TRUE(h.in_contention(2));  // pending
+  const auto a = h.next(), b = h.next(), c = h.next();
+  ASSERT_TRUE(a && b && c);
+  h.report(a->trial, 1.0);
+  EXPECT_TRUE(h.in_contention(a->trial));  // the others may still finish behind it
+  EXPECT_FALSE(h.in_contention(b->trial));  // running: the search counts it on its own
+  h.report(b->trial, 0.5);
+  h.report(c->trial, 2.0);
+  EXPECT_TRUE(h.in_contention(b->trial));  // the rung's one place
+  EXPECT_FALSE(h.in_contention(a->trial));
+  EXPECT_FALSE(h.in_contention(c->trial));
+}
+
 // Equal losses (diverged trials all end at infinity) promote the lower trial, not the one that
 // happened to finish first.
 TEST(SuccessiveHalving, TiedLossesPromoteTheLowerTrialWhateverOrderTheyCameIn) {

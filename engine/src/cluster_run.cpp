@@ -336,6 +336,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   // From here on a failure (a diverged run, a full disk, a damaged best file, no memory) still
   // lets the servers write their last checkpoints and exit, and stops the launched roles,
   // before it is thrown.
+  int64_t kept_epochs = summary.epochs;
   try {
     summary.kept = "last";
     summary.kept_step = summary.steps;
@@ -357,6 +358,14 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
         summary.kept = "best";
         summary.kept_step = best.step;
         summary.validation = best_validation;
+        // Its epoch: the epochs done when its score came, not the run's at the stop (tandem
+        // train --resume of the model would count the epochs after it as done).
+        kept_epochs = 0;
+        for (const ScoreRecord& score : summary.scores)
+          if (score.step == best.step) {
+            kept_epochs = score.epochs;
+            break;
+          }
       }
     }
     // Diverged, with no finite best to keep: the run fails saying so. No model file: no reader
@@ -375,7 +384,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       checkpoint.optimizer = options_.settings.optimizer;
       checkpoint.optimizer.kind = OptimizerKind::Sgd;
       checkpoint.step = summary.kept_step;
-      checkpoint.epoch = summary.epochs;
+      checkpoint.epoch = kept_epochs;
       checkpoint.seed = options_.settings.seed;
       checkpoint.batch = options_.settings.batch;
       checkpoint.extra["source"] = "tandem cluster run (" + std::to_string(options_.workers) +

@@ -470,6 +470,7 @@ json Coordinator::handle_score(const json& r) {
   s.loss_mean = json_number(r, "loss_mean", 0.0);
   s.accuracy = json_number(r, "accuracy", 0.0);
   s.samples = json_integer(r, "samples", 0);
+  s.epochs = work_.epochs_completed();
   scores_log_.push_back(s);
   to_publish_.push_back({{"seq", s.seq}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                          {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy},

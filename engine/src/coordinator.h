@@ -100,6 +100,7 @@ struct ScoreRecord {
   double loss_mean = 0;
   double accuracy = 0;
   int64_t samples = 0;
+  int64_t epochs = 0;  // epochs completed when the score came (the kept-best model's epoch)
 };
 
 class Coordinator {

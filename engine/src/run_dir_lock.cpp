@@ -38,14 +38,17 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
   // user made, which this one may only read, is locked read-only: on a local file system flock
   // needs no write access (on NFS it does, and the lock below fails naming the file). The pid
   // below is not written then.
-  const int flags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
+  const int flags = O_CLOEXEC | O_NOFOLLOW;
   int rc;
   for (int tries = 1;; ++tries) {
-    fd_ = open(path.c_str(), O_RDWR | O_EXCL | flags, 0666);  // made here, or already there
+    // Made here, or opened as it is: made_ says which (a file removed in between: again).
+    fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | flags, 0666);
     made_ = fd_ >= 0;
-    if (fd_ < 0 && errno == EEXIST) fd_ = open(path.c_str(), O_RDWR | flags, 0666);
-    if (fd_ < 0 && (errno == EACCES || errno == EROFS))
-      fd_ = open(path.c_str(), O_RDONLY | flags, 0666);
+    const bool there = fd_ < 0 && errno == EEXIST;
+    if (there) fd_ = open(path.c_str(), O_RDWR | flags);
+    if (there && fd_ < 0 && (errno == EACCES || errno == EROFS))
+      fd_ = open(path.c_str(), O_RDONLY | flags);
+    if (fd_ < 0 && errno == ENOENT && there && tries < 100) continue;
     if (fd_ < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
     do rc = flock(fd_, LOCK_EX | LOCK_NB);
     while (rc != 0 && errno == EINTR);

@@ -39,7 +39,7 @@ int SuccessiveHalving::quota(int k) const {
   return static_cast<int>(results_[k].size()) / eta_;
 }
 
-std::vector<int> SuccessiveHalving::places() const {
+std::vector<int> SuccessiveHalving::places(std::vector<bool>* final_rungs) const {
   const int top = static_cast<int>(rung_epochs_.size()) - 1;
   bool pending = false;
   int lowest_running = top + 1;  // the lowest rung a running trial is running towards
@@ -52,9 +52,11 @@ std::vector<int> SuccessiveHalving::places() const {
   // that went on fails, which needs a running trial). From the bottom up, each rung's leaders
   // once.
   std::vector<int> out(static_cast<size_t>(std::max(top, 0)));
+  if (final_rungs) final_rungs->assign(out.size(), false);
   bool settled_below = true;
   for (int k = 0; k < top; ++k) {
     const bool final = !pending && lowest_running > k && settled_below;
+    if (final_rungs) (*final_rungs)[size_t(k)] = final;
     out[size_t(k)] = final ? std::max(1, quota(k)) : quota(k);
     settled_below = settled_below && promotable(k, out[size_t(k)]) < 0;
   }
@@ -135,6 +137,18 @@ void SuccessiveHalving::close() {
   for (Trial& t : trials_)
     if (t.status == TrialStatus::Pending || t.status == TrialStatus::Waiting)
       t.status = TrialStatus::Stopped;
+}
+
+bool SuccessiveHalving::in_contention(int trial) const {
+  const Trial& t = trials_.at(trial);
+  if (t.status == TrialStatus::Pending) return true;
+  if (t.status != TrialStatus::Waiting) return false;
+  std::vector<bool> final;
+  const std::vector<int> place_counts = places(&final);
+  const size_t k = static_cast<size_t>(t.rung);  // (below the top: a trial there has completed)
+  if (!final[k]) return true;
+  const std::vector<int> ids = leaders(t.rung, place_counts[k]);
+  return std::find(ids.begin(), ids.end(), trial) != ids.end();
 }
 
 bool SuccessiveHalving::done() {

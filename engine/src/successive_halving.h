@@ -44,6 +44,11 @@ class SuccessiveHalving {
   void stop(int trial);
   // No more jobs will start: pending and waiting trials are stopped.
   void close();
+  // Whether the trial could still go on: pending, or waiting at a rung that may still promote
+  // it (not final yet, or final with the trial among its leaders). A waiting trial that lost a
+  // final rung (it waits only in case a promoted trial fails) is not: a search that closes says
+  // which trials it stopped, and not those the halving had.
+  bool in_contention(int trial) const;
 
   // Nothing running and nothing left to start; then the trials still waiting are stopped.
   bool done();
@@ -68,7 +73,8 @@ class SuccessiveHalving {
   };
   // Each rung's places but the last's: quota(k) while trials may still reach rung k, and
   // max(1, quota(k)) once it is final.
-  std::vector<int> places() const;
+  // `final`, when given, gets whether each of those rungs is final.
+  std::vector<int> places(std::vector<bool>* final = nullptr) const;
   // The trials holding rung k's first `places` places, best first; failed trials hold none.
   std::vector<int> leaders(int k, int places) const;
   // The first of those waiting at rung k to be promoted, or -1.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -19,9 +20,12 @@ namespace {
 // that fails aborts the others at once, so this bound only ends a member stuck in its backend.
 // It runs from the first member's arrival, which may be a member with no batch (the end of a
 // task) while the others compute a whole step: at least a minute, and no less than the run's
-// step timeout, which already says how long a step may take.
+// step timeout, which already says how long a step may take. A step timeout of 0 (never) is
+// never here too (INT_MAX ms, 24 days): a group of large steps failed after a minute.
 int group_timeout_ms(const RunSettings& s) {
-  return static_cast<int>(std::min(3.6e6, std::max(60.0, s.step_timeout_s) * 1000.0));
+  constexpr double kNever = std::numeric_limits<int>::max();
+  if (s.step_timeout_s <= 0) return std::numeric_limits<int>::max();
+  return static_cast<int>(std::min(kNever, std::max(60.0, s.step_timeout_s) * 1000.0));
 }
 
 // The size of a worker's group: the GPUs it was given, or the settings' worker_group.

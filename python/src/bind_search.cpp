@@ -39,6 +39,9 @@ void bind_search(py::module_& m) {
            "Ends the trial where it is: its last finished rung stands.")
       .def("close", &SuccessiveHalving::close,
            "No more jobs will start: pending and waiting trials are stopped.")
+      .def("in_contention", &SuccessiveHalving::in_contention, "trial"_a,
+           "Whether the trial could still go on: pending, or waiting at a rung that may still "
+           "promote it (not a loser of a settled rung).")
       .def("done", &SuccessiveHalving::done,
            "Nothing running and nothing left to start; then the trials still waiting (the "
            "losers) are stopped: until then a trial that fails gives its places to the next "

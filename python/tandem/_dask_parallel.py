@@ -114,8 +114,8 @@ def _successive_halving(client, configs, train_data, validation_data, common, bu
             # Start nothing more. The running jobs finish and count: a Dask task cannot be
             # interrupted inside the engine, so the search overruns by at most one job.
             closed = True
-            for i in range(len(configs)):
-                if halving.status(i) in ("pending", "waiting", "running"):
+            for i in range(len(configs)):  # (not the losers of a settled rung: the halving's)
+                if halving.status(i) == "running" or halving.in_contention(i):
                     records[i]["stopped_by_time_budget"] = True
             halving.close()
         while not closed and len(running) < slots:
@@ -243,6 +243,16 @@ def search(client, configs, train, validation, *, budget=None, min_epochs=1, eta
     if not configs:
         raise InputError("search needs at least one configuration")
     _check_train_keywords(configs, common)
+    # Two trials of one configuration train the same model: they tie, and take two of a rung's
+    # places (tandem search refuses them too).
+    seen = {}
+    for i, config in enumerate(configs):
+        key = repr(sorted(config.items()))
+        if key in seen:
+            raise InputError(f"configs {seen[key]} and {i} are the same configuration "
+                             f"({config}), which would train the same model twice; give each "
+                             "configuration once")
+        seen[key] = i
     if budget is None:
         if (min_epochs, eta, budget_seconds, slots) != (1, 3, 0, None):
             raise InputError("min_epochs, eta, budget_seconds and slots are successive "

@@ -221,6 +221,12 @@ class SuccessiveHalvingSearchTest(LocalClusterTest):
                 tdask.search(self.client, configs, TRAIN, VALIDATION, **kwargs)
         with self.assertRaisesRegex(tandem.InputError, "successive halving sets epochs"):
             tdask.search(self.client, [{"epochs": 4}], TRAIN, VALIDATION, budget=3)
+        # The same configuration twice (from a grid too): refused, as tandem search refuses it.
+        for twice in ([{"learning_rate": 0.1}, {"learning_rate": 1e-1}],
+                      {"learning_rate": [0.1, 0.1], "layers": [[784, 8, 10]]}):
+            with self.subTest(twice=twice), self.assertRaisesRegex(
+                    tandem.InputError, "configs 0 and 1 are the same configuration"):
+                tdask.search(self.client, twice, TRAIN, VALIDATION, budget=2)
         # No validation rows: nothing to rank by, refused before any trial trains (it was each
         # trial's TypeError, or the ranking's AttributeError after all of them ran).
         empty = (VALIDATION[0][:0], VALIDATION[1][:0])

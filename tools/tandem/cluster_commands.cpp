@@ -201,7 +201,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "The roles' key file (default: a throwaway key each; needed with --curve-allowed)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--resume", o.resume,
-                "Continue from the servers' newest checkpoints in RUN_DIR (default: start fresh)");
+                "Continue from the servers' newest checkpoints in RUN_DIR (default: start fresh); "
+                "--max-epochs counts the epochs of this run, not those before");
   cmd->add_flag("--json", o.json_summary, "Print a one-line JSON summary");
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
 }
@@ -730,7 +731,14 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
     cmd->add_option("--gpus", o->role.gpus,
                     "This worker's group on these GPUs, e.g. 0,1 (one member each; default: the "
                     "run's --group-members, on GPUs from 0)")
-        ->delimiter(',');
+        ->delimiter(',')
+        // (CLI11 reads an empty item, from --gpus "$UNSET", as GPU 0.)
+        ->check(CLI::Validator(
+            [](std::string& item) {
+              return item.empty() ? std::string("an empty item: give GPU numbers, e.g. 0,1")
+                                  : std::string();
+            },
+            "LIST"));
   if (std::string(name) == "ps") {
     cmd->add_option("--bind", o->role.bind, "Where to serve (default tcp://127.0.0.1:*)")
         ->check(bind_address());

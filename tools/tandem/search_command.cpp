@@ -79,7 +79,7 @@ struct TrialRecord {
   std::string error;
   std::string slot;  // where its last job ran: "local" or a slot server's endpoint
   // Stopped by the search's close (--budget-seconds, or a signal): running, or not started, or
-  // waiting at a rung for a promotion.
+  // waiting at a rung for a promotion still possible (SuccessiveHalving::in_contention).
   bool cut = false;
   // The epoch of lowest validation loss; a NaN or infinite one is no score (a NaN first epoch
   // would otherwise stay the best, nothing being below it).
@@ -413,10 +413,10 @@ void run_search(SearchOptions& o) {
     closed_by_signal = stop.load();
     closed_by = closed_by_signal ? stop_signal_name() : "the time budget";
     // Those not started yet, and those waiting at a rung for a promotion still possible: stopped
-    // by the budget (or the signal) too, not by the halving, and the results say so.
+    // by the budget (or the signal) too, not by the halving, and the results say so. (Not the
+    // losers of a settled rung: those the halving stopped.)
     for (int t = 0; t < int(configs.size()); ++t)
-      if (halving.status(t) == TrialStatus::Pending || halving.status(t) == TrialStatus::Waiting)
-        records[t].cut = true;
+      if (halving.in_contention(t)) records[t].cut = true;
     halving.close();
     for (RunningJob& r : running) runner->cancel(r.key);
     for (const HalvingJob& j : refused) cut_short(j.trial);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -199,7 +200,10 @@ BoundIpcFile::BoundIpcFile(const std::string& address) {
   if (path.empty() || path == "*" || path[0] == '@') return;
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return;
-  path_ = path;
+  // Absolute: bound relative to the working directory of now, which a program may change.
+  std::error_code ec;
+  path_ = std::filesystem::absolute(path, ec).string();
+  if (ec) path_.clear();
   device_ = st.st_dev;
   inode_ = st.st_ino;
 }
