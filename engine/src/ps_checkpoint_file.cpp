@@ -35,6 +35,16 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
+std::string reserved_parameter_name_problem(const std::string& name) {
+  for (const char* suffix : {".adam_m", ".adam_v"})
+    if (ends_with(name, suffix))
+      return "initial tensor '" + name + "' ends in " + suffix +
+             ", which the server's checkpoints keep for Adam's moments: rename it";
+  if (name == "__metadata__")
+    return "initial tensor name '__metadata__' is reserved by safetensors (the checkpoints)";
+  return "";
+}
+
 SafeTensorsFile encode_shard_checkpoint(const PsShard& shard, bool adam,
                                         const ShardCheckpointLabels& labels) {
   SafeTensorsFile file;

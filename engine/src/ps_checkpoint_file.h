@@ -33,6 +33,11 @@ struct ShardCheckpointLabels {
 SafeTensorsFile encode_shard_checkpoint(const PsShard& shard, bool adam,
                                         const ShardCheckpointLabels& labels);
 
+// Why `name` cannot be a parameter's in these files, or "": one ending in a moment's suffix
+// would be read back as a moment, and safetensors keeps "__metadata__" (the server refuses such
+// an Init: its checkpoints could not be restored).
+std::string reserved_parameter_name_problem(const std::string& name);
+
 // A file's content, checked whole: InputError naming `path` for another format, a step that is
 // not a number, a tensor that is not float32 or not finite, a moment that does not match its
 // parameter or has none, missing moments when `adam`, or no parameters at all.

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "cpu/adam_cpu.h"
+#include "ps_checkpoint_file.h"
 
 namespace tandem {
 
@@ -39,16 +40,8 @@ std::string PsShard::check_initial(const Message& m, const std::vector<ByteSpan>
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
     if (t.dtype != DType::Float32) return "initial tensor '" + t.name + "' is not float32";
-    // The shard's checkpoint keeps Adam's moments beside each tensor under these suffixes, in a
-    // safetensors file (where "__metadata__" is not a tensor): such a name would be taken for a
-    // moment, or refused, and the checkpoints written could not be restored.
-    for (const char* suffix : {".adam_m", ".adam_v"})
-      if (t.name.size() >= std::strlen(suffix) &&
-          t.name.compare(t.name.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
-        return "initial tensor '" + t.name + "' ends in " + suffix +
-               ", which the server's checkpoints keep for Adam's moments: rename it";
-    if (t.name == "__metadata__")
-      return "initial tensor name '__metadata__' is reserved by safetensors (the checkpoints)";
+    const std::string reserved = reserved_parameter_name_problem(t.name);
+    if (!reserved.empty()) return reserved;
     if (!transport::all_finite(data[i]))
       return "initial tensor '" + t.name + "' holds a non-finite value at element " +
              std::to_string(transport::first_non_finite(data[i]));

@@ -27,6 +27,13 @@ std::string read_holder(int fd) {
   return pid;
 }
 
+// Whether `fd` is the file at `path` now, not one removed (or replaced) since it was opened.
+bool is_file_at(int fd, const std::string& path) {
+  struct stat held {}, named {};
+  return fstat(fd, &held) == 0 && lstat(path.c_str(), &named) == 0 &&
+         held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+}
+
 }  // namespace
 
 RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
@@ -54,10 +61,7 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& option,
     while (rc != 0 && errno == EINTR);
     // A holder may have removed the file (remove_file) between this open and this flock: a lock
     // on a file no longer at the path would shut out nobody. Taken again on the path's file.
-    struct stat held {}, named {};
-    if (rc != 0 || (fstat(fd_, &held) == 0 && lstat(path.c_str(), &named) == 0 &&
-                    held.st_dev == named.st_dev && held.st_ino == named.st_ino))
-      break;
+    if (rc != 0 || is_file_at(fd_, path)) break;
     close(fd_);
     fd_ = -1;
     if (tries == 100) throw IoError("cannot lock " + path + ": it keeps being removed");
@@ -104,10 +108,7 @@ RunDirLock::~RunDirLock() {
 }
 
 void RunDirLock::remove_file() noexcept {
-  struct stat held {}, named {};
-  if (fd_ >= 0 && fstat(fd_, &held) == 0 && lstat(path_.c_str(), &named) == 0 &&
-      held.st_dev == named.st_dev && held.st_ino == named.st_ino)
-    ::unlink(path_.c_str());
+  if (fd_ >= 0 && is_file_at(fd_, path_)) ::unlink(path_.c_str());
 }
 
 LockedOutputDirectory::LockedOutputDirectory(const std::string& dir, const std::string& option,
