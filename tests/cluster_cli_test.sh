@@ -68,6 +68,18 @@ import json, sys
 scores = [r for r in map(json.loads, open(sys.argv[1])) if r['type'] == 'score']
 print('last score:', scores[-1])
 sys.exit(0 if scores[-1].get('samples_per_s', 0) > 0 else 1)" "$dir/run1/metrics.jsonl"
+# The cluster lines carry the scores' clock (t, from training's start) beside elapsed_s (from the
+# coordinator's): the two kinds of line can be put on one time axis.
+check "... and the cluster lines the scores' clock" "$py" -c "
+import json, sys
+lines = [r for r in map(json.loads, open(sys.argv[1])) if r['type'] in ('cluster', 'score')]
+cluster = [r for r in lines if r['type'] == 'cluster' and r['state'] == 'training']
+ok = cluster and all(0 <= r['t'] <= r['elapsed_s'] for r in cluster)
+# In file order, the clock never goes back across the two kinds (a second of slack: written apart).
+ts = [r['t'] for r in lines if r['type'] == 'score' or r in cluster]
+ok = ok and all(b >= a - 1.0 for a, b in zip(ts, ts[1:]))
+print('cluster t:', [round(r['t'], 2) for r in cluster][:5])
+sys.exit(0 if ok else 1)" "$dir/run1/metrics.jsonl"
 check "TensorBoard events written" test -n "$(ls "$dir/run1/tensorboard")"
 check "TensorBoard's own reader reads the score curve" "$py" -c "
 import sys, json

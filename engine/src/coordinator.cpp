@@ -762,6 +762,9 @@ json Coordinator::state() const {
   json cluster{{"run", run_id_},  // the spec's "run": which run this is, for a page left open
                {"state", to_string(phase_)},
                {"elapsed_s", std::chrono::duration<double>(now - created_).count()},
+               // The scores' clock (0 until training starts): elapsed_s includes the wait for
+               // the roles, minutes when they are started by hand.
+               {"t", since_start(now)},
                {"epoch", work_.epochs_completed()},
                {"batches_done", batches_done_locked()},
                {"gradients_lost", gradients_lost_locked()},

@@ -568,7 +568,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
       metrics.write(json{{"type", "cluster"}, {"state", cl["state"]},
-                          {"elapsed_s", cl["elapsed_s"]}, {"epoch", cl["epoch"]},
+                          {"elapsed_s", cl["elapsed_s"]}, {"t", cl["t"]}, {"epoch", cl["epoch"]},
                           {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
                           {"workers", state["workers"]}});
     }
