@@ -291,6 +291,19 @@ bool is_predictions_group(const std::string& path) {
   return a.is_object() && a.contains(kMarker);
 }
 
+PredictionOutputLock::PredictionOutputLock(const std::string& out, const std::string& option)
+    : out_(out), lock_(lock_prediction_output(out, option)) {}
+
+PredictionOutputLock::~PredictionOutputLock() {
+  if (!lock_->made_file()) return;
+  try {
+    if (is_predictions_group(out_)) return;
+  } catch (...) {
+    return;  // (unreadable: left as it is, lock file and all)
+  }
+  lock_->remove_file();
+}
+
 int64_t PredictionsLayout::rows_in_chunk(int64_t chunk) const {
   return std::min(chunk_rows, rows - chunk * chunk_rows);
 }

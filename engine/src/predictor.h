@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
+#include "run_dir_lock.h"
 #include "tandem/config.h"
 #include "zarr/zarr_array.h"
 
@@ -59,6 +61,22 @@ std::string prepare_predictions_output(const std::string& out, const Predictions
 
 // Whether `path` is a group tandem predict made (its marker attribute), this run's or another's.
 bool is_predictions_group(const std::string& path);
+
+// The lock tandem predict and tandem.dask.predict hold on their output (lock_prediction_output:
+// OUT.lock beside it), released when destroyed. A run that ends with no predictions group at
+// `out` (refused: something else is there) also removes the OUT.lock it made, so that nothing
+// is left beside the user's path.
+class PredictionOutputLock {
+ public:
+  PredictionOutputLock(const std::string& out, const std::string& option);
+  ~PredictionOutputLock();
+  PredictionOutputLock(const PredictionOutputLock&) = delete;
+  PredictionOutputLock& operator=(const PredictionOutputLock&) = delete;
+
+ private:
+  std::string out_;
+  std::unique_ptr<RunDirLock> lock_;
+};
 
 // Removes the predictions group at `out`, if any; InputError naming `out` when something else is
 // there (an empty directory counts as nothing).

@@ -81,14 +81,14 @@ void bind_predict(py::module_& m) {
       "label that names no class.");
   // tandem predict's OUT.lock, for tandem.dask.predict: one prediction at a time per output.
   struct OutputLock {
-    std::unique_ptr<RunDirLock> lock;
+    std::unique_ptr<PredictionOutputLock> lock;
   };
   py::class_<OutputLock>(m, "_OutputLock",
                          "One prediction at a time per output: the lock tandem predict holds on "
                          "its --out (OUT.lock beside it), held until release() or the with "
                          "block's end.")
       .def(py::init([](const std::string& out) {
-             return OutputLock{lock_prediction_output(out, "out")};
+             return OutputLock{std::make_unique<PredictionOutputLock>(out, "out")};
            }),
            "out"_a)
       .def("release", [](OutputLock& l) { l.lock.reset(); })

@@ -273,6 +273,8 @@ class DaskPredictTest(unittest.TestCase):
             with self.assertRaisesRegex(tandem.InputError, "holds something other"):
                 tdask.predict(self.model, self.dask_images(), elsewhere, overwrite=overwrite)
         self.assertEqual(os.listdir(elsewhere), ["keep.txt"])
+        # ... and no lock file of the refused runs is left beside it (tandem predict's too).
+        self.assertFalse(os.path.exists(elsewhere + ".lock"))
         with self.assertRaisesRegex(tandem.InputError, r"one entry per row of images \(2500\)"):
             tdask.predict(self.model, self.dask_images(), out, labels=self.labels[:10])
         # Labels that name no class (unlabelled rows as -1, 1-based ids, 3.5) are refused, not

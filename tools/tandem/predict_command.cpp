@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -278,22 +277,7 @@ void run_predict(PredictCliOptions& o) {
   check_prediction_inputs(o.model, o.data);
   if (o.out.empty()) throw InputError("--out must name the Zarr group to write");
   // One prediction per --out (its shares aside, which this one starts).
-  const std::unique_ptr<RunDirLock> lock = lock_prediction_output(o.out, "--out");
-  // A run that ends with no predictions group at --out (refused: something else is there) leaves
-  // no OUT.lock it made beside the user's path either.
-  struct LockFileOfARefusedRun {
-    RunDirLock& lock;
-    const std::string& out;
-    ~LockFileOfARefusedRun() {
-      if (std::uncaught_exceptions() == 0 || !lock.made_file()) return;
-      try {
-        if (is_predictions_group(out)) return;
-      } catch (...) {
-        return;  // (unreadable: left as it is, lock file and all)
-      }
-      lock.remove_file();
-    }
-  } lock_file{*lock, o.out};
+  const PredictionOutputLock lock(o.out, "--out");
   if (o.processes <= 1 && !o.slots.remote()) {
     o.engine.stop = &stop_on_signals();
     print(o, unless_stopped(predict_store(o.model, o.data, o.out, o.engine)));
