@@ -53,8 +53,19 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/TandemConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/TandemConfigVersion.cmake
   DESTINATION ${TANDEM_CMAKE_DIR})
 
-# pkg-config: paths relative to the .pc file, so an install under any --prefix works.
-file(RELATIVE_PATH TANDEM_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
+# pkg-config: paths relative to the .pc file, so an install under any --prefix works; absolute
+# ones where the library or include directory was given absolute (a distribution's
+# -DCMAKE_INSTALL_LIBDIR=/usr/lib64), which no --prefix moves.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(TANDEM_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(TANDEM_PC_LIBDIR "${CMAKE_INSTALL_FULL_LIBDIR}")
+  set(TANDEM_PC_INCLUDEDIR "${CMAKE_INSTALL_FULL_INCLUDEDIR}")
+else()
+  file(RELATIVE_PATH TANDEM_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
+  set(TANDEM_PC_PREFIX "\${pcfiledir}/${TANDEM_PC_TO_PREFIX}")
+  set(TANDEM_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+  set(TANDEM_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
 configure_file(cmake/tandem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tandem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 if(TARGET tandem_cli)

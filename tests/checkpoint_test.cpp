@@ -107,18 +107,24 @@ TEST(Checkpoint, RefusesAModelOfAnotherShape) {
 }
 
 // `layers` is read from the file: a corrupt one naming huge layers must be refused by the
-// tensors' shapes before the model is built (2^48 zero-filled floats: bad_alloc before).
+// tensors' shapes before the model is built (2^48 zero-filled floats: bad_alloc before; now
+// refused by the bound on a model's size first).
 TEST(Checkpoint, RefusesLayersItsTensorsDoNotHaveBeforeBuildingTheModel) {
   test::TempDir dir;
   const std::string path = dir.file("c.safetensors");
   save_checkpoint(path, sample_checkpoint());
   SafeTensorsFile file = read_safetensors(path);
-  file.metadata["layers"] = "784-16777216-16777216-10";
+  // (3.2 billion parameters, under the bound a model's layers are held to: 12 GB to fill)
+  file.metadata["layers"] = "784-4000000-10";
   write_safetensors_atomic(path, file);
-  const std::string e = error_of(path);
-  EXPECT_NE(e.find("tensor 'hid_w' has shape [784,100], the model needs [784,16777216]"),
+  std::string e = error_of(path);
+  EXPECT_NE(e.find("tensor 'hid_w' has shape [784,100], the model needs [784,4000000]"),
             std::string::npos)
       << e;
+  file.metadata["layers"] = "784-16777216-16777216-10";
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_NE(e.find("more than 2^32 parameters"), std::string::npos) << e;
 }
 
 // Epsilon 0 made every parameter without a gradient (a pixel always black) 0/0 = NaN at the
@@ -268,6 +274,38 @@ TEST(Checkpoint, RefusesNonFiniteParametersAndNegativeSecondMoments) {
   inf_best.best = best;
   e = refused(inf_best);
   EXPECT_NE(e.find("best/"), std::string::npos) << e;
+}
+
+// A checkpoint's tensors are the caller's: values that do not fill the shape they claim (too
+// many of them, in the model, an Adam moment or the best state) are refused by name. save once
+// copied them over the shape's worth of memory when it read its own file back, before writing.
+TEST(Checkpoint, RefusesTensorsWhoseValuesDoNotMatchTheirShape) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  Checkpoint big = sample_checkpoint();
+  big.model.parameters()[0].values.resize(200000, 1.0f);
+  std::string e = test::error_of<InputError>([&] { save_checkpoint(path, big); });
+  EXPECT_NE(e.find("'" + big.model.parameters()[0].name + "' holds 200000 values, its shape "
+                   "needs 78400"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_THROW(encode_checkpoint(big), InputError);
+
+  Checkpoint moment = sample_checkpoint();
+  moment.state.m[1].values.resize(50000);
+  e = test::error_of<InputError>([&] { save_checkpoint(path, moment); });
+  EXPECT_NE(e.find(".adam_m' holds 50000 values"), std::string::npos) << e;
+
+  Checkpoint best = sample_checkpoint();
+  auto kept = std::make_shared<Checkpoint>(sample_checkpoint());
+  kept->extra["validation_loss"] = "10";
+  kept->model.parameters()[1].values.resize(3);
+  best.best = kept;
+  e = test::error_of<InputError>([&] { save_checkpoint(path, best); });
+  EXPECT_NE(e.find("best/"), std::string::npos) << e;
+  EXPECT_NE(e.find("holds 3 values"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 // Seeds are unsigned 64-bit: 2^63 and above read back as written.

@@ -205,6 +205,22 @@ expect_error "... and one that is not JSON" "badspec.json is not a cluster spec 
 expect_error "a --coordinator file that does not exist is named as such" \
   "nospec.json: no such cluster-spec file" "$tandem" scores --coordinator "$dir/nospec.json"
 
+# 1e. A metrics log that cannot take a record (a full disk: /dev/full) is said once and dropped;
+#     the run goes on and saves its model (the failed write once failed every role, and the run
+#     with no model). With --json the dashboard's address, a port of its own choosing here, is
+#     said on stderr and in the spec.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1e" --workers 1 --max-epochs 1 \
+  --target 0 --dashboard 0 --metrics /dev/full --json >"$dir/out1e" 2>"$dir/err1e"; rc=$?
+check "a launch whose metrics log fails to write exits 0 (got $rc)" test $rc -eq 0
+check "... with its model saved" test -s "$dir/run1e/model.safetensors"
+check "... saying once that the metrics records stopped" test "$(grep -c \
+  "warning: writing metrics file /dev/full: No space left on device; the run goes on without \
+more metrics records" "$dir/err1e")" -eq 1
+check "... and, with --json, where the dashboard was" grep -q "^dashboard at http://127.0.0.1:" \
+  "$dir/err1e"
+check "... as the spec says" py_check "$(cat "$dir/run1e/cluster.json")" \
+  "j['dashboard'].startswith('http://127.0.0.1:')"
+
 # 1b. A worker group: one worker of two CPU members (one push per step of up to two batches)
 #     trains to the default target (about 3 s).
 out=$("$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1b" --workers 1 --group-members 2 \
@@ -415,7 +431,12 @@ expect_error "a second launch on a run directory in use is refused" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4b" --workers 1 --dashboard -1
 kill -TERM -- -"$launcher"
 wait_within $launcher $bound; rc=$?
-check "launch stopped by SIGTERM to its process group exits 0" test $rc -eq 0
+# Interrupted, it did not end by its rule: a failure status, as `tandem train` gives, with the
+# model saved and said.
+check "launch stopped by SIGTERM to its process group exits 1 (got $rc)" test $rc -eq 1
+saved="the [a-z]* parameters are saved in $dir/run4b/model.safetensors"
+check "... saying so, and where the model is" \
+  grep -q "tandem: error: stopped by SIGTERM; $saved" "$dir/err4b"
 check "... stopped as interrupted, no role restarted" py_check "$(cat "$dir/out4b")" \
   "j['stop_reason']=='interrupted' and j['epochs']<1000"
 check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4b")"
@@ -432,8 +453,8 @@ launcher=$!
 wait_for "$dir/run4g/metrics.jsonl" '"type":"score"' 60
 kill -TERM "$launcher" $(pgrep -P "$launcher")
 wait_within $launcher $bound; rc=$?
-check "launch and its roles stopped by one SIGTERM each exits 0" test $rc -eq 0
-[ $rc -eq 0 ] || { echo "launch exited $rc; its last messages:"; tail -20 "$dir/err4g"; }
+check "launch and its roles stopped by one SIGTERM each exits 1, interrupted" test $rc -eq 1
+[ $rc -eq 1 ] || { echo "launch exited $rc; its last messages:"; tail -20 "$dir/err4g"; }
 check "... stopped as interrupted" py_check "$(cat "$dir/out4g")" \
   "j['stop_reason']=='interrupted' and j['epochs']<1000"
 check "... and saved the model" test -s "$dir/run4g/model.safetensors"
@@ -467,7 +488,8 @@ for _ in $(seq 50); do no_role_left && break; sleep 0.1; done
 check "... and no role process is left behind, the frozen worker included" no_role_left
 
 # 4e. A coordinator stopped before training began (its roles were never started): no parameters
-#     to read or keep, and not a failure (it once failed, saying a parameter server was gone).
+#     to read or keep: it says it was interrupted (it once failed saying a parameter server was
+#     gone) and exits 1, as every run stopped by a signal.
 #     An earlier run's model and cluster spec in the run directory are removed when this one
 #     starts (the model would pass for this run's; the spec would send `tandem scores
 #     --coordinator RUN/cluster.json` to the old run's ports).
@@ -479,7 +501,9 @@ coordinator=$!
 wait_for "$dir/err4e" "coordinator at tcp://" 30
 kill -TERM "$coordinator"
 wait_within "$coordinator" 60; rc=$?
-check "a coordinator stopped before training began exits 0" test $rc -eq 0
+check "a coordinator stopped before training began exits 1 (got $rc)" test $rc -eq 1
+check "... saying why" \
+  grep -q "tandem: error: stopped by SIGTERM; no model: training had not begun" "$dir/err4e"
 check "... saying so, with no model" \
   grep -q "stopped (interrupted) before training began: no model" "$dir/out4e"
 check "... and saves none" test ! -e "$dir/run4e/model.safetensors"
@@ -520,7 +544,7 @@ else
   kill -TERM "$coordinator"
   wait_within "$coordinator" 60; rc=$?
   kill -KILL "$chief4h"
-  check "a run stopped before the chief's Init exits 0 (status $rc)" test $rc -eq 0
+  check "a run stopped before the chief's Init exits 1, interrupted (status $rc)" test $rc -eq 1
   check "... saying it stopped before training began" \
     grep -q "stopped (interrupted) before training began: no model" "$dir/out4h" ||
     tail -3 "$dir/err4h"
@@ -691,8 +715,8 @@ wait_for "$dir/run7b/metrics.jsonl" '"type":"score"' 60
 kill -TERM "${pids[@]}"
 rcs=""
 for pid in "${pids[@]}"; do wait_within "$pid" $bound; rcs+="$? "; done
-check "every rank of a job cancelled by SIGTERM to each task exits 0 (got: $rcs)" \
-  test "$rcs" = "0 0 0 0 "
+check "a job cancelled by SIGTERM to each task: rank 0 (the run) exits 1, the roles 0 (got: $rcs)" \
+  test "$rcs" = "1 0 0 0 "
 check "... rank 0 stopped the run as interrupted" py_check "$(cat "$dir/out7b-0")" \
   "j['stop_reason']=='interrupted'"
 check "... and saved the model" test -s "$dir/run7b/model.safetensors"
@@ -768,6 +792,9 @@ where=$(grep -o "coordinator at tcp://[^:]*:[0-9]*, scores at tcp://[^:]*:" "$di
 check "a coordinator bound to every interface serves its scores beside it, named by host" \
   "$py" -c "import sys; c, s = sys.argv[1].split(', '); c, s = c.split('//')[1], s.split('//')[1]
 sys.exit(0 if c.split(':')[0] == s.split(':')[0] and not s.startswith('127.') else 1)" "$where"
+check "... saying that, without CURVE, whoever reaches it can join or stop the run" grep -q \
+  "warning: the run serves other machines (tcp://0.0.0.0:\*) without CURVE" "$dir/err6b"
+check "a run on loopback says nothing of it" test -z "$(grep "serves other machines" "$dir/err1e")"
 expect_error "a worker without a coordinator says so" "did not answer a 'register' request" \
   timeout 30 "$tandem" worker --coordinator tcp://127.0.0.1:9 --name w
 summarize

@@ -25,6 +25,22 @@ TEST(ModelConfig, RejectsBadText) {
   }
 }
 
+// Widths within bounds whose products pass any machine's memory: said as a model too large,
+// not as std::bad_alloc when the model is built. 2^32 parameters is still a model.
+TEST(ModelConfig, RejectsMoreThanTwoToThe32Parameters) {
+  for (const char* huge : {"16777216-16777216-10", "65536-65536-10", "100-70000-70000-10"}) {
+    try {
+      ModelConfig::parse(huge);
+      FAIL() << "accepted '" << huge << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than 2^32 parameters"), std::string::npos)
+          << e.what();
+    }
+  }
+  // 65001 x 65000 + 65001 x 10: 4,225,715,010, under 2^32 (4,294,967,296).
+  EXPECT_NO_THROW(ModelConfig::parse("65000-65000-10"));
+}
+
 TEST(TrainConfig, ValidatesValues) {
   TrainConfig c;
   c.validate();

@@ -1173,6 +1173,25 @@ TEST(PngWriter, WritesAValidScaledGrayscalePng) {
   EXPECT_EQ(rp[0], 128);
 }
 
+// An image write killed before its rename (`tandem inspect` killed) left its temporary file for
+// good: the next write of the same image removes it once its process has ended and it has not
+// been written to for a minute (another image's is left alone).
+TEST(PngWriter, TheNextWriteRemovesWhatAKilledWriteLeft) {
+  TempDir dir;
+  std::vector<double> image(4, 1.0);
+  const std::string dead = std::to_string(test::ended_process_id());
+  const std::string killed = dir.file("sample.png.tmp-" + dead + "-0");
+  const std::string other = dir.file("mean.png.tmp-" + dead + "-0");
+  for (const std::string& f : {killed, other}) {
+    test::write_bytes(f, "partial");
+    test::make_older(f, 2);
+  }
+  write_gray_png(dir.file("sample.png"), image.data(), 2, 2);
+  EXPECT_FALSE(fs::exists(killed));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(dir.file("sample.png")));
+}
+
 TEST(PngWriter, ErrorsNameTheFile) {
   TempDir dir;
   std::vector<double> image(4, 1.0);

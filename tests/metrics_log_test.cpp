@@ -169,5 +169,30 @@ TEST(MetricsLog, AResumedLogThatCannotBeWrittenIsLeftAsItWas) {
   EXPECT_EQ(test::read_bytes(path), before);
 }
 
+// Two runs given the same file interleaved their records and cut each other's lines: the
+// second is refused while the first has it open, its records (and a resumed run's drops) left
+// alone; once the first is done the file can be written again. /dev/null is not locked.
+TEST(MetricsLog, ASecondWriterOfTheSameFileIsRefused) {
+  test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsLog first(path);
+    first.write({{"type", "step"}, {"step", 1}});
+    for (const bool append : {false, true}) {
+      const std::string why =
+          test::error_of<IoError>([&] { MetricsLog second(path, append, append ? 0 : -1); });
+      EXPECT_NE(why.find("metrics file " + path + " is being written by another process"),
+                std::string::npos)
+          << why;
+    }
+    first.write({{"type", "step"}, {"step", 2}});
+    MetricsLog null_a("/dev/null"), null_b("/dev/null");
+  }
+  EXPECT_EQ(records_of(path).size(), 2u);
+  MetricsLog again(path, true);
+  again.write({{"type", "step"}, {"step", 3}});
+  EXPECT_EQ(records_of(path).size(), 3u);
+}
+
 }  // namespace
 }  // namespace tandem

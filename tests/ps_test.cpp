@@ -2960,6 +2960,19 @@ TEST(Curve, KeyFilesRoundTripAndBadFilesNameTheFileAndLine) {
   EXPECT_TRUE(contains(warned, dir.file("server.key_secret") + " can be read by others (mode "
                                                                 "0640)"))
       << warned;
+  // An allowed-keys list others can write: whoever writes it admits a key of their own.
+  ::testing::internal::CaptureStderr();
+  transport::read_curve_allowed_clients(dir.file("server.key"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(chmod(dir.file("server.key").c_str(), 0664), 0);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(transport::read_curve_allowed_clients(dir.file("server.key")),
+            std::vector<std::string>{keys.public_key});
+  const std::string writable = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(writable, "the allowed keys " + dir.file("server.key") +
+                                     " can be written by others (mode 0664)"))
+      << writable;
+  ASSERT_EQ(chmod(dir.file("server.key").c_str(), 0644), 0);
   // Replacing writes whole new files in place of the old (a link is replaced, not followed: the
   // file it points to keeps its text), and leaves no temporary file behind.
   test::write_bytes(dir.file("target"), std::string("untouched"));

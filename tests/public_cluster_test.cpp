@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -75,6 +77,45 @@ TEST(PublicCluster, TheCoordinatorRefusesWhatTrainClusterRefuses) {
   EXPECT_TRUE(contains(why, "no validation split for the scorer")) << why;
 }
 
+// Settings each role would refuse once started, every role failing with the same error (a
+// generic Error, after the roles started); refused by both ways of running a cluster before
+// anything starts, as InputError. A best_model_path file is left as it was.
+TEST(PublicCluster, SettingsTheRolesWouldRefuseAreRefusedBeforeAnythingStarts) {
+  const Store store;
+  const std::string best = store.dir.file("best.safetensors");
+  test::write_bytes(best, std::string("a file of the user's"));
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"backend", "gpu"}}, "backend 'gpu': expected cpu, cuda or auto"},
+      {{{"precision", "fp16"}}, "precision 'fp16': expected fp32, tf32 or bf16"},
+      {{{"ps_mode", "syncc"}}, "parameter server mode must be async, sync or bounded_staleness"},
+      {{{"ps_device", "gpu"}}, "parameter server device must be cpu, cuda or auto"},
+      {{{"worker_threads", -3}}, "thread count must be at least 1, got -3"},
+      {{{"scorer_threads", 5000}}, "thread count 5000 is above the limit"},
+      {{{"readers", 0}}, "readers must be >= 1, not 0"},
+      {{{"assemblers", -1}}, "assemblers must be >= 1, not -1"},
+      {{{"ps_timeout_ms", 0}}, "ps_timeout_ms must be >= 1, not 0"},
+      {{{"init_timeout_ms", -1}}, "init_timeout_ms must be >= 1, not -1"},
+      {{{"model", "20-8-3"}}, "its rows have 40 features, the model 20-8-3 takes 20"},
+  };
+  for (const auto& [change, expected] : cases) {
+    json settings{{"data", store.path}, {"model", "40-16-4"}, {"batch", 50},
+                  {"best_model_path", best}};
+    settings.update(change);
+    ClusterCoordinatorOptions c = store.coordinator_options();
+    c.settings = settings.dump();
+    std::string why = error_of<InputError>([&] { ClusterCoordinator coordinator(c); });
+    EXPECT_TRUE(contains(why, expected)) << why;
+    ClusterRunOptions r;
+    r.settings = c.settings;
+    r.max_seconds = 30;
+    const auto start = Clock::now();
+    why = error_of<InputError>([&] { train_cluster(r); });
+    EXPECT_TRUE(contains(why, expected)) << why;
+    EXPECT_LT(seconds_since(start), 10);
+    EXPECT_EQ(test::read_bytes(best), "a file of the user's") << change.dump();
+  }
+}
+
 // Seconds past an int's milliseconds (24.8 days) overflowed into a negative count: a wait of
 // 1e7 s returned at once, and a start-up timeout that long failed the run at once.
 TEST(PublicCluster, AHugeTimeoutIsALongWaitNotNone) {
@@ -114,6 +155,18 @@ TEST(PublicCluster, AScoreStreamOfACoordinatorThatIsGoneThrows) {
   ClusterScoreStream unlimited(live.address(), -1);
 }
 
+// coordinator_lost_s bounds the wait for a coordinator that never answers from the first
+// request on: registration waited a fixed 10 s whatever it said.
+TEST(PublicCluster, ARoleGivesUpOnASilentCoordinatorAfterItsCoordinatorLostTime) {
+  ClusterRoleOptions o;
+  o.coordinator_lost_s = 1;
+  const auto start = Clock::now();
+  ClusterRole role = ClusterRole::worker("tcp://127.0.0.1:1", "", o);
+  const std::string why = error_of<Error>([&] { role.join(30); });
+  EXPECT_TRUE(contains(why, "did not answer")) << why;
+  EXPECT_LT(seconds_since(start), 6);
+}
+
 // The model was first written after the whole run: a path that could not take it lost the
 // trained parameters, after the training time was spent.
 TEST(PublicCluster, AModelPathThatCannotBeWrittenIsRefusedBeforeTraining) {
@@ -125,6 +178,13 @@ TEST(PublicCluster, AModelPathThatCannotBeWrittenIsRefusedBeforeTraining) {
   const auto start = Clock::now();
   const std::string why = error_of<IoError>([&] { train_cluster(o); });
   EXPECT_TRUE(contains(why, "cannot write '" + o.model_out + "'")) << why;
+  EXPECT_LT(seconds_since(start), 10);
+  // The final evaluation's threads too: once checked only then, after the whole run.
+  o.model_out.clear();
+  o.test_threads = -1;
+  const std::string threads = error_of<InputError>([&] { train_cluster(o); });
+  EXPECT_TRUE(contains(threads, "test_threads (0: every core): thread count must be at least 1"))
+      << threads;
   EXPECT_LT(seconds_since(start), 10);
 }
 

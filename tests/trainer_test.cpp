@@ -143,6 +143,53 @@ TEST(Trainer, KeepsTheBestEpoch) {
   EXPECT_EQ(evaluate_model(saved.model, validation.view(), 2).loss_sum, *best);
 }
 
+// A view of a negative row count (a caller's arithmetic gone wrong) is an InputError, not a
+// std::length_error from sizing a vector by it.
+TEST(Trainer, AViewOfNegativeRowsIsRefused) {
+  const Dataset data = test::random_dataset(PixelType::UInt8, 20, 40, 4, 6);
+  DatasetView bad = data.view();
+  bad.rows = -5;
+  Trainer trainer(small_config(1));
+  std::string e = test::error_of<InputError>([&] { trainer.fit(bad, {}, {}); });
+  EXPECT_NE(e.find("a training view of -5 rows"), std::string::npos) << e;
+  e = test::error_of<InputError>([&] { predict(trainer.model(), bad, 1); });
+  EXPECT_NE(e.find("a data view of -5 rows"), std::string::npos) << e;
+  e = test::error_of<InputError>([&] { evaluate_model(trainer.model(), bad, 1); });
+  EXPECT_NE(e.find("a data view of -5 rows"), std::string::npos) << e;
+}
+
+// fit called again on the same trainer continues the run, as resuming the first fit's state
+// would: the epochs it trained count (it went as far as asked: none more), the kept best stays,
+// and the metrics log is added to. It once truncated the log and, keeping the best, trained
+// the epochs after the kept one again.
+TEST(Trainer, ASecondFitContinuesTheRunItsFirstLeft) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 300, 40, 4, 4);
+  const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
+  for (const bool keep_best : {true, false}) {
+    TrainConfig c = small_config(6);
+    c.optimizer.learning_rate = 0.1f;  // random labels: an early epoch is the best
+    c.keep_best = keep_best;
+    c.metrics_path = dir.file("metrics.jsonl");
+    Trainer trainer(c);
+    const TrainSummary first = trainer.fit(train.view(), validation.view(), {});
+    ASSERT_EQ(first.epochs, 6);
+    if (keep_best) {
+      ASSERT_LT(first.kept_epoch, 6) << "the test needs a best before the last";
+    }
+    const std::vector<float> kept = flat(trainer.model());
+    const std::string logged = test::read_bytes(c.metrics_path);
+    const TrainSummary second = trainer.fit(train.view(), validation.view(), {});
+    EXPECT_EQ(second.epochs, 0) << "keep_best " << keep_best;
+    EXPECT_EQ(second.steps, 0);
+    EXPECT_EQ(second.kept_epoch, first.kept_epoch);
+    EXPECT_EQ(flat(trainer.model()), kept);
+    EXPECT_EQ(second.validation.loss_sum, first.validation.loss_sum);
+    const std::string now = test::read_bytes(c.metrics_path);
+    EXPECT_EQ(now.substr(0, logged.size()), logged) << "the first fit's records were lost";
+  }
+}
+
 // A run that diverges (SGD at a rate of 1e30) after a finite epoch keeps that epoch's state in
 // its checkpoint, even kept as `last`: a file of NaN parameters is refused by every reader, and
 // the best beside it with it.

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -158,7 +159,16 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
   // exec would cut an argument at a NUL: what a --root checks would not be what the job gets.
   expect_refused(
       R"({"v": 1, "type": "start", "job": "j", "log": "l", "args": ["train", "/a\u0000/../b"]})",
-      "a NUL character in \"args\"");
+      "a control character in argument 2 of \"args\"");
+  // A newline in an argument, written into the job's log by its error message, let a peer append
+  // whole lines of its choosing to any file the server's user can write (the log pointed at it).
+  expect_refused(R"({"v": 1, "type": "start", "job": "j", "log": "/tmp/k", "args": ["train",
+                 "--data", "/x\nssh-ed25519 AAAA attacker\n"]})",
+                 "a control character in argument 3 of \"args\"");
+  expect_refused(R"({"v": 1, "type": "start", "job": "j", "log": "l\tog", "args": ["train"]})",
+                 "a control character in \"log\" or \"job\"");
+  expect_refused(R"({"v": 1, "type": "start", "job": "j\u007f", "log": "l", "args": ["train"]})",
+                 "a control character in \"log\" or \"job\"");
 }
 
 bool process_running(pid_t pid) {
@@ -246,7 +256,10 @@ class TrialSlotServerTest : public ::testing::Test {
     o.allowed_commands = {"-c"};
     o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
     o.kill_grace_ms = 500;
-    o.log = [](const std::string&) {};
+    o.log = [this](const std::string& line) {
+      const std::lock_guard<std::mutex> lock(log_mutex_);
+      log_ += line + "\n";
+    };
     server_ = std::make_unique<TrialSlotServer>(o);
     thread_ = std::thread([this] { server_->serve(stop_); });
   }
@@ -254,6 +267,12 @@ class TrialSlotServerTest : public ::testing::Test {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
   }
+  std::string server_log() {
+    const std::lock_guard<std::mutex> lock(log_mutex_);
+    return log_;
+  }
+  std::mutex log_mutex_;
+  std::string log_;  // the server's event lines
   int heartbeat_timeout_ms_ = 1500;
   zmq::context_t context_{1};
   std::unique_ptr<TrialSlotServer> server_;
@@ -320,6 +339,18 @@ std::string first_line_of(Client& client, const std::string& log) {
       },
       10000, 10);
   return first;
+}
+
+// A search's routing id is its secret: whoever connects with it takes over its session (its
+// replies, its jobs' cancels). The server's log, often on a shared filesystem, named it whole.
+TEST_F(TrialSlotServerTest, TheLogNamesASearchWithoutItsSecret) {
+  const std::string secret = "0123456789abcdef0123456789abcdef";
+  Client c(context_, server_->endpoint(), "search-4242-" + secret);
+  c.send(SlotMessage(SlotMessageType::Hello));
+  EXPECT_EQ(c.next().type, SlotMessageType::Hello);
+  const std::string log = server_log();
+  EXPECT_NE(log.find("(search-4242-0123...) connected"), std::string::npos) << log;
+  EXPECT_EQ(log.find(secret.substr(4)), std::string::npos) << log;
 }
 
 TEST_F(TrialSlotServerTest, RunsCancelsAndRefusesJobsBeyondItsSlots) {

@@ -690,7 +690,7 @@ TEST(WorkerGroup, AMemberHangingInItsBackendIsNamedWithinTheTimeoutAndNotWaitedF
   members.pointers[1] = &hanging;
   auto collective = make_thread_collective(kMembers, kTimeoutMs);
   const std::string expected = "worker group: rank 1 did not finish its step within 300 ms of "
-                               "rank 0 (its backend hangs";
+                               "rank 0's failure (its backend hangs";
   {
     WorkerGroup group(kTiny, members.pointers, *collective);
     group.install(Model::initialized(kTiny, 11));
@@ -716,6 +716,42 @@ TEST(WorkerGroup, AMemberHangingInItsBackendIsNamedWithinTheTimeoutAndNotWaitedF
       }
       EXPECT_LT(seconds_since(again), 0.25);  // at once: no new round, no timeout
     }
+    hanging.release();
+  }
+}
+
+// Rank 0 fails when the collective times out waiting for the hung member; the others are then
+// back at once, so the step throws a moment after that timeout, not after a second one (the
+// group timeout is a minute and more in a run), naming the hung rank and rank 0's own error.
+TEST(WorkerGroup, AHungMemberIsNamedAMomentAfterTheCollectiveTimesOut) {
+  constexpr int kMembers = 3, kTimeoutMs = 4000;
+  const Dataset data = test::random_dataset(PixelType::UInt8, 12, kTiny.inputs(), 3, 37);
+  const std::vector<DatasetView> batches(kMembers, data.view());
+  Members members(kMembers);
+  HangingBackend hanging(kTiny);
+  members.pointers[2] = &hanging;
+  auto collective = make_thread_collective(kMembers, kTimeoutMs);
+  {
+    WorkerGroup group(kTiny, members.pointers, *collective);
+    group.install(Model::initialized(kTiny, 13));
+    hanging.hang();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      group.step(batches);
+      ADD_FAILURE() << "a step with a hanging member returned";
+    } catch (const GroupError& e) {
+      const std::string text = e.what();
+      EXPECT_EQ(text.rfind("worker group: rank 2 did not finish its step within 1000 ms of rank "
+                           "0's failure (its backend hangs",
+                           0),
+                0u)
+          << text;
+      EXPECT_NE(text.find("(rank 0: worker group: rank 2 did not reach all_reduce"),
+                std::string::npos)
+          << text;
+    }
+    // The collective's 4 s and the 1 s after it; twice the timeout (8 s) before.
+    EXPECT_LT(seconds_since(start), 7.0);
     hanging.release();
   }
 }

@@ -10,6 +10,8 @@
 namespace tandem {
 
 void check_model_data(const ModelConfig& config, const DatasetView& data, bool need_labels) {
+  if (data.rows < 0)
+    throw InputError("a data view of " + std::to_string(data.rows) + " rows (a count >= 0)");
   if (need_labels && data.labels == nullptr && data.rows > 0)
     throw InputError("data without labels: training and evaluation need them");
   if (data.features != config.inputs())

@@ -42,6 +42,15 @@ const SafeTensor& checked_tensor(const SafeTensorsFile& file, const std::string&
     throw InputError(path + ": tensor '" + name + "' has shape " + text(t->shape) +
                      ", the model needs " + text(shape));
   }
+  // A file read from disk has its sizes checked against the shapes; a checkpoint being written
+  // is made of the caller's tensors, whose values may not match the shapes they claim (read
+  // back by save_checkpoint's check, an overrun of the model's own tensors).
+  size_t elements = 1;
+  for (const int64_t d : shape) elements *= static_cast<size_t>(d);
+  if (t->data.size() != elements * sizeof(float))
+    throw InputError(path + ": tensor '" + name + "' holds " +
+                     std::to_string(t->data.size() / sizeof(float)) + " values, its shape needs " +
+                     std::to_string(elements));
   return *t;
 }
 

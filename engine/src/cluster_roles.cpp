@@ -25,6 +25,7 @@
 #include "ps_shard_device.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
+#include "thread_pool.h"
 #include "zmq_curve.h"
 
 namespace tandem {
@@ -43,6 +44,44 @@ void check_worker_group(const RunSettings& s) {
   if (s.worker_group < 1)
     throw InputError("cluster settings: worker_group (members per worker) must be >= 1, not " +
                      std::to_string(s.worker_group));
+}
+
+namespace {
+
+PsMode parse_mode(const std::string& text) {
+  if (text == "async") return PsMode::Async;
+  if (text == "sync") return PsMode::Sync;
+  if (text == "bounded_staleness" || text == "bounded") return PsMode::BoundedStaleness;
+  throw InputError("parameter server mode must be async, sync or bounded_staleness, not '" +
+                   text + "'");
+}
+
+}  // namespace
+
+void check_role_settings(const RunSettings& s) {
+  try {
+    parse_backend(s.backend);
+    parse_precision(s.precision);
+    parse_mode(s.ps_mode);
+    if (s.ps_device != "cpu" && s.ps_device != "cuda" && s.ps_device != "auto")
+      throw InputError("parameter server device must be cpu, cuda or auto, not '" + s.ps_device +
+                       "'");
+    // 0: every core, as a trainer's threads.
+    if (s.worker_threads != 0) ThreadPool::check_thread_count(s.worker_threads);
+    if (s.scorer_threads != 0) ThreadPool::check_thread_count(s.scorer_threads);
+  } catch (const InputError& e) {
+    throw InputError(std::string("cluster settings: ") + e.what());
+  }
+  const auto at_least = [](const char* name, int64_t value, int64_t least) {
+    if (value < least)
+      throw InputError(std::string("cluster settings: ") + name + " must be >= " +
+                       std::to_string(least) + ", not " + std::to_string(value));
+  };
+  at_least("readers", s.readers, 1);
+  at_least("assemblers", s.assemblers, 1);
+  at_least("replicas_to_aggregate", s.replicas_to_aggregate, 0);
+  at_least("ps_timeout_ms", s.ps_timeout_ms, 1);
+  at_least("init_timeout_ms", s.init_timeout_ms, 1);
 }
 
 json to_json(const RunSettings& s) {
@@ -174,13 +213,6 @@ namespace {
 
 using namespace roles;
 
-PsMode parse_mode(const std::string& text) {
-  if (text == "async") return PsMode::Async;
-  if (text == "sync") return PsMode::Sync;
-  if (text == "bounded_staleness" || text == "bounded") return PsMode::BoundedStaleness;
-  throw InputError("parameter server mode must be async, sync or bounded_staleness, not '" + text + "'");
-}
-
 // Whether two sets of tensors hold the same bits (NaNs included, which == would not match).
 bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
   if (a.size() != b.size()) return false;
@@ -197,7 +229,7 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
 void ps_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
-  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
+  CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const RoleRegistration r = register_role(link, o, "ps");
   ServerOptions so;
@@ -249,7 +281,7 @@ void ps_role(const RoleOptions& o) {
 // The role itself; run_scorer_role wraps it (run_cancellable).
 void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
-  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
+  CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const RoleRegistration r = register_role(link, o, "scorer");
   auto scores = std::make_shared<std::atomic<int64_t>>(0);

@@ -93,6 +93,9 @@ struct RunSettings {
 nlohmann::json to_json(const RunSettings& s);
 void check_overlap(const RunSettings& s);  // InputError for overlap with sync mode
 void check_worker_group(const RunSettings& s);  // InputError unless worker_group >= 1
+// InputError for what a role would refuse only once started: the backend, precision, servers'
+// mode and device by name, thread counts, readers, assemblers and timeouts out of range.
+void check_role_settings(const RunSettings& s);
 RunSettings run_settings_from_json(const nlohmann::json& j);  // InputError naming a bad field
 // The defaults with `overrides`' keys (a JSON object) put over them: the settings a user gives
 // by name. InputError for an unknown key, listing the known ones.

@@ -16,6 +16,7 @@
 #include "ps_client.h"
 #include "seconds_to_ms.h"
 #include "tandem/error.h"
+#include "thread_pool.h"
 #include "zmq_curve.h"
 
 namespace tandem {
@@ -92,6 +93,18 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
                      "bounded_staleness; the " + s.ps_mode + " mode has none");
   check_overlap(s);
   check_worker_group(s);
+  check_role_settings(s);
+}
+
+void check_store_for_run(const DatasetStore& store, const RunSettings& s, int scorers) {
+  if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
+  if (scorers > 0 && store.validation.rows == 0)
+    throw InputError(s.data + ": no validation split for the scorer");
+  // Else every worker and the scorer would fail once started, each on its first batch.
+  if (store.train.features != s.model.inputs())
+    throw InputError(s.data + ": its rows have " + std::to_string(store.train.features) +
+                     " features, the model " + s.model.describe() + " takes " +
+                     std::to_string(s.model.inputs()));
 }
 
 DatasetStore check_cluster_options(ClusterOptions& options) {
@@ -107,11 +120,17 @@ DatasetStore check_cluster_options(ClusterOptions& options) {
   if (!is_dataset_store(s.data))
     throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
   DatasetStore store = DatasetStore::open(s.data);
-  if (store.train.rows == 0) throw InputError(s.data + ": the training split is empty");
-  if (options.scorers > 0 && store.validation.rows == 0)
-    throw InputError(s.data + ": no validation split for the scorer");
+  check_store_for_run(store, s, options.scorers);
   // Written after the whole run: a path that cannot take it would lose the trained model.
   if (!options.model_out.empty()) check_replaceable(options.model_out);
+  // Read after the whole run too, by the final evaluation.
+  if (options.test_threads != 0) {
+    try {
+      ThreadPool::check_thread_count(options.test_threads);
+    } catch (const InputError& e) {
+      throw InputError(std::string("test_threads (0: every core): ") + e.what());
+    }
+  }
   return store;
 }
 

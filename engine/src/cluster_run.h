@@ -113,6 +113,9 @@ struct ClusterSummary {
 // an allowed-keys file it cannot read): a caller that clears a previous run's files constructs
 // the ClusterRun first, with serve_from_run, and clears them before run().
 DatasetStore check_cluster_options(ClusterOptions& options);
+// What a run needs of its store (InputError): training rows, validation rows for a scorer, and
+// rows of the model's width.
+void check_store_for_run(const DatasetStore& store, const RunSettings& s, int scorers);
 
 class ClusterRun {
  public:

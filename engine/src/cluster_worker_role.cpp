@@ -227,7 +227,7 @@ void train_tasks(const Worker& w, ChunkManager& stream) {
 void worker_role(const RoleOptions& o) {
   RoleContext rc(o.context);
   FeedCloser feed_closer(o.feed, o.name.empty() ? "the worker" : o.name);
-  CoordinatorLink link(o.coordinator, rc.context, 10000, o.coordinator_curve);
+  CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const RoleRegistration r = register_role(link, o, "worker");
   feed_closer.name(r.name);

@@ -22,6 +22,16 @@ void ModelConfig::validate() const {
   if (classes() > 256)
     throw InputError("model layers '" + describe() + "': " + std::to_string(classes()) +
                      " output classes, at most 256 are supported (labels are bytes)");
+  // Widths within bounds can still multiply past any machine's memory (16777216-16777216-10:
+  // a petabyte), which building the model only said as std::bad_alloc. Each layer's count is
+  // below 2^49 (widths below 2^24 + 1), so the sum cannot overflow before it passes the bound.
+  constexpr int64_t kMaxParameters = int64_t{1} << 32;
+  int64_t parameters = 0;
+  for (size_t l = 0; l + 1 < layers.size() && parameters <= kMaxParameters; ++l)
+    parameters += (layers[l] + 1) * layers[l + 1];
+  if (parameters > kMaxParameters)
+    throw InputError("model layers '" + describe() + "': more than 2^32 parameters (16 GiB of "
+                     "float32, three times that with Adam's moments)");
 }
 
 std::string ModelConfig::describe() const {

@@ -1,6 +1,7 @@
 #include "metrics_log.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -119,46 +120,75 @@ int64_t drop_records_after(const std::string& path, int64_t step) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_step)
-    : path_(path) {
-  const int64_t dropped =
-      append && resumed_step >= 0 ? drop_records_after(path, resumed_step) : 0;
-  // Checked before the file is opened for appending: the resumed run's first record starts a
-  // line of its own, or the two would be one line that no JSON reader takes.
-  const bool cut = append && ends_mid_line(path);
-  file_ = std::fopen(path.c_str(), append ? "ae" : "we");
-  if (file_ == nullptr)
-    throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
-  if (cut && (std::fputc('\n', file_) == EOF || std::fflush(file_) != 0)) {
-    const int error = errno;
-    std::fclose(file_);
-    file_ = nullptr;
-    throw IoError("writing metrics file " + path_ + ": " + std::strerror(error));
-  }
-  if (append && resumed_step >= 0) {
-    try {
-      write({{"type", "resume"}, {"step", resumed_step}, {"dropped_records", dropped}});
-    } catch (...) {  // no destructor runs for a constructor that throws
-      std::fclose(file_);
-      file_ = nullptr;
-      throw;
+namespace {
+
+// Opens the log for writing, one writer at a time: two runs given the same file once
+// interleaved their records and cut each other's lines. The lock (flock, released with the
+// descriptor, however the process ends) is taken before the file is truncated or its records
+// dropped. Only a regular file is locked: /dev/null and a pipe are shared by design.
+int open_locked(const std::string& path, bool append) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0),
+                        0644);
+  if (fd < 0) throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      ::close(fd);
+      if (error == EWOULDBLOCK)
+        throw IoError("metrics file " + path + " is being written by another process (give "
+                      "each run a file of its own)");
+      throw IoError("cannot lock metrics file " + path + ": " + std::strerror(error));
     }
+    if (!append && ::ftruncate(fd, 0) != 0) {
+      const int error = errno;
+      ::close(fd);
+      throw IoError("cannot write metrics file " + path + ": " + std::strerror(error));
+    }
+  }
+  return fd;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_step)
+    : fd_(open_locked(path, append)), path_(path) {
+  try {
+    const int64_t dropped =
+        append && resumed_step >= 0 ? drop_records_after(path, resumed_step) : 0;
+    // Checked before the first record: the resumed run's first record starts a line of its
+    // own, or the two would be one line that no JSON reader takes.
+    if (append && ends_mid_line(path)) write_bytes("\n");
+    if (append && resumed_step >= 0)
+      write({{"type", "resume"}, {"step", resumed_step}, {"dropped_records", dropped}});
+  } catch (...) {  // no destructor runs for a constructor that throws
+    ::close(fd_);
+    throw;
   }
 }
 
 MetricsLog::~MetricsLog() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// One write(2) for a whole record where the kernel takes it so (a regular file does): a reader
+// following the file (`tail -f`) never sees half a line, however long the line.
+void MetricsLog::write_bytes(const std::string& bytes) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t put = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) throw IoError("writing metrics file " + path_ + ": " + std::strerror(errno));
+    done += size_t(put);
+  }
 }
 
 void MetricsLog::write_line(const std::string& line) {
-  if (file_ == nullptr) return;
-  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
-      std::fflush(file_) != 0)
-    throw IoError("writing metrics file " + path_ + ": " + std::strerror(errno));
+  if (fd_ < 0) return;
+  write_bytes(line + "\n");
 }
 
 void MetricsLog::step(const StepReport& r) {
-  if (file_ == nullptr) return;
+  if (fd_ < 0) return;
   // Epochs counted from 1, as the epoch lines count them (StepReport's is 0-based).
   nlohmann::json j{{"type", "step"},          {"step", r.step},
                    {"epoch", r.epoch + 1},    {"loss", r.loss_sum},
@@ -167,7 +197,7 @@ void MetricsLog::step(const StepReport& r) {
 }
 
 void MetricsLog::epoch(const EpochReport& r) {
-  if (file_ == nullptr) return;
+  if (fd_ < 0) return;
   nlohmann::json j{{"type", "epoch"},
                    {"epoch", r.epoch},
                    {"step", r.step},

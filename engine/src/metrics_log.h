@@ -13,7 +13,8 @@ namespace tandem {
 class MetricsLog {
  public:
   MetricsLog() = default;
-  // Truncates the file, or appends to it (a resumed run's); throws IoError naming the path.
+  // Truncates the file, or appends to it (a resumed run's); throws IoError naming the path, and
+  // when another process writes the same file (a regular file is locked while the log is open).
   // A run resumed from step `resumed_step` (>= 0) first drops the records past that step and a
   // last line cut short (what the run did after its checkpoint, trained again now: kept, each
   // step would be there twice with two losses), each overwritten in place by a line of as many
@@ -30,7 +31,8 @@ class MetricsLog {
 
  private:
   void write_line(const std::string& line);
-  std::FILE* file_ = nullptr;
+  void write_bytes(const std::string& bytes);
+  int fd_ = -1;  // -1: a default-constructed log, which writes nothing
   std::string path_;
 };
 

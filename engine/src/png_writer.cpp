@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "file_io.h"
@@ -108,11 +108,13 @@ void write_png_impl(const std::string& path, const T* values, int64_t height, in
     gray[i] = static_cast<uint8_t>(std::min(255.0, std::max(0.0, level)));
   }
 
-  // As AtomicFile replaces: a link's file (the link kept), never a device or a FIFO.
+  // As AtomicFile replaces: a link's file (the link kept), never a device or a FIFO, through
+  // the same temporary name, so that what a killed write left (nothing else would remove it)
+  // goes before this one.
   const std::string target = replacement_target(path);
-  static std::atomic<unsigned> counter{0};
-  const std::string tmp = target + ".tmp-" + std::to_string(getpid()) + "-" +
-                          std::to_string(counter.fetch_add(1));
+  remove_unfinished_writes(parent_directory(target),
+                           std::filesystem::path(target).filename().string() + ".tmp-", "tandem");
+  const std::string tmp = temp_path(target);
   std::vector<uint8_t> row(size_t(width) * size_t(options.scale));
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
   if (fd.get() < 0) throw IoError(path + ": cannot create " + tmp + ": " + errno_text(errno));

@@ -209,9 +209,7 @@ ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
                        " is not a dataset store: make one with `tandem prepare --out STORE` or "
                        "tandem::write_cluster_store");
     const DatasetStore store = DatasetStore::open(d.settings.data);
-    if (store.train.rows == 0) throw InputError(d.settings.data + ": the training split is empty");
-    if (options.scorers > 0 && store.validation.rows == 0)
-      throw InputError(d.settings.data + ": no validation split for the scorer");
+    check_store_for_run(store, d.settings, options.scorers);
     o.batches_per_epoch = batch_count(store.train.rows, d.settings.batch);
   }
   o.max_epochs = options.max_epochs;

@@ -46,8 +46,9 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   // One Event with a scalar summary value: `tag` (non-empty UTF-8, e.g. "validation/accuracy")
-  // at `step`. Steps should not go down: TensorBoard drops earlier points with a step at or after
-  // a step that goes back (it takes that for a restart from a checkpoint).
+  // at `step`. Steps should not go down: TensorBoard's own view drops earlier points with a
+  // step at or after a step that goes back (it takes that for a restart from a checkpoint), but
+  // the file keeps them, and other readers (EventAccumulator, tbparse) show both.
   void add_scalar(const std::string& tag, int64_t step, float value,
                   double wall_time = wall_clock_seconds());
   // fflush; with sync, also fsync, so the records survive a machine crash.

@@ -88,6 +88,7 @@ void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
   resumed_epochs_trained_ = epochs_reached(ckpt);
   // An earlier fit's state is not this one's (resume_state() describes the last fit).
   epochs_trained_ = -1;
+  validation_rows_ = -1;
   best_.reset();
   best_is_current_ = false;
   last_diverged_ = false;
@@ -217,7 +218,10 @@ class ResidentData {
 
 TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validation,
                           const DatasetView& test) {
-  if (train.rows == 0) throw InputError("the training split is empty");
+  if (train.rows <= 0)
+    throw InputError(train.rows == 0 ? std::string("the training split is empty")
+                                     : "a training view of " + std::to_string(train.rows) +
+                                           " rows");
   if (train.rows > INT32_MAX) throw InputError("more than 2^31 training rows are not supported");
   ResidentData resident(*backend_, {&train, &validation, &test});
   std::vector<int32_t> order;
@@ -253,6 +257,10 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
 
 TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
                                    const DatasetView& validation, const DatasetView& test) {
+  // A second fit continues the run as resuming the first one's state would: its epochs count,
+  // its best stays in the running, its metrics log is added to. It once started the epoch count
+  // over from the kept epoch, and truncated the log.
+  if (validation_rows_ >= 0) resume(resume_state(), "the trainer's previous fit");
   // A checkpoint that cannot be written is said now, not after the first epoch's work.
   if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
   // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far
@@ -389,6 +397,7 @@ EvalResult evaluate_model(const Model& model, const DatasetView& data, int threa
 }
 
 std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads) {
+  check_model_data(model.config(), data, false);  // before the output is sized by its rows
   auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
   backend->set_parameters(model);
   std::vector<uint8_t> out(static_cast<size_t>(data.rows));

@@ -9,6 +9,19 @@
 #include <utility>
 
 namespace tandem {
+namespace {
+
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown error";
+  }
+}
+
+}  // namespace
 
 WorkerGroup::WorkerGroup(const ModelConfig& model, std::vector<Backend*> members,
                          GroupCollective& collective)
@@ -278,16 +291,23 @@ void WorkerGroup::run_members(const char* what, std::function<void(int)> body) {
     // Once the leader is done, every member is past the round's last collective (or the
     // collective is broken and throws at once), so a member that has not come back by the
     // collective's own timeout hangs in its backend, where no collective's timeout reaches.
+    // A leader that failed has aborted the collective (or timed out in it, waiting for the
+    // member that hangs): the others come back at once, and a member still out is the hung one,
+    // named after a moment instead of a second timeout (a minute and more).
     std::unique_lock<std::mutex> lock(mutex_);
-    const auto timeout = std::chrono::milliseconds(collective_.timeout_ms());
-    if (!done_.wait_for(lock, timeout, [&] { return pending_ == 0; })) {
+    const int wait_ms = leader_error ? std::min(collective_.timeout_ms(), kAfterFailureMs)
+                                     : collective_.timeout_ms();
+    if (!done_.wait_for(lock, std::chrono::milliseconds(wait_ms),
+                        [&] { return pending_ == 0; })) {
       std::string ranks;
       for (size_t r = 1; r < busy_.size(); ++r)
         if (busy_[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
       abandoned_ = "worker group: rank " + ranks + " did not finish " + what + " within " +
-                   std::to_string(collective_.timeout_ms()) +
-                   " ms of rank 0 (its backend hangs: a GPU stuck in a kernel or a copy); the "
-                   "group has left it behind and cannot step again";
+                   std::to_string(wait_ms) + " ms of rank 0" +
+                   (leader_error ? "'s failure" : "") +
+                   " (its backend hangs: a GPU stuck in a kernel or a copy); the group has left "
+                   "it behind and cannot step again";
+      if (leader_error) abandoned_ += " (rank 0: " + error_text(leader_error) + ")";
     }
     errors = errors_;
   }

@@ -20,6 +20,7 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "backend.h"
+#include "bind_address.h"
 #include "cluster_commands.h"
 #include "data_store_of.h"
 #include "cluster_link.h"
@@ -36,6 +37,7 @@
 #include "process_launcher.h"
 #include "progress_line.h"
 #include "run_dir_lock.h"
+#include "run_records.h"
 #include "score_subscriber.h"
 #include "seconds_to_ms.h"
 #include "stop_signals.h"
@@ -352,20 +354,18 @@ void assign_worker_gpus(ClusterCommandOptions& o) {
 
 // The kept parameters' evaluation, which only the terminal had: the metrics log's last record
 // and TensorBoard scalars at the kept step (nothing for a run stopped before training).
-void log_final_evaluation(const ClusterSummary& s, MetricsLog& metrics,
-                          TensorBoardWriter& tensorboard) {
+void log_final_evaluation(const ClusterSummary& s, RunRecords& records) {
   if (s.kept == "none") return;
-  metrics.write(json{{"type", "final"}, {"stop_reason", s.stop_reason}, {"kept", s.kept},
-                     {"kept_step", s.kept_step}, {"validation", to_json(s.validation)},
-                     {"test", to_json(s.test)}});
+  records.metrics(json{{"type", "final"}, {"stop_reason", s.stop_reason}, {"kept", s.kept},
+                       {"kept_step", s.kept_step}, {"validation", to_json(s.validation)},
+                       {"test", to_json(s.test)}});
   if (s.validation.samples > 0) {  // none without a validation split
-    tensorboard.add_scalar("final/validation_loss", s.kept_step, float(s.validation.loss_sum));
-    tensorboard.add_scalar("final/validation_accuracy", s.kept_step,
-                           float(s.validation.accuracy));
+    records.scalar("final/validation_loss", s.kept_step, float(s.validation.loss_sum));
+    records.scalar("final/validation_accuracy", s.kept_step, float(s.validation.accuracy));
   }
   if (s.test.samples > 0) {
-    tensorboard.add_scalar("final/test_loss", s.kept_step, float(s.test.loss_sum));
-    tensorboard.add_scalar("final/test_accuracy", s.kept_step, float(s.test.accuracy));
+    records.scalar("final/test_loss", s.kept_step, float(s.test.loss_sum));
+    records.scalar("final/test_accuracy", s.kept_step, float(s.test.accuracy));
   }
 }
 
@@ -436,6 +436,31 @@ std::unique_ptr<DashboardServer> start_dashboard(
   }
 }
 
+// Said, not refused (a cluster on a network of its own is the common case): what a process that
+// reaches the run's sockets from another machine can do. Without CURVE: register as a role,
+// read the settings, stop the run, pose as a parameter server before training starts, shut one
+// down. Under CURVE without an allowed list: the same, for any client that knows the public key,
+// which cluster.json holds. The dashboard is plain HTTP whatever the run's keys.
+void warn_of_open_sockets(const ClusterCommandOptions& o) {
+  const RunSettings& s = o.cluster.settings;
+  if (!transport::binds_this_machine_only(o.cluster.bind)) {
+    if (s.curve_secret_file.empty())
+      std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) without CURVE: "
+                   "any process that reaches it can join it as a role, read its settings or "
+                   "stop it (--curve-secret and --curve-allowed admit only known keys)\n",
+                   o.cluster.bind.c_str());
+    else if (s.curve_allowed_path.empty())
+      std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) under CURVE "
+                   "without --curve-allowed: any client that knows its public key (cluster.json "
+                   "holds it) is admitted\n", o.cluster.bind.c_str());
+  }
+  if (o.dashboard_port >= 0 && !s.curve_secret_file.empty() &&
+      !transport::binds_this_machine_only("tcp://" + o.dashboard_host + ":0"))
+    std::fprintf(stderr, "tandem: warning: the dashboard on %s is plain HTTP, outside CURVE: "
+                 "whoever reaches it reads the run's state and scores\n",
+                 o.dashboard_host.c_str());
+}
+
 // The arguments that let launch's role processes reach a coordinator under CURVE.
 std::vector<std::string> role_curve_args(const ClusterCommandOptions& o) {
   const RunSettings& s = o.cluster.settings;
@@ -475,6 +500,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // before its log is truncated or its events added to: a refused launch leaves them as they
   // were.
   const DatasetStore store = check_cluster_options(o.cluster);
+  warn_of_open_sockets(o);
   const std::string tensorboard_dir =
       o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : o.tensorboard_dir;
   const std::string metrics_path =
@@ -506,6 +532,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // A resumed run adds to the log of the run it continues (the records past its servers' step,
   // of what it trains again now, dropped), as it does to its TensorBoard events.
   MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
+  RunRecords records(metrics, tensorboard);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
@@ -522,7 +549,11 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     // Public: lets `tandem scores` and roles given this file find the run's key.
     if (!o.cluster.settings.curve_server_public.empty())
       spec["curve_public_key"] = o.cluster.settings.curve_server_public;
-    if (!o.json_summary) std::printf("%s\n", json_text(spec).c_str());
+    if (dashboard) spec["dashboard"] = dashboard->url();
+    if (!o.json_summary) {
+      progress.clear();  // else the spec went on after "... starting" on a terminal
+      std::printf("%s\n", json_text(spec).c_str());
+    }
     std::fflush(stdout);
     // The spec as a file too: roles and `tandem scores` take it for --coordinator.
     write_text_atomic(o.run_dir + "/cluster.json", json_text(spec, 2) + "\n");
@@ -541,15 +572,14 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       const ScoreRecord& s = scores[scores_shown];
       const double wall =
           training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
-      tensorboard.add_scalar("score/validation_loss", s.step, float(s.loss), wall);
-      tensorboard.add_scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
-      if (rate_known)
-        tensorboard.add_scalar("throughput/samples_per_s", s.step, float(rate), wall);
-      tensorboard.flush();
+      records.scalar("score/validation_loss", s.step, float(s.loss), wall);
+      records.scalar("score/validation_accuracy", s.step, float(s.accuracy), wall);
+      if (rate_known) records.scalar("throughput/samples_per_s", s.step, float(rate), wall);
+      records.flush_tensorboard();
       json record{{"type", "score"}, {"t", s.t}, {"step", s.step}, {"loss", s.loss},
                   {"loss_mean", s.loss_mean}, {"accuracy", s.accuracy}};
       if (rate_known) record["samples_per_s"] = rate;
-      metrics.write(record);
+      records.metrics(record);
       if (!o.quiet && !o.json_summary) {
         char line[200];
         std::snprintf(line, sizeof(line), "%7.1f s  step %6lld  validation loss %8.1f  accuracy %.4f",
@@ -567,19 +597,20 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     show_scores(c.scores());
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
-      metrics.write(json{{"type", "cluster"}, {"state", cl["state"]},
-                          {"elapsed_s", cl["elapsed_s"]}, {"t", cl["t"]}, {"epoch", cl["epoch"]},
-                          {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
-                          {"workers", state["workers"]}});
+      records.metrics(json{{"type", "cluster"}, {"state", cl["state"]},
+                           {"elapsed_s", cl["elapsed_s"]}, {"t", cl["t"]}, {"epoch", cl["epoch"]},
+                           {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
+                           {"workers", state["workers"]}});
     }
     progress.update("epoch " + std::to_string(cl.value("epoch", int64_t{0})) + "  step " +
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
                     human(cl.value("samples_per_s", 0.0)) + " samples/s  " + cl.value("state", std::string()));
   };
   run.set_callbacks(on_training, on_tick);
-  if (!o.json_summary)
-    std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
-                 run.coordinator().scores_endpoint().c_str());
+  // On stderr with --json too (stdout is then the summary's alone): the one place that says
+  // where to reach the run before it writes cluster.json.
+  std::fprintf(stderr, "coordinator at %s, scores at %s\n", run.coordinator().endpoint().c_str(),
+               run.coordinator().scores_endpoint().c_str());
   if (!o.rendezvous_file.empty())
     write_rendezvous(o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job);
   // Gone with this coordinator, however its run ends (remove_rendezvous).
@@ -589,7 +620,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
       if (!path.empty()) remove_rendezvous(path, address, job);
     }
   } rendezvous_removal{o.rendezvous_file, run.coordinator().endpoint(), o.rendezvous_job};
-  if (dashboard && !o.json_summary) std::fprintf(stderr, "dashboard at %s\n", dashboard->url().c_str());
+  // (A port of its own choosing when the one asked for was taken: said here, and in the spec.)
+  if (dashboard) std::fprintf(stderr, "dashboard at %s\n", dashboard->url().c_str());
   std::unique_ptr<ProcessLauncher> launcher;
   if (launch_roles && !o.inproc) {
     char self[4096] = {};
@@ -621,11 +653,19 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // counts.
   show_scores(summary.scores);
   progress.finish();
-  log_final_evaluation(summary, metrics, tensorboard);
-  tensorboard.close();
+  log_final_evaluation(summary, records);
+  records.close_tensorboard();
   print_summary(o, summary);
   std::fflush(stdout);  // the summary is out before a watching page's last look
   serve_the_end();
+  // Stopped by a signal, the run did not end by its rule: a script that goes on after
+  // `tandem launch` succeeds must not take an interrupted run for a finished one (train, search,
+  // predict and prepare fail the same way). What was kept is saved and printed all the same.
+  if (summary.stop_reason == "interrupted")
+    throw Error(std::string("stopped by ") + stop_signal_name() + "; " +
+                (summary.kept == "none" ? std::string("no model: training had not begun")
+                                        : "the " + summary.kept + " parameters are saved in " +
+                                              summary.model_path));
 }
 
 // How a command outside the run reaches its coordinator: --coordinator, --curve-server and

@@ -11,10 +11,12 @@
 namespace tandem::cli {
 
 // 486123 -> "486.1k", 2.3e6 -> "2.30M": rates on a progress line.
+// (The thresholds are where rounding carries into the next unit: 999,960 is "1.00M", not
+// "1000.0k".)
 inline std::string human(double x) {
   char text[32];
-  if (x >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", x / 1e6);
-  else if (x >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", x / 1e3);
+  if (x >= 999.95e3) std::snprintf(text, sizeof(text), "%.2fM", x / 1e6);
+  else if (x >= 999.5) std::snprintf(text, sizeof(text), "%.1fk", x / 1e3);
   else std::snprintf(text, sizeof(text), "%.0f", x);
   return text;
 }
@@ -37,6 +39,13 @@ class ProgressLine {
   void print_line(const std::string& text) {
     if (enabled_) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "%s\n", text.c_str());
+    shown_ = false;
+  }
+  // Takes the status line off the screen, for output of another stream (stdout) to start on a
+  // line of its own; the next update() draws it again.
+  void clear() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
     shown_ = false;
   }
   // Leaves the last text on screen and moves to a new line.

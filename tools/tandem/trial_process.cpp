@@ -45,10 +45,17 @@ pid_t start_child_process(const std::vector<std::string>& args, const std::strin
   // The log is opened here, not in the child: one that cannot be opened (a directory the server
   // does not share) is an error its caller can report, where the child would have run on with
   // the parent's output and left no reason anywhere.
+  // Not through a symbolic link at the log's own name: a slot server checks a job's log path
+  // (--root) before it opens it, and a link put there in between would send the output, which
+  // the job's peer partly chooses, to a file of its choosing.
   const int log_fd =
-      log.empty() ? -1 : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      log.empty() ? -1
+                  : open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (!log.empty() && log_fd < 0)
-    throw Error(what + ": cannot open its log " + log + ": " + std::strerror(errno));
+    throw Error(what + ": cannot open its log " + log + ": " +
+                (errno == ELOOP ? std::string("it is a symbolic link (logs are not written "
+                                              "through one)")
+                                : std::strerror(errno)));
   const pid_t parent = getpid();
   pid_t pid;
   {

@@ -1,5 +1,7 @@
 #include "trial_slot_protocol.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "json_fields.h"
@@ -162,13 +164,20 @@ SlotMessage decode_slot_message(const std::string& frame) {
       if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
       if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
       // exec and open would cut a text at its first NUL: what the server checks (a --root)
-      // would not be what the job gets.
-      for (const std::string* text : {&m.log, &m.job})
-        if (text->find('\0') != std::string::npos)
-          throw SlotProtocolError("start: a NUL character in \"log\" or \"job\"");
-      for (const std::string& a : m.args)
-        if (a.find('\0') != std::string::npos)
-          throw SlotProtocolError("start: a NUL character in \"args\"");
+      // would not be what the job gets. Other control characters are refused too: the job's
+      // arguments, id and log path go into the server's log and the job's own error messages,
+      // and a newline there let a peer write whole lines of its choosing into a file (its log
+      // pointed at that file, a bad argument holding the lines).
+      const auto control = [](const std::string& text) {
+        return std::any_of(text.begin(), text.end(),
+                           [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+      };
+      if (control(m.log) || control(m.job))
+        throw SlotProtocolError("start: a control character in \"log\" or \"job\"");
+      for (size_t i = 0; i < m.args.size(); ++i)
+        if (control(m.args[i]))
+          throw SlotProtocolError("start: a control character in argument " +
+                                  std::to_string(i + 1) + " of \"args\"");
       break;
     }
     case SlotMessageType::Started:

@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "file_io.h"
 #include "stop_signals.h"
+#include "bind_address.h"
 #include "tandem/error.h"
 #include "trial_process.h"
 #include "trial_slot_server.h"
@@ -37,6 +38,7 @@ struct TrialSlotsOptions {
   std::string advertise;  // the host clients reach this server by, for a wildcard bind
   std::string curve_secret;
   std::string curve_allowed;
+  bool any_peer = false;  // --any-peer: serve other machines without an allowed-keys list
 };
 
 // Letters, digits, '.', '-' and '_' kept; anything else becomes '_'.
@@ -101,6 +103,15 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   } else if (!o.curve_allowed.empty()) {
     throw InputError("--curve-allowed needs --curve-secret (this server's key)");
   }
+  // A peer of this server runs `tandem train` and `tandem predict` as this user with paths of
+  // its choosing (its checkpoint, metrics and log written where it says): served to other
+  // machines, only to known keys unless the operator says otherwise. It once served anyone
+  // who reached its port, without a word.
+  if (!transport::binds_this_machine_only(o.bind) && o.curve_allowed.empty() && !o.any_peer)
+    throw InputError("--bind " + o.bind + " serves other machines, and whoever reaches it runs "
+                     "tandem jobs as this user, writing files where it says: admit only known "
+                     "keys (--curve-secret KEY --curve-allowed KEYS), or give --any-peer to serve "
+                     "any peer on a network you trust (--root DIR confines the jobs' paths)");
   const std::atomic<bool>& stop = stop_on_signals();  // SIGHUP too: a closed terminal or ssh
   const bool wildcard = binds_every_interface(o.bind);
   if (!o.advertise.empty() && !wildcard)
@@ -174,6 +185,9 @@ void add_trial_slots_command(CLI::App& app) {
                   "Search public keys admitted: a key file, a file of keys, or a directory of "
                   "*.key (default: any search that knows the server's key)")
       ->check(CLI::ExistingPath);
+  cmd->add_flag("--any-peer", o->any_peer,
+                "Serve other machines (a --bind beyond loopback) without --curve-allowed: any "
+                "peer that reaches the port runs jobs as this user");
   cmd->callback([o] { run_trial_slots(*o); });
 }
 

@@ -20,4 +20,15 @@ inline std::string bind_address_problem(const std::string& address) {
   return "a tcp:// address needs a port from 0 to 65535 or *, got '" + address + "'";
 }
 
+// Whether a socket bound to `address` can be reached from this machine only: ipc:// and
+// inproc://, or tcp:// on a loopback address or name (127.x.y.z, localhost, [::1]). Every other
+// address (tcp://0.0.0.0:*, a host's name or its address on a network) serves other machines.
+inline bool binds_this_machine_only(const std::string& address) {
+  if (address.rfind("ipc://", 0) == 0 || address.rfind("inproc://", 0) == 0) return true;
+  if (address.rfind("tcp://", 0) != 0) return false;
+  const size_t colon = address.find_last_of(':');
+  const std::string host = colon < 6 ? std::string() : address.substr(6, colon - 6);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+}
+
 }  // namespace tandem::transport

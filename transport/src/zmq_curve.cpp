@@ -260,27 +260,39 @@ CurveKeyPair read_curve_key_file(const std::string& path) {
   return pair;
 }
 
+namespace {
+
+// A warning on stderr when `path`'s mode has any of `bits`: "tandem: warning: WHAT PATH
+// HOW (mode 0644): RISK; FIX PATH".
+void warn_if_open_to_others(const std::string& path, mode_t bits, const char* what,
+                            const char* how, const char* risk, const char* fix) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & bits) == 0) return;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  std::fprintf(stderr, "tandem: warning: %s %s %s (mode %s): %s; %s %s\n", what, path.c_str(), how,
+               mode, risk, fix, path.c_str());
+}
+
+}  // namespace
+
 CurveKeyPair read_curve_secret_key_file(const std::string& path) {
   CurveKeyPair pair = read_curve_key_file(path);
   if (pair.secret_key.empty())
     throw InputError(path + " holds no secret key (give the .key_secret file)");
   // Written 0600 (write_curve_key_files); a copy made by hand often loses that. Said, as ssh
   // does, though not refused: the key still works, and whoever can read it can pose as this role.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
-    std::fprintf(stderr,
-                 "tandem: warning: the secret key file %s can be read by others (mode %s): "
-                 "whoever reads it can pose as this role; chmod 600 %s\n",
-                 path.c_str(), mode, path.c_str());
-  }
+  warn_if_open_to_others(path, 077, "the secret key file", "can be read by others",
+                         "whoever reads it can pose as this role", "chmod 600");
   return pair;
 }
 
 std::vector<std::string> read_curve_allowed_clients(const std::string& path) {
   std::vector<std::string> keys;
   std::error_code ec;
+  // Whoever can write the list (or add a file to the directory) admits a key of their own.
+  warn_if_open_to_others(path, 022, "the allowed keys", "can be written by others",
+                         "whoever writes there admits a key of their own", "chmod go-w");
   if (std::filesystem::is_directory(path, ec)) {
     std::vector<std::string> files;
     for (std::filesystem::directory_iterator it(path, ec), end; !ec && it != end;
