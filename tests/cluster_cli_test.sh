@@ -189,6 +189,17 @@ expect_error "launch --ps 2000 is refused on a finished run's directory" \
 expect_error "launch --dashboard-host not of this machine is refused, the run's files kept" \
   "dashboard cannot listen on 192.0.2.1:" "$tandem" launch --data "$dir/fm.zarr" \
   --run-dir "$dir/run1k" --dashboard-host 192.0.2.1
+# A metrics file another process writes (its lock held): refused before the clearing, which
+# once came first (the model and checkpoints gone, then the refusal).
+"$py" -c 'import fcntl, sys, time
+f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_EX); print("locked", flush=True)
+time.sleep(300)' "$dir/held.jsonl" "$dir" > "$dir/held_lock" &
+locker=$!
+wait_for "$dir/held_lock" locked 20
+expect_error "launch --metrics on a file another process writes is refused on a finished run's \
+directory" "metrics file $dir/held.jsonl is open for writing already" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1k" --metrics "$dir/held.jsonl" --dashboard -1
+kill "$locker"; wait "$locker" 2>/dev/null
 # (The lock aside: it names the last process that held the directory.)
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"
@@ -747,7 +758,8 @@ check "the cluster spec names the run's public key" grep -qF -- "$(sed -n \
   's/.*public-key = "\(.*\)"/\1/p' "$dir/server.key" | head -1)" "$dir/run9/cluster.json"
 address9=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['coordinator'])" \
   "$dir/run9/cluster.json")
-# Refused requests wait out their timeout (5 s for scores, 10 s for a role's register): in parallel.
+# Refused requests wait out their timeout (5 s for scores, 15 s for a role's register: its
+# coordinator-lost time): in parallel.
 "$tandem" worker --coordinator "$dir/run9/cluster.json" --name intruder >/dev/null 2>"$dir/w9" &
 intruder=$!
 "$tandem" scores --coordinator "$dir/run9/cluster.json" --curve-client-secret \
@@ -793,7 +805,7 @@ check "a coordinator bound to every interface serves its scores beside it, named
   "$py" -c "import sys; c, s = sys.argv[1].split(', '); c, s = c.split('//')[1], s.split('//')[1]
 sys.exit(0 if c.split(':')[0] == s.split(':')[0] and not s.startswith('127.') else 1)" "$where"
 check "... saying that, without CURVE, whoever reaches it can join or stop the run" grep -q \
-  "warning: the run serves other machines (tcp://0.0.0.0:\*) without CURVE" "$dir/err6b"
+  "warning: the run serves other machines (tcp://0.0.0.0:.*) without CURVE" "$dir/err6b"
 check "a run on loopback says nothing of it" test -z "$(grep "serves other machines" "$dir/err1e")"
 expect_error "a worker without a coordinator says so" "did not answer a 'register' request" \
   timeout 30 "$tandem" worker --coordinator tcp://127.0.0.1:9 --name w

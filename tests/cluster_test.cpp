@@ -1263,6 +1263,13 @@ TEST(ClusterRun, RefusesSettingsThatCannotRun) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
+  // "bounded", the servers' own alias of bounded_staleness, takes a bound too (it was refused
+  // as a mode "with none").
+  o = small_run(dir, store);
+  o.max_epochs = 1;
+  o.settings.ps_mode = "bounded";
+  o.settings.staleness_bound = 2;
+  EXPECT_NO_THROW(ClusterRun{o});
 }
 
 TEST(RunSettings, WorkerGroupTravelsAndOlderSettingsWithoutItParse) {

@@ -171,7 +171,8 @@ TEST(MetricsLog, AResumedLogThatCannotBeWrittenIsLeftAsItWas) {
 
 // Two runs given the same file interleaved their records and cut each other's lines: the
 // second is refused while the first has it open, its records (and a resumed run's drops) left
-// alone; once the first is done the file can be written again. /dev/null is not locked.
+// alone; once the first is done the file can be written again. /dev/null is not locked. The
+// file is made as the umask says (0644 once, whatever the umask: a group's run directory).
 TEST(MetricsLog, ASecondWriterOfTheSameFileIsRefused) {
   test::TempDir dir;
   const std::string path = dir.file("metrics.jsonl");
@@ -181,7 +182,7 @@ TEST(MetricsLog, ASecondWriterOfTheSameFileIsRefused) {
     for (const bool append : {false, true}) {
       const std::string why =
           test::error_of<IoError>([&] { MetricsLog second(path, append, append ? 0 : -1); });
-      EXPECT_NE(why.find("metrics file " + path + " is being written by another process"),
+      EXPECT_NE(why.find("metrics file " + path + " is open for writing already"),
                 std::string::npos)
           << why;
     }
@@ -189,6 +190,11 @@ TEST(MetricsLog, ASecondWriterOfTheSameFileIsRefused) {
     MetricsLog null_a("/dev/null"), null_b("/dev/null");
   }
   EXPECT_EQ(records_of(path).size(), 2u);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  EXPECT_EQ(st.st_mode & 0777, 0666 & ~mask);
   MetricsLog again(path, true);
   again.write({{"type", "step"}, {"step", 3}});
   EXPECT_EQ(records_of(path).size(), 3u);

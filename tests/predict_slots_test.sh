@@ -167,7 +167,7 @@ expect_error "--slots-expect with fewer servers listed is an error saying how ma
 # A server that serves other machines runs jobs for whoever reaches it: refused unless it admits
 # only known keys or is told --any-peer (it once served every interface without a word).
 expect_error "a slot server bound to every interface without an allowed-keys list is refused" \
-    "serves other machines, and whoever reaches it runs tandem jobs as this user" \
+    "is reached by other machines, and whoever reaches it runs tandem jobs as this user" \
     "$tandem" trial-slots --bind "tcp://0.0.0.0:*"
 # Bound to every interface, a server gives its endpoint by name (--advertise), as clients reach it.
 start_server c --slots 1 --bind "tcp://0.0.0.0:*" --any-peer --advertise 127.0.0.1

@@ -63,7 +63,12 @@ gone_within() {
 check "prepared Fashion-MNIST" test -d "$dir/fm.zarr"
 start_server A --slots 1 --endpoint-dir "$dir/slots"
 start_server B --slots 1 --bind "ipc://$dir/b.sock" --endpoint-dir "$dir/slots"
-check "slot server A listens on an ephemeral loopback port" grep -q '^tcp://127.0.0.1:[0-9]*$' "$dir/A.ep"
+# Without --bind, a socket in a directory only this user can enter: a tcp:// port on loopback
+# let every user of the machine run jobs as this one.
+check "slot server A listens on a socket of its own user's" \
+  grep -q '^ipc://.*/tandem-slots-[A-Za-z0-9]*/slots.sock$' "$dir/A.ep"
+a_dir=$(dirname "$(sed 's|^ipc://||' "$dir/A.ep")")
+check "... in a directory of mode 700" test "$(stat -c %a "$a_dir")" = 700
 check "slot server B listens on ipc" test "$B" = "ipc://$dir/b.sock"
 
 # 1. A search holds server A's only slot; a second search on A and B sees A busy (its hello
@@ -300,4 +305,9 @@ expect_error "--processes with --slots" "--processes is for local trials" \
 kill -TERM "$A_pid"
 wait_within "$A_pid" 30
 check "server A exits 0 on SIGTERM" test $? -eq 0
+check "... its socket's directory gone with it" test ! -e "$a_dir"
+# A tcp:// port is reached by every user of the machine: refused without an allowed-keys list or
+# --any-peer, even on loopback.
+expect_error "a slot server on a loopback tcp port without --curve-allowed is refused" \
+    "is reached by every user of this machine" "$tandem" trial-slots --bind "tcp://127.0.0.1:*"
 summarize

@@ -190,6 +190,46 @@ TEST(Trainer, ASecondFitContinuesTheRunItsFirstLeft) {
   }
 }
 
+// A metrics log that cannot be written (a full disk: /dev/full) is dropped, said once; the run
+// trains on (it once ended with the write's error).
+TEST(Trainer, AMetricsLogThatFailsIsDroppedAndTrainingGoesOn) {
+  const Dataset train = test::separable_dataset(64, 40, 4, 9);
+  TrainConfig c = small_config(2);
+  c.metrics_path = "/dev/full";
+  Trainer trainer(c);
+  ::testing::internal::CaptureStderr();
+  const TrainSummary s = trainer.fit(train.view(), {}, {});
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(s.epochs, 2);
+  EXPECT_NE(said.find("writing metrics file /dev/full: No space left on device; training goes "
+                      "on without the metrics log"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("warning", said.find("warning") + 1), std::string::npos) << said;
+}
+
+// A fit that between_steps ended (Python's Ctrl-C) is gone on with by the next fit, from the
+// steps it took, to the epochs asked for in all; the log keeps the first fit's records.
+TEST(Trainer, AFitAfterAnInterruptedOneGoesOnFromItsSteps) {
+  test::TempDir dir;
+  const Dataset train = test::random_dataset(PixelType::UInt8, 320, 40, 4, 8);
+  TrainConfig c = small_config(3);  // 10 steps an epoch
+  c.metrics_path = dir.file("metrics.jsonl");
+  Trainer trainer(c);
+  int steps = 0;
+  trainer.between_steps = [&] {
+    if (++steps == 15) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(trainer.fit(train.view(), {}, {}), std::runtime_error);
+  EXPECT_EQ(trainer.checkpoint().step, 15);
+  const std::string logged = test::read_bytes(c.metrics_path);
+  const TrainSummary rest = trainer.fit(train.view(), {}, {});
+  EXPECT_EQ(rest.epochs, 2) << "epoch 2 again, then epoch 3";
+  EXPECT_EQ(trainer.checkpoint().step, 35);
+  const std::string now = test::read_bytes(c.metrics_path);
+  EXPECT_EQ(now.substr(0, logged.size()), logged) << "the first fit's records were lost";
+}
+
 // A run that diverges (SGD at a rate of 1e30) after a finite epoch keeps that epoch's state in
 // its checkpoint, even kept as `last`: a file of NaN parameters is refused by every reader, and
 // the best beside it with it.

@@ -169,6 +169,14 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
                  "a control character in \"log\" or \"job\"");
   expect_refused(R"({"v": 1, "type": "start", "job": "j\u007f", "log": "l", "args": ["train"]})",
                  "a control character in \"log\" or \"job\"");
+  // Refused by the client that would send it too, with the same words (the server's answer to
+  // a bad message names no job, and the client took it for the job gone).
+  SlotMessage tab(SlotMessageType::Start);
+  tab.job = "j";
+  tab.log = "j.log";
+  tab.args = {"predict", "--data", "/a\tb.zarr"};
+  const std::string why = test::error_of<SlotProtocolError>([&] { encode_slot_message(tab); });
+  EXPECT_NE(why.find("a control character in argument 3 of \"args\""), std::string::npos) << why;
 }
 
 bool process_running(pid_t pid) {
@@ -317,6 +325,25 @@ TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
   ASSERT_EQ(m.type, SlotMessageType::Error);
   EXPECT_EQ(m.job, "evil");
   EXPECT_NE(m.error.find("runs only `tandem -c ...`, not `rm`"), std::string::npos) << m.error;
+
+  // A job's output goes to a .log file only: a peer once had it appended to any file it named
+  // (~/.bashrc), its arguments, echoed in the job's errors, choosing the text.
+  start.job = "rc";
+  start.args = {"-c", "exit 0"};
+  start.log = "/tmp/.bashrc";
+  c.send(start);
+  m = c.next();
+  ASSERT_EQ(m.type, SlotMessageType::Error);
+  EXPECT_NE(m.error.find("its log, /tmp/.bashrc, is not a .log file"), std::string::npos)
+      << m.error;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/.bashrc"));
+  // The server's log quotes what peers send with its control characters escaped: a newline in
+  // a message's text forged a line of the peer's own.
+  c.send_raw({R"({"v": 1, "type": "reboot\nforged line"})"});
+  EXPECT_EQ(c.next().type, SlotMessageType::Error);
+  const std::string log = server_log();
+  EXPECT_NE(log.find("reboot\\x0aforged line"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\nforged line"), std::string::npos) << log;
 
   // Still serving: hello answers with the slot count.
   c.send(SlotMessage(SlotMessageType::Hello));

@@ -756,6 +756,30 @@ TEST(WorkerGroup, AHungMemberIsNamedAMomentAfterTheCollectiveTimesOut) {
   }
 }
 
+// Rank 0 failing on its own (a bad batch: its backend's error, not the collective's timeout)
+// leaves the others the whole timeout: a member in a long step of its own (1.5 s here) is not
+// taken for hung. It was, a second after any failure of rank 0, and the group left behind.
+TEST(WorkerGroup, ALeaderFailingOnItsOwnLeavesASlowMemberTheWholeTimeout) {
+  constexpr int kMembers = 2, kTimeoutMs = 4000;
+  const Dataset data = test::random_dataset(PixelType::UInt8, 12, kTiny.inputs(), 3, 38);
+  const Dataset bad = test::random_dataset(PixelType::UInt8, 12, kTiny.inputs() - 1, 3, 39);
+  Members members(kMembers);
+  HangingBackend slow(kTiny);
+  members.pointers[1] = &slow;
+  auto collective = make_thread_collective(kMembers, kTimeoutMs);
+  WorkerGroup group(kTiny, members.pointers, *collective);
+  group.install(Model::initialized(kTiny, 14));
+  slow.hang();
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    slow.release();
+  });
+  // Rank 0's own InputError comes out, not "rank 1 did not finish".
+  EXPECT_THROW(group.step({bad.view(), data.view()}), InputError);
+  releaser.join();
+  EXPECT_FALSE(group.abandoned());
+}
+
 // A member still hanging when its group is destroyed: the destructor does not wait for it
 // forever, nor leave its thread to return into freed memory. After a grace period it ends the
 // process, naming the rank (a death test, run in a child that re-executes this test alone).

@@ -168,4 +168,8 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model
                                       const OptimizerConfig& opt, int threads,
                                       Precision precision = Precision::Fp32, int device = 0);
 
+// InputError for a precision the backend can never give, on any machine (the CPU backend
+// computes in fp32): what make_backend refuses first, for a caller that checks before it starts.
+void check_backend_precision(BackendKind kind, Precision precision);
+
 }  // namespace tandem

@@ -39,15 +39,17 @@ BatchStats Backend::finish_gradients() {
                    "group summing on GPUs needs CUDA backends");
 }
 
+void check_backend_precision(BackendKind kind, Precision precision) {
+  if (kind == BackendKind::Cpu && precision != Precision::Fp32)
+    throw InputError(std::string("precision ") + to_string(precision) +
+                     " needs the CUDA backend; the CPU backend computes in fp32");
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& model,
                                       const OptimizerConfig& opt, int threads,
                                       Precision precision, int device) {
-  if (kind == BackendKind::Cpu) {
-    if (precision != Precision::Fp32)
-      throw InputError(std::string("precision ") + to_string(precision) +
-                       " needs the CUDA backend; the CPU backend computes in fp32");
-    return make_cpu_backend(model, opt, threads);
-  }
+  check_backend_precision(kind, precision);
+  if (kind == BackendKind::Cpu) return make_cpu_backend(model, opt, threads);
   const int devices = TANDEM_WITH_CUDA ? kernels::cuda_device_count() : 0;
   // A device the kernels were not compiled for: auto trains on the CPU instead (saying why, once
   // per process), an explicit CUDA backend is refused with the rebuild to make.

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "backend.h"
+#include "bind_address.h"
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "cluster_role_support.h"
@@ -56,21 +57,38 @@ PsMode parse_mode(const std::string& text) {
                    text + "'");
 }
 
+// The parameter servers' shard device by the settings' name: -1 (the CPU) or GPU 0; "auto" is
+// GPU 0 when this machine has one (not looked at with check_only: the name alone is checked).
+int ps_shard_device(const std::string& name, bool check_only = false) {
+  if (name == "cpu") return -1;
+  if (name == "cuda") return 0;
+  if (name == "auto") return !check_only && shard_device_count() > 0 ? 0 : -1;
+  throw InputError("parameter server device must be cpu, cuda or auto, not '" + name + "'");
+}
+
 }  // namespace
 
 void check_role_settings(const RunSettings& s) {
   try {
-    parse_backend(s.backend);
-    parse_precision(s.precision);
-    parse_mode(s.ps_mode);
-    if (s.ps_device != "cpu" && s.ps_device != "cuda" && s.ps_device != "auto")
-      throw InputError("parameter server device must be cpu, cuda or auto, not '" + s.ps_device +
-                       "'");
-    // 0: every core, as a trainer's threads.
-    if (s.worker_threads != 0) ThreadPool::check_thread_count(s.worker_threads);
-    if (s.scorer_threads != 0) ThreadPool::check_thread_count(s.scorer_threads);
+    check_backend_precision(parse_backend(s.backend), parse_precision(s.precision));
+    // A bound no other mode reads: given with sync or async, the run would go without it.
+    const PsMode mode = parse_mode(s.ps_mode);
+    if (s.staleness_bound != 0 && mode != PsMode::BoundedStaleness)
+      throw InputError("a staleness bound (--staleness, staleness_bound) is for --ps-mode "
+                       "bounded_staleness; the " + s.ps_mode + " mode has none");
+    ps_shard_device(s.ps_device, /*check_only=*/true);
   } catch (const InputError& e) {
     throw InputError(std::string("cluster settings: ") + e.what());
+  }
+  // 0: every core, as a trainer's threads.
+  for (const auto& [name, threads] : {std::pair<const char*, int>{"worker_threads",
+                                                                   s.worker_threads},
+                                      {"scorer_threads", s.scorer_threads}}) {
+    try {
+      if (threads != 0) ThreadPool::check_thread_count(threads);
+    } catch (const InputError& e) {
+      throw InputError(std::string("cluster settings: ") + name + ": " + e.what());
+    }
   }
   const auto at_least = [](const char* name, int64_t value, int64_t least) {
     if (value < least)
@@ -250,11 +268,13 @@ void ps_role(const RoleOptions& o) {
   so.checkpoint_every_seconds = r.settings.checkpoint_every_s;
   so.checkpoint_every_steps = r.settings.checkpoint_every_steps;
   so.shard_name = r.name;
-  const std::string& device = r.settings.ps_device;
-  if (device == "cuda") so.device = 0;
-  else if (device == "auto") so.device = shard_device_count() > 0 ? 0 : -1;
-  else if (device != "cpu")
-    throw InputError("parameter server device must be cpu, cuda or auto, not '" + device + "'");
+  so.device = ps_shard_device(r.settings.ps_device);
+  // A server on an address other machines reach, in a run without CURVE (by hand, or a rank):
+  // any of them can pull or push its parameters, or shut it down.
+  if (!transport::binds_this_machine_only(so.bind) && r.settings.curve_secret_file.empty())
+    std::fprintf(stderr, "tandem ps %s: warning: serving %s without CURVE: any process that "
+                 "reaches it can pull or push the parameters or shut this server down\n",
+                 r.name.c_str(), so.bind.c_str());
   if (!r.settings.curve_secret_file.empty()) {
     const transport::CurveKeyPair pair =
         transport::read_curve_secret_key_file(r.settings.curve_secret_file);

@@ -87,10 +87,6 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
     throw InputError("checkpoint_every_steps must be >= 0 (0: by time only)");
   if (!(s.step_timeout_s >= 0 && s.step_timeout_s <= 1e7))
     throw InputError("step_timeout_s must be from 0 to 1e7 (0: never)");
-  // A bound no other mode reads: given with sync or async, the run would go without it.
-  if (s.staleness_bound != 0 && s.ps_mode != "bounded_staleness")
-    throw InputError("a staleness bound (--staleness, staleness_bound) is for --ps-mode "
-                     "bounded_staleness; the " + s.ps_mode + " mode has none");
   check_overlap(s);
   check_worker_group(s);
   check_role_settings(s);
@@ -172,12 +168,17 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
   secure_coordinator(co, s);
   co.serve_at_once = !options_.serve_from_run;
   coordinator_ = std::make_unique<Coordinator>(co);
+  // Removed last: a run refused above (its address in use) leaves the previous run's as it
+  // was. A run served from run() removes it there, with the caller's other checks behind it.
+  if (!options_.serve_from_run) remove_previous_best_model();
+}
+
+void ClusterRun::remove_previous_best_model() {
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
-  // finds (its predecessor's, when it is restarted within the run). Removed last: a run refused
-  // above (its address in use) leaves the previous run's as it was.
-  if (!s.best_model_path.empty()) {
+  // finds (its predecessor's, when it is restarted within the run).
+  if (!options_.settings.best_model_path.empty()) {
     std::error_code ignored;  // none there, most often
-    std::filesystem::remove(s.best_model_path, ignored);
+    std::filesystem::remove(options_.settings.best_model_path, ignored);
   }
 }
 
@@ -220,6 +221,7 @@ void ClusterRun::join_threads() {
 
 ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   Coordinator& c = *coordinator_;
+  if (options_.serve_from_run) remove_previous_best_model();  // before any role can read it
   c.start_serving();
   if (options_.inproc) {
     start_threads();

@@ -60,7 +60,8 @@ struct ClusterOptions {
   int test_threads = 0;     // final evaluation threads (0: all cores)
   // The coordinator binds in ClusterRun's constructor but answers only from run()
   // (CoordinatorOptions::serve_at_once false): launch clears the previous run's files in
-  // between, once the bind has succeeded and before any role can see them.
+  // between, once the bind has succeeded and before any role can see them (the previous
+  // best_model_path file goes in run() then, not in the constructor).
   bool serve_from_run = false;
   std::function<void(const nlohmann::json& spec)> on_training;  // the cluster is complete
   std::function<void(const Coordinator&)> on_tick;              // about every 100 ms
@@ -148,6 +149,7 @@ class ClusterRun {
   // Reads the evaluation splits and makes the coordinator (bound; serving unless
   // serve_from_run).
   void start_coordinator(const DatasetStore& store);
+  void remove_previous_best_model();
   void start_threads();
   void join_threads();
 

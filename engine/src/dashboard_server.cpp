@@ -18,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "bind_address.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -80,17 +81,6 @@ void respond(httplib::Response& res, const char* what, const char* content_type,
   res.set_header("Cache-Control", "no-store");
 }
 
-// Whether the server listens on the loopback interface only (a host name or address of it).
-bool loopback_host(std::string host) {
-  for (char& c : host) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (!host.empty() && host.back() == '.') host.pop_back();  // the fully qualified form
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
-
 // The host part of a Host header ("127.0.0.1:8787", "[::1]:8787", "localhost").
 std::string host_of_header(const std::string& header) {
   if (!header.empty() && header[0] == '[') {
@@ -114,8 +104,8 @@ httplib::Server::HandlerResponse screen(const DashboardOptions& options,
     res.set_content("the dashboard answers GET and HEAD only\n", "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   }
-  if (loopback_host(options.host) && req.has_header("Host") &&
-      !loopback_host(host_of_header(req.get_header_value("Host")))) {
+  if (transport::is_loopback_host(options.host) && req.has_header("Host") &&
+      !transport::is_loopback_host(host_of_header(req.get_header_value("Host")))) {
     res.status = 403;
     res.set_content("this dashboard serves loopback names only (localhost, 127.0.0.1, [::1])\n",
                     "text/plain");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -21,17 +22,13 @@ namespace tandem {
 
 namespace {
 
-// Whether `path` is a regular file whose last byte is not a newline: a line cut short (a run
-// killed while a long line went out in several write(2) calls). Pipes, FIFOs and devices: no.
-bool ends_mid_line(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return false;
+// Whether the regular file open as `fd` ends without a newline: a line cut short (a run killed
+// while a long line went out in several write(2) calls).
+bool ends_mid_line(int fd) {
   struct stat st {};
   char last = '\n';
-  const bool cut = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-                   ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
-  ::close(fd);
-  return cut;
+  return ::fstat(fd, &st) == 0 && st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 &&
+         last != '\n';
 }
 
 // Whether a log resumed at `step` drops `line` (its newline left out): a record of a step past
@@ -83,33 +80,23 @@ std::string filler(size_t length) {
   return std::string(length, ' ');
 }
 
-// Drops the lines of a resumed run's log that `drops` says go (each record is looked at: a
-// cluster's log is not in step order, a score of the step its scorer pulled coming after
-// records of later steps); returns how many went. Each is overwritten where it is by a line of
-// as many bytes, {"type":"dropped"} and spaces, and nothing else moves: the file keeps its
-// inode (`tail -f` follows it on), owner, mode and links, nothing is made beside it (its
-// directory may be read-only), and a crash midway leaves every line whole but the one being
-// written. Opened for writing only when something goes: a log that cannot be written is then
-// an IoError before anything went.
-int64_t drop_records_after(const std::string& path, int64_t step) {
-  Fd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // (a FIFO: left alone below)
-  if (in.get() < 0 && errno == ENOENT) return 0;  // a log begun by this run
-  if (in.get() < 0) io_error("open metrics file", path, errno);
-  struct stat st {};
-  if (::fstat(in.get(), &st) != 0) io_error("stat metrics file", path, errno);
-  if (!S_ISREG(st.st_mode)) return 0;
+// Drops the lines of a resumed run's log (the regular file open as `fd`, read and written)
+// that `drops` says go (each record is looked at: a cluster's log is not in step order, a score
+// of the step its scorer pulled coming after records of later steps); returns how many went.
+// Each is overwritten where it is by a line of as many bytes, {"type":"dropped"} and spaces,
+// and nothing else moves: the file keeps its inode (`tail -f` follows it on), owner, mode and
+// links, nothing is made beside it (its directory may be read-only), and a crash midway leaves
+// every line whole but the one being written. Through the log's own descriptor: on NFS, whose
+// flock is a POSIX lock, closing any other descriptor of the file would let the lock go.
+int64_t drop_records_after(int fd, const std::string& path, int64_t step) {
   std::vector<std::pair<off_t, size_t>> going;  // each line's offset and length
-  for_each_line(in.get(), path, [&](const std::string& text, off_t at, bool ended) {
+  for_each_line(fd, path, [&](const std::string& text, off_t at, bool ended) {
     if (drops(text, ended, step)) going.emplace_back(at, text.size());
   });
-  if (going.empty()) return 0;
-  Fd out(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK));
-  if (out.get() < 0) io_error("open metrics file for writing", path, errno);
   for (const auto& [at, length] : going) {
     const std::string text = filler(length);
     for (size_t done = 0; done < text.size();) {
-      const ssize_t put =
-          ::pwrite(out.get(), text.data() + done, text.size() - done, at + off_t(done));
+      const ssize_t put = ::pwrite(fd, text.data() + done, text.size() - done, at + off_t(done));
       if (put < 0 && errno == EINTR) continue;
       if (put < 0) io_error("write metrics file", path, errno);
       done += size_t(put);
@@ -118,33 +105,35 @@ int64_t drop_records_after(const std::string& path, int64_t step) {
   return int64_t(going.size());
 }
 
-}  // namespace
-
-namespace {
-
 // Opens the log for writing, one writer at a time: two runs given the same file once
-// interleaved their records and cut each other's lines. The lock (flock, released with the
-// descriptor, however the process ends) is taken before the file is truncated or its records
-// dropped. Only a regular file is locked: /dev/null and a pipe are shared by design.
-int open_locked(const std::string& path, bool append) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0),
-                        0644);
-  if (fd < 0) throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+// interleaved their records and cut each other's lines. A regular file (or a new one) is opened
+// to be read too (a resumed log's records are looked at through this descriptor), locked
+// (flock, released with the descriptor however the process ends) before it is truncated or its
+// records dropped, and written at its end. Anything else (/dev/null, a FIFO) is written as it
+// is, unlocked: shared by design. Sets `regular`.
+int open_locked(const std::string& path, bool append, bool& regular) {
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int error = errno;
+  regular = ::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode);
+  const int flags = regular ? O_RDWR | O_CREAT : O_WRONLY | (append ? O_APPEND : O_TRUNC);
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0666);  // the umask decides
+  if (fd < 0) throw IoError("cannot write metrics file " + path + ": " + std::strerror(errno));
+  if (!regular) return fd;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
       ::close(fd);
-      if (error == EWOULDBLOCK)
-        throw IoError("metrics file " + path + " is being written by another process (give "
-                      "each run a file of its own)");
-      throw IoError("cannot lock metrics file " + path + ": " + std::strerror(error));
+      throw IoError("metrics file " + path + " is open for writing already (another run's "
+                    "log, or another in this process: give each run a file of its own)");
     }
-    if (!append && ::ftruncate(fd, 0) != 0) {
-      const int error = errno;
-      ::close(fd);
-      throw IoError("cannot write metrics file " + path + ": " + std::strerror(error));
-    }
+    // A filesystem without locks (NFS without its lock service, Lustre without flock): written
+    // unlocked, as before there were locks, and said.
+    std::fprintf(stderr, "tandem: warning: cannot lock metrics file %s (%s): another run "
+                 "writing it would not be refused\n", path.c_str(), std::strerror(error));
+  }
+  if (!append && ::ftruncate(fd, 0) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw IoError("cannot write metrics file " + path + ": " + std::strerror(error));
   }
   return fd;
 }
@@ -152,17 +141,21 @@ int open_locked(const std::string& path, bool append) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_step)
-    : fd_(open_locked(path, append)), path_(path) {
+    : path_(path) {
+  bool regular = false;
+  fd_ = open_locked(path, append, regular);
   try {
     const int64_t dropped =
-        append && resumed_step >= 0 ? drop_records_after(path, resumed_step) : 0;
+        regular && append && resumed_step >= 0 ? drop_records_after(fd_, path, resumed_step) : 0;
+    if (regular && ::lseek(fd_, 0, SEEK_END) < 0) io_error("seek metrics file", path, errno);
     // Checked before the first record: the resumed run's first record starts a line of its
     // own, or the two would be one line that no JSON reader takes.
-    if (append && ends_mid_line(path)) write_bytes("\n");
+    if (regular && append && ends_mid_line(fd_)) write_bytes("\n");
     if (append && resumed_step >= 0)
       write({{"type", "resume"}, {"step", resumed_step}, {"dropped_records", dropped}});
   } catch (...) {  // no destructor runs for a constructor that throws
     ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include "model_finite.h"
 #include "backend.h"
@@ -192,6 +193,20 @@ Checkpoint Trainer::checkpoint() const {
 
 namespace {
 
+// The metrics log is a view of the run, not the run: a write that fails (a full disk) is said
+// once and the log dropped, and training goes on (it once ended the run), as a cluster run's
+// log does (tools/tandem/run_records.h).
+template <typename Write>
+void log_or_drop(std::unique_ptr<MetricsLog>& metrics, Write&& write) {
+  try {
+    std::forward<Write>(write)();
+  } catch (const IoError& e) {
+    std::fprintf(stderr, "tandem: warning: %s; training goes on without the metrics log\n",
+                 e.what());
+    metrics.reset();
+  }
+}
+
 // Data sets a run reads again and again stay on the device for the run (a GPU backend copies
 // them once), and are let go when the run ends however it ends.
 class ResidentData {
@@ -257,10 +272,12 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
 
 TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& run_epoch,
                                    const DatasetView& validation, const DatasetView& test) {
-  // A second fit continues the run as resuming the first one's state would: its epochs count,
-  // its best stays in the running, its metrics log is added to. It once started the epoch count
-  // over from the kept epoch, and truncated the log.
-  if (validation_rows_ >= 0) resume(resume_state(), "the trainer's previous fit");
+  // A second fit continues the run: after a fit that ended, as resuming its state would (its
+  // epochs count, its best stays in the running, the kept state is where it goes on); after one
+  // an exception ended (between_steps), from the steps it took. Either way the metrics log is
+  // added to. It once started the epoch count over from the kept epoch, and truncated the log.
+  if (epochs_trained_ >= 0) resume(resume_state(), "the trainer's previous fit");
+  else if (validation_rows_ >= 0) resumed_ = true;
   // A checkpoint that cannot be written is said now, not after the first epoch's work.
   if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
   // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far
@@ -321,7 +338,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
       step_start = now;
       StepReport report{backend_->step(), static_cast<int>(epoch_), step_loss, n,
                         static_cast<double>(n) / std::max(seconds, 1e-9)};
-      if (metrics) metrics->step(report);
+      if (metrics) log_or_drop(metrics, [&] { metrics->step(report); });
       if (on_step) on_step(report);
     });
     loss_sum += backend_->take_stats().loss_sum;
@@ -364,7 +381,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     last_scored_ = validation.rows > 0;
     last_validation_loss_ = report.validation.loss_sum;
     if (!config_.checkpoint_path.empty()) save_run_state(config_.checkpoint_path, resume_state());
-    if (metrics) metrics->epoch(report);
+    if (metrics) log_or_drop(metrics, [&] { metrics->epoch(report); });
     if (on_epoch) on_epoch(report);
   }
   summary.steps = backend_->step() - first_step;

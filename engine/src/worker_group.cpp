@@ -279,6 +279,7 @@ void WorkerGroup::run_members(const char* what, std::function<void(int)> body) {
   }
   wake_.notify_all();
   std::exception_ptr leader_error;
+  const auto leader_start = std::chrono::steady_clock::now();
   try {
     job_(0);
   } catch (...) {
@@ -291,12 +292,17 @@ void WorkerGroup::run_members(const char* what, std::function<void(int)> body) {
     // Once the leader is done, every member is past the round's last collective (or the
     // collective is broken and throws at once), so a member that has not come back by the
     // collective's own timeout hangs in its backend, where no collective's timeout reaches.
-    // A leader that failed has aborted the collective (or timed out in it, waiting for the
-    // member that hangs): the others come back at once, and a member still out is the hung one,
-    // named after a moment instead of a second timeout (a minute and more).
+    // A leader that failed after the collective's whole timeout timed out in it, waiting for
+    // the member that hangs: the others, released by the abort, come back at once, and a member
+    // still out has had that timeout already. It is named after a moment instead of a second
+    // timeout (a minute and more). A leader that failed sooner (its own backend's error) leaves
+    // the others the whole timeout: one may be in a long step of its own.
+    const bool waited_out = std::chrono::steady_clock::now() - leader_start >=
+                            std::chrono::milliseconds(collective_.timeout_ms());
     std::unique_lock<std::mutex> lock(mutex_);
-    const int wait_ms = leader_error ? std::min(collective_.timeout_ms(), kAfterFailureMs)
-                                     : collective_.timeout_ms();
+    const int wait_ms = leader_error && waited_out
+                            ? std::min(collective_.timeout_ms(), kAfterFailureMs)
+                            : collective_.timeout_ms();
     if (!done_.wait_for(lock, std::chrono::milliseconds(wait_ms),
                         [&] { return pending_ == 0; })) {
       std::string ranks;

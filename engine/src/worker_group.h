@@ -29,8 +29,9 @@
 // A member that hangs in its backend (a GPU stuck in a kernel or a copy, where the collective's
 // timeout does not reach: group_collective.h) is not waited for forever: once rank 0 is done
 // with a step or install, step() and install() wait for the others no longer than the
-// collective's timeout_ms() (a second when rank 0 failed, the collective aborted: the others
-// are back at once unless hung), then throw GroupError naming the ranks still out ("worker group:
+// collective's timeout_ms() (a second when rank 0 failed after waiting that long in the
+// collective: the others, released, are back at once unless hung), then throw GroupError naming
+// the ranks still out ("worker group:
 // rank 2 did not finish its step within 60000 ms of rank 0 ..."), abort the collective, and
 // throw that error at once from every later call (abandoned() is then true). The group's own
 // state that such a member's thread may still touch (the round's job, the batches' views, its
@@ -164,7 +165,8 @@ class WorkerGroup {
   std::string abandoned_;
   // The destructor's wait for a member left behind: the timeout, within these bounds.
   static constexpr std::chrono::seconds kAbandonedGraceMin{1}, kAbandonedGraceMax{5};
-  // How long run_members waits for the members once rank 0 has failed (the collective aborted).
+  // How long run_members waits for the members once rank 0 has failed after waiting out the
+  // collective's timeout in it.
   static constexpr int kAfterFailureMs = 1000;
   std::vector<std::thread> threads_;        // ranks 1..size()-1
 };

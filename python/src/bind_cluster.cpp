@@ -110,6 +110,7 @@ class PyCoordinator {
       if (settings_.data.empty())
         throw InputError("the run needs a store (settings 'data') unless it is fed ('fed': True)");
       const DatasetStore store = DatasetStore::open(settings_.data);
+      check_store_for_run(store, settings_, scorers);  // as train_cluster and `tandem launch`
       o.batches_per_epoch = batch_count(store.train.rows, settings_.batch);
     }
     o.max_epochs = max_epochs;

@@ -397,6 +397,12 @@ class RolesTest(unittest.TestCase):
             group = zarr.open_group(store, mode="w")
             group.create_array("images", data=x)
             group.create_array("labels", data=y.astype(np.uint8))
+            # A model of another width than the store's rows: refused here, as by
+            # tandem launch (every worker once failed on its first batch).
+            with self.assertRaisesRegex(tandem.InputError,
+                                        "its rows have 784 features, the model 20-16-10"):
+                tandem.Coordinator(dict(data=store, batch=100, model="20-16-10"), ps=1,
+                                   workers=1, scorers=0, max_seconds=60)
             coordinator = tandem.Coordinator(dict(data=store, batch=100, model="784-16-10"),
                                              ps=1, workers=1, scorers=0, max_seconds=60)
             roles = [tandem.ParameterServerRole(coordinator.endpoint),

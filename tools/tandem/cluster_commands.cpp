@@ -316,7 +316,7 @@ void clear_previous_run(const ClusterCommandOptions& o) {
   if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
   // Nor does an earlier run's model stay beside this run's files: a run stopped before it
   // trained writes none, and the old one would pass for it. (The best-score model goes when the
-  // coordinator has bound: ClusterRun's constructor.)
+  // coordinator starts serving: ClusterRun::run.)
   std::filesystem::remove(o.run_dir + "/model.safetensors");
 }
 
@@ -443,22 +443,23 @@ std::unique_ptr<DashboardServer> start_dashboard(
 // which cluster.json holds. The dashboard is plain HTTP whatever the run's keys.
 void warn_of_open_sockets(const ClusterCommandOptions& o) {
   const RunSettings& s = o.cluster.settings;
-  if (!transport::binds_this_machine_only(o.cluster.bind)) {
-    if (s.curve_secret_file.empty())
-      std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) without CURVE: "
-                   "any process that reaches it can join it as a role, read its settings or "
-                   "stop it (--curve-secret and --curve-allowed admit only known keys)\n",
-                   o.cluster.bind.c_str());
-    else if (s.curve_allowed_path.empty())
-      std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) under CURVE "
-                   "without --curve-allowed: any client that knows its public key (cluster.json "
-                   "holds it) is admitted\n", o.cluster.bind.c_str());
-  }
-  if (o.dashboard_port >= 0 && !s.curve_secret_file.empty() &&
-      !transport::binds_this_machine_only("tcp://" + o.dashboard_host + ":0"))
-    std::fprintf(stderr, "tandem: warning: the dashboard on %s is plain HTTP, outside CURVE: "
-                 "whoever reaches it reads the run's state and scores\n",
-                 o.dashboard_host.c_str());
+  std::string open;  // the run's addresses other machines reach
+  for (const std::string* address : {&o.cluster.bind, &o.cluster.scores_bind})
+    if (!address->empty() && !transport::binds_this_machine_only(*address))
+      open += (open.empty() ? "" : ", ") + *address;
+  if (!open.empty() && s.curve_secret_file.empty())
+    std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) without CURVE: "
+                 "any process that reaches it can join it as a role, read its settings or "
+                 "stop it (--curve-secret and --curve-allowed admit only known keys)\n",
+                 open.c_str());
+  else if (!open.empty() && s.curve_allowed_path.empty())
+    std::fprintf(stderr, "tandem: warning: the run serves other machines (%s) under CURVE "
+                 "without --curve-allowed: any client that knows its public key (cluster.json "
+                 "holds it) is admitted\n", open.c_str());
+  if (o.dashboard_port >= 0 && !transport::is_loopback_host(o.dashboard_host))
+    std::fprintf(stderr, "tandem: warning: the dashboard on %s serves other machines: plain "
+                 "HTTP%s, whoever reaches it reads the run's state and scores\n",
+                 o.dashboard_host.c_str(), s.curve_secret_file.empty() ? "" : ", outside CURVE");
 }
 
 // The arguments that let launch's role processes reach a coordinator under CURVE.
@@ -524,14 +525,16 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     std::unique_ptr<DashboardServer>& dashboard;
     ~StopFirst() { dashboard.reset(); }
   } stop_first{dashboard};
+  // A resumed run adds to the log of the run it continues (the records past its servers' step,
+  // of what it trains again now, dropped), as it does to its TensorBoard events. Opened (its
+  // lock taken: another run writing the file refuses this one) before the previous run's files
+  // are cleared, after everything else that can refuse the run.
+  MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
   clear_previous_run(o);
   run_dir.keep();
   ProgressLine progress;
   size_t scores_shown = 0;
   TensorBoardWriter tensorboard(tensorboard_dir);
-  // A resumed run adds to the log of the run it continues (the records past its servers' step,
-  // of what it trains again now, dropped), as it does to its TensorBoard events.
-  MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
   RunRecords records(metrics, tensorboard);
   auto last_metrics = std::chrono::steady_clock::now();
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
@@ -661,7 +664,8 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // Stopped by a signal, the run did not end by its rule: a script that goes on after
   // `tandem launch` succeeds must not take an interrupted run for a finished one (train, search,
   // predict and prepare fail the same way). What was kept is saved and printed all the same.
-  if (summary.stop_reason == "interrupted")
+  // (The signal itself decides, not the reason's text: a peer's stop request may say anything.)
+  if (stop.load() && summary.stop_reason == "interrupted")
     throw Error(std::string("stopped by ") + stop_signal_name() + "; " +
                 (summary.kept == "none" ? std::string("no model: training had not begun")
                                         : "the " + summary.kept + " parameters are saved in " +

@@ -63,6 +63,26 @@ SlotJobExit decode_exit(const json& j, const std::string& what) {
   return e;
 }
 
+// What a start message may hold. exec and open would cut a text at its first NUL: what the
+// server checks (a --root) would not be what the job gets. Other control characters are
+// refused too: the job's arguments, id and log path go into the server's log and the job's own
+// error messages, and a newline there let a peer write whole lines of its choosing into a file
+// (its log pointed at that file, a bad argument holding the lines).
+void check_start(const SlotMessage& m) {
+  if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
+  if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
+  const auto control = [](const std::string& text) {
+    return std::any_of(text.begin(), text.end(),
+                       [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+  };
+  if (control(m.log) || control(m.job))
+    throw SlotProtocolError("start: a control character in \"log\" or \"job\"");
+  for (size_t i = 0; i < m.args.size(); ++i)
+    if (control(m.args[i]))
+      throw SlotProtocolError("start: a control character in argument " +
+                              std::to_string(i + 1) + " of \"args\"");
+}
+
 }  // namespace
 
 const char* to_string(SlotMessageType type) {
@@ -91,6 +111,7 @@ std::string encode_slot_message(const SlotMessage& m) {
       }
       break;
     case SlotMessageType::Start:
+      check_start(m);  // said to the client that would send it, not only by the server
       j["job"] = m.job;
       j["args"] = m.args;
       j["log"] = m.log;
@@ -161,23 +182,7 @@ SlotMessage decode_slot_message(const std::string& frame) {
         if (!a.is_string()) throw SlotProtocolError("start: \"args\" must be a list of strings");
         m.args.push_back(a.get<std::string>());
       }
-      if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
-      if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
-      // exec and open would cut a text at its first NUL: what the server checks (a --root)
-      // would not be what the job gets. Other control characters are refused too: the job's
-      // arguments, id and log path go into the server's log and the job's own error messages,
-      // and a newline there let a peer write whole lines of its choosing into a file (its log
-      // pointed at that file, a bad argument holding the lines).
-      const auto control = [](const std::string& text) {
-        return std::any_of(text.begin(), text.end(),
-                           [](unsigned char c) { return c < 0x20 || c == 0x7f; });
-      };
-      if (control(m.log) || control(m.job))
-        throw SlotProtocolError("start: a control character in \"log\" or \"job\"");
-      for (size_t i = 0; i < m.args.size(); ++i)
-        if (control(m.args[i]))
-          throw SlotProtocolError("start: a control character in argument " +
-                                  std::to_string(i + 1) + " of \"args\"");
+      check_start(m);
       break;
     }
     case SlotMessageType::Started:

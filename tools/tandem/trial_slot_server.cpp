@@ -45,10 +45,12 @@ std::string outside_root(const std::string& root, const std::string& log,
   return "";
 }
 
-std::string printable(const std::string& bytes) {
+// Bytes as text for a log line: control characters (a newline would forge a line of its own)
+// written as \xNN, and so other bytes outside ASCII unless `keep_utf8` (a path's letters).
+std::string escaped(const std::string& bytes, bool keep_utf8) {
   std::string out;
   for (unsigned char c : bytes) {
-    if (c >= 0x20 && c < 0x7f) {
+    if ((c >= 0x20 && c < 0x7f) || (keep_utf8 && c >= 0x80)) {
       out += static_cast<char>(c);
     } else {
       char hex[8];
@@ -57,6 +59,15 @@ std::string printable(const std::string& bytes) {
     }
   }
   return out;
+}
+
+// A routing id (any bytes) as text.
+std::string printable(const std::string& bytes) { return escaped(bytes, false); }
+
+// A log a job's output may be appended to: NAME.log, or /dev/null.
+bool is_log_name(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  return path == "/dev/null" || (name.size() > 4 && name.compare(name.size() - 4, 4, ".log") == 0);
 }
 
 }  // namespace
@@ -116,8 +127,10 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
 TrialSlotServer::~TrialSlotServer() { stop_jobs(options_.kill_grace_ms); }
 
 void TrialSlotServer::say(const std::string& line) const {
-  if (options_.log) options_.log(line);
-  else std::fprintf(stderr, "tandem trial-slots: %s\n", line.c_str());
+  // Lines quote what peers sent (a bad message's text, a job's id and log path).
+  const std::string text = escaped(line, true);
+  if (options_.log) options_.log(text);
+  else std::fprintf(stderr, "tandem trial-slots: %s\n", text.c_str());
 }
 
 std::vector<pid_t> TrialSlotServer::pids() const {
@@ -266,6 +279,11 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
     for (const std::string& c : options_.allowed_commands)
       allowed += (allowed.empty() ? "`tandem " : " or `tandem ") + c + " ...`";
     answer.error = "job " + m.job + ": this server runs only " + allowed + ", not `" + m.args[0] + "`";
+  } else if (!is_log_name(m.log)) {
+    // A job's output (its arguments echoed in its errors: text its peer chooses) is appended to
+    // its log: only to a .log file, never to a peer's choice of ~/.bashrc or a key list.
+    answer.error = "job " + m.job + " refused: its log, " + m.log + ", is not a .log file (a "
+                   "slot server appends a job's output to .log files only)";
   } else if (running() >= options_.slots) {
     answer.error = "job " + m.job + " refused: all " + std::to_string(options_.slots) +
                    " slot(s) of this server are busy";

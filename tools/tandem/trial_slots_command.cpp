@@ -1,23 +1,28 @@
 // tandem trial-slots: a slot server for tandem search --slots (trial_slot_server.h). It binds
-// (loopback by default, like the cluster's roles), prints its endpoint, and runs the trials a
+// (by default a socket only this user reaches), prints its endpoint, and runs the trials a
 // search sends it until SIGINT, SIGTERM or SIGHUP (its terminal gone), which end its trials too.
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
-#include "number_checks.h"
-#include "thread_pool.h"
+#include "bind_address.h"
 #include "cluster_ranks.h"
 #include "commands.h"
 #include "file_io.h"
+#include "number_checks.h"
 #include "stop_signals.h"
-#include "bind_address.h"
 #include "tandem/error.h"
+#include "thread_pool.h"
 #include "trial_process.h"
 #include "trial_slot_server.h"
 #include "zmq_curve.h"
@@ -27,7 +32,7 @@ namespace tandem::cli {
 namespace {
 
 struct TrialSlotsOptions {
-  std::string bind = "tcp://127.0.0.1:*";
+  std::string bind;  // empty: a socket in a directory of this user's alone (PrivateSocket)
   int slots = 1;
   int threads_per_trial = 0;
   double heartbeat_timeout = 10;
@@ -85,9 +90,42 @@ class EndpointFile {
   std::string path_, text_;
 };
 
+// The server's default address: an ipc:// socket in a directory made for it (mode 0700, in
+// $XDG_RUNTIME_DIR or /tmp), so that only this user reaches it; removed when the server stops.
+// A tcp:// port on loopback is open to every user of the machine, each of whom could run jobs
+// as this user.
+class PrivateSocket {
+ public:
+  PrivateSocket() {
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    std::string dir = (runtime != nullptr && *runtime == '/' &&
+                       std::filesystem::is_directory(runtime)
+                           ? std::string(runtime)
+                           : std::string("/tmp")) +
+                      "/tandem-slots-XXXXXX";
+    if (::mkdtemp(dir.data()) == nullptr)
+      throw IoError("cannot make a directory for the server's socket (" + dir + "): " +
+                    std::strerror(errno));
+    dir_ = dir;
+  }
+  ~PrivateSocket() {
+    if (!dir_.empty()) ::rmdir(dir_.c_str());  // after the server removed its socket file
+  }
+  PrivateSocket(const PrivateSocket&) = delete;
+  PrivateSocket& operator=(const PrivateSocket&) = delete;
+  std::string address() const { return "ipc://" + dir_ + "/slots.sock"; }
+
+ private:
+  std::string dir_;
+};
+
 void run_trial_slots(const TrialSlotsOptions& o) {
+  // Declared before the server: the directory goes after the server's socket file.
+  std::optional<PrivateSocket> private_socket;
+  if (o.bind.empty()) private_socket.emplace();
+  const std::string bind = o.bind.empty() ? private_socket->address() : o.bind;
   TrialSlotServerOptions options;
-  options.bind = o.bind;
+  options.bind = bind;
   options.slots = o.slots;
   const int cores = ThreadPool::available_cores();  // its CPU set's, not the machine's
   options.threads = o.threads_per_trial > 0 ? o.threads_per_trial : std::max(1, cores / o.slots);
@@ -104,19 +142,25 @@ void run_trial_slots(const TrialSlotsOptions& o) {
     throw InputError("--curve-allowed needs --curve-secret (this server's key)");
   }
   // A peer of this server runs `tandem train` and `tandem predict` as this user with paths of
-  // its choosing (its checkpoint, metrics and log written where it says): served to other
-  // machines, only to known keys unless the operator says otherwise. It once served anyone
-  // who reached its port, without a word.
-  if (!transport::binds_this_machine_only(o.bind) && o.curve_allowed.empty() && !o.any_peer)
-    throw InputError("--bind " + o.bind + " serves other machines, and whoever reaches it runs "
-                     "tandem jobs as this user, writing files where it says: admit only known "
-                     "keys (--curve-secret KEY --curve-allowed KEYS), or give --any-peer to serve "
-                     "any peer on a network you trust (--root DIR confines the jobs' paths)");
+  // its choosing (its checkpoint, metrics and log written where it says): on a tcp:// port,
+  // which every user of the machine reaches (and other machines beyond loopback), only known
+  // keys unless the operator says otherwise. It once served anyone who reached its port,
+  // without a word.
+  if (bind.rfind("tcp://", 0) == 0 && o.curve_allowed.empty() && !o.any_peer)
+    throw InputError("--bind " + bind + " is reached by " +
+                     (transport::binds_this_machine_only(bind)
+                          ? std::string("every user of this machine")
+                          : std::string("other machines")) +
+                     ", and whoever reaches it runs tandem jobs as this user, writing files "
+                     "where it says: admit only known keys (--curve-secret KEY --curve-allowed "
+                     "KEYS), or give --any-peer to serve any peer you trust (--root DIR confines "
+                     "the jobs' paths; without --bind the server takes a socket only this user "
+                     "reaches)");
   const std::atomic<bool>& stop = stop_on_signals();  // SIGHUP too: a closed terminal or ssh
-  const bool wildcard = binds_every_interface(o.bind);
+  const bool wildcard = binds_every_interface(bind);
   if (!o.advertise.empty() && !wildcard)
     throw InputError("--advertise is for a server bound to every interface (--bind "
-                     "tcp://0.0.0.0:PORT); this one binds " + o.bind);
+                     "tcp://0.0.0.0:PORT); this one binds " + bind);
   TrialSlotServer server(options);
   // Bound to every interface (tcp://0.0.0.0:PORT), the server is reached by a name: what it
   // prints and lists is tcp://HOST:PORT, as for the cluster's roles.
@@ -132,7 +176,7 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   // Written first: whoever waits for the endpoint below then finds the entry too.
   if (!o.endpoint_dir.empty() && !wildcard)
     std::fprintf(stderr, "tandem trial-slots: note: %s is listed in %s but only this machine can "
-                 "reach it (bind tcp://0.0.0.0:* to serve other machines)\n",
+                 "reach it (bind tcp://0.0.0.0:* with --curve-allowed to serve other machines)\n",
                  endpoint.c_str(), o.endpoint_dir.c_str());
   const EndpointFile entry(directory_entry_path(o.endpoint_dir), endpoint);
   const EndpointFile endpoint_file(o.endpoint_file, endpoint);
@@ -150,8 +194,10 @@ void add_trial_slots_command(CLI::App& app) {
       "trial-slots",
       "Run trials for tandem search --slots, and shares of tandem predict --slots, on this "
       "machine (data, outputs and logs on a filesystem shared with the search or prediction)");
-  cmd->add_option("--bind", o->bind, "Where to serve: tcp://HOST:PORT (PORT * for any), ipc://PATH")
-      ->check(bind_address())->capture_default_str();
+  cmd->add_option("--bind", o->bind,
+                  "Where to serve: ipc://PATH, or tcp://HOST:PORT (PORT * for any) with "
+                  "--curve-allowed or --any-peer (default: a socket only this user reaches)")
+      ->check(bind_address());
   cmd->add_option("--slots", o->slots, "Trials at once")->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--threads-per-trial", o->threads_per_trial,
@@ -186,8 +232,8 @@ void add_trial_slots_command(CLI::App& app) {
                   "*.key (default: any search that knows the server's key)")
       ->check(CLI::ExistingPath);
   cmd->add_flag("--any-peer", o->any_peer,
-                "Serve other machines (a --bind beyond loopback) without --curve-allowed: any "
-                "peer that reaches the port runs jobs as this user");
+                "Serve a tcp:// --bind without --curve-allowed: any peer that reaches the port "
+                "(every user of this machine, and others beyond loopback) runs jobs as this user");
   cmd->callback([o] { run_trial_slots(*o); });
 }
 

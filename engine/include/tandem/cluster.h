@@ -24,9 +24,9 @@
 // scorer_threads, readers, assemblers, score_interval_s (1.0), ps_mode ("async" | "sync" |
 // "bounded_staleness"), ps_device ("auto" | "cpu" | "cuda"), replicas_to_aggregate,
 // staleness_bound, checkpoint_dir, checkpoint_every_s, checkpoint_every_steps (0: off; both may
-// be set), best_model_path (where the scorer keeps the best parameters; a file there is removed
-// when the run starts: it would pass for this run's), overlap, curve_* (CURVE key files, see
-// the README), fed,
+// be set), best_model_path (where the scorer keeps the best parameters; train_cluster removes a
+// file there when the run starts: it would pass for this run's), overlap, curve_* (CURVE key
+// files, see the README), fed,
 // ps_timeout_ms, ps_spin_us (0: a client blocks for each reply at once), init_timeout_ms,
 // step_timeout_s (600: a worker whose backend stays that long in one call is counted lost; 0:
 // never). An unknown key is an InputError naming the known ones.

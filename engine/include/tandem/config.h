@@ -61,7 +61,8 @@ struct TrainConfig {
   std::string init_path;        // start from these parameters (a checkpoint file)
   std::string resume_path;      // continue a checkpointed run: parameters, optimizer state, step
   std::string checkpoint_path;  // written atomically after every epoch and at the end
-  std::string metrics_path;     // JSON lines: one per step, one per epoch
+  std::string metrics_path;     // JSON lines: one per step, one per epoch (one writer at a
+                                // time: a file another log has open is refused)
   // What the validation rows are, written into checkpoints beside their count (empty: not
   // said). "idx-last-rows": the training file's last rows, which tandem eval then holds out too.
   std::string validation_split;

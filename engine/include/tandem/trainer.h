@@ -84,7 +84,9 @@ class Trainer {
   // and, at the end, holds the kept state (so resuming it continues from the kept epoch). The
   // best is chosen among the epochs of this call and, for a resumed run, the best its checkpoint
   // recorded when that was scored on a validation split of as many rows. An epoch whose
-  // validation loss is not finite is never chosen over one whose loss is.
+  // validation loss is not finite is never chosen over one whose loss is. Called again, fit
+  // continues the run (the metrics log added to): after a fit that ended, as resuming
+  // resume_state() would; after one that between_steps ended, from the steps it took.
   TrainSummary fit(const DatasetView& train, const DatasetView& validation,
                    const DatasetView& test);
   // The same, with training batches from a stream (a persisted store through the chunk manager).
