@@ -200,6 +200,12 @@ expect_error "launch --metrics on a file another process writes is refused on a 
 directory" "metrics file $dir/held.jsonl is open for writing already" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --metrics "$dir/held.jsonl" --dashboard -1
 kill "$locker"; wait "$locker" 2>/dev/null
+# A log in a directory the run clears (its checkpoints): written unlinked once the run cleared
+# it, and lost without a word.
+expect_error "launch --metrics in the checkpoints directory is refused" \
+  "lies in $dir/run1k/checkpoints, which a fresh run clears" "$tandem" launch \
+  --data "$dir/fm.zarr" --run-dir "$dir/run1k" --metrics "$dir/run1k/checkpoints/m.jsonl" \
+  --dashboard -1
 # (The lock aside: it names the last process that held the directory.)
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"

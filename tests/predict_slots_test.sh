@@ -21,8 +21,7 @@ source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d)
 background=()
 cleanup() {
-  for p in "${background[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  stop_background
   rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -25,8 +25,7 @@ source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d)
 background=()
 cleanup() {
-  for p in "${background[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  stop_background
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -66,7 +65,7 @@ start_server B --slots 1 --bind "ipc://$dir/b.sock" --endpoint-dir "$dir/slots"
 # Without --bind, a socket in a directory only this user can enter: a tcp:// port on loopback
 # let every user of the machine run jobs as this one.
 check "slot server A listens on a socket of its own user's" \
-  grep -q '^ipc://.*/tandem-slots-[A-Za-z0-9]*/slots.sock$' "$dir/A.ep"
+  grep -q '^ipc://.*/tandem-slots-[0-9]*-[A-Za-z0-9]*/slots.sock$' "$dir/A.ep"
 a_dir=$(dirname "$(sed 's|^ipc://||' "$dir/A.ep")")
 check "... in a directory of mode 700" test "$(stat -c %a "$a_dir")" = 700
 check "slot server B listens on ipc" test "$B" = "ipc://$dir/b.sock"
@@ -306,6 +305,18 @@ kill -TERM "$A_pid"
 wait_within "$A_pid" 30
 check "server A exits 0 on SIGTERM" test $? -eq 0
 check "... its socket's directory gone with it" test ! -e "$a_dir"
+# A server killed outright leaves its socket's directory: the next of this user's servers there
+# removes it (its pid has ended), and leaves a live server's.
+mkdir -m 700 "$dir/run"
+sleep 0 & dead=$!; wait $dead
+mkdir -m 700 "$dir/run/tandem-slots-$dead-AbCdEf" "$dir/run/tandem-slots-$$-AbCdEf"
+touch "$dir/run/tandem-slots-$dead-AbCdEf/slots.sock"
+XDG_RUNTIME_DIR="$dir/run" start_server Z --slots 1
+check "a killed server's socket directory is removed by the next server" \
+  test ! -e "$dir/run/tandem-slots-$dead-AbCdEf"
+check "... a live one's left" test -d "$dir/run/tandem-slots-$$-AbCdEf"
+check "... and the new one made in \$XDG_RUNTIME_DIR" \
+  grep -q "^ipc://$dir/run/tandem-slots-" "$dir/Z.ep"
 # A tcp:// port is reached by every user of the machine: refused without an allowed-keys list or
 # --any-peer, even on loopback.
 expect_error "a slot server on a loopback tcp port without --curve-allowed is refused" \

@@ -58,6 +58,21 @@ start_server() {
   eval "$name=\$(cat \"$dir/$name.ep\")"
 }
 
+# stop_background: ends the processes in the array `background`: SIGTERM first (a slot server
+# then removes its socket's private directory, in /tmp), SIGKILL what is left after 5 s.
+stop_background() {
+  local p alive
+  for p in "${background[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  for _ in $(seq 50); do
+    alive=0
+    for p in "${background[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for p in "${background[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+
 summarize() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]

@@ -228,6 +228,27 @@ TEST(Trainer, AFitAfterAnInterruptedOneGoesOnFromItsSteps) {
   EXPECT_EQ(trainer.checkpoint().step, 35);
   const std::string now = test::read_bytes(c.metrics_path);
   EXPECT_EQ(now.substr(0, logged.size()), logged) << "the first fit's records were lost";
+
+  // Keeping the best: an epoch of the interrupted fit stays in the running (it was forgotten).
+  const Dataset validation = test::random_dataset(PixelType::UInt8, 100, 40, 4, 5);
+  TrainConfig k = small_config(6);
+  k.optimizer.learning_rate = 0.1f;  // random labels: an early epoch is the best
+  Trainer keeping(k);
+  std::vector<double> losses;
+  keeping.on_epoch = [&](const EpochReport& r) { losses.push_back(r.validation.loss_sum); };
+  steps = 0;
+  keeping.between_steps = [&] {
+    if (++steps == 25) throw std::runtime_error("interrupted");  // in epoch 3
+  };
+  EXPECT_THROW(keeping.fit(train.view(), validation.view(), {}), std::runtime_error);
+  ASSERT_EQ(losses.size(), 2u);
+  keeping.between_steps = nullptr;
+  const TrainSummary kept = keeping.fit(train.view(), validation.view(), {});
+  ASSERT_EQ(losses.size(), 6u);
+  const int64_t best = std::min_element(losses.begin(), losses.end()) - losses.begin() + 1;
+  ASSERT_LE(best, 2) << "the test needs the best in the interrupted fit";
+  EXPECT_EQ(kept.kept_epoch, best);
+  EXPECT_EQ(kept.validation.loss_sum, losses[size_t(best - 1)]);
 }
 
 // A run that diverges (SGD at a rate of 1e30) after a finite epoch keeps that epoch's state in

@@ -328,15 +328,16 @@ TEST_F(TrialSlotServerTest, AnswersBadInputWithErrorsAndKeepsServing) {
 
   // A job's output goes to a .log file only: a peer once had it appended to any file it named
   // (~/.bashrc), its arguments, echoed in the job's errors, choosing the text.
+  const test::TempDir home;
   start.job = "rc";
   start.args = {"-c", "exit 0"};
-  start.log = "/tmp/.bashrc";
+  start.log = home.file(".bashrc");
   c.send(start);
   m = c.next();
   ASSERT_EQ(m.type, SlotMessageType::Error);
-  EXPECT_NE(m.error.find("its log, /tmp/.bashrc, is not a .log file"), std::string::npos)
+  EXPECT_NE(m.error.find("its log, " + start.log + ", is not a .log file"), std::string::npos)
       << m.error;
-  EXPECT_FALSE(std::filesystem::exists("/tmp/.bashrc"));
+  EXPECT_FALSE(std::filesystem::exists(start.log));
   // The server's log quotes what peers send with its control characters escaped: a newline in
   // a message's text forged a line of the peer's own.
   c.send_raw({R"({"v": 1, "type": "reboot\nforged line"})"});

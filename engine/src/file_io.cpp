@@ -109,6 +109,11 @@ std::string resolved_path(const std::string& path) {
   return without_trailing_slashes(out);
 }
 
+bool lies_in(const std::string& dir, const std::string& path) {
+  const std::filesystem::path d(resolved_path(dir)), p(resolved_path(path));
+  return std::mismatch(d.begin(), d.end(), p.begin(), p.end()).first == d.end();
+}
+
 std::string replacement_target(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return path;  // nothing there yet (or unreadable: below)

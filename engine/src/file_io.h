@@ -66,6 +66,10 @@ std::string parent_directory(const std::string& path);
 // searched), absolute and lexically normal. No trailing slash but the root's.
 std::string resolved_path(const std::string& path);
 
+// Whether `path` is `dir` or lies under it, both resolved (resolved_path), component by
+// component ("/a/bc" is not under "/a/b").
+bool lies_in(const std::string& dir, const std::string& path);
+
 // What an atomic replacement of `path` replaces: `path` itself, or the file a symbolic link
 // there names. IoError when that is a directory, something other than a regular file (a
 // device such as /dev/null, a FIFO, a socket), or a link to nothing.

@@ -147,7 +147,11 @@ MetricsLog::MetricsLog(const std::string& path, bool append, int64_t resumed_ste
   try {
     const int64_t dropped =
         regular && append && resumed_step >= 0 ? drop_records_after(fd_, path, resumed_step) : 0;
-    if (regular && ::lseek(fd_, 0, SEEK_END) < 0) io_error("seek metrics file", path, errno);
+    // Appended to from here (O_APPEND only now: Linux's pwrite ignores the offset under it),
+    // so that writers sharing a file that could not be locked interleave whole records.
+    if (regular && (::lseek(fd_, 0, SEEK_END) < 0 ||
+                    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_APPEND) != 0))
+      io_error("seek metrics file", path, errno);
     // Checked before the first record: the resumed run's first record starts a line of its
     // own, or the two would be one line that no JSON reader takes.
     if (regular && append && ends_mid_line(fd_)) write_bytes("\n");

@@ -14,7 +14,8 @@ class MetricsLog {
  public:
   MetricsLog() = default;
   // Truncates the file, or appends to it (a resumed run's); throws IoError naming the path, and
-  // when another process writes the same file (a regular file is locked while the log is open).
+  // when another log has the same file open (a regular file is locked, flock, while the log is
+  // open; on a filesystem without locks only a warning is said).
   // A run resumed from step `resumed_step` (>= 0) first drops the records past that step and a
   // last line cut short (what the run did after its checkpoint, trained again now: kept, each
   // step would be there twice with two losses), each overwritten in place by a line of as many

@@ -276,8 +276,13 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
   // epochs count, its best stays in the running, the kept state is where it goes on); after one
   // an exception ended (between_steps), from the steps it took. Either way the metrics log is
   // added to. It once started the epoch count over from the kept epoch, and truncated the log.
-  if (epochs_trained_ >= 0) resume(resume_state(), "the trainer's previous fit");
-  else if (validation_rows_ >= 0) resumed_ = true;
+  if (epochs_trained_ >= 0) {
+    resume(resume_state(), "the trainer's previous fit");
+  } else if (validation_rows_ >= 0) {
+    resumed_ = true;
+    resumed_best_ = best_;  // still in the running (carried when scored on as many rows)
+    resumed_best_is_current_ = false;  // the steps after it were taken
+  }
   // A checkpoint that cannot be written is said now, not after the first epoch's work.
   if (!config_.checkpoint_path.empty()) check_replaceable(config_.checkpoint_path);
   // A resumed run that went as far as asked already (it kept an earlier epoch, and said how far

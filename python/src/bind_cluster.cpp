@@ -22,6 +22,7 @@
 #include "array_rows.h"
 #include "gil.h"
 #include "batch_count.h"
+#include "cluster_ranks.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
@@ -95,7 +96,9 @@ class PyCoordinator {
                     /*driven=*/true);
     CoordinatorOptions o;
     o.bind = bind;
-    o.scores_bind = scores_bind.empty() ? bind : scores_bind;
+    // Beside the control socket, on a port of its own (the control address itself, a fixed
+    // port, was bound twice: "Address already in use"), as ClusterCoordinator does.
+    o.scores_bind = scores_bind.empty() ? scores_bind_beside(bind) : scores_bind;
     o.advertise_host = advertise_host;
     o.expected_ps = ps;
     o.expected_workers = workers;

@@ -132,6 +132,19 @@ class ModelTest(unittest.TestCase):
             tandem.Coordinator({"fed": True, "lr": np.float32("inf")})
         with self.assertRaisesRegex(tandem.InputError, "NaN and infinity are not values"):
             tandem.Coordinator({"fed": True, "model": {"nested": float("nan")}})
+        # A fixed control port: the scores channel takes a port of its own beside it (it was
+        # bound to the same address: "Address already in use").
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        fixed = tandem.Coordinator({"fed": True}, bind=f"tcp://127.0.0.1:{port}")
+        try:
+            self.assertEqual(fixed.endpoint, f"tcp://127.0.0.1:{port}")
+            self.assertTrue(fixed.scores_endpoint.startswith("tcp://127.0.0.1:"))
+            self.assertNotEqual(fixed.scores_endpoint, fixed.endpoint)
+        finally:
+            fixed.close()
         # A tcp:// port past 65535 (ZeroMQ served 99999 on 34463).
         with self.assertRaisesRegex(tandem.InputError, "needs a port from 0 to 65535"):
             tandem.Coordinator({"fed": True}, bind="tcp://127.0.0.1:99999")

@@ -507,6 +507,14 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   const std::string metrics_path =
       o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path;
   check_writable_in_place(metrics_path);
+  // A fresh run clears these after its log is open (locked): a log in one of them would be
+  // written unlinked, and lost.
+  if (!o.resume)
+    for (const std::string& cleared :
+         {rs.checkpoint_dir, o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : ""})
+      if (!cleared.empty() && lies_in(cleared, metrics_path))
+        throw InputError("--metrics " + metrics_path + " lies in " + cleared +
+                         ", which a fresh run clears");
   if (!o.tensorboard_dir.empty()) {
     create_output_directory(tensorboard_dir, "--tensorboard");
     check_replaceable(tensorboard_dir + "/events");

@@ -22,11 +22,6 @@ std::filesystem::path resolved(const std::string& root, const std::string& path)
   return resolved_path(fs::path(path).is_absolute() ? path : (fs::path(root) / path).string());
 }
 
-bool inside(const std::filesystem::path& root, const std::filesystem::path& path) {
-  const auto mismatch = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
-  return mismatch.first == root.end();
-}
-
 // Why a job naming these is refused under `root`: "" when every path lies in it. Every
 // argument (or value after --flag=) is taken for a path: plain words ("0.001", "cpu", a file
 // name) resolve into the root, the job's working directory, and pass; "..", "../x" and
@@ -40,7 +35,7 @@ std::string outside_root(const std::string& root, const std::string& log,
     if (!value.empty()) paths.push_back(value);
   }
   for (const std::string& path : paths)
-    if (!inside(root, resolved(root, path)))
+    if (!lies_in(root, resolved(root, path).string()))
       return path + " is outside this server's --root " + root;
   return "";
 }

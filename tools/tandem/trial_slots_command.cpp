@@ -1,6 +1,8 @@
 // tandem trial-slots: a slot server for tandem search --slots (trial_slot_server.h). It binds
 // (by default a socket only this user reaches), prints its endpoint, and runs the trials a
 // search sends it until SIGINT, SIGTERM or SIGHUP (its terminal gone), which end its trials too.
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "bind_address.h"
 #include "cluster_ranks.h"
@@ -91,31 +94,73 @@ class EndpointFile {
 };
 
 // The server's default address: an ipc:// socket in a directory made for it (mode 0700, in
-// $XDG_RUNTIME_DIR or /tmp), so that only this user reaches it; removed when the server stops.
-// A tcp:// port on loopback is open to every user of the machine, each of whom could run jobs
-// as this user.
+// $XDG_RUNTIME_DIR when that is this user's and short enough for a socket's path, else /tmp),
+// so that only this user reaches it; removed when the server stops. A tcp:// port on loopback
+// is open to every user of the machine, each of whom could run jobs as this user. The
+// directory's name carries the server's pid: a server killed outright leaves it, and the next
+// one of this user removes it.
 class PrivateSocket {
  public:
   PrivateSocket() {
-    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-    std::string dir = (runtime != nullptr && *runtime == '/' &&
-                       std::filesystem::is_directory(runtime)
-                           ? std::string(runtime)
-                           : std::string("/tmp")) +
-                      "/tandem-slots-XXXXXX";
-    if (::mkdtemp(dir.data()) == nullptr)
-      throw IoError("cannot make a directory for the server's socket (" + dir + "): " +
-                    std::strerror(errno));
-    dir_ = dir;
+    for (const std::string& base : bases()) {
+      remove_dead_servers_directories(base);
+      std::string dir = base + "/tandem-slots-" + std::to_string(::getpid()) + "-XXXXXX";
+      if (::mkdtemp(dir.data()) != nullptr) {
+        dir_ = dir;
+        return;
+      }
+    }
+    throw IoError(std::string("cannot make a directory for the server's socket in /tmp: ") +
+                  std::strerror(errno));
   }
   ~PrivateSocket() {
     if (!dir_.empty()) ::rmdir(dir_.c_str());  // after the server removed its socket file
   }
   PrivateSocket(const PrivateSocket&) = delete;
   PrivateSocket& operator=(const PrivateSocket&) = delete;
-  std::string address() const { return "ipc://" + dir_ + "/slots.sock"; }
+  std::string address() const { return "ipc://" + dir_ + "/" + kSocket; }
 
  private:
+  static constexpr const char* kSocket = "slots.sock";
+
+  // Where to make the directory, in order of preference.
+  static std::vector<std::string> bases() {
+    std::vector<std::string> out;
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    struct stat st {};
+    // (After `su` without `-` it is still another user's; a socket's path has 107 bytes.)
+    if (runtime != nullptr && runtime[0] == '/' && ::stat(runtime, &st) == 0 &&
+        S_ISDIR(st.st_mode) && st.st_uid == ::getuid() &&
+        std::strlen(runtime) + std::strlen("/tandem-slots-4194304-XXXXXX/slots.sock") <= 107)
+      out.push_back(runtime);
+    out.push_back("/tmp");
+    return out;
+  }
+
+  // This user's tandem-slots-PID-* directories in `base` whose server has ended (SIGKILL, a
+  // crash, a second stop signal: no destructor ran), with the socket file left in them.
+  static void remove_dead_servers_directories(const std::string& base) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(base, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("tandem-slots-", 0) != 0) continue;
+      const std::string rest = name.substr(std::strlen("tandem-slots-"));
+      const size_t dash = rest.find('-');
+      if (dash == 0 || dash == std::string::npos ||
+          rest.find_first_not_of("0123456789") != dash)
+        continue;
+      struct stat st {};
+      if (::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+          st.st_uid != ::getuid())
+        continue;
+      const long pid = std::stol(rest.substr(0, dash));
+      if (pid <= 0 || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;
+      ::unlink((it->path() / kSocket).c_str());
+      ::rmdir(it->path().c_str());
+    }
+  }
+
   std::string dir_;
 };
 
@@ -146,7 +191,9 @@ void run_trial_slots(const TrialSlotsOptions& o) {
   // which every user of the machine reaches (and other machines beyond loopback), only known
   // keys unless the operator says otherwise. It once served anyone who reached its port,
   // without a word.
-  if (bind.rfind("tcp://", 0) == 0 && o.curve_allowed.empty() && !o.any_peer)
+  // (An abstract ipc:// name, "ipc://@NAME", has no permissions: any user reaches it too.)
+  if ((bind.rfind("tcp://", 0) == 0 || bind.rfind("ipc://@", 0) == 0) &&
+      o.curve_allowed.empty() && !o.any_peer)
     throw InputError("--bind " + bind + " is reached by " +
                      (transport::binds_this_machine_only(bind)
                           ? std::string("every user of this machine")
@@ -162,6 +209,10 @@ void run_trial_slots(const TrialSlotsOptions& o) {
     throw InputError("--advertise is for a server bound to every interface (--bind "
                      "tcp://0.0.0.0:PORT); this one binds " + bind);
   TrialSlotServer server(options);
+  // An ipc:// socket file is made as the umask says (0775 under umask 002: the group could run
+  // jobs as this user); only this user's from here. (The private directory is 0700 already.)
+  if (bind.rfind("ipc://", 0) == 0 && bind.rfind("ipc://@", 0) != 0)
+    ::chmod(bind.substr(std::strlen("ipc://")).c_str(), 0600);
   // Bound to every interface (tcp://0.0.0.0:PORT), the server is reached by a name: what it
   // prints and lists is tcp://HOST:PORT, as for the cluster's roles.
   const std::string endpoint = advertised_endpoint(server.endpoint(), o.advertise);
