@@ -17,6 +17,13 @@ cd "$(dirname "$0")/.."
 build=${TANDEM_BUILD_DIR:-build}
 generator=()
 [ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
+# The device is Hopper (sm_90). A folder the user configured for other GPUs is not rewritten.
+archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+if [ -n "$archs" ] && [ "$archs" != 90 ]; then
+  echo "gpu_check_prepare: $build is configured for CUDA architectures $archs, the device needs" \
+       "90; run with TANDEM_BUILD_DIR=build-gpu (a folder of its own)" >&2
+  exit 1
+fi
 # Tests, benchmarks and CUDA on, whatever an earlier configure of the same folder chose (the
 # quick start's turns tests and benchmarks off).
 if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \

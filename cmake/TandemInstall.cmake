@@ -8,10 +8,22 @@ include(CMakePackageConfigHelpers)
 # own dependencies are linked privately: no public header includes ZeroMQ, cpp-httplib, NCCL or
 # nlohmann::json, so a consumer needs none of them to build, only the shared libraries at run
 # time (found where they were linked: INSTALL_RPATH_USE_LINK_PATH).
-add_library(tandem SHARED $<TARGET_OBJECTS:tandem_engine> $<TARGET_OBJECTS:tandem_kernels>
-            $<TARGET_OBJECTS:tandem_transport> $<TARGET_OBJECTS:tandem_transport_zmq>
-            $<TARGET_OBJECTS:tandem_ps> $<TARGET_OBJECTS:tandem_cluster>
-            $<TARGET_OBJECTS:tandem_dashboard>)
+set(TANDEM_LAYERS tandem_engine tandem_kernels tandem_transport tandem_transport_zmq tandem_ps
+                  tandem_cluster tandem_dashboard)
+add_library(tandem SHARED)
+foreach(layer IN LISTS TANDEM_LAYERS)
+  target_sources(tandem PRIVATE $<TARGET_OBJECTS:${layer}>)
+  # Only what the public headers mark TANDEM_API (tandem/export.h) is exported; the layers'
+  # internals are hidden (they were all exported, some 1,900 symbols, for a program to come to
+  # depend on). The tests and the CLI link the layers statically and see everything as before.
+  set_target_properties(${layer} PROPERTIES CXX_VISIBILITY_PRESET hidden
+                        CUDA_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+endforeach()
+# Nor does it re-export the static libraries it links (the CUDA runtime), nor the vector clones
+# GCC exports whatever the visibility (libtandem.map).
+target_link_options(tandem PRIVATE "LINKER:--exclude-libs,ALL"
+                    "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/libtandem.map")
+set_property(TARGET tandem APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/libtandem.map)
 add_library(Tandem::tandem ALIAS tandem)
 target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
                       PkgConfig::ZMQ PkgConfig::HTTPLIB

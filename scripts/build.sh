@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 generator=()
 [ -f build/CMakeCache.txt ] || generator=(-G Ninja)
-cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@" |
+  { grep '^-- Tandem:' || true; }  # what it builds: CUDA or not
 cmake --build build --parallel "$(nproc)"

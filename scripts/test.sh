@@ -5,6 +5,16 @@
 # 2022.12 and zarr 2.13 are tested through /usr/bin/python3), and run CTest.
 # Extra arguments go to cmake (e.g. -DTANDEM_SANITIZE_THREAD=ON with TANDEM_BUILD_DIR set).
 set -euo pipefail
+# One run at a time in a checkout: a second would remake the venv and build into the same folder
+# under the first. The lock is flock's own (-o): no process a test leaves behind inherits it.
+if [ -z "${TANDEM_TEST_SH_LOCKED:-}" ]; then
+  export TANDEM_TEST_SH_LOCKED=1
+  rc=0
+  flock -n -E 75 -o "$0" bash "$0" "$@" || rc=$?
+  [ "$rc" -ne 75 ] && exit "$rc"
+  echo "scripts/test.sh: waiting for the other run in this checkout" >&2
+  exec flock -o "$0" bash "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 venv=.venv-test
@@ -14,7 +24,8 @@ want='import safetensors.torch, torch, numpy, dask.array, distributed, zarr, sel
 import tensorboard.backend.event_processing.event_accumulator, scikit_build_core
 assert zarr.__version__ >= "3" and dask.__version__ >= "2024" and numpy.__version__ < "2"
 assert distributed.__version__ >= "2024"'
-if ! "$venv/bin/python" -c "$want" 2>/dev/null; then
+if ! missing=$("$venv/bin/python" -c "$want" 2>&1); then
+  echo "scripts/test.sh: making $venv (${missing##*$'\n'})" >&2
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
@@ -30,7 +41,7 @@ generator=()
 # Python module off.
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUILD_TESTS=ON \
   -DTANDEM_BUILD_BENCH=ON -DTANDEM_BUILD_PYTHON=ON -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
-  "$@" >/dev/null
+  "$@" | { grep '^-- Tandem:' || true; }  # what it builds: CUDA or not
 cmake --build "$build" --parallel "$(nproc)"
 ctest --test-dir "$build" --output-on-failure --parallel 2
 # The decoders of outside input (the parameter server's frames, chunk files, checkpoints, the
@@ -38,8 +49,8 @@ ctest --test-dir "$build" --output-on-failure --parallel 2
 # corpus and its random mutants, at every run rather than only when someone fuzzes. Only the
 # fuzz targets are built (about 5 minutes on 2 cores); skipped when the caller's own cmake options
 # build the whole suite with AddressSanitizer already.
-if [[ " $* " != *"TANDEM_SANITIZE_ADDRESS=ON"* ]]; then
-  san=${TANDEM_FUZZ_ASAN_DIR:-$build-fuzz-asan}
+if ! [[ " $* " =~ TANDEM_SANITIZE_ADDRESS(:BOOL)?=(ON|on|On|1|TRUE|true|YES|yes)\  ]]; then
+  san=${TANDEM_FUZZ_ASAN_DIR:-${build%/}-fuzz-asan}
   generator=()
   [ -f "$san/CMakeCache.txt" ] || generator=(-G Ninja)
   cmake -S . -B "$san" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF \

@@ -5,7 +5,7 @@
 set -uo pipefail
 tandem=$1
 real=/usr/share/datasets/fashion-mnist
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 

@@ -10,9 +10,9 @@ set -u
 tandem=$(readlink -f "$1")  # absolute, as the launcher starts its roles: no_role_left matches it
 py=$2
 source "$(dirname "$0")/test_helpers.sh"
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 cleanup() {
-  pkill -9 -f "$dir" 2>/dev/null
+  pkill -9 -f "$dir/" 2>/dev/null  # its roles only: every one runs in a folder of $dir
   rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -6,7 +6,7 @@
 # usage: predict_cli_test.sh TANDEM PYTHON
 set -uo pipefail
 tandem=$1 python=$2
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 

@@ -10,7 +10,7 @@
 # usage: predict_kill_test.sh TANDEM
 set -uo pipefail
 tandem=$1
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 pid=
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1

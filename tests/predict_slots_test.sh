@@ -18,7 +18,7 @@
 set -u
 tandem=$(readlink -f "$1")
 source "$(dirname "$0")/test_helpers.sh"
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 background=()
 cleanup() {
   stop_background

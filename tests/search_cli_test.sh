@@ -17,7 +17,7 @@ with_shim() {
       "LD_PRELOAD=$file_ops_shim" "$@"
 }
 source "$(dirname "$0")/test_helpers.sh"
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 trap 'rm -rf "$dir"' EXIT
 # py_check FILE EXPR: EXPR (Python, over `r`, the parsed results.json) is true.
 py_check() { "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }

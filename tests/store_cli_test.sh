@@ -4,7 +4,7 @@
 # usage: store_cli_test.sh TANDEM PYTHON HERE_PYTHON_DIR
 set -uo pipefail
 tandem=$1 python=$2 pydir=$3
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "${BASH_SOURCE[0]}")/test_helpers.sh" || exit 1
 

@@ -299,20 +299,30 @@ double max_abs(const std::vector<float>& v) {
 // beyond it.
 constexpr double kGradientTol = 1e-5;  // of each tensor's largest |value|, and relative
 
+// A tiny model, so that 200 steps take well under a second.
+const ModelConfig kTiny{{6, 5, 3}};
+
+// One CPU backend per member of a group, and the pointers WorkerGroup takes.
+struct Members {
+  explicit Members(int members, const ModelConfig& model = kTiny) {
+    for (int r = 0; r < members; ++r) {
+      backends.push_back(make_cpu_backend(model, adam(), 1));
+      pointers.push_back(backends.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Backend*> pointers;
+};
+
 struct GroupRun {
   std::vector<NamedTensor> gradients;
   BatchStats stats;
 };
 
 GroupRun run_group(int members, const Dataset& data, const Model& initial) {
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  for (int r = 0; r < members; ++r) {
-    backends.push_back(make_cpu_backend(kModel, adam(), 1));
-    pointers.push_back(backends.back().get());
-  }
+  Members backends(members, kModel);
   auto collective = make_thread_collective(members, 10000);
-  WorkerGroup group(kModel, pointers, *collective);
+  WorkerGroup group(kModel, backends.pointers, *collective);
   group.install(initial);
   std::vector<DatasetView> batches;
   for (int r = 0; r < members; ++r)
@@ -395,36 +405,26 @@ TEST(WorkerGroup, AdamStepFromTheGroupsGradientEqualsTheStepFromTheCombinedBatch
 
 TEST(WorkerGroup, AfterTheBroadcastEveryMemberHoldsTheLeadersParametersBitForBit) {
   constexpr int kMembers = 3;
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  for (int r = 0; r < kMembers; ++r) {
-    backends.push_back(make_cpu_backend(kModel, adam(), 1));
-    // Every member starts somewhere else.
-    backends.back()->set_parameters(Model::initialized(kModel, static_cast<uint64_t>(40 + r)));
-    pointers.push_back(backends.back().get());
-  }
+  Members members(kMembers, kModel);
+  for (int r = 0; r < kMembers; ++r)  // every member starts somewhere else
+    members.pointers[r]->set_parameters(Model::initialized(kModel, static_cast<uint64_t>(40 + r)));
   auto collective = make_thread_collective(kMembers, 10000);
-  WorkerGroup group(kModel, pointers, *collective);
+  WorkerGroup group(kModel, members.pointers, *collective);
   const Model leader = Model::initialized(kModel, 99);
   group.install(leader);
   const std::vector<float> expected = flatten(leader.parameters());
   for (int r = 0; r < kMembers; ++r) {
     Model held(kModel);
-    backends[static_cast<size_t>(r)]->get_parameters(held);
+    members.pointers[static_cast<size_t>(r)]->get_parameters(held);
     EXPECT_TRUE(same_bits(flatten(held.parameters()), expected)) << "rank " << r;
   }
 }
 
 TEST(WorkerGroup, AMemberWhoseBatchFailsAbortsTheGroupAndItsErrorIsRethrown) {
   constexpr int kMembers = 3;
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  for (int r = 0; r < kMembers; ++r) {
-    backends.push_back(make_cpu_backend(kModel, adam(), 1));
-    pointers.push_back(backends.back().get());
-  }
+  Members members(kMembers, kModel);
   auto collective = make_thread_collective(kMembers, 60000);
-  WorkerGroup group(kModel, pointers, *collective);
+  WorkerGroup group(kModel, members.pointers, *collective);
   group.install(Model::initialized(kModel, 3));
   const Dataset good = test::random_dataset(PixelType::UInt8, 30, kModel.inputs(), 10, 23);
   const Dataset bad = test::random_dataset(PixelType::UInt8, 30, kModel.inputs() - 1, 10, 24);
@@ -449,14 +449,9 @@ TEST(WorkerGroup, AMemberWithoutABatchAddsZeroGradients) {
   constexpr int kMembers = 3;
   const Dataset data = test::random_dataset(PixelType::UInt8, kRows, kModel.inputs(), 10, 25);
   const Model initial = Model::initialized(kModel, 7);
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-  for (int r = 0; r < kMembers; ++r) {
-    backends.push_back(make_cpu_backend(kModel, adam(), 1));
-    pointers.push_back(backends.back().get());
-  }
+  Members members(kMembers, kModel);
   auto collective = make_thread_collective(kMembers, 10000);
-  WorkerGroup group(kModel, pointers, *collective);
+  WorkerGroup group(kModel, members.pointers, *collective);
   group.install(initial);
   const DatasetView a = data.view().slice(0, 100), b = data.view().slice(100, 220),
                     c = data.view().slice(220, kRows);
@@ -467,10 +462,9 @@ TEST(WorkerGroup, AMemberWithoutABatchAddsZeroGradients) {
   BatchStats stats;
   const std::vector<float> with_empty = flatten(group.step({a, b, DatasetView{}}, &stats));
   const GroupRun pair = [&] {
-    std::vector<std::unique_ptr<Backend>> two;
-    for (int r = 0; r < 2; ++r) two.push_back(make_cpu_backend(kModel, adam(), 1));
+    Members two(2, kModel);
     auto pair_collective = make_thread_collective(2, 10000);
-    WorkerGroup pair_group(kModel, {two[0].get(), two[1].get()}, *pair_collective);
+    WorkerGroup pair_group(kModel, two.pointers, *pair_collective);
     pair_group.install(initial);
     GroupRun run;
     run.gradients = pair_group.step({a, b}, &run.stats);
@@ -491,20 +485,6 @@ TEST(WorkerGroup, AMemberWithoutABatchAddsZeroGradients) {
 }
 
 // ---- The member threads: started once, woken per step ------------------------------------------
-
-// A tiny model, so that 200 steps take well under a second.
-const ModelConfig kTiny{{6, 5, 3}};
-
-struct Members {
-  explicit Members(int members, const ModelConfig& model = kTiny) {
-    for (int r = 0; r < members; ++r) {
-      backends.push_back(make_cpu_backend(model, adam(), 1));
-      pointers.push_back(backends.back().get());
-    }
-  }
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<Backend*> pointers;
-};
 
 // 200 rounds of install + step on the same group (the same member threads every time), each
 // against the same arithmetic on one thread: every member's gradient on a backend of its own,

@@ -31,7 +31,7 @@ class MetricsLog {
   void write(const nlohmann::json& object);  // any other record, as one line
 
  private:
-  void write_line(const std::string& line);
+  void write_line(std::string line);  // taken whole: its newline is added in place
   void write_bytes(const std::string& bytes);
   int fd_ = -1;  // -1: a default-constructed log, which writes nothing
   std::string path_;

@@ -95,8 +95,9 @@ class PsShard {
   int64_t pending() const { return pending_; }  // gradients summed since the last step
   // ...then one step on sum / pending() (the mean of what arrived, as TensorFlow's
   // ConditionalAccumulator averages; pending() == replicas_to_aggregate unless the server's step
-  // timeout fired first). The sum starts at zero, so the mean of g1..gN is exactly
-  // (((0 + g1) + g2) + ... + gN) / float(N), element by element. Needs pending() > 0.
+  // timeout fired first, or a worker said it was idle: out of batches at the end of the data).
+  // The sum starts at zero, so the mean of g1..gN is exactly (((0 + g1) + g2) + ... + gN) /
+  // float(N), element by element. Needs pending() > 0.
   // Each gradient was checked finite, but their sum can still overflow float32: then the step is
   // dropped (false; parameters, moments and step stay as they were) rather than taken on an
   // infinite mean, which would make parameters inf or NaN for good. The sum is cleared either way.

@@ -16,6 +16,7 @@
 #include "metrics_log.h"
 #include "predictor.h"
 #include "random.h"
+#include "record_write.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -193,18 +194,11 @@ Checkpoint Trainer::checkpoint() const {
 
 namespace {
 
-// The metrics log is a view of the run, not the run: a write that fails (a full disk) is said
-// once and the log dropped, and training goes on (it once ended the run), as a cluster run's
-// log does (tools/tandem/run_records.h).
+// The log is dropped when a write fails (record_write.h).
 template <typename Write>
 void log_or_drop(std::unique_ptr<MetricsLog>& metrics, Write&& write) {
-  try {
-    std::forward<Write>(write)();
-  } catch (const IoError& e) {
-    std::fprintf(stderr, "tandem: warning: %s; training goes on without the metrics log\n",
-                 e.what());
-    metrics.reset();
-  }
+  if (!write_record("training goes on without the metrics log", std::forward<Write>(write)))
+    metrics.reset();  // and its steps' losses are no longer read back for it
 }
 
 // Data sets a run reads again and again stay on the device for the run (a GPU backend copies
@@ -357,6 +351,7 @@ TrainSummary Trainer::train_epochs(int64_t rows_per_epoch, const EpochRunner& ru
     report.epoch = static_cast<int>(epoch_);
     report.step = backend_->step();
     report.train_loss_mean = loss_sum / static_cast<double>(rows_per_epoch);
+    summary.train_loss_mean = report.train_loss_mean;
     report.seconds = epoch_seconds;
     report.samples_per_s = static_cast<double>(rows_per_epoch) / std::max(epoch_seconds, 1e-9);
     // The members change together once the epoch is scored: an exception before (from the

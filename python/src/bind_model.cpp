@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "array_rows.h"
+#include "fit_divergence.h"
 #include "gil.h"
 #include "tandem/tandem.h"
 
@@ -79,6 +80,7 @@ py::dict summary_dict(const TrainSummary& s) {
   return py::dict("backend"_a = s.backend, "threads"_a = s.threads, "epochs"_a = s.epochs,
                   "kept_epoch"_a = s.kept_epoch, "steps"_a = s.steps, "samples"_a = s.samples,
                   "seconds"_a = s.seconds, "samples_per_s"_a = s.samples_per_s,
+                  "train_loss_mean"_a = s.train_loss_mean,
                   "validation"_a = eval_or_none(s.validation), "test"_a = eval_or_none(s.test));
 }
 
@@ -232,6 +234,10 @@ void bind_model(py::module_& m) {
           return trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
                              test_rows ? test_rows->block.rows : DatasetView{});
         });
+        // NaN parameters are no model, and their state no resume (`tandem train` exits 1).
+        if (const std::string why = why_diverged(summary); !why.empty())
+          throw InputError("training diverged: " + why + " (try a lower learning_rate; or the "
+                           "data holds NaN or infinite values)");
         if (!return_state) return py::make_tuple(trainer.model(), summary_dict(summary));
         const std::vector<uint8_t> state =
             without_gil([&] { return encode_checkpoint(trainer.resume_state()); });
@@ -246,7 +252,9 @@ void bind_model(py::module_& m) {
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
       "(model, summary). on_epoch(report) is called after every epoch. A report's and the "
       "summary's validation (and the summary's test) is None when no such split was given (or "
-      "it has no rows).\n\n"
+      "it has no rows). Raises InputError when training diverged (a NaN loss: judged by the "
+      "kept parameters' validation loss, else the test loss, else the last epoch's training "
+      "loss, summary['train_loss_mean']), as tandem train exits 1.\n\n"
       "return_state=True returns (model, summary, state): state is the run's whole training "
       "state (parameters, optimizer moments, step, epochs done; the kept epoch's with "
       "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "

@@ -2,7 +2,6 @@
 inside the Dask workers, feed them dask-array blocks in place, train to a target, stop, and the
 Dask cluster still runs tasks; errors of the roles reach the client with the engine's message."""
 
-import math
 import os
 import shutil
 import signal
@@ -180,9 +179,9 @@ class SimpleParallelismTest(LocalClusterTest):
         train = make_rows(2000, 11)
         validation = make_rows(400, 12)
         # A learning rate of 1e-6 cannot learn in 2 epochs; 0.01 does: the known best. 1e30
-        # diverges: its loss is NaN, ranked after every finite one (a NaN in the sort key once
-        # left 1e-6 first). A model whose input width is wrong crashes its trial, and the search
-        # goes on.
+        # diverges: its trial fails saying so, as tandem.train raises and a `tandem search` trial
+        # exits 1 (it once ranked, with its NaN loss, among the trials that trained). A model
+        # whose input width is wrong crashes its trial, and the search goes on.
         grid = {"learning_rate": [1e-6, 1e30, 0.01], "layers": [[784, 16, 10], [100, 16, 10]]}
         self.assertEqual(len(tdask.expand_grid(grid)), 6)
         results = tdask.search(self.client, grid, (da.from_array(train[0], chunks=500), train[1]),
@@ -192,12 +191,16 @@ class SimpleParallelismTest(LocalClusterTest):
         self.assertGreater(results[0]["validation"]["accuracy"], 0.9)
         self.assertEqual(results[1]["config"]["learning_rate"], 1e-6)
         self.assertGreater(results[1]["validation"]["loss_sum"], results[0]["validation"]["loss_sum"])
-        self.assertEqual(results[2]["config"]["learning_rate"], 1e30)
-        self.assertTrue(math.isnan(results[2]["validation"]["loss_sum"]))
         crashed = [r for r in results if "error" in r]
-        self.assertEqual(len(crashed), 3)
-        self.assertTrue(all("model 100-16-10 expects 100" in r["error"] for r in crashed), crashed)
-        self.assertEqual(results[3:], crashed)  # failures last
+        self.assertEqual(len(crashed), 4)
+        self.assertEqual(results[2:], crashed)  # failures last
+        diverged = [r for r in crashed if r["config"] == {"learning_rate": 1e30,
+                                                          "layers": [784, 16, 10]}]
+        self.assertEqual(len(diverged), 1, crashed)
+        self.assertIn("InputError: training diverged: the kept parameters give a validation loss "
+                      "of", diverged[0]["error"])
+        self.assertTrue(all("model 100-16-10 expects 100" in r["error"]
+                            for r in crashed if r is not diverged[0]), crashed)
         # The best model came back whole: it scores as its trial said.
         best = results[0]["model"].evaluate(*validation)
         self.assertAlmostEqual(best["loss_sum"], results[0]["validation"]["loss_sum"], places=2)

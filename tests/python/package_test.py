@@ -69,6 +69,27 @@ class ModelTest(unittest.TestCase):
         with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
             c.set_parameters({"nope": np.zeros(3, np.float32)})
 
+    def test_training_that_diverges_raises_as_tandem_train_exits_1(self):
+        """NaN parameters are no model, and their state no resume: tandem.train once returned
+        them as if it had trained. Judged as `tandem train` judges: the kept parameters'
+        validation loss, else the test split's, else the last epoch's training loss."""
+        x, y = make_rows(300, 14)
+        kw = dict(layers=[784, 8, 10], epochs=2, batch=100, backend="cpu", threads=1)
+        with self.assertRaisesRegex(tandem.InputError, "training diverged: the last epoch's "
+                                    "training loss is -?nan.*lower learning_rate"):
+            tandem.train((x, y), learning_rate=1e30, return_state=True, **kw)
+        with self.assertRaisesRegex(tandem.InputError, "training diverged: the parameters give "
+                                    "a test loss of"):
+            tandem.train((x, y), test=(x, y), learning_rate=1e30, **kw)
+        with_nan = (x / np.float32(255)).astype(np.float32)
+        with_nan[5, 7] = np.nan
+        with self.assertRaisesRegex(tandem.InputError, "training diverged: the kept parameters "
+                                    "give a validation loss of"):
+            tandem.train((with_nan, y), validation=(x, y), **kw)
+        # A run that trains well reports its last epoch's training loss, finite.
+        _, summary = tandem.train((x, y), **kw)
+        self.assertTrue(0 < summary["train_loss_mean"] < 10, summary)
+
     def test_paths_pairs_and_parameters_as_users_give_them(self):
         with tempfile.TemporaryDirectory() as d:
             # pathlib paths, as for any file API; (images, labels) as a list or a tuple.

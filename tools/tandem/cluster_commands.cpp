@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "json_text.h"
 #include "number_checks.h"
@@ -304,16 +305,23 @@ void resolve(ClusterCommandOptions& o) {
 }
 
 // A restarted server resumes from the checkpoints within a run; a new run starts fresh unless
-// asked (and its TensorBoard curves start afresh too, in the default directory). Called once
-// every check that can refuse the run has passed: a refused command leaves the previous run's
-// files as they were.
+// asked (and its TensorBoard curves start afresh too, in the default directory): the
+// directories a fresh run removes.
+std::vector<std::string> directories_a_fresh_run_clears(const ClusterCommandOptions& o) {
+  if (o.resume) return {};
+  std::vector<std::string> dirs{o.cluster.settings.checkpoint_dir};
+  if (o.tensorboard_dir.empty()) dirs.push_back(o.run_dir + "/tensorboard");
+  return dirs;
+}
+
+// Called once every check that can refuse the run has passed: a refused command leaves the
+// previous run's files as they were.
 void clear_previous_run(const ClusterCommandOptions& o) {
   // The old spec names the old run's ports (`tandem scores --coordinator RUN/cluster.json` would
   // follow them), whether or not this run resumes it: this one is written when training starts.
   std::filesystem::remove(o.run_dir + "/cluster.json");
+  for (const std::string& dir : directories_a_fresh_run_clears(o)) std::filesystem::remove_all(dir);
   if (o.resume) return;
-  std::filesystem::remove_all(o.cluster.settings.checkpoint_dir);
-  if (o.tensorboard_dir.empty()) std::filesystem::remove_all(o.run_dir + "/tensorboard");
   // Nor does an earlier run's model stay beside this run's files: a run stopped before it
   // trained writes none, and the old one would pass for it. (The best-score model goes when the
   // coordinator starts serving: ClusterRun::run.)
@@ -509,12 +517,10 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   check_writable_in_place(metrics_path);
   // A fresh run clears these after its log is open (locked): a log in one of them would be
   // written unlinked, and lost.
-  if (!o.resume)
-    for (const std::string& cleared :
-         {rs.checkpoint_dir, o.tensorboard_dir.empty() ? o.run_dir + "/tensorboard" : ""})
-      if (!cleared.empty() && lies_in(cleared, metrics_path))
-        throw InputError("--metrics " + metrics_path + " lies in " + cleared +
-                         ", which a fresh run clears");
+  for (const std::string& cleared : directories_a_fresh_run_clears(o))
+    if (lies_in(cleared, metrics_path))
+      throw InputError("--metrics " + metrics_path + " lies in " + cleared +
+                       ", which a fresh run clears");
   if (!o.tensorboard_dir.empty()) {
     create_output_directory(tensorboard_dir, "--tensorboard");
     check_replaceable(tensorboard_dir + "/events");

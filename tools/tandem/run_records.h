@@ -1,18 +1,14 @@
 // A cluster run's records as the coordinator's command writes them: the metrics log and the
-// TensorBoard events. They are a view of the run, not the run: a write that fails (a full disk,
-// a quota) is said once on stderr and that output stops, while the run goes on to its stop rule
-// and saves its model. A failed write once ended the whole run, every role with it, and no model
-// was saved.
+// TensorBoard events, each given up after its first failed write (record_write.h).
 #pragma once
 
-#include <cstdio>
 #include <string>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "metrics_log.h"
-#include "tandem/error.h"
+#include "record_write.h"
 #include "tensorboard_writer.h"
 
 namespace tandem::cli {
@@ -23,31 +19,27 @@ class RunRecords {
       : metrics_(metrics), tensorboard_(tensorboard) {}
 
   void metrics(const nlohmann::json& record) {
-    guarded(metrics_failed_, "metrics records", [&] { metrics_.write(record); });
+    guarded(metrics_failed_, kMetricsGone, [&] { metrics_.write(record); });
   }
   void scalar(const std::string& tag, int64_t step, float value,
               double wall_time = wall_clock_seconds()) {
-    guarded(tensorboard_failed_, "TensorBoard events",
+    guarded(tensorboard_failed_, kEventsGone,
             [&] { tensorboard_.add_scalar(tag, step, value, wall_time); });
   }
   void flush_tensorboard() {
-    guarded(tensorboard_failed_, "TensorBoard events", [&] { tensorboard_.flush(); });
+    guarded(tensorboard_failed_, kEventsGone, [&] { tensorboard_.flush(); });
   }
   void close_tensorboard() {
-    guarded(tensorboard_failed_, "TensorBoard events", [&] { tensorboard_.close(); });
+    guarded(tensorboard_failed_, kEventsGone, [&] { tensorboard_.close(); });
   }
 
  private:
+  static constexpr const char* kMetricsGone = "the run goes on without more metrics records";
+  static constexpr const char* kEventsGone = "the run goes on without more TensorBoard events";
+
   template <typename Write>
-  static void guarded(bool& failed, const char* what, Write&& write) {
-    if (failed) return;
-    try {
-      std::forward<Write>(write)();
-    } catch (const IoError& e) {
-      failed = true;
-      std::fprintf(stderr, "tandem: warning: %s; the run goes on without more %s\n", e.what(),
-                   what);
-    }
+  static void guarded(bool& failed, const char* goes_on_without, Write&& write) {
+    if (!failed) failed = !write_record(goes_on_without, std::forward<Write>(write));
   }
 
   MetricsLog& metrics_;

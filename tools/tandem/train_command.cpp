@@ -12,6 +12,7 @@
 #include "batch_count.h"
 #include "checkpoint_count.h"
 #include "commands.h"
+#include "fit_divergence.h"
 #include "json_output.h"
 #include "progress_line.h"
 #include "stop_signals.h"
@@ -177,10 +178,8 @@ void run_train(TrainOptions& o) {
   // Whether this run has written its checkpoint (the trainer saves before on_epoch): a file
   // already there when it started may be another run's.
   bool checkpointed = false;
-  double last_train_loss = 0.0;
   trainer.on_epoch = [&](const EpochReport& r) {
     checkpointed = !config.checkpoint_path.empty();
-    last_train_loss = r.train_loss_mean;
     char scored[96] = "no validation split";
     if (r.validation.samples > 0)
       std::snprintf(scored, sizeof(scored), "validation loss %.1f  accuracy %.4f",
@@ -246,18 +245,9 @@ void run_train(TrainOptions& o) {
     print_split("validation:", s.validation);
     print_split("test:      ", s.test);
   }
-  // A run whose kept parameters score NaN diverged: its model is of no use, and a script (or a
-  // search trial) must see it failed. Judged by the validation loss, or without a validation
-  // split by the test split's, or else by the last epoch's training loss.
-  const auto [judged_by, loss] =
-      s.validation.samples > 0 ? std::pair("the kept parameters give a validation loss of",
-                                           s.validation.loss_sum)
-      : s.test.samples > 0     ? std::pair("the parameters give a test loss of", s.test.loss_sum)
-      : s.epochs > 0 ? std::pair("the last epoch's training loss is", last_train_loss)
-                     : std::pair("", 0.0);
-  if (!std::isfinite(loss))
-    throw InputError(std::string("training diverged: ") + judged_by + " " +
-                     std::to_string(loss) + " (try a lower --lr; or the data holds NaN or "
+  // A run whose kept parameters score NaN diverged (fit_divergence.h).
+  if (const std::string why = why_diverged(s); !why.empty())
+    throw InputError("training diverged: " + why + " (try a lower --lr; or the data holds NaN or "
                      "infinite pixels, a store's fill value for its missing chunks say: tandem "
                      "inspect shows their min and max)");
 }

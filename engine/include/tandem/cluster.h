@@ -46,6 +46,7 @@
 #include "tandem/dataset.h"
 #include "tandem/model.h"
 #include "tandem/trainer.h"
+#include "tandem/export.h"
 
 namespace tandem {
 
@@ -53,11 +54,11 @@ namespace tandem {
 // layout `tandem prepare` writes: the store a cluster trains on. Written under a temporary name
 // and renamed into place when complete. Throws InputError when `path` exists (unless
 // `overwrite`), IoError when it cannot be written.
-void write_cluster_store(const DataSplits& splits, const std::string& path,
-                         int64_t chunk_rows = 10000, bool overwrite = false);
+TANDEM_API void write_cluster_store(const DataSplits& splits, const std::string& path,
+                                    int64_t chunk_rows = 10000, bool overwrite = false);
 
 // One score of the run: the scorer's evaluation of the validation split.
-struct ClusterScore {
+struct TANDEM_API ClusterScore {
   int64_t seq = 0;       // 1, 2, ... in the order the coordinator received them
   double t = 0;          // seconds since training started
   int64_t step = 0;      // the servers' global step of the parameters scored
@@ -71,7 +72,7 @@ struct ClusterScore {
 // (control and scores) serve under that key pair, admitting only the client keys listed in
 // curve_allowed_path when it is set (else any client that knows the public key). A role or a
 // score stream joining such a run from outside train_cluster needs these.
-struct ClusterCurveKeys {
+struct TANDEM_API ClusterCurveKeys {
   std::string server_public_key;  // the run's public key (Z85, 40 characters); empty: no CURVE
   // This side's key file (tandem keygen's PREFIX.key_secret); empty: a throwaway pair, admitted
   // only when the run has no allowed list. A role also uses it with the parameter servers.
@@ -81,7 +82,7 @@ struct ClusterCurveKeys {
 // ---------------------------------------------------------------------------------------------
 // A whole run in one call.
 
-struct ClusterRunOptions {
+struct TANDEM_API ClusterRunOptions {
   std::string settings = "{}";  // the run's settings (JSON object, keys above); "data" required
   int ps = 1;                   // parameter servers (>= 1)
   int workers = 1;              // workers (>= 1)
@@ -112,7 +113,7 @@ struct ClusterRunOptions {
   std::function<void(const ClusterScore& score)> on_score;
 };
 
-struct ClusterRunSummary {
+struct TANDEM_API ClusterRunSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop
   int64_t epochs = 0;       // completed epochs
@@ -140,12 +141,12 @@ struct ClusterRunSummary {
 // InputError for bad options, settings or store before anything starts, and Error ("cluster run
 // failed: ...", naming the role) when a role fails, the start-up times out or a role is lost
 // for good.
-ClusterRunSummary train_cluster(const ClusterRunOptions& options);
+TANDEM_API ClusterRunSummary train_cluster(const ClusterRunOptions& options);
 
 // ---------------------------------------------------------------------------------------------
 // The pieces, each by hand.
 
-struct ClusterCoordinatorOptions {
+struct TANDEM_API ClusterCoordinatorOptions {
   std::string settings = "{}";  // the run's settings (JSON object, keys above)
   int ps = 1, workers = 1, scorers = 1;  // the roles the run waits for
   double target = 0;            // as ClusterRunOptions
@@ -167,7 +168,7 @@ struct ClusterCoordinatorOptions {
 //   c.wait(-1);                             // training stopped, workers and scorer gone
 //   Model model = c.pull_model();           // the final parameters
 //   c.finish(30);                           // the servers checkpoint and exit
-class ClusterCoordinator {
+class TANDEM_API ClusterCoordinator {
  public:
   // Opens the store (for the batch plan; not needed when the settings say fed) and binds the
   // coordinator's sockets. Throws InputError for bad settings or store, Error naming the address
@@ -217,7 +218,7 @@ class ClusterCoordinator {
   std::unique_ptr<Impl> impl_;
 };
 
-struct ClusterRoleOptions {
+struct TANDEM_API ClusterRoleOptions {
   std::string bind;         // parameter server: where to serve; empty: tcp://127.0.0.1:*
   std::string advertise;    // parameter server: the host peers reach it by (for tcp://0.0.0.0)
   std::string data;         // overrides the settings' store path (mounted elsewhere here)
@@ -234,7 +235,7 @@ struct ClusterRoleOptions {
 // registered is a restart of that role. join, stop, running and kind may be called from any
 // thread. Each factory throws InputError for an empty or inproc:// address (and GPUs for a
 // role other than a worker); everything else the role meets comes out of join().
-class ClusterRole {
+class TANDEM_API ClusterRole {
  public:
   static ClusterRole parameter_server(const std::string& coordinator, const std::string& name = "",
                                       const ClusterRoleOptions& options = {});
@@ -270,7 +271,7 @@ class ClusterRole {
 
 // The coordinator's scores channel: the newest scores at once (the last 10), then each new one,
 // then the end of the run. For watching a run from anywhere (another thread or process).
-class ClusterScoreStream {
+class TANDEM_API ClusterScoreStream {
  public:
   // `coordinator`: the coordinator's address(); `curve`: for a run under CURVE. Throws Error
   // when it does not answer within timeout_s (negative: a day; 0 or NaN: InputError), naming a

@@ -4,12 +4,13 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "tandem/export.h"
 
 namespace tandem {
 
 // Layer widths from input to output: 784-100-10 is the seed's model (one ReLU hidden layer and a
 // softmax output). Every layer but the last is dense + bias + ReLU; the last is dense + bias.
-struct ModelConfig {
+struct TANDEM_API ModelConfig {
   std::vector<int64_t> layers{784, 100, 10};
 
   int64_t inputs() const { return layers.front(); }
@@ -25,7 +26,7 @@ struct ModelConfig {
 
 enum class OptimizerKind { Adam, Sgd };
 
-struct OptimizerConfig {
+struct TANDEM_API OptimizerConfig {
   OptimizerKind kind = OptimizerKind::Adam;
   float learning_rate = 0.01f;
   float beta1 = 0.9f;
@@ -44,7 +45,7 @@ enum class BackendKind { Cpu, Cuda, Auto };
 // float32. The CPU backend computes in float32 only.
 enum class Precision { Fp32, Tf32, Bf16 };
 
-struct TrainConfig {
+struct TANDEM_API TrainConfig {
   ModelConfig model;
   OptimizerConfig optimizer;
   BackendKind backend = BackendKind::Auto;
@@ -70,11 +71,11 @@ struct TrainConfig {
   void validate() const;
 };
 
-const char* to_string(BackendKind kind);
-const char* to_string(OptimizerKind kind);
-const char* to_string(Precision precision);
-BackendKind parse_backend(const std::string& text);
-OptimizerKind parse_optimizer(const std::string& text);
-Precision parse_precision(const std::string& text);  // "fp32", "tf32" or "bf16"
+TANDEM_API const char* to_string(BackendKind kind);
+TANDEM_API const char* to_string(OptimizerKind kind);
+TANDEM_API const char* to_string(Precision precision);
+TANDEM_API BackendKind parse_backend(const std::string& text);
+TANDEM_API OptimizerKind parse_optimizer(const std::string& text);
+TANDEM_API Precision parse_precision(const std::string& text);  // "fp32", "tf32" or "bf16"
 
 }  // namespace tandem

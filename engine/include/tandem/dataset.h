@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "tandem/export.h"
 
 namespace tandem {
 
@@ -14,7 +15,7 @@ namespace tandem {
 enum class PixelType : uint8_t { UInt8, Float32 };
 
 // A non-owning view of `rows` consecutive rows. Cheap to copy; the owner must outlive it.
-struct DatasetView {
+struct TANDEM_API DatasetView {
   PixelType pixel_type = PixelType::UInt8;
   const void* pixels = nullptr;     // rows x features, row-major
   const uint8_t* labels = nullptr;  // rows class indices in [0, num_classes); null: unlabelled
@@ -28,7 +29,7 @@ struct DatasetView {
 };
 
 // An owning data set: the bytes of its pixels and labels.
-class Dataset {
+class TANDEM_API Dataset {
  public:
   Dataset() = default;
   Dataset(PixelType type, int64_t rows, int64_t features, int num_classes);
@@ -54,7 +55,7 @@ class Dataset {
 
 // A source of training batches, epoch after epoch: the chunk manager streaming a persisted store
 // implements it (open_store_stream in trainer.h).
-class BatchStream {
+class TANDEM_API BatchStream {
  public:
   virtual ~BatchStream() = default;
   // Rows this stream yields in one epoch (all of its batches together).
@@ -70,7 +71,7 @@ class BatchStream {
 
 // The three splits of an MNIST-format data set, split as TensorFlow's reader does: the last
 // `validation_rows` training images are the validation split, the t10k files are the test split.
-struct DataSplits {
+struct TANDEM_API DataSplits {
   Dataset train;
   Dataset validation;
   Dataset test;
@@ -78,16 +79,16 @@ struct DataSplits {
 };
 
 // Where Debian's dataset-fashion-mnist package puts its IDX files.
-std::string default_data_dir();
+TANDEM_API std::string default_data_dir();
 
 // Reads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
 // t10k-labels-idx1-ubyte (each raw or with a .gz suffix) from `dir`. Throws InputError naming the
 // file and the problem when a file is missing, malformed, or the counts disagree.
-DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows = 5000);
+TANDEM_API DataSplits load_mnist_splits(const std::string& dir, int64_t validation_rows = 5000);
 
 // Persisted dataset stores (Zarr groups written by `tandem prepare`, or by Dask): `images` and
 // `labels` for training, and the same under `validation/` and `test/`.
-struct StreamOptions {
+struct TANDEM_API StreamOptions {
   int64_t batch_rows = 1000;
   bool shuffle = true;  // chunk order and rows within each chunk, per epoch, from the seed
   uint64_t seed = 1;
@@ -103,12 +104,13 @@ struct StreamOptions {
 };
 
 // True when `path` is a Zarr group (a dataset store) rather than a directory of IDX files.
-bool is_dataset_store(const std::string& path);
+TANDEM_API bool is_dataset_store(const std::string& path);
 
 // The validation and test splits of a store, read into memory (train is left empty: stream it).
-DataSplits load_store_eval_splits(const std::string& path);
+TANDEM_API DataSplits load_store_eval_splits(const std::string& path);
 
 // The training split of a store as a stream of batches through the chunk manager.
-std::unique_ptr<BatchStream> open_store_stream(const std::string& path, const StreamOptions& options);
+TANDEM_API std::unique_ptr<BatchStream> open_store_stream(const std::string& path,
+                                                         const StreamOptions& options);
 
 }  // namespace tandem

@@ -4,23 +4,24 @@
 
 #include <stdexcept>
 #include <string>
+#include "tandem/export.h"
 
 namespace tandem {
 
 // Base of every exception the engine throws. Callers that only want a message catch this.
-class Error : public std::runtime_error {
+class TANDEM_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // Bad user input: a file in the wrong format, a shape that does not match, a value out of range.
-class InputError : public Error {
+class TANDEM_API InputError : public Error {
  public:
   using Error::Error;
 };
 
 // An operating-system level failure (open, read, write, rename, fsync), with errno's text.
-class IoError : public Error {
+class TANDEM_API IoError : public Error {
  public:
   using Error::Error;
 };

@@ -10,11 +10,12 @@
 
 #include "tandem/config.h"
 #include "tandem/dataset.h"
+#include "tandem/export.h"
 
 namespace tandem {
 
 // A named float32 tensor.
-struct NamedTensor {
+struct TANDEM_API NamedTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> values;
@@ -23,7 +24,7 @@ struct NamedTensor {
 // The parameter tensors of a model, in a fixed order: for each layer its weight [in, out] and
 // bias [out]. The seed's names: hid_w, hid_b for the (first) hidden layer, hid2_w ... for more,
 // sm_w, sm_b for the softmax layer.
-class Model {
+class TANDEM_API Model {
  public:
   explicit Model(ModelConfig config);  // zero parameters of the right shapes
 
@@ -46,13 +47,13 @@ class Model {
 };
 
 // Adam's moments, one tensor per parameter, in the model's order (empty for SGD).
-struct OptimizerState {
+struct TANDEM_API OptimizerState {
   std::vector<NamedTensor> m;
   std::vector<NamedTensor> v;
 };
 
 // Everything needed to continue a run where it stopped.
-struct Checkpoint {
+struct TANDEM_API Checkpoint {
   Model model{ModelConfig{}};
   OptimizerConfig optimizer;
   OptimizerState state;
@@ -70,18 +71,20 @@ struct Checkpoint {
 
 // Writes a safetensors file atomically (temporary file, fsync, rename): the parameters under
 // their names, Adam's moments as NAME.adam_m / NAME.adam_v, everything else in __metadata__.
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+TANDEM_API void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
 // Reads and validates a whole checkpoint. Throws InputError naming the file and the problem for a
 // truncated or corrupt file, or when it does not hold a complete model. When `expected` is given,
 // the model's layers must match it.
-Checkpoint load_checkpoint(const std::string& path, const ModelConfig* expected = nullptr);
+TANDEM_API Checkpoint load_checkpoint(const std::string& path,
+                                      const ModelConfig* expected = nullptr);
 
 // The same as the bytes of that safetensors file, for a checkpoint that travels between
 // processes (a search trial resumed on another machine); decoding checks it as loading does,
 // naming it `name`.
-std::vector<uint8_t> encode_checkpoint(const Checkpoint& checkpoint);
-Checkpoint decode_checkpoint(const uint8_t* data, size_t size, const std::string& name,
-                             const ModelConfig* expected = nullptr);
+TANDEM_API std::vector<uint8_t> encode_checkpoint(const Checkpoint& checkpoint);
+TANDEM_API Checkpoint decode_checkpoint(const uint8_t* data, size_t size,
+                                        const std::string& name,
+                                        const ModelConfig* expected = nullptr);
 
 }  // namespace tandem

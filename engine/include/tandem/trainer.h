@@ -10,10 +10,11 @@
 #include "tandem/config.h"
 #include "tandem/dataset.h"
 #include "tandem/model.h"
+#include "tandem/export.h"
 
 namespace tandem {
 
-struct EvalResult {
+struct TANDEM_API EvalResult {
   double loss_sum = 0.0;   // the seed's summed clipped cross-entropy
   double loss_mean = 0.0;  // per sample
   double accuracy = 0.0;
@@ -21,7 +22,7 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
-struct StepReport {
+struct TANDEM_API StepReport {
   int64_t step = 0;        // global step after this update
   int epoch = 0;           // 0-based epoch this step belongs to
   double loss_sum = 0.0;   // summed over the batch
@@ -29,7 +30,7 @@ struct StepReport {
   double samples_per_s = 0.0;  // this step's own rate
 };
 
-struct EpochReport {
+struct TANDEM_API EpochReport {
   int epoch = 0;  // 1-based count of epochs completed
   int64_t step = 0;
   double train_loss_mean = 0.0;
@@ -38,7 +39,7 @@ struct EpochReport {
   EvalResult validation;
 };
 
-struct TrainSummary {
+struct TANDEM_API TrainSummary {
   std::string backend;
   int threads = 0;
   int epochs = 0;          // epochs trained by this call
@@ -47,13 +48,14 @@ struct TrainSummary {
   int64_t samples = 0;
   double seconds = 0.0;  // training time, excluding evaluation
   double samples_per_s = 0.0;
+  double train_loss_mean = 0.0;  // the last epoch's (its loss per sample); 0 when none trained
   EvalResult validation;
   EvalResult test;
 };
 
 class Backend;  // internal
 
-class Trainer {
+class TANDEM_API Trainer {
  public:
   // Builds the backend and the model: from `init_path` or `resume_path` when given, otherwise
   // initialised from the seed. Throws InputError for a bad configuration or checkpoint. Resuming
@@ -132,11 +134,12 @@ class Trainer {
 };
 
 // Evaluates a model on the CPU with `threads` threads (0: all cores).
-EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads = 0);
+TANDEM_API EvalResult evaluate_model(const Model& model, const DatasetView& data, int threads = 0);
 
 // Predicted class of every row (the arg-max of its logits, first maximum). InputError naming the
 // first row that has none: a NaN or infinite pixel, or pixels so large that its logits are not
 // finite.
-std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads = 0);
+TANDEM_API std::vector<uint8_t> predict(const Model& model, const DatasetView& data,
+                                        int threads = 0);
 
 }  // namespace tandem
