@@ -253,6 +253,17 @@ TEST(Coordinator, TheStateShowsALongRunsOlderScoresThinnedAndNoTargetAsNull) {
   for (size_t k = 1000; k < 2000; ++k)  // the newest 1,000 all there
     ASSERT_EQ(scores[k].at("step").get<int64_t>(), int64_t(k) + 501);
   EXPECT_EQ(c.scores().size(), 2500u);  // the run keeps them all
+  // What a caller polling ten times a second asks for: the figures without the points, and the
+  // scores it has not seen.
+  const json figures = c.state(/*with_scores=*/false);
+  EXPECT_EQ(figures.at("scores").size(), 0u);
+  EXPECT_EQ(figures.at("cluster").at("scores_total"), 2500);
+  const std::vector<ScoreRecord> tail = c.scores_since(2497);
+  ASSERT_EQ(tail.size(), 3u);
+  EXPECT_EQ(tail.front().seq, 2498);
+  EXPECT_EQ(tail.back().step, 2500);
+  EXPECT_TRUE(c.scores_since(2500).empty());
+  EXPECT_TRUE(c.scores_since(9999).empty());
 }
 
 // Bound but not answering until start_serving(): launch clears the previous run's files in
@@ -831,6 +842,32 @@ TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   restarted.request({{"type", "heartbeat"}, {"name", "worker0"},
                      {"status", {{"batches_done", 1}, {"gradients_lost", 1}}}});
   EXPECT_EQ(c.gradients_lost(), 3);
+}
+
+// A worker restarted without --name takes the name of one that is gone, the lowest first, and
+// what that one counted stays counted; a live one's name is never taken. Each restart once got
+// a new name, and the roles (the dashboard's document, the metrics log's per-second record,
+// the Prometheus series) grew for the run's life.
+TEST(Coordinator, AnUnnamedWorkerTakesTheNameOfOneThatIsGone) {
+  TwoWorkers cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_training());
+  Coordinator& c = cluster.c;
+  cluster.worker0.request({{"type", "heartbeat"}, {"name", "worker0"},
+                           {"status", {{"gradients_lost", 4}}}});
+  cluster.worker0.request({{"type", "goodbye"}, {"name", "worker0"}});
+  for (int restart = 0; restart < 5; ++restart) {
+    CoordinatorLink again(c.endpoint(), cluster.context);
+    EXPECT_EQ(again.request({{"type", "register"}, {"role", "worker"}}).at("name"), "worker0");
+    again.request({{"type", "heartbeat"}, {"name", "worker0"},
+                   {"status", {{"gradients_lost", 1}}}});
+    again.request({{"type", "goodbye"}, {"name", "worker0"}});
+  }
+  EXPECT_EQ(c.gradients_lost(), 4 + 5);  // each one's count, as the workers' statuses said
+  // worker0 live again and worker1 live: the next takes worker2.
+  CoordinatorLink live(c.endpoint(), cluster.context), third(c.endpoint(), cluster.context);
+  EXPECT_EQ(live.request({{"type", "register"}, {"role", "worker"}}).at("name"), "worker0");
+  EXPECT_EQ(third.request({{"type", "register"}, {"role", "worker"}}).at("name"), "worker2");
+  EXPECT_EQ(c.state().at("workers").size(), 3u) << c.state().dump();
 }
 
 // Once training has started the servers are fixed: an unnamed server registering then takes the

@@ -71,7 +71,7 @@ TEST(WorkerClocks, AWorkerSlowerThanTheTimeoutCountsForThreeOfItsPushGaps) {
   clocks.heard("fast", t0 + milliseconds(1500));  // forgetting runs: 1,350 ms < 10 x 450 ms
   EXPECT_TRUE(clocks.clock("slow", clock));
   // An Idle between two pushes: the spell is not measured as a gap (fast's stays 50 ms).
-  clocks.idle("fast");
+  clocks.idle("fast", t0 + milliseconds(1500));
   clocks.pushed("fast", t0 + milliseconds(2500));
   EXPECT_EQ(clocks.slowest_gaps(t0 + milliseconds(2500)), milliseconds(150));
 }
@@ -109,7 +109,7 @@ TEST(WorkerClocks, AWorkerBackFromALongIdleSpellCountsAgain) {
   const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
   clocks.pushed("a", t0);
   clocks.pushed("b", t0);
-  clocks.idle("b");
+  clocks.idle("b", t0);
   const auto later = t0 + std::chrono::seconds(30);  // 300 timeouts
   clocks.pushed("a", later);
   clocks.resumed("b", later);
@@ -119,13 +119,34 @@ TEST(WorkerClocks, AWorkerBackFromALongIdleSpellCountsAgain) {
   // Nor by another's: c, idle as long, is still known when b's Pull forgets the departed.
   WorkerClocks three(100, 6000);
   for (const char* w : {"a", "b", "c"}) three.pushed(w, t0);
-  three.idle("b");
-  three.idle("c");
+  three.idle("b", t0);
+  three.idle("c", t0);
   three.pushed("a", later);
   three.resumed("b", later);
   EXPECT_TRUE(three.clock("c", clock));
   three.resumed("c", later);
   EXPECT_EQ(three.active(later), 3);
+}
+
+// A worker that left while it waited for work (its last message an Idle) is forgotten once its
+// Idle messages have stopped for ten longest waits; one still sending them is kept however long
+// it waits. Such a worker was kept for good: one entry per worker that left waiting.
+TEST(WorkerClocks, AWorkerThatLeftWhileIdleIsForgottenOnceItsIdleMessagesStop) {
+  WorkerClocks clocks(100, 1000);
+  const auto t0 = WorkerClocks::Clock::time_point{} + std::chrono::hours(1);
+  for (const char* w : {"a", "left", "waiting"}) clocks.pushed(w, t0);
+  clocks.idle("left", t0);
+  for (int s = 1; s <= 12; ++s) {
+    const auto now = t0 + std::chrono::seconds(s);
+    clocks.idle("waiting", now);  // a waiting worker says so all along
+    clocks.pushed("a", now);
+    clocks.heard("a", now);
+  }
+  uint64_t clock = 0;
+  EXPECT_FALSE(clocks.clock("left", clock));  // silent 12 s > 10 x 1,000 ms
+  EXPECT_TRUE(clocks.clock("waiting", clock));
+  EXPECT_TRUE(clocks.clock("a", clock));
+  EXPECT_EQ(clocks.known(), 3);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "cluster_link.h"
 #include "cluster_ranks.h"
@@ -123,6 +124,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
   control_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
   scores_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
+  transport::drop_silent_peers(control_);
+  transport::drop_silent_peers(scores_);
   endpoint_ = advertised_endpoint(bind_socket(control_, options_.bind, "control"),
                                   options_.advertise_host);
   control_file_ = transport::BoundIpcFile(options_.bind);
@@ -344,6 +347,15 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   throw InputError("unknown request type '" + type + "'");
 }
 
+int Coordinator::lowest_free_index_locked(const std::string& kind, bool gone_are_free) const {
+  std::set<int> held;
+  for (const auto& [n, role] : roles_)
+    if (role.role == kind && !(gone_are_free && gone(role.state))) held.insert(role.index);
+  int index = 0;
+  while (held.count(index) > 0) ++index;
+  return index;
+}
+
 json Coordinator::handle_register(const json& r) {
   const std::string kind = json_string(r, "role", "");
   if (kind != "ps" && kind != "worker" && kind != "scorer")
@@ -368,6 +380,14 @@ json Coordinator::handle_register(const json& r) {
                        "serving: no other can join (a restarted one joins with --name psK)");
     name = lost->name;
   }
+  if (name.empty() && kind != "ps") {
+    // A worker or scorer restarted without --name takes the lowest index no live role of its
+    // kind holds, and so the name of one that is gone (its counts kept, as for a restart under
+    // its name), not a new name each time: those grew the roles, the dashboard's document and
+    // the metrics log's per-second record for good (25 restarts: worker0 to worker24).
+    index = lowest_free_index_locked(kind, /*gone_are_free=*/true);
+    name = kind + std::to_string(index);
+  }
   auto old = name.empty() ? roles_.end() : roles_.find(name);
   std::string previous_address;
   if (old != roles_.end()) {
@@ -378,15 +398,7 @@ json Coordinator::handle_register(const json& r) {
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
     index = old->second.index;
   }
-  if (index < 0) {
-    // The lowest index of this kind that nobody holds.
-    index = 0;
-    for (bool taken = true; taken; ) {
-      taken = false;
-      for (const auto& [n, role] : roles_)
-        if (role.role == kind && role.index == index) { taken = true; ++index; break; }
-    }
-  }
+  if (index < 0) index = lowest_free_index_locked(kind, /*gone_are_free=*/false);
   // The workers split the parameters over ps0 to ps(N-1), and the run waits for those names: a
   // server under any other name would be accepted, never counted, and the run would wait out
   // its start-up timeout naming the ps it lacks.
@@ -716,6 +728,12 @@ std::vector<ScoreRecord> Coordinator::scores() const {
   return scores_log_;
 }
 
+std::vector<ScoreRecord> Coordinator::scores_since(size_t first) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (first >= scores_log_.size()) return {};
+  return {scores_log_.begin() + static_cast<std::ptrdiff_t>(first), scores_log_.end()};
+}
+
 double Coordinator::training_seconds() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (training_started_ == Clock::time_point{}) return 0;
@@ -756,7 +774,7 @@ int64_t Coordinator::worker_total_locked(const char* field, int64_t retired) con
   return sum;
 }
 
-json Coordinator::state() const {
+json Coordinator::state(bool with_scores) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   json cluster{{"run", run_id_},  // the spec's "run": which run this is, for a page left open
@@ -807,7 +825,7 @@ json Coordinator::state() const {
   cluster["step"] = step;
   cluster["samples_per_s"] = samples_per_s;
   json scores = json::array();
-  for (const size_t i : scores_shown(scores_log_.size()))
+  for (const size_t i : scores_shown(with_scores ? scores_log_.size() : 0))
     scores.push_back({{"t", scores_log_[i].t}, {"step", scores_log_[i].step},
                       {"loss", scores_log_[i].loss}, {"accuracy", scores_log_[i].accuracy}});
   return {{"cluster", cluster}, {"roles", roles}, {"scores", scores}, {"workers", workers},

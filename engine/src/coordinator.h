@@ -145,8 +145,13 @@ class Coordinator {
   // The spec when training started (every expected role in it, even those gone since); null
   // before.
   nlohmann::json training_spec() const;
-  nlohmann::json state() const;  // the dashboard's document (see dashboard_server.h)
+  // The dashboard's document (see dashboard_server.h). Without its scores (up to 2,000 points)
+  // for a caller that reads the cluster's figures ten times a second.
+  nlohmann::json state(bool with_scores = true) const;
   std::vector<ScoreRecord> scores() const;
+  // The scores after the first `first` (scores()[first...]): what a caller that follows the run
+  // has not seen, without copying the whole log, which grows for the run's life, at every tick.
+  std::vector<ScoreRecord> scores_since(size_t first) const;
   double training_seconds() const;  // from the start of training to draining (or now)
   int64_t epochs_completed() const;
   // Whether the run stops without scores: max_epochs or max_seconds set (a target needs them).
@@ -175,6 +180,8 @@ class Coordinator {
   void serve();
   nlohmann::json handle(const nlohmann::json& request, bool& subscribe_replay);
   nlohmann::json handle_register(const nlohmann::json& r);
+  // The lowest index of a kind of role that no role holds (with gone_are_free, no live role).
+  int lowest_free_index_locked(const std::string& kind, bool gone_are_free) const;
   nlohmann::json handle_work(const nlohmann::json& r);
   nlohmann::json handle_score(const nlohmann::json& r);
   // A heartbeat's or score's reply: the phase, and once failed, why (with mutex_ held).

@@ -101,6 +101,7 @@ ParameterServer::ParameterServer(ServerOptions options)
     socket_.set(zmq::sockopt::linger, 200);
     // ZeroMQ drops a peer whose frame exceeds this before it reaches us (oversized messages).
     socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.limits.max_message_bytes));
+    transport::drop_silent_peers(socket_);
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }
@@ -537,7 +538,7 @@ void ParameterServer::dispatch(const zmq::message_t& peer, const DecodeResult& r
         return;
       }
       if (options_.mode == PsMode::Async) return;
-      clocks_.idle(std::string(peer.data<char>(), peer.size()));
+      clocks_.idle(std::string(peer.data<char>(), peer.size()), Clock::now());
       // The step in progress may wait only for this worker's gradient: it need not.
       if (options_.mode == PsMode::Sync && shard_.pending() > 0 &&
           shard_.pending() >= replicas_needed(Clock::now()))

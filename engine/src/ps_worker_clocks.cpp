@@ -47,9 +47,11 @@ WorkerClocks::Clock::duration WorkerClocks::slowest_gaps(Clock::time_point now) 
   return std::min(kGapsAllowed * longest, longest_);
 }
 
-void WorkerClocks::idle(const std::string& worker) {
+void WorkerClocks::idle(const std::string& worker, Clock::time_point now) {
   const auto it = workers_.find(worker);
-  if (it != workers_.end()) it->second.idle = it->second.idle_since_push = true;
+  if (it == workers_.end()) return;
+  it->second.idle = it->second.idle_since_push = true;
+  it->second.last_idle = now;
 }
 
 void WorkerClocks::clear_idle() {
@@ -59,13 +61,15 @@ void WorkerClocks::clear_idle() {
 void WorkerClocks::forget_departed(Clock::time_point now) {
   if (now - last_forget_ < timeout_) return;
   last_forget_ = now;
-  // (Not a worker that said Idle since its last push: nothing it sends while idle counts as
-  // heard by a sync server, and another's Pull would forget it before its own came.)
+  // (A worker that said Idle since its last push by its Idle messages: nothing it sends while
+  // idle counts as heard by a sync server, and another's Pull would forget it before its own
+  // came.)
+  const auto departed = [&](const Worker& w) {
+    if (!w.idle_since_push) return now - w.last_heard > kForgetAfterTimeouts * allowance(w);
+    return now - std::max(w.last_heard, w.last_idle) > kForgetAfterTimeouts * longest_;
+  };
   for (auto it = workers_.begin(); it != workers_.end();)
-    it = !it->second.idle_since_push &&
-                 now - it->second.last_heard > kForgetAfterTimeouts * allowance(it->second)
-             ? workers_.erase(it)
-             : std::next(it);
+    it = departed(it->second) ? workers_.erase(it) : std::next(it);
 }
 
 void WorkerClocks::heard(const std::string& worker, Clock::time_point now) {

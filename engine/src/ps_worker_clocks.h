@@ -48,7 +48,7 @@ class WorkerClocks {
   // `worker` has no batch to train for now (an Idle message): until its next push it holds
   // nobody back (active and within leave it out), as if it had left; sync steps end it sooner
   // (clear_idle). Unknown workers are ignored.
-  void idle(const std::string& worker);
+  void idle(const std::string& worker, Clock::time_point now);
   // A Pull from `worker` (sync mode): it is back at work after idling and computes its next
   // gradient on the parameters pulled, so it counts again at once; a step applied before its
   // push would leave that gradient stale. Unknown workers (readers) are ignored.
@@ -83,10 +83,14 @@ class WorkerClocks {
     Clock::duration push_gap{};
     bool idle = false;
     bool idle_since_push = false;
+    Clock::time_point last_idle;  // its last Idle message: a waiting worker sends them all along
   };
   // Forgets workers silent for kForgetAfterTimeouts allowances: a worker that reconnects comes
   // back under a new routing identity, so without this the table (scanned on every request)
-  // would grow by one entry per reconnect for the whole run. Runs at most once a timeout.
+  // would grow by one entry per reconnect for the whole run. Runs at most once a timeout. A
+  // worker idle since its last push is forgotten only once its Idle messages too have stopped
+  // for kForgetAfterTimeouts longest waits (it was never forgotten: one entry per worker that
+  // left while it waited for work).
   void forget_departed(Clock::time_point now);
   static constexpr int kForgetAfterTimeouts = 10;
   // Registered, not idle and heard from within its allowance: it holds faster workers back.

@@ -139,8 +139,8 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   if (options.on_score) {
     std::function<void(const ClusterScore&)> on_score = options.on_score;
     o.on_tick = [on_score, &newest](const Coordinator& c) {
-      for (const ScoreRecord& s : c.scores()) {
-        if (s.seq <= newest) continue;
+      // A score's seq is its place in the log, counted from 1.
+      for (const ScoreRecord& s : c.scores_since(static_cast<size_t>(newest))) {
         newest = s.seq;
         on_score(to_public(s));
       }

@@ -584,9 +584,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // score, drawn while the run drains, would show that.
   double rate = 0.0;
   bool rate_known = false;
-  auto show_scores = [&](const std::vector<ScoreRecord>& scores) {
-    for (; scores_shown < scores.size(); ++scores_shown) {
-      const ScoreRecord& s = scores[scores_shown];
+  auto show_scores = [&](const std::vector<ScoreRecord>& new_scores) {  // those after scores_shown
+    for (const ScoreRecord& s : new_scores) {
+      ++scores_shown;
       const double wall =
           training_started_wall > 0 ? training_started_wall + s.t : wall_clock_seconds();
       records.scalar("score/validation_loss", s.step, float(s.loss), wall);
@@ -607,11 +607,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   };
   auto on_tick = [&](const Coordinator& c) {
     if (stop.load()) const_cast<Coordinator&>(c).request_stop("interrupted");
-    const json state = c.state();
+    // Ten times a second, for the run's life: neither the dashboard's score points nor the
+    // whole score log (a copy of each once made a days-long run's coordinator busy).
+    const json state = c.state(/*with_scores=*/false);
     const json& cl = state["cluster"];
     if (cl.value("state", std::string()) == "training") rate = cl.value("samples_per_s", 0.0);
     for (const json& w : state["workers"]) rate_known |= w.value("steps", int64_t{0}) > 0;
-    show_scores(c.scores());
+    show_scores(c.scores_since(scores_shown));
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
       records.metrics(json{{"type", "cluster"}, {"state", cl["state"]},
@@ -668,7 +670,9 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   }
   // A score the scorer published after the last tick: the curves hold every score the summary
   // counts.
-  show_scores(summary.scores);
+  if (scores_shown < summary.scores.size())
+    show_scores({summary.scores.begin() + static_cast<std::ptrdiff_t>(scores_shown),
+                 summary.scores.end()});
   progress.finish();
   log_final_evaluation(summary, records);
   records.close_tensorboard();

@@ -44,6 +44,15 @@ void send_message(zmq::socket_t& socket, const OutgoingMessage& message,
 void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
                  const zmq::message_t* routing_id, const std::string& where);
 
+// A server's socket drops a connection whose peer has said nothing, not even ZeroMQ's own
+// heartbeat answer, for kSilentPeerTimeoutMs: a peer host that lost power or its network never
+// closes its TCP connection, and each such connection held a file descriptor and a pipe in the
+// server for the rest of its life. ZeroMQ answers the heartbeats on its I/O thread, so a peer
+// busy in a long step, or slowed by a sanitizer, still answers. Set before bind.
+constexpr int kHeartbeatIntervalMs = 5000;
+constexpr int kSilentPeerTimeoutMs = 60000;
+void drop_silent_peers(zmq::socket_t& socket);
+
 // Binds `socket` to `address` and returns the endpoint bound (last_endpoint: the port ZeroMQ
 // chose for "*" or 0). The one way the servers bind: an address bind_address_problem refuses
 // (ZeroMQ takes a tcp:// port modulo 65536) is an InputError "REFUSAL: why", one ZeroMQ cannot
