@@ -8,13 +8,10 @@ set -euo pipefail
 # One run at a time in a checkout: a second would remake the venv and build into the same folder
 # under the first. The lock is flock's own (-o): no process a test leaves behind inherits it.
 if [ -z "${TANDEM_TEST_SH_LOCKED:-}" ]; then
-  export TANDEM_TEST_SH_LOCKED=1
-  rc=0
-  flock -n -E 75 -o "$0" bash "$0" "$@" || rc=$?
-  [ "$rc" -ne 75 ] && exit "$rc"
-  echo "scripts/test.sh: waiting for the other run in this checkout" >&2
-  exec flock -o "$0" bash "$0" "$@"
+  flock -n "$0" true || echo "scripts/test.sh: waiting for the other run in this checkout" >&2
+  TANDEM_TEST_SH_LOCKED=1 exec flock -o "$0" bash "$0" "$@"
 fi
+unset TANDEM_TEST_SH_LOCKED  # a scripts/test.sh run from a test takes its own checkout's lock
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 venv=.venv-test
@@ -49,7 +46,8 @@ ctest --test-dir "$build" --output-on-failure --parallel 2
 # corpus and its random mutants, at every run rather than only when someone fuzzes. Only the
 # fuzz targets are built (about 5 minutes on 2 cores); skipped when the caller's own cmake options
 # build the whole suite with AddressSanitizer already.
-if ! [[ " $* " =~ TANDEM_SANITIZE_ADDRESS(:BOOL)?=(ON|on|On|1|TRUE|true|YES|yes)\  ]]; then
+args=" ${*,,} "  # CMake's true spellings, any case
+if ! [[ "$args" =~ tandem_sanitize_address(:bool)?=(on|1|true|yes|y)\  ]]; then
   san=${TANDEM_FUZZ_ASAN_DIR:-${build%/}-fuzz-asan}
   generator=()
   [ -f "$san/CMakeCache.txt" ] || generator=(-G Ninja)

@@ -12,7 +12,9 @@ py=$2
 source "$(dirname "$0")/test_helpers.sh"
 dir=$(mktemp -d) || exit 1  # never an empty $dir: cleanup would act on "" and "/"
 cleanup() {
-  pkill -9 -f "$dir/" 2>/dev/null  # its roles only: every one runs in a folder of $dir
+  # What names a path in $dir on its command line (launches, coordinators, their roles); roles
+  # started by hand against a tcp:// address end once their coordinator is gone.
+  pkill -9 -f "$dir/" 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT

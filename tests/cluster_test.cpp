@@ -741,6 +741,21 @@ TEST(CoordinatorLink, PassesOverRepliesThatAreNotAnswersToItsRequest) {
   answer.join();
 }
 
+// An error on the heartbeat thread (here the status callback's; ZeroMQ refusing a socket when
+// no file descriptor is left, in a run) stops the beats and is kept for the role to raise
+// (check_coordinator). It was thrown out of the thread: std::terminate ended the process, every
+// in-process role and a Python interpreter with it, naming no role.
+TEST(CoordinatorLink, AnErrorOnTheHeartbeatThreadIsKeptForTheRoleNotTheEndOfTheProcess) {
+  zmq::context_t context(1);
+  Coordinator c(test::bare_coordinator_options(context));
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  EXPECT_EQ(link.heartbeat_failure(), "");
+  link.start_heartbeats("worker0", []() -> json { throw Error("the status broke"); }, 20);
+  EXPECT_TRUE(test::eventually([&] { return !link.heartbeat_failure().empty(); }, 10000, 10));
+  EXPECT_EQ(link.heartbeat_failure(), "the status broke");
+}
+
 TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   zmq::context_t context(1);
   CoordinatorOptions o = test::bare_coordinator_options(context);
@@ -773,6 +788,17 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   }
   const json orphans = alive.request({{"type", "work"}, {"name", "worker1"}}).at("task");
   EXPECT_EQ(orphans.at("batches").get<std::vector<int64_t>>(), range(0, 5));
+  // A worker registering without a name does not take the lost one's: lost is only silent, and
+  // worker0 comes back here (a process stopped for a while), to run under its own name alone.
+  CoordinatorLink newcomer(c.endpoint(), context);
+  EXPECT_EQ(newcomer.request({{"type", "register"}, {"role", "worker"}}).at("name"), "worker2");
+  silent.request({{"type", "heartbeat"}, {"name", "worker0"}});
+  state = c.state();
+  for (const json& r : state.at("roles")) {
+    if (r.at("name") == "worker0") {
+      EXPECT_EQ(r.at("state"), "running") << state.dump();
+    }
+  }
 }
 
 CoordinatorOptions two_worker_options(zmq::context_t& context) {
@@ -844,11 +870,12 @@ TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   EXPECT_EQ(c.gradients_lost(), 3);
 }
 
-// A worker restarted without --name takes the name of one that is gone, the lowest first, and
-// what that one counted stays counted; a live one's name is never taken. Each restart once got
+// A worker restarted without --name takes the name of one that stopped, the lowest first, and
+// what that one counted stays counted; a running one's name is never taken (nor a lost one's:
+// Coordinator.ASilentWorkerIsLostAndItsBatchesGoToAnother). Each restart once got
 // a new name, and the roles (the dashboard's document, the metrics log's per-second record,
 // the Prometheus series) grew for the run's life.
-TEST(Coordinator, AnUnnamedWorkerTakesTheNameOfOneThatIsGone) {
+TEST(Coordinator, AnUnnamedWorkerTakesTheNameOfOneThatStopped) {
   TwoWorkers cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.start_training());
   Coordinator& c = cluster.c;

@@ -30,15 +30,16 @@ bool send_json(zmq::socket_t& socket, const nlohmann::json& message, const zmq::
 zmq::socket_t connect_to_coordinator(zmq::context_t& context, const std::string& endpoint,
                                      const transport::CurveClientKeys& curve,
                                      zmq::socket_type type) {
-  zmq::socket_t socket(context, type);
-  socket.set(zmq::sockopt::linger, 0);
   try {
+    // (Made in the try too: out of file descriptors, ZeroMQ refuses the socket itself.)
+    zmq::socket_t socket(context, type);
+    socket.set(zmq::sockopt::linger, 0);
     transport::set_curve_client(socket, curve);  // before connect, as the handshake starts there
     socket.connect(endpoint);
+    return socket;
   } catch (const zmq::error_t& e) {
     throw TransportError("cannot connect to the coordinator at " + endpoint + ": " + e.what());
   }
-  return socket;
 }
 
 namespace {
@@ -158,13 +159,26 @@ nlohmann::json CoordinatorLink::request(nlohmann::json message, int timeout_ms) 
 void CoordinatorLink::start_heartbeats(std::string name, std::function<nlohmann::json()> status,
                                        int interval_ms) {
   if (heartbeats_.joinable()) return;
-  heartbeats_ = std::thread(&CoordinatorLink::heartbeat_loop, this, std::move(name),
-                            std::move(status), interval_ms);
+  // Connected here, on the caller's thread: a socket ZeroMQ refuses (no file descriptor left)
+  // is the role's error, not an exception on a thread of its own, which ended the process.
+  zmq::socket_t socket = connect_to_coordinator(context_, endpoint_, curve_);
+  heartbeats_ = std::thread(&CoordinatorLink::heartbeat_loop, this, std::move(socket),
+                            std::move(name), std::move(status), interval_ms);
 }
 
-void CoordinatorLink::heartbeat_loop(std::string name, std::function<nlohmann::json()> status,
-                                     int interval_ms) {
-  zmq::socket_t socket = connect_to_coordinator(context_, endpoint_, curve_);
+void CoordinatorLink::heartbeat_loop(zmq::socket_t socket, std::string name,
+                                     std::function<nlohmann::json()> status, int interval_ms) {
+  try {
+    beat(socket, name, status, interval_ms);
+  } catch (const std::exception& e) {  // (a status() that throws, a ZeroMQ error)
+    std::lock_guard<std::mutex> lock(mutex_);
+    heartbeat_failure_ = e.what();
+    phase_changed_.notify_all();
+  }
+}
+
+void CoordinatorLink::beat(zmq::socket_t& socket, const std::string& name,
+                           const std::function<nlohmann::json()>& status, int interval_ms) {
   uint64_t seq = 0;
   while (!stopping_) {
     nlohmann::json beat{{"type", "heartbeat"}, {"name", name}, {"seq", ++seq}};
@@ -216,6 +230,11 @@ std::string CoordinatorLink::phase() const {
 std::string CoordinatorLink::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
+}
+
+std::string CoordinatorLink::heartbeat_failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return heartbeat_failure_;
 }
 
 bool CoordinatorLink::forgotten() const {

@@ -66,6 +66,8 @@ class CoordinatorLink {
   // A heartbeat reply said the coordinator does not know this role's name: it is not the
   // coordinator this role registered with (restarted at the address, or another run's).
   bool forgotten() const;
+  // Why the heartbeat thread stopped beating ("" while it beats): the role's error then.
+  std::string heartbeat_failure() const;
   void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel);
   bool cancelled() const;
   // No reply (a heartbeat's or a request's) for lost_after_ms: the coordinator is gone.
@@ -78,7 +80,11 @@ class CoordinatorLink {
   const transport::CurveClientKeys& curve() const { return curve_; }
 
  private:
-  void heartbeat_loop(std::string name, std::function<nlohmann::json()> status, int interval_ms);
+  // The heartbeat thread: beat() until stopped, its error kept for heartbeat_failure().
+  void heartbeat_loop(zmq::socket_t socket, std::string name,
+                      std::function<nlohmann::json()> status, int interval_ms);
+  void beat(zmq::socket_t& socket, const std::string& name,
+            const std::function<nlohmann::json()>& status, int interval_ms);
 
   std::string endpoint_;
   zmq::context_t& context_;
@@ -93,6 +99,7 @@ class CoordinatorLink {
   std::string phase_;
   std::string failure_;
   bool forgotten_ = false;
+  std::string heartbeat_failure_;
   // The run this link's role registered with (the register reply's "run"), sent with every later
   // request and heartbeat: a coordinator serving another run at the same address refuses them
   // rather than take this role for its own role of the same name.

@@ -47,6 +47,9 @@ void check_coordinator(const CoordinatorLink& link, const RoleOptions& o, const 
   if (link.forgotten())
     throw Error(who + ": the coordinator at " + link.endpoint() + " does not know this role (it "
                 "restarted, or another run serves there): the run it belonged to is over");
+  if (const std::string why = link.heartbeat_failure(); !why.empty())
+    throw Error(who + ": its heartbeats to the coordinator at " + link.endpoint() +
+                " stopped: " + why);
   if (link.coordinator_lost(o.coordinator_lost_ms))
     throw Error(who + ": the coordinator at " + link.endpoint() + " has not answered for " +
                 std::to_string(o.coordinator_lost_ms / 1000) + " s");

@@ -347,10 +347,11 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   throw InputError("unknown request type '" + type + "'");
 }
 
-int Coordinator::lowest_free_index_locked(const std::string& kind, bool gone_are_free) const {
+int Coordinator::lowest_free_index_locked(const std::string& kind,
+                                          bool (*frees)(const std::string& state)) const {
   std::set<int> held;
   for (const auto& [n, role] : roles_)
-    if (role.role == kind && !(gone_are_free && gone(role.state))) held.insert(role.index);
+    if (role.role == kind && !(frees && frees(role.state))) held.insert(role.index);
   int index = 0;
   while (held.count(index) > 0) ++index;
   return index;
@@ -370,22 +371,23 @@ json Coordinator::handle_register(const json& r) {
   if (name.empty() && kind == "ps" && phase_ != ClusterPhase::Starting) {
     // The servers are fixed once training has started (the workers split the parameters over
     // them): an unnamed server started now takes the place of one that is gone, the lowest first.
-    const Role* lost = nullptr;
-    for (const auto& [n, role] : roles_)
-      if (role.role == "ps" && gone(role.state) && (!lost || role.index < lost->index))
-        lost = &role;
-    if (!lost)
+    index = lowest_free_index_locked("ps", gone);
+    if (index >= options_.expected_ps)
       throw InputError("register: training has started with " +
                        std::to_string(options_.expected_ps) + " parameter server(s), all " +
                        "serving: no other can join (a restarted one joins with --name psK)");
-    name = lost->name;
+    name = "ps" + std::to_string(index);
   }
   if (name.empty() && kind != "ps") {
-    // A worker or scorer restarted without --name takes the lowest index no live role of its
-    // kind holds, and so the name of one that is gone (its counts kept, as for a restart under
-    // its name), not a new name each time: those grew the roles, the dashboard's document and
-    // the metrics log's per-second record for good (25 restarts: worker0 to worker24).
-    index = lowest_free_index_locked(kind, /*gone_are_free=*/true);
+    // A worker or scorer restarted without --name takes the lowest index no role of its kind
+    // holds but one that stopped (said goodbye), and so a stopped one's name (its counts kept,
+    // as for a restart under its name), not a new name each time: those grew the roles, the
+    // dashboard's document and the metrics log's per-second record for good (25 restarts:
+    // worker0 to worker24). Not a lost one's: lost is only silent for a while, and one that
+    // comes back (stopped with SIGSTOP, stalled) would run as the newcomer's name too.
+    index = lowest_free_index_locked(kind, [](const std::string& state) {
+      return state == "stopped";
+    });
     name = kind + std::to_string(index);
   }
   auto old = name.empty() ? roles_.end() : roles_.find(name);
@@ -398,7 +400,7 @@ json Coordinator::handle_register(const json& r) {
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
     index = old->second.index;
   }
-  if (index < 0) index = lowest_free_index_locked(kind, /*gone_are_free=*/false);
+  if (index < 0) index = lowest_free_index_locked(kind, nullptr);
   // The workers split the parameters over ps0 to ps(N-1), and the run waits for those names: a
   // server under any other name would be accepted, never counted, and the run would wait out
   // its start-up timeout naming the ps it lacks.

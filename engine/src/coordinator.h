@@ -180,8 +180,10 @@ class Coordinator {
   void serve();
   nlohmann::json handle(const nlohmann::json& request, bool& subscribe_replay);
   nlohmann::json handle_register(const nlohmann::json& r);
-  // The lowest index of a kind of role that no role holds (with gone_are_free, no live role).
-  int lowest_free_index_locked(const std::string& kind, bool gone_are_free) const;
+  // The lowest index of a kind of role that no role holds, but one in a state `frees` accepts
+  // (none when null).
+  int lowest_free_index_locked(const std::string& kind,
+                               bool (*frees)(const std::string& state)) const;
   nlohmann::json handle_work(const nlohmann::json& r);
   nlohmann::json handle_score(const nlohmann::json& r);
   // A heartbeat's or score's reply: the phase, and once failed, why (with mutex_ held).

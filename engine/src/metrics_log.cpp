@@ -181,7 +181,7 @@ void MetricsLog::write_bytes(const std::string& bytes) {
 
 void MetricsLog::write_line(std::string line) {
   if (fd_ < 0) return;
-  line += '\n';  // one write: appenders' lines do not interleave
+  line += '\n';  // in place, not in a copy; still one write, so appenders' lines never interleave
   write_bytes(line);
 }
 
