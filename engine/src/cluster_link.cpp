@@ -169,7 +169,7 @@ void CoordinatorLink::start_heartbeats(std::string name, std::function<nlohmann:
 void CoordinatorLink::heartbeat_loop(zmq::socket_t socket, std::string name,
                                      std::function<nlohmann::json()> status, int interval_ms) {
   try {
-    beat(socket, name, status, interval_ms);
+    beat_until_stopped(socket, name, status, interval_ms);
   } catch (const std::exception& e) {  // (a status() that throws, a ZeroMQ error)
     std::lock_guard<std::mutex> lock(mutex_);
     heartbeat_failure_ = e.what();
@@ -177,8 +177,9 @@ void CoordinatorLink::heartbeat_loop(zmq::socket_t socket, std::string name,
   }
 }
 
-void CoordinatorLink::beat(zmq::socket_t& socket, const std::string& name,
-                           const std::function<nlohmann::json()>& status, int interval_ms) {
+void CoordinatorLink::beat_until_stopped(zmq::socket_t& socket, const std::string& name,
+                                         const std::function<nlohmann::json()>& status,
+                                         int interval_ms) {
   uint64_t seq = 0;
   while (!stopping_) {
     nlohmann::json beat{{"type", "heartbeat"}, {"name", name}, {"seq", ++seq}};

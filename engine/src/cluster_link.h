@@ -80,11 +80,11 @@ class CoordinatorLink {
   const transport::CurveClientKeys& curve() const { return curve_; }
 
  private:
-  // The heartbeat thread: beat() until stopped, its error kept for heartbeat_failure().
+  // The heartbeat thread: beat_until_stopped(), its error kept for heartbeat_failure().
   void heartbeat_loop(zmq::socket_t socket, std::string name,
                       std::function<nlohmann::json()> status, int interval_ms);
-  void beat(zmq::socket_t& socket, const std::string& name,
-            const std::function<nlohmann::json()>& status, int interval_ms);
+  void beat_until_stopped(zmq::socket_t& socket, const std::string& name,
+                          const std::function<nlohmann::json()>& status, int interval_ms);
 
   std::string endpoint_;
   zmq::context_t& context_;
