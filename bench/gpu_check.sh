@@ -115,8 +115,9 @@ fi
 tar -xzf .gpu-carry/carry.tar.gz -C "$work" || exit 1  # gzip: xz may not be installed there
 cat "$work/BUILD_INFO" | tee -a "$res/device.txt"
 
-# The CUDA libraries the binaries link against, wherever this machine keeps them (the toolkit,
-# or the pip wheels PyTorch brought).
+# The CUDA libraries the binaries and benchmarks link against or load (cuBLASLt: dlopen at the
+# first GPU dense layer, so ldd below does not see it), wherever this machine keeps them (the
+# toolkit, or the pip wheels PyTorch brought).
 lib_dirs=("$work/lib")
 for lib in libcublasLt.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   found=""
@@ -131,6 +132,7 @@ for s in site.getsitepackages(): print(*glob.glob(s + "/nvidia/*/lib"))' 2>/dev/
   fi
   echo "$lib: ${found:-NOT FOUND}"
   [ -n "$found" ] && lib_dirs+=("$found")
+  [ -n "$found" ] || [ "$lib" != libcublasLt.so.13 ] || cublaslt_missing=1
 done
 # The carried libraries (Debian 12's zlib, OpenSSL, zstd, OpenBLAS) and the toolkit's go first
 # for Tandem's binaries only, through tandem_env (run_for puts it before every command it runs,
@@ -145,6 +147,9 @@ dry_run=${GPU_CHECK_DRY_RUN:-0}
 [ "$dry_run" = 1 ] || export TANDEM_REQUIRE_CUDA=1
 bin=$work/bin
 unloadable=0
+if [ "${cublaslt_missing:-0}" = 1 ]; then
+  echo "libcublasLt.so.13 is not on this machine: the GPU dense layers load it"; unloadable=1
+fi
 for b in "$bin"/*; do
   # A library, a symbol version (glibc >= 2.34) or, with -r, a symbol the binary needs.
   missing=$("${tandem_env[@]}" ldd -r "$b" 2>&1 | grep -E "not found|undefined symbol")

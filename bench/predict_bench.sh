@@ -2,8 +2,7 @@
 # tandem predict's throughput with 1 and 2 processes against tandem eval on the same split, in
 # the same run (interleaved, best of REPEATS). Every figure is end to end: process start, model
 # load, reading the split and, for predict, writing classes and probabilities (fresh output each
-# time). tandem eval cannot read a store's training split (it loads a split into memory), so the
-# train split is measured for predict alone.
+# time); eval only counts what it gets right.
 # The training split is also predicted on two slot servers of one slot each (tandem trial-slots,
 # on this machine: `predict --slots`), against --processes 2: what the slot protocol costs.
 # usage: bench/predict_bench.sh TANDEM [STORE=/tmp/fm20.zarr] [REPEATS=3]
@@ -36,9 +35,8 @@ for ((r = 0; r < repeats; ++r)); do
   for split in test train; do
     n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['attributes']['rows'][sys.argv[2]])" \
         "$store/zarr.json" "$split")  # a v3 store written by tandem prepare
-    if [ "$split" = test ]; then
-      measure "eval $split" "$n" "$tandem" eval --model "$work/m.safetensors" --data "$store" --split "$split"
-    fi
+    measure "eval $split" "$n" "$tandem" eval --model "$work/m.safetensors" --data "$store" \
+      --split "$split"
     for p in 1 2; do
       rm -rf "$work/out.zarr"
       measure "predict $split --processes $p" "$n" "$tandem" predict --model "$work/m.safetensors" \
@@ -54,7 +52,7 @@ done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '| %-32s | %9s | %8s | %10s |\n' command rows "best s" "samples/s"
 for key in "eval test" "predict test --processes 1" "predict test --processes 2" \
-           "predict train --processes 1" "predict train --processes 2" \
+           "eval train" "predict train --processes 1" "predict train --processes 2" \
            "predict train --slots (2 x 1)"; do
   printf '| %-32s | %9s | %8s | %10.0f |\n' "$key" "${rows[$key]}" "${best[$key]}" \
     "$(awk -v n="${rows[$key]}" -v s="${best[$key]}" 'BEGIN{print n / s}')"

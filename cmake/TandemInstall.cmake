@@ -28,8 +28,7 @@ add_library(Tandem::tandem ALIAS tandem)
 target_link_libraries(tandem PRIVATE BLAS::BLAS ZLIB::ZLIB PNG::PNG PkgConfig::ZSTD PkgConfig::BLOSC
                       PkgConfig::ZMQ PkgConfig::HTTPLIB
                       Threads::Threads nlohmann_json::nlohmann_json
-                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static>
-                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cublasLt>)
+                      $<$<BOOL:${TANDEM_WITH_CUDA}>:CUDA::cudart_static> ${CMAKE_DL_LIBS})
 # The worker group's NCCL collective, where engine/CMakeLists.txt found NCCL for tandem_cluster.
 if(TANDEM_WITH_NCCL)
   target_link_libraries(tandem PRIVATE ${TANDEM_NCCL_LIBRARY})
@@ -43,7 +42,8 @@ set_target_properties(tandem PROPERTIES
   # Below 1.0 every minor release may break the ABI: the soname carries it (libtandem.so.0.1).
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
   EXPORT_NAME tandem
-  # The installed library and binary find cuBLASLt where they were linked against it.
+  # The installed library and binary find NCCL where they were linked against it. (cuBLASLt is
+  # loaded when first used, by name, then from the toolkit's directory: cublaslt_api.h.)
   INSTALL_RPATH_USE_LINK_PATH ON)
 
 install(TARGETS tandem EXPORT TandemTargets

@@ -48,7 +48,11 @@ TEST(BlasKernels, KernelsOfAvx2OrLaterAndUnknownNamesStay) {
 TEST(BlasKernels, NamesWhatTheLibraryRuns) {
   const tandem::BlasKernels k = tandem::blas_kernels();
   EXPECT_FALSE(k.loaded.empty());
-  EXPECT_EQ(k.better, tandem::better_blas_kernels(k.loaded));
+  // What would replace old kernels is not itself old (this program does not switch them).
+  if (!k.better.empty()) {
+    EXPECT_NE(k.better, k.loaded);
+    EXPECT_EQ(tandem::better_blas_kernels(k.better), "") << k.loaded << " -> " << k.better;
+  }
 }
 
 }  // namespace

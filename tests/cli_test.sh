@@ -47,7 +47,8 @@ check "eval counts 10000 test samples" test "$(json_field "$ev" samples)" = 1000
 
 # Same seed and threads: identical results; resume continues where the checkpoint stopped.
 again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last 2>/dev/null)
-check "same seed, same test loss" test "$(json_field "$again" loss)" = "$(json_field "$out" loss)"
+check "same seed, same test loss" \
+  same_value "$(json_field "$again" loss)" "$(json_field "$out" loss)"
 "$tandem" train --data "$real" --epochs 1 --batch 1000 --threads 2 --keep last --checkpoint "$dir/one.safetensors" \
   --metrics "$dir/resumed.jsonl" >/dev/null 2>&1
 cp "$dir/one.safetensors" "$dir/one-copy.safetensors"
@@ -55,7 +56,8 @@ cp "$dir/one.safetensors" "$dir/one-copy.safetensors"
 resumed=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last --resume "$dir/one.safetensors" \
           --metrics "$dir/resumed.jsonl" 2>"$dir/resumed.err")
 check "resumed run does the one missing epoch" test "$(json_field "$resumed" epochs)" = 1
-check "resumed run ends bit-identical" test "$(json_field "$resumed" loss)" = "$(json_field "$out" loss)"
+check "resumed run ends bit-identical" \
+  same_value "$(json_field "$resumed" loss)" "$(json_field "$out" loss)"
 check "resumed run appends to its metrics: epochs 1 and 2" \
   test "$(grep '"type":"epoch"' "$dir/resumed.jsonl" | grep -o '^{"epoch":[0-9]*' | cut -d: -f2 | tr '\n' ' ')" = "1 2 "
 "$tandem" train --data "$real" --epochs 2 --batch 500 --threads 2 --keep last \
@@ -72,7 +74,7 @@ whole=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last
 vr=$("$tandem" train --data "$real" --epochs 2 --threads 2 --json --keep last \
      --resume "$dir/vr.safetensors" 2>/dev/null)
 check "a resumed run keeps its checkpoint's --validation-rows" \
-  test "$(json_field "$vr" loss)" = "$(json_field "$whole" loss)"
+  same_value "$(json_field "$vr" loss)" "$(json_field "$whole" loss)"
 "$tandem" train --data "$real" --epochs 1 --threads 2 --validation-rows 3000 \
   --resume "$dir/vr.safetensors" >/dev/null 2>"$dir/vr.err"
 check "... and says when another is given" \

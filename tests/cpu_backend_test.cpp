@@ -74,6 +74,8 @@ TEST(CpuBackend, RowListSelectsTheSameRowsAsACopy) {
   std::vector<NamedTensor> ga, gb;
   a.get_gradients(ga);
   b.get_gradients(gb);
+  ASSERT_EQ(ga.size(), 2 * (small_model().layers.size() - 1));  // a weight and a bias a layer
+  ASSERT_EQ(gb.size(), ga.size());
   for (size_t t = 0; t < ga.size(); ++t) EXPECT_EQ(ga[t].values, gb[t].values) << ga[t].name;
 }
 

@@ -118,7 +118,7 @@ TEST(FeedQueue, CapacityMakesPushWaitTimeOutAndGoOnAfterAPop) {
   // A push that waits as long as it takes goes in once a block is popped.
   std::atomic<bool> pushed{false};
   std::thread feeder([&] { pushed = q.push(bare_block(1, counted_owner(live, 4)), -1); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  EXPECT_TRUE(test::eventually([&] { return q.waiting() == 1; }, 10000)) << "never blocked";
   std::optional<FedBlock> first = q.pop(1000);
   feeder.join();
   EXPECT_TRUE(pushed);
@@ -146,7 +146,7 @@ TEST(FeedQueue, CloseWakesABlockedPushWithTheReason) {
       error = e.what();
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  EXPECT_TRUE(test::eventually([&] { return q.waiting() == 1; }, 10000)) << "never blocked";
   const auto t0 = Clock::now();
   q.close("worker3 has stopped");
   feeder.join();
@@ -171,7 +171,7 @@ TEST(FeedQueue, CloseWakesABlockedPop) {
   std::atomic<bool> got{true};
   const auto t0 = Clock::now();
   std::thread worker([&] { got = q.pop(60000).has_value(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (usually) waiting by now
+  EXPECT_TRUE(test::eventually([&] { return q.waiting() == 1; }, 10000)) << "never blocked";
   q.close("training is over");
   worker.join();
   EXPECT_FALSE(got);

@@ -136,6 +136,9 @@ TEST(GradientCheck, CpuBackendMatchesFloat64Reference) {
         const double loss = p.reference.loss(p.x, p.labels, rows, &ref);
         EXPECT_NEAR(stats.loss_sum, loss, 1e-5 * std::fabs(loss));
         EXPECT_EQ(stats.samples, rows);
+        // A weight and a bias per layer: an empty list would compare nothing.
+        ASSERT_EQ(grads.size(), 2 * (layers.size() - 1));
+        ASSERT_EQ(ref.size(), grads.size());
         for (size_t t = 0; t < grads.size(); ++t)
           // float32 sums of up to 784 products: 1e-4 relative plus 1e-5 absolute.
           EXPECT_TRUE(test::all_close(grads[t].values, ref[t], 1e-5, 1e-4))

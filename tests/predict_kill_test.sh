@@ -72,7 +72,7 @@ check "the rerun skipped the $done_before complete chunks ($(json_field "$again"
 check "the rerun wrote the other $((chunks - done_before))" \
   test "$(json_field "$again" chunks_written)" = $((chunks - done_before))
 check "the rerun's accuracy is the clean run's" \
-  test "$(json_field "$again" correct)" = "$(json_field "$clean" correct)"
+  same_value "$(json_field "$again" correct)" "$(json_field "$clean" correct)"
 text=$(predict --out "$out")
 check "a third run reports every chunk already done: $text" \
   grep -q "$chunks chunks, 0 written, $chunks already done" <<<"$text"
@@ -103,10 +103,12 @@ for how in "one process" "--processes 2"; do
   check "$how: some but not all chunks complete ($done_before of $chunks)" \
     test "$done_before" -ge 2 -a "$done_before" -lt $chunks
   check "$how: no temporary file left" test -z "$(find "$out" -name '*.tmp-*')"
+  ids_before=$(done_chunk_ids "$out" "$chunks")
   again=$(predict --out "$out" --json)
   check "$how: the rerun skipped the $done_before complete chunks and wrote the rest" \
     test "$(json_field "$again" chunks_skipped)/$(json_field "$again" chunks_written)" = \
     "$done_before/$((chunks - done_before))"
+  check "$how: ... left those chunks' files as they were" kept_files "$ids_before"
   check "$how: ... and the output equals the clean run's" same_output "$dir/clean.zarr" "$out"
 done
 

@@ -112,12 +112,14 @@ for _ in $(seq 500); do [ -z "$(pgrep -P "$b_pid")" ] && break; sleep 0.02; done
 check "... and ends the shares it was given" test -z "$(pgrep -P "$b_pid")"
 check "... which leave no temporary file" test -z "$(find "$dir/cut.zarr" -name '*.tmp-*')"
 rm -f "$dir/cut.zarr/classes/c/5"  # a chunk the rerun must write
+done_before=$(done_chunk_ids "$dir/cut.zarr" 37)
 r4=$("$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --split train \
     --out "$dir/cut.zarr" --backend cpu --slots "$a" --json 2>"$dir/err4")
 check "the rerun on the other server succeeds" test -n "$r4"
 check "the rerun wrote only what was missing ($(json_field "$r4" chunks_written) written)" \
     test "$(( $(json_field "$r4" chunks_written) + $(json_field "$r4" chunks_skipped) ))" -eq 37 \
     -a "$(json_field "$r4" chunks_skipped)" -gt 0 -a "$(json_field "$r4" chunks_written)" -gt 0
+check "... and left the chunks done before as they were" kept_files "$done_before"
 check "after the rerun the output is bit for bit the local one" same_output "$dir/cut.zarr" "$dir/local.zarr"
 
 expect_error "--processes with --slots refused" "with --slots the servers' slots set the shares" \

@@ -107,16 +107,20 @@ TEST(ProcessLauncher, AScorerOutOfRestartsFailsARunOnlyItsScoresWouldStop) {
     ASSERT_EQ(coordinator.wait_for(ClusterPhase::Training, 5000), ClusterPhase::Training);
     cli::ProcessLauncher launcher(role_script(dir, "scorer0"), {}, /*max_restarts=*/1);
     launcher.start("scorer", "scorer0", coordinator.endpoint());
-    test::eventually([&] {
+    const bool settled = test::eventually([&] {
       launcher.watch(coordinator);
       return coordinator.phase() == ClusterPhase::Failed || launcher.pids().empty();
     }, 20000, 20);
+    EXPECT_TRUE(settled) << "the scorer still restarting after 20 s (max_seconds " << max_seconds
+                         << ")";
     if (max_seconds == 0) {
       EXPECT_EQ(coordinator.phase(), ClusterPhase::Failed);
       EXPECT_TRUE(test::contains(coordinator.failure(),
                                  "without scores nothing would stop this run"))
           << coordinator.failure();
     } else {
+      // The scorer out of restarts, the run going on to its max_seconds.
+      EXPECT_TRUE(launcher.pids().empty());
       EXPECT_EQ(coordinator.phase(), ClusterPhase::Training) << coordinator.failure();
     }
     launcher.stop_all(0);

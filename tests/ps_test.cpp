@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -203,6 +204,22 @@ TEST(ParameterServer, InitWithoutTensorsBeforeChiefIsAnErrorThenWorks) {
         << e.what();
   }
   EXPECT_EQ(worker.names(), (std::vector<std::string>{"w", "b"}));
+}
+
+// A worker waiting for the chief hears from every server: its error names each one that has no
+// parameters yet, not only the first (the role's wait says which are still waiting).
+TEST(ParameterServer, InitBeforeTheChiefNamesEveryServerWithoutParameters) {
+  zmq::context_t ctx;
+  ParameterServer a(inproc_options(ctx, "ps-init-a")), b(inproc_options(ctx, "ps-init-b"));
+  PsClient worker({a.endpoint(), b.endpoint()}, client_options(&ctx));
+  try {
+    worker.init({}).wait();
+    FAIL() << "expected ServerError";
+  } catch (const ServerError& e) {
+    EXPECT_TRUE(e.not_initialised()) << e.kind();
+    for (const std::string& endpoint : {a.endpoint(), b.endpoint()})
+      EXPECT_TRUE(test::contains(e.what(), "parameter server " + endpoint + ": ")) << e.what();
+  }
 }
 
 // The checkpoints keep Adam's moments as NAME.adam_m and NAME.adam_v in a safetensors file: a
@@ -674,6 +691,28 @@ TEST_F(ParameterServerBadInput, NanAndInfGradients) {
   transport::Message none;
   EXPECT_FALSE(raw.receive(none, 100));
   EXPECT_EQ(server.stats().dropped, 1);
+}
+
+// A peer sending the same bad request over and over fills no log: each kind is logged once.
+TEST_F(ParameterServerBadInput, EachKindOfBadInputIsLoggedOnce) {
+  ::testing::internal::CaptureStderr();
+  auto nan = gradients_like(params, 540);
+  nan[0].values[0] = std::numeric_limits<float>::quiet_NaN();
+  for (const uint64_t id : {51, 52, 53})  // each reply comes after the server logged
+    expect_error(frames_of(MessageType::PushPull, id, nan), id, "non-finite value at element 0");
+  auto type = frames_of(MessageType::Pull, 54, {});
+  type[0][6] = 99;  // message type 99
+  expect_error(type, 54, "UnknownType");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0, non_finite = 0;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (!test::contains(line, "bad input (")) continue;
+    ++lines;
+    non_finite += test::contains(line, "non-finite value at element 0");
+  }
+  EXPECT_EQ(lines, 2u) << log;
+  EXPECT_EQ(non_finite, 1u) << log;
 }
 
 TEST_F(ParameterServerBadInput, WrongVersionUnknownTypeTruncatedHeader) {

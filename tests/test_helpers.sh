@@ -44,6 +44,31 @@ expect_error() {
 # json_field JSON KEY: the first value of "KEY" in the JSON text, as written (up to a , or }).
 json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
 
+# done_chunk_ids OUT CHUNKS: "INODE PATH" of the files of each chunk of a tandem predict output
+# whose classes and probabilities are both there (a chunk done), a file a line. A chunk written
+# again is a new file renamed into place, with another inode: kept_files says whether it was.
+done_chunk_ids() {
+  local c
+  for ((c = 0; c < $2; c++)); do
+    if [ -e "$1/classes/c/$c" ] && [ -e "$1/probabilities/c/$c/0" ]; then
+      stat -c '%i %n' "$1/classes/c/$c" "$1/probabilities/c/$c/0"
+    fi
+  done
+}
+
+# kept_files IDS: every file IDS lists (done_chunk_ids' lines) is still the file it was.
+kept_files() {
+  local inode path
+  [ -n "$1" ] || { echo "kept_files: no file listed"; return 1; }
+  while read -r inode path; do
+    [ "$(stat -c %i "$path" 2>/dev/null)" = "$inode" ] || { echo "written again: $path"; return 1; }
+  done <<<"$1"
+}
+
+# same_value A B: A and B are the same and not empty. Two values read from the output of two
+# runs that both failed are both empty, which is no agreement.
+same_value() { [ -n "$1" ] && [ "$1" = "$2" ]; }
+
 # start_server NAME ARGS...: a slot server (tandem trial-slots ARGS) in the background, for the
 # --slots tests; uses $tandem, $dir, $hb (its heartbeat timeout) and the array `background` (the
 # caller kills what is in it). Sets $NAME (its endpoint) and NAME_pid; its stderr is $dir/NAME.log.

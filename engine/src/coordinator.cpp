@@ -124,8 +124,6 @@ Coordinator::Coordinator(CoordinatorOptions options)
   control_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
   scores_.set(zmq::sockopt::maxmsgsize, kCoordinatorMaxMessageBytes);
   scores_.set(zmq::sockopt::xpub_verbose, 1);  // every subscription, repeated ones too
-  transport::drop_silent_peers(control_);
-  transport::drop_silent_peers(scores_);
   endpoint_ = advertised_endpoint(bind_socket(control_, options_.bind, "control"),
                                   options_.advertise_host);
   control_file_ = transport::BoundIpcFile(options_.bind);
@@ -821,7 +819,9 @@ json Coordinator::state(bool with_scores) const {
         staleness = s["staleness_histogram"];
       servers.push_back({{"name", name}, {"pushes_per_s", json_number_or(s, "pushes_per_s", 0)},
                          {"pulls_per_s", json_number_or(s, "pulls_per_s", 0)},
-                         {"version", json_integer_or(s, "version", 0)}, {"staleness", staleness}});
+                         {"version", json_integer_or(s, "version", 0)}, {"staleness", staleness},
+                         {"mode", json_string_or(s, "mode", "")},
+                         {"deferred", json_integer_or(s, "deferred", 0)}});
     }
   }
   cluster["step"] = step;

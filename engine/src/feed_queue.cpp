@@ -10,11 +10,14 @@ namespace tandem {
 bool FeedQueue::push(FedBlock block, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto room = [&] { return closed_ || capacity_ == 0 || blocks_.size() < capacity_; };
-  if (timeout_ms < 0) {
+  ++waiting_;
+  bool has_room = true;
+  if (timeout_ms < 0)
     changed_.wait(lock, room);
-  } else if (!changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), room)) {
-    return false;
-  }
+  else
+    has_room = changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), room);
+  --waiting_;
+  if (!has_room) return false;
   if (closed_) throw Error("cannot feed this worker: " + why_closed_);
   rows_fed_ += block.rows.rows;
   blocks_fed_ += 1;
@@ -25,8 +28,10 @@ bool FeedQueue::push(FedBlock block, int timeout_ms) {
 
 std::optional<FedBlock> FeedQueue::pop(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
+  ++waiting_;
   changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                     [&] { return closed_ || !blocks_.empty(); });
+  --waiting_;
   if (blocks_.empty()) return std::nullopt;
   FedBlock block = std::move(blocks_.front());
   blocks_.pop_front();
@@ -66,6 +71,11 @@ int64_t FeedQueue::rows_fed() const {
 int64_t FeedQueue::blocks_fed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return blocks_fed_;
+}
+
+size_t FeedQueue::waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_;
 }
 
 bool FeedQueue::closed() const {

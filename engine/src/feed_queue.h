@@ -46,6 +46,9 @@ class FeedQueue {
   int64_t rows_fed() const;
   int64_t blocks_fed() const;
   bool closed() const;
+  // Calls of push() and pop() waiting now (for room, for a block): a test's thread waits for one
+  // to be blocked before it acts, rather than sleeping and hoping.
+  size_t waiting() const;
 
  private:
   const size_t capacity_;
@@ -53,6 +56,7 @@ class FeedQueue {
   std::condition_variable changed_;
   std::deque<FedBlock> blocks_;
   int64_t rows_fed_ = 0, blocks_fed_ = 0;
+  size_t waiting_ = 0;
   bool closed_ = false;
   std::string why_closed_;
 };

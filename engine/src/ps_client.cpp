@@ -492,6 +492,10 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
   std::vector<DecodeResult> replies(handle.parts_.size());
   std::vector<std::pair<transport::TensorInfo, size_t>> held;  // an Init's: part, server
   std::string order;
+  // Servers without parameters yet, each "SERVER: its text": an Init (a worker waiting for the
+  // chief's) hears from all of them, so that its wait, and its error, names every server still
+  // waiting rather than the first. Other requests throw at the first error, as for any other.
+  std::string not_initialised;
   for (size_t k = 0; k < handle.parts_.size(); ++k) {
     const auto& part = handle.parts_[k];
     const std::string& where = servers_[part.server]->where;
@@ -499,7 +503,12 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
     replies[k] = transport::decode_frames(into.frames_[k], 0, options_.limits);
     const DecodeResult& r = replies[k];
     if (!r.ok()) throw TransportError(where + " sent a malformed reply: " + r.error);
-    if (r.message.header.type == MessageType::Error) throw error_reply(where, r.message);
+    if (r.message.header.type == MessageType::Error) {
+      ServerError e = error_reply(where, r.message);
+      if (!e.not_initialised() || handle.type_ != MessageType::Init) throw e;
+      not_initialised += (not_initialised.empty() ? "" : "; ") + std::string(e.what());
+      continue;
+    }
     if (r.message.header.type != MessageType::Reply)
       throw TransportError(where + " answered with a " +
                            transport::to_string(r.message.header.type) + ", not a Reply");
@@ -516,6 +525,7 @@ PsResult PsClient::collect_replies(Handle& handle, ReceivedParameters& into) {
       for (const auto& info : r.message.tensors) held.push_back({info, part.server});
     }
   }
+  if (!not_initialised.empty()) throw ServerError(not_initialised, transport::kNotInitialised);
   if (handle.parts_.empty()) result.version = 0;
   // Learn the model's order and who holds which part (a chief learns it back from its own Init).
   if (handle.type_ == MessageType::Init) learn_layout(order, held);

@@ -101,7 +101,6 @@ ParameterServer::ParameterServer(ServerOptions options)
     socket_.set(zmq::sockopt::linger, 200);
     // ZeroMQ drops a peer whose frame exceeds this before it reaches us (oversized messages).
     socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.limits.max_message_bytes));
-    transport::drop_silent_peers(socket_);
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }

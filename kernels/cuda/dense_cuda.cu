@@ -102,6 +102,8 @@ struct DenseCuda::Impl {
 
   cudaStream_t stream;
   MatmulPrecision precision;
+  // cuBLASLt's functions, the library loaded by the first of these (cublaslt_api.h).
+  const CublasLtApi& lt = cublaslt();
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer<unsigned char> workspace{kWorkspaceBytes};
   DeviceBuffer<float> ones;  // the bias gradient is dy^T times a vector of ones
@@ -113,18 +115,18 @@ struct DenseCuda::Impl {
   int64_t fused_forwards = 0;
 
   Impl(cudaStream_t s, MatmulPrecision p) : stream(s), precision(p) {
-    TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle));
+    TANDEM_CUBLAS_CHECK(lt.Create(&handle));
   }
   ~Impl() {
     for (auto& [key, plan] : plans) destroy(plan);
-    if (handle) cublasLtDestroy(handle);
+    if (handle) lt.Destroy(handle);
   }
 
-  static void destroy(Plan& plan) noexcept {
-    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
-    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
-    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
-    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+  void destroy(Plan& plan) const noexcept {
+    if (plan.a) lt.MatrixLayoutDestroy(plan.a);
+    if (plan.b) lt.MatrixLayoutDestroy(plan.b);
+    if (plan.c) lt.MatrixLayoutDestroy(plan.c);
+    if (plan.desc) lt.MatmulDescDestroy(plan.desc);
     plan = Plan{};
   }
 
@@ -165,52 +167,52 @@ struct DenseCuda::Impl {
   // false when the heuristic offers no algorithm (or says the form is not supported); any other
   // failure throws.
   bool make_plan(const Gemm& g, const Key& key, Plan& plan) {
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute_of(g), CUDA_R_32F));
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                       &g.trans_a, sizeof(g.trans_a)));
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                       &g.trans_b, sizeof(g.trans_b)));
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                       &g.epilogue, sizeof(g.epilogue)));
+    TANDEM_CUBLAS_CHECK(lt.MatmulDescCreate(&plan.desc, compute_of(g), CUDA_R_32F));
+    TANDEM_CUBLAS_CHECK(lt.MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                  &g.trans_a, sizeof(g.trans_a)));
+    TANDEM_CUBLAS_CHECK(lt.MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                  &g.trans_b, sizeof(g.trans_b)));
+    TANDEM_CUBLAS_CHECK(lt.MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                  &g.epilogue, sizeof(g.epilogue)));
     if (g.bias)
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      TANDEM_CUBLAS_CHECK(lt.MatmulDescSetAttribute(
           plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
     const bool a_n = g.trans_a == CUBLAS_OP_N, b_n = g.trans_b == CUBLAS_OP_N;
-    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_32F, a_n ? g.m : g.k,
-                                                   a_n ? g.k : g.m, g.lda));
-    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_32F, b_n ? g.k : g.n,
-                                                   b_n ? g.n : g.k, g.ldb));
-    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, g.m, g.n, g.ldc));
+    TANDEM_CUBLAS_CHECK(lt.MatrixLayoutCreate(&plan.a, CUDA_R_32F, a_n ? g.m : g.k,
+                                              a_n ? g.k : g.m, g.lda));
+    TANDEM_CUBLAS_CHECK(lt.MatrixLayoutCreate(&plan.b, CUDA_R_32F, b_n ? g.k : g.n,
+                                              b_n ? g.n : g.k, g.ldb));
+    TANDEM_CUBLAS_CHECK(lt.MatrixLayoutCreate(&plan.c, CUDA_R_32F, g.m, g.n, g.ldc));
 
     cublasLtMatmulPreference_t preference = nullptr;
-    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    TANDEM_CUBLAS_CHECK(lt.MatmulPreferenceCreate(&preference));
     const size_t workspace_bytes = workspace.bytes();
     const uint32_t align_a = std::get<9>(key), align_b = std::get<10>(key),
                    align_c = std::get<11>(key);
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t status = [&] {
-      cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+      cublasStatus_t s = lt.MatmulPreferenceSetAttribute(
           preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
           sizeof(workspace_bytes));
       if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(
+        s = lt.MatmulPreferenceSetAttribute(
             preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
       if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(
+        s = lt.MatmulPreferenceSetAttribute(
             preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
       if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(
+        s = lt.MatmulPreferenceSetAttribute(
             preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
       if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(
+        s = lt.MatmulPreferenceSetAttribute(
             preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
       if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c,
-                                           preference, 1, &result, &returned);
+        s = lt.MatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                      preference, 1, &result, &returned);
       return s;
     }();
-    cublasLtMatmulPreferenceDestroy(preference);
+    lt.MatmulPreferenceDestroy(preference);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
     TANDEM_CUBLAS_CHECK(status);
     if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
@@ -234,12 +236,12 @@ struct DenseCuda::Impl {
     Plan& plan = *found;
     // The bias pointer is part of the call, not of the shape: set it every time.
     if (g.bias)
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      TANDEM_CUBLAS_CHECK(lt.MatmulDescSetAttribute(
           plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
     const float alpha = 1.0f;
-    TANDEM_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b,
-                                       &g.beta, g.c, plan.c, g.c, plan.c, &plan.algo,
-                                       workspace.data(), workspace.bytes(), stream));
+    TANDEM_CUBLAS_CHECK(lt.Matmul(handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b,
+                                  &g.beta, g.c, plan.c, g.c, plan.c, &plan.algo,
+                                  workspace.data(), workspace.bytes(), stream));
     return true;
   }
 

@@ -3,7 +3,7 @@
 # usage: checkpoint_interop_test.sh PYTHON WRITE_REFERENCE_CHECKPOINT TANDEM PYTHON_DIR
 set -euo pipefail
 python=$1 writer=$2 tandem=$3 here=$4
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1
 trap 'rm -rf "$dir"' EXIT
 for layers in 784-100-10 50-33-17-10; do
   "$writer" "$dir/ref-$layers.safetensors" "$layers"

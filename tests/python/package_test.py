@@ -317,20 +317,28 @@ class BlasKernelsTest(unittest.TestCase):
     def test_openblas_loaded_by_another_library_first_is_left_alone(self):
         # As Debian's numpy or torch would: the same libopenblas.so.0, loaded before tandem. Its
         # kernels are not switched under the other library's calls; where they are the old
-        # ones, a warning says what to set.
-        script = ("import ctypes, warnings\n"
-                  "ctypes.CDLL('libopenblas.so.0')\n"
+        # ones, a warning says what to set. The other library loads the old kernels on purpose
+        # (OPENBLAS_CORETYPE at its load, unset before tandem looks), so that on every CPU
+        # there is something tandem could wrongly switch; the kernels are read before and after.
+        script = ("import ctypes, os, warnings\n"
+                  "lib = ctypes.CDLL('libopenblas.so.0')\n"
+                  "lib.openblas_get_corename.restype = ctypes.c_char_p\n"
+                  "before = lib.openblas_get_corename().decode()\n"
+                  "del os.environ['OPENBLAS_CORETYPE']\n"
                   "with warnings.catch_warnings(record=True) as w:\n"
                   "    warnings.simplefilter('always')\n"
                   "    import tandem\n"
-                  "print(*tandem._tandem._blas_kernels(), sep='|')\n"
+                  "after = lib.openblas_get_corename().decode()\n"
+                  "print(before, after, tandem._tandem._blas_kernels()[1], sep='|')\n"
                   "print(*[str(x.message) for x in w], sep='\\n')\n")
-        environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        environ = dict(os.environ, OPENBLAS_CORETYPE="Prescott")
         done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True,
                               text=True, timeout=60)
         self.assertEqual(done.returncode, 0, done.stderr)
         kernels, *warned = done.stdout.strip().split("\n")
-        loaded, better = kernels.split("|")
+        before, after, better = kernels.split("|")
+        self.assertEqual(before, "Prescott")
+        self.assertEqual(after, before, "tandem switched the kernels of the library loaded first")
         if better:  # the old kernels stayed: said, with what to set
             self.assertEqual(len(warned), 1, warned)
             self.assertIn(f"set OPENBLAS_CORETYPE={better} before starting Python", warned[0])

@@ -6,7 +6,7 @@
 set -euo pipefail
 python=$1
 source_dir=$2
-scratch=$(mktemp -d)
+scratch=$(mktemp -d) || exit 1
 trap 'rm -rf "$scratch"' EXIT
 # --no-build-isolation: scikit-build-core comes from the tests' venv (nothing downloaded here).
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$python" -m pip install --quiet --disable-pip-version-check \

@@ -15,7 +15,7 @@ venv_python=$1 tool=$2
 debian_python=/usr/bin/python3
 here=$(cd "$(dirname "$0")" && pwd)
 script=$here/zarr_interop.py
-dir=$(mktemp -d)
+dir=$(mktemp -d) || exit 1
 trap 'rm -rf "$dir"' EXIT
 
 # The Pythons must be the ones this test is about, or its conclusions would be about others.

@@ -551,6 +551,14 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   TensorBoardWriter tensorboard(tensorboard_dir);
   RunRecords records(metrics, tensorboard);
   auto last_metrics = std::chrono::steady_clock::now();
+  // Once a second, and once at the end (failed or not): the workers' and the servers' figures.
+  const auto cluster_record = [](const json& state) {
+    const json& cl = state["cluster"];
+    return json{{"type", "cluster"}, {"state", cl["state"]}, {"elapsed_s", cl["elapsed_s"]},
+                {"t", cl["t"]}, {"epoch", cl["epoch"]}, {"step", cl["step"]},
+                {"samples_per_s", cl["samples_per_s"]}, {"workers", state["workers"]},
+                {"servers", state["servers"]}};
+  };
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
   const std::atomic<bool>& stop = stop_on_signals();
@@ -616,10 +624,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     show_scores(c.scores_since(scores_shown));
     if (std::chrono::steady_clock::now() - last_metrics > std::chrono::seconds(1)) {
       last_metrics = std::chrono::steady_clock::now();
-      records.metrics(json{{"type", "cluster"}, {"state", cl["state"]},
-                           {"elapsed_s", cl["elapsed_s"]}, {"t", cl["t"]}, {"epoch", cl["epoch"]},
-                           {"step", cl["step"]}, {"samples_per_s", cl["samples_per_s"]},
-                           {"workers", state["workers"]}});
+      records.metrics(cluster_record(state));
     }
     progress.update("epoch " + std::to_string(cl.value("epoch", int64_t{0})) + "  step " +
                     std::to_string(cl.value("step", int64_t{0})) + "  " +
@@ -661,6 +666,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     summary = run.run(launcher.get());
   } catch (const std::exception& e) {
     run.coordinator().fail(e.what());  // (a no-op when the run failed already) for the page
+    records.metrics(cluster_record(run.coordinator().state(/*with_scores=*/false)));
     serve_the_end();
     // Roles started by hand (on other nodes) learn of the failure from the replies to their
     // heartbeats (every 0.5 s): without a dashboard's wait, serve them three before leaving, or
@@ -674,6 +680,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
     show_scores({summary.scores.begin() + static_cast<std::ptrdiff_t>(scores_shown),
                  summary.scores.end()});
   progress.finish();
+  records.metrics(cluster_record(run.coordinator().state(/*with_scores=*/false)));
   log_final_evaluation(summary, records);
   records.close_tensorboard();
   print_summary(o, summary);

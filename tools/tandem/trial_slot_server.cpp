@@ -112,7 +112,6 @@ TrialSlotServer::TrialSlotServer(TrialSlotServerOptions options) : options_(std:
     socket_.set(zmq::sockopt::router_handover, 1);
     // Messages are small JSON objects: a peer sending more is dropped by ZeroMQ.
     socket_.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);
-    transport::drop_silent_peers(socket_);
   } catch (const zmq::error_t& e) {
     throw transport::TransportError(where + ": cannot set up its socket: " + e.what());
   }

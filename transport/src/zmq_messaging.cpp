@@ -180,17 +180,15 @@ void refuse_served_ipc_path(const std::string& address, const std::string& refus
 
 }  // namespace
 
-void drop_silent_peers(zmq::socket_t& socket) {
-  socket.set(zmq::sockopt::heartbeat_ivl, kHeartbeatIntervalMs);
-  socket.set(zmq::sockopt::heartbeat_timeout, kSilentPeerTimeoutMs);
-}
-
 std::string bind_checked(zmq::socket_t& socket, const std::string& address,
                          const std::string& refusal) {
   const std::string problem = bind_address_problem(address);
   if (!problem.empty()) throw InputError(refusal + ": " + problem);
   refuse_served_ipc_path(address, refusal);
   try {
+    // Before bind: the options apply to connections accepted from then on.
+    socket.set(zmq::sockopt::heartbeat_ivl, kHeartbeatIntervalMs);
+    socket.set(zmq::sockopt::heartbeat_timeout, kSilentPeerTimeoutMs);
     socket.bind(address);
   } catch (const zmq::error_t& e) {
     throw TransportError(refusal + " to " + address + ": " + e.what());

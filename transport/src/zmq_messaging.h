@@ -48,15 +48,15 @@ void send_frames(zmq::socket_t& socket, const std::vector<ByteSpan>& frames,
 // heartbeat answer, for kSilentPeerTimeoutMs: a peer host that lost power or its network never
 // closes its TCP connection, and each such connection held a file descriptor and a pipe in the
 // server for the rest of its life. ZeroMQ answers the heartbeats on its I/O thread, so a peer
-// busy in a long step, or slowed by a sanitizer, still answers. Set before bind.
+// busy in a long step, or slowed by a sanitizer, still answers. bind_checked sets them.
 constexpr int kHeartbeatIntervalMs = 5000;
 constexpr int kSilentPeerTimeoutMs = 60000;
-void drop_silent_peers(zmq::socket_t& socket);
 
 // Binds `socket` to `address` and returns the endpoint bound (last_endpoint: the port ZeroMQ
 // chose for "*" or 0). The one way the servers bind: an address bind_address_problem refuses
 // (ZeroMQ takes a tcp:// port modulo 65536) is an InputError "REFUSAL: why", one ZeroMQ cannot
 // bind (in use, no such interface) a TransportError "REFUSAL to ADDRESS: ZeroMQ's reason".
+// Before binding, it makes the socket drop silent peers (the heartbeat options above).
 std::string bind_checked(zmq::socket_t& socket, const std::string& address,
                          const std::string& refusal);
 
