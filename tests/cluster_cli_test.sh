@@ -63,6 +63,11 @@ ev=$("$tandem" eval --model "$dir/run1/model.safetensors" --data "$dir/fm.zarr" 
 check "the saved model scores what the summary says" "$py" -c "
 import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
 sys.exit(0 if abs(a['loss']-b['test']['loss'])<1e-6*b['test']['loss'] else 1)" "$ev" "$out"
+# Parameters alone (Adam's moments are in the servers' checkpoints): a run starts from them with
+# --init; --resume, which would go on with SGD, is refused.
+expect_error "train --resume of a cluster run's model is refused, naming --init" \
+  "holds parameters only, no optimizer state" \
+  "$tandem" train --data "$dir/fm.zarr" --epochs 1 --resume "$dir/run1/model.safetensors"
 check "metrics log has scores" grep -q '"type":"score"' "$dir/run1/metrics.jsonl"
 # The last score is drawn as the run drains, its workers gone: its throughput is training's.
 check "... the last with training's throughput, not the 0 of a drained cluster" "$py" -c "
@@ -757,6 +762,12 @@ check "rank 4 was a worker" grep -q "slurm rank 4 of 5: worker 1" "$dir/err7-4"
 check "no role process is left behind (SLURM job)" no_role_left
 expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
   env -u SLURM_PROCID "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8"
+# The job sets the workers and the addresses: launch's options for them are refused, not ignored.
+for given in "--workers 5" "--bind tcp://127.0.0.1:5555" "--scores-bind tcp://127.0.0.1:5556"; do
+  expect_error "tandem rank refuses ${given%% *}, which the job decides" \
+    "tandem rank does not take ${given%% *}: " env SLURM_PROCID=0 SLURM_NTASKS=5 \
+    SLURM_JOB_ID=test-$$ "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8" $given
+done
 # A worker's rank checks the CURVE settings as the coordinator's does, before it waits for the
 # rendezvous (there is none in run8): an allowed list without the clients' key is refused at once.
 expect_error "a worker rank refuses an allowed list without the clients' key" \

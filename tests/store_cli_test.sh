@@ -19,6 +19,14 @@ for spec in "3 none uint8" "2 blosc-lz4 uint8" "3 zstd float32" "3 gzip uint8" "
   check "inspect wrote three PNGs" test -s "$dir/png-$format/sample.png" -a -s "$dir/png-$format/mean.png" -a -s "$dir/png-$format/variance.png"
 done
 
+# Progress: a line redrawn on a terminal (script(1) gives the command one), none in a file.
+shown=$(script -qc "'$tandem' prepare --out '$dir/progress.zarr' --copies 2" /dev/null |
+  tr '\r' '\n')
+check "prepare draws its progress on a terminal" \
+  grep -q "writing $dir/progress.zarr: 125000/125000 rows (100%)" <<<"$shown"
+"$tandem" prepare --out "$dir/quiet.zarr" --copies 2 >/dev/null 2>"$dir/quiet.err"
+check "... and none into a file" test ! -s "$dir/quiet.err"
+
 store=$dir/fm-3-none-uint8.zarr
 out=$("$tandem" train --data "$store" --epochs 1 --batch 1000 --json 2>/dev/null)
 check "train from a store: 110000 samples (2 copies)" test "$(json_field "$out" samples)" = 110000

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "parameters_only.h"
 #include "tandem/tandem.h"
 #include "test_support.h"
 
@@ -90,6 +91,32 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
       EXPECT_EQ(a.state.v[i].values, b.state.v[i].values);
     }
     EXPECT_EQ(rest.validation.loss_sum, full.validation.loss_sum);
+  }
+}
+
+// A file of parameters alone (a cluster run's model, the scorer's best, Model.save) is written
+// as an SGD checkpoint: resumed, an Adam run went on with SGD and undid its training. Refused,
+// naming --init; files written before the mark are known by their provenance.
+TEST(Trainer, AResumeFromParametersAloneIsRefused) {
+  test::TempDir dir;
+  Checkpoint marked;
+  marked.model = Model::initialized(small_config(1).model, 3);
+  mark_parameters_only(marked);
+  Checkpoint cluster_before = marked, python_before = marked;
+  cluster_before.extra = {{"trained_with", "adam"}};
+  python_before.extra = {{"source", "tandem (Python)"}};
+  const std::pair<const char*, Checkpoint> files[] = {
+      {"marked", marked}, {"cluster", cluster_before}, {"python", python_before}};
+  for (const auto& [name, file] : files) {
+    save_checkpoint(dir.file(name), file);
+    TrainConfig c = small_config(1);
+    c.resume_path = dir.file(name);
+    const std::string why = test::error_of<InputError>([&] { Trainer t(c); });
+    EXPECT_TRUE(test::contains(why, dir.file(name) + ": holds parameters only")) << why;
+    EXPECT_TRUE(test::contains(why, "--init")) << why;
+    TrainConfig init = small_config(1);
+    init.init_path = dir.file(name);
+    Trainer starts(init);  // what it is for
   }
 }
 

@@ -21,6 +21,7 @@
 #include "coordinator_replies.h"
 #include "dataset_store.h"
 #include "json_fields.h"
+#include "parameters_only.h"
 #include "ps_client.h"
 #include "ps_server.h"
 #include "ps_shard_device.h"
@@ -414,7 +415,7 @@ void scorer_role(const RoleOptions& o) {
       Checkpoint best;
       best.model = model;
       best.optimizer = s.optimizer;
-      best.optimizer.kind = OptimizerKind::Sgd;  // Adam's moments stay in the servers' shards
+      mark_parameters_only(best);  // Adam's moments stay in the servers' shards
       best.step = int64_t(result.version);
       best.seed = s.seed;
       best.batch = s.batch;

@@ -13,6 +13,7 @@
 #include "dataset_store.h"
 #include "file_io.h"
 #include "model_finite.h"
+#include "parameters_only.h"
 #include "ps_client.h"
 #include "seconds_to_ms.h"
 #include "tandem/error.h"
@@ -403,7 +404,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       // Adam's moments live in the servers' shard checkpoints (checkpoint_dir); this file holds
       // the parameters, for `tandem eval`, `--init` and prediction.
       checkpoint.optimizer = options_.settings.optimizer;
-      checkpoint.optimizer.kind = OptimizerKind::Sgd;
+      mark_parameters_only(checkpoint);
       checkpoint.step = summary.kept_step;
       checkpoint.epoch = kept_epochs;
       checkpoint.seed = options_.settings.seed;

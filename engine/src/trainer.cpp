@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "model_finite.h"
+#include "parameters_only.h"
 #include "backend.h"
 #include "checkpoint_count.h"
 #include "file_io.h"
@@ -75,6 +76,10 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 Trainer::~Trainer() = default;
 
 void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
+  if (holds_parameters_only(ckpt))
+    throw InputError(source + ": holds parameters only, no optimizer state (the model of a "
+                     "cluster run, the scorer's best, or tandem.Model.save's): start a run "
+                     "from it with --init (init= in Python), which begins the optimizer afresh");
   if (ckpt.model.config().layers != config_.model.layers)
     throw InputError(source + ": checkpoint holds model " + ckpt.model.config().describe() +
                      ", this run asks for " + config_.model.describe());

@@ -14,6 +14,7 @@
 #include "array_rows.h"
 #include "fit_divergence.h"
 #include "gil.h"
+#include "parameters_only.h"
 #include "tandem/tandem.h"
 
 namespace py = pybind11;
@@ -133,7 +134,7 @@ void bind_model(py::module_& m) {
              without_gil([&] {
                Checkpoint c;
                c.model = model;
-               c.optimizer.kind = OptimizerKind::Sgd;  // parameters only: no moments to save
+               mark_parameters_only(c);
                c.extra["source"] = "tandem (Python)";
                save_checkpoint(file, c);
              });

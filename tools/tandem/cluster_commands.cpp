@@ -942,7 +942,21 @@ void add_cluster_commands(CLI::App& app) {
                     "advertised by host name)");
     cmd->add_option("--port", r->port, "The coordinator's port (default: any)")
         ->check(CLI::Range(0, 65535));
-    cmd->callback([r] { run_rank(*r); });
+    // Launch's options the job decides for rank: refused when given (they were once taken and
+    // silently overridden), and said so in the help.
+    using Decided = std::pair<const char*, const char*>;
+    const std::vector<Decided> decided = {
+        {"--workers", "the job's tasks after the coordinator, --ps and --scorer are the workers"},
+        {"--bind", "--host and --port set the coordinator's address"},
+        {"--scores-bind", "--host sets the scores channel's address (any port)"}};
+    for (const auto& [name, why] : decided)
+      cmd->get_option(name)->description(std::string("Not taken by rank: ") + why);
+    cmd->callback([r, cmd, decided] {
+      for (const auto& [name, why] : decided)
+        if (cmd->count(name) > 0)
+          throw InputError(std::string("tandem rank does not take ") + name + ": " + why);
+      run_rank(*r);
+    });
   }
   add_role_command(app, "ps", "Run a parameter server of a cluster", run_ps_role);
   add_role_command(app, "worker", "Run a worker of a cluster", run_worker_role);

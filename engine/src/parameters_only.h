@@ -1,0 +1,28 @@
+// Checkpoints that hold parameters alone: a cluster run's model (Adam's moments stay in the
+// servers' shard checkpoints), the scorer's best, tandem.Model.save. They are written as SGD
+// checkpoints (SGD has no state to save), so a run resumed from one went on with SGD at the
+// file's learning rate whatever had trained it, and undid the training in a few epochs. They
+// start runs (--init: the optimizer begins afresh); they do not continue one (--resume).
+#pragma once
+
+#include "tandem/model.h"
+
+namespace tandem {
+
+constexpr const char* kParametersOnlyKey = "parameters_only";
+
+inline void mark_parameters_only(Checkpoint& checkpoint) {
+  checkpoint.optimizer.kind = OptimizerKind::Sgd;  // no moments to save
+  checkpoint.extra[kParametersOnlyKey] = "true";
+}
+
+// Files written before the mark are known too: a cluster run's say what trained them
+// ("trained_with"), Python's name their source.
+inline bool holds_parameters_only(const Checkpoint& checkpoint) {
+  const auto source = checkpoint.extra.find("source");
+  return checkpoint.extra.count(kParametersOnlyKey) > 0 ||
+         checkpoint.extra.count("trained_with") > 0 ||
+         (source != checkpoint.extra.end() && source->second == "tandem (Python)");
+}
+
+}  // namespace tandem
