@@ -766,7 +766,8 @@ expect_error "tandem rank outside a job says so" "none of SLURM_PROCID" \
 for given in "--workers 5" "--bind tcp://127.0.0.1:5555" "--scores-bind tcp://127.0.0.1:5556"; do
   expect_error "tandem rank refuses ${given%% *}, which the job decides" \
     "tandem rank does not take ${given%% *}: " env SLURM_PROCID=0 SLURM_NTASKS=5 \
-    SLURM_JOB_ID=test-$$ "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8" $given
+    SLURM_JOB_ID=test-$$ timeout 60 "$tandem" rank --data "$dir/fm.zarr" --run-dir "$dir/run8" \
+    $given
 done
 # A worker's rank checks the CURVE settings as the coordinator's does, before it waits for the
 # rendezvous (there is none in run8): an allowed list without the clients' key is refused at once.

@@ -5,6 +5,9 @@
 // start runs (--init: the optimizer begins afresh); they do not continue one (--resume).
 #pragma once
 
+#include <string>
+
+#include "tandem/error.h"
 #include "tandem/model.h"
 
 namespace tandem {
@@ -23,6 +26,15 @@ inline bool holds_parameters_only(const Checkpoint& checkpoint) {
   return checkpoint.extra.count(kParametersOnlyKey) > 0 ||
          checkpoint.extra.count("trained_with") > 0 ||
          (source != checkpoint.extra.end() && source->second == "tandem (Python)");
+}
+
+// What a run resumed from such a file is told: InputError naming `where` and --init.
+inline void refuse_to_resume_parameters_only(const Checkpoint& checkpoint,
+                                             const std::string& where) {
+  if (holds_parameters_only(checkpoint))
+    throw InputError(where + ": holds parameters only, no optimizer state (the model of a "
+                     "cluster run, the scorer's best, or tandem.Model.save's): start a run "
+                     "from it with --init (init= in Python), which begins the optimizer afresh");
 }
 
 }  // namespace tandem

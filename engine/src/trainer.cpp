@@ -76,10 +76,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 Trainer::~Trainer() = default;
 
 void Trainer::resume(const Checkpoint& ckpt, const std::string& source) {
-  if (holds_parameters_only(ckpt))
-    throw InputError(source + ": holds parameters only, no optimizer state (the model of a "
-                     "cluster run, the scorer's best, or tandem.Model.save's): start a run "
-                     "from it with --init (init= in Python), which begins the optimizer afresh");
+  refuse_to_resume_parameters_only(ckpt, source);
   if (ckpt.model.config().layers != config_.model.layers)
     throw InputError(source + ": checkpoint holds model " + ckpt.model.config().describe() +
                      ", this run asks for " + config_.model.describe());

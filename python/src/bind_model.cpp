@@ -168,7 +168,7 @@ void bind_model(py::module_& m) {
          int epochs, int64_t batch, float learning_rate, const std::string& optimizer,
          const std::string& backend, int threads, uint64_t seed, bool shuffle, bool keep_best,
          std::optional<std::function<void(py::dict)>> on_epoch, py::object resume,
-         bool return_state) -> py::tuple {
+         bool return_state, py::object init) -> py::tuple {
         // (images, labels) as a tuple, a list or any other sequence of two.
         auto pair = [](const py::object& o, const char* what) -> std::optional<ArrayRows> {
           if (o.is_none()) return std::nullopt;
@@ -192,6 +192,12 @@ void bind_model(py::module_& m) {
         config.seed = seed;
         config.shuffle = shuffle;
         config.keep_best = keep_best && val_rows.has_value();
+        if (!init.is_none()) {
+          // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
+          // parameters alone, Model.save's or a cluster run's, cannot be resumed).
+          if (!resume.is_none()) throw InputError("init and resume: give one, not both");
+          config.init_path = py::module_::import("os").attr("fspath")(init).cast<std::string>();
+        }
         config.validate();
         // Building the trainer (its parameters initialised), decoding a state to resume and
         // encoding the one returned take seconds for a large model: without the GIL, as the
@@ -249,7 +255,7 @@ void bind_model(py::module_& m) {
       "layers"_a = std::vector<int64_t>{784, 100, 10}, "epochs"_a = 15, "batch"_a = 1000,
       "learning_rate"_a = 0.01f, "optimizer"_a = "adam", "backend"_a = "auto", "threads"_a = 0,
       "seed"_a = 1, "shuffle"_a = true, "keep_best"_a = true, "on_epoch"_a = py::none(),
-      "resume"_a = py::none(), "return_state"_a = false,
+      "resume"_a = py::none(), "return_state"_a = false, "init"_a = py::none(),
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
       "(model, summary). on_epoch(report) is called after every epoch. A report's and the "
       "summary's validation (and the summary's test) is None when no such split was given (or "
@@ -261,7 +267,10 @@ void bind_model(py::module_& m) {
       "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "
       "run (tandem train --resume): epochs counts the total, so only the missing epochs train, "
       "and with the same settings (threads too) the result is the uninterrupted run's, bit for bit on the "
-      "CPU backend. Bytes travel anywhere a Python object does (pickle, Dask).");
+      "CPU backend. Bytes travel anywhere a Python object does (pickle, Dask).\n\n"
+      "init=PATH starts from the parameters of a checkpoint file, the optimizer afresh "
+      "(tandem train --init): the way to go on from Model.save's file or a cluster run's "
+      "model, which hold parameters alone (resume refuses them).");
 }
 
 }  // namespace tandem::python

@@ -53,6 +53,19 @@ class ModelTest(unittest.TestCase):
             self.assertEqual(loaded.layers, [784, 32, 10])
             for name, value in model.parameters().items():
                 np.testing.assert_array_equal(loaded.parameters()[name], value)
+            # Parameters alone: a run starts from them (init=, the optimizer afresh); resuming
+            # them, which went on with SGD whatever had trained them, is refused.
+            kw = dict(layers=[784, 32, 10], batch=100, backend="cpu", threads=1)
+            again, _ = tandem.train((x, y), epochs=0, init=path, **kw)
+            for name, value in model.parameters().items():
+                np.testing.assert_array_equal(again.parameters()[name], value)
+            further, _ = tandem.train((x, y), validation=(xv, yv), epochs=1, init=path, **kw)
+            self.assertGreater(further.evaluate(xv, yv)["accuracy"], 0.95)
+            with open(path, "rb") as f:
+                with self.assertRaisesRegex(tandem.InputError, "holds parameters only.*init="):
+                    tandem.train((x, y), epochs=1, resume=f.read(), **kw)
+            with self.assertRaisesRegex(tandem.InputError, "not both"):
+                tandem.train((x, y), epochs=1, init=path, resume=b"x", **kw)
 
     def test_parameters_round_trip_and_seeded_init(self):
         a = tandem.Model.initialized([784, 16, 10], seed=7)

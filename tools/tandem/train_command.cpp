@@ -9,6 +9,7 @@
 
 #include "json_text.h"
 #include "number_checks.h"
+#include "parameters_only.h"
 #include "batch_count.h"
 #include "checkpoint_count.h"
 #include "commands.h"
@@ -51,6 +52,8 @@ struct TrainOptions {
 // checkpoint, read once: the trainer resumes from it.
 Checkpoint continue_checkpointed_run(TrainOptions& o) {
   Checkpoint ckpt = load_checkpoint(o.config.resume_path);
+  // Before anything is said of continuing it (the trainer would refuse it after those notes).
+  refuse_to_resume_parameters_only(ckpt, o.config.resume_path);
   TrainConfig& config = o.config;
   // --epochs counts the run's epochs in all: one the checkpoint has reached already trains
   // nothing (Trainer::fit, by epochs_reached: a run that kept an earlier epoch does not train
