@@ -197,7 +197,13 @@ out=$("$tandem" train --data "$real" --epochs 1 --batch 9223372036854775807 --th
       2>/dev/null)
 check "a batch of 2^63-1 trains one step an epoch" test "$(json_field "$out" steps)" = 1
 expect_error "unknown backend" "backend" "$tandem" train --data "$real" --backend tpu
-expect_error "bad hidden widths" "layers" "$tandem" train --data "$real" --hidden 100,x
+expect_error "bad hidden widths" "'100y' is not a whole number" \
+  "$tandem" train --data "$real" --hidden 100y
+# A search's grid writes widths with an x between layers ("hidden=256x128"): train takes that too.
+"$tandem" train --data "$real" --epochs 1 --hidden 32x16 --threads 2 \
+  --checkpoint "$dir/widths.safetensors" >/dev/null 2>&1
+check "--hidden 32x16 trains a 784-32-16-10 model" \
+  grep -aq '"layers":"784-32-16-10"' <(head -c 4096 "$dir/widths.safetensors")
 expect_error "lr infinite" "learning rate must be a positive finite number, got inf" "$tandem" train --data "$real" --lr inf
 expect_error "lr zero, printed as given" "got 0" "$tandem" train --data "$real" --lr 0
 expect_error "negative seed" "--seed: must be a whole number from 0 to 18446744073709551615" \

@@ -81,7 +81,7 @@ const char* cublas_status_text(cublasStatus_t status) noexcept {
   try {
     return cublaslt().GetStatusString(status);
   } catch (...) {
-    // Static: the pointer outlives this call. Only the codes of errors nobody has a text for.
+    // Thread-local: the pointer outlives this call, and another thread's error cannot change it.
     thread_local char text[40];
     std::snprintf(text, sizeof text, "cuBLAS status %d", static_cast<int>(status));
     return text;

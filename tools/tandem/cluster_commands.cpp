@@ -31,6 +31,7 @@
 #include "dashboard_server.h"
 #include "dataset_store.h"
 #include "file_io.h"
+#include "hidden_widths.h"
 #include "json_fields.h"
 #include "json_output.h"
 #include "metrics_log.h"
@@ -107,7 +108,8 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "Where the final model, the servers' checkpoints and a prepared store go")
       ->capture_default_str();
   cmd->add_option("--batch", s.batch, "Batch size")->check(positive_number())->capture_default_str();
-  cmd->add_option("--hidden", o.hidden, "Hidden layer widths, e.g. 100 or 256,128")->capture_default_str();
+  cmd->add_option("--hidden", o.hidden, "Hidden layer widths, e.g. 100, 256,128 or 256x128")
+      ->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "adam or sgd")->check(CLI::IsMember({"adam", "sgd"}))
       ->capture_default_str();
   cmd->add_option("--lr", s.optimizer.learning_rate, "Learning rate")->check(positive_number())
@@ -282,8 +284,7 @@ void resolve(ClusterCommandOptions& o) {
   for (std::string* path : {&s.curve_secret_file, &s.curve_allowed_path, &s.curve_client_file})
     if (!path->empty()) *path = std::filesystem::absolute(*path).string();
   const DatasetStore store = DatasetStore::open(s.data);
-  s.model = ModelConfig::parse(std::to_string(store.train.features) + "," + o.hidden + "," +
-                               std::to_string(store.num_classes));
+  s.model = model_with_hidden(store.train.features, o.hidden, store.num_classes);
   s.optimizer.kind = parse_optimizer(o.optimizer);
   if (o.resume)
     o.resumed_step = resumed_step_of_servers(s.checkpoint_dir, o.cluster.ps,
@@ -949,8 +950,10 @@ void add_cluster_commands(CLI::App& app) {
         {"--workers", "the job's tasks after the coordinator, --ps and --scorer are the workers"},
         {"--bind", "--host and --port set the coordinator's address"},
         {"--scores-bind", "--host sets the scores channel's address (any port)"}};
-    for (const auto& [name, why] : decided)
-      cmd->get_option(name)->description(std::string("Not taken by rank: ") + why);
+    for (const auto& [name, why] : decided)  // (launch's defaults not shown: they do not apply)
+      cmd->get_option(name)
+          ->description(std::string("Not taken by rank: ") + why)
+          ->default_str("");
     cmd->callback([r, cmd, decided] {
       for (const auto& [name, why] : decided)
         if (cmd->count(name) > 0)

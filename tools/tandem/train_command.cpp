@@ -14,6 +14,7 @@
 #include "checkpoint_count.h"
 #include "commands.h"
 #include "fit_divergence.h"
+#include "hidden_widths.h"
 #include "json_output.h"
 #include "progress_line.h"
 #include "stop_signals.h"
@@ -111,13 +112,6 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   return ckpt;
 }
 
-ModelConfig model_for(const std::string& hidden, int64_t features, int classes) {
-  // --hidden "100" or "256,128": the widths between the data's inputs and its classes. Empty:
-  // none (a checkpoint of a softmax-only model, which the Python API trains, resumes as one).
-  return ModelConfig::parse(std::to_string(features) + "," + (hidden.empty() ? "" : hidden + ",") +
-                            std::to_string(classes));
-}
-
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
   std::optional<Checkpoint> resume_from;
@@ -146,11 +140,11 @@ void run_train(TrainOptions& o) {
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
     config.validation_split = "store";  // (its own split: not rows eval holds out of IDX files)
-    config.model = model_for(o.hidden, stream->features(), stream->num_classes());
+    config.model = model_with_hidden(stream->features(), o.hidden, stream->num_classes());
   } else {
     data = load_mnist_splits(o.data, o.validation_rows);
     config.validation_split = "idx-last-rows";  // (what tandem eval holds out of the same files)
-    config.model = model_for(o.hidden, data.train.features(), data.train.num_classes());
+    config.model = model_with_hidden(data.train.features(), o.hidden, data.train.num_classes());
   }
   const int64_t train_rows = stream ? stream->rows_per_epoch() : data.train.rows();
 
@@ -269,7 +263,8 @@ void add_train_command(CLI::App& app) {
                   "CUDA matrix products: fp32, or tf32 / bf16 tensor cores (float32 parameters "
                   "and Adam state either way)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
-  o->hidden_option = cmd->add_option("--hidden", o->hidden, "Hidden layer widths, e.g. 100 or 256,128")
+  o->hidden_option = cmd->add_option("--hidden", o->hidden,
+                                     "Hidden layer widths, e.g. 100, 256,128 or 256x128")
       ->capture_default_str();
   o->optimizer_option = cmd->add_option("--optimizer", o->optimizer, "adam or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
