@@ -124,18 +124,34 @@ check "a fresh run is refused a --tensorboard directory holding another run's ev
 check "... saying why" grep -q "holds another run's event files" "$dir/err1tb"
 steps=$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['steps'])" "$out")
 check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints" | grep "^ps0-step-$steps\.")"
-# 1a. --resume continues from those checkpoints (a copy of them, run1 stays as it is); with none
-#     there it is refused before anything starts.
+# 1a. --resume continues from those checkpoints (a copy of them, run1 stays as it is) with the
+#     epoch after the ten they hold, --max-epochs counting those; with none there it is refused
+#     before anything starts.
 mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1/metrics.jsonl" "$dir/run1r/"
+cp -r "$dir/run1r" "$dir/run1done"  # (for 1b)
 first_lines=$(wc -l <"$dir/run1/metrics.jsonl")
 # A score logged after the last checkpoint (a run killed between them), which the resumed run
 # scores again: dropped from the log, overwritten by a line as long that says so.
 echo '{"type":"score","step":99999999,"loss":1}' >>"$dir/run1r/metrics.jsonl"
-"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 1 \
-  --target 0 --dashboard -1 --resume --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 11 \
+  --target 0 --dashboard -1 --resume --memory-budget 1 --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
 check "launch --resume exits 0" test $rc -eq 0
 check "... its server resumed from the first run's last checkpoint" \
   grep -q "resumed from checkpoint .*/ps0-step-$steps\.safetensors (step $steps)" "$dir/err1r"
+check "... saying the checkpoints come after ten epochs, and training the eleventh alone" \
+  grep -q "checkpoints come after 10 epochs: training goes on with epoch 11" "$dir/err1r"
+check "... its worker reading ahead within --memory-budget (two chunk rows at least)" \
+  grep -q "the memory budget (1.0 MiB) holds fewer than two of the 10000-row bands" "$dir/err1r"
+check "... one epoch of 55 batches, 11 in all" py_check "$(cat "$dir/out1r")" \
+  "j['stop_reason']=='max-epochs' and j['epochs']==11 and j['batches']==55"
+check "... and its own last checkpoint holds the eleven" "$py" -c "
+import sys, glob, re
+from safetensors import safe_open
+files = glob.glob(sys.argv[1] + '/ps0-step-*.safetensors')
+newest = max(files, key=lambda f: int(re.search(r'step-(\d+)', f).group(1)))
+with safe_open(newest, 'np') as f: meta = f.metadata()
+print(newest, meta.get('epochs_whole'))
+sys.exit(0 if meta.get('epochs_whole') == '11' else 1)" "$dir/run1r/checkpoints"
 check "... and added to the run's metrics log (it was truncated)" \
   cmp -s <(head -n "$first_lines" "$dir/run1r/metrics.jsonl") "$dir/run1/metrics.jsonl"
 check "... without the score past its checkpoint" \
@@ -146,6 +162,21 @@ check "... saying where it resumed" \
   "{\"dropped_records\":1,\"step\":$steps,\"type\":\"resume\"}"
 check "... with scores of its own" \
   test "$(tail -n +"$((first_lines + 1))" "$dir/run1r/metrics.jsonl" | grep -c '"type":"score"')" -gt 0
+# 1b. With no epoch left under --max-epochs: said, nothing trained, the checkpoint's parameters
+#     evaluated (a requeued job's rerun of a finished run), exit 0. Refused by a later check,
+#     the resume says nothing of where it would have gone on.
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1done" --workers 1 --replicas 2 \
+  --dashboard -1 --resume >/dev/null 2>"$dir/err1x"; rc=$?
+check "a refused resume says why, not where it would go on" \
+  test $rc -ne 0 -a -z "$(grep "come after" "$dir/err1x")" -a -n "$(grep "more than" "$dir/err1x")"
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1done" --workers 1 --max-epochs 10 \
+  --target 0 --dashboard -1 --resume --json >"$dir/out1d" 2>"$dir/err1d"; rc=$?
+check "launch --resume of a run with its epochs done exits 0" test $rc -eq 0
+check "... saying there is nothing to train" \
+  grep -q "after 10 epochs, and --max-epochs 10 counts the run's epochs in all: nothing to train" \
+  "$dir/err1d"
+check "... and training nothing" py_check "$(cat "$dir/out1d")" \
+  "j['epochs']==10 and j['batches']==0 and j['test']['samples']==10000"
 expect_error "launch into a dataset store is refused" "--run-dir $dir/fm.zarr is a dataset store" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/fm.zarr" --workers 1 --dashboard -1
 check "... leaving nothing in it" test ! -e "$dir/fm.zarr/lock" -a ! -e "$dir/fm.zarr/checkpoints"

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bare_coordinator.h"
+#include "chunk_manager.h"
 #include "cluster_link.h"
 #include "cluster_metrics.h"
 #include "cluster_ranks.h"
@@ -27,6 +28,7 @@
 #include "cluster_work_queue.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "ps_checkpoint_file.h"
 #include "ps_client.h"
 #include "score_subscriber.h"
 #include "signal_storm.h"
@@ -103,6 +105,53 @@ TEST(WorkQueue, StopsHandingOutAtMaxEpochs) {
   EXPECT_FALSE(q.next("a", {"a"}));
   EXPECT_TRUE(q.exhausted());
   EXPECT_EQ(q.epochs_completed(), 2);
+}
+
+// A resumed run's queue: the epochs its checkpoints hold are counted, and the next opened is the
+// one after them (the batch order an uninterrupted run would have had next).
+TEST(WorkQueue, AResumedRunOpensTheEpochAfterThoseItTrained) {
+  WorkQueue q(3, 4, 2);
+  EXPECT_EQ(q.epochs_completed(), 2);
+  EXPECT_EQ(q.epochs_whole(), 2);
+  EXPECT_FALSE(q.exhausted());
+  for (int e = 2; e < 4; ++e) {
+    const auto t = q.next("a", {"a"});
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->epoch, e);
+    EXPECT_EQ(t->batches, range(0, 3));
+    q.finish("a", t->id);
+    EXPECT_EQ(q.epochs_whole(), e + 1);
+  }
+  EXPECT_TRUE(q.exhausted());
+  EXPECT_FALSE(q.next("a", {"a"}));
+  EXPECT_EQ(q.batches_done(), 6);  // this run's own
+  WorkQueue done(3, 2, 2);  // resumed with no epoch left to train
+  EXPECT_TRUE(done.exhausted());
+  EXPECT_FALSE(done.next("a", {"a"}));
+  EXPECT_THROW(WorkQueue(3, 0, -1), InputError);
+}
+
+// Epochs complete out of order (a fast worker goes on to the next while a slow one still trains
+// its share): only the epochs before the oldest open one are whole.
+TEST(WorkQueue, EpochsWholeStopAtTheOldestOpenEpoch) {
+  WorkQueue q(2, 0);
+  const auto a0 = q.next("a", {"a", "b"});
+  const auto b0 = q.next("b", {"a", "b"});
+  ASSERT_TRUE(a0 && b0);
+  q.finish("a", a0->id);
+  const auto a1 = q.next("a", {"a", "b"});  // epoch 1, a's share
+  ASSERT_TRUE(a1);
+  EXPECT_EQ(a1->epoch, 1);
+  q.finish("a", a1->id);
+  const auto a1b = q.next("a", {"a", "b"});  // b's share of epoch 1, not started
+  ASSERT_TRUE(a1b);
+  EXPECT_EQ(a1b->epoch, 1);
+  q.finish("a", a1b->id);
+  EXPECT_EQ(q.epochs_completed(), 1);  // epoch 1
+  EXPECT_EQ(q.epochs_whole(), 0);      // epoch 0 is still b's
+  q.finish("b", b0->id);
+  EXPECT_EQ(q.epochs_completed(), 2);
+  EXPECT_EQ(q.epochs_whole(), 2);
 }
 
 TEST(WorkQueue, LateReportsOfAnOldTaskChangeNothing) {
@@ -801,6 +850,39 @@ TEST(Coordinator, ASilentWorkerIsLostAndItsBatchesGoToAnother) {
   }
 }
 
+// A resumed run's coordinator goes on with the epoch after those its servers' checkpoints hold,
+// counts them, and tells its roles in each heartbeat reply how many epochs have every batch done
+// (a server writes that count into its checkpoints); a role it does not know is not told.
+TEST(Coordinator, AResumedRunGoesOnAfterTheEpochsItHeldAndSaysHowManyAreWhole) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_workers = 1;
+  o.first_epoch = 3;
+  o.max_epochs = 5;
+  Coordinator c(o);
+  CoordinatorLink worker(c.endpoint(), context);
+  worker.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  auto beat = [&] { return worker.request({{"type", "heartbeat"}, {"name", "worker0"}}); };
+  EXPECT_EQ(beat().at("epochs_whole"), 3);
+  EXPECT_EQ(c.epochs_completed(), 3);
+  const json task = worker.request({{"type", "work"}, {"name", "worker0"}}).at("task");
+  EXPECT_EQ(task.at("epoch"), 3);
+  EXPECT_EQ(task.at("batches").get<std::vector<int64_t>>(), range(0, 10));
+  EXPECT_EQ(beat().at("epochs_whole"), 3);  // handed out, not trained
+  worker.request({{"type", "work"}, {"name", "worker0"}, {"finished", task.at("id")}});
+  EXPECT_EQ(beat().at("epochs_whole"), 4);
+  EXPECT_EQ(c.state().at("cluster").at("epoch"), 4) << c.state().dump();
+  // The heartbeat thread of a link keeps the highest count it was told.
+  EXPECT_EQ(worker.epochs_whole(), -1);
+  worker.start_heartbeats("worker0", nullptr, 20);
+  EXPECT_TRUE(test::eventually([&] { return worker.epochs_whole() == 4; }, 5000, 10));
+  CoordinatorLink stranger(c.endpoint(), context);
+  const json unknown = stranger.request({{"type", "heartbeat"}, {"name", "ps7"}});
+  EXPECT_TRUE(unknown.value("unknown", false)) << unknown.dump();
+  EXPECT_FALSE(unknown.contains("epochs_whole")) << unknown.dump();
+}
+
 CoordinatorOptions two_worker_options(zmq::context_t& context) {
   CoordinatorOptions o = test::bare_coordinator_options(context);
   o.expected_workers = 2;
@@ -1001,6 +1083,49 @@ TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
   EXPECT_EQ(periodic, 2);
 }
 
+// The servers' checkpoints say how many epochs they hold whole, and a run resumed from them with
+// the next epoch (ClusterOptions::first_epoch, as `launch --resume` sets it) trains the batches an
+// uninterrupted run would have, in its order: with one worker and one server (async: a step per
+// batch, in the worker's order) the parameters come out bit for bit the same. (A resumed epoch
+// in another order, or the first epoch's batches again, would give other parameters.)
+TEST(ClusterRun, ARunResumedAfterItsWholeEpochsEndsAsAnUninterruptedOne) {
+  test::TempDir dir;
+  const std::string store = write_small_store(dir);
+  auto run_in = [&](const std::string& name, int64_t first_epoch, int64_t max_epochs) {
+    ClusterOptions o = small_run(dir, store);
+    o.settings.checkpoint_dir = dir.file(name + "-checkpoints");
+    o.settings.best_model_path = dir.file(name + "-best.safetensors");
+    o.model_out = dir.file(name + ".safetensors");
+    o.scorers = 0;
+    o.keep_best = false;
+    o.first_epoch = first_epoch;
+    o.max_epochs = max_epochs;
+    return o;
+  };
+  ClusterOptions whole = run_in("whole", 0, 3);
+  const ClusterSummary uninterrupted = ClusterRun(whole).run(nullptr);
+  ASSERT_EQ(uninterrupted.epochs, 3);
+  ClusterOptions first = run_in("first", 0, 2);
+  const ClusterSummary s1 = ClusterRun(first).run(nullptr);
+  ASSERT_EQ(s1.steps, 2 * 20);
+  const std::string path = first.settings.checkpoint_dir + "/ps0-step-40.safetensors";
+  EXPECT_EQ(decode_shard_checkpoint(read_safetensors(path), path, true).epochs_whole, 2);
+  ClusterOptions resumed = run_in("first", 2, 3);  // the same checkpoint directory
+  const ClusterSummary s2 = ClusterRun(resumed).run(nullptr);
+  EXPECT_EQ(s2.epochs, 3);
+  EXPECT_EQ(s2.batches, 20);  // this run's own
+  EXPECT_EQ(s2.steps, 3 * 20);
+  const Checkpoint a = load_checkpoint(whole.model_out), b = load_checkpoint(resumed.model_out);
+  const auto pa = a.model.parameters(), pb = b.model.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const std::vector<float>&x = pa[i].values, &y = pb[i].values;
+    ASSERT_EQ(x.size(), y.size());
+    ASSERT_FALSE(x.empty());
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << pa[i].name;
+  }
+}
+
 // A worker whose backend stays in a call past the step timeout says so in its heartbeats, and
 // the coordinator counts it lost, naming the call. A timeout of a microsecond and heartbeats
 // every 5 ms make every step a stall that a heartbeat sees; the workers come back between steps
@@ -1034,6 +1159,22 @@ TEST(RunSettings, TheStepTimeoutTravelsAndANegativeOneIsRefused) {
   json bad = to_json(s);
   bad["step_timeout_s"] = -1.0;
   EXPECT_THROW(run_settings_from_json(bad), InputError);
+}
+
+// Each worker's read-ahead budget travels in the settings; settings from before it take the
+// chunk manager's default, and a budget of nothing or one that overflows in bytes is refused.
+TEST(RunSettings, TheWorkersMemoryBudgetTravelsAndOneOutOfRangeIsRefused) {
+  RunSettings s;
+  s.memory_budget_mib = 12;
+  EXPECT_EQ(run_settings_from_json(to_json(s)).memory_budget_mib, 12);
+  json older = to_json(s);
+  older.erase("memory_budget_mib");
+  EXPECT_EQ(run_settings_from_json(older).memory_budget_mib, 256);
+  EXPECT_EQ(int64_t(ChunkManagerOptions{}.memory_budget >> 20), 256);  // the same default
+  s.memory_budget_mib = 0;
+  EXPECT_THROW(check_role_settings(s), InputError);
+  s.memory_budget_mib = int64_t{1} << 31;
+  EXPECT_THROW(check_role_settings(s), InputError);
 }
 
 // The workers' spin for replies travels in the settings to every role's client; settings from

@@ -947,8 +947,11 @@ TEST(RoleEnd, ARoleOfAnEarlierRunIsNotTakenForTheNewRunsRoleOfItsName) {
                                       ": this coordinator serves run " + second_run))
       << why;
   EXPECT_EQ(second->phase(), ClusterPhase::Training);
-  // The new run's own worker0 is heard as before.
-  fresh.request({{"type", "heartbeat"}, {"name", "worker0"}, {"status", {{"batches_done", 4}}}});
+  // The new run's own worker0 is heard as before (a fed run has no epochs to count).
+  const json own = fresh.request(
+      {{"type", "heartbeat"}, {"name", "worker0"}, {"status", {{"batches_done", 4}}}});
+  EXPECT_EQ(own.at("phase"), "training") << own.dump();
+  EXPECT_FALSE(own.contains("epochs_whole")) << own.dump();
   EXPECT_EQ(second->batches_done(), 4);
   fresh.request({{"type", "goodbye"}, {"name", "worker0"}});
 }

@@ -36,12 +36,10 @@ predict() {
   "$tandem" predict --model "$model" --data "$store" --split train --backend cpu --threads 1 \
     "$@"
 }
-# Chunks whose two files are in place (they appear whole: each is renamed into place).
+# How many chunks have both files in place.
 complete() {
   local n=0 c
-  for ((c = 0; c < chunks; c++)); do
-    [ -e "$1/classes/c/$c" ] && [ -e "$1/probabilities/c/$c/0" ] && n=$((n + 1))
-  done
+  for ((c = 0; c < chunks; c++)); do chunk_done "$1" "$c" && n=$((n + 1)); done
   echo $n
 }
 

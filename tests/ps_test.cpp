@@ -32,6 +32,8 @@
 #include "curve_client.h"
 #include "backend.h"
 #include "cpu/adam_cpu.h"
+#include "ps_checkpoint_choice.h"
+#include "ps_checkpoint_file.h"
 #include "ps_checkpoint_writer.h"
 #include "ps_client.h"
 #include "ps_placement.h"
@@ -1767,6 +1769,7 @@ TEST(PsCheckpoint, RequestWritesAFileThatReadsBackBitExactly) {
   EXPECT_EQ(file.metadata.at("format"), "tandem-ps-shard");
   EXPECT_EQ(file.metadata.at("step"), "3");
   EXPECT_EQ(file.metadata.at("mode"), "async");
+  EXPECT_EQ(file.metadata.count("epochs_whole"), 0u);  // not in a cluster run: not said
   ASSERT_EQ(file.tensors.size(), 6u);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& name = params[i].name;
@@ -1983,6 +1986,113 @@ TEST(PsCheckpoint, RestartResumesBitwiseLikeAnUninterruptedServer) {
   EXPECT_EQ(resumed.version, 5u);
   EXPECT_EQ(expected.version, 5u);
   EXPECT_TRUE(bit_equal(resumed.tensors, expected.tensors));
+}
+
+// In a cluster run each checkpoint says the epochs its parameters hold whole, as the coordinator
+// last told the server before the snapshot (ServerOptions::epochs_whole), or as the checkpoint it
+// resumed from said where it has heard nothing higher since: `launch --resume` goes on after them.
+TEST(PsCheckpoint, EachCheckpointSaysTheEpochsItHoldsWhole) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  const auto params = small_params(44);
+  auto heard = std::make_shared<std::atomic<int64_t>>(-1);
+  auto with_epochs = [&](const std::string& name) {
+    ServerOptions o = checkpoint_options(ctx, name, dir);
+    o.epochs_whole = [heard] { return heard->load(); };
+    return o;
+  };
+  auto epochs_in = [](const std::string& path) {
+    const SafeTensorsFile file = read_safetensors(path);
+    return decode_shard_checkpoint(file, path, /*adam=*/true).epochs_whole;
+  };
+  {
+    ParameterServer first(with_epochs("ps-epochs-first"));
+    PsClient c({first.endpoint()}, client_options(&ctx));
+    c.init(params).wait();
+    c.push_pull(gradients_like(params, 4401)).wait();
+    EXPECT_EQ(epochs_in(request_checkpoint(ctx, first.endpoint())), -1);  // nothing heard yet
+    heard->store(2);
+    c.push_pull(gradients_like(params, 4402)).wait();
+    const std::string path = request_checkpoint(ctx, first.endpoint());
+    EXPECT_EQ(read_safetensors(path).metadata.at("epochs_whole"), "2");
+    EXPECT_EQ(epochs_in(path), 2);
+  }
+  heard->store(-1);  // a restarted server that has not heard from the coordinator yet
+  {
+    ParameterServer second(with_epochs("ps-epochs-second"));
+    PsClient c({second.endpoint()}, client_options(&ctx));
+    c.init(params).wait();
+    c.push_pull(gradients_like(params, 4403)).wait();
+    EXPECT_EQ(epochs_in(request_checkpoint(ctx, second.endpoint())), 2);  // its checkpoint's
+    heard->store(5);
+    c.push_pull(gradients_like(params, 4404)).wait();
+    EXPECT_EQ(epochs_in(request_checkpoint(ctx, second.endpoint())), 5);
+    heard->store(6);  // the run's last epoch, counted after that checkpoint of the last step
+  }
+  // The final checkpoint is written again for it, though the step is the same.
+  EXPECT_EQ(epochs_in(dir.file("ps0-step-4.safetensors")), 6);
+  // A count that is not a number is a damaged file, named.
+  SafeTensorsFile bad = read_safetensors(dir.file("ps0-step-4.safetensors"));
+  bad.metadata["epochs_whole"] = "x";
+  try {
+    decode_shard_checkpoint(bad, "bad.safetensors", true);
+    ADD_FAILURE() << "decoded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.safetensors: metadata epochs_whole 'x'"),
+              std::string::npos) << e.what();
+  }
+}
+
+// `launch --resume` goes on after the epochs every server's checkpoint holds: the fewest of
+// them; none when a server has no checkpoint (it starts empty) or one's does not say (an older
+// version's). A server with checkpoints none of which reads back refuses the resume.
+TEST(PsCheckpoint, AResumeGoesOnAfterTheEpochsEveryServerHolds) {
+  zmq::context_t ctx;
+  test::TempDir dir;
+  {
+    ServerOptions o = checkpoint_options(ctx, "ps-resume-point", dir);
+    o.epochs_whole = [] { return int64_t{4}; };
+    ParameterServer server(o);
+    PsClient c({server.endpoint()}, client_options(&ctx));
+    const auto params = small_params(45);
+    c.init(params).wait();
+    c.push_pull(gradients_like(params, 4501)).wait();
+    c.push_pull(gradients_like(params, 4502)).wait();
+  }  // stop: ps0-step-2, after 4 epochs
+  const SafeTensorsFile ps0 = read_safetensors(dir.file("ps0-step-2.safetensors"));
+  auto write_ps1 = [&](const std::string& epochs) {
+    SafeTensorsFile f = ps0;
+    f.metadata["shard"] = "ps1";
+    f.metadata["step"] = "1";
+    if (epochs.empty()) f.metadata.erase("epochs_whole");
+    else f.metadata["epochs_whole"] = epochs;
+    write_safetensors_atomic(dir.file("ps1-step-1.safetensors"), f);
+  };
+  write_ps1("3");
+  const std::string d = dir.path().string();
+  ResumePoint p = resume_point_of_servers(d, 2, true);
+  EXPECT_EQ(p.epochs, 3);
+  EXPECT_EQ(p.step, 1);
+  EXPECT_EQ(p.highest_step, 2);
+  EXPECT_EQ(p.steps, "ps0 at step 2, ps1 at step 1");
+  EXPECT_TRUE(p.without_checkpoint.empty());
+  EXPECT_FALSE(p.epochs_unsaid);
+  EXPECT_EQ(resume_point_of_servers(d, 1, true).epochs, 4);
+  p = resume_point_of_servers(d, 3, true);  // ps2 starts empty
+  EXPECT_EQ(p.epochs, 0);
+  EXPECT_EQ(p.without_checkpoint, std::vector<std::string>{"ps2"});
+  write_ps1("");  // an older version's
+  p = resume_point_of_servers(d, 2, true);
+  EXPECT_EQ(p.epochs, 0);
+  EXPECT_TRUE(p.epochs_unsaid);
+  test::write_bytes(dir.file("ps1-step-1.safetensors"), "not a checkpoint");
+  try {
+    resume_point_of_servers(d, 2, true);
+    ADD_FAILURE() << "resumed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ps1"), std::string::npos) << e.what();
+  }
 }
 
 // Replies the client will not wait for are not kept: those of a handle dropped unwaited (a

@@ -94,6 +94,8 @@ TEST(PublicCluster, SettingsTheRolesWouldRefuseAreRefusedBeforeAnythingStarts) {
       {{{"scorer_threads", 5000}}, "scorer_threads: thread count 5000 is above the limit"},
       {{{"readers", 0}}, "readers must be >= 1, not 0"},
       {{{"assemblers", -1}}, "assemblers must be >= 1, not -1"},
+      {{{"memory_budget_mib", 0}}, "memory_budget_mib must be >= 1, not 0"},
+      {{{"memory_budget_mib", int64_t{1} << 40}}, "memory_budget_mib must be <= 1073741824"},
       {{{"ps_timeout_ms", 0}}, "ps_timeout_ms must be >= 1, not 0"},
       {{{"init_timeout_ms", -1}}, "init_timeout_ms must be >= 1, not -1"},
       {{{"model", "20-8-3"}}, "its rows have 40 features, the model 20-8-3 takes 20"},

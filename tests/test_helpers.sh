@@ -50,11 +50,15 @@ json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
 done_chunk_ids() {
   local c
   for ((c = 0; c < $2; c++)); do
-    if [ -e "$1/classes/c/$c" ] && [ -e "$1/probabilities/c/$c/0" ]; then
+    if chunk_done "$1" "$c"; then
       stat -c '%i %n' "$1/classes/c/$c" "$1/probabilities/c/$c/0"
     fi
   done
 }
+
+# chunk_done OUT C: both files of prediction chunk C are in place (each appears whole: it is
+# renamed into place). Builtins only: a loop polling a run in progress calls it per chunk.
+chunk_done() { [ -e "$1/classes/c/$2" ] && [ -e "$1/probabilities/c/$2/0" ]; }
 
 # kept_files IDS: every file IDS lists (done_chunk_ids' lines) is still the file it was.
 kept_files() {

@@ -209,6 +209,7 @@ void CoordinatorLink::beat_until_stopped(zmq::socket_t& socket, const std::strin
       if (!answered) continue;
       last_reply_ = std::chrono::steady_clock::now();
       if (reply.value("unknown", false)) forgotten_ = true;
+      epochs_whole_ = std::max(epochs_whole_, json_integer_or(reply, "epochs_whole", -1));
       failure_ = json_string_or(reply, "failure", failure_);
       // Failed is final: a heartbeat reply sent before the failure and read after a request's
       // reply said so must not put an earlier phase back.
@@ -231,6 +232,11 @@ std::string CoordinatorLink::phase() const {
 std::string CoordinatorLink::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
+}
+
+int64_t CoordinatorLink::epochs_whole() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return epochs_whole_;
 }
 
 std::string CoordinatorLink::heartbeat_failure() const {

@@ -98,6 +98,11 @@ void check_role_settings(const RunSettings& s) {
   };
   at_least("readers", s.readers, 1);
   at_least("assemblers", s.assemblers, 1);
+  at_least("memory_budget_mib", s.memory_budget_mib, 1);
+  // (A petabyte at most: more would overflow in bytes, and holds every band of any store anyway.)
+  if (s.memory_budget_mib > int64_t{1} << 30)
+    throw InputError("cluster settings: memory_budget_mib must be <= 1073741824, not " +
+                     std::to_string(s.memory_budget_mib));
   at_least("replicas_to_aggregate", s.replicas_to_aggregate, 0);
   at_least("ps_timeout_ms", s.ps_timeout_ms, 1);
   at_least("init_timeout_ms", s.init_timeout_ms, 1);
@@ -121,6 +126,7 @@ json to_json(const RunSettings& s) {
           {"scorer_threads", s.scorer_threads},
           {"readers", s.readers},
           {"assemblers", s.assemblers},
+          {"memory_budget_mib", s.memory_budget_mib},
           {"score_interval_s", s.score_interval_s},
           {"ps_mode", s.ps_mode},
           {"ps_device", s.ps_device},
@@ -178,6 +184,8 @@ RunSettings run_settings_from_json(const json& j) {
   s.scorer_threads = r.small_integer("scorer_threads");
   s.readers = r.small_integer("readers");
   s.assemblers = r.small_integer("assemblers");
+  const int64_t default_budget = RunSettings{}.memory_budget_mib;
+  s.memory_budget_mib = r.integer("memory_budget_mib", &default_budget);  // (newer)
   s.score_interval_s = r.number("score_interval_s");
   s.ps_mode = r.text("ps_mode");
   s.ps_device = r.text("ps_device");
@@ -269,6 +277,9 @@ void ps_role(const RoleOptions& o) {
   so.checkpoint_every_seconds = r.settings.checkpoint_every_s;
   so.checkpoint_every_steps = r.settings.checkpoint_every_steps;
   so.shard_name = r.name;
+  // What the link heard, copied here for the server's thread: the server may outlive the link.
+  auto epochs_whole = std::make_shared<std::atomic<int64_t>>(-1);
+  so.epochs_whole = [epochs_whole] { return epochs_whole->load(); };
   so.device = ps_shard_device(r.settings.ps_device);
   // A server on an address other machines reach, in a run without CURVE (by hand, or a rank):
   // any of them can pull or push its parameters, or shut it down.
@@ -291,11 +302,14 @@ void ps_role(const RoleOptions& o) {
   link.request({{"type", "ready"}, {"name", r.name},
                 {"address", advertised_endpoint(server->endpoint(), o.advertise)}});
   for (;;) {
+    epochs_whole->store(link.epochs_whole());
     const std::string phase = link.phase();
     if (phase == "done" || phase == "failed" || !server->serving()) break;
     check_coordinator(link, o, r.name);
     link.wait_phase_change(phase, 100);
   }
+  // Read after the phase: the reply that said "done" said the run's last count first.
+  epochs_whole->store(link.epochs_whole());
   server->stop();  // writes the final checkpoint
   end_role(link, r.name);
 }

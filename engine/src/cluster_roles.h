@@ -55,6 +55,9 @@ struct RunSettings {
   int scorer_threads = 1;
   int readers = 1;     // chunk manager threads per worker
   int assemblers = 1;
+  // Each worker's chunk manager: MiB of chunks read ahead (ChunkManagerOptions::memory_budget;
+  // at least two chunk rows are read whatever it says).
+  int64_t memory_budget_mib = 256;
   double score_interval_s = 1.0;
   std::string ps_mode = "async";  // async, sync, bounded_staleness
   // Workers send batch k's gradient and compute batch k+1's while the answer travels (on

@@ -162,6 +162,7 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
   co.run_config = to_json(s);
   co.batches_per_epoch = batch_count(store.train.rows, s.batch);
   co.max_epochs = options_.max_epochs;
+  co.first_epoch = options_.first_epoch;
   co.max_seconds = options_.max_seconds;
   co.target = options_.target;
   co.heartbeat_timeout_ms = options_.heartbeat_timeout_ms;

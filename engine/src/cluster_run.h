@@ -40,7 +40,10 @@ struct ClusterOptions {
   int workers = 1;
   int scorers = 1;
   double target = 0;        // stop when the validation loss sum is below it; 0: off
-  int64_t max_epochs = 0;   // 0: no limit
+  int64_t max_epochs = 0;   // 0: no limit (a resumed run's limit counts first_epoch's too)
+  // A resumed run: the epochs its servers' checkpoints hold whole (their epochs_whole, read by
+  // `tandem launch --resume`); training goes on with the next.
+  int64_t first_epoch = 0;
   double max_seconds = 0;   // 0: no limit
   std::string bind = "tcp://127.0.0.1:*";  // the coordinator's control socket
   std::string scores_bind = "tcp://127.0.0.1:*";

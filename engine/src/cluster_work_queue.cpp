@@ -6,10 +6,14 @@
 
 namespace tandem {
 
-WorkQueue::WorkQueue(int64_t batches_per_epoch, int64_t max_epochs)
-    : batches_per_epoch_(batches_per_epoch), max_epochs_(max_epochs) {
+WorkQueue::WorkQueue(int64_t batches_per_epoch, int64_t max_epochs, int64_t first_epoch)
+    : batches_per_epoch_(batches_per_epoch),
+      max_epochs_(max_epochs),
+      opened_(first_epoch),
+      completed_(first_epoch) {
   if (batches_per_epoch < 1) throw InputError("work queue: an epoch needs at least one batch");
   if (max_epochs < 0) throw InputError("work queue: max epochs must be >= 0");
+  if (first_epoch < 0) throw InputError("work queue: the first epoch must be >= 0");
 }
 
 bool WorkQueue::exhausted() const {

@@ -29,8 +29,10 @@ struct WorkTask {
 
 class WorkQueue {
  public:
-  // max_epochs 0: no limit (the stop rule ends training).
-  WorkQueue(int64_t batches_per_epoch, int64_t max_epochs);
+  // max_epochs 0: no limit (the stop rule ends training). first_epoch: epochs a resumed run
+  // trained before (0 .. first_epoch - 1): counted as completed, the first opened is first_epoch
+  // (its batch order the one the run would have had), and max_epochs counts them.
+  WorkQueue(int64_t batches_per_epoch, int64_t max_epochs, int64_t first_epoch = 0);
 
   // The next task for `worker`, given the workers alive now (for cutting a new epoch); nullopt
   // when there is nothing to hand out at the moment (others hold the rest) or ever (exhausted()).
@@ -47,6 +49,9 @@ class WorkQueue {
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t epochs_opened() const { return opened_; }
   int64_t epochs_completed() const { return completed_; }
+  // Epochs 0 .. N - 1 are all complete (a later one may be too: epochs complete out of order):
+  // what a checkpoint of the servers' parameters taken now holds whole.
+  int64_t epochs_whole() const { return open_.empty() ? opened_ : open_.front().index; }
   int64_t batches_done() const { return batches_done_; }
   // Every epoch up to max_epochs is trained (never true without a limit).
   bool exhausted() const;

@@ -72,6 +72,7 @@ std::unique_ptr<ChunkManager> open_stream(const RoleOptions& o, const RoleRegist
   cm.seed = s.seed;
   cm.readers = s.readers;
   cm.assemblers = s.assemblers;
+  cm.memory_budget = static_cast<size_t>(s.memory_budget_mib) << 20;
   // Page-locked for the GPU the worker's backend uses (its first, in a group), so that no
   // context is made on GPU 0 for a worker given others; plain memory for a CPU backend.
   cm.pin_for_device = !o.gpus.empty()                              ? o.gpus[0]

@@ -108,7 +108,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       own_context_(options_.context ? nullptr : std::make_unique<zmq::context_t>(1)),
       control_(options_.context ? *options_.context : *own_context_, zmq::socket_type::router),
       scores_(options_.context ? *options_.context : *own_context_, zmq::socket_type::xpub),
-      work_(options_.batches_per_epoch, options_.max_epochs) {
+      work_(options_.batches_per_epoch, options_.max_epochs, options_.first_epoch) {
   if (options_.fed && options_.max_epochs > 0)
     throw InputError("a fed run has no epochs (whoever feeds decides how often the data comes "
                      "round): stop it by target, time or request, not max epochs");
@@ -302,7 +302,14 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
         work_.progress(name, json_integer(role.status, "task", 0),
                        json_integer(role.status, "done", 0));
     }
-    return phase_reply_locked();
+    json reply = phase_reply_locked();
+    // To the run's own roles only (an unknown one, above, may be another run's server). Every
+    // batch of these epochs was counted done after its gradient's exchange was answered (or
+    // given up: a gradient lost, which no run trains again), so a server's snapshot taken after
+    // this reply arrives holds what the run trained of them. (Not quite: a push whose client
+    // gave up waiting may still be applied by a server that was only slow.)
+    if (!options_.fed) reply["epochs_whole"] = work_.epochs_whole();
+    return reply;
   }
   if (type == "ready") {
     const std::string address = json_string(r, "address", "");

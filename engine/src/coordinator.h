@@ -12,7 +12,10 @@
 //               parameter server is ready; spec lists each role's addresses
 //     work      {name, finished?, done?}  -> {task: {id, epoch, batches}} | {wait_ms} | {stop}
 //     progress  {name, task, done}        -> {}  (also carried by heartbeats)
-//     heartbeat {name, status}            -> {phase}
+//     heartbeat {name, status}            -> {phase, epochs_whole}: epochs_whole (not in a fed
+//               run): every batch of epochs 0 .. N - 1 is done (WorkQueue::epochs_whole), so
+//               that a parameter server records in its checkpoints the epochs they come after,
+//               which `launch --resume` goes on from
 //     score     {step, loss, accuracy, samples} -> {}: appended to the scores channel
 //     goodbye   {name, status?}           -> {}: the role stopped on purpose (status: its last)
 //     status    {}                        -> the state() document (dashboard, tests)
@@ -77,6 +80,8 @@ struct CoordinatorOptions {
   // epochs, and batches done are the sum of what the workers report.
   bool fed = false;
   int64_t max_epochs = 0;   // 0: no limit
+  // A resumed run: the epochs its servers' checkpoints hold whole (WorkQueue's first_epoch).
+  int64_t first_epoch = 0;
   double max_seconds = 0;   // 0: no limit
   double target = 0;        // stop when a score's loss is below this; 0: off
   int heartbeat_timeout_ms = 3000;

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "safetensors.h"
+#include "tandem/error.h"
 
 namespace tandem {
 
@@ -57,6 +58,34 @@ CheckpointChoice choose_shard_checkpoint(
     }
   }
   return choice;
+}
+
+ResumePoint resume_point_of_servers(const std::string& dir, int servers, bool adam) {
+  ResumePoint point;
+  int64_t fewest_epochs = -1;
+  for (int i = 0; i < servers; ++i) {
+    const std::string shard = "ps" + std::to_string(i);
+    int64_t epochs = -1;  // of the file taken: the last one offered
+    const CheckpointChoice choice = choose_shard_checkpoint(
+        dir, shard, adam,
+        [&](ShardCheckpoint&& c, const std::string&) { epochs = c.epochs_whole; });
+    const std::string refusal = choice.refusal(shard, dir);
+    if (!refusal.empty()) throw InputError("--resume: " + refusal);
+    if (choice.path.empty()) {
+      point.without_checkpoint.push_back(shard);
+      continue;
+    }
+    point.step = point.step < 0 ? choice.step : std::min(point.step, choice.step);
+    point.highest_step = std::max(point.highest_step, choice.step);
+    if (epochs < 0) point.epochs_unsaid = true;
+    fewest_epochs = fewest_epochs < 0 ? std::max<int64_t>(0, epochs)
+                                      : std::min(fewest_epochs, std::max<int64_t>(0, epochs));
+    point.steps += (point.steps.empty() ? "" : ", ") + shard + " at step " +
+                   std::to_string(choice.step) +
+                   (choice.skipped.empty() ? "" : " (a newer checkpoint of it does not read back)");
+  }
+  point.epochs = point.without_checkpoint.empty() ? std::max<int64_t>(0, fewest_epochs) : 0;
+  return point;
 }
 
 }  // namespace tandem

@@ -37,4 +37,19 @@ CheckpointChoice choose_shard_checkpoint(
     const std::string& dir, const std::string& shard, bool adam,
     const std::function<void(ShardCheckpoint&&, const std::string& path)>& take);
 
+// Where `tandem launch --resume` goes on, each of the run's servers (ps0 .. ps<servers - 1>)
+// resuming from its newest checkpoint that reads back whole, as the servers will choose (through
+// choose_shard_checkpoint). InputError for a server with checkpoints and none it can resume from.
+struct ResumePoint {
+  int64_t step = -1;          // the lowest of the servers' steps (-1: none has a checkpoint)
+  int64_t highest_step = -1;  // the highest: servers at different steps mix two points of a run
+  // The epochs every server's checkpoint holds (their epochs_whole): 0 when a server has none (it
+  // starts empty: only the first Init fills it) or one's checkpoint does not say.
+  int64_t epochs = 0;
+  std::string steps;  // "ps0 at step N, ps1 at step M (a newer checkpoint of it does not ...)"
+  std::vector<std::string> without_checkpoint;  // servers that start empty
+  bool epochs_unsaid = false;  // a checkpoint taken says nothing of its epochs (older version)
+};
+ResumePoint resume_point_of_servers(const std::string& dir, int servers, bool adam);
+
 }  // namespace tandem

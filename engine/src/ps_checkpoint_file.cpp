@@ -60,6 +60,7 @@ SafeTensorsFile encode_shard_checkpoint(const PsShard& shard, bool adam,
   file.metadata["shard"] = labels.shard;
   file.metadata["optimizer"] = labels.optimizer;
   file.metadata["model_order"] = labels.model_order;
+  if (labels.epochs_whole >= 0) file.metadata["epochs_whole"] = std::to_string(labels.epochs_whole);
   return file;
 }
 
@@ -73,14 +74,18 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
   if (meta("format") != kShardFormat)
     throw InputError(path + ": metadata format is '" + meta("format") + "', expected " +
                      kShardFormat);
+  auto count = [&](const std::string& key, const std::string& text) -> int64_t {
+    if (text.empty() || text.size() > 18 ||
+        !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      throw InputError(path + ": metadata " + key + " '" + text + "' is not a number");
+    return std::stoll(text);
+  };
   ShardCheckpoint out;
-  const std::string& step_text = meta("step");
-  if (step_text.empty() || step_text.size() > 18 ||
-      !std::all_of(step_text.begin(), step_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    throw InputError(path + ": metadata step '" + step_text + "' is not a number");
-  out.step = std::stoll(step_text);
+  out.step = count("step", meta("step"));
   auto order = file.metadata.find("model_order");
   if (order != file.metadata.end()) out.model_order = order->second;
+  auto epochs = file.metadata.find("epochs_whole");  // (newer)
+  if (epochs != file.metadata.end()) out.epochs_whole = count("epochs_whole", epochs->second);
   size_t expected = 0;
   for (const auto& t : file.tensors) {
     if (ends_with(t.name, ".adam_m") || ends_with(t.name, ".adam_v")) continue;

@@ -165,6 +165,7 @@ void ParameterServer::restore_newest() {
         shard_.restore(checkpoint.tensors, checkpoint.step);
         model_order_ = checkpoint.model_order;
         checkpointed_step_ = checkpoint.step;
+        restored_epochs_whole_ = checkpointed_epochs_whole_ = checkpoint.epochs_whole;
         restored_from_ = path;
         stats_.version = checkpoint.step;
       });
@@ -183,19 +184,26 @@ void ParameterServer::restore_newest() {
 
 uint64_t ParameterServer::submit_checkpoint() {
   const bool adam = options_.optimizer.kind == OptimizerKind::Adam;
+  // Read before the snapshot: the epochs it names were whole before it was taken.
+  const int64_t epochs_whole = epochs_whole_now();
   shard_.fetch_moments();
   SafeTensorsFile file = encode_shard_checkpoint(
       shard_, adam,
       {to_string(options_.mode), options_.shard_name, to_string(options_.optimizer.kind),
-       model_order_});
+       model_order_, epochs_whole});
   const std::string path =
       (std::filesystem::path(options_.checkpoint_dir) /
        (options_.shard_name + "-step-" + std::to_string(shard_.step()) + ".safetensors"))
           .string();
   const uint64_t ticket = writer_->submit(path, shard_.step(), std::move(file));
   checkpointed_step_ = shard_.step();
+  checkpointed_epochs_whole_ = epochs_whole;
   checkpointed_at_ = Clock::now();
   return ticket;
+}
+
+int64_t ParameterServer::epochs_whole_now() const {
+  return options_.epochs_whole ? std::max(restored_epochs_whole_, options_.epochs_whole()) : -1;
 }
 
 void ParameterServer::answer_checkpoint_requests() {
@@ -241,7 +249,11 @@ void ParameterServer::maybe_checkpoint(bool final_one) {
   if (options_.checkpoint_dir.empty() || !shard_.initialized()) return;
   if (!shard_.device_failure().empty()) return;  // the moments on the GPU are unknown
   const int64_t step = shard_.step();
-  if (step == checkpointed_step_) return;  // nothing changed since the last one
+  // Nothing changed since the last one; at the end, not even the epochs it holds whole (a run's
+  // last epoch was counted after a checkpoint of its last step was taken).
+  if (step == checkpointed_step_ &&
+      !(final_one && epochs_whole_now() > checkpointed_epochs_whole_))
+    return;
   bool due = final_one;
   const int64_t n = options_.checkpoint_every_steps;
   if (n > 0 && (checkpointed_step_ < 0 ? step >= n : step / n > checkpointed_step_ / n))

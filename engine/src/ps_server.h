@@ -128,6 +128,11 @@ struct ServerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string shard_name = "ps0";  // file prefix; a restart loads only this shard's files
+  // A cluster run's count of the epochs trained whole (CoordinatorLink::epochs_whole; -1: not
+  // known), read on the serving thread just before each snapshot: every checkpoint says the
+  // epochs its parameters hold (the higher of this and the restored checkpoint's). Empty: not
+  // said (a server outside a cluster run).
+  std::function<int64_t()> epochs_whole;
   // -1: the shard and Adam's state in host memory; N >= 0: on CUDA device N, stepped by the
   // fused Adam kernel (InputError at start when the device cannot be used).
   int device = -1;
@@ -205,6 +210,8 @@ class ParameterServer {
   // complete one at start, and (on the writer's thread, after a write at `step`) delete all but
   // the newest 2 at or below it.
   uint64_t submit_checkpoint();
+  // What a checkpoint taken now says of the epochs it holds (ServerOptions::epochs_whole).
+  int64_t epochs_whole_now() const;
   void maybe_checkpoint(bool final_one);
   void answer_checkpoint_requests();
   void restore_newest();
@@ -224,6 +231,8 @@ class ParameterServer {
   std::string model_order_;  // the first Init's extra: all parameter names, '\n'-separated
   std::set<std::string> logged_;
   int64_t checkpointed_step_ = -1;  // the step of the last checkpoint written or loaded
+  int64_t restored_epochs_whole_ = -1;  // the loaded checkpoint's
+  int64_t checkpointed_epochs_whole_ = -1;  // the last checkpoint's, written or loaded
   std::chrono::steady_clock::time_point checkpointed_at_ = std::chrono::steady_clock::now();
   std::string restored_from_;
   // Checkpoint files skipped at the start as not restorable, which pruning leaves alone. Written

@@ -71,6 +71,7 @@ struct ClusterCommandOptions {
   bool inproc = false;
   bool resume = false;
   int64_t resumed_step = -1;    // with --resume: the servers' (lowest) step to resume at
+  std::string resume_note;      // with --resume: said once nothing can refuse the run
   std::string rendezvous_file;  // tandem rank: where rank 0 says where it listens
   std::string rendezvous_job;
   bool json_summary = false;
@@ -133,6 +134,10 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                       "worker i on GPUs i*N..i*N+N-1; with cpu a backend of --worker-threads "
                       "threads each)")
           ->check(positive_number())->capture_default_str();
+  cmd->add_option("--memory-budget", s.memory_budget_mib,
+                  "MiB of the store's chunks each worker reads ahead (two of its chunk rows at "
+                  "least)")
+      ->check(number_in(1, 1 << 30, false, "MIB"))->capture_default_str();
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(positive_number())->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")
@@ -206,8 +211,9 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
                   "The roles' key file (default: a throwaway key each; needed with --curve-allowed)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--resume", o.resume,
-                "Continue from the servers' newest checkpoints in RUN_DIR (default: start fresh); "
-                "--max-epochs counts the epochs of this run, not those before");
+                "Continue from the servers' newest checkpoints in RUN_DIR with the epoch after "
+                "those they hold whole (default: start fresh); --max-epochs counts the run's "
+                "epochs in all");
   cmd->add_flag("--json", o.json_summary, "Print a one-line JSON summary");
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
 }
@@ -225,31 +231,33 @@ bool holds_server_checkpoint(const std::string& dir) {
   return false;
 }
 
-// The step a resumed run continues from, each server resuming from its newest checkpoint that
-// reads back whole, as the servers will choose (choose_shard_checkpoint): the lowest of theirs,
-// the step the workers' parameters are at. Said now, before anything starts: a server whose
-// checkpoints all fail refuses the run (started, it would have trained from scratch and written
-// over them), and servers at different steps (a damaged newest checkpoint of one, checkpoints
-// timed by each server's clock) are told, their parameters mixing two points of the run.
-int64_t resumed_step_of_servers(const std::string& dir, int servers, bool adam) {
-  int64_t lowest = -1, highest = -1;
-  std::string steps;
-  for (int i = 0; i < servers; ++i) {
-    const std::string shard = "ps" + std::to_string(i);
-    const CheckpointChoice choice =
-        choose_shard_checkpoint(dir, shard, adam, [](ShardCheckpoint&&, const std::string&) {});
-    const std::string refusal = choice.refusal(shard, dir);
-    if (!refusal.empty()) throw InputError("--resume: " + refusal);
-    if (choice.path.empty()) continue;  // a server added since: it starts empty, as a new one
-    lowest = lowest < 0 ? choice.step : std::min(lowest, choice.step);
-    highest = std::max(highest, choice.step);
-    steps += (steps.empty() ? "" : ", ") + shard + " at step " + std::to_string(choice.step) +
-             (choice.skipped.empty() ? "" : " (a newer checkpoint of it does not read back)");
+// What a resumed run says before it starts (servers at different steps, where the epochs go
+// on), after every check that can refuse it: the note for ClusterCommandOptions::resume_note.
+std::string resume_note(const ResumePoint& point, int64_t max_epochs) {
+  std::string note;
+  if (point.step != point.highest_step)
+    note += "tandem: the parameter servers resume at different steps: " + point.steps + "\n";
+  if (!point.without_checkpoint.empty()) {
+    std::string names;
+    for (const std::string& n : point.without_checkpoint) names += (names.empty() ? "" : ", ") + n;
+    note += "tandem: " + names + " ha" + (point.without_checkpoint.size() == 1 ? "s" : "ve") +
+            " no checkpoint and start" + (point.without_checkpoint.size() == 1 ? "s" : "") +
+            " empty (the first Init's parameters): the epochs count from the first again\n";
+  } else if (point.epochs_unsaid) {
+    note += "tandem: a server's checkpoint does not say which epochs it holds (an older "
+            "version's): the epochs count from the first again\n";
   }
-  if (lowest != highest)
-    std::fprintf(stderr, "tandem: the parameter servers resume at different steps: %s\n",
-                 steps.c_str());
-  return lowest;
+  if (point.epochs == 0) return note;
+  const std::string held = "tandem: the servers' checkpoints come after " +
+                           std::to_string(point.epochs) + " epoch" +
+                           (point.epochs == 1 ? "" : "s");
+  if (max_epochs > 0 && max_epochs <= point.epochs)
+    return note + held + ", and --max-epochs " + std::to_string(max_epochs) +
+           " counts the run's epochs in all: nothing to train, the servers' parameters are "
+           "evaluated\n";
+  return note + held + ": training goes on with epoch " + std::to_string(point.epochs + 1) +
+         " (what was trained after them before the checkpoints, of that epoch or a later one, "
+         "is trained again)\n";
 }
 
 // TensorBoard shows the event files of one directory as one run: a fresh run writing beside an
@@ -286,9 +294,13 @@ void resolve(ClusterCommandOptions& o) {
   const DatasetStore store = DatasetStore::open(s.data);
   s.model = model_with_hidden(store.train.features, o.hidden, store.num_classes);
   s.optimizer.kind = parse_optimizer(o.optimizer);
-  if (o.resume)
-    o.resumed_step = resumed_step_of_servers(s.checkpoint_dir, o.cluster.ps,
-                                             s.optimizer.kind == OptimizerKind::Adam);
+  if (o.resume) {
+    const ResumePoint point = resume_point_of_servers(s.checkpoint_dir, o.cluster.ps,
+                                                      s.optimizer.kind == OptimizerKind::Adam);
+    o.resumed_step = point.step;
+    o.cluster.first_epoch = point.epochs;
+    o.resume_note = resume_note(point, o.cluster.max_epochs);
+  }
   s.shuffle = o.shuffle == "on";
   s.checkpoint_every_s = o.checkpoint_every_s;
   if (s.replicas_to_aggregate == 0) s.replicas_to_aggregate = o.cluster.workers;
@@ -545,6 +557,7 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // lock taken: another run writing the file refuses this one) before the previous run's files
   // are cleared, after everything else that can refuse the run.
   MetricsLog metrics(metrics_path, o.resume, o.resumed_step);
+  std::fputs(o.resume_note.c_str(), stderr);
   clear_previous_run(o);
   run_dir.keep();
   ProgressLine progress;
