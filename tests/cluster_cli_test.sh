@@ -55,7 +55,8 @@ check "launch exits 0" test $rc -eq 0
 # few more where a gradient came stale).
 check "launch stops after 10 epochs of 55 batches" py_check "$out" \
   "j['stop_reason']=='max-epochs' and j['epochs']==10 and j['batches']==550 and \
-   275<=j['steps']<350 and j['gradients_lost']==0"
+   275<=j['steps']<350 and j['gradients_lost']==0 and j['samples']==550000 and \
+   abs(j['samples_per_s']*j['seconds']-550000)<1"
 check "launch's model is accurate on the test set" py_check "$out" \
   "j['test']['accuracy']>0.8 and j['test']['samples']==10000 and j['scores']>0"
 check "no role process is left behind" no_role_left

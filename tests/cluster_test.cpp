@@ -1083,6 +1083,23 @@ TEST(ClusterRun, InprocRunTrainsEveryBatchOfEachEpochOnce) {
   EXPECT_EQ(periodic, 2);
 }
 
+// The summary's samples are the rows trained, as the workers counted them: an epoch's short last
+// batch (2,000 rows in batches of 150: 13 of 150 and one of 50) counts its own rows, not a
+// batch's (launch --json's samples_per_s once took batches x batch: 4,200 rows here).
+TEST(ClusterRun, TheSummaryCountsTheRowsOfAShortLastBatch) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.workers = 2;
+  o.scorers = 0;
+  o.keep_best = false;
+  o.max_epochs = 2;
+  o.settings.batch = 150;
+  const ClusterSummary s = ClusterRun(o).run(nullptr);
+  EXPECT_EQ(s.batches, 2 * 14);
+  EXPECT_EQ(s.gradients_lost, 0);
+  EXPECT_EQ(s.samples, 2 * 2000);
+}
+
 // The servers' checkpoints say how many epochs they hold whole, and a run resumed from them with
 // the next epoch (ClusterOptions::first_epoch, as `launch --resume` sets it) trains the batches an
 // uninterrupted run would have, in its order: with one worker and one server (async: a step per

@@ -311,6 +311,7 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   summary.epochs = c.epochs_completed();
   summary.batches = c.batches_done();
   summary.gradients_lost = c.gradients_lost();
+  summary.samples = c.samples_trained();
   summary.scores = c.scores();
   summary.spec = c.spec();
 

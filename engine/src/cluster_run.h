@@ -97,6 +97,7 @@ struct ClusterSummary {
   int64_t epochs = 0;       // completed epochs
   int64_t batches = 0;      // batches finished: trained, or their gradients lost
   int64_t gradients_lost = 0;  // of those, batches whose gradients no server answered
+  int64_t samples = 0;      // rows trained: of the batches whose gradients were applied
   int64_t steps = 0;        // optimizer steps on the servers (global_step)
   std::vector<ScoreRecord> scores;
   EvalResult validation;    // of the final parameters

@@ -434,6 +434,7 @@ json Coordinator::handle_register(const json& r) {
   if (const auto old = roles_.find(name); old != roles_.end() && old->second.role == "worker") {
     retired_batches_done_ += json_integer_or(old->second.status, "batches_done", 0);
     retired_gradients_lost_ += json_integer_or(old->second.status, "gradients_lost", 0);
+    retired_samples_ += json_integer_or(old->second.status, "samples", 0);
   }
   roles_[name] = role;
   changed_.notify_all();
@@ -768,6 +769,11 @@ int64_t Coordinator::batches_done_locked() const {
 int64_t Coordinator::gradients_lost() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return gradients_lost_locked();
+}
+
+int64_t Coordinator::samples_trained() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return worker_total_locked("samples", retired_samples_);
 }
 
 int64_t Coordinator::gradients_lost_locked() const {

@@ -167,6 +167,10 @@ class Coordinator {
   // batch is not trained again. The workers' own counts, from their heartbeats and goodbyes
   // (a restarted worker's earlier ones kept).
   int64_t gradients_lost() const;
+  // Rows of the batches whose gradients the servers applied (a short last batch counts its own
+  // rows), as the workers count them (from their heartbeats and goodbyes, a restarted worker's
+  // earlier ones kept).
+  int64_t samples_trained() const;
 
  private:
   struct Role {
@@ -212,7 +216,7 @@ class Coordinator {
 
   // Counts of workers that registered again under their names (restarted): their new statuses
   // start from zero.
-  int64_t retired_batches_done_ = 0, retired_gradients_lost_ = 0;
+  int64_t retired_batches_done_ = 0, retired_gradients_lost_ = 0, retired_samples_ = 0;
   CoordinatorOptions options_;
   std::unique_ptr<zmq::context_t> own_context_;
   // The CURVE admissions of both sockets; released after the sockets close, before the context.

@@ -395,7 +395,8 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
   if (o.json_summary) {
     json j{{"stop_reason", s.stop_reason}, {"seconds", s.seconds}, {"epochs", s.epochs},
            {"batches", s.batches}, {"gradients_lost", s.gradients_lost}, {"steps", s.steps},
-           {"samples_per_s", s.seconds > 0 ? double(s.batches * o.cluster.settings.batch) / s.seconds : 0.0},
+           {"samples", s.samples},
+           {"samples_per_s", s.seconds > 0 ? double(s.samples) / s.seconds : 0.0},
            {"ps", o.cluster.ps}, {"workers", o.cluster.workers}, {"scores", s.scores.size()},
            {"final_score", s.scores.empty() ? json(nullptr) : json(best)},
            {"validation", to_json(s.validation)}, {"test", to_json(s.test)},
