@@ -204,8 +204,21 @@ expect_error "bad hidden widths" "'100y' is not a whole number" \
   --checkpoint "$dir/widths.safetensors" >/dev/null 2>&1
 check "--hidden 32x16 trains a 784-32-16-10 model" \
   grep -aq '"layers":"784-32-16-10"' <(head -c 4096 "$dir/widths.safetensors")
-expect_error "lr infinite" "learning rate must be a positive finite number, got inf" "$tandem" train --data "$real" --lr inf
-expect_error "lr zero, printed as given" "got 0" "$tandem" train --data "$real" --lr 0
+# Refused as the command line is read, naming the command and the option (as launch's --lr).
+expect_error "lr infinite" "tandem train: error: --lr: must be a number above 0, got 'inf'" \
+  "$tandem" train --data "$real" --lr inf
+expect_error "lr zero, printed as given" "--lr: must be a number above 0, got '0'" \
+  "$tandem" train --data "$real" --lr 0
+expect_error "a fraction for a whole-number option says one is expected" \
+  "tandem train: error: Could not convert: --epochs = 2.5 (a whole number is expected" \
+  "$tandem" train --data "$real" --epochs 2.5
+# IDX files are read into memory whole: a read-ahead budget means nothing there.
+expect_error "--memory-budget with IDX files is refused" \
+  "--memory-budget is for a dataset store (its chunks are read ahead)" \
+  "$tandem" train --data "$real" --memory-budget 64 --epochs 1
+expect_error "--memory-budget past 2^30 MiB is refused" \
+  "--memory-budget: must be a number at least 1" \
+  "$tandem" train --data "$real" --memory-budget 99999999999
 expect_error "negative seed" "--seed: must be a whole number from 0 to 18446744073709551615" \
   "$tandem" train --data "$real" --seed -1
 expect_error "seed overflow" "--seed" "$tandem" train --data "$real" --seed 18446744073709551616

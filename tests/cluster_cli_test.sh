@@ -712,6 +712,8 @@ coordinator=$!
 wait_for "$dir/err5b" "dashboard at http://" 30
 address=$(grep -o "coordinator at tcp://[0-9.:]*" "$dir/err5b" | head -1 | cut -d' ' -f3)
 url=$(grep -o "dashboard at http://[0-9.:]*/" "$dir/err5b" | cut -d' ' -f3)
+# `tandem scores --follow` prints the channel as JSON lines, its end too.
+"$tandem" scores --coordinator "$address" --follow >"$dir/scores5b" 2>&1 &
 "$tandem" worker --coordinator "$address" --name worker0 2>/dev/null &
 chief=$!
 "$py" -c "
@@ -736,6 +738,19 @@ check "... another worker initialised the parameters in its place" \
   grep -q "worker0) is gone before initialising the parameters; initialising them in its place" \
   "$dir/w5b-1" "$dir/w5b-2"
 check "no role process is left behind (chief lost before its Init)" no_role_left
+check "tandem scores --follow's lines are all JSON, the last the run's end" "$py" -c "
+import sys, json
+lines = [json.loads(l) for l in open(sys.argv[1])]
+print(lines[-1])
+sys.exit(0 if lines and lines[-1] == {'end': True, 'reason': 'max-epochs'} else 1)" "$dir/scores5b"
+# Options a role or coordinator would have dropped without a word are refused.
+expect_error "a server takes no --data (it reads no data)" "tandem ps: error:" \
+  "$tandem" ps --coordinator tcp://127.0.0.1:1 --data "$dir/fm.zarr"
+expect_error "a server's --advertise without a bind to every interface is refused" \
+  "--advertise is for a server bound to every interface" \
+  "$tandem" ps --coordinator tcp://127.0.0.1:1 --advertise node7
+expect_error "so is the coordinator's" "--advertise is for a coordinator bound to every interface" \
+  "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run5x" --advertise node7
 
 # 6. One command per task, as srun starts them (SLURM_PROCID/SLURM_NTASKS): rank 0 coordinates,
 #    rank 1 serves, rank 2 scores, ranks 3 and 4 work; they meet through the run directory. Under

@@ -52,6 +52,7 @@ check "every lr=0.001 trial beats every lr=1e-5 trial" py_check "$r" \
 check "best checkpoint kept" test -s "$dir/s1/best.safetensors"
 check "the table is printed" grep -q "best: trial" "$dir/out1"
 check "--backend cpu in the summary" py_check "$r" "r['backend'] == 'cpu'"
+check "... and the trials' precision" py_check "$r" "r['precision'] == 'fp32'"
 # Every trial but the crashing one finished at least its first rung, whose tandem train says so.
 check "--backend cpu reaches every trial's tandem train" \
     test "$(grep -l '"backend":"cpu"' "$dir"/s1/trial-{0,1,2,3,5}.log | wc -l)" -eq 5
@@ -186,6 +187,11 @@ expect_error "--slots-timeout without --slots refused" "need --slots" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --slots-timeout 3 --out "$dir/s7"
 expect_error "unknown backend refused" "backend" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --backend tpu --out "$dir/s5"
+expect_error "a reduced precision on the CPU refused before the trials" \
+    "search: --precision bf16 needs the CUDA backend" \
+    "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --backend cpu --precision bf16 \
+    --out "$dir/s5p"
+check "... starting none" test ! -e "$dir/s5p/trial-0.log"
 if ! nvidia-smi >/dev/null 2>&1; then
   # Each trial's train refuses CUDA without a device: every trial fails, saying why.
   expect_error "--backend cuda without a device: every trial fails" "every trial failed" \

@@ -47,12 +47,21 @@ ev=$("$tandem" eval --model "$dir/m.safetensors" --data "$dir/one.zarr" --split 
 check "eval on a store's test split" test "$(json_field "$ev" samples)" = 10000
 # A chunk gone from a store tandem prepare wrote: predict and inspect refuse it, as training
 # does, instead of reading zeros (predict once wrote classes of blank images, exiting 0).
+mkdir "$dir/idx" && ln -s /usr/share/datasets/fashion-mnist/* "$dir/idx/"
 cp -r "$dir/one.zarr" "$dir/holed.zarr"
 rm "$(find "$dir/holed.zarr/test/images" -type f -path '*/c/*' | sort | head -1)"
 expect_error "predict refuses a store with a missing chunk" "is missing" \
   "$tandem" predict --model "$dir/m.safetensors" --data "$dir/holed.zarr" --out "$dir/holed-p.zarr"
 expect_error "inspect refuses a split with a missing images chunk" "is missing" \
   "$tandem" inspect "$dir/holed.zarr" --split test --out "$dir/png-holed"
+# IDX files where a store is needed (predict, inspect): said, with the command that makes one,
+# instead of the Zarr reader's "no Zarr group here"; nothing written.
+expect_error "predict given IDX files says how to make a store of them" \
+  "holds IDX files, not a dataset store: make one with \`tandem prepare --data" \
+  "$tandem" predict --model "$dir/m.safetensors" --data "$dir/idx" --out "$dir/idx-p.zarr"
+check "... writing nothing" test ! -e "$dir/idx-p.zarr"
+expect_error "inspect given IDX files says so too" "$dir/idx holds IDX files" \
+  "$tandem" inspect "$dir/idx" --out "$dir/png-idx"
 # A store whose group metadata is damaged, and an array's path, are stores train refuses saying
 # what is wrong: taken for directories of IDX files, they were refused for having none.
 cp -r "$dir/one.zarr" "$dir/broken.zarr"

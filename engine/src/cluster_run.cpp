@@ -67,7 +67,7 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
   if (scorers < 0 || scorers > 1) throw InputError("a cluster has 0 or 1 scorer");
   if (scorers == 0 && target > 0)
     throw InputError("a target (--target) needs a scorer: the score is the validation loss it "
-                     "measures");
+                     "measures (without a scorer, --target 0 turns it off)");
   if (max_epochs < 0) throw InputError("max_epochs must be >= 0 (0: no limit)");
   if (!driven && scorers == 0 && max_epochs == 0 && max_seconds == 0)
     throw InputError("without a scorer, give a number of epochs or seconds (--max-epochs, "

@@ -808,7 +808,10 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
   CLI::App* cmd = app.add_subcommand(name, help);
   o->access.add_options(cmd);
   cmd->add_option("--name", o->role.name, "This role's name (default: the coordinator picks)");
-  cmd->add_option("--data", o->role.data, "The store's path on this node, if not the coordinator's");
+  // (Not for a server: it reads no data, and took the option without a word.)
+  if (std::string(name) != "ps")
+    cmd->add_option("--data", o->role.data,
+                    "The store's path on this node, if not the coordinator's");
   // Given by tandem launch to the roles it starts (hidden: not for users).
   cmd->add_option("--launched-by", o->launched_by, "")->group("");
   if (std::string(name) == "worker")
@@ -831,6 +834,11 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
                     "its name)");
   }
   cmd->callback([o, run, name] {
+    // Refused as trial-slots refuses it: on any other address it was dropped without a word.
+    if (!o->role.advertise.empty() && !binds_every_interface(o->role.bind))
+      throw InputError("--advertise is for a server bound to every interface (--bind "
+                       "tcp://0.0.0.0:PORT); this one binds " +
+                       (o->role.bind.empty() ? std::string("tcp://127.0.0.1:*") : o->role.bind));
     o->role.coordinator = o->access.address(o->role.coordinator_curve);
     run_stoppable_role(name, o->role, run, pid_t(o->launched_by));
   });
@@ -899,12 +907,11 @@ void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, dou
     if (!follow && clock::now() > until) return;
     const std::optional<json> m = scores.next(100);
     if (!m) continue;
-    if (is_end_message(*m)) {
-      std::printf("end: %s\n", end_reason_of(*m).c_str());
-      return;
-    }
+    // One JSON object a line, the end too ({"end":true,"reason":...}): a script reading the
+    // lines as JSON reads them all.
     std::printf("%s\n", json_text(*m).c_str());
     std::fflush(stdout);
+    if (is_end_message(*m)) return;
   }
 }
 
@@ -924,6 +931,21 @@ std::shared_ptr<ClusterCommandOptions> default_cluster_options() {
   return o;
 }
 
+// launch's and coordinator's --advertise (rank's --host is both its bind and its advertised
+// host), refused as a server's is where it would be dropped.
+void add_advertise_option(CLI::App* cmd, ClusterCommandOptions& o) {
+  cmd->add_option("--advertise", o.advertise_host,
+                  "For --bind tcp://0.0.0.0:...: the host other nodes reach the coordinator by, "
+                  "in the cluster spec and the roles' addresses (default: this machine's name)");
+}
+
+void run_cluster_command(ClusterCommandOptions& o, bool launch_roles) {
+  if (!o.advertise_host.empty() && !binds_every_interface(o.bind))
+    throw InputError("--advertise is for a coordinator bound to every interface (--bind "
+                     "tcp://0.0.0.0:PORT); this one binds " + o.bind);
+  run_cluster(o, launch_roles);
+}
+
 }  // namespace
 
 void add_cluster_commands(CLI::App& app) {
@@ -936,14 +958,16 @@ void add_cluster_commands(CLI::App& app) {
     cmd->add_option("--worker-gpus", o->worker_gpus,
                     "With cuda: each worker's GPUs, one list per worker, e.g. \"0,1;2,3\" (default "
                     "with --gpus-per-worker N: worker i on GPUs i*N..i*N+N-1)");
-    cmd->callback([o] { run_cluster(*o, true); });
+    add_advertise_option(cmd, *o);
+    cmd->callback([o] { run_cluster_command(*o, true); });
   }
   {
     auto o = default_cluster_options();
     CLI::App* cmd = app.add_subcommand(
         "coordinator", "Run the coordinator alone; roles join with tandem ps|worker|scorer");
     add_cluster_options(cmd, *o);
-    cmd->callback([o] { run_cluster(*o, false); });
+    add_advertise_option(cmd, *o);
+    cmd->callback([o] { run_cluster_command(*o, false); });
   }
   {
     auto r = std::make_shared<RankCommandOptions>();

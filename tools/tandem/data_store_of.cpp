@@ -42,6 +42,18 @@ void check_data_exists(const std::string& data) {
                      " (expected a dataset store, or a directory of MNIST-format IDX files)");
 }
 
+void refuse_idx_files_for_a_store(const std::string& data, const std::string& option) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(data, ec) || is_dataset_store(data)) return;
+  for (const char* name : {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
+                           "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz"})
+    if (std::filesystem::exists(std::filesystem::path(data) / name, ec))
+      throw InputError((option.empty() ? "" : option + " ") + data + " holds IDX files, not a "
+                       "dataset store: make one with `tandem prepare --data " + data +
+                       " --out STORE` and give " + (option.empty() ? "" : option + " ") +
+                       "STORE");
+}
+
 void refuse_store_as_output(const std::string& dir, const std::string& option) {
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec) && is_dataset_store(dir))

@@ -20,6 +20,11 @@ std::string data_store_of(const std::string& data, const std::string& dir, const
 // directory before they read --data, so that a mistyped path leaves nothing behind.
 void check_data_exists(const std::string& data);
 
+// InputError, saying how to make a store of them, when `data` (`option`'s value; "": a
+// positional argument) is a directory of IDX files: for the commands that read a store only
+// (predict, inspect), whose error was the Zarr reader's "no Zarr group here".
+void refuse_idx_files_for_a_store(const std::string& data, const std::string& option);
+
 // InputError when `dir`, a command's output directory (`option`: --run-dir, --out), is a
 // dataset store: the command's checkpoints, logs and lock file would land among its arrays.
 void refuse_store_as_output(const std::string& dir, const std::string& option);

@@ -11,6 +11,7 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "array_stats.h"
+#include "data_store_of.h"
 #include "dataset_store.h"
 #include "png_writer.h"
 #include "split_labels.h"
@@ -104,6 +105,7 @@ double sample_label_of(const DatasetStore::Split& split, int64_t row) {
 
 void run_inspect(const InspectOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  refuse_idx_files_for_a_store(o.store, "");
   // Images to classify may come without labels (DatasetStore::Labels): inspect shows them too.
   const DatasetStore store = DatasetStore::open(o.store, DatasetStore::Labels::Optional);
   const DatasetStore::Split& chosen = o.split == "train"        ? store.train

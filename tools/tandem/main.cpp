@@ -73,6 +73,18 @@ int main(int argc, char** argv) {
                  names.c_str());
     return 1;
   }
+  // A bad command line said like every other error, naming the command ("tandem train: error:
+  // --lr: ..."): CLI11's own text came bare, without the program or the command.
+  app.failure_message([](const CLI::App* parsed, const CLI::Error& e) {
+    std::string command = "tandem";
+    for (const CLI::App* sub : parsed->get_subcommands()) command += " " + sub->get_name();
+    // A fraction given to a whole-number option ("--ps-timeout 2.5") failed in CLI11's
+    // conversion, whose text says only that it did.
+    const bool whole = dynamic_cast<const CLI::ConversionError*>(&e) != nullptr;
+    return command + ": error: " + e.what() +
+           (whole ? " (a whole number is expected where --help says INT)" : "") + "\n(`" +
+           command + " --help` lists the options)\n";
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

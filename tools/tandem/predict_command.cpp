@@ -24,6 +24,7 @@
 #include "number_checks.h"
 #include "commands.h"
 #include "cuda/cuda_device.h"
+#include "data_store_of.h"
 #include "file_io.h"
 #include "predictor.h"
 #include "run_dir_lock.h"
@@ -274,6 +275,7 @@ void run_predict(PredictCliOptions& o) {
     o.out = resolved_path(o.out);
   }
   // Said before the output's directories and lock are made, which a mistyped path left behind.
+  refuse_idx_files_for_a_store(o.data, "--data");
   check_prediction_inputs(o.model, o.data);
   if (o.out.empty()) throw InputError("--out must name the Zarr group to write");
   // One prediction per --out (its shares aside, which this one starts).

@@ -60,6 +60,7 @@ struct SearchOptions {
   int processes = 0;
   int threads_per_trial = 0;
   std::string backend = "auto";  // each trial's (tandem train --backend)
+  std::string precision = "fp32";  // and --precision
   std::string out = "search";
   bool json = false;
   SlotClientOptions slots;  // --slots ...: trials on tandem trial-slots servers
@@ -207,8 +208,8 @@ std::vector<std::string> train_args(const SearchOptions& o, const TrialConfig& c
   std::vector<std::string> args{"train", "--data", o.data};
   for (const std::string& a : config.train_args()) args.push_back(a);
   args.insert(args.end(), {"--epochs", std::to_string(job.epochs), "--backend", o.backend,
-                           "--threads", std::to_string(threads), "--checkpoint",
-                           trial_file(o, job.trial, ".safetensors"), "--metrics",
+                           "--precision", o.precision, "--threads", std::to_string(threads),
+                           "--checkpoint", trial_file(o, job.trial, ".safetensors"), "--metrics",
                            trial_file(o, job.trial, ".r" + std::to_string(job.rung) + ".jsonl"),
                            "--json"});
   // Between rungs the checkpoint must hold the last epoch, which --resume continues; the last
@@ -283,6 +284,11 @@ Checkpoint best_state(const std::string& path) {
 void run_search(SearchOptions& o) {
   if (o.grid.empty() == o.trials_file.empty())
     throw InputError("search: give either --grid terms or --trials FILE.json");
+  // Said once, before anything starts, rather than by every trial's train.
+  if (o.backend == "cpu" && o.precision != "fp32")
+    throw InputError("search: --precision " + o.precision + " needs the CUDA backend (--backend "
+                     "cuda, or auto where the trials run on a GPU); the CPU backend computes in "
+                     "fp32");
   const std::vector<TrialConfig> configs =
       o.trials_file.empty() ? parse_grid(o.grid) : load_trial_file(o.trials_file);
   // The cores this process may use (its CPU set: taskset, a batch system's allocation), not every
@@ -588,6 +594,7 @@ void run_search(SearchOptions& o) {
                          {"processes", remote ? slots_at_start : processes},
                          {"threads_per_trial", threads},
                          {"backend", o.backend},
+                         {"precision", o.precision},
                          {"eta", o.eta},
                          {"rung_epochs", halving.rung_epochs()},
                          {"seconds", seconds},
@@ -704,6 +711,9 @@ void add_search_command(CLI::App& app) {
                   "Each trial's backend: cpu, cuda or auto (auto: the GPU where the trial runs "
                   "has one; trials on one GPU share it)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "Each trial's CUDA matrix products: fp32, tf32 or bf16 (as tandem train's)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}))->capture_default_str();
   cmd->add_option("--out", o->out, "Directory for logs, checkpoints, results.csv and results.json")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary instead of the table");

@@ -44,6 +44,7 @@ struct TrainOptions {
   CLI::Option* seed_option = nullptr;
   CLI::Option* shuffle_option = nullptr;
   CLI::Option* validation_rows_option = nullptr;
+  CLI::Option* memory_budget_option = nullptr;
   CLI::Option* epochs_option = nullptr;  // (only to say whether --epochs was given)
 };
 
@@ -134,14 +135,17 @@ void run_train(TrainOptions& o) {
     so.batch_rows = config.batch;
     so.shuffle = config.shuffle;
     so.seed = config.seed;
-    // (A petabyte at most: more would overflow, and holds every band of any store anyway.)
-    so.memory_budget = static_cast<size_t>(std::min<int64_t>(o.memory_budget_mib, 1 << 30)) << 20;
+    so.memory_budget = static_cast<size_t>(o.memory_budget_mib) << 20;  // (at most 2^30 MiB)
     // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
     config.validation_split = "store";  // (its own split: not rows eval holds out of IDX files)
     config.model = model_with_hidden(stream->features(), o.hidden, stream->num_classes());
   } else {
+    // IDX files are read into memory whole: nothing is read ahead, and the budget meant nothing.
+    if (o.memory_budget_option->count() > 0)
+      throw InputError("--memory-budget is for a dataset store (its chunks are read ahead): " +
+                       o.data + " is read into memory whole (tandem prepare makes a store)");
     data = load_mnist_splits(o.data, o.validation_rows);
     config.validation_split = "idx-last-rows";  // (what tandem eval holds out of the same files)
     config.model = model_with_hidden(data.train.features(), o.hidden, data.train.num_classes());
@@ -269,6 +273,7 @@ void add_train_command(CLI::App& app) {
   o->optimizer_option = cmd->add_option("--optimizer", o->optimizer, "adam or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
   o->lr_option = cmd->add_option("--lr", o->config.optimizer.learning_rate, "Learning rate")
+                     ->check(positive_number())  // (as launch's: said naming --lr)
                      ->capture_default_str();
   o->batch_option = cmd->add_option("--batch", o->config.batch, "Batch size")->check(positive_number())
       ->capture_default_str();
@@ -284,16 +289,16 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--keep", o->keep,
                   "Parameters to keep at the end: best (lowest validation loss) or last epoch's")
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
-  cmd->add_option("--memory-budget", o->memory_budget_mib,
+  o->memory_budget_option = cmd->add_option("--memory-budget", o->memory_budget_mib,
                   "MiB of a store's chunks read ahead (two of its chunk rows at least)")
-      ->check(positive_number())->capture_default_str();
+      ->check(number_in(1, 1 << 30, false, "MIB"))->capture_default_str();  // (as launch's)
   o->validation_rows_option = cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();
   cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")
       ->check(CLI::ExistingFile);
   cmd->add_option("--resume", o->config.resume_path,
                   "Continue the run saved in this checkpoint (its model, optimizer, learning rate, "
-                  "batch, seed and shuffle unless given)")
+                  "batch, seed, shuffle and, from IDX files, validation rows unless given)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--checkpoint", o->config.checkpoint_path,
                   "Write a checkpoint (safetensors) here after every epoch");
