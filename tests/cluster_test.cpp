@@ -1100,6 +1100,53 @@ TEST(ClusterRun, TheSummaryCountsTheRowsOfAShortLastBatch) {
   EXPECT_EQ(s.samples, 2 * 2000);
 }
 
+// Which batches a cluster trains, not only how many: one worker and one async server train the
+// epochs' batches in the order a single process streams them, each once, and the server's Adam
+// is the trainer's, so the parameters are the Trainer's bit for bit. (A batch trained twice and
+// another never, or in another order, would keep the counts of
+// InprocRunTrainsEveryBatchOfEachEpochOnce and change the bits.)
+TEST(ClusterRun, OneWorkerTrainsTheBatchesTheTrainerDoesInItsOrder) {
+  test::TempDir dir;
+  const std::string store = write_small_store(dir);
+  ClusterOptions o = small_run(dir, store);
+  o.scorers = 0;
+  o.keep_best = false;
+  o.max_epochs = 2;
+  ASSERT_EQ(o.ps, 1);
+  ASSERT_EQ(o.workers, 1);
+  ASSERT_EQ(o.settings.ps_mode, "async");
+  ASSERT_EQ(o.settings.worker_threads, 1);
+  const ClusterSummary s = ClusterRun(o).run(nullptr);
+  ASSERT_EQ(s.steps, 2 * 20);
+  TrainConfig c;
+  c.model = o.settings.model;
+  c.optimizer = o.settings.optimizer;
+  c.backend = BackendKind::Cpu;
+  c.batch = o.settings.batch;
+  c.epochs = 2;
+  c.seed = o.settings.seed;
+  c.threads = 1;
+  c.shuffle = o.settings.shuffle;
+  c.keep_best = false;
+  Trainer trainer(c);
+  const DatasetStore data = DatasetStore::open(store);
+  ChunkManagerOptions cm;
+  cm.batch_rows = c.batch;
+  cm.shuffle = c.shuffle;
+  cm.seed = c.seed;
+  cm.pin_for_device = -1;
+  ChunkManager stream(data.train, data.num_classes, cm);
+  trainer.fit(stream, {}, {});
+  const Model alone = trainer.model(), cluster = load_checkpoint(o.model_out).model;
+  ASSERT_EQ(alone.parameters().size(), cluster.parameters().size());
+  for (size_t i = 0; i < alone.parameters().size(); ++i) {
+    const std::vector<float>&x = alone.parameters()[i].values, &y = cluster.parameters()[i].values;
+    ASSERT_EQ(x.size(), y.size());
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+        << alone.parameters()[i].name;
+  }
+}
+
 // The servers' checkpoints say how many epochs they hold whole, and a run resumed from them with
 // the next epoch (ClusterOptions::first_epoch, as `launch --resume` sets it) trains the batches an
 // uninterrupted run would have, in its order: with one worker and one server (async: a step per
