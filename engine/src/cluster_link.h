@@ -63,9 +63,10 @@ class CoordinatorLink {
   std::string phase() const;
   // Why the run failed, as the coordinator's replies said once its phase was "failed"; "" before.
   std::string failure() const;
-  // The highest epochs_whole a heartbeat reply named (-1 before one did): epochs 0 .. N - 1 of
-  // the run were trained whole before that reply was sent. Set before the phase the same reply
-  // names, so a role that has seen "done" has the run's last count.
+  // The highest epochs_whole a heartbeat reply named (-1 before one did): every batch of epochs
+  // 0 .. N - 1 of the run was done before that reply was sent (Coordinator's heartbeat, for
+  // what done means). Set before the phase the same reply names, so a role that has seen
+  // "done" has the run's last count.
   int64_t epochs_whole() const;
   // A heartbeat reply said the coordinator does not know this role's name: it is not the
   // coordinator this role registered with (restarted at the address, or another run's).

@@ -50,7 +50,7 @@ class WorkQueue {
   int64_t epochs_opened() const { return opened_; }
   int64_t epochs_completed() const { return completed_; }
   // Epochs 0 .. N - 1 are all complete (a later one may be too: epochs complete out of order):
-  // what a checkpoint of the servers' parameters taken now holds whole.
+  // the epochs a checkpoint of the servers' parameters taken now comes after.
   int64_t epochs_whole() const { return open_.empty() ? opened_ : open_.front().index; }
   int64_t batches_done() const { return batches_done_; }
   // Every epoch up to max_epochs is trained (never true without a limit).

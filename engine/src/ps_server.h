@@ -128,10 +128,10 @@ struct ServerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   std::string shard_name = "ps0";  // file prefix; a restart loads only this shard's files
-  // A cluster run's count of the epochs trained whole (CoordinatorLink::epochs_whole; -1: not
-  // known), read on the serving thread just before each snapshot: every checkpoint says the
-  // epochs its parameters hold (the higher of this and the restored checkpoint's). Empty: not
-  // said (a server outside a cluster run).
+  // A cluster run's count of the epochs done (CoordinatorLink::epochs_whole; -1: not known),
+  // read on the serving thread just before each snapshot: every checkpoint says the epochs it
+  // comes after (the higher of this and the restored checkpoint's). Empty: not said (a server
+  // outside a cluster run).
   std::function<int64_t()> epochs_whole;
   // -1: the shard and Adam's state in host memory; N >= 0: on CUDA device N, stepped by the
   // fused Adam kernel (InputError at start when the device cannot be used).

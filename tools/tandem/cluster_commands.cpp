@@ -212,7 +212,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--resume", o.resume,
                 "Continue from the servers' newest checkpoints in RUN_DIR with the epoch after "
-                "those they hold whole (default: start fresh); --max-epochs counts the run's "
+                "those they come after (default: start fresh); --max-epochs counts the run's "
                 "epochs in all");
   cmd->add_flag("--json", o.json_summary, "Print a one-line JSON summary");
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
