@@ -226,8 +226,12 @@ expect_error "too many threads" "above the limit of 1024" "$tandem" train --data
 expect_error "batch out of range" "--batch: must be a number above 0, got '1e400'" "$tandem" train --data "$real" --batch 1e400
 "$tandem" train --data "$real" --no-such-option >/dev/null 2>&1
 check "a bad command line exits 1" test $? -eq 1
-"$tandem" train --data "$real" --lr 0 >/dev/null 2>&1
+# Bad input found once the command runs (here a directory without IDX files): status 1 too,
+# said naming the command.
+"$tandem" train --data "$dir" --epochs 1 >/dev/null 2>"$dir/bad-input.err"
 check "bad input exits 1" test $? -eq 1
+check "... saying so as tandem train" grep -q "^tandem train: error: missing data file" \
+  "$dir/bad-input.err"
 expect_error "resume into another shape" "784-100-10" \
   "$tandem" train --data "$real" --hidden 64 --resume "$dir/one.safetensors"
 # --epochs the resumed run has reached already: nothing to train (a requeued job's rerun of a

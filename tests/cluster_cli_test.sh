@@ -504,7 +504,7 @@ wait_within $launcher $bound; rc=$?
 check "launch stopped by SIGTERM to its process group exits 1 (got $rc)" test $rc -eq 1
 saved="the [a-z]* parameters are saved in $dir/run4b/model.safetensors"
 check "... saying so, and where the model is" \
-  grep -q "tandem: error: stopped by SIGTERM; $saved" "$dir/err4b"
+  grep -q "tandem launch: error: stopped by SIGTERM; $saved" "$dir/err4b"
 check "... stopped as interrupted, no role restarted" py_check "$(cat "$dir/out4b")" \
   "j['stop_reason']=='interrupted' and j['epochs']<1000"
 check "... without restarting a role" test -z "$(grep 'restarting it' "$dir/err4b")"
@@ -571,7 +571,8 @@ kill -TERM "$coordinator"
 wait_within "$coordinator" 60; rc=$?
 check "a coordinator stopped before training began exits 1 (got $rc)" test $rc -eq 1
 check "... saying why" \
-  grep -q "tandem: error: stopped by SIGTERM; no model: training had not begun" "$dir/err4e"
+  grep -q "tandem coordinator: error: stopped by SIGTERM; no model: training had not begun" \
+  "$dir/err4e"
 check "... saying so, with no model" \
   grep -q "stopped (interrupted) before training began: no model" "$dir/out4e"
 check "... and saves none" test ! -e "$dir/run4e/model.safetensors"
@@ -744,11 +745,12 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 print(lines[-1])
 sys.exit(0 if lines and lines[-1] == {'end': True, 'reason': 'max-epochs'} else 1)" "$dir/scores5b"
 # Options a role or coordinator would have dropped without a word are refused.
-expect_error "a server takes no --data (it reads no data)" "tandem ps: error:" \
-  "$tandem" ps --coordinator tcp://127.0.0.1:1 --data "$dir/fm.zarr"
+expect_error "a server takes no --data (it reads no data)" \
+  "were not expected: $dir/fm.zarr --data" \
+  timeout 30 "$tandem" ps --coordinator tcp://127.0.0.1:1 --data "$dir/fm.zarr"
 expect_error "a server's --advertise without a bind to every interface is refused" \
   "--advertise is for a server bound to every interface" \
-  "$tandem" ps --coordinator tcp://127.0.0.1:1 --advertise node7
+  timeout 30 "$tandem" ps --coordinator tcp://127.0.0.1:1 --advertise node7
 expect_error "so is the coordinator's" "--advertise is for a coordinator bound to every interface" \
   "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run5x" --advertise node7
 

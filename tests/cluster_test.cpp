@@ -259,6 +259,19 @@ TEST(ClusterRanks, AnyInterfaceAddressesAreAdvertisedByHost) {
   EXPECT_EQ(scores_bind_beside("inproc://coordinator"), "tcp://127.0.0.1:*");
 }
 
+// --advertise goes only with a bind to every interface, tcp://*:PORT as well as 0.0.0.0 (the
+// servers', the coordinator's and the trial-slot servers' alike); elsewhere it was dropped.
+TEST(ClusterRanks, AnAdvertisedHostNeedsABindToEveryInterface) {
+  EXPECT_TRUE(binds_every_interface("tcp://*:5555"));
+  EXPECT_EQ(advertised_endpoint("tcp://*:5555", "node7"), "tcp://node7:5555");
+  EXPECT_EQ(advertise_problem("tcp://0.0.0.0:5555", "node7", "a server"), "");
+  EXPECT_EQ(advertise_problem("tcp://*:5555", "node7", "a server"), "");
+  EXPECT_EQ(advertise_problem("tcp://127.0.0.1:5555", "", "a server"), "");
+  EXPECT_EQ(advertise_problem("tcp://127.0.0.1:5555", "node7", "a coordinator"),
+            "--advertise is for a coordinator bound to every interface (--bind "
+            "tcp://0.0.0.0:PORT); this one binds tcp://127.0.0.1:5555");
+}
+
 TEST(ClusterRanks, RendezvousFileCarriesTheAddressOfThisJobOnly) {
   test::TempDir dir;
   const std::string path = dir.file("coordinator.address");

@@ -198,6 +198,12 @@ if ! nvidia-smi >/dev/null 2>&1; then
       "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --backend cuda --out "$dir/s6"
   # (no usable CUDA device, or a build without CUDA)
   check "the trial's failure says why: CUDA" grep -q "CUDA" "$dir/s6/trial-0.log"
+  # --precision reaches each trial's train, which refuses bf16 where auto finds no GPU.
+  expect_error "--precision bf16 with auto and no device: every trial fails" "every trial failed" \
+      "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --precision bf16 \
+      --out "$dir/s6p"
+  check "... its train saying bf16 needs a CUDA device" \
+    grep -q "precision bf16 needs a CUDA device" "$dir/s6p/trial-0.log"
 fi
 # The best checkpoint's copy fails (a full disk, made by the shim): the results are written all
 # the same, they say why there is no best.safetensors, and the search exits non-zero saying so.

@@ -89,13 +89,20 @@ std::string host_name() {
 }
 
 bool binds_every_interface(const std::string& endpoint) {
-  return endpoint.rfind(kEveryInterface, 0) == 0;
+  return endpoint.rfind(kEveryInterface, 0) == 0 || endpoint.rfind("tcp://*:", 0) == 0;
+}
+
+std::string advertise_problem(const std::string& bind, const std::string& advertise,
+                              const std::string& what) {
+  if (advertise.empty() || binds_every_interface(bind)) return {};
+  return "--advertise is for " + what + " bound to every interface (--bind tcp://0.0.0.0:PORT); "
+         "this one binds " + bind;
 }
 
 std::string advertised_endpoint(const std::string& bound, const std::string& host) {
   if (!binds_every_interface(bound)) return bound;
   return "tcp://" + (host.empty() ? host_name() : host) + ":" +
-         bound.substr(std::string(kEveryInterface).size());
+         bound.substr(bound.rfind(':') + 1);
 }
 
 std::string scores_bind_beside(const std::string& bind) {

@@ -34,8 +34,15 @@ RankRole role_for_rank(int rank, int size, int ps, int scorers);
 // This machine's name (gethostname), or "localhost" when it has none.
 std::string host_name();
 
-// True for tcp://0.0.0.0:PORT: a socket bound to every interface, which peers reach by a name.
+// True for tcp://0.0.0.0:PORT and tcp://*:PORT: a socket bound to every interface, which peers
+// reach by a name.
 bool binds_every_interface(const std::string& endpoint);
+
+// Why `advertise` (a host name given with --advertise) cannot go with `bind`, or "": only a
+// socket bound to every interface is advertised by a name (elsewhere it was dropped without a
+// word). `what` names the server in the text ("a server", "a coordinator").
+std::string advertise_problem(const std::string& bind, const std::string& advertise,
+                              const std::string& what);
 
 // tcp://0.0.0.0:PORT (a socket bound to every interface) as peers can reach it: tcp://HOST:PORT,
 // HOST being `host` or, when empty, this machine's name. Other endpoints are returned as given.

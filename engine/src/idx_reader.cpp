@@ -5,11 +5,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "tandem/error.h"
 
 namespace tandem {
+
+bool holds_idx_images(const std::string& dir) {
+  std::error_code ec;
+  const std::string raw = (std::filesystem::path(dir) / "train-images-idx3-ubyte").string();
+  return std::filesystem::exists(raw, ec) || std::filesystem::exists(raw + ".gz", ec);
+}
+
 namespace {
 
 constexpr int kMaxDims = 8;

@@ -38,6 +38,10 @@ IdxArray read_idx(const std::string& path);
 // valid IDX array (dims, data size) and IoError when the file cannot be written.
 void write_idx(const std::string& path, const IdxArray& a, bool gzip);
 
+// Whether `dir` holds MNIST-format training images (train-images-idx3-ubyte, raw or .gz): a
+// directory of IDX files, whatever else lies beside them.
+bool holds_idx_images(const std::string& dir);
+
 // "uint8", "int8", "int16", "int32", "float32", "float64"; "unknown" for other codes.
 const char* idx_type_name(IdxType type);
 

@@ -70,7 +70,7 @@ ResumePoint resume_point_of_servers(const std::string& dir, int servers, bool ad
         dir, shard, adam,
         [&](ShardCheckpoint&& c, const std::string&) { epochs = c.epochs_whole; });
     const std::string refusal = choice.refusal(shard, dir);
-    if (!refusal.empty()) throw InputError("--resume: " + refusal);
+    if (!refusal.empty()) throw InputError(refusal);
     if (choice.path.empty()) {
       point.without_checkpoint.push_back(shard);
       continue;

@@ -3,6 +3,7 @@
 
 #include "chunk_manager.h"
 #include "dataset_store.h"
+#include "idx_reader.h"
 
 namespace tandem {
 
@@ -12,10 +13,7 @@ bool is_dataset_store(const std::string& path) {
   // IDX files, it was refused for having none. Unless it has IDX files: a stray .zattrs or
   // .zarray beside them does not make them a store (a group's metadata does: looks_like_store).
   if (DatasetStore::looks_like_store(path)) return true;
-  std::error_code ec;
-  const std::string idx = (std::filesystem::path(path) / "train-images-idx3-ubyte").string();
-  return DatasetStore::has_zarr_metadata(path) && !std::filesystem::exists(idx, ec) &&
-         !std::filesystem::exists(idx + ".gz", ec);
+  return DatasetStore::has_zarr_metadata(path) && !holds_idx_images(path);
 }
 
 DataSplits read_eval_splits(const DatasetStore& store) {

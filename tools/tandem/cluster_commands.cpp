@@ -295,8 +295,13 @@ void resolve(ClusterCommandOptions& o) {
   s.model = model_with_hidden(store.train.features, o.hidden, store.num_classes);
   s.optimizer.kind = parse_optimizer(o.optimizer);
   if (o.resume) {
-    const ResumePoint point = resume_point_of_servers(s.checkpoint_dir, o.cluster.ps,
-                                                      s.optimizer.kind == OptimizerKind::Adam);
+    ResumePoint point;
+    try {
+      point = resume_point_of_servers(s.checkpoint_dir, o.cluster.ps,
+                                      s.optimizer.kind == OptimizerKind::Adam);
+    } catch (const InputError& e) {
+      throw InputError(std::string("--resume: ") + e.what());
+    }
     o.resumed_step = point.step;
     o.cluster.first_epoch = point.epochs;
     o.resume_note = resume_note(point, o.cluster.max_epochs);
@@ -834,11 +839,9 @@ void add_role_command(CLI::App& app, const char* name, const char* help,
                     "its name)");
   }
   cmd->callback([o, run, name] {
-    // Refused as trial-slots refuses it: on any other address it was dropped without a word.
-    if (!o->role.advertise.empty() && !binds_every_interface(o->role.bind))
-      throw InputError("--advertise is for a server bound to every interface (--bind "
-                       "tcp://0.0.0.0:PORT); this one binds " +
-                       (o->role.bind.empty() ? std::string("tcp://127.0.0.1:*") : o->role.bind));
+    const std::string problem = advertise_problem(
+        o->role.bind.empty() ? "tcp://127.0.0.1:*" : o->role.bind, o->role.advertise, "a server");
+    if (!problem.empty()) throw InputError(problem);
     o->role.coordinator = o->access.address(o->role.coordinator_curve);
     run_stoppable_role(name, o->role, run, pid_t(o->launched_by));
   });
@@ -940,9 +943,8 @@ void add_advertise_option(CLI::App* cmd, ClusterCommandOptions& o) {
 }
 
 void run_cluster_command(ClusterCommandOptions& o, bool launch_roles) {
-  if (!o.advertise_host.empty() && !binds_every_interface(o.bind))
-    throw InputError("--advertise is for a coordinator bound to every interface (--bind "
-                     "tcp://0.0.0.0:PORT); this one binds " + o.bind);
+  const std::string problem = advertise_problem(o.bind, o.advertise_host, "a coordinator");
+  if (!problem.empty()) throw InputError(problem);
   run_cluster(o, launch_roles);
 }
 

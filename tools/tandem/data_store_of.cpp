@@ -8,6 +8,7 @@
 
 #include "dataset_store.h"
 #include "file_io.h"
+#include "idx_reader.h"
 #include "tandem/dataset.h"
 #include "tandem/error.h"
 #include "zarr/zarr_array.h"
@@ -43,15 +44,10 @@ void check_data_exists(const std::string& data) {
 }
 
 void refuse_idx_files_for_a_store(const std::string& data, const std::string& option) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(data, ec) || is_dataset_store(data)) return;
-  for (const char* name : {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
-                           "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz"})
-    if (std::filesystem::exists(std::filesystem::path(data) / name, ec))
-      throw InputError((option.empty() ? "" : option + " ") + data + " holds IDX files, not a "
-                       "dataset store: make one with `tandem prepare --data " + data +
-                       " --out STORE` and give " + (option.empty() ? "" : option + " ") +
-                       "STORE");
+  if (!is_dataset_store(data) && holds_idx_images(data))
+    throw InputError((option.empty() ? "" : option + " ") + data + " holds IDX files, not a "
+                     "dataset store: make one with `tandem prepare --data " + data +
+                     " --out STORE` and give " + (option.empty() ? "" : option + " ") + "STORE");
 }
 
 void refuse_store_as_output(const std::string& dir, const std::string& option) {

@@ -35,6 +35,27 @@ std::string cuda_devices_text() {
   return text;
 }
 
+// "tandem" and the command line's command ("tandem train"): every error says which command
+// refused or failed, as the line is read or after.
+std::string command_of(const CLI::App& app) {
+  std::string command = "tandem";
+  for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+  return command;
+}
+
+// A CLI11 conversion of a number failed only for a whole-number option ("--ps-timeout 2.5":
+// CLI11's text says only that it failed); a word given to a flag or a number option fails too.
+bool a_fraction_for_a_whole_number(const CLI::Error& e) {
+  if (dynamic_cast<const CLI::ConversionError*>(&e) == nullptr) return false;
+  const std::string text = e.what();
+  const size_t at = text.rfind(" = ");
+  if (at == std::string::npos) return false;
+  const std::string value = text.substr(at + 3);
+  char* end = nullptr;
+  std::strtod(value.c_str(), &end);
+  return !value.empty() && end == value.c_str() + value.size();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,14 +97,11 @@ int main(int argc, char** argv) {
   // A bad command line said like every other error, naming the command ("tandem train: error:
   // --lr: ..."): CLI11's own text came bare, without the program or the command.
   app.failure_message([](const CLI::App* parsed, const CLI::Error& e) {
-    std::string command = "tandem";
-    for (const CLI::App* sub : parsed->get_subcommands()) command += " " + sub->get_name();
-    // A fraction given to a whole-number option ("--ps-timeout 2.5") failed in CLI11's
-    // conversion, whose text says only that it did.
-    const bool whole = dynamic_cast<const CLI::ConversionError*>(&e) != nullptr;
+    const std::string command = command_of(*parsed);
     return command + ": error: " + e.what() +
-           (whole ? " (a whole number is expected where --help says INT)" : "") + "\n(`" +
-           command + " --help` lists the options)\n";
+           (a_fraction_for_a_whole_number(e) ? " (a whole number is expected where --help says INT)"
+                                             : "") +
+           "\n(`" + command + " --help` lists the options)\n";
   });
   try {
     app.parse(argc, argv);
@@ -92,20 +110,21 @@ int main(int argc, char** argv) {
     // status 1, not CLI11's own codes (105 and up).
     return app.exit(e) == 0 ? 0 : 1;
   } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", command_of(app).c_str(), e.what());
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path that cannot be created or read (permissions, a file where a directory belongs):
     // the user's to fix, not a bug.
-    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", command_of(app).c_str(), e.what());
     return 1;
   } catch (const std::bad_alloc&) {
     // Not a bug but a size: a model, batch or data set larger than this machine's memory.
+    // (Said without the command's name: naming it would allocate, which just failed.)
     std::fprintf(stderr, "tandem: error: out of memory: the model, batch or data asked for more "
                          "memory than this machine could give\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
+    std::fprintf(stderr, "%s: internal error: %s\n", command_of(app).c_str(), e.what());
     return 2;
   }
   // A result that could not be written (a full disk, a closed pipe: SIGPIPE is ignored by the
@@ -114,7 +133,7 @@ int main(int argc, char** argv) {
   // errno since overwritten: only this flush's own errno names the cause.)
   const int flush_error = std::fflush(stdout) != 0 ? errno : 0;
   if (flush_error != 0 || std::ferror(stdout)) {
-    std::fprintf(stderr, "tandem: error: cannot write the output: %s\n",
+    std::fprintf(stderr, "%s: error: cannot write the output: %s\n", command_of(app).c_str(),
                  flush_error != 0 ? std::strerror(flush_error) : "a write failed");
     return 1;
   }

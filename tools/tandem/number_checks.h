@@ -60,10 +60,16 @@ inline CLI::Validator number_in(double low, double high, bool above, const std::
         const bool in = detail::finite_number(text, value) &&
                         (above ? value > low : value >= low) && value <= high;
         if (in) return {};
-        char range[96];
-        std::snprintf(range, sizeof range, "%s %g and at most %g", above ? "above" : "at least",
-                      low, high);
-        return "must be a number " + std::string(range) + ", got '" + text + "'";
+        // (Whole limits in full: %g wrote 2^30 as 1.07374e+09.)
+        const auto limit = [](double x) {
+          char text[40];
+          const bool whole = x == std::floor(x) && std::fabs(x) < 1e15;
+          std::snprintf(text, sizeof text, whole ? "%.0f" : "%g", x);
+          return std::string(text);
+        };
+        const std::string range = std::string(above ? "above " : "at least ") + limit(low) +
+                                  " and at most " + limit(high);
+        return "must be a number " + range + ", got '" + text + "'";
       },
       name);
 }

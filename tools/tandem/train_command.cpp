@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "fit_divergence.h"
 #include "hidden_widths.h"
+#include "idx_reader.h"
 #include "json_output.h"
 #include "progress_line.h"
 #include "stop_signals.h"
@@ -143,7 +144,7 @@ void run_train(TrainOptions& o) {
     config.model = model_with_hidden(stream->features(), o.hidden, stream->num_classes());
   } else {
     // IDX files are read into memory whole: nothing is read ahead, and the budget meant nothing.
-    if (o.memory_budget_option->count() > 0)
+    if (o.memory_budget_option->count() > 0 && holds_idx_images(o.data))
       throw InputError("--memory-budget is for a dataset store (its chunks are read ahead): " +
                        o.data + " is read into memory whole (tandem prepare makes a store)");
     data = load_mnist_splits(o.data, o.validation_rows);

@@ -205,9 +205,8 @@ void run_trial_slots(const TrialSlotsOptions& o) {
                      "reaches)");
   const std::atomic<bool>& stop = stop_on_signals();  // SIGHUP too: a closed terminal or ssh
   const bool wildcard = binds_every_interface(bind);
-  if (!o.advertise.empty() && !wildcard)
-    throw InputError("--advertise is for a server bound to every interface (--bind "
-                     "tcp://0.0.0.0:PORT); this one binds " + bind);
+  const std::string problem = advertise_problem(bind, o.advertise, "a server");
+  if (!problem.empty()) throw InputError(problem);
   TrialSlotServer server(options);
   // An ipc:// socket file is made as the umask says (0775 under umask 002: the group could run
   // jobs as this user); only this user's from here. (The private directory is 0700 already.)
