@@ -34,12 +34,14 @@ role_pid() { pgrep -P "$1" -f -- "--name $2( |$)"; }
 
 # Epochs of the runs that are killed mid-run or joined mid-run: fewer under a sanitizer (slow).
 long=40 longer=60
+# 4d's kill: past this step (of 1650 in its run; 220 under a sanitizer).
+kill_step=300
 # The run of roles started by hand must outlast the checks made while it trains (the dashboard in
 # a browser among them, 5 s or more): under AddressSanitizer 8 epochs were over too soon, and on a
 # fast host 60 epochs (11 s for three workers) sometimes ended before the browser saw the curve
 # grow. 150 epochs: about half a minute there.
 by_hand=150
-if [ -n "${TANDEM_TEST_SLOW:-}" ]; then long=6 longer=8 by_hand=24; fi
+if [ -n "${TANDEM_TEST_SLOW:-}" ]; then long=6 longer=8 by_hand=24 kill_step=50; fi
 # The most a run in the background may take (wait_within): far more than any of them needs, well
 # under CTest's timeout for the script.
 bound=300
@@ -434,11 +436,14 @@ check "no role process is left behind (killed server)" no_role_left
   --lr 0.002 --json >"$dir/out4d" 2>"$dir/err4d" &
 launcher=$!
 # Killed once the model is well past where a few steps from the start get it (one Python
-# polling the log: the kill follows the score that shows it within a tenth of a second). The
-# step of that score is printed: a kill near the run's end (1650 steps) leaves no time to score
-# the restarted server.
+# polling the log: the kill follows the score that shows it within a tenth of a second), and
+# past step $kill_step: the restarted server's step, from 0 again, must still be below the last
+# score's when the scorer first scores it (the check below finds the restart by the step going
+# back). Killed at step 36 once, on a machine loaded by a sanitizer build, the restarted server
+# was past it by its first score. The step of that score is printed: a kill near the run's end
+# (1650 steps) leaves no time to score the restarted server.
 reached=no
-"$py" - "$dir/run4d/metrics.jsonl" <<'PY' && reached=yes
+"$py" - "$dir/run4d/metrics.jsonl" "$kill_step" <<'PY' && reached=yes
 import json, sys, time
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline:
@@ -446,12 +451,12 @@ while time.monotonic() < deadline:
         scores = [r for r in map(json.loads, open(sys.argv[1])) if r.get('type') == 'score']
     except (OSError, ValueError):
         scores = []
-    if scores and scores[-1]['accuracy'] >= 0.8:
+    if scores and scores[-1]['accuracy'] >= 0.8 and scores[-1]['step'] >= int(sys.argv[2]):
         print('killing ps0 after the score of step', scores[-1]['step'], 'accuracy',
               scores[-1]['accuracy'])
         sys.exit(0)
     time.sleep(0.1)
-sys.exit('no score of 0.8 accuracy in 120 s')
+sys.exit('no score of 0.8 accuracy past step ' + sys.argv[2] + ' in 120 s')
 PY
 check "the scorer saw 0.8 accuracy before the kill" test $reached = yes
 checkpoints=$(ls "$dir/run4d/checkpoints" 2>/dev/null | grep -c '^ps0-step-')
