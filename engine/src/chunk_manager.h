@@ -38,6 +38,10 @@
 
 namespace tandem {
 
+// The most a memory budget may say, in MiB: a petabyte (more would overflow in bytes, and holds
+// every band of any store anyway). train's and the cluster's --memory-budget take 1 to this.
+constexpr int64_t kMaxMemoryBudgetMib = int64_t{1} << 30;
+
 struct ChunkManagerOptions {
   int64_t batch_rows = 1000;
   bool shuffle = true;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 
+#include "chunk_manager.h"
 #include "backend.h"
 #include "bind_address.h"
 #include "cluster_link.h"
@@ -99,9 +100,9 @@ void check_role_settings(const RunSettings& s) {
   at_least("readers", s.readers, 1);
   at_least("assemblers", s.assemblers, 1);
   at_least("memory_budget_mib", s.memory_budget_mib, 1);
-  // (A petabyte at most: more would overflow in bytes, and holds every band of any store anyway.)
-  if (s.memory_budget_mib > int64_t{1} << 30)
-    throw InputError("cluster settings: memory_budget_mib must be <= 1073741824, not " +
+  if (s.memory_budget_mib > kMaxMemoryBudgetMib)
+    throw InputError("cluster settings: memory_budget_mib must be <= " +
+                     std::to_string(kMaxMemoryBudgetMib) + ", not " +
                      std::to_string(s.memory_budget_mib));
   at_least("replicas_to_aggregate", s.replicas_to_aggregate, 0);
   at_least("ps_timeout_ms", s.ps_timeout_ms, 1);

@@ -22,6 +22,7 @@
 #include "number_checks.h"
 #include "backend.h"
 #include "bind_address.h"
+#include "chunk_manager.h"
 #include "cluster_commands.h"
 #include "data_store_of.h"
 #include "cluster_link.h"
@@ -137,7 +138,7 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_option("--memory-budget", s.memory_budget_mib,
                   "MiB of the store's chunks each worker reads ahead (two of its chunk rows at "
                   "least)")
-      ->check(number_in(1, 1 << 30, false, "MIB"))->capture_default_str();
+      ->check(number_in(1, double(kMaxMemoryBudgetMib), false, "MIB"))->capture_default_str();
   cmd->add_option("--scorer-threads", s.scorer_threads, "Threads of the scorer")
       ->check(positive_number())->capture_default_str();
   cmd->add_option("--score-interval", s.score_interval_s, "Seconds between scores")

@@ -44,10 +44,10 @@ void check_data_exists(const std::string& data) {
 }
 
 void refuse_idx_files_for_a_store(const std::string& data, const std::string& option) {
-  if (!is_dataset_store(data) && holds_idx_images(data))
-    throw InputError((option.empty() ? "" : option + " ") + data + " holds IDX files, not a "
-                     "dataset store: make one with `tandem prepare --data " + data +
-                     " --out STORE` and give " + (option.empty() ? "" : option + " ") + "STORE");
+  if (is_dataset_store(data) || !holds_idx_images(data)) return;
+  const std::string given = option.empty() ? "" : option + " ";  // ("": a positional argument)
+  throw InputError(given + data + " holds IDX files, not a dataset store: make one with `tandem "
+                   "prepare --data " + data + " --out STORE` and give " + given + "STORE");
 }
 
 void refuse_store_as_output(const std::string& dir, const std::string& option) {

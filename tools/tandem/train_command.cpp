@@ -10,6 +10,7 @@
 #include "json_text.h"
 #include "number_checks.h"
 #include "parameters_only.h"
+#include "chunk_manager.h"
 #include "batch_count.h"
 #include "checkpoint_count.h"
 #include "commands.h"
@@ -136,7 +137,7 @@ void run_train(TrainOptions& o) {
     so.batch_rows = config.batch;
     so.shuffle = config.shuffle;
     so.seed = config.seed;
-    so.memory_budget = static_cast<size_t>(o.memory_budget_mib) << 20;  // (at most 2^30 MiB)
+    so.memory_budget = static_cast<size_t>(o.memory_budget_mib) << 20;  // (kMaxMemoryBudgetMib)
     // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
@@ -292,7 +293,7 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
   o->memory_budget_option = cmd->add_option("--memory-budget", o->memory_budget_mib,
                   "MiB of a store's chunks read ahead (two of its chunk rows at least)")
-      ->check(number_in(1, 1 << 30, false, "MIB"))->capture_default_str();  // (as launch's)
+      ->check(number_in(1, double(kMaxMemoryBudgetMib), false, "MIB"))->capture_default_str();
   o->validation_rows_option = cmd->add_option("--validation-rows", o->validation_rows,
                   "Last training rows held out for validation")->capture_default_str();
   cmd->add_option("--init", o->config.init_path, "Start from the parameters of this checkpoint")
