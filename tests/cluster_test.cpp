@@ -24,6 +24,7 @@
 #include "cluster_link.h"
 #include "cluster_metrics.h"
 #include "cluster_ranks.h"
+#include "cluster_resume.h"
 #include "cluster_run.h"
 #include "cluster_work_queue.h"
 #include "coordinator.h"
@@ -1201,6 +1202,44 @@ TEST(ClusterRun, ARunResumedAfterItsWholeEpochsEndsAsAnUninterruptedOne) {
     ASSERT_FALSE(x.empty());
     EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << pa[i].name;
   }
+}
+
+// What a resumed run says before it starts, in each of its cases (the CLI's --resume and the
+// library's resume print it): nothing for servers that agree on a step and hold no epoch, the
+// servers' steps when they differ, who starts empty or says no epochs, and where the epochs go
+// on or that the limit leaves nothing to train.
+TEST(ResumeNote, SaysEachCaseOfWhereAResumedRunGoesOn) {
+  ResumePoint p;
+  p.step = p.highest_step = 40;
+  EXPECT_EQ(resume_note(p, 0, "--max-epochs", true), "");
+  p.epochs = 2;
+  EXPECT_EQ(resume_note(p, 0, "--max-epochs", true),
+            "tandem: the servers' checkpoints come after 2 epochs: training goes on with epoch 3 "
+            "(what was trained after them before the checkpoints, of that epoch or a later one, "
+            "is trained again)\n");
+  EXPECT_EQ(resume_note(p, 2, "--max-epochs", true),
+            "tandem: the servers' checkpoints come after 2 epochs, and --max-epochs 2 counts the "
+            "run's epochs in all: nothing to train, the servers' parameters are evaluated\n");
+  p.epochs = 1;
+  EXPECT_EQ(resume_note(p, 1, "max_epochs", false),
+            "tandem: the servers' checkpoints come after 1 epoch, and max_epochs 1 counts the "
+            "run's epochs in all: nothing to train\n");
+  p.epochs = 0;
+  p.highest_step = 50;
+  p.steps = "ps0 at step 40, ps1 at step 50";
+  p.epochs_unsaid = true;
+  EXPECT_EQ(resume_note(p, 0, "max_epochs", false),
+            "tandem: the parameter servers resume at different steps: ps0 at step 40, ps1 at "
+            "step 50\ntandem: a server's checkpoint does not say which epochs it holds (an older "
+            "version's): the epochs count from the first again\n");
+  p.highest_step = 40;
+  p.without_checkpoint = {"ps1", "ps2"};
+  EXPECT_EQ(resume_note(p, 0, "max_epochs", false),
+            "tandem: ps1, ps2 have no checkpoint and start empty (the first Init's parameters): "
+            "the epochs count from the first again\n");
+  p.without_checkpoint = {"ps1"};
+  EXPECT_NE(resume_note(p, 0, "max_epochs", false).find("ps1 has no checkpoint and starts empty"),
+            std::string::npos);
 }
 
 // A worker whose backend stays in a call past the step timeout says so in its heartbeats, and

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/cluster.h"
+#include "tandem/model.h"
 #include "tandem/error.h"
 #include "test_support.h"
 
@@ -189,6 +191,99 @@ TEST(PublicCluster, AModelPathThatCannotBeWrittenIsRefusedBeforeTraining) {
   EXPECT_TRUE(contains(threads, "test_threads (0: every core): thread count must be at least 1"))
       << threads;
   EXPECT_LT(seconds_since(start), 10);
+}
+
+// A run resumed through the public API (resume = true) goes on with the epoch after those its
+// servers' checkpoints come after, as `tandem launch --resume` does: with one worker and one
+// server (async: a step per batch, in the worker's order) its parameters come out bit for bit
+// those of an uninterrupted run. Before, train_cluster's servers started from the checkpoints
+// while the epochs counted from the first: 2 + 3 epochs for a limit of 3, the first ones'
+// batches again. Not asked to resume, such a directory is refused; asked, one without
+// checkpoints is.
+TEST(PublicCluster, ATrainClusterRunResumedGoesOnWithTheEpochAfterItsCheckpoints) {
+  const Store store;
+  auto run_in = [&](const std::string& name, int64_t max_epochs) {
+    ClusterRunOptions o;
+    o.settings = json{{"data", store.path},
+                      {"model", "40-16-4"},
+                      {"batch", 50},
+                      {"optimizer", "adam"},
+                      {"checkpoint_dir", store.dir.file(name + "-checkpoints")}}
+                     .dump();
+    o.scorers = 0;
+    o.max_epochs = max_epochs;
+    o.model_out = store.dir.file(name + ".safetensors");
+    return o;
+  };
+  const ClusterRunOptions whole = run_in("whole", 3);
+  const ClusterRunSummary uninterrupted = train_cluster(whole);
+  ASSERT_EQ(uninterrupted.epochs, 3);
+  EXPECT_EQ(uninterrupted.resumed_epochs, 0);
+  const ClusterRunSummary first = train_cluster(run_in("first", 2));
+  ASSERT_EQ(first.steps, 2 * 8);  // 400 rows in batches of 50
+
+  ClusterRunOptions again = run_in("first", 3);
+  const std::string unasked = error_of<InputError>([&] { train_cluster(again); });
+  EXPECT_TRUE(contains(unasked, "holds parameter server checkpoints")) << unasked;
+  EXPECT_TRUE(contains(unasked, "(resume continues that run")) << unasked;
+
+  again.resume = true;
+  testing::internal::CaptureStderr();
+  const ClusterRunSummary resumed = train_cluster(again);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(said, "tandem: the servers' checkpoints come after 2 epochs: training "
+                             "goes on with epoch 3")) << said;
+  EXPECT_EQ(resumed.resumed_epochs, 2);
+  EXPECT_EQ(resumed.epochs, 3);
+  EXPECT_EQ(resumed.batches, 8);  // this run's own
+  EXPECT_EQ(resumed.steps, 3 * 8);
+  EXPECT_EQ(json::parse(resumed.to_json())["resumed_epochs"], 2);
+  const Checkpoint a = load_checkpoint(whole.model_out), b = load_checkpoint(again.model_out);
+  const auto pa = a.model.parameters(), pb = b.model.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_EQ(pa[i].values.size(), pb[i].values.size());
+    ASSERT_FALSE(pa[i].values.empty());
+    EXPECT_EQ(std::memcmp(pa[i].values.data(), pb[i].values.data(),
+                          pa[i].values.size() * sizeof(float)),
+              0)
+        << pa[i].name;
+  }
+
+  ClusterRunOptions nothing = run_in("none", 3);
+  nothing.resume = true;
+  const std::string none = error_of<InputError>([&] { train_cluster(nothing); });
+  EXPECT_TRUE(contains(none, "resume: no parameter server checkpoint in " +
+                                 store.dir.file("none-checkpoints")))
+      << none;
+  nothing.settings = json{{"data", store.path}, {"model", "40-16-4"}}.dump();
+  const std::string no_dir = error_of<InputError>([&] { train_cluster(nothing); });
+  EXPECT_TRUE(contains(no_dir, "resume needs the settings' checkpoint_dir")) << no_dir;
+}
+
+// The coordinator of a run by hand takes the same rule, and its summary says where the epochs
+// go on.
+TEST(PublicCluster, ACoordinatorByHandResumesOnlyWhenAsked) {
+  const Store store;
+  ClusterRunOptions first;
+  const std::string checkpoints = store.dir.file("checkpoints");
+  first.settings = json{{"data", store.path}, {"model", "40-16-4"}, {"batch", 50},
+                        {"checkpoint_dir", checkpoints}}.dump();
+  first.scorers = 0;
+  first.max_epochs = 1;
+  ASSERT_EQ(train_cluster(first).steps, 8);
+
+  ClusterCoordinatorOptions o = store.coordinator_options();
+  o.settings = first.settings;
+  o.scorers = 0;
+  const std::string unasked = error_of<InputError>([&] { ClusterCoordinator c(o); });
+  EXPECT_TRUE(contains(unasked, "checkpoint_dir " + checkpoints + " holds parameter server"))
+      << unasked;
+  o.resume = true;
+  const ClusterCoordinator resumed(o);
+  const json summary = json::parse(resumed.summary_json());
+  EXPECT_EQ(summary["resumed_epochs"], 1);
+  EXPECT_EQ(summary["epochs"], 1);  // counted as completed
 }
 
 }  // namespace

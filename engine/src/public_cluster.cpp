@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -16,10 +17,12 @@
 #include "batch_count.h"
 #include "cluster_link.h"
 #include "cluster_ranks.h"
+#include "cluster_resume.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "driven_coordinator.h"
 #include "json_fields.h"
 #include "ps_client.h"
 #include "score_subscriber.h"
@@ -106,7 +109,8 @@ std::string ClusterRunSummary::to_json() const {
   json spec = parse_bounded_json(spec_json.empty() ? std::string_view("null") : spec_json);
   if (spec.is_discarded()) spec = nullptr;
   return json{{"stop_reason", stop_reason}, {"seconds", seconds},
-              {"epochs", epochs},           {"batches", batches},
+              {"epochs", epochs},           {"resumed_epochs", resumed_epochs},
+              {"batches", batches},
               {"gradients_lost", gradients_lost},
               {"steps", steps},             {"scores", scores_j},
               {"validation", eval_json(validation)},
@@ -135,6 +139,16 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.heartbeat_timeout_ms =
       heartbeat_timeout_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   o.test_threads = options.test_threads;
+  const DatasetStore store = check_cluster_options(o);
+  // After the other checks: it reads every server's newest checkpoint.
+  std::string note;
+  if (options.resume) {
+    const ResumePoint point = resume_point_of_run(o.settings, o.ps, "resume");
+    o.first_epoch = point.epochs;
+    note = resume_note(point, o.max_epochs, "max_epochs", true);
+  } else {
+    refuse_checkpoints_not_asked_for(o.settings, "resume");
+  }
   int64_t newest = 0;
   if (options.on_score) {
     std::function<void(const ClusterScore&)> on_score = options.on_score;
@@ -146,7 +160,9 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
       }
     };
   }
-  ClusterRun run(std::move(o));
+  const int64_t resumed_epochs = o.first_epoch;
+  ClusterRun run(std::move(o), store);
+  std::fputs(note.c_str(), stderr);  // once nothing can refuse the run
   if (options.on_listening) options.on_listening(run.coordinator().endpoint());
   const ClusterSummary s = run.run(nullptr);
   // A score that came in after the last tick (the scorer's last, while the workers drained).
@@ -161,6 +177,7 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   out.stop_reason = s.stop_reason;
   out.seconds = s.seconds;
   out.epochs = s.epochs;
+  out.resumed_epochs = resumed_epochs;
   out.batches = s.batches;
   out.gradients_lost = s.gradients_lost;
   out.steps = s.steps;
@@ -178,48 +195,18 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
 
 struct ClusterCoordinator::Impl {
   RunSettings settings;
+  int64_t resumed_epochs = 0;  // the epochs a resumed run's checkpoints came after
   std::unique_ptr<Coordinator> coordinator;
 };
 
 ClusterCoordinator::ClusterCoordinator(const ClusterCoordinatorOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  for (const std::string* address : {&options.bind, &options.scores_bind})
-    if (address->rfind("inproc://", 0) == 0)
-      throw InputError("a ClusterCoordinator serves other threads and processes over tcp://, not " +
-                       *address + " (train_cluster runs every role as a thread)");
   Impl& d = *impl_;
   d.settings = parse_settings(options.settings, options.workers);
-  complete_curve_settings(d.settings);
-  check_run_shape(d.settings, options.ps, options.workers, options.scorers, options.target,
-                  options.max_epochs, options.max_seconds, /*driven=*/true);
-  CoordinatorOptions o;
-  o.bind = options.bind;
-  o.scores_bind = options.scores_bind.empty() ? scores_bind_beside(options.bind) : options.scores_bind;
-  o.advertise_host = options.advertise_host;
-  o.expected_ps = options.ps;
-  o.expected_workers = options.workers;
-  o.expected_scorers = options.scorers;
-  o.run_config = to_json(d.settings);
-  o.fed = d.settings.fed;
-  if (!d.settings.fed) {
-    if (d.settings.data.empty())
-      throw InputError("the run needs a store (setting 'data') unless it is fed (\"fed\": true)");
-    if (!is_dataset_store(d.settings.data))
-      throw InputError(d.settings.data +
-                       " is not a dataset store: make one with `tandem prepare --out STORE` or "
-                       "tandem::write_cluster_store");
-    const DatasetStore store = DatasetStore::open(d.settings.data);
-    check_store_for_run(store, d.settings, options.scorers);
-    o.batches_per_epoch = batch_count(store.train.rows, d.settings.batch);
-  }
-  o.max_epochs = options.max_epochs;
-  o.max_seconds = options.max_seconds;
-  o.target = options.target;
-  o.startup_timeout_ms = limit_seconds_to_ms(options.startup_timeout_s, "startup_timeout_s");
-  o.heartbeat_timeout_ms =
-      heartbeat_timeout_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
-  secure_coordinator(o, d.settings);
-  d.coordinator = std::make_unique<Coordinator>(o);
+  const DrivenCoordinator driven = driven_coordinator_options(d.settings, options, "resume");
+  d.resumed_epochs = driven.options.first_epoch;
+  d.coordinator = std::make_unique<Coordinator>(driven.options);
+  std::fputs(driven.resume_note.c_str(), stderr);
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
@@ -305,6 +292,7 @@ std::string ClusterCoordinator::summary_json() const {
               {"failure", c.failure()},
               {"seconds", c.training_seconds()},
               {"epochs", c.epochs_completed()},
+              {"resumed_epochs", impl_->resumed_epochs},
               {"batches", c.batches_done()},
               {"gradients_lost", c.gradients_lost()},
               {"scores", scores_j},

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <exception>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "cluster_run.h"
 #include "coordinator.h"
 #include "dataset_store.h"
+#include "driven_coordinator.h"
 #include "ps_client.h"
 #include "py_json.h"
 #include "score_subscriber.h"
@@ -89,40 +91,29 @@ class PyCoordinator {
   PyCoordinator(const py::dict& settings, int ps, int workers, int scorers, double target,
                 int64_t max_epochs, double max_seconds, const std::string& bind,
                 const std::string& scores_bind, const std::string& advertise_host,
-                double startup_timeout_s, double heartbeat_timeout_s)
+                double startup_timeout_s, double heartbeat_timeout_s, bool resume)
       : settings_(settings_from(settings)) {
-    complete_curve_settings(settings_);
-    check_run_shape(settings_, ps, workers, scorers, target, max_epochs, max_seconds,
-                    /*driven=*/true);
-    CoordinatorOptions o;
-    o.bind = bind;
-    // Beside the control socket, on a port of its own (the control address itself, a fixed
-    // port, was bound twice: "Address already in use"), as ClusterCoordinator does.
-    o.scores_bind = scores_bind.empty() ? scores_bind_beside(bind) : scores_bind;
-    o.advertise_host = advertise_host;
-    o.expected_ps = ps;
-    o.expected_workers = workers;
-    o.expected_scorers = scorers;
     // Sync mode aggregates one gradient per worker unless told otherwise (the seed's
     // replicas_to_aggregate = len(dask_spec['worker']); tandem launch's default too).
     if (!settings.contains("replicas_to_aggregate") || settings_.replicas_to_aggregate == 0)
       settings_.replicas_to_aggregate = workers;
-    o.run_config = to_json(settings_);
-    o.fed = settings_.fed;
-    if (!settings_.fed) {
-      if (settings_.data.empty())
-        throw InputError("the run needs a store (settings 'data') unless it is fed ('fed': True)");
-      const DatasetStore store = DatasetStore::open(settings_.data);
-      check_store_for_run(store, settings_, scorers);  // as train_cluster and `tandem launch`
-      o.batches_per_epoch = batch_count(store.train.rows, settings_.batch);
-    }
-    o.max_epochs = max_epochs;
-    o.max_seconds = max_seconds;
-    o.target = target;
-    o.startup_timeout_ms = limit_seconds_to_ms(startup_timeout_s, "startup_timeout_s");
-    o.heartbeat_timeout_ms = heartbeat_timeout_to_ms(heartbeat_timeout_s, "heartbeat_timeout_s");
-    secure_coordinator(o, settings_);
-    coordinator_ = std::make_unique<Coordinator>(o);
+    ClusterCoordinatorOptions shape;  // its settings string is not read: settings_ is the run's
+    shape.ps = ps;
+    shape.workers = workers;
+    shape.scorers = scorers;
+    shape.target = target;
+    shape.max_epochs = max_epochs;
+    shape.max_seconds = max_seconds;
+    shape.bind = bind;
+    shape.scores_bind = scores_bind;
+    shape.advertise_host = advertise_host;
+    shape.startup_timeout_s = startup_timeout_s;
+    shape.heartbeat_timeout_s = heartbeat_timeout_s;
+    shape.resume = resume;
+    const DrivenCoordinator driven = driven_coordinator_options(settings_, shape, "resume=True");
+    resumed_epochs_ = driven.options.first_epoch;
+    coordinator_ = std::make_unique<Coordinator>(driven.options);
+    std::fputs(driven.resume_note.c_str(), stderr);
   }
 
   Coordinator& get() { return *shared(); }
@@ -137,6 +128,7 @@ class PyCoordinator {
     if (closed_) throw Error("this coordinator was closed while waiting");
   }
   const RunSettings& settings() const { return settings_; }
+  int64_t resumed_epochs() const { return resumed_epochs_; }
 
 
   void close() {
@@ -148,6 +140,7 @@ class PyCoordinator {
 
  private:
   RunSettings settings_;
+  int64_t resumed_epochs_ = 0;
   std::shared_ptr<Coordinator> coordinator_;
   std::atomic<bool> closed_{false};
 };
@@ -382,13 +375,19 @@ class ScoreStream {
 void bind_cluster(py::module_& m) {
   py::class_<PyCoordinator>(m, "Coordinator",
                             "The cluster's coordinator: registers the roles, hands out the run's "
-                            "settings, hosts the scores channel and applies the stop rule.")
+                            "settings, hosts the scores channel and applies the stop rule. "
+                            "resume=True continues the run whose parameter servers' checkpoints "
+                            "are in the settings' checkpoint_dir (read in this process), with the "
+                            "epoch after those they come after; without it a checkpoint_dir "
+                            "holding them is refused (the servers would start from them while "
+                            "the epochs counted from the first). A fed run has no epochs: its "
+                            "servers start from the checkpoints there either way.")
       .def(py::init<const py::dict&, int, int, int, double, int64_t, double, const std::string&,
-                    const std::string&, const std::string&, double, double>(),
+                    const std::string&, const std::string&, double, double, bool>(),
            "settings"_a = py::dict(), "ps"_a = 1, "workers"_a = 1, "scorers"_a = 1,
            "target"_a = 0.0, "max_epochs"_a = 0, "max_seconds"_a = 0.0,
            "bind"_a = "tcp://127.0.0.1:*", "scores_bind"_a = "", "advertise_host"_a = "",
-           "startup_timeout_s"_a = 60.0, "heartbeat_timeout_s"_a = 3.0)
+           "startup_timeout_s"_a = 60.0, "heartbeat_timeout_s"_a = 3.0, "resume"_a = false)
       .def_property_readonly("endpoint", [](PyCoordinator& c) { return c.get().endpoint(); })
       .def_property_readonly("scores_endpoint", [](PyCoordinator& c) { return c.get().scores_endpoint(); })
       .def_property_readonly(
@@ -398,6 +397,10 @@ void bind_cluster(py::module_& m) {
       .def_property_readonly("phase", [](PyCoordinator& c) { return std::string(to_string(c.get().phase())); })
       .def_property_readonly("settings", [](PyCoordinator& c) { return to_python(to_json(c.settings())); })
       .def_property_readonly("stop_reason", [](PyCoordinator& c) { return c.get().stop_reason(); })
+      .def_property_readonly(
+          "resumed_epochs", &PyCoordinator::resumed_epochs,
+          "With resume=True: the epochs the servers' checkpoints in the settings' checkpoint_dir "
+          "came after, where training went on (0 otherwise).")
       .def_property_readonly("failure", [](PyCoordinator& c) { return c.get().failure(); })
       .def("state", [](PyCoordinator& c) { return to_python(c.get().state()); },
            "The dashboard's document: cluster, roles, scores, workers, servers.")

@@ -6,6 +6,7 @@ import math
 import os
 import pathlib
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -418,6 +419,15 @@ def end_cluster(test, coordinator, roles):
     return model
 
 
+def write_zarr_store(path, images, labels):
+    """A store as zarr-python writes one (images and labels, no splits): a run's data."""
+    import zarr
+    group = zarr.open_group(path, mode="w")
+    group.create_array("images", data=images)
+    group.create_array("labels", data=labels.astype(np.uint8))
+    return path
+
+
 class RolesTest(unittest.TestCase):
     def test_a_scorer_given_labels_past_the_models_classes_says_whose_rows(self):
         # Ids up to 255 pass the role's constructor; the model's 10 classes are known once the
@@ -445,13 +455,9 @@ class RolesTest(unittest.TestCase):
     def test_feeding_a_worker_of_a_run_on_its_store_says_it_is_not_trained_on(self):
         # A run on a store hands its workers the store's batches: what is fed to one was
         # taken and never trained on (then the full queue timed out). The feed says why.
-        import zarr
         x, y = make_rows(300, 3)
         with tempfile.TemporaryDirectory() as tmp:
-            store = os.path.join(tmp, "s.zarr")
-            group = zarr.open_group(store, mode="w")
-            group.create_array("images", data=x)
-            group.create_array("labels", data=y.astype(np.uint8))
+            store = write_zarr_store(os.path.join(tmp, "s.zarr"), x, y)
             # A model of another width than the store's rows: refused here, as by
             # tandem launch (every worker once failed on its first batch).
             with self.assertRaisesRegex(tandem.InputError,
@@ -474,6 +480,55 @@ class RolesTest(unittest.TestCase):
                     with self.assertRaises(tandem.Error):
                         role.join(30)
                 coordinator.close()
+
+    def test_a_run_on_a_store_resumes_from_its_checkpoints_only_when_asked(self):
+        # The servers start from the checkpoints in checkpoint_dir; resume=True has the epochs
+        # go on after those the checkpoints come after, and without it such a directory is
+        # refused (the servers took the checkpoints while the epochs counted from the first).
+        x, y = make_rows(300, 3)
+        with tempfile.TemporaryDirectory() as tmp:
+            store = write_zarr_store(os.path.join(tmp, "s.zarr"), x, y)
+            checkpoints = os.path.join(tmp, "checkpoints")
+            settings = dict(data=store, batch=100, model="784-16-10", checkpoint_dir=checkpoints)
+
+            def run(max_epochs, resume):
+                coordinator = tandem.Coordinator(settings, ps=1, workers=1, scorers=0,
+                                                 max_epochs=max_epochs, resume=resume)
+                self.addCleanup(coordinator.close)
+                roles = [tandem.ParameterServerRole(coordinator.endpoint),
+                         tandem.WorkerRole(coordinator.endpoint)]
+                for role in roles:
+                    role.start()
+                self.assertEqual(coordinator.wait_for("draining", 60), "draining")
+                self.assertTrue(coordinator.wait_workers_gone(60))
+                self.assertEqual(coordinator.stop_reason, "max-epochs")
+                state = coordinator.state()["cluster"]
+                coordinator.finish()
+                for role in roles:
+                    self.assertTrue(role.join(30))
+                return coordinator, state
+
+            with self.assertRaisesRegex(tandem.InputError, "^resume=True: no parameter server "
+                                        "checkpoint in " + re.escape(checkpoints)):
+                tandem.Coordinator(settings, ps=1, workers=1, scorers=0, max_epochs=1,
+                                   resume=True)
+            first, state = run(1, False)
+            self.assertEqual((first.resumed_epochs, state["epoch"], state["batches_done"]),
+                             (0, 1, 3))
+            with self.assertRaisesRegex(tandem.InputError, "holds parameter server checkpoints"
+                                        ".*resume=True continues that run"):
+                tandem.Coordinator(settings, ps=1, workers=1, scorers=0, max_epochs=3)
+            resumed, state = run(3, True)
+            # Epochs 2 and 3 only: three batches each.
+            self.assertEqual((resumed.resumed_epochs, state["epoch"], state["batches_done"]),
+                             (1, 3, 6))
+            # A fed run has no epochs to go on with: its servers start from the checkpoints,
+            # asked or not.
+            fed = tandem.Coordinator(dict(fed=True, batch=100, model="784-16-10",
+                                          checkpoint_dir=checkpoints), ps=1, workers=1,
+                                     scorers=0, max_seconds=60)
+            self.assertEqual(fed.resumed_epochs, 0)
+            fed.close()
 
     def test_servers_no_worker_initialised_hold_no_model(self):
         # A run stopped before its chief worker's Init (right after start()): its servers hold

@@ -28,6 +28,7 @@
 #include "cluster_link.h"
 #include "cluster_metrics.h"
 #include "cluster_ranks.h"
+#include "cluster_resume.h"
 #include "cluster_run.h"
 #include "dashboard_server.h"
 #include "dataset_store.h"
@@ -36,7 +37,6 @@
 #include "json_fields.h"
 #include "json_output.h"
 #include "metrics_log.h"
-#include "ps_checkpoint_choice.h"
 #include "process_launcher.h"
 #include "progress_line.h"
 #include "run_dir_lock.h"
@@ -219,48 +219,6 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
 }
 
-// Whether dir holds a server's checkpoint file (NAME-step-STEP.safetensors, ps_server.cpp).
-bool holds_server_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string suffix = ".safetensors";
-    if (name.find("-step-") != std::string::npos && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      return true;
-  }
-  return false;
-}
-
-// What a resumed run says before it starts (servers at different steps, where the epochs go
-// on), after every check that can refuse it: the note for ClusterCommandOptions::resume_note.
-std::string resume_note(const ResumePoint& point, int64_t max_epochs) {
-  std::string note;
-  if (point.step != point.highest_step)
-    note += "tandem: the parameter servers resume at different steps: " + point.steps + "\n";
-  if (!point.without_checkpoint.empty()) {
-    std::string names;
-    for (const std::string& n : point.without_checkpoint) names += (names.empty() ? "" : ", ") + n;
-    note += "tandem: " + names + " ha" + (point.without_checkpoint.size() == 1 ? "s" : "ve") +
-            " no checkpoint and start" + (point.without_checkpoint.size() == 1 ? "s" : "") +
-            " empty (the first Init's parameters): the epochs count from the first again\n";
-  } else if (point.epochs_unsaid) {
-    note += "tandem: a server's checkpoint does not say which epochs it holds (an older "
-            "version's): the epochs count from the first again\n";
-  }
-  if (point.epochs == 0) return note;
-  const std::string held = "tandem: the servers' checkpoints come after " +
-                           std::to_string(point.epochs) + " epoch" +
-                           (point.epochs == 1 ? "" : "s");
-  if (max_epochs > 0 && max_epochs <= point.epochs)
-    return note + held + ", and --max-epochs " + std::to_string(max_epochs) +
-           " counts the run's epochs in all: nothing to train, the servers' parameters are "
-           "evaluated\n";
-  return note + held + ": training goes on with epoch " + std::to_string(point.epochs + 1) +
-         " (what was trained after them before the checkpoints, of that epoch or a later one, "
-         "is trained again)\n";
-}
-
 // TensorBoard shows the event files of one directory as one run: a fresh run writing beside an
 // earlier run's files would draw both as one curve, stepping back and forth. The default
 // directory is cleared (it is the run's own); a directory given is the user's, so it is refused.
@@ -281,9 +239,7 @@ void resolve(ClusterCommandOptions& o) {
   s.checkpoint_dir = std::filesystem::absolute(o.run_dir + "/checkpoints").string();
   // Asked to continue with nothing to continue from (a mistyped --run-dir, a first run): said
   // before anything is prepared or started, instead of quietly training from scratch.
-  if (o.resume && !holds_server_checkpoint(s.checkpoint_dir))
-    throw InputError("--resume: no parameter server checkpoint in " + s.checkpoint_dir +
-                     " (nothing to continue; leave out --resume to start afresh)");
+  if (o.resume) require_server_checkpoint(s.checkpoint_dir, "--resume");
   // First too: refused, a fresh run must have removed nothing (its checkpoints) nor prepared
   // anything, so that the --resume the message offers still can continue the run.
   if (!o.resume && !o.tensorboard_dir.empty()) refuse_other_runs_events(o.tensorboard_dir);
@@ -296,16 +252,10 @@ void resolve(ClusterCommandOptions& o) {
   s.model = model_with_hidden(store.train.features, o.hidden, store.num_classes);
   s.optimizer.kind = parse_optimizer(o.optimizer);
   if (o.resume) {
-    ResumePoint point;
-    try {
-      point = resume_point_of_servers(s.checkpoint_dir, o.cluster.ps,
-                                      s.optimizer.kind == OptimizerKind::Adam);
-    } catch (const InputError& e) {
-      throw InputError(std::string("--resume: ") + e.what());
-    }
+    const ResumePoint point = resume_point_of_run(s, o.cluster.ps, "--resume");
     o.resumed_step = point.step;
     o.cluster.first_epoch = point.epochs;
-    o.resume_note = resume_note(point, o.cluster.max_epochs);
+    o.resume_note = resume_note(point, o.cluster.max_epochs, "--max-epochs", true);
   }
   s.shuffle = o.shuffle == "on";
   s.checkpoint_every_s = o.checkpoint_every_s;

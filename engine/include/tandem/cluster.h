@@ -23,7 +23,8 @@
 // backend ("cpu" | "cuda" | "auto"), precision ("fp32"), worker_threads, worker_group,
 // scorer_threads, readers, assemblers, score_interval_s (1.0), ps_mode ("async" | "sync" |
 // "bounded_staleness"), ps_device ("auto" | "cpu" | "cuda"), replicas_to_aggregate,
-// staleness_bound, checkpoint_dir, checkpoint_every_s, checkpoint_every_steps (0: off; both may
+// staleness_bound, checkpoint_dir (the servers write their checkpoints there and start from
+// the newest there: see `resume`), checkpoint_every_s, checkpoint_every_steps (0: off; both may
 // be set), best_model_path (where the scorer keeps the best parameters; train_cluster removes a
 // file there when the run starts: it would pass for this run's), overlap, curve_* (CURVE key
 // files, see the README), fed,
@@ -105,6 +106,18 @@ struct TANDEM_API ClusterRunOptions {
   double startup_timeout_s = 60;  // every role registered by then, or the run fails (above 0)
   double heartbeat_timeout_s = 3; // a role silent this long is lost (1 to 86400)
   int test_threads = 0;           // threads of the final evaluation (0: all cores)
+  // Continue the run whose servers' checkpoints are in the settings' checkpoint_dir: the
+  // servers start from their newest checkpoints (as a server restarted within a run does) and
+  // training goes on with the epoch after those every server's checkpoint comes after, in the
+  // order an uninterrupted run would have given it; max_epochs counts those epochs too. What a
+  // resumed run should know is said on stderr as it starts (servers at different steps, a
+  // server without a checkpoint or whose checkpoint does not say its epochs: the epochs count
+  // from the first again). InputError when checkpoint_dir is not set or holds no server
+  // checkpoint, or a server has checkpoints and none it can resume from. Not set, a
+  // checkpoint_dir holding server checkpoints is refused (InputError): its servers would start
+  // from them while the epochs counted from the first. The directory is read in this process
+  // (a relative path from its working directory, where servers elsewhere read theirs).
+  bool resume = false;
   // Called on the calling thread: with the coordinator's address once it listens (before any
   // role starts; inproc:// with roles_as_threads), and with each score once, in order, as
   // training goes (checked about every 100 ms; the last ones before train_cluster returns).
@@ -116,7 +129,8 @@ struct TANDEM_API ClusterRunOptions {
 struct TANDEM_API ClusterRunSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested
   double seconds = 0;       // from the start of training to the stop
-  int64_t epochs = 0;       // completed epochs
+  int64_t epochs = 0;       // completed epochs (a resumed run's: those before it too)
+  int64_t resumed_epochs = 0;  // a resumed run: the epochs its servers' checkpoints came after
   int64_t batches = 0;      // batches finished: trained, or their gradients lost
   // Of those, batches whose gradients a parameter server never answered (it died or
   // restarted); they are not trained again.
@@ -157,6 +171,11 @@ struct TANDEM_API ClusterCoordinatorOptions {
   std::string advertise_host;   // the host named for sockets bound to tcp://0.0.0.0
   double startup_timeout_s = 60;
   double heartbeat_timeout_s = 3;
+  // As ClusterRunOptions::resume (summary_json's resumed_epochs: where the epochs went on). The
+  // checkpoint_dir is read in this process: the servers' directory, shared or on this machine.
+  // A fed run (the settings' fed) has no epochs: its servers start from the checkpoints there
+  // either way, and neither resume nor its absence is checked.
+  bool resume = false;
 };
 
 // The coordinator of a run whose roles are started separately (ClusterRole, or
@@ -208,7 +227,8 @@ class TANDEM_API ClusterCoordinator {
   std::string stop_reason() const;  // empty until training stops
   std::string failure() const;      // empty unless failed
   std::vector<ClusterScore> scores() const;
-  // {phase, stop_reason, failure, seconds, epochs, batches, scores: [...], spec: {...}}.
+  // {phase, stop_reason, failure, seconds, epochs, resumed_epochs, batches, gradients_lost,
+  //  scores: [...], spec: {...}}.
   std::string summary_json() const;
   // The dashboard's document: cluster, roles, scores, workers, servers.
   std::string state_json() const;

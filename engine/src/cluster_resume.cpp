@@ -1,0 +1,79 @@
+#include "cluster_resume.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <system_error>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+bool holds_server_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string suffix = ".safetensors";
+    if (name.find("-step-") != std::string::npos && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
+void require_server_checkpoint(const std::string& dir, const std::string& request) {
+  if (!holds_server_checkpoint(dir))
+    throw InputError(request + ": no parameter server checkpoint in " + dir +
+                     " (nothing to continue; leave out " + request + " to start afresh)");
+}
+
+ResumePoint resume_point_of_run(const RunSettings& settings, int servers,
+                                const std::string& request) {
+  if (settings.checkpoint_dir.empty())
+    throw InputError(request + " needs the settings' checkpoint_dir, where the servers' "
+                     "checkpoints are");
+  require_server_checkpoint(settings.checkpoint_dir, request);
+  try {
+    return resume_point_of_servers(settings.checkpoint_dir, servers,
+                                   settings.optimizer.kind == OptimizerKind::Adam);
+  } catch (const InputError& e) {
+    throw InputError(request + ": " + e.what());
+  }
+}
+
+std::string resume_note(const ResumePoint& point, int64_t max_epochs,
+                        const std::string& limit_name, bool evaluated_at_the_end) {
+  std::string note;
+  if (point.step != point.highest_step)
+    note += "tandem: the parameter servers resume at different steps: " + point.steps + "\n";
+  if (!point.without_checkpoint.empty()) {
+    std::string names;
+    for (const std::string& n : point.without_checkpoint) names += (names.empty() ? "" : ", ") + n;
+    note += "tandem: " + names + " ha" + (point.without_checkpoint.size() == 1 ? "s" : "ve") +
+            " no checkpoint and start" + (point.without_checkpoint.size() == 1 ? "s" : "") +
+            " empty (the first Init's parameters): the epochs count from the first again\n";
+  } else if (point.epochs_unsaid) {
+    note += "tandem: a server's checkpoint does not say which epochs it holds (an older "
+            "version's): the epochs count from the first again\n";
+  }
+  if (point.epochs == 0) return note;
+  const std::string held = "tandem: the servers' checkpoints come after " +
+                           std::to_string(point.epochs) + " epoch" +
+                           (point.epochs == 1 ? "" : "s");
+  if (max_epochs > 0 && max_epochs <= point.epochs)
+    return note + held + ", and " + limit_name + " " + std::to_string(max_epochs) +
+           " counts the run's epochs in all: nothing to train" +
+           (evaluated_at_the_end ? ", the servers' parameters are evaluated" : "") + "\n";
+  return note + held + ": training goes on with epoch " + std::to_string(point.epochs + 1) +
+         " (what was trained after them before the checkpoints, of that epoch or a later one, "
+         "is trained again)\n";
+}
+
+void refuse_checkpoints_not_asked_for(const RunSettings& settings, const std::string& request) {
+  if (!settings.checkpoint_dir.empty() && holds_server_checkpoint(settings.checkpoint_dir))
+    throw InputError("checkpoint_dir " + settings.checkpoint_dir + " holds parameter server " +
+                     "checkpoints, which this run's servers would start from while its epochs "
+                     "counted from the first (" + request + " continues that run; or give a "
+                     "directory without them)");
+}
+
+}  // namespace tandem
