@@ -134,7 +134,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
 }
 
 void Coordinator::start_serving() {
-  if (thread_.joinable()) return;
+  std::lock_guard<std::mutex> serving(serving_mutex_);
+  if (thread_.joinable() || stopping_) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);  // state() reads it from other threads
     created_ = Clock::now();
@@ -161,7 +162,10 @@ void Coordinator::secure_sockets() {
   transport::set_curve_server(scores_, options_.curve_secret_key, zap_.domain());
 }
 
-Coordinator::~Coordinator() {
+Coordinator::~Coordinator() { stop_serving(); }
+
+void Coordinator::stop_serving() {
+  std::lock_guard<std::mutex> lock(serving_mutex_);
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
 }

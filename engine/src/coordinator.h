@@ -117,8 +117,13 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // Starts answering, once (a no-op after): the start-up timeout counts from here.
+  // Starts answering, once (a no-op after, and after stop_serving): the start-up timeout counts
+  // from here.
   void start_serving();
+  // Stops answering and waits for the serving thread (the destructor does it too): for a process
+  // that exits while this object may outlive the exit's library destructors (the Python
+  // package's exit hook; the object may be in use by another thread).
+  void stop_serving();
 
   std::string endpoint() const { return endpoint_; }
   std::string scores_endpoint() const { return scores_endpoint_; }
@@ -245,6 +250,7 @@ class Coordinator {
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point training_started_{}, training_ended_{};
   std::atomic<bool> stopping_{false};
+  std::mutex serving_mutex_;  // start_serving and stop_serving (not mutex_: serve() takes that)
   std::thread thread_;
 };
 

@@ -50,9 +50,7 @@ std::shared_ptr<void> hold_python(py::object object) {
     // Released by a worker thread once it has trained on the block, or by whoever drops it.
     // While the interpreter exits, taking the GIL would end this thread inside a noexcept
     // deleter (see gil.h): the arrays are left to the exiting process instead.
-    if (python_finalizing()) return;
-    py::gil_scoped_acquire gil;
-    delete static_cast<py::object*>(p);
+    with_gil_unless_exiting([p] { delete static_cast<py::object*>(p); });
   });
 }
 

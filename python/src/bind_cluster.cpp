@@ -86,6 +86,41 @@ ClusterPhase parse_phase(const std::string& text) {
   throw InputError("phase must be starting, training, draining, done or failed, not '" + text + "'");
 }
 
+// A role's thread and what it shares with the role object, so either may go first.
+struct RoleThreadState {
+  RoleOptions options;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool started = false, done = false;
+  std::exception_ptr error;
+};
+
+// What ends before the interpreter does (end_cluster_threads_at_exit, the module's atexit
+// hook): every coordinator and role thread this module started and that still runs. A thread left
+// in the engine when the process exits meets libraries whose destructors have run (a worker in
+// OpenBLAS's sgemm crashed on its freed buffers), and a role whose Python object is never
+// destroyed (held by the frame of a daemon thread the exit ended) was left running.
+struct RunningAtExit {
+  std::mutex mutex;
+  // Weak: an object gone (its thread joined, or a coordinator closed) is not kept for the exit.
+  std::vector<std::weak_ptr<Coordinator>> coordinators;
+  std::vector<std::weak_ptr<RoleThreadState>> roles;
+
+  template <typename T>
+  void add(std::vector<std::weak_ptr<T>>& list, const std::shared_ptr<T>& item) {
+    std::lock_guard<std::mutex> lock(mutex);
+    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }),
+               list.end());
+    list.push_back(item);
+  }
+  void add(const std::shared_ptr<Coordinator>& c) { add(coordinators, c); }
+  void add(const std::shared_ptr<RoleThreadState>& r) { add(roles, r); }
+};
+RunningAtExit& running_at_exit() {
+  static RunningAtExit* running = new RunningAtExit;  // never destroyed: used at exit
+  return *running;
+}
+
 class PyCoordinator {
  public:
   PyCoordinator(const py::dict& settings, int ps, int workers, int scorers, double target,
@@ -113,6 +148,7 @@ class PyCoordinator {
     const DrivenCoordinator driven = driven_coordinator_options(settings_, shape, "resume=True");
     resumed_epochs_ = driven.options.first_epoch;
     coordinator_ = std::make_unique<Coordinator>(driven.options);
+    running_at_exit().add(coordinator_);
     std::fputs(driven.resume_note.c_str(), stderr);
   }
 
@@ -185,6 +221,7 @@ class PyRole {
       state->done = true;
       state->changed.notify_all();
     });
+    running_at_exit().add(state);
     std::lock_guard<std::mutex> lock(state->mutex);
     state->started = true;  // once the thread exists: a role whose thread could not start can be
                             // started again
@@ -214,13 +251,7 @@ class PyRole {
   const RoleOptions& options() const { return state_->options; }
 
  private:
-  struct State {
-    RoleOptions options;
-    std::mutex mutex;
-    std::condition_variable changed;
-    bool started = false, done = false;
-    std::exception_ptr error;
-  };
+  using State = RoleThreadState;
   Body body_;
   std::shared_ptr<State> state_;
   std::thread thread_;
@@ -371,6 +402,39 @@ class ScoreStream {
 };
 
 }  // namespace
+
+void end_cluster_threads_at_exit() {
+  std::vector<std::shared_ptr<RoleThreadState>> roles;
+  std::vector<std::shared_ptr<Coordinator>> coordinators;
+  {
+    RunningAtExit& running = running_at_exit();
+    std::lock_guard<std::mutex> lock(running.mutex);
+    for (const auto& w : running.roles)
+      if (auto role = w.lock()) roles.push_back(std::move(role));
+    for (const auto& w : running.coordinators)
+      if (auto coordinator = w.lock()) coordinators.push_back(std::move(coordinator));
+  }
+  for (const auto& role : roles) {  // as stop() and dropping a worker's object do
+    *role->options.cancel = true;
+    if (role->options.feed) role->options.feed->close("Python is exiting");
+  }
+  constexpr int kWaitSeconds = 30;  // a worker may be in a request to a server that is gone
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kWaitSeconds);
+  size_t still_running = 0;
+  without_gil([&] {  // the roles' last releases of fed arrays take the GIL
+    for (const auto& role : roles) {
+      std::unique_lock<std::mutex> lock(role->mutex);
+      if (!role->changed.wait_until(lock, deadline, [&] { return role->done; })) ++still_running;
+    }
+    // Roles first: a role whose coordinator went silent would wait for it (coordinator_lost_s).
+    for (const auto& coordinator : coordinators) coordinator->stop_serving();
+  });
+  if (still_running > 0)
+    std::fprintf(stderr,
+                 "tandem: %zu role thread%s still running %d s after Python began to exit: the "
+                 "process may end abruptly\n",
+                 still_running, still_running == 1 ? "" : "s", kWaitSeconds);
+}
 
 void bind_cluster(py::module_& m) {
   py::class_<PyCoordinator>(m, "Coordinator",

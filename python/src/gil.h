@@ -7,6 +7,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 namespace tandem::python {
@@ -18,6 +21,44 @@ inline bool python_finalizing() {
 #else
   return !Py_IsInitialized() || _Py_IsFinalizing();
 #endif
+}
+
+// The gate engine threads pass to take the GIL where the thread's end cannot be survived (a
+// shared_ptr deleter is noexcept). python_finalizing() alone left a window: a thread that found
+// the interpreter alive could be ended taking the GIL a moment later, once finalizing had begun.
+// The module closes the gate from an atexit hook (close_exit_gate), which runs before
+// finalizing begins, and waits there, without the GIL, for the threads already inside.
+struct ExitGate {
+  std::atomic<int> inside{0};
+  std::atomic<bool> closed{false};
+};
+inline ExitGate exit_gate;
+
+// Runs f() under the GIL from any thread, unless the interpreter is exiting: false then, and f
+// is not run (what it would release is left to the exiting process).
+template <typename F>
+bool with_gil_unless_exiting(F&& f) {
+  exit_gate.inside.fetch_add(1);  // before looking at closed: see close_exit_gate
+  if (exit_gate.closed.load() || python_finalizing()) {
+    exit_gate.inside.fetch_sub(1);
+    return false;
+  }
+  {
+    pybind11::gil_scoped_acquire gil;
+    std::forward<F>(f)();
+  }
+  exit_gate.inside.fetch_sub(1);
+  return true;
+}
+
+// The atexit hook (called with the GIL): no thread enters the gate after it, and the threads
+// inside finish first. (With the sequentially consistent order, a thread either sees the gate
+// closed or is counted inside before the count is read here.)
+inline void close_exit_gate() {
+  exit_gate.closed.store(true);
+  PyThreadState* state = PyEval_SaveThread();  // the threads inside need the GIL
+  while (exit_gate.inside.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  PyEval_RestoreThread(state);
 }
 
 // Runs f() without the GIL (the caller holds it) and returns its result.

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include "blas_kernels.h"
+#include "gil.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
 
@@ -14,11 +15,19 @@ void bind_model(py::module_& m);
 void bind_cluster(py::module_& m);
 void bind_predict(py::module_& m);
 void bind_search(py::module_& m);
+void end_cluster_threads_at_exit();  // bind_cluster.cpp
 }  // namespace tandem::python
 
 PYBIND11_MODULE(_tandem, m) {
   m.doc() = "Tandem: train models with parameter servers, on CPUs and GPUs (native engine)";
   m.attr("__version__") = TANDEM_VERSION;
+  // Before the interpreter finalizes: the cluster's threads end (a thread left in the engine
+  // when the process exits meets libraries whose destructors have run), then engine threads
+  // stop taking the GIL (gil.h).
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    tandem::python::end_cluster_threads_at_exit();
+    tandem::python::close_exit_gate();
+  }));
 
   // The package's __init__ chooses the BLAS kernels (python/tandem/__init__.py): it knows
   // whether another library loaded OpenBLAS first.

@@ -752,6 +752,41 @@ class RolesTest(unittest.TestCase):
                                     r"worker0: the run failed: .*ps0 \(not registered\)"):
             worker.join(10)
 
+    def test_python_exits_cleanly_while_roles_train(self):
+        # A script that ends while its roles still train: a daemon thread feeding the worker
+        # holds the role object, which is then never destroyed. The roles ran on into the
+        # process's exit: the worker crashed in OpenBLAS's sgemm under the library's freed
+        # buffers (SIGSEGV), or a fed block's release took the GIL as the interpreter
+        # finalized (SIGABRT): 11 exits of 14 before the exit hook. Now they end first, as
+        # stop() ends them: the server writes its last checkpoint.
+        script = """if True:
+            import sys, threading, time
+            sys.path.insert(0, sys.argv[1])
+            import tandem
+            from synthetic_rows import make_rows
+            c = tandem.Coordinator({"fed": True, "batch": 50, "model": "784-32-10",
+                                    "worker_threads": 1, "checkpoint_dir": sys.argv[2]},
+                                   ps=1, workers=1, scorers=0, max_seconds=600)
+            ps, w = tandem.ParameterServerRole(c.endpoint), tandem.WorkerRole(c.endpoint)
+            ps.start(); w.start()
+            assert c.wait_for("training", 30) == "training"
+            x, y = make_rows(50, 1)
+            def feed():
+                while True:
+                    w.feed(x.copy(), y.copy(), timeout_s=30)
+            threading.Thread(target=feed, daemon=True).start()
+            time.sleep(0.5)
+            print("exiting", flush=True)
+            """
+        for attempt in range(3):
+            with tempfile.TemporaryDirectory() as tmp:
+                done = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__),
+                                       tmp], capture_output=True, text=True, timeout=120)
+                self.assertEqual((done.returncode, done.stdout), (0, "exiting\n"), done.stderr)
+                self.assertNotIn("still running", done.stderr)
+                self.assertTrue(any(n.startswith("ps0-step-") for n in os.listdir(tmp)),
+                                os.listdir(tmp))
+
     def test_a_dropped_running_role_does_not_hang(self):
         coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,
                                          scorers=0, startup_timeout_s=60)
