@@ -8,6 +8,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 
@@ -26,6 +27,48 @@ namespace tandem::python {
 py::tuple predict_with_probabilities(const Model& model, py::handle images, int threads);
 
 namespace {
+
+// A resumed run continues the state's (as tandem train --resume): the settings not given come
+// from it (layers, optimizer with its betas and epsilon, learning rate, batch, seed, shuffle),
+// and one given differently is warned of, since the run then no longer goes on as it would have.
+// It once took the defaults: resume=state with only layers given trained on at batch 1000 and
+// lr 0.01 whatever the state's run had used.
+void continue_resumed_run(const Checkpoint& state, bool layers_given, bool optimizer_given,
+                          bool lr_given, bool batch_given, bool seed_given, bool shuffle_given,
+                          TrainConfig& config) {
+  auto warn = [](const std::string& name, const std::string& given, const std::string& theirs) {
+    if (given == theirs) return;
+    const std::string text = "resuming with " + name + "=" + given + "; the state's run used " +
+                             theirs;
+    if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 2) != 0) throw py::error_already_set();
+  };
+  auto number = [](float x) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", static_cast<double>(x));
+    return std::string(text);
+  };
+  if (!layers_given) config.model = state.model.config();
+  if (!optimizer_given) config.optimizer.kind = state.optimizer.kind;
+  const float lr = config.optimizer.learning_rate;
+  const OptimizerKind kind = config.optimizer.kind;
+  config.optimizer = state.optimizer;  // betas and epsilon have no keywords: always the run's
+  config.optimizer.kind = kind;        // (another one is refused by Trainer::resume)
+  if (lr_given) {
+    config.optimizer.learning_rate = lr;
+    warn("learning_rate", number(lr), number(state.optimizer.learning_rate));
+  }
+  if (!batch_given && state.batch > 0) config.batch = state.batch;
+  else if (state.batch > 0)
+    warn("batch", std::to_string(config.batch), std::to_string(state.batch));
+  if (!seed_given) config.seed = state.seed;
+  else warn("seed", std::to_string(config.seed), std::to_string(state.seed));
+  const auto shuffle = state.extra.find("shuffle");
+  if (shuffle != state.extra.end() && (shuffle->second == "on" || shuffle->second == "off")) {
+    const bool theirs = shuffle->second == "on";
+    if (!shuffle_given) config.shuffle = theirs;
+    else warn("shuffle", config.shuffle ? "True" : "False", theirs ? "True" : "False");
+  }
+}
 
 ModelConfig model_config(const std::vector<int64_t>& layers) {
   ModelConfig c;
@@ -164,9 +207,10 @@ void bind_model(py::module_& m) {
   m.def(
       "train",
       [](py::object train_pair, py::object validation, py::object test,
-         const std::vector<int64_t>& layers,
-         int epochs, int64_t batch, float learning_rate, const std::string& optimizer,
-         const std::string& backend, int threads, uint64_t seed, bool shuffle, bool keep_best,
+         std::optional<std::vector<int64_t>> layers, int epochs, std::optional<int64_t> batch,
+         std::optional<float> learning_rate, std::optional<std::string> optimizer,
+         const std::string& backend, int threads, std::optional<uint64_t> seed,
+         std::optional<bool> shuffle, bool keep_best,
          std::optional<std::function<void(py::dict)>> on_epoch, py::object resume,
          bool return_state, py::object init) -> py::tuple {
         // (images, labels) as a tuple, a list or any other sequence of two.
@@ -181,21 +225,38 @@ void bind_model(py::module_& m) {
         const ArrayRows train_rows = *pair(train_pair, "train");
         const std::optional<ArrayRows> val_rows = pair(validation, "validation");
         const std::optional<ArrayRows> test_rows = pair(test, "test");
+        if (!init.is_none() && !resume.is_none())
+          throw InputError("init and resume: give one, not both");
+        std::optional<Checkpoint> resumed;
+        if (!resume.is_none()) {
+          if (!PyObject_CheckBuffer(resume.ptr()) || PyUnicode_Check(resume.ptr()))
+            throw py::type_error(
+                "resume must be the bytes of a training state (return_state=True)");
+          const py::buffer_info state = resume.cast<py::buffer>().request();
+          if (state.itemsize != 1 || state.ndim != 1 || state.strides[0] != 1)
+            throw py::type_error("resume must be a contiguous bytes-like object");
+          resumed = without_gil([&] {
+            return decode_checkpoint(static_cast<const uint8_t*>(state.ptr),
+                                     static_cast<size_t>(state.size), "resume state");
+          });
+        }
         TrainConfig config;
-        config.model = model_config(layers);
         config.epochs = epochs;
-        config.batch = batch;
-        config.optimizer.learning_rate = learning_rate;
-        config.optimizer.kind = parse_optimizer(optimizer);
         config.backend = parse_backend(backend);
         config.threads = threads;
-        config.seed = seed;
-        config.shuffle = shuffle;
         config.keep_best = keep_best && val_rows.has_value();
+        config.model = model_config(layers ? *layers : std::vector<int64_t>{784, 100, 10});
+        if (optimizer) config.optimizer.kind = parse_optimizer(*optimizer);
+        if (learning_rate) config.optimizer.learning_rate = *learning_rate;
+        if (batch) config.batch = *batch;
+        if (seed) config.seed = *seed;
+        if (shuffle) config.shuffle = *shuffle;
+        if (resumed) continue_resumed_run(*resumed, layers.has_value(), optimizer.has_value(),
+                                          learning_rate.has_value(), batch.has_value(),
+                                          seed.has_value(), shuffle.has_value(), config);
         if (!init.is_none()) {
           // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
           // parameters alone, Model.save's or a cluster run's, cannot be resumed).
-          if (!resume.is_none()) throw InputError("init and resume: give one, not both");
           config.init_path = py::module_::import("os").attr("fspath")(init).cast<std::string>();
         }
         config.validate();
@@ -205,18 +266,9 @@ void bind_model(py::module_& m) {
         const std::unique_ptr<Trainer> trainer_owned =
             without_gil([&] { return std::make_unique<Trainer>(config); });
         Trainer& trainer = *trainer_owned;
-        if (!resume.is_none()) {
-          if (!PyObject_CheckBuffer(resume.ptr()) || PyUnicode_Check(resume.ptr()))
-            throw py::type_error("resume must be the bytes of a training state (return_state=True)");
-          const py::buffer_info state = resume.cast<py::buffer>().request();
-          if (state.itemsize != 1 || state.ndim != 1 || state.strides[0] != 1)
-            throw py::type_error("resume must be a contiguous bytes-like object");
-          without_gil([&] {
-            trainer.resume(decode_checkpoint(static_cast<const uint8_t*>(state.ptr),
-                                             static_cast<size_t>(state.size), "resume state",
-                                             &config.model),
-                           "resume state");
-          });
+        if (resumed) {
+          without_gil([&] { trainer.resume(*resumed, "resume state"); });
+          resumed.reset();  // the trainer holds what it needs of it
         }
         if (on_epoch) {
           trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
@@ -252,12 +304,15 @@ void bind_model(py::module_& m) {
                               py::bytes(reinterpret_cast<const char*>(state.data()), state.size()));
       },
       "train"_a, "validation"_a = py::none(), "test"_a = py::none(),
-      "layers"_a = std::vector<int64_t>{784, 100, 10}, "epochs"_a = 15, "batch"_a = 1000,
-      "learning_rate"_a = 0.01f, "optimizer"_a = "adam", "backend"_a = "auto", "threads"_a = 0,
-      "seed"_a = 1, "shuffle"_a = true, "keep_best"_a = true, "on_epoch"_a = py::none(),
+      "layers"_a = py::none(), "epochs"_a = 15, "batch"_a = py::none(),
+      "learning_rate"_a = py::none(), "optimizer"_a = py::none(), "backend"_a = "auto",
+      "threads"_a = 0, "seed"_a = py::none(), "shuffle"_a = py::none(), "keep_best"_a = true,
+      "on_epoch"_a = py::none(),
       "resume"_a = py::none(), "return_state"_a = false, "init"_a = py::none(),
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
-      "(model, summary). on_epoch(report) is called after every epoch. A report's and the "
+      "(model, summary). Settings left as None take tandem train's defaults (layers [784, 100, "
+      "10], batch 1000, learning_rate 0.01, optimizer 'adam', seed 1, shuffle True), or with "
+      "resume the state's run's. on_epoch(report) is called after every epoch. A report's and the "
       "summary's validation (and the summary's test) is None when no such split was given (or "
       "it has no rows). Raises InputError when training diverged (a NaN loss: judged by the "
       "kept parameters' validation loss, else the test loss, else the last epoch's training "
@@ -265,9 +320,10 @@ void bind_model(py::module_& m) {
       "return_state=True returns (model, summary, state): state is the run's whole training "
       "state (parameters, optimizer moments, step, epochs done; the kept epoch's with "
       "keep_best) as the bytes of a tandem checkpoint (safetensors). resume=state continues that "
-      "run (tandem train --resume): epochs counts the total, so only the missing epochs train, "
-      "and with the same settings (threads too) the result is the uninterrupted run's, bit for bit on the "
-      "CPU backend. Bytes travel anywhere a Python object does (pickle, Dask).\n\n"
+      "run (tandem train --resume): epochs counts the total, so only the missing epochs train; "
+      "the settings not given are the state's (a UserWarning says which given ones differ), and "
+      "with the same threads the result is the uninterrupted run's, bit for bit on the CPU "
+      "backend. Bytes travel anywhere a Python object does (pickle, Dask).\n\n"
       "init=PATH starts from the parameters of a checkpoint file, the optimizer afresh "
       "(tandem train --init): the way to go on from Model.save's file or a cluster run's "
       "model, which hold parameters alone (resume refuses them).");

@@ -86,7 +86,8 @@ class ResumeStateTest(unittest.TestCase):
 
     def test_bad_states_are_refused(self):
         _, _, state = tandem.train(TRAIN, epochs=1, return_state=True, **SETTINGS)
-        with self.assertRaisesRegex(tandem.InputError, "holds model 784-16-10, expected 784-8-10"):
+        with self.assertRaisesRegex(tandem.InputError,
+                                    "holds model 784-16-10, this run asks for 784-8-10"):
             tandem.train(TRAIN, epochs=2, resume=state, **dict(SETTINGS, layers=[784, 8, 10]))
         with self.assertRaisesRegex(tandem.InputError, "trained with adam, this run asks for sgd"):
             tandem.train(TRAIN, epochs=2, resume=state, optimizer="sgd", **SETTINGS)

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 
 import numpy as np
 
@@ -67,6 +68,34 @@ class ModelTest(unittest.TestCase):
                     tandem.train((x, y), epochs=1, resume=f.read(), **kw)
             with self.assertRaisesRegex(tandem.InputError, "not both"):
                 tandem.train((x, y), epochs=1, init=path, resume=b"x", **kw)
+
+    def test_a_resumed_run_takes_the_states_settings(self):
+        # resume=state goes on as the state's run would have, its settings with it (tandem train
+        # --resume does the same): given only the epochs, it once trained on at the defaults
+        # (batch 1000, learning rate 0.01, seed 1) whatever the state's run had used.
+        x, y = make_rows(600, 11)
+        xv, yv = make_rows(200, 12)
+        same = dict(backend="cpu", threads=1)
+        kw = dict(layers=[784, 24, 10], batch=50, learning_rate=0.003, seed=7, **same)
+        whole, _ = tandem.train((x, y), validation=(xv, yv), epochs=2, **kw)
+        _, _, state = tandem.train((x, y), validation=(xv, yv), epochs=1, return_state=True,
+                                   **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing given differs: nothing said
+            resumed, summary = tandem.train((x, y), validation=(xv, yv), epochs=2, resume=state,
+                                            **same)
+        self.assertEqual(summary["steps"], 600 // 50)  # one epoch, at the state's batch
+        for name, value in whole.parameters().items():
+            np.testing.assert_array_equal(resumed.parameters()[name], value)
+        with self.assertWarnsRegex(UserWarning, "resuming with batch=100; the state's run used "
+                                   "50"):
+            tandem.train((x, y), epochs=2, resume=state, batch=100, **same)
+        with self.assertWarnsRegex(UserWarning, "resuming with learning_rate=0.01; the state's "
+                                   "run used 0.003"):
+            tandem.train((x, y), epochs=2, resume=state, learning_rate=0.01, **same)
+        with self.assertRaisesRegex(tandem.InputError, "checkpoint holds model 784-24-10, this "
+                                    "run asks for 784-100-10"):
+            tandem.train((x, y), epochs=2, resume=state, layers=[784, 100, 10], **same)
 
     def test_parameters_round_trip_and_seeded_init(self):
         a = tandem.Model.initialized([784, 16, 10], seed=7)
