@@ -197,6 +197,24 @@ expect_error "launch --resume with no checkpoint that reads back is refused" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1s" --workers 1 --dashboard -1 --resume
 check "... and its checkpoint is kept" \
   test "$(wc -c <"$dir/run1s/checkpoints/ps0-step-$steps.safetensors")" -eq 1000
+# An Adam run's checkpoints resumed with SGD: the servers once took its parameters, dropped the
+# moments and trained on with SGD, exit 0.
+expect_error "launch --resume --optimizer sgd of an Adam run is refused" \
+  "a server updating with adam wrote it, this one updates with sgd" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1" --workers 1 --dashboard -1 \
+  --resume --optimizer sgd
+# Every role a process of this machine: a mistyped count once started processes for minutes.
+expect_error "launch of more roles than one machine takes is refused" \
+  "make 1102 roles, and launch starts them all on this machine: at most 1024" \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1w" --workers 1100 --ps 1 \
+  --dashboard -1
+# A store without a validation split: the summary says so (its zeros read as a perfect loss).
+"$tandem" prepare --out "$dir/noval.zarr" --validation-rows 0 >/dev/null 2>&1
+out=$("$tandem" launch --data "$dir/noval.zarr" --run-dir "$dir/run1v" --scorer 0 --target 0 \
+  --max-epochs 1 --dashboard -1 --quiet 2>&1)
+check "a launch on a store without a validation split says it has none" \
+  grep -q "kept parameters:  no validation split" <<<"$out"
+check "... and gives the test split's loss" grep -q "test loss [0-9]" <<<"$out"
 # 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
 #     locked (the run's shape, --replicas, a coordinator address in use, more servers than the
 #     model has parts), leaves that run as it was: its model, best model, checkpoints, metrics
@@ -222,9 +240,9 @@ expect_error "... and --scores-bind to one" \
   "cannot bind the scores socket to tcp://127.0.0.1:$held" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --scores-bind "tcp://127.0.0.1:$held" --dashboard -1
 kill "$holder"; wait "$holder" 2>/dev/null
-expect_error "launch --ps 2000 is refused on a finished run's directory" \
+expect_error "launch --ps 1000 is refused on a finished run's directory" \
   "would hold no part of it" "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1k" \
-  --ps 2000 --dashboard -1
+  --ps 1000 --dashboard -1
 # A --dashboard-host that is not this machine's (TEST-NET-1): the dashboard bound after the
 # clearing, so the run was refused with its predecessor's files gone.
 expect_error "launch --dashboard-host not of this machine is refused, the run's files kept" \

@@ -1242,6 +1242,43 @@ TEST(ResumeNote, SaysEachCaseOfWhereAResumedRunGoesOn) {
             std::string::npos);
 }
 
+// A launcher that records the roles it is asked to start, taking a while for each as a process
+// start does, and starts nothing: the run's own loop is what is tested (no role ever joins).
+class RecordingLauncher : public RoleLauncher {
+ public:
+  std::string start(const std::string&, const std::string& name, const std::string&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    started.push_back(name);
+    return "nowhere (a test)";
+  }
+  void watch(Coordinator&) override {}
+  void stop_all(int) override {}
+  std::vector<std::string> started;
+};
+
+// A stop asked for while the roles are being started (Ctrl-C, through the caller's tick) ends
+// the starting: `launch --workers 100000` once went on starting processes for minutes after
+// Ctrl-C, the tick being first called once every role had been started.
+TEST(ClusterRun, AStopWhileTheRolesStartEndsTheStarting) {
+  test::TempDir dir;
+  ClusterOptions o = small_run(dir, write_small_store(dir));
+  o.inproc = false;
+  o.workers = 1000;  // 5 s of starts
+  o.max_epochs = 1;
+  const auto began = std::chrono::steady_clock::now();
+  o.on_tick = [&](const Coordinator& c) {
+    if (std::chrono::steady_clock::now() - began > std::chrono::milliseconds(300))
+      const_cast<Coordinator&>(c).request_stop("interrupted");
+  };
+  RecordingLauncher launcher;
+  ClusterRun run(o);
+  const ClusterSummary s = run.run(&launcher);
+  EXPECT_EQ(s.stop_reason, "interrupted");
+  EXPECT_EQ(s.kept, "none");
+  EXPECT_GE(launcher.started.size(), 1u);  // the server at least
+  EXPECT_LT(launcher.started.size(), 500u) << "every role was started before the stop was seen";
+}
+
 // A worker whose backend stays in a call past the step timeout says so in its heartbeats, and
 // the coordinator counts it lost, naming the call. A timeout of a microsecond and heartbeats
 // every 5 ms make every step a stall that a heartbeat sees; the workers come back between steps

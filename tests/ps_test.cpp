@@ -2291,6 +2291,23 @@ TEST(PsCheckpoint, CheckpointsOfAnotherOptimizerAreRefusedAndKept) {
   EXPECT_EQ(test::read_bytes(file), before);
   ParameterServer again(sgd("ps-ckpt-sgd2"));
   EXPECT_EQ(again.restored_from(), file);
+
+  // And the other way: an SGD server took an Adam run's parameters and dropped its moments
+  // (`launch --resume --optimizer sgd` on an Adam run trained on with SGD, exit 0).
+  test::TempDir adam_dir;
+  ServerOptions adam_options = checkpoint_options(ctx, "ps-ckpt-adam2", adam_dir);
+  one_step_checkpointed(ctx, adam_options, small_params(48), 4800);
+  const std::string adam_file = adam_dir.file("ps0-step-1.safetensors");
+  const auto adam_before = test::read_bytes(adam_file);
+  ServerOptions sgd_options = checkpoint_options(ctx, "ps-ckpt-sgd3", adam_dir);
+  sgd_options.optimizer.kind = OptimizerKind::Sgd;
+  const std::string why = test::error_of<InputError>([&] { ParameterServer s(sgd_options); });
+  EXPECT_NE(why.find("a server updating with adam wrote it, this one updates with sgd"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(test::read_bytes(adam_file), adam_before);
+  EXPECT_THROW(resume_point_of_servers(adam_dir.path().string(), 1, /*adam=*/false), InputError);
+  EXPECT_EQ(resume_point_of_servers(adam_dir.path().string(), 1, /*adam=*/true).step, 1);
 }
 
 // A checkpoint skipped as unreadable is not one of the two that pruning keeps: counted, it had

@@ -230,6 +230,12 @@ TEST_F(SafeTensorsTest, RejectsBadHeaderLengths) {
   expect_read_fails(overwrite_with(le64(good.size() - 7) + good.substr(8)), "larger than the file");
   expect_read_fails(overwrite_with(le64(200'000'000) + good.substr(8)), "absurd");
   expect_read_fails(overwrite_with(le64(~uint64_t(0)) + good.substr(8)), "absurd");
+  // The files users give by mistake say what they are (an IDX file's length field once read as
+  // "header length 6834787397512235807 is absurd", and no more).
+  const std::string gzip = std::string("\x1f\x8b\x08\x08\x00\x00\x00\x00", 8) + good;
+  expect_read_fails(overwrite_with(gzip), "not a safetensors file (it looks like a gzip file)");
+  const std::string idx = std::string("\x00\x00\x08\x03\x00\x00\xea\x60", 8) + good;
+  expect_read_fails(overwrite_with(idx), "not a safetensors file (it looks like an IDX file)");
 }
 
 TEST_F(SafeTensorsTest, RejectsHeadersThatAreNotJsonObjects) {

@@ -225,19 +225,6 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   Coordinator& c = *coordinator_;
   if (options_.serve_from_run) remove_previous_best_model();  // before any role can read it
   c.start_serving();
-  if (options_.inproc) {
-    start_threads();
-  } else if (launcher != nullptr) {
-    auto start = [&](const char* kind, int count) {
-      for (int i = 0; i < count; ++i) {
-        const std::string name = kind + std::to_string(i);
-        c.expect(name, launcher->start(kind, name, c.endpoint()));
-      }
-    };
-    start("ps", options_.ps);
-    start("worker", options_.workers);
-    start("scorer", options_.scorers);
-  }
   // One pass of watching: role threads' errors, the caller's tick, exited processes. The tick
   // first: a stop it asks for (a stop signal came) is in force when the exits seen in the same
   // pass are judged, so a role that ended with that stop is the end of a stopped run, not a role
@@ -259,6 +246,28 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
     }
     if (launcher != nullptr) launcher->watch(c);
   };
+  if (options_.inproc) {
+    start_threads();
+  } else if (launcher != nullptr) {
+    // Watched between starts too: starting hundreds of processes takes seconds, and a stop asked
+    // for meanwhile (Ctrl-C, through the tick) or a role failing ends the starting, not only the
+    // run after every process has been started.
+    auto watched = Clock::now();
+    auto start = [&](const char* kind, int count) {
+      for (int i = 0; i < count && c.phase() == ClusterPhase::Starting; ++i) {
+        if (Clock::now() - watched >= std::chrono::milliseconds(100)) {
+          watch();
+          watched = Clock::now();
+          if (c.phase() != ClusterPhase::Starting) break;
+        }
+        const std::string name = kind + std::to_string(i);
+        c.expect(name, launcher->start(kind, name, c.endpoint()));
+      }
+    };
+    start("ps", options_.ps);
+    start("worker", options_.workers);
+    start("scorer", options_.scorers);
+  }
   auto cleanup = [&] {
     if (launcher != nullptr) launcher->stop_all(10000);
     join_threads();

@@ -80,6 +80,13 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
       throw InputError(path + ": metadata " + key + " '" + text + "' is not a number");
     return std::stoll(text);
   };
+  // An SGD server would take an Adam run's parameters and drop its moments, going on with
+  // another optimizer as if resumed (an Adam server refuses SGD checkpoints below, for their
+  // missing moments).
+  const auto optimizer = file.metadata.find("optimizer");
+  if (!adam && optimizer != file.metadata.end() && optimizer->second != "sgd")
+    throw InputError(path + ": a server updating with " + optimizer->second +
+                     " wrote it, this one updates with sgd: resume with that optimizer");
   ShardCheckpoint out;
   out.step = count("step", meta("step"));
   auto order = file.metadata.find("model_order");
@@ -97,7 +104,6 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
     const SafeTensor* m = file.find(t.name + ".adam_m");
     const SafeTensor* v = file.find(t.name + ".adam_v");
     if (adam && (m == nullptr || v == nullptr)) {
-      const auto optimizer = file.metadata.find("optimizer");
       throw InputError(path + ": no Adam moments for '" + t.name + "'" +
                        (optimizer == file.metadata.end() || optimizer->second == "adam"
                             ? std::string()

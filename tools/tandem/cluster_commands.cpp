@@ -374,10 +374,17 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
   if (!s.scores.empty())
     std::printf("newest score: validation loss %.1f, accuracy %.4f (%zu scores)\n", best,
                 s.scores.back().accuracy, s.scores.size());
-  std::printf("kept parameters:  validation loss %.1f (%.4f/sample), accuracy %.4f\n",
-              s.validation.loss_sum, s.validation.loss_mean, s.validation.accuracy);
-  std::printf("                  test loss %.1f (%.4f/sample), accuracy %.4f\n", s.test.loss_sum,
-              s.test.loss_mean, s.test.accuracy);
+  // A split the store lacks is said as missing: its zeros read as a perfect loss.
+  if (s.validation.samples > 0)
+    std::printf("kept parameters:  validation loss %.1f (%.4f/sample), accuracy %.4f\n",
+                s.validation.loss_sum, s.validation.loss_mean, s.validation.accuracy);
+  else
+    std::printf("kept parameters:  no validation split\n");
+  if (s.test.samples > 0)
+    std::printf("                  test loss %.1f (%.4f/sample), accuracy %.4f\n",
+                s.test.loss_sum, s.test.loss_mean, s.test.accuracy);
+  else
+    std::printf("                  no test split\n");
   if (!s.model_path.empty())
     std::printf("model saved to %s (%s)\n", s.model_path.c_str(),
                 s.kept == "best" ? ("the parameters of the lowest score, step " +
@@ -896,6 +903,17 @@ void add_advertise_option(CLI::App* cmd, ClusterCommandOptions& o) {
 void run_cluster_command(ClusterCommandOptions& o, bool launch_roles) {
   const std::string problem = advertise_problem(o.bind, o.advertise_host, "a coordinator");
   if (!problem.empty()) throw InputError(problem);
+  // Every role a process (or thread) of this machine: a mistyped count (--workers 100000 for
+  // 10) once started processes for minutes, tens of thousands of them, and the machine with it.
+  constexpr int64_t kMaxLaunchedRoles = 1024;
+  const int64_t roles = int64_t{o.cluster.ps} + o.cluster.workers + o.cluster.scorers;
+  if (launch_roles && roles > kMaxLaunchedRoles)
+    throw InputError("--ps " + std::to_string(o.cluster.ps) + ", --workers " +
+                     std::to_string(o.cluster.workers) + " and --scorer " +
+                     std::to_string(o.cluster.scorers) + " make " + std::to_string(roles) +
+                     " roles, and launch starts them all on this machine: at most " +
+                     std::to_string(kMaxLaunchedRoles) + " (roles on other machines join "
+                     "`tandem coordinator` with `tandem ps|worker|scorer`)");
   run_cluster(o, launch_roles);
 }
 
