@@ -203,6 +203,12 @@ expect_error "launch --resume --optimizer sgd of an Adam run is refused" \
   "a server updating with adam wrote it, this one updates with sgd" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1" --workers 1 --dashboard -1 \
   --resume --optimizer sgd
+# Another model than the checkpoints': refused before anything starts (the servers refused the
+# chief's Init once every role had started, named among the failing workers' lines).
+expect_error "launch --resume with another --hidden is refused before it starts" \
+  "--resume: ps0's checkpoint holds " \
+  "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1" --workers 1 --dashboard -1 \
+  --resume --hidden 256
 # Every role a process of this machine: a mistyped count once started processes for minutes.
 expect_error "launch of more roles than one machine takes is refused" \
   "make 1102 roles, and launch starts them all on this machine: at most 1024" \

@@ -250,6 +250,21 @@ TEST(PublicCluster, ATrainClusterRunResumedGoesOnWithTheEpochAfterItsCheckpoints
         << pa[i].name;
   }
 
+  // Another number of servers or another model than the checkpoints': refused before anything
+  // starts (the servers refused the chief's Init once every role had started).
+  ClusterRunOptions other = again;
+  other.max_epochs = 4;
+  other.ps = 2;
+  const std::string servers = error_of<InputError>([&] { train_cluster(other); });
+  EXPECT_TRUE(contains(servers, "resume: ps0's checkpoint holds ")) << servers;
+  EXPECT_TRUE(contains(servers, "where this run (model 40-16-4 on 2 servers) places ")) << servers;
+  other.ps = 1;
+  json with_model = json::parse(again.settings);
+  with_model["model"] = "40-8-4";
+  other.settings = with_model.dump();
+  const std::string model = error_of<InputError>([&] { train_cluster(other); });
+  EXPECT_TRUE(contains(model, "where this run (model 40-8-4 on 1 server) places ")) << model;
+
   ClusterRunOptions nothing = run_in("none", 3);
   nothing.resume = true;
   const std::string none = error_of<InputError>([&] { train_cluster(nothing); });

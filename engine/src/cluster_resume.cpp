@@ -1,9 +1,14 @@
 #include "cluster_resume.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
+#include <utility>
+#include <vector>
 
+#include "parameter_layout.h"
+#include "ps_placement.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -26,18 +31,68 @@ void require_server_checkpoint(const std::string& dir, const std::string& reques
                      " (nothing to continue; leave out " + request + " to start afresh)");
 }
 
+namespace {
+
+using Parts = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+std::string parts_text(const Parts& parts) {
+  constexpr size_t kShown = 4;
+  std::string out;
+  for (size_t i = 0; i < parts.size() && i < kShown; ++i) {
+    out += (i ? ", " : "") + parts[i].first + " [";
+    for (size_t d = 0; d < parts[i].second.size(); ++d)
+      out += (d ? "x" : "") + std::to_string(parts[i].second[d]);
+    out += "]";
+  }
+  if (parts.size() > kShown) out += ", ... (" + std::to_string(parts.size()) + " parts)";
+  return out;
+}
+
+// Each server's checkpoint against the parts this run's chief will initialise it with: another
+// model or another number of servers was refused by the servers only once every role had
+// started, named among the lines of the workers that failed with it.
+void refuse_checkpoints_of_another_shape(const ResumePoint& point, const ModelConfig& model,
+                                         int servers, const std::string& request) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& e : ParameterLayout::for_model(model).entries) {
+    names.push_back(e.name);
+    shapes.push_back(e.shape);
+  }
+  std::vector<Parts> placed(static_cast<size_t>(servers));
+  for (const TensorPart& part : place_parts(names, shapes, servers))
+    placed[size_t(part.server)].emplace_back(part.name, part.shape);
+  for (size_t i = 0; i < point.parts.size() && i < placed.size(); ++i) {
+    if (point.parts[i].empty()) continue;  // starts empty: said by the resume note
+    Parts held = point.parts[i], wanted = placed[i];
+    std::sort(held.begin(), held.end());
+    std::sort(wanted.begin(), wanted.end());
+    if (held == wanted) continue;
+    throw InputError(request + ": ps" + std::to_string(i) + "'s checkpoint holds " +
+                     parts_text(point.parts[i]) + ", where this run (model " + model.describe() +
+                     " on " + std::to_string(servers) + " server" + (servers == 1 ? "" : "s") +
+                     ") places " + parts_text(placed[i]) + ": resume with the model and the "
+                     "number of servers the checkpoints were written with, or start afresh");
+  }
+}
+
+}  // namespace
+
 ResumePoint resume_point_of_run(const RunSettings& settings, int servers,
                                 const std::string& request) {
   if (settings.checkpoint_dir.empty())
     throw InputError(request + " needs the settings' checkpoint_dir, where the servers' "
                      "checkpoints are");
   require_server_checkpoint(settings.checkpoint_dir, request);
+  ResumePoint point;
   try {
-    return resume_point_of_servers(settings.checkpoint_dir, servers,
-                                   settings.optimizer.kind == OptimizerKind::Adam);
+    point = resume_point_of_servers(settings.checkpoint_dir, servers,
+                                    settings.optimizer.kind == OptimizerKind::Adam);
   } catch (const InputError& e) {
     throw InputError(request + ": " + e.what());
   }
+  refuse_checkpoints_of_another_shape(point, settings.model, servers, request);
+  return point;
 }
 
 std::string resume_note(const ResumePoint& point, int64_t max_epochs,

@@ -66,9 +66,14 @@ ResumePoint resume_point_of_servers(const std::string& dir, int servers, bool ad
   for (int i = 0; i < servers; ++i) {
     const std::string shard = "ps" + std::to_string(i);
     int64_t epochs = -1;  // of the file taken: the last one offered
+    std::vector<std::pair<std::string, std::vector<int64_t>>> parts;
     const CheckpointChoice choice = choose_shard_checkpoint(
-        dir, shard, adam,
-        [&](ShardCheckpoint&& c, const std::string&) { epochs = c.epochs_whole; });
+        dir, shard, adam, [&](ShardCheckpoint&& c, const std::string&) {
+          epochs = c.epochs_whole;
+          parts.clear();
+          for (const auto& t : c.tensors) parts.emplace_back(t.name, t.shape);
+        });
+    point.parts.push_back(choice.path.empty() ? decltype(parts){} : std::move(parts));
     const std::string refusal = choice.refusal(shard, dir);
     if (!refusal.empty()) throw InputError(refusal);
     if (choice.path.empty()) {

@@ -49,6 +49,8 @@ struct ResumePoint {
   std::string steps;  // "ps0 at step N, ps1 at step M (a newer checkpoint of it does not ...)"
   std::vector<std::string> without_checkpoint;  // servers that start empty
   bool epochs_unsaid = false;  // a checkpoint taken says nothing of its epochs (older version)
+  // Each server's checkpoint's parts, (name, shape) in the file's order; none for one without.
+  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> parts;
 };
 ResumePoint resume_point_of_servers(const std::string& dir, int servers, bool adam);
 
