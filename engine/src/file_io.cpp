@@ -26,11 +26,15 @@ namespace {
 // directory a link planted under it would have the write land on its target. A leftover (a
 // crashed process's of the same pid and thread id) is removed, not followed, and creating is
 // tried again.
-int create_for_writing(const std::string& tmp) {
+int create_for_writing(const std::string& tmp, const std::string& path) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, 0644);
   if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
     fd = ::open(tmp.c_str(), flags, 0644);
+  // Said of the file asked for: the temporary name meant nothing to the user.
+  if (fd < 0 && errno == ENOENT)
+    throw IoError("cannot write '" + path + "': its directory '" + parent_directory(path) +
+                  "' does not exist");
   if (fd < 0) io_error("create", tmp, errno);
   return fd;
 }
@@ -250,7 +254,7 @@ void remove_if_it_holds(const std::string& path, const std::string& text) noexce
 AtomicFile::AtomicFile(const std::string& path)
     : path_(replacement_target(path)),
       tmp_(temp_path(path_)),
-      fd_(create_for_writing(tmp_)),
+      fd_(create_for_writing(tmp_, path_)),
       guard_(tmp_) {
   // The file replaced keeps its permissions: a checkpoint made private (0600) stays private.
   struct stat st {};

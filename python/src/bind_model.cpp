@@ -149,6 +149,9 @@ void bind_model(py::module_& m) {
       .def("evaluate",
            [](const Model& model, py::handle images, py::handle labels, int threads) {
              const ArrayRows rows = array_rows(images, labels, true);
+             // Zeros would read as a perfect loss (tandem eval refuses an empty split too).
+             if (rows.block.rows.rows == 0)
+               throw InputError("evaluate: no rows to score (images of shape (0, ...))");
              return eval_dict(
                  without_gil([&] { return evaluate_model(model, rows.block.rows, threads); }));
            },

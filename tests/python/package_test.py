@@ -177,6 +177,9 @@ class ModelTest(unittest.TestCase):
             model.evaluate(x.astype(np.int64), y)
         with self.assertRaisesRegex(ValueError, "one entry per row of images"):
             model.evaluate(x, y[:5])
+        # No rows: its zeros read as a perfect loss (tandem eval refuses an empty split too).
+        with self.assertRaisesRegex(tandem.InputError, "evaluate: no rows to score"):
+            model.evaluate(x[:0], y[:0])
         # An engine InputError is a ValueError and a tandem.Error, with the engine's message.
         with self.assertRaises(tandem.InputError) as caught:
             model.evaluate(x[:, :100], y)
