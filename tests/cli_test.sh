@@ -111,6 +111,17 @@ check "a run stopped before its first epoch says nothing was saved, whatever fil
 
 # A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
 # and its checkpoint is refused by name.
+# A bad command line said in the user's order, with the option meant: CLI11 listed unknown
+# words last first, said a repeated option was "At Most 1 required but received 2", and a
+# required option missing hid the mistyped one ("eval --modle x": "--model is required").
+said="tandem train: error: not an option or argument of this command:"
+expect_error "an unknown option is said in order, with the one meant" \
+  "$said --epoch (did you mean --epochs?) 1" "$tandem" train --epoch 1
+expect_error "an option given twice is said so" "--epochs is given 2 times: give it once" \
+  "$tandem" train --epochs 1 --epochs 2
+expect_error "a mistyped required option is said, not its absence" \
+  "not an option or argument of this command: --modle (did you mean --model?) x" \
+  "$tandem" eval --modle x
 expect_error "a diverged run exits non-zero" "training diverged" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
 check "a diverged run writes no checkpoint (no reader would take it)" \

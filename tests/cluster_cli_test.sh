@@ -775,7 +775,7 @@ print(lines[-1])
 sys.exit(0 if lines and lines[-1] == {'end': True, 'reason': 'max-epochs'} else 1)" "$dir/scores5b"
 # Options a role or coordinator would have dropped without a word are refused.
 expect_error "a server takes no --data (it reads no data)" \
-  "were not expected: $dir/fm.zarr --data" \
+  "not an option or argument of this command: --data $dir/fm.zarr" \
   timeout 30 "$tandem" ps --coordinator tcp://127.0.0.1:1 --data "$dir/fm.zarr"
 expect_error "a server's --advertise without a bind to every interface is refused" \
   "--advertise is for a server bound to every interface" \

@@ -1,6 +1,7 @@
 // The tandem command: one binary, one subcommand per job. Each subcommand lives in its own file;
 // this one only wires them to the command line and turns engine errors into messages.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "blas_kernels.h"
 #include "cluster_commands.h"
@@ -57,6 +60,63 @@ bool a_fraction_for_a_whole_number(const CLI::Error& e) {
   return !value.empty() && end == value.c_str() + value.size();
 }
 
+// Edits to turn a into b (Levenshtein), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// What the command line gave that the command does not take, in the order given (CLI11's own
+// message listed them last first), each unknown option with the nearest the command has, when
+// one is near: "--epoch (did you mean --epochs?)". Empty when everything was taken.
+std::string not_taken(const CLI::App& top) {
+  const CLI::App* command = &top;
+  for (const CLI::App* sub : top.get_subcommands()) command = sub;
+  const std::vector<std::string> extras = command->remaining();
+  std::string out;
+  for (const std::string& word : extras) {
+    out += (out.empty() ? "" : " ") + word;
+    if (word.rfind("--", 0) != 0) continue;
+    const std::string name = word.substr(2, word.find('=') - 2);
+    std::string nearest;
+    // At most two edits away, and fewer than half its letters ("--bar" is no "--lr").
+    size_t best = std::min<size_t>(3, (name.size() + 1) / 2);
+    for (const CLI::Option* option : command->get_options()) {
+      for (const std::string& known : option->get_lnames()) {
+        const size_t d = edit_distance(name, known);
+        if (d < best) best = d, nearest = "--" + known;
+      }
+    }
+    if (!nearest.empty()) out += " (did you mean " + nearest + "?)";
+  }
+  return out;
+}
+
+// CLI11's text for an error, said the way the rest of the command's errors are.
+std::string parse_error_text(const CLI::App& top, const CLI::Error& e) {
+  // An option the command does not have ("--modle") is the error to say: CLI11 checked the
+  // required options first, and said only "--model is required".
+  const std::string extras = not_taken(top);
+  if (!extras.empty()) return "not an option or argument of this command: " + extras;
+  const std::string text = e.what();
+  // "--epochs: At Most 1 required but received 2": an option given twice.
+  const std::string at_most = ": At Most 1 required but received ";
+  if (const size_t at = text.find(at_most); at != std::string::npos)
+    return text.substr(0, at) + " is given " + text.substr(at + at_most.size()) +
+           " times: give it once";
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,7 +159,7 @@ int main(int argc, char** argv) {
   // --lr: ..."): CLI11's own text came bare, without the program or the command.
   app.failure_message([](const CLI::App* parsed, const CLI::Error& e) {
     const std::string command = command_of(*parsed);
-    return command + ": error: " + e.what() +
+    return command + ": error: " + parse_error_text(*parsed, e) +
            (a_fraction_for_a_whole_number(e) ? " (a whole number is expected where --help says INT)"
                                              : "") +
            "\n(`" + command + " --help` lists the options)\n";
