@@ -221,6 +221,11 @@ out=$("$tandem" launch --data "$dir/noval.zarr" --run-dir "$dir/run1v" --scorer 
 check "a launch on a store without a validation split says it has none" \
   grep -q "kept parameters:  no validation split" <<<"$out"
 check "... and gives the test split's loss" grep -q "test loss [0-9]" <<<"$out"
+# Run again without --resume: the checkpoints it removes are said (they once went silently).
+out=$("$tandem" launch --data "$dir/noval.zarr" --run-dir "$dir/run1v" --scorer 0 --target 0 \
+  --max-epochs 1 --dashboard -1 --quiet 2>&1)
+check "a fresh run over a run's checkpoints says it removes them" grep -qF \
+  "a fresh run: the previous run's checkpoints in $dir/run1v/checkpoints are removed" <<<"$out"
 # 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
 #     locked (the run's shape, --replicas, a coordinator address in use, more servers than the
 #     model has parts), leaves that run as it was: its model, best model, checkpoints, metrics

@@ -62,6 +62,11 @@ expect_error "predict given IDX files says how to make a store of them" \
 check "... writing nothing" test ! -e "$dir/idx-p.zarr"
 expect_error "inspect given IDX files says so too" "$dir/idx holds IDX files" \
   "$tandem" inspect "$dir/idx" --out "$dir/png-idx"
+# And the other way: a store given to prepare, which reads IDX files (it once said only that
+# the IDX files were missing from the store's directory).
+expect_error "prepare given a store says it is one already" \
+  "--data $dir/one.zarr is a dataset store already" \
+  "$tandem" prepare --data "$dir/one.zarr" --out "$dir/again.zarr"
 # A store whose group metadata is damaged, and an array's path, are stores train refuses saying
 # what is wrong: taken for directories of IDX files, they were refused for having none.
 cp -r "$dir/one.zarr" "$dir/broken.zarr"

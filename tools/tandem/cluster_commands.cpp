@@ -289,6 +289,12 @@ void clear_previous_run(const ClusterCommandOptions& o) {
   // The old spec names the old run's ports (`tandem scores --coordinator RUN/cluster.json` would
   // follow them), whether or not this run resumes it: this one is written when training starts.
   std::filesystem::remove(o.run_dir + "/cluster.json");
+  // Said when it removes a run's checkpoints: a rerun without --resume once wiped 20 epochs of
+  // checkpoints without a word.
+  const std::string& checkpoints = o.cluster.settings.checkpoint_dir;
+  if (!o.resume && holds_server_checkpoint(checkpoints))
+    std::fprintf(stderr, "tandem: a fresh run: the previous run's checkpoints in %s are removed "
+                         "(--resume would have continued that run)\n", checkpoints.c_str());
   for (const std::string& dir : directories_a_fresh_run_clears(o)) std::filesystem::remove_all(dir);
   if (o.resume) return;
   // Nor does an earlier run's model stay beside this run's files: a run stopped before it
