@@ -109,8 +109,6 @@ wait $trainer
 check "a run stopped before its first epoch says nothing was saved, whatever file is there" \
   grep -q "stopped by SIGTERM; no epoch was completed, nothing was saved" "$dir/stale.err"
 
-# A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
-# and its checkpoint is refused by name.
 # A bad command line said in the user's order, with the option meant: CLI11 listed unknown
 # words last first, said a repeated option was "At Most 1 required but received 2", and a
 # required option missing hid the mistyped one ("eval --modle x": "--model is required").
@@ -122,6 +120,9 @@ expect_error "an option given twice is said so" "--epochs is given 2 times: give
 expect_error "a mistyped required option is said, not its absence" \
   "not an option or argument of this command: --modle (did you mean --model?) x" \
   "$tandem" eval --modle x
+
+# A run that diverges (an absurd learning rate) fails instead of reporting a NaN model as done,
+# and its checkpoint is refused by name.
 expect_error "a diverged run exits non-zero" "training diverged" \
   "$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --lr 1e30 --checkpoint "$dir/nan.safetensors"
 check "a diverged run writes no checkpoint (no reader would take it)" \

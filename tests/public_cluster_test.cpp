@@ -265,6 +265,18 @@ TEST(PublicCluster, ATrainClusterRunResumedGoesOnWithTheEpochAfterItsCheckpoints
   const std::string model = error_of<InputError>([&] { train_cluster(other); });
   EXPECT_TRUE(contains(model, "where this run (model 40-8-4 on 1 server) places ")) << model;
 
+  // Resumed on as many servers as wrote the checkpoints, each split part matches (the check
+  // above refuses only a difference): a 2-server run goes on with its next epoch.
+  ClusterRunOptions two = run_in("two", 1);
+  two.ps = 2;
+  ASSERT_EQ(train_cluster(two).epochs, 1);
+  two.resume = true;
+  two.max_epochs = 2;
+  const ClusterRunSummary two_resumed = train_cluster(two);
+  EXPECT_EQ(two_resumed.resumed_epochs, 1);
+  EXPECT_EQ(two_resumed.epochs, 2);
+  EXPECT_EQ(two_resumed.batches, 8);
+
   ClusterRunOptions nothing = run_in("none", 3);
   nothing.resume = true;
   const std::string none = error_of<InputError>([&] { train_cluster(nothing); });

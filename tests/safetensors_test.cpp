@@ -236,6 +236,12 @@ TEST_F(SafeTensorsTest, RejectsBadHeaderLengths) {
   expect_read_fails(overwrite_with(gzip), "not a safetensors file (it looks like a gzip file)");
   const std::string idx = std::string("\x00\x00\x08\x03\x00\x00\xea\x60", 8) + good;
   expect_read_fails(overwrite_with(idx), "not a safetensors file (it looks like an IDX file)");
+  // gzip -n (no name, no time): its first 8 bytes read as a plausible length of 559,903.
+  const std::string gzip_n = std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8) +
+                             std::string(600'000, 'x');
+  expect_read_fails(overwrite_with(gzip_n), "not a safetensors file (it looks like a gzip file)");
+  expect_read_fails(overwrite_with("{\"zarr_format\": 3}\n" + std::string(64, ' ')),
+                    "not a safetensors file (it looks like JSON text)");
 }
 
 TEST_F(SafeTensorsTest, RejectsHeadersThatAreNotJsonObjects) {

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "parameter_layout.h"
 #include "ps_placement.h"
 #include "tandem/error.h"
 
@@ -53,14 +52,8 @@ std::string parts_text(const Parts& parts) {
 // started, named among the lines of the workers that failed with it.
 void refuse_checkpoints_of_another_shape(const ResumePoint& point, const ModelConfig& model,
                                          int servers, const std::string& request) {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& e : ParameterLayout::for_model(model).entries) {
-    names.push_back(e.name);
-    shapes.push_back(e.shape);
-  }
   std::vector<Parts> placed(static_cast<size_t>(servers));
-  for (const TensorPart& part : place_parts(names, shapes, servers))
+  for (const TensorPart& part : place_model_parts(model, servers))
     placed[size_t(part.server)].emplace_back(part.name, part.shape);
   for (size_t i = 0; i < point.parts.size() && i < placed.size(); ++i) {
     if (point.parts[i].empty()) continue;  // starts empty: said by the resume note
@@ -121,6 +114,19 @@ std::string resume_note(const ResumePoint& point, int64_t max_epochs,
   return note + held + ": training goes on with epoch " + std::to_string(point.epochs + 1) +
          " (what was trained after them before the checkpoints, of that epoch or a later one, "
          "is trained again)\n";
+}
+
+RunStart start_of_run(const RunSettings& settings, int servers, int64_t max_epochs, bool resume,
+                      const std::string& request, bool evaluated_at_the_end) {
+  RunStart start;
+  if (!resume) {
+    refuse_checkpoints_not_asked_for(settings, request);
+    return start;
+  }
+  const ResumePoint point = resume_point_of_run(settings, servers, request);
+  start.first_epoch = point.epochs;
+  start.note = resume_note(point, max_epochs, "max_epochs", evaluated_at_the_end);
+  return start;
 }
 
 void refuse_checkpoints_not_asked_for(const RunSettings& settings, const std::string& request) {

@@ -23,8 +23,10 @@ bool holds_server_checkpoint(const std::string& dir);
 void require_server_checkpoint(const std::string& dir, const std::string& request);
 
 // Where a run of `servers` servers asked to resume goes on: require_server_checkpoint on the
-// settings' checkpoint_dir (which must be set), then resume_point_of_servers, its InputError
-// prefixed by the request.
+// settings' checkpoint_dir (which must be set), then resume_point_of_servers (InputError for a
+// server whose checkpoints it cannot resume from: damaged, or another optimizer's), then the
+// refusal of checkpoints holding other parts than this run places on each server (another model
+// or number of servers); every InputError prefixed by the request.
 ResumePoint resume_point_of_run(const RunSettings& settings, int servers,
                                 const std::string& request);
 
@@ -35,6 +37,16 @@ ResumePoint resume_point_of_run(const RunSettings& settings, int servers,
 // train (`evaluated_at_the_end`: the run then evaluates the servers' parameters).
 std::string resume_note(const ResumePoint& point, int64_t max_epochs,
                         const std::string& limit_name, bool evaluated_at_the_end);
+
+// Where a library run on a store starts (train_cluster, ClusterCoordinator, the Python
+// package's Coordinator): with `resume`, resume_point_of_run's epochs and what to say of it
+// (resume_note, max_epochs spelt as the library spells it); without, the refusal below.
+struct RunStart {
+  int64_t first_epoch = 0;
+  std::string note;
+};
+RunStart start_of_run(const RunSettings& settings, int servers, int64_t max_epochs, bool resume,
+                      const std::string& request, bool evaluated_at_the_end);
 
 // A run not asked to resume whose checkpoint_dir holds server checkpoints: InputError. Its
 // servers would start from those parameters while its epochs counted from the first, half of

@@ -104,6 +104,15 @@ void check_store_for_run(const DatasetStore& store, const RunSettings& s, int sc
                      std::to_string(s.model.inputs()));
 }
 
+DatasetStore open_store_for_run(const RunSettings& s, int scorers) {
+  if (!is_dataset_store(s.data))
+    throw InputError(s.data +
+                     " is not a dataset store: make one with `tandem prepare --out STORE`");
+  DatasetStore store = DatasetStore::open(s.data);
+  check_store_for_run(store, s, scorers);
+  return store;
+}
+
 DatasetStore check_cluster_options(ClusterOptions& options) {
   complete_curve_settings(options.settings);
   const RunSettings& s = options.settings;
@@ -114,10 +123,7 @@ DatasetStore check_cluster_options(ClusterOptions& options) {
                      " workers, the cluster has " + std::to_string(options.workers));
   if (options.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
-  if (!is_dataset_store(s.data))
-    throw InputError(s.data + " is not a dataset store: make one with `tandem prepare --out STORE`");
-  DatasetStore store = DatasetStore::open(s.data);
-  check_store_for_run(store, s, options.scorers);
+  DatasetStore store = open_store_for_run(s, options.scorers);
   // Written after the whole run: a path that cannot take it would lose the trained model.
   if (!options.model_out.empty()) check_replaceable(options.model_out);
   // Read after the whole run too, by the final evaluation.

@@ -121,6 +121,9 @@ DatasetStore check_cluster_options(ClusterOptions& options);
 // What a run needs of its store (InputError): training rows, validation rows for a scorer, and
 // rows of the model's width.
 void check_store_for_run(const DatasetStore& store, const RunSettings& s, int scorers);
+// The settings' store opened and checked for the run (InputError for a path that is not a
+// dataset store, and check_store_for_run's).
+DatasetStore open_store_for_run(const RunSettings& s, int scorers);
 
 class ClusterRun {
  public:

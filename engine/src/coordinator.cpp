@@ -9,7 +9,6 @@
 #include "cluster_ranks.h"
 #include "curve_client.h"
 #include "json_fields.h"
-#include "parameter_layout.h"
 #include "ps_placement.h"
 #include "tandem/error.h"
 #include "zmq_messaging.h"
@@ -85,14 +84,9 @@ void check_every_server_holds_a_part(const nlohmann::json& run_config, int serve
   const auto model = run_config.find("model");
   if (model == run_config.end() || !model->is_string() || servers < 1) return;
   const ModelConfig config = ModelConfig::parse(model->get<std::string>());
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& e : ParameterLayout::for_model(config).entries) {
-    names.push_back(e.name);
-    shapes.push_back(e.shape);
-  }
   std::vector<bool> holds(size_t(servers), false);
-  for (const TensorPart& part : place_parts(names, shapes, servers)) holds[size_t(part.server)] = true;
+  for (const TensorPart& part : place_model_parts(config, servers))
+    holds[size_t(part.server)] = true;
   const auto empty = std::find(holds.begin(), holds.end(), false);
   if (empty == holds.end()) return;
   const auto used = std::count(holds.begin(), holds.end(), true);

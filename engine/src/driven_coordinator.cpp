@@ -37,11 +37,7 @@ DrivenCoordinator driven_coordinator_options(RunSettings& settings,
     if (settings.data.empty())
       throw InputError("the run needs a store (setting 'data') unless it is fed (setting "
                        "'fed' true)");
-    if (!is_dataset_store(settings.data))
-      throw InputError(settings.data +
-                       " is not a dataset store: make one with `tandem prepare --out STORE`");
-    const DatasetStore store = DatasetStore::open(settings.data);
-    check_store_for_run(store, settings, options.scorers);
+    const DatasetStore store = open_store_for_run(settings, options.scorers);
     o.batches_per_epoch = batch_count(store.train.rows, settings.batch);
   }
   o.run_config = to_json(settings);
@@ -55,13 +51,10 @@ DrivenCoordinator driven_coordinator_options(RunSettings& settings,
   // Last: it reads every server's newest checkpoint. A fed run has no epochs to go on with: its
   // servers start from the checkpoints they find, asked or not, as before resume existed.
   if (!settings.fed) {
-    if (options.resume) {
-      const ResumePoint point = resume_point_of_run(settings, options.ps, resume_request);
-      o.first_epoch = point.epochs;
-      driven.resume_note = resume_note(point, options.max_epochs, "max_epochs", false);
-    } else {
-      refuse_checkpoints_not_asked_for(settings, resume_request);
-    }
+    const RunStart start = start_of_run(settings, options.ps, options.max_epochs, options.resume,
+                                        resume_request, /*evaluated_at_the_end=*/false);
+    o.first_epoch = start.first_epoch;
+    driven.resume_note = start.note;
   }
   return driven;
 }

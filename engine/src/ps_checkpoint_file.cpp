@@ -80,13 +80,13 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
       throw InputError(path + ": metadata " + key + " '" + text + "' is not a number");
     return std::stoll(text);
   };
-  // An SGD server would take an Adam run's parameters and drop its moments, going on with
-  // another optimizer as if resumed (an Adam server refuses SGD checkpoints below, for their
-  // missing moments).
+  // Another optimizer's run: an SGD server would take an Adam run's parameters and drop its
+  // moments, an Adam server would start moments afresh, each going on as if resumed.
   const auto optimizer = file.metadata.find("optimizer");
-  if (!adam && optimizer != file.metadata.end() && optimizer->second != "sgd")
-    throw InputError(path + ": a server updating with " + optimizer->second +
-                     " wrote it, this one updates with sgd: resume with that optimizer");
+  const std::string mine = adam ? "adam" : "sgd";
+  if (optimizer != file.metadata.end() && optimizer->second != mine)
+    throw InputError(path + ": a server updating with " + optimizer->second + " wrote it, this " +
+                     "one updates with " + mine + ": resume with that optimizer");
   ShardCheckpoint out;
   out.step = count("step", meta("step"));
   auto order = file.metadata.find("model_order");
@@ -103,13 +103,8 @@ ShardCheckpoint decode_shard_checkpoint(const SafeTensorsFile& file, const std::
     ++expected;
     const SafeTensor* m = file.find(t.name + ".adam_m");
     const SafeTensor* v = file.find(t.name + ".adam_v");
-    if (adam && (m == nullptr || v == nullptr)) {
-      throw InputError(path + ": no Adam moments for '" + t.name + "'" +
-                       (optimizer == file.metadata.end() || optimizer->second == "adam"
-                            ? std::string()
-                            : " (a server updating with " + optimizer->second +
-                                  " wrote it: resume with that optimizer)"));
-    }
+    if (adam && (m == nullptr || v == nullptr))
+      throw InputError(path + ": no Adam moments for '" + t.name + "'");
     for (const SafeTensor* mv : {m, v}) {
       if (mv == nullptr) continue;
       if (mv->dtype != "F32" || mv->shape != t.shape)

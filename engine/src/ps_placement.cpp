@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "parameter_layout.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -166,6 +167,16 @@ std::vector<TensorPart> place_parts(const std::vector<std::string>& names,
   for (auto& parts : by_tensor)
     for (auto& p : parts) out.push_back(std::move(p));
   return out;
+}
+
+std::vector<TensorPart> place_model_parts(const ModelConfig& model, int servers) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& e : ParameterLayout::for_model(model).entries) {
+    names.push_back(e.name);
+    shapes.push_back(e.shape);
+  }
+  return place_parts(names, shapes, servers);
 }
 
 }  // namespace tandem

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/config.h"
+
 namespace tandem {
 
 // Greedy by size: tensors from largest to smallest (ties: earlier first), each onto the server
@@ -49,5 +51,9 @@ bool parse_part_name(const std::string& part, std::string& tensor, int64_t& row_
 std::vector<TensorPart> place_parts(const std::vector<std::string>& names,
                                     const std::vector<std::vector<int64_t>>& shapes, int servers,
                                     bool split = true);
+
+// The parts of `model`'s parameters (ParameterLayout's order) on `servers` servers, as a
+// cluster's chief initialises them (split by rows, PsClient's default).
+std::vector<TensorPart> place_model_parts(const ModelConfig& model, int servers);
 
 }  // namespace tandem

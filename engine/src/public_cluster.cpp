@@ -141,14 +141,9 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.test_threads = options.test_threads;
   const DatasetStore store = check_cluster_options(o);
   // After the other checks: it reads every server's newest checkpoint.
-  std::string note;
-  if (options.resume) {
-    const ResumePoint point = resume_point_of_run(o.settings, o.ps, "resume");
-    o.first_epoch = point.epochs;
-    note = resume_note(point, o.max_epochs, "max_epochs", true);
-  } else {
-    refuse_checkpoints_not_asked_for(o.settings, "resume");
-  }
+  const RunStart start = start_of_run(o.settings, o.ps, o.max_epochs, options.resume, "resume",
+                                      /*evaluated_at_the_end=*/true);
+  o.first_epoch = start.first_epoch;
   int64_t newest = 0;
   if (options.on_score) {
     std::function<void(const ClusterScore&)> on_score = options.on_score;
@@ -162,7 +157,7 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   }
   const int64_t resumed_epochs = o.first_epoch;
   ClusterRun run(std::move(o), store);
-  std::fputs(note.c_str(), stderr);  // once nothing can refuse the run
+  std::fputs(start.note.c_str(), stderr);  // once nothing can refuse the run
   if (options.on_listening) options.on_listening(run.coordinator().endpoint());
   const ClusterSummary s = run.run(nullptr);
   // A score that came in after the last tick (the scorer's last, while the workers drained).

@@ -256,7 +256,11 @@ std::string what_it_looks_like(const uint8_t* b) {
   if (b[0] == 0x1f && b[1] == 0x8b) return "a gzip file";
   if (b[0] == 0 && b[1] == 0 && b[2] == 0x08 && (b[3] == 1 || b[3] == 3)) return "an IDX file";
   if (b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' && b[3] == 'G') return "a PNG image";
-  if (b[0] == '{' || b[0] == '[') return "JSON text";
+  // A length field is binary (its high bytes zero); text is printable throughout.
+  const bool text = std::all_of(b, b + 8, [](uint8_t c) {
+    return (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\r' || c == '\t';
+  });
+  if (text && (b[0] == '{' || b[0] == '[')) return "JSON text";
   return "";
 }
 
@@ -265,15 +269,17 @@ std::string what_it_looks_like(const uint8_t* b) {
 uint64_t header_length(const std::string& path, const uint8_t* length_bytes, uint64_t available) {
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  // Before the length is judged: a gzip file written without a name or time (gzip -n) reads as
+  // a plausible length.
   const std::string looks_like = what_it_looks_like(length_bytes);
-  const std::string not_safetensors =
-      looks_like.empty() ? "" : "not a safetensors file (it looks like " + looks_like + "): ";
+  if (!looks_like.empty())
+    input_error(path, "not a safetensors file (it looks like " + looks_like + ")");
   if (header_size > kMaxHeaderBytes) {
-    input_error(path, not_safetensors + "header length " + std::to_string(header_size) +
-                          " is absurd (limit " + std::to_string(kMaxHeaderBytes) + " bytes)");
+    input_error(path, "header length " + std::to_string(header_size) + " is absurd (limit " +
+                          std::to_string(kMaxHeaderBytes) + " bytes)");
   }
   if (header_size > available) {
-    input_error(path, not_safetensors + "header length " + std::to_string(header_size) +
+    input_error(path, "header length " + std::to_string(header_size) +
                           " is larger than the file (" + std::to_string(available) +
                           " bytes follow the length field)");
   }

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <algorithm>
@@ -105,10 +106,21 @@ struct RunningAtExit {
   // Weak: an object gone (its thread joined, or a coordinator closed) is not kept for the exit.
   std::vector<std::weak_ptr<Coordinator>> coordinators;
   std::vector<std::weak_ptr<RoleThreadState>> roles;
+  // The process that noted them: a child made by fork has their copies but not their threads
+  // (joining a coordinator's thread there would wait for ever).
+  pid_t owner = ::getpid();
 
+  // The lists of this process (a forked child's start empty), under `mutex`.
+  void forget_another_process_locked() {
+    if (owner == ::getpid()) return;
+    coordinators.clear();
+    roles.clear();
+    owner = ::getpid();
+  }
   template <typename T>
   void add(std::vector<std::weak_ptr<T>>& list, const std::shared_ptr<T>& item) {
     std::lock_guard<std::mutex> lock(mutex);
+    forget_another_process_locked();
     list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }),
                list.end());
     list.push_back(item);
@@ -409,6 +421,7 @@ void end_cluster_threads_at_exit() {
   {
     RunningAtExit& running = running_at_exit();
     std::lock_guard<std::mutex> lock(running.mutex);
+    running.forget_another_process_locked();
     for (const auto& w : running.roles)
       if (auto role = w.lock()) roles.push_back(std::move(role));
     for (const auto& w : running.coordinators)

@@ -30,9 +30,8 @@ namespace {
 
 // A resumed run continues the state's (as tandem train --resume): the settings not given come
 // from it (layers, optimizer with its betas and epsilon, learning rate, batch, seed, shuffle),
-// and one given differently is warned of, since the run then no longer goes on as it would have.
-// It once took the defaults: resume=state with only layers given trained on at batch 1000 and
-// lr 0.01 whatever the state's run had used.
+// so that resume=state alone goes on as the uninterrupted run would, and one given differently
+// is warned of, since the run then no longer goes on as it would have.
 void continue_resumed_run(const Checkpoint& state, bool layers_given, bool optimizer_given,
                           bool lr_given, bool batch_given, bool seed_given, bool shuffle_given,
                           TrainConfig& config) {
@@ -40,7 +39,8 @@ void continue_resumed_run(const Checkpoint& state, bool layers_given, bool optim
     if (given == theirs) return;
     const std::string text = "resuming with " + name + "=" + given + "; the state's run used " +
                              theirs;
-    if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 2) != 0) throw py::error_already_set();
+    // Level 1: tandem.train is the native function itself, so the caller's line is blamed.
+    if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 1) != 0) throw py::error_already_set();
   };
   auto number = [](float x) {
     char text[32];
@@ -63,7 +63,10 @@ void continue_resumed_run(const Checkpoint& state, bool layers_given, bool optim
   if (!seed_given) config.seed = state.seed;
   else warn("seed", std::to_string(config.seed), std::to_string(state.seed));
   const auto shuffle = state.extra.find("shuffle");
-  if (shuffle != state.extra.end() && (shuffle->second == "on" || shuffle->second == "off")) {
+  if (shuffle != state.extra.end() && shuffle->second != "on" && shuffle->second != "off")
+    throw InputError("resume state: its shuffle is '" + shuffle->second +
+                     "', expected on or off (was it edited?)");  // as tandem train --resume
+  if (shuffle != state.extra.end()) {
     const bool theirs = shuffle->second == "on";
     if (!shuffle_given) config.shuffle = theirs;
     else warn("shuffle", config.shuffle ? "True" : "False", theirs ? "True" : "False");
@@ -275,11 +278,14 @@ void bind_model(py::module_& m) {
         }
         if (on_epoch) {
           trainer.on_epoch = [cb = *on_epoch](const EpochReport& r) {
-            if (python_finalizing()) return;  // (taking the GIL would end the thread: gil.h)
-            py::gil_scoped_acquire gil;
-            cb(py::dict("epoch"_a = r.epoch, "step"_a = r.step, "train_loss_mean"_a = r.train_loss_mean,
-                        "samples_per_s"_a = r.samples_per_s, "seconds"_a = r.seconds,
-                        "validation"_a = eval_or_none(r.validation)));
+            // Not while Python exits: the thread waits for the exit there (gil.h).
+            const bool called = with_gil_unless_exiting([&] {
+              cb(py::dict("epoch"_a = r.epoch, "step"_a = r.step,
+                          "train_loss_mean"_a = r.train_loss_mean,
+                          "samples_per_s"_a = r.samples_per_s, "seconds"_a = r.seconds,
+                          "validation"_a = eval_or_none(r.validation)));
+            });
+            if (!called) wait_for_the_exit();
           };
         }
         // Ctrl-C reaches Python only when the GIL is taken, which training in C++ would not do
@@ -288,9 +294,11 @@ void bind_model(py::module_& m) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last < std::chrono::milliseconds(100)) return;
           last = now;
-          if (python_finalizing()) return;
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          // Not while Python exits: the thread waits for the exit there (gil.h).
+          const bool looked = with_gil_unless_exiting([] {
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          });
+          if (!looked) wait_for_the_exit();
         };
         const TrainSummary summary = without_gil([&] {
           return trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},

@@ -38,27 +38,35 @@ inline ExitGate exit_gate;
 // is not run (what it would release is left to the exiting process).
 template <typename F>
 bool with_gil_unless_exiting(F&& f) {
-  exit_gate.inside.fetch_add(1);  // before looking at closed: see close_exit_gate
-  if (exit_gate.closed.load() || python_finalizing()) {
-    exit_gate.inside.fetch_sub(1);
-    return false;
-  }
-  {
-    pybind11::gil_scoped_acquire gil;
-    std::forward<F>(f)();
-  }
-  exit_gate.inside.fetch_sub(1);
+  struct Inside {  // counted out however f ends (it may throw, as a Ctrl-C check does)
+    Inside() { exit_gate.inside.fetch_add(1); }  // before looking at closed: see close_exit_gate
+    ~Inside() { exit_gate.inside.fetch_sub(1); }
+  } inside;
+  if (exit_gate.closed.load() || python_finalizing()) return false;
+  pybind11::gil_scoped_acquire gil;
+  std::forward<F>(f)();
   return true;
 }
 
 // The atexit hook (called with the GIL): no thread enters the gate after it, and the threads
 // inside finish first. (With the sequentially consistent order, a thread either sees the gate
-// closed or is counted inside before the count is read here.)
+// closed or is counted inside before the count is read here.) Bounded: a thread inside that
+// never finishes (or a count copied from a parent process by fork) does not hold the exit.
 inline void close_exit_gate() {
   exit_gate.closed.store(true);
   PyThreadState* state = PyEval_SaveThread();  // the threads inside need the GIL
-  while (exit_gate.inside.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (exit_gate.inside.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   PyEval_RestoreThread(state);
+}
+
+// For a thread of the caller's in the engine (tandem.train on a daemon thread) that finds
+// Python exiting: it waits here for the process to end, out of the engine. Training on crashed
+// in OpenBLAS once the exit had run the libraries' destructors; an exception ending it aborted
+// the process once it reached Python.
+[[noreturn]] inline void wait_for_the_exit() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 // Runs f() without the GIL (the caller holds it) and returns its result.

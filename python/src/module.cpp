@@ -25,7 +25,12 @@ PYBIND11_MODULE(_tandem, m) {
   // when the process exits meets libraries whose destructors have run), then engine threads
   // stop taking the GIL (gil.h).
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
-    tandem::python::end_cluster_threads_at_exit();
+    try {
+      tandem::python::end_cluster_threads_at_exit();
+    } catch (...) {  // the gate closes whatever happened before it
+      tandem::python::close_exit_gate();
+      throw;
+    }
     tandem::python::close_exit_gate();
   }));
 

@@ -819,6 +819,29 @@ class RolesTest(unittest.TestCase):
                 self.assertTrue(any(n.startswith("ps0-step-") for n in os.listdir(tmp)),
                                 os.listdir(tmp))
 
+    def test_python_exits_cleanly_while_a_daemon_thread_trains(self):
+        # tandem.train on a daemon thread when the script ends: the thread finds the exit gate
+        # closed at its next step and waits there for the process to end. Training on crashed in
+        # OpenBLAS under the exit's library destructors (SIGSEGV), and an exception ending it
+        # aborted the process once it reached Python (SIGABRT), in a build between.
+        script = """if True:
+            import sys, threading, time
+            sys.path.insert(0, sys.argv[1])
+            import tandem
+            from synthetic_rows import make_rows
+            x, y = make_rows(20000, 1)
+            def train():
+                tandem.train((x, y), layers=[784, 256, 10], epochs=1000, batch=50,
+                             backend="cpu", threads=2)
+            threading.Thread(target=train, daemon=True).start()
+            time.sleep(0.5)
+            print("exiting", flush=True)
+            """
+        for attempt in range(3):
+            done = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual((done.returncode, done.stdout), (0, "exiting\n"), done.stderr)
+
     def test_a_dropped_running_role_does_not_hang(self):
         coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,
                                          scorers=0, startup_timeout_s=60)

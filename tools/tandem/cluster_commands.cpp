@@ -289,8 +289,8 @@ void clear_previous_run(const ClusterCommandOptions& o) {
   // The old spec names the old run's ports (`tandem scores --coordinator RUN/cluster.json` would
   // follow them), whether or not this run resumes it: this one is written when training starts.
   std::filesystem::remove(o.run_dir + "/cluster.json");
-  // Said when it removes a run's checkpoints: a rerun without --resume once wiped 20 epochs of
-  // checkpoints without a word.
+  // Said when it removes a run's checkpoints: a rerun that meant to continue them (--resume left
+  // out) loses them, and should know at once.
   const std::string& checkpoints = o.cluster.settings.checkpoint_dir;
   if (!o.resume && holds_server_checkpoint(checkpoints))
     std::fprintf(stderr, "tandem: a fresh run: the previous run's checkpoints in %s are removed "
@@ -910,7 +910,7 @@ void run_cluster_command(ClusterCommandOptions& o, bool launch_roles) {
   const std::string problem = advertise_problem(o.bind, o.advertise_host, "a coordinator");
   if (!problem.empty()) throw InputError(problem);
   // Every role a process (or thread) of this machine: a mistyped count (--workers 100000 for
-  // 10) once started processes for minutes, tens of thousands of them, and the machine with it.
+  // 10) would start processes for minutes, tens of thousands of them, and take the machine.
   constexpr int64_t kMaxLaunchedRoles = 1024;
   const int64_t roles = int64_t{o.cluster.ps} + o.cluster.workers + o.cluster.scorers;
   if (launch_roles && roles > kMaxLaunchedRoles)

@@ -155,8 +155,8 @@ void run_prepare(const PrepareOptions& o) {
     splits = load_files(o, provenance);
   } else {
     const std::string dir = o.data.empty() ? default_data_dir() : o.data;
-    // The other commands' --data takes a store; prepare's reads IDX files (it once said only
-    // that the IDX files were missing from the store's directory).
+    // The other commands' --data takes a store; prepare's reads IDX files: a store given here is
+    // that mix-up, not a directory missing its IDX files.
     if (is_dataset_store(dir))
       throw InputError("--data " + dir + " is a dataset store already: prepare makes one from "
                        "IDX files (train, eval, launch and predict take the store as it is)");

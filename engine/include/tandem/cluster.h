@@ -113,7 +113,9 @@ struct TANDEM_API ClusterRunOptions {
   // resumed run should know is said on stderr as it starts (servers at different steps, a
   // server without a checkpoint or whose checkpoint does not say its epochs: the epochs count
   // from the first again). InputError when checkpoint_dir is not set or holds no server
-  // checkpoint, or a server has checkpoints and none it can resume from. Not set, a
+  // checkpoint, a server has checkpoints and none it can resume from (damaged, or another
+  // optimizer's), or the checkpoints hold another model or another number of servers' parts
+  // than this run's. Not set, a
   // checkpoint_dir holding server checkpoints is refused (InputError): its servers would start
   // from them while the epochs counted from the first. The directory is read in this process
   // (a relative path from its working directory, where servers elsewhere read theirs).
