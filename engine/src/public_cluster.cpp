@@ -14,7 +14,6 @@
 #include <thread>
 #include <utility>
 
-#include "batch_count.h"
 #include "cluster_link.h"
 #include "cluster_ranks.h"
 #include "cluster_resume.h"

@@ -23,12 +23,10 @@
 
 #include "array_rows.h"
 #include "gil.h"
-#include "batch_count.h"
 #include "cluster_ranks.h"
 #include "cluster_roles.h"
 #include "cluster_run.h"
 #include "coordinator.h"
-#include "dataset_store.h"
 #include "driven_coordinator.h"
 #include "ps_client.h"
 #include "py_json.h"
