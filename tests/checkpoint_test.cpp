@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "resumed_settings.h"
 #include "safetensors.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -320,4 +321,71 @@ TEST(Checkpoint, SeedsOfTwoToThe63AndAboveReadBack) {
 }
 
 }  // namespace
+
+// A resumed run's settings (tandem train --resume, tandem.train(resume=...)): those not given
+// are the checkpoint's run's, those given are kept and, when they differ, handed back in order.
+TEST(ResumedSettings, TakeWhatIsNotGivenAndNameWhatDiffers) {
+  Checkpoint ckpt;
+  ckpt.optimizer.kind = OptimizerKind::Sgd;
+  ckpt.optimizer.learning_rate = 0.003f;
+  ckpt.optimizer.beta1 = 0.8f;
+  ckpt.batch = 50;
+  ckpt.seed = 7;
+  ckpt.extra["shuffle"] = "off";
+  TrainConfig config;
+  config.batch = 100;
+  config.seed = 1;
+  config.shuffle = true;
+  EXPECT_TRUE(take_checkpointed_settings(ckpt, GivenSettings{}, "checkpoint c", config).empty());
+  EXPECT_EQ(config.optimizer.kind, OptimizerKind::Sgd);
+  EXPECT_EQ(config.optimizer.learning_rate, 0.003f);
+  EXPECT_EQ(config.optimizer.beta1, 0.8f);
+  EXPECT_EQ(config.batch, 50);
+  EXPECT_EQ(config.seed, 7u);
+  EXPECT_FALSE(config.shuffle);
+
+  TrainConfig mine;
+  mine.optimizer.kind = OptimizerKind::Adam;
+  mine.optimizer.learning_rate = 0.01f;
+  mine.batch = 100;
+  mine.seed = 7;  // given, the same: not named
+  mine.shuffle = true;
+  GivenSettings all;
+  all.optimizer = all.learning_rate = all.batch = all.seed = all.shuffle = true;
+  const std::vector<DifferentSetting> differ =
+      take_checkpointed_settings(ckpt, all, "checkpoint c", mine);
+  ASSERT_EQ(differ.size(), 3u);
+  EXPECT_EQ(std::tie(differ[0].name, differ[0].given, differ[0].theirs),
+            std::make_tuple("learning_rate", "0.01", "0.003"));
+  EXPECT_EQ(std::tie(differ[1].name, differ[1].given, differ[1].theirs),
+            std::make_tuple("batch", "100", "50"));
+  EXPECT_EQ(std::tie(differ[2].name, differ[2].given, differ[2].theirs),
+            std::make_tuple("shuffle", "on", "off"));
+  EXPECT_EQ(mine.optimizer.kind, OptimizerKind::Adam);  // kept: resuming then refuses it
+  EXPECT_EQ(mine.optimizer.learning_rate, 0.01f);
+  EXPECT_EQ(mine.optimizer.beta1, 0.8f);  // no caller sets the betas: always the run's
+  EXPECT_EQ(mine.batch, 100);
+  EXPECT_TRUE(mine.shuffle);
+
+  // A checkpoint older than the batch's record keeps the caller's batch, unsaid.
+  ckpt.batch = 0;
+  TrainConfig older;
+  older.batch = 64;
+  for (const DifferentSetting& d : take_checkpointed_settings(ckpt, all, "checkpoint c", older))
+    EXPECT_NE(d.name, "batch");
+  EXPECT_EQ(older.batch, 64);
+  ckpt.extra["shuffle"] = "sometimes";
+  EXPECT_THROW(
+      {
+        try {
+          take_checkpointed_settings(ckpt, GivenSettings{}, "checkpoint c.safetensors", older);
+        } catch (const InputError& e) {
+          EXPECT_STREQ(e.what(), "checkpoint c.safetensors: its shuffle is 'sometimes', expected "
+                                 "on or off (was it edited?)");
+          throw;
+        }
+      },
+      InputError);
+}
+
 }  // namespace tandem

@@ -44,6 +44,14 @@ check "no temporary files left" test "$(ls "$dir" | grep -c tmp)" -eq 0
 ev=$("$tandem" eval --model "$dir/model.safetensors" --data "$real" --split test --json)
 check "eval agrees with train's test accuracy" test "$(json_field "$ev" accuracy)" = "$acc"
 check "eval counts 10000 test samples" test "$(json_field "$ev" samples)" = 10000
+# No validation split (--validation-rows 0): null in the JSON summary. Its zeros once read as a
+# perfect loss of 0.
+unscored=$("$tandem" train --data "$real" --epochs 0 --validation-rows 0 --threads 2 --json \
+           2>/dev/null)
+check "train --json gives a split the data lacks as null" \
+  grep -q '"validation":null' <<<"$unscored"
+check "... and the one it has in full" grep -q '"test":{"accuracy":' <<<"$unscored" ||
+  echo "$unscored"
 
 # Same seed and threads: identical results; resume continues where the checkpoint stopped.
 again=$("$tandem" train --data "$real" --epochs 2 --batch 1000 --threads 2 --json --keep last 2>/dev/null)

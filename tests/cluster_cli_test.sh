@@ -223,9 +223,11 @@ check "a launch on a store without a validation split says it has none" \
 check "... and gives the test split's loss" grep -q "test loss [0-9]" <<<"$out"
 # Run again without --resume: the checkpoints it removes are said (they once went silently).
 out=$("$tandem" launch --data "$dir/noval.zarr" --run-dir "$dir/run1v" --scorer 0 --target 0 \
-  --max-epochs 1 --dashboard -1 --quiet 2>&1)
+  --max-epochs 1 --dashboard -1 --quiet --json 2>&1)
 check "a fresh run over a run's checkpoints says it removes them" grep -qF \
   "a fresh run: the previous run's checkpoints in $dir/run1v/checkpoints are removed" <<<"$out"
+check "... and its --json summary gives the split the store lacks as null" \
+  grep -q '"validation":null' <<<"$out"
 # 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
 #     locked (the run's shape, --replicas, a coordinator address in use, more servers than the
 #     model has parts), leaves that run as it was: its model, best model, checkpoints, metrics
@@ -621,42 +623,72 @@ check "... nor a cluster spec (it had none; the earlier run's is gone)" \
 # (Not under a sanitizer: worker1 must register within the 3 s before the frozen chief is
 # counted lost, and the coordinator has no option to lengthen that.)
 if [ -n "${TANDEM_TEST_SLOW:-}" ]; then
-  echo "skipped: 4h (its 3 s window is too short for a sanitizer build)"
+  echo "skipped: 4h, 4i (their 3 s window is too short for a sanitizer build)"
 else
-  "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4h" --workers 2 --max-epochs 10 \
-    --target 0 --dashboard -1 >"$dir/out4h" 2>"$dir/err4h" &
-  coordinator=$!
-  wait_for "$dir/err4h" "coordinator at tcp://" 30
-  address=$(grep -o "tcp://[0-9.:]*" "$dir/err4h" | head -1)
-  "$tandem" ps --coordinator "$address" >/dev/null 2>"$dir/ps4h" &
-  ps4h=$!
-  "$tandem" scorer --coordinator "$address" >/dev/null 2>&1 &
-  scorer4h=$!
-  "$tandem" worker --coordinator "$address" --name worker0 >/dev/null 2>&1 &
-  chief4h=$!
-  # Registered (the coordinator's state, once a second in the metrics, lists it), then frozen:
-  # the coordinator counts it lost 3 s later, so the rest must come within that.
-  wait_for "$dir/run4h/metrics.jsonl" '"name":"worker0"' 60
-  kill -STOP "$chief4h"
-  "$tandem" worker --coordinator "$address" --name worker1 >/dev/null 2>&1 &
-  worker4h=$!
+  # start_with_frozen_chief NAME [COORDINATOR OPTION...]: a coordinator of two workers in
+  # $dir/runNAME (stdout $dir/outNAME, stderr $dir/errNAME), its server (stderr $dir/psNAME),
+  # scorer and chief started by hand, the chief frozen once registered, then the second worker.
+  # Sets coordinator, ps_pid, scorer_pid, chief_pid and worker_pid.
+  start_with_frozen_chief() {
+    local name=$1; shift
+    "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run$name" --workers 2 \
+      --max-epochs 10 --target 0 --dashboard -1 "$@" >"$dir/out$name" 2>"$dir/err$name" &
+    coordinator=$!
+    wait_for "$dir/err$name" "coordinator at tcp://" 30
+    local address
+    address=$(grep -o "tcp://[0-9.:]*" "$dir/err$name" | head -1)
+    "$tandem" ps --coordinator "$address" >/dev/null 2>"$dir/ps$name" &
+    ps_pid=$!
+    "$tandem" scorer --coordinator "$address" >/dev/null 2>&1 &
+    scorer_pid=$!
+    "$tandem" worker --coordinator "$address" --name worker0 >/dev/null 2>&1 &
+    chief_pid=$!
+    # Registered (the coordinator's state, once a second in the metrics, lists it), then
+    # frozen: the coordinator counts it lost 3 s later, so the rest must come within that.
+    wait_for "$dir/run$name/metrics.jsonl" '"name":"worker0"' 60
+    kill -STOP "$chief_pid"
+    "$tandem" worker --coordinator "$address" --name worker1 >/dev/null 2>&1 &
+    worker_pid=$!
+  }
+  # end_roles_by_hand: the chief killed, the other roles waited for (checked by the caller).
+  end_roles_by_hand() {
+    kill -KILL "$chief_pid"
+    wait_within "$ps_pid" 30; ps_rc=$?
+    wait_within "$worker_pid" 30
+    wait_within "$scorer_pid" 30
+    wait "$chief_pid" 2>/dev/null
+  }
+
+  start_with_frozen_chief 4h
   check "the run began with the frozen chief registered" \
     wait_for "$dir/run4h/cluster.json" '"worker1"' 30  # written as the run begins
   check "... and not yet counted lost (else this is 4e's case)" \
     test -z "$(grep "worker0 lost" "$dir/err4h")"
   kill -TERM "$coordinator"
   wait_within "$coordinator" 60; rc=$?
-  kill -KILL "$chief4h"
+  end_roles_by_hand
   check "a run stopped before the chief's Init exits 1, interrupted (status $rc)" test $rc -eq 1
   check "... saying it stopped before training began" \
     grep -q "stopped (interrupted) before training began: no model" "$dir/out4h" ||
     tail -3 "$dir/err4h"
-  wait_within "$ps4h" 30; rc=$?
-  check "... and its parameter server ends cleanly, not failed with the run (status $rc)" \
-    test $rc -eq 0
-  wait_within "$worker4h" 30
-  wait_within "$scorer4h" 30
-  wait "$chief4h" 2>/dev/null
+  check "... and its parameter server ends cleanly, not failed with the run (status $ps_rc)" \
+    test $ps_rc -eq 0
+
+  # 4i. As 4h, but ended by its rule, --max-seconds (counted from when every role had
+  #     registered), not by a signal: no model was saved all the same, so it exits 1 saying why.
+  #     It once exited 0, and a script going on to `tandem eval` found no model.
+  start_with_frozen_chief 4i --max-seconds 1
+  wait_within "$coordinator" 60; rc=$?
+  end_roles_by_hand
+  check "a run whose --max-seconds passed before the chief's Init exits 1 (status $rc)" \
+    test $rc -eq 1
+  check "... saying it saved no model, and why" \
+    grep -q "error: the run stopped (max-seconds) before training began: no model was saved" \
+    "$dir/err4i" || tail -3 "$dir/err4i"
+  check "... having printed its summary" \
+    grep -q "stopped (max-seconds) before training began: no model" "$dir/out4i"
+  check "... and saves none" test ! -e "$dir/run4i/model.safetensors"
+  check "... and its parameter server ends cleanly (status $ps_rc)" test $ps_rc -eq 0
 fi
 
 # 4c. A parameter server started by hand and stopped by SIGTERM writes its final checkpoint.

@@ -1204,6 +1204,35 @@ TEST(ClusterRun, ARunResumedAfterItsWholeEpochsEndsAsAnUninterruptedOne) {
   }
 }
 
+// A directory "holds server checkpoints" (a run not asked to resume is refused) exactly when a
+// server would find one of its checkpoints there: the same reading of the file names. It once
+// matched any name with "-step-" in it ending in .safetensors, refusing a fresh run for a file
+// no server reads.
+TEST(ResumeRule, CountsAsCheckpointsOnlyFilesAServerWouldRead) {
+  EXPECT_EQ(shard_checkpoint_name("ps0-step-40.safetensors"),
+            std::make_optional(std::make_pair(std::string("ps0"), int64_t{40})));
+  EXPECT_EQ(shard_checkpoint_name("a-step-b-step-7.safetensors"),
+            std::make_optional(std::make_pair(std::string("a-step-b"), int64_t{7})));
+  for (const char* name : {"notes-step-one.safetensors", "ps0-step-.safetensors",
+                           "-step-4.safetensors", "ps0-step-4.safetensors.tmp",
+                           "ps0-step-1234567890123456789.safetensors", "ps0-step-4safetensors",
+                           "ps0-step-+4.safetensors"})
+    EXPECT_FALSE(shard_checkpoint_name(name)) << name;
+  test::TempDir dir;
+  test::write_bytes(dir.file("notes-step-one.safetensors"), "not a checkpoint");
+  test::write_bytes(dir.file("ps1-step-4.safetensors.tmp"), "an unfinished write");
+  EXPECT_FALSE(holds_server_checkpoint(dir.path().string()));
+  EXPECT_TRUE(list_shard_checkpoints(dir.path().string(), "ps1").empty());
+  test::write_bytes(dir.file("ps1-step-4.safetensors"), "a server's (read or not)");
+  test::write_bytes(dir.file("ps1-step-12.safetensors"), "a newer one");
+  EXPECT_TRUE(holds_server_checkpoint(dir.path().string()));
+  const auto listed = list_shard_checkpoints(dir.path().string(), "ps1");
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0], std::make_pair(int64_t{12}, dir.file("ps1-step-12.safetensors")));
+  EXPECT_EQ(listed[1].first, 4);
+  EXPECT_TRUE(list_shard_checkpoints(dir.path().string(), "ps0").empty());
+}
+
 // What a resumed run says before it starts, in each of its cases (the CLI's --resume and the
 // library's resume print it): nothing for servers that agree on a step and hold no epoch, the
 // servers' steps when they differ, who starts empty or says no epochs, and where the epochs go

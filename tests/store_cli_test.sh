@@ -241,4 +241,47 @@ printf 'garbage' > "$key"
 expect_error "a corrupt chunk names the store and key" "c/3/0" "$tandem" train --data "$dir/one.zarr" --epochs 1
 expect_error "inspect of a missing store" "$dir/nothing.zarr" "$tandem" inspect "$dir/nothing.zarr"
 
+# A NaN pixel in a float32 store: eval names its row, in a split read whole and in the training
+# split streamed batch by batch (it once blamed the model: "its logits overflow ... diverged?").
+"$python" - "$dir/nan.zarr" <<'PY'
+import sys, numpy as np, zarr
+x = np.random.default_rng(0).random((3000, 784), dtype=np.float32)
+labels = (np.arange(3000) % 10).astype(np.uint8)
+x[2345, 5] = np.nan
+g = zarr.open_group(sys.argv[1], mode="w")
+g.create_array("images", data=x, chunks=(1000, 784))
+g.create_array("labels", data=labels, chunks=(1000,))
+test = g.create_group("test")
+x[1234, 7] = np.inf
+test.create_array("images", data=x[1000:], chunks=(1000, 784))
+test.create_array("labels", data=labels[1000:], chunks=(1000,))
+PY
+expect_error "eval names a streamed training split's row with a NaN pixel" \
+  "train split of $dir/nan.zarr: row 2345 holds a pixel that is not finite (NaN or infinity); no" \
+  "$tandem" eval --model "$dir/m.safetensors" --data "$dir/nan.zarr" --split train
+expect_error "... and a test split's row with an infinite one" \
+  "the test split of $dir/nan.zarr: row 234 holds a pixel that is not finite" \
+  "$tandem" eval --model "$dir/m.safetensors" --data "$dir/nan.zarr" --split test
+# A group holding a test split alone: refused saying where the training split goes (it once
+# said only that $dir/onlytest.zarr/images was no Zarr array).
+"$python" - "$dir/onlytest.zarr" <<'PY'
+import sys, numpy as np, zarr
+test = zarr.open_group(sys.argv[1], mode="w").create_group("test")
+test.create_array("images", data=np.zeros((20, 784), np.uint8), chunks=(10, 784))
+PY
+expect_error "a store of a test split alone says it has no training split" \
+  "onlytest.zarr: no training split (an \`images\` array at the store's root); it holds a test" \
+  "$tandem" predict --model "$dir/m.safetensors" --data "$dir/onlytest.zarr" --split test \
+  --out "$dir/onlytest-p.zarr"
+# IDX files of no images: said so (it once said "expected 0 <= rows < 0").
+"$python" - "$dir/empty" <<'PY'
+import struct, sys
+open(sys.argv[1] + "-images", "wb").write(struct.pack(">BBBBIII", 0, 0, 8, 3, 0, 28, 28))
+open(sys.argv[1] + "-labels", "wb").write(struct.pack(">BBBBI", 0, 0, 8, 1, 0))
+PY
+expect_error "prepare of IDX files without images says so" \
+  "$dir/empty-images holds no images: nothing to train on" \
+  "$tandem" prepare --out "$dir/empty.zarr" --images "$dir/empty-images" \
+  --labels "$dir/empty-labels" --validation-rows 0
+
 summarize

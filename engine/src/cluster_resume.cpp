@@ -14,13 +14,8 @@ namespace tandem {
 
 bool holds_server_checkpoint(const std::string& dir) {
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string suffix = ".safetensors";
-    if (name.find("-step-") != std::string::npos && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      return true;
-  }
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (shard_checkpoint_name(it->path().filename().string())) return true;
   return false;
 }
 

@@ -588,6 +588,21 @@ DatasetStore DatasetStore::open(const std::string& path_in, Labels labels) {
       has_group_metadata(path) || !split_exists(path) ? zarr::Group::open(path).second
                                                       : nlohmann::json::object();
   store.attributes = attributes;
+  // Every store has its training split at its root; a group holding only a test split (images
+  // to classify, say) was refused naming an array path the user had not asked for.
+  // (An `images` directory without its metadata is damage, said as such by the array's open.)
+  if (!path_exists(join(path, "images"))) {
+    std::string others;
+    for (const char* name : {"validation", "test"})
+      if (array_exists(join(join(path, name), "images")))
+        others += std::string(others.empty() ? "" : " and ") + name;
+    throw InputError(path + ": no training split (an `images` array at the store's root)" +
+                     (others.empty()
+                          ? std::string(": not a dataset store")
+                          : "; it holds a " + others + " split, but a dataset store has its "
+                            "training split at its root, the others beside it: write the images "
+                            "(and labels) there to use them alone"));
+  }
   store.train = open_split(path, path, "the training split", labels);
   const std::pair<const char*, Split*> optional_splits[] = {{"validation", &store.validation},
                                                             {"test", &store.test}};

@@ -530,7 +530,8 @@ bool PredictionsOutput::read_classes(int64_t chunk, uint8_t* ids) const {
   return classes_.read_chunk({chunk}, ids);
 }
 
-void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what) {
+void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what,
+                         const char* consequence) {
   if (view.pixel_type != PixelType::Float32) return;  // uint8 pixels are finite
   const auto* row = static_cast<const unsigned char*>(view.pixels);
   const size_t row_bytes = size_t(view.features) * sizeof(float);
@@ -545,8 +546,7 @@ void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::
     }
     if (bad)
       throw InputError(what + ": row " + std::to_string(first_row + r) +
-                       " holds a pixel that is not finite (NaN or infinity); it has no "
-                       "predicted class");
+                       " holds a pixel that is not finite (NaN or infinity); " + consequence);
   }
 }
 

@@ -8,22 +8,27 @@
 
 namespace tandem {
 
+std::optional<std::pair<std::string, int64_t>> shard_checkpoint_name(const std::string& name) {
+  const std::string infix = "-step-", suffix = ".safetensors";
+  const size_t at = name.rfind(infix);
+  if (at == std::string::npos || at == 0 || name.size() <= at + infix.size() + suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  const std::string digits =
+      name.substr(at + infix.size(), name.size() - at - infix.size() - suffix.size());
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::make_pair(name.substr(0, at), std::stoll(digits));
+}
+
 std::vector<std::pair<int64_t, std::string>> list_shard_checkpoints(const std::string& dir,
                                                                     const std::string& shard) {
   std::vector<std::pair<int64_t, std::string>> out;
-  const std::string prefix = shard + "-step-", suffix = ".safetensors";
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string digits =
-        name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    out.emplace_back(std::stoll(digits), it->path().string());
+    const auto named = shard_checkpoint_name(it->path().filename().string());
+    if (named && named->first == shard) out.emplace_back(named->second, it->path().string());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,10 @@
 #include "ps_checkpoint_file.h"
 
 namespace tandem {
+
+// A server's checkpoint file name, SHARD-step-STEP.safetensors (STEP: 1 to 18 digits), as
+// (SHARD, STEP); nullopt for any other name.
+std::optional<std::pair<std::string, int64_t>> shard_checkpoint_name(const std::string& name);
 
 // `shard`'s checkpoint files in `dir`, newest (highest step in the name) first.
 std::vector<std::pair<int64_t, std::string>> list_shard_checkpoints(const std::string& dir,

@@ -8,6 +8,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "fit_divergence.h"
 #include "gil.h"
 #include "parameters_only.h"
+#include "predictor.h"
+#include "resumed_settings.h"
 #include "tandem/tandem.h"
 
 namespace py = pybind11;
@@ -28,48 +31,22 @@ py::tuple predict_with_probabilities(const Model& model, py::handle images, int 
 
 namespace {
 
-// A resumed run continues the state's (as tandem train --resume): the settings not given come
-// from it (layers, optimizer with its betas and epsilon, learning rate, batch, seed, shuffle),
-// so that resume=state alone goes on as the uninterrupted run would, and one given differently
-// is warned of, since the run then no longer goes on as it would have.
-void continue_resumed_run(const Checkpoint& state, bool layers_given, bool optimizer_given,
-                          bool lr_given, bool batch_given, bool seed_given, bool shuffle_given,
+// A resumed run continues the state's (as tandem train --resume, resumed_settings.h): the
+// settings not given come from it (layers, optimizer with its betas and epsilon, learning rate,
+// batch, seed, shuffle), so that resume=state alone goes on as the uninterrupted run would, and
+// one given differently is warned of, since the run then no longer goes on as it would have.
+void continue_resumed_run(const Checkpoint& state, const GivenSettings& given, bool layers_given,
                           TrainConfig& config) {
-  auto warn = [](const std::string& name, const std::string& given, const std::string& theirs) {
-    if (given == theirs) return;
-    const std::string text = "resuming with " + name + "=" + given + "; the state's run used " +
-                             theirs;
+  if (!layers_given) config.model = state.model.config();
+  for (DifferentSetting& d : take_checkpointed_settings(state, given, "resume state", config)) {
+    if (d.name == "shuffle") {
+      d.given = d.given == "on" ? "True" : "False";
+      d.theirs = d.theirs == "on" ? "True" : "False";
+    }
+    const std::string text = "resuming with " + d.name + "=" + d.given +
+                             "; the state's run used " + d.theirs;
     // Level 1: tandem.train is the native function itself, so the caller's line is blamed.
     if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 1) != 0) throw py::error_already_set();
-  };
-  auto number = [](float x) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", static_cast<double>(x));
-    return std::string(text);
-  };
-  if (!layers_given) config.model = state.model.config();
-  if (!optimizer_given) config.optimizer.kind = state.optimizer.kind;
-  const float lr = config.optimizer.learning_rate;
-  const OptimizerKind kind = config.optimizer.kind;
-  config.optimizer = state.optimizer;  // betas and epsilon have no keywords: always the run's
-  config.optimizer.kind = kind;        // (another one is refused by Trainer::resume)
-  if (lr_given) {
-    config.optimizer.learning_rate = lr;
-    warn("learning_rate", number(lr), number(state.optimizer.learning_rate));
-  }
-  if (!batch_given && state.batch > 0) config.batch = state.batch;
-  else if (state.batch > 0)
-    warn("batch", std::to_string(config.batch), std::to_string(state.batch));
-  if (!seed_given) config.seed = state.seed;
-  else warn("seed", std::to_string(config.seed), std::to_string(state.seed));
-  const auto shuffle = state.extra.find("shuffle");
-  if (shuffle != state.extra.end() && shuffle->second != "on" && shuffle->second != "off")
-    throw InputError("resume state: its shuffle is '" + shuffle->second +
-                     "', expected on or off (was it edited?)");  // as tandem train --resume
-  if (shuffle != state.extra.end()) {
-    const bool theirs = shuffle->second == "on";
-    if (!shuffle_given) config.shuffle = theirs;
-    else warn("shuffle", config.shuffle ? "True" : "False", theirs ? "True" : "False");
   }
 }
 
@@ -142,7 +119,7 @@ void bind_model(py::module_& m) {
                   [](const std::vector<int64_t>& layers, uint64_t seed) {
                     const ModelConfig config = model_config(layers);
                     // Seconds for a large model: other Python threads go on meanwhile.
-                    return without_gil([&] { return Model::initialized(config, seed); });
+                    return computing_without_gil([&] { return Model::initialized(config, seed); });
                   },
                   "layers"_a = std::vector<int64_t>{784, 100, 10}, "seed"_a = 1,
                   "TensorFlow's initialisers; the same seed gives the same parameters everywhere.")
@@ -155,8 +132,13 @@ void bind_model(py::module_& m) {
              // Zeros would read as a perfect loss (tandem eval refuses an empty split too).
              if (rows.block.rows.rows == 0)
                throw InputError("evaluate: no rows to score (images of shape (0, ...))");
-             return eval_dict(
-                 without_gil([&] { return evaluate_model(model, rows.block.rows, threads); }));
+             const EvalResult result = computing_without_gil(
+                 [&] { return evaluate_model(model, rows.block.rows, threads); });
+             // A NaN or infinite pixel is named (as tandem eval does), not taken for a model
+             // that diverged.
+             if (!std::isfinite(result.loss_sum))
+               check_pixels_finite(rows.block.rows, 0, "images", "no loss can be scored on it");
+             return eval_dict(result);
            },
            "images"_a, "labels"_a, "threads"_a = 0,
            "Summed (the seed's score) and mean loss, and accuracy, on the CPU.")
@@ -166,7 +148,7 @@ void bind_model(py::module_& m) {
              if (probabilities) return predict_with_probabilities(model, images, threads);
              const ArrayRows rows = array_rows(images, py::none(), false);
              const std::vector<uint8_t> classes =
-                 without_gil([&] { return predict(model, rows.block.rows, threads); });
+                 computing_without_gil([&] { return predict(model, rows.block.rows, threads); });
              py::array_t<uint8_t> out(py::ssize_t(classes.size()));
              std::copy(classes.begin(), classes.end(), out.mutable_data());
              return std::move(out);
@@ -257,9 +239,15 @@ void bind_model(py::module_& m) {
         if (batch) config.batch = *batch;
         if (seed) config.seed = *seed;
         if (shuffle) config.shuffle = *shuffle;
-        if (resumed) continue_resumed_run(*resumed, layers.has_value(), optimizer.has_value(),
-                                          learning_rate.has_value(), batch.has_value(),
-                                          seed.has_value(), shuffle.has_value(), config);
+        if (resumed) {
+          GivenSettings given;
+          given.optimizer = optimizer.has_value();
+          given.learning_rate = learning_rate.has_value();
+          given.batch = batch.has_value();
+          given.seed = seed.has_value();
+          given.shuffle = shuffle.has_value();
+          continue_resumed_run(*resumed, given, layers.has_value(), config);
+        }
         if (!init.is_none()) {
           // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
           // parameters alone, Model.save's or a cluster run's, cannot be resumed).
@@ -300,7 +288,7 @@ void bind_model(py::module_& m) {
           });
           if (!looked) wait_for_the_exit();
         };
-        const TrainSummary summary = without_gil([&] {
+        const TrainSummary summary = computing_without_gil([&] {
           return trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},
                              test_rows ? test_rows->block.rows : DatasetView{});
         });

@@ -61,7 +61,7 @@ py::tuple predict_with_probabilities(const Model& model, py::handle images, int 
   py::array_t<float> probabilities({py::ssize_t(view.rows), py::ssize_t(classes)});
   uint8_t* id_data = ids.mutable_data();
   float* p_data = probabilities.mutable_data();
-  without_gil([&] { predict_view(model, view, threads, id_data, p_data); });
+  computing_without_gil([&] { predict_view(model, view, threads, id_data, p_data); });
   return py::make_tuple(ids, probabilities);
 }
 
@@ -170,7 +170,7 @@ void bind_predict(py::module_& m) {
                                std::to_string(model.config().classes()) +
                                " outputs; the predictions have " + std::to_string(l.classes) +
                                " classes");
-            without_gil([&] {
+            computing_without_gil([&] {
               // Zeros beyond the rows of an edge chunk, as tandem predict writes them.
               std::vector<uint8_t> ids(size_t(l.chunk_rows), 0);
               std::vector<float> probabilities(size_t(l.chunk_rows * l.classes), 0.0f);

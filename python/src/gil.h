@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <utility>
 
@@ -48,6 +49,29 @@ bool with_gil_unless_exiting(F&& f) {
   return true;
 }
 
+// The engine's computations that Python threads run without the GIL (train, predict, evaluate):
+// counted, so that the atexit hook waits for them. A daemon thread still in one when the process
+// exits crashed in OpenBLAS, whose memory the exit's library destructors had freed under it.
+struct EngineWork {
+  std::atomic<int> running{0};
+  // Python's main thread (PyThread_get_thread_ident), the one that runs the atexit hooks.
+  unsigned long main_thread = 0;
+};
+inline EngineWork engine_work;
+inline thread_local bool in_engine_work = false;  // this thread is counted in engine_work
+
+// For a thread of the caller's in the engine (tandem.train on a daemon thread) that finds
+// Python exiting: it waits here for the process to end, out of the engine, no longer counted as
+// running there. Training on crashed in OpenBLAS once the exit had run the libraries'
+// destructors; an exception ending it aborted the process once it reached Python.
+[[noreturn]] inline void wait_for_the_exit() {
+  if (in_engine_work) {
+    in_engine_work = false;
+    engine_work.running.fetch_sub(1);
+  }
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 // The atexit hook (called with the GIL): no thread enters the gate after it, and the threads
 // inside finish first. (With the sequentially consistent order, a thread either sees the gate
 // closed or is counted inside before the count is read here.) Bounded: a thread inside that
@@ -58,15 +82,19 @@ inline void close_exit_gate() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (exit_gate.inside.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Then the computations still running finish, or wait for the exit (tandem.train between two
+  // steps). Bounded as the roles' wait is: a prediction of more rows than 30 s takes is left to
+  // the exit, said.
+  constexpr int kComputeSeconds = 30;
+  const auto computed = std::chrono::steady_clock::now() + std::chrono::seconds(kComputeSeconds);
+  while (engine_work.running.load() > 0 && std::chrono::steady_clock::now() < computed)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (const int left = engine_work.running.load(); left > 0)
+    std::fprintf(stderr,
+                 "tandem: %d computation%s (train, predict, evaluate) still running %d s after "
+                 "Python began to exit: the process may end abruptly\n",
+                 left, left == 1 ? "" : "s", kComputeSeconds);
   PyEval_RestoreThread(state);
-}
-
-// For a thread of the caller's in the engine (tandem.train on a daemon thread) that finds
-// Python exiting: it waits here for the process to end, out of the engine. Training on crashed
-// in OpenBLAS once the exit had run the libraries' destructors; an exception ending it aborted
-// the process once it reached Python.
-[[noreturn]] inline void wait_for_the_exit() {
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 // Runs f() without the GIL (the caller holds it) and returns its result.
@@ -77,6 +105,31 @@ decltype(auto) without_gil(F&& f) {
     ~Retake() noexcept(false) { PyEval_RestoreThread(state); }
   } retake{PyEval_SaveThread()};
   return std::forward<F>(f)();
+}
+
+// without_gil for the engine's computations: counted in engine_work while they run. One that
+// a thread other than the exiting one would start once the exit has begun waits for the exit
+// instead (the libraries it needs go with it).
+template <typename F>
+decltype(auto) computing_without_gil(F&& f) {
+  return without_gil([&]() -> decltype(auto) {
+    struct Counted {  // counted before the gate is looked at, as in with_gil_unless_exiting
+      const bool outermost = !in_engine_work;
+      Counted() {
+        if (!outermost) return;
+        in_engine_work = true;
+        engine_work.running.fetch_add(1);
+      }
+      ~Counted() {
+        if (!outermost || !in_engine_work) return;
+        in_engine_work = false;
+        engine_work.running.fetch_sub(1);
+      }
+    } counted;
+    if (exit_gate.closed.load() && PyThread_get_thread_ident() != engine_work.main_thread)
+      wait_for_the_exit();
+    return std::forward<F>(f)();
+  });
 }
 
 }  // namespace tandem::python

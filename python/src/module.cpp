@@ -24,6 +24,8 @@ PYBIND11_MODULE(_tandem, m) {
   // Before the interpreter finalizes: the cluster's threads end (a thread left in the engine
   // when the process exits meets libraries whose destructors have run), then engine threads
   // stop taking the GIL (gil.h).
+  tandem::python::engine_work.main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     try {
       tandem::python::end_cluster_threads_at_exit();

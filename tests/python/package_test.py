@@ -48,6 +48,11 @@ class ModelTest(unittest.TestCase):
             with self.assertRaisesRegex(tandem.InputError,
                                         "row 6 holds a pixel that is not finite"):
                 model.predict(with_nan, probabilities=probabilities)
+        # Nor scored: evaluate names the row too (its NaN loss once read as a diverged model's).
+        with self.assertRaisesRegex(tandem.InputError,
+                                    "row 6 holds a pixel that is not finite .*no loss can be "
+                                    "scored on it"):
+            model.evaluate(with_nan, yv[:10])
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "m.safetensors")
             model.save(path)
@@ -839,6 +844,30 @@ class RolesTest(unittest.TestCase):
             """
         for attempt in range(3):
             done = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__)],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual((done.returncode, done.stdout), (0, "exiting\n"), done.stderr)
+
+    def test_python_exits_cleanly_while_a_daemon_thread_predicts_or_evaluates(self):
+        # Model.predict / Model.evaluate on a daemon thread when the script ends: the exit hook
+        # waits for the one running (and a next one waits for the exit). It crashed in OpenBLAS
+        # under the exit's library destructors (SIGSEGV), 12 exits of 12.
+        script = """if True:
+            import sys, threading, time
+            sys.path.insert(0, sys.argv[1])
+            import tandem
+            from synthetic_rows import make_rows
+            x, y = make_rows(100000, 1)
+            model = tandem.Model.initialized([784, 256, 10])
+            def loop():
+                while True:
+                    if sys.argv[2] == "predict": model.predict(x, threads=1)
+                    else: model.evaluate(x, y, threads=1)
+            threading.Thread(target=loop, daemon=True).start()
+            time.sleep(0.5)
+            print("exiting", flush=True)
+            """
+        for call in ("predict", "evaluate", "predict"):
+            done = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__), call],
                                   capture_output=True, text=True, timeout=120)
             self.assertEqual((done.returncode, done.stdout), (0, "exiting\n"), done.stderr)
 

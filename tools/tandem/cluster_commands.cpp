@@ -679,6 +679,15 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
                 (summary.kept == "none" ? std::string("no model: training had not begun")
                                         : "the " + summary.kept + " parameters are saved in " +
                                               summary.model_path));
+  // Ended by its rule (--max-seconds, which counts from when every role had registered, or a
+  // `tandem stop`) before the chief worker initialised the parameters: no model is saved, and a
+  // script going on to `tandem eval` must not take the run for one that trained.
+  if (summary.kept == "none")
+    throw Error("the run stopped (" + summary.stop_reason + ") before training began: no model "
+                "was saved" + (summary.stop_reason == "max-seconds"
+                                   ? " (--max-seconds passed before the chief worker had "
+                                     "initialised the parameters)"
+                                   : ""));
 }
 
 // How a command outside the run reaches its coordinator: --coordinator, --curve-server and

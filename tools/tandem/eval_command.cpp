@@ -9,6 +9,7 @@
 #include "number_checks.h"
 #include "commands.h"
 #include "json_output.h"
+#include "predictor.h"
 #include "tandem/tandem.h"
 
 namespace tandem::cli {
@@ -25,6 +26,9 @@ struct EvalOptions {
   CLI::Option* validation_rows_option = nullptr;
 };
 
+// A pixel that is NaN or infinite makes the loss NaN: the row is named, not the model blamed.
+constexpr const char* kNoLoss = "no loss can be scored on it";
+
 // A store's training split can be far larger than memory (prepare --copies 20): streamed through
 // the chunk manager in store order, batch by batch, the sums added up.
 EvalResult evaluate_store_training_split(const Model& model, const std::string& path,
@@ -37,8 +41,12 @@ EvalResult evaluate_store_training_split(const Model& model, const std::string& 
   EvalResult total;
   DatasetView batch;
   stream->start_epoch(0);
+  int64_t first_row = 0;
   while (stream->next(batch)) {
     const EvalResult r = evaluate_model(model, batch, threads);
+    if (!std::isfinite(r.loss_sum))
+      check_pixels_finite(batch, first_row, "the train split of " + path, kNoLoss);
+    first_row += batch.rows;
     total.loss_sum += r.loss_sum;
     total.correct += r.correct;
     total.samples += r.samples;
@@ -104,6 +112,8 @@ void run_eval(const EvalOptions& o) {
   // Logits that overflow (parameters or pixels past what the model can take: a run that
   // diverged, say) give no loss, and their rows no predicted class (predict refuses them): not
   // a result to report.
+  if (!std::isfinite(r.loss_sum) && !streamed)  // (streamed: checked batch by batch)
+    check_pixels_finite(split.view(), 0, "the " + o.split + " split of " + o.data, kNoLoss);
   if (!std::isfinite(r.loss_sum))
     throw InputError("model " + o.model + ": its loss on the " + o.split + " split of " +
                      o.data + " is not finite (its logits overflow: parameters or pixels too "

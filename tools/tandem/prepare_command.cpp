@@ -80,6 +80,8 @@ Dataset rows_of(const ImageFile& images, const IdxArray& labels, int64_t begin, 
 DataSplits load_files(const PrepareOptions& o, nlohmann::json& provenance) {
   const ImageFile train = read_image_file(o.images);
   const IdxArray train_labels = read_label_file(o.labels, train, o.images);
+  if (train.count == 0)
+    throw InputError(o.images + " holds no images: nothing to train on");
   if (o.validation_rows < 0 || o.validation_rows >= train.count)
     throw InputError("--validation-rows is " + std::to_string(o.validation_rows) +
                      ", expected 0 <= rows < " + std::to_string(train.count) +

@@ -531,9 +531,11 @@ void run_search(SearchOptions& o) {
         progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else {
+        // Its log's last lines say why, when it wrote any (a crash may leave none).
+        const std::string tail = log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from);
         fail_trial(r.job.trial,
-                   (clean ? std::string("exited 0 without its epochs") : end.how) + ": " +
-                       log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from),
+                   (clean ? std::string("exited 0 without its epochs") : end.how) +
+                       (tail.empty() ? " (its log is empty)" : ": " + tail),
                    true);
       }
     }
@@ -654,9 +656,15 @@ void run_search(SearchOptions& o) {
                   j.contains("validation_accuracy") ? fixed(j["validation_accuracy"].get<double>(), 4).c_str() : "-",
                   records[j["trial"].get<int>()].config.describe().c_str());
     }
-    std::printf("%zu trials (%d failed) in %.1f s: %.0f trials/hour; %zu epochs trained; results in %s\n",
-                configs.size(), halving.count(TrialStatus::Failed), seconds,
-                summary["trials_per_hour"].get<double>(), epochs_trained, o.out.c_str());
+    // (A rate of trials none of which trained, refused at once, say, would be a large number
+    // that means nothing.)
+    const std::string rate =
+        epochs_trained == 0 ? std::string()
+                            : ": " + fixed(summary["trials_per_hour"].get<double>(), 0) +
+                                  " trials/hour";
+    std::printf("%zu trials (%d failed) in %.1f s%s; %zu epochs trained; results in %s\n",
+                configs.size(), halving.count(TrialStatus::Failed), seconds, rate.c_str(),
+                epochs_trained, o.out.c_str());
     if (best >= 0)
       std::printf("best: trial %d [%s], validation loss %.4f, checkpoint %s\n", best,
                   records[best].config.describe().c_str(), best_loss(best),

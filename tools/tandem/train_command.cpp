@@ -19,6 +19,7 @@
 #include "idx_reader.h"
 #include "json_output.h"
 #include "progress_line.h"
+#include "resumed_settings.h"
 #include "stop_signals.h"
 #include "tandem/tandem.h"
 
@@ -81,28 +82,21 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   std::string hidden;
   for (size_t i = 1; i + 1 < layers.size(); ++i) hidden += (i > 1 ? "," : "") + std::to_string(layers[i]);
   if (o.hidden_option->count() == 0) o.hidden = hidden;
-  if (o.optimizer_option->count() == 0) o.optimizer = to_string(ckpt.optimizer.kind);
-  const float lr = config.optimizer.learning_rate;
-  config.optimizer = ckpt.optimizer;  // betas and epsilon have no options: always the run's
-  if (o.lr_option->count() > 0) {
-    config.optimizer.learning_rate = lr;
-    char given[32], theirs[32];
-    std::snprintf(given, sizeof(given), "%g", static_cast<double>(lr));
-    std::snprintf(theirs, sizeof(theirs), "%g", static_cast<double>(ckpt.optimizer.learning_rate));
-    note("--lr", given, theirs);
-  }
-  if (o.batch_option->count() == 0 && ckpt.batch > 0) config.batch = ckpt.batch;
-  else if (ckpt.batch > 0) note("--batch", std::to_string(config.batch), std::to_string(ckpt.batch));
-  if (o.seed_option->count() == 0) config.seed = ckpt.seed;
-  else note("--seed", std::to_string(config.seed), std::to_string(ckpt.seed));
-  auto shuffle = ckpt.extra.find("shuffle");
-  if (shuffle != ckpt.extra.end() && shuffle->second != "on" && shuffle->second != "off")
-    throw InputError("checkpoint " + o.config.resume_path + ": its shuffle is '" +
-                     shuffle->second + "', expected on or off (was the file edited?)");
-  if (shuffle != ckpt.extra.end()) {
-    if (o.shuffle_option->count() == 0) o.shuffle = shuffle->second;
-    else note("--shuffle", o.shuffle, shuffle->second);
-  }
+  // The optimizer and shuffle go on as options (run_train reads them): what the command line
+  // gives, taken from the checkpoint where it gives nothing.
+  config.optimizer.kind = parse_optimizer(o.optimizer);
+  config.shuffle = o.shuffle == "on";
+  GivenSettings given;
+  given.optimizer = o.optimizer_option->count() > 0;
+  given.learning_rate = o.lr_option->count() > 0;
+  given.batch = o.batch_option->count() > 0;
+  given.seed = o.seed_option->count() > 0;
+  given.shuffle = o.shuffle_option->count() > 0;
+  for (const DifferentSetting& d :
+       take_checkpointed_settings(ckpt, given, "checkpoint " + o.config.resume_path, config))
+    note(d.name == "learning_rate" ? "--lr" : "--" + d.name, d.given, d.theirs);
+  o.optimizer = to_string(config.optimizer.kind);
+  o.shuffle = config.shuffle ? "on" : "off";
   // From IDX files the validation split is the training file's last --validation-rows rows:
   // another count trains on other rows (and drops the carried best, scored on another split).
   // Older checkpoints name it only when scored (validation_samples).

@@ -62,8 +62,9 @@ TrialSlotPool::TrialSlotPool(const std::vector<std::string>& endpoints, TrialSlo
   // replies.
   std::random_device random;
   char id[80];
-  std::snprintf(id, sizeof id, "search-%d-%08x%08x%08x%08x", static_cast<int>(getpid()),
-                random(), random(), random(), random());
+  // (Named by its command, which the servers' logs show: search or predict.)
+  std::snprintf(id, sizeof id, "%.16s-%d-%08x%08x%08x%08x", options_.client.c_str(),
+                static_cast<int>(getpid()), random(), random(), random(), random());
   id_ = id;
   const auto now = Clock::now();
   for (const std::string& endpoint : endpoints) servers_.push_back(connect_server(endpoint, now));

@@ -182,11 +182,12 @@ void TrialSlotServer::reply(const std::string& client, const SlotMessage& m) {
 void TrialSlotServer::handle(const std::string& client, const std::string& frame) {
   auto known = clients_.find(client);
   if (known == clients_.end()) {
-    // The routing id is a search's secret (whoever connects with it takes its replies and may
+    // The routing id is a client's secret (whoever connects with it takes its replies and may
     // cancel its jobs): the log, often on a shared filesystem, shows only its first characters.
+    // A client is a search or a prediction (`tandem search|predict --slots`).
     const size_t dash = client.rfind('-');
     const size_t shown = dash == std::string::npos ? 8 : dash + 5;
-    const std::string name = "search " + std::to_string(++client_count_) + " (" +
+    const std::string name = "client " + std::to_string(++client_count_) + " (" +
                              printable(client.substr(0, shown)) +
                              (shown < client.size() ? "...)" : ")");
     known = clients_.emplace(client, Client{Clock::now(), name, {}}).first;
