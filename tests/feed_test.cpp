@@ -782,6 +782,56 @@ TEST(FedRun, AWorkerWhoseInputEndsTrainsWhatWasQueuedAndLeaves) {
   finish_run(c, roles);
 }
 
+// Once the worker knows its model, a block that does not fit it (a label past its classes, rows
+// of another width) is refused to its feeder at once, and the run goes on. Taken, such a block
+// failed the worker, and with it the run (tandem.dask.stop then returned no model).
+TEST(FedRun, ABadBlockFedWhileTrainingIsRefusedToItsFeederAndTheRunGoesOn) {
+  std::atomic<int> live{0};
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));
+  RoleThreads roles(c);
+  auto feed = std::make_shared<FeedQueue>();
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  const size_t worker = roles.start(run_worker_role, o);
+  // A good block taken off the queue: the worker is training, its check set.
+  feed->push(data_block(test::separable_dataset(60, 40, 4, 5), live));
+  for (int i = 0; i < 600 && feed->depth() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(feed->depth(), 0u);
+  Dataset bad = test::separable_dataset(8, 40, 4, 6);
+  bad.label_data()[3] = 7;
+  try {
+    feed->push(data_block(std::move(bad), live));
+    ADD_FAILURE() << "a block with label 7 was queued for a model of 4 classes";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker0: a fed block has label 7 at row 3; the model "
+                                         "has 4 classes"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    feed->push(data_block(test::separable_dataset(8, 30, 4, 7), live));
+    ADD_FAILURE() << "rows of 30 features were queued for a model of 40 inputs";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker0: a fed block: data has 30 features"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(feed->closed());
+  EXPECT_EQ(feed->blocks_fed(), 1);  // the refused ones were not counted as fed
+  feed->push(data_block(test::separable_dataset(60, 40, 4, 8), live));  // and it trains on
+  feed->end_input("no more blocks");
+  roles.join_one(worker);
+  EXPECT_EQ(roles.errors(), "");
+  EXPECT_EQ(c.batches_done(), 4);  // two blocks of 60 rows in batches of 50: 50 and 10 each
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_TRUE(c.wait_workers_gone(5000));
+  finish_run(c, roles);
+}
+
 TEST(FedRun, AWorkerThatFailsBeforeTrainingClosesItsFeed) {
   std::atomic<int> live{0};
   RunSettings s = fed_settings();

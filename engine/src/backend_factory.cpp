@@ -17,9 +17,17 @@ void check_model_data(const ModelConfig& config, const DatasetView& data, bool n
   if (data.features != config.inputs())
     throw InputError("data has " + std::to_string(data.features) + " features per row, model " +
                      config.describe() + " expects " + std::to_string(config.inputs()));
-  if (data.num_classes > config.classes())
+  if (data.num_classes > config.classes()) {
+    // The first label past the model's classes, named (scanned only now, on the error).
+    std::string which;
+    for (int64_t i = 0; data.labels != nullptr && i < data.rows && which.empty(); ++i)
+      if (data.labels[i] >= config.classes())
+        which = " (label " + std::to_string(int(data.labels[i])) + " at row " +
+                std::to_string(i) + " names none of them)";
     throw InputError("data has " + std::to_string(data.num_classes) + " classes, model " +
-                     config.describe() + " has " + std::to_string(config.classes()) + " outputs");
+                     config.describe() + " has " + std::to_string(config.classes()) +
+                     " outputs" + which);
+  }
   if (data.rows > 0 && data.pixels == nullptr) throw InputError("data view without pixels");
 }
 

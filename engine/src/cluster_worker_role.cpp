@@ -88,18 +88,17 @@ std::unique_ptr<ChunkManager> open_stream(const RoleOptions& o, const RoleRegist
 }
 
 // A fed block's rows fit the model and their labels name its classes.
-void check_fed_block(const RoleRegistration& r, const DatasetView& rows) {
-  const ModelConfig& model = r.settings.model;
-  if (rows.labels == nullptr) throw InputError(r.name + ": a fed block has no labels");
+void check_fed_block(const std::string& worker, const ModelConfig& model, const DatasetView& rows) {
+  if (rows.labels == nullptr) throw InputError(worker + ": a fed block has no labels");
   for (int64_t i = 0; i < rows.rows; ++i)
     if (rows.labels[i] >= model.classes())
-      throw InputError(r.name + ": a fed block has label " + std::to_string(int(rows.labels[i])) +
+      throw InputError(worker + ": a fed block has label " + std::to_string(int(rows.labels[i])) +
                        " at row " + std::to_string(i) + "; the model has " +
                        std::to_string(model.classes()) + " classes");
   try {
     check_model_data(model, rows, true);
   } catch (const InputError& e) {
-    throw InputError(r.name + ": a fed block: " + e.what());
+    throw InputError(worker + ": a fed block: " + e.what());
   }
 }
 
@@ -130,6 +129,12 @@ bool train_block(const Worker& w, const DatasetView& rows, std::vector<DatasetVi
 // Fed blocks, in the order given: whoever feeds chooses the order, as the seed's queue does.
 void train_fed(const Worker& w) {
   FeedQueue& feed = *w.o.feed;
+  // From now on a block that does not fit the model is refused to its feeder, not taken: taken,
+  // it failed the whole run (and tandem.dask.stop returned no model).
+  feed.check_blocks_with(
+      [worker = w.r.name, model = w.r.settings.model](const DatasetView& rows) {
+        check_fed_block(worker, model, rows);
+      });
   std::vector<DatasetView> batches(size_t(w.trainer.members()));
   try {
     while (!training_over(w.link.phase())) {
@@ -144,7 +149,7 @@ void train_fed(const Worker& w) {
         w.trainer.rest();
         continue;
       }
-      check_fed_block(w.r, block->rows);
+      check_fed_block(w.r.name, w.r.settings.model, block->rows);  // (one queued before)
       if (!train_block(w, block->rows, batches)) break;
     }
   } catch (...) {

@@ -9,6 +9,11 @@ namespace tandem {
 
 bool FeedQueue::push(FedBlock block, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (const auto check = check_) {  // (a copy: run outside the lock, it reads every label)
+    lock.unlock();
+    (*check)(block.rows);
+    lock.lock();
+  }
   auto room = [&] { return closed_ || capacity_ == 0 || blocks_.size() < capacity_; };
   ++waiting_;
   bool has_room = true;
@@ -37,6 +42,12 @@ std::optional<FedBlock> FeedQueue::pop(int timeout_ms) {
   blocks_.pop_front();
   changed_.notify_all();
   return block;
+}
+
+void FeedQueue::check_blocks_with(std::function<void(const DatasetView&)> check) {
+  auto shared = std::make_shared<const std::function<void(const DatasetView&)>>(std::move(check));
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_ = std::move(shared);
 }
 
 void FeedQueue::close(const std::string& why) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,8 +30,13 @@ class FeedQueue {
   explicit FeedQueue(size_t capacity_blocks = 0) : capacity_(capacity_blocks) {}
 
   // Queues a block. Waits for room up to timeout_ms (negative: as long as it takes); false when
-  // the wait timed out. Throws Error once the queue is closed (the worker has stopped).
+  // the wait timed out. Throws Error once the queue is closed (the worker has stopped), and what
+  // the check set by check_blocks_with throws (an InputError for a block that does not fit the
+  // model), before it waits: the feeder hears of a bad block at once.
   bool push(FedBlock block, int timeout_ms = -1);
+  // The worker's check of a block against its run's model, once it knows the model: push() runs
+  // it on every block from then on (the worker checks those queued before as it takes them).
+  void check_blocks_with(std::function<void(const DatasetView&)> check);
   // The oldest block, or nothing after timeout_ms or once closed and empty.
   std::optional<FedBlock> pop(int timeout_ms);
   // No more blocks: waiting pushes and pops return; what is still queued is released.
@@ -59,6 +65,7 @@ class FeedQueue {
   size_t waiting_ = 0;
   bool closed_ = false;
   std::string why_closed_;
+  std::shared_ptr<const std::function<void(const DatasetView&)>> check_;
 };
 
 }  // namespace tandem

@@ -227,6 +227,24 @@ class ResidentData {
 
 }  // namespace
 
+namespace {
+
+// Each split against the model before anything is trained, named: the backend's own check of a
+// batch did not say which split it came from.
+void check_splits(const ModelConfig& model,
+                  std::initializer_list<std::pair<const char*, const DatasetView*>> splits) {
+  for (const auto& [name, view] : splits) {
+    if (view->rows <= 0) continue;
+    try {
+      check_model_data(model, *view, true);
+    } catch (const InputError& e) {
+      throw InputError(std::string("the ") + name + " split: " + e.what());
+    }
+  }
+}
+
+}  // namespace
+
 TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validation,
                           const DatasetView& test) {
   if (train.rows <= 0)
@@ -234,6 +252,7 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
                                      : "a training view of " + std::to_string(train.rows) +
                                            " rows");
   if (train.rows > INT32_MAX) throw InputError("more than 2^31 training rows are not supported");
+  check_splits(config_.model, {{"training", &train}, {"validation", &validation}, {"test", &test}});
   ResidentData resident(*backend_, {&train, &validation, &test});
   std::vector<int32_t> order;
   // In memory, a shuffled batch is a list of row indices: the backend gathers the rows itself.
@@ -254,6 +273,7 @@ TrainSummary Trainer::fit(const DatasetView& train, const DatasetView& validatio
 TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
                           const DatasetView& test) {
   if (train.rows_per_epoch() == 0) throw InputError("the training stream yields no rows");
+  check_splits(config_.model, {{"validation", &validation}, {"test", &test}});
   ResidentData resident(*backend_, {&validation, &test});
   return train_epochs(train.rows_per_epoch(), [&](int64_t epoch, const StepDone& done) {
     train.start_epoch(epoch);

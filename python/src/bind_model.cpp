@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "array_rows.h"
 #include "fit_divergence.h"
@@ -251,6 +252,15 @@ void bind_model(py::module_& m) {
         if (!init.is_none()) {
           // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
           // parameters alone, Model.save's or a cluster run's, cannot be resumed).
+          // A training state's bytes given here (they read as a path cut at their first NUL:
+          // "cannot open '") are said to go to resume=.
+          const bool path_bytes = PyBytes_Check(init.ptr()) &&
+                                  std::string_view(PyBytes_AS_STRING(init.ptr()),
+                                                   size_t(PyBytes_GET_SIZE(init.ptr())))
+                                          .find('\0') == std::string_view::npos;
+          if (PyObject_CheckBuffer(init.ptr()) && !path_bytes)
+            throw py::type_error("init takes the path of a checkpoint file; a training state's "
+                                 "bytes (return_state=True) are resumed with resume=");
           config.init_path = py::module_::import("os").attr("fspath")(init).cast<std::string>();
         }
         config.validate();

@@ -304,8 +304,14 @@ def _predict_block(block, model, threads=1, block_info=None):
         return model.predict(rows, threads=threads)
     except InputError as e:  # "images: row N ...", N counted within the block
         first = block_info[0]["array-location"][0][0] if block_info else 0
-        raise InputError(f"{e} (rows counted from the block's first, row {first} of the "
-                         f"array)") from None
+        # Said as the array's row: "row 100 ... (rows counted from the block's first, row 1400
+        # of the array)" read as though row 1400 were the bad one.
+        text, named = re.subn(r"^images: row (\d+)",
+                              lambda m: f"images: row {first + int(m.group(1))} of the array",
+                              str(e), count=1)
+        if not named:
+            text = f"{e} (in the block from row {first} of the array)"
+        raise InputError(text) from None
 
 
 _OVERWRITE_HINT = "pass overwrite=True to replace it"

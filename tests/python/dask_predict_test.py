@@ -201,10 +201,12 @@ class DaskPredictTest(unittest.TestCase):
         # Raised once every task had ended: the other chunks are all written, none is left
         # being written under the caller.
         self.assertEqual(sorted(os.listdir(os.path.join(out, "classes/c"))), ["0", "1", "3"])
-        # Lazily, the row is counted within its block, which is named.
+        # Lazily too, the array's row is named (it was counted within its block, 100, and the
+        # block's first, 1400, named beside it).
         lazy = tdask.predict(self.model, da.from_array(images, chunks=(700, 28, 28)))
         with self.assertRaisesRegex(tandem.InputError,
-                                    r"row 100 holds a pixel .*block's first, row 1400 of"):
+                                    r"^images: row 1500 of the array holds a pixel that is not "
+                                    "finite"):
             lazy.compute()
 
     def test_irregular_blocks_are_written_in_regular_chunks(self):

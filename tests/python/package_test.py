@@ -73,6 +73,14 @@ class ModelTest(unittest.TestCase):
                     tandem.train((x, y), epochs=1, resume=f.read(), **kw)
             with self.assertRaisesRegex(tandem.InputError, "not both"):
                 tandem.train((x, y), epochs=1, init=path, resume=b"x", **kw)
+            # A training state's bytes given to init= (they read as a path cut at their first
+            # NUL: "cannot open '") are said to go to resume=.
+            with open(path, "rb") as f:
+                with self.assertRaisesRegex(TypeError, "init takes the path of a checkpoint "
+                                            "file; .* resume="):
+                    tandem.train((x, y), epochs=1, init=f.read(), **kw)
+            path_bytes, _ = tandem.train((x, y), epochs=0, init=os.fsencode(path), **kw)
+            self.assertEqual(path_bytes.layers, [784, 32, 10])  # a path as bytes is a path
 
     def test_a_resumed_run_takes_the_states_settings(self):
         # resume=state goes on as the state's run would have, its settings with it (tandem train
@@ -116,6 +124,22 @@ class ModelTest(unittest.TestCase):
             np.testing.assert_array_equal(copy.parameters()[name], value)
         with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
             c.set_parameters({"nope": np.zeros(3, np.float32)})
+
+    def test_a_label_past_the_models_classes_is_named_with_its_split_and_row(self):
+        # It once said only "data has 11 classes, model 784-100-10 has 10 outputs".
+        x, y = make_rows(300, 4)
+        bad = y.copy()
+        bad[37] = 10
+        said = "data has 11 classes, model 784-16-10 has 10 outputs \\(label 10 at row 37 names"
+        kw = dict(layers=[784, 16, 10], epochs=1, backend="cpu", threads=1)
+        with self.assertRaisesRegex(tandem.InputError, "^the training split: " + said):
+            tandem.train((x, bad), **kw)
+        with self.assertRaisesRegex(tandem.InputError, "^the validation split: " + said):
+            tandem.train((x, y), validation=(x, bad), **kw)
+        with self.assertRaisesRegex(tandem.InputError, "^the test split: " + said):
+            tandem.train((x, y), test=(x, bad), **kw)
+        with self.assertRaisesRegex(tandem.InputError, "^" + said):
+            tandem.Model.initialized([784, 16, 10]).evaluate(x, bad)
 
     def test_training_that_diverges_raises_as_tandem_train_exits_1(self):
         """NaN parameters are no model, and their state no resume: tandem.train once returned
