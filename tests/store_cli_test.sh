@@ -273,6 +273,23 @@ expect_error "a store of a test split alone says it has no training split" \
   "onlytest.zarr: no training split (an \`images\` array at the store's root); it holds a test" \
   "$tandem" predict --model "$dir/m.safetensors" --data "$dir/onlytest.zarr" --split test \
   --out "$dir/onlytest-p.zarr"
+# Labels past the store's classes (num_classes 5, labels up to 9): inspect shows them, and warns
+# that the commands using them refuse them (it showed "5 classes" beside "max 9", unsaid).
+"$python" - "$dir/five.zarr" <<'PY'
+import sys, numpy as np, zarr
+g = zarr.open_group(sys.argv[1], mode="w")
+g.attrs["num_classes"] = 5
+g.create_array("images", data=np.zeros((30, 784), np.uint8), chunks=(10, 784))
+g.create_array("labels", data=(np.arange(30) % 10).astype(np.uint8), chunks=(10,))
+PY
+"$tandem" inspect "$dir/five.zarr" --out "$dir/png-five" >/dev/null 2>"$dir/five.err"
+check "inspect of labels past the store's classes succeeds" test $? -eq 0
+check "... warning that they run past its classes" grep -qF \
+  "the train split's labels run from 0 to 9, but the store has 5 classes (0 to 4)" \
+  "$dir/five.err"
+expect_error "... which train refuses" "label" \
+  "$tandem" train --data "$dir/five.zarr" --epochs 1
+
 # IDX files of no images: said so (it once said "expected 0 <= rows < 0").
 "$python" - "$dir/empty" <<'PY'
 import struct, sys

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -95,6 +96,15 @@ void set_parameters(Model& model, const py::dict& values) {
     if (shape != target->shape)
       throw InputError("parameter '" + name + "' has the wrong shape for model " +
                        model.config().describe());
+    // No model holds NaN or infinity: predict would blame a diverged run, and a checkpoint of it
+    // (save) would be refused by every reader (load, --init).
+    const float* begin = a.data();
+    const float* bad =
+        std::find_if(begin, begin + a.size(), [](float x) { return !std::isfinite(x); });
+    if (bad != begin + a.size())
+      throw InputError("parameter '" + name + "' holds a value that is not finite (" +
+                       std::to_string(*bad) + " at flat index " + std::to_string(bad - begin) +
+                       "); a model's parameters are finite numbers");
     checked.emplace_back(target, std::move(a));
   }
   for (auto& [target, a] : checked)

@@ -190,14 +190,12 @@ class ModelTest(unittest.TestCase):
                 model.set_parameters({"hid_b": np.ones(8, np.float32),
                                       "sm_w": np.ones((2, 2), np.float32)})
             np.testing.assert_array_equal(model.parameters()["hid_b"], before["hid_b"])
-            # What tandem.load refuses is not saved: a NaN or an infinity.
-            model.set_parameters({"hid_b": np.array([1, np.inf] + [0] * 6, np.float32)})
-            other = pathlib.Path(d) / "diverged.safetensors"
-            with self.assertRaisesRegex(tandem.InputError, "tensor 'hid_b' holds a non-finite "
-                                        "value at element 1"):
-                model.save(other)
-            self.assertEqual(sorted(os.listdir(d)), ["model.safetensors", "pair.key",
-                                                     "pair.key_secret"])
+            # What tandem.load refuses is not set (it was, and then save refused it, predict
+            # blamed a diverged run): a NaN or an infinity.
+            with self.assertRaisesRegex(tandem.InputError, "parameter 'hid_b' holds a value "
+                                        "that is not finite \\(inf at flat index 1\\)"):
+                model.set_parameters({"hid_b": np.array([1, np.inf] + [0] * 6, np.float32)})
+            np.testing.assert_array_equal(model.parameters()["hid_b"], before["hid_b"])
 
     def test_bad_input_names_the_problem(self):
         model = tandem.Model()

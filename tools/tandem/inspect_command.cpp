@@ -133,6 +133,15 @@ void run_inspect(const InspectOptions& o) {
       chosen_report = &r;
     }
     if (r.split->has_labels) r.labels = label_histogram(store, *r.split, o.threads);
+    // Shown as they are, but said: the commands that use the labels refuse them.
+    if (r.split->has_labels && r.labels.count > 0 &&
+        (r.labels.min < 0 || r.labels.max >= store.num_classes))
+      std::fprintf(stderr,
+                   "tandem inspect: warning: the %s split's labels run from %lld to %lld, but the "
+                   "store has %d classes (0 to %d): train, eval and predict refuse them\n",
+                   r.name.c_str(), static_cast<long long>(r.labels.min),
+                   static_cast<long long>(r.labels.max), store.num_classes,
+                   store.num_classes - 1);
   }
 
   // The images: row `sample`, the mean and the variance, each scaled by its own range.
