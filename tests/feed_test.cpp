@@ -133,6 +133,43 @@ TEST(FeedQueue, CapacityMakesPushWaitTimeOutAndGoOnAfterAPop) {
   EXPECT_EQ(id_of(*third), 4);
 }
 
+// A check set while a push waits for room (a feeder blocked on a full queue as the worker
+// registers) is run on its block before it is queued; and a push to a closed queue says why it
+// is closed, whatever the check would say. The check once ran only as push began: the block
+// went in unchecked, and failed the whole run when the worker took it.
+TEST(FeedQueue, ACheckSetWhileAPushWaitsIsRunOnItsBlock) {
+  std::atomic<int> live{0};
+  FeedQueue q(1);
+  ASSERT_TRUE(q.push(bare_block(1, counted_owner(live, 1)), 0));
+  std::string refused;
+  std::thread feeder([&] {
+    try {
+      q.push(bare_block(7, counted_owner(live, 2)), -1);
+    } catch (const InputError& e) {
+      refused = e.what();
+    }
+  });
+  EXPECT_TRUE(test::eventually([&] { return q.waiting() == 1; }, 10000)) << "never blocked";
+  q.check_blocks_with([](const DatasetView& rows) {
+    if (rows.rows > 5) throw InputError("a block of " + std::to_string(rows.rows) + " rows");
+  });
+  feeder.join();  // woken by the check, not by room: the queue is still full
+  EXPECT_EQ(refused, "a block of 7 rows");
+  EXPECT_EQ(q.depth(), 1u);
+  EXPECT_EQ(q.blocks_fed(), 1);
+  EXPECT_TRUE(q.push(bare_block(3, counted_owner(live, 3)), 0) == false);  // full, passes
+  q.close("the worker stopped on an error");
+  try {
+    q.push(bare_block(9, counted_owner(live, 4)), 0);
+    ADD_FAILURE() << "a closed queue took a block";
+  } catch (const InputError& e) {
+    ADD_FAILURE() << "the check answered for a closed queue: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot feed this worker: the worker stopped on an error");
+  }
+  EXPECT_EQ(live.load(), 0);
+}
+
 TEST(FeedQueue, CloseWakesABlockedPushWithTheReason) {
   std::atomic<int> live{0};
   FeedQueue q(1);
@@ -637,6 +674,17 @@ TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
   EXPECT_NE(why.find("worker0"), std::string::npos) << why;
   EXPECT_NE(why.find("label 7 at row 3"), std::string::npos) << why;
   EXPECT_NE(why.find("4 classes"), std::string::npos) << why;
+  // It said so to the coordinator as it left (the coordinator named only a missing heartbeat).
+  bool said = false;
+  const nlohmann::json state = c.state();
+  for (const nlohmann::json& role : state["roles"])
+    if (role["name"] == "worker0") {
+      said = true;
+      EXPECT_EQ(role["state"], "stopped") << role.dump();
+      EXPECT_NE(role.value("error", "").find("label 7 at row 3"), std::string::npos)
+          << role.dump();
+    }
+  EXPECT_TRUE(said);
   EXPECT_TRUE(feed->closed());
   try {
     feed->push(data_block(test::separable_dataset(4, 40, 4, 1), live), 0);

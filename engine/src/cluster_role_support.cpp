@@ -153,6 +153,14 @@ void end_role(CoordinatorLink& link, const std::string& name, const json& status
   }
 }
 
+void say_failed(CoordinatorLink& link, const std::string& name, const std::string& error) {
+  try {
+    link.request(json{{"type", "goodbye"}, {"name", name}, {"error", error}}, 2000);
+  } catch (const Error&) {
+    // The coordinator is gone, or the link is what failed: the error goes on up all the same.
+  }
+}
+
 void say_goodbye(CoordinatorLink& link, const std::string& name, const json& status) {
   try {
     json request{{"type", "goodbye"}, {"name", name}};

@@ -65,6 +65,22 @@ void say_goodbye(CoordinatorLink& link, const std::string& name,
 void end_role(CoordinatorLink& link, const std::string& name,
               const nlohmann::json& status = nullptr);
 
+// A goodbye that says the error the role is stopping on (shown in the coordinator's log and
+// state); a coordinator already gone is not waited for long.
+void say_failed(CoordinatorLink& link, const std::string& name, const std::string& error);
+
+// Runs a registered role's work. An error of its own, not the run's failure (end_role's) nor a
+// stop from its process, is said to the coordinator before it goes on up (say_failed).
+template <typename Body>
+void reporting_failure(CoordinatorLink& link, const std::string& name, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    if (link.phase() != "failed" && !link.cancelled()) say_failed(link, name, e.what());
+    throw;
+  }
+}
+
 // A role stopped from its own process (RoleOptions::cancel) gives up on requests that would
 // otherwise wait out their timeouts; those failures are the stop itself, not errors.
 template <typename Role>

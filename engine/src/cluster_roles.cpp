@@ -320,134 +320,138 @@ void scorer_role(const RoleOptions& o) {
   CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
   link.set_cancel(o.cancel);
   const RoleRegistration r = register_role(link, o, "scorer");
-  auto scores = std::make_shared<std::atomic<int64_t>>(0);
-  link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; }, o.heartbeat_ms);
-  const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
-  if (servers.empty()) return end_role(link, r.name);
-  const RunSettings& s = r.settings;
-  // The rows scored: given to this scorer (a fed run), or the store's validation split.
-  DataSplits splits;
-  DatasetView validation;
-  if (o.validation) {
-    validation = o.validation->rows;
-  } else {
-    if (s.data.empty())
-      throw InputError(r.name + ": this run has no store (data) and the scorer was given no "
-                       "validation rows to score on");
-    splits = load_store_eval_splits(s.data);
-    validation = splits.validation.view();
-    if (validation.rows == 0)
-      throw InputError(r.name + ": the store " + s.data + " has no validation split to score on");
-  }
-  std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
-                                                  s.scorer_threads, parse_precision(s.precision));
-  try {
-    check_model_data(s.model, validation, true);
-  } catch (const InputError& e) {  // which rows, and whose: the worker's errors say as much
-    throw InputError(r.name + ": the validation rows it scores: " + e.what());
-  }
-  ClientOptions client_settings = client_options(s, rc.context, o);
-  client_settings.cancel = o.cancel;
-  PsClient client(servers, client_settings);
-  Model model(s.model);
-  if (!init_parameters(client, r, link, model, /*may_stand_in=*/false)) {
-    return end_role(link, r.name);
-  }
-  const auto interval = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(s.score_interval_s));
-  double best_loss = std::numeric_limits<double>::infinity();
-  // A scorer restarted in the same run (launch restarts one that died) finds its predecessor's
-  // best model: scored again on these rows, it stays until a better score replaces it, instead
-  // of giving way to the new scorer's first score, however worse. One from another run (its
-  // "run" is not this run's id: an embedding run that keeps the path, a scorer on another
-  // host) is replaced by the first score.
-  if (!s.best_model_path.empty() && std::filesystem::exists(s.best_model_path)) {
-    // Only reading the file is let fail: an error of the backend (a device failure, bad data)
-    // is the scorer's own and ends it, as it would at its first score.
-    std::optional<Checkpoint> found;
+  reporting_failure(link, r.name, [&] {
+    auto scores = std::make_shared<std::atomic<int64_t>>(0);
+    link.start_heartbeats(r.name, [scores] { return json{{"scores", scores->load()}}; },
+                          o.heartbeat_ms);
+    const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
+    if (servers.empty()) return end_role(link, r.name);
+    const RunSettings& s = r.settings;
+    // The rows scored: given to this scorer (a fed run), or the store's validation split.
+    DataSplits splits;
+    DatasetView validation;
+    if (o.validation) {
+      validation = o.validation->rows;
+    } else {
+      if (s.data.empty())
+        throw InputError(r.name + ": this run has no store (data) and the scorer was given no "
+                         "validation rows to score on");
+      splits = load_store_eval_splits(s.data);
+      validation = splits.validation.view();
+      if (validation.rows == 0)
+        throw InputError(r.name + ": the store " + s.data + " has no validation split to score on");
+    }
+    std::unique_ptr<Backend> backend = make_backend(parse_backend(s.backend), s.model, s.optimizer,
+                                                    s.scorer_threads, parse_precision(s.precision));
     try {
-      found = load_checkpoint(s.best_model_path, &s.model);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "%s: %s is unreadable (%s); the next score replaces it\n",
-                   r.name.c_str(), s.best_model_path.c_str(), e.what());
+      check_model_data(s.model, validation, true);
+    } catch (const InputError& e) {  // which rows, and whose: the worker's errors say as much
+      throw InputError(r.name + ": the validation rows it scores: " + e.what());
     }
-    const bool same_run = found && !r.run.empty() && found->extra.count("run") > 0 &&
-                          found->extra.at("run") == r.run;
-    if (same_run) {
-      backend->set_parameters(found->model);
-      best_loss = backend->evaluate(validation).loss_sum;
-      std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
-                   "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
+    ClientOptions client_settings = client_options(s, rc.context, o);
+    client_settings.cancel = o.cancel;
+    PsClient client(servers, client_settings);
+    Model model(s.model);
+    if (!init_parameters(client, r, link, model, /*may_stand_in=*/false)) {
+      return end_role(link, r.name);
     }
-  }
-  auto last_answer = Clock::now();
-  // A server restarting (silent), or restarted with no checkpoint to resume from (no
-  // parameters until a worker's repull gives it some): score again at the next interval,
-  // unless this has gone on for init_timeout_ms.
-  const auto try_again_later = [&](const char* problem, const std::exception& e) {
-    if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
-      throw Error(r.name + ": " + problem + " for " + std::to_string(s.init_timeout_ms / 1000) +
-                  " s: " + e.what());
-    std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
-  };
-  bool scored = false;  // model holds the parameters of the last score
-  for (auto next = Clock::now();;) {
-    const std::string phase = link.phase();
-    if (training_over(phase)) break;
-    check_coordinator(link, o, r.name);
-    const auto now = Clock::now();
-    if (now < next) {  // sleep until the next score is due, waking for a phase change
-      link.wait_phase_change(
-          phase, int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1);
-      continue;
+    const auto interval = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(s.score_interval_s));
+    double best_loss = std::numeric_limits<double>::infinity();
+    // A scorer restarted in the same run (launch restarts one that died) finds its predecessor's
+    // best model: scored again on these rows, it stays until a better score replaces it, instead
+    // of giving way to the new scorer's first score, however worse. One from another run (its
+    // "run" is not this run's id: an embedding run that keeps the path, a scorer on another
+    // host) is replaced by the first score.
+    if (!s.best_model_path.empty() && std::filesystem::exists(s.best_model_path)) {
+      // Only reading the file is let fail: an error of the backend (a device failure, bad data)
+      // is the scorer's own and ends it, as it would at its first score.
+      std::optional<Checkpoint> found;
+      try {
+        found = load_checkpoint(s.best_model_path, &s.model);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s: %s is unreadable (%s); the next score replaces it\n",
+                     r.name.c_str(), s.best_model_path.c_str(), e.what());
+      }
+      const bool same_run = found && !r.run.empty() && found->extra.count("run") > 0 &&
+                            found->extra.at("run") == r.run;
+      if (same_run) {
+        backend->set_parameters(found->model);
+        best_loss = backend->evaluate(validation).loss_sum;
+        std::fprintf(stderr, "%s: the best model so far (%s) scores %.6g; kept until a better "
+                     "score\n", r.name.c_str(), s.best_model_path.c_str(), best_loss);
+      }
     }
-    // An evaluation longer than the interval delays the next one: no burst to catch up.
-    next = std::max(next + interval, now);
-    PsResult result;
-    try {
-      result = client.pull().wait();
-      last_answer = Clock::now();
-    } catch (const transport::TransportError& e) {
-      try_again_later("the parameter servers have not answered", e);
-      continue;
-    } catch (const ServerError& e) {
-      if (!e.not_initialised()) throw;
-      try_again_later("a parameter server has had no parameters", e);
-      continue;
+    auto last_answer = Clock::now();
+    // A server restarting (silent), or restarted with no checkpoint to resume from (no
+    // parameters until a worker's repull gives it some): score again at the next interval,
+    // unless this has gone on for init_timeout_ms.
+    const auto try_again_later = [&](const char* problem, const std::exception& e) {
+      if (Clock::now() - last_answer > std::chrono::milliseconds(s.init_timeout_ms))
+        throw Error(r.name + ": " + problem + " for " + std::to_string(s.init_timeout_ms / 1000) +
+                    " s: " + e.what());
+      std::fprintf(stderr, "%s: %s; trying again\n", r.name.c_str(), e.what());
+    };
+    bool scored = false;  // model holds the parameters of the last score
+    for (auto next = Clock::now();;) {
+      const std::string phase = link.phase();
+      if (training_over(phase)) break;
+      check_coordinator(link, o, r.name);
+      const auto now = Clock::now();
+      if (now < next) {  // sleep until the next score is due, waking for a phase change
+        link.wait_phase_change(
+            phase,
+            int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1);
+        continue;
+      }
+      // An evaluation longer than the interval delays the next one: no burst to catch up.
+      next = std::max(next + interval, now);
+      PsResult result;
+      try {
+        result = client.pull().wait();
+        last_answer = Clock::now();
+      } catch (const transport::TransportError& e) {
+        try_again_later("the parameter servers have not answered", e);
+        continue;
+      } catch (const ServerError& e) {
+        if (!e.not_initialised()) throw;
+        try_again_later("a parameter server has had no parameters", e);
+        continue;
+      }
+      // Parameters that have not changed since the last score (workers waiting for data, for a
+      // lost worker's replacement, or done) would score the same again: a repeated point.
+      if (scored && same_bits(result.tensors, model.parameters())) continue;
+      scored = true;
+      model.parameters() = std::move(result.tensors);
+      backend->set_parameters(model);
+      const BatchStats stats = backend->evaluate(validation);
+      const double n = double(std::max<int64_t>(stats.samples, 1));
+      if (!s.best_model_path.empty() && stats.loss_sum < best_loss) {
+        // Written before the score is sent: once the coordinator sees a score, its parameters
+        // are on disk.
+        best_loss = stats.loss_sum;
+        Checkpoint best;
+        best.model = model;
+        best.optimizer = s.optimizer;
+        mark_parameters_only(best);  // Adam's moments stay in the servers' shards
+        best.step = int64_t(result.version);
+        best.seed = s.seed;
+        best.batch = s.batch;
+        best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";
+        best.extra["trained_with"] = to_string(s.optimizer.kind);
+        char loss_text[32];  // every digit, as tandem train writes it (to_string kept six decimals)
+        std::snprintf(loss_text, sizeof loss_text, "%.17g", stats.loss_sum);
+        best.extra["validation_loss"] = loss_text;
+        best.extra["run"] = r.run;
+        save_checkpoint(s.best_model_path, best);
+      }
+      link.request({{"type", "score"}, {"name", r.name}, {"step", result.version},
+                    {"loss", stats.loss_sum}, {"loss_mean", stats.loss_sum / n},
+                    {"accuracy", double(stats.correct) / n}, {"samples", stats.samples}});
+      *scores += 1;
     }
-    // Parameters that have not changed since the last score (workers waiting for data, for a
-    // lost worker's replacement, or done) would score the same again: a repeated point.
-    if (scored && same_bits(result.tensors, model.parameters())) continue;
-    scored = true;
-    model.parameters() = std::move(result.tensors);
-    backend->set_parameters(model);
-    const BatchStats stats = backend->evaluate(validation);
-    const double n = double(std::max<int64_t>(stats.samples, 1));
-    if (!s.best_model_path.empty() && stats.loss_sum < best_loss) {
-      // Written before the score is sent: once the coordinator sees a score, its parameters
-      // are on disk.
-      best_loss = stats.loss_sum;
-      Checkpoint best;
-      best.model = model;
-      best.optimizer = s.optimizer;
-      mark_parameters_only(best);  // Adam's moments stay in the servers' shards
-      best.step = int64_t(result.version);
-      best.seed = s.seed;
-      best.batch = s.batch;
-      best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";
-      best.extra["trained_with"] = to_string(s.optimizer.kind);
-      char loss_text[32];  // every digit, as tandem train writes it (to_string kept six decimals)
-      std::snprintf(loss_text, sizeof loss_text, "%.17g", stats.loss_sum);
-      best.extra["validation_loss"] = loss_text;
-      best.extra["run"] = r.run;
-      save_checkpoint(s.best_model_path, best);
-    }
-    link.request({{"type", "score"}, {"name", r.name}, {"step", result.version},
-                  {"loss", stats.loss_sum}, {"loss_mean", stats.loss_sum / n},
-                  {"accuracy", double(stats.correct) / n}, {"samples", stats.samples}});
-    *scores += 1;
-  }
-  end_role(link, r.name);
+    end_role(link, r.name);
+  });
 }
 
 }  // namespace

@@ -149,7 +149,8 @@ void train_fed(const Worker& w) {
         w.trainer.rest();
         continue;
       }
-      check_fed_block(w.r.name, w.r.settings.model, block->rows);  // (one queued before)
+      // (Again for a block that passed it when pushed: one queued before it was set did not.)
+      check_fed_block(w.r.name, w.r.settings.model, block->rows);
       if (!train_block(w, block->rows, batches)) break;
     }
   } catch (...) {
@@ -237,38 +238,40 @@ void worker_role(const RoleOptions& o) {
   link.set_cancel(o.cancel);
   const RoleRegistration r = register_role(link, o, "worker");
   feed_closer.name(r.name);
-  auto status = std::make_shared<WorkerStatus>();
-  link.start_heartbeats(r.name, WorkerHeartbeat(status, r.settings.step_timeout_s, r.name),
-                        o.heartbeat_ms);
-  const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
-  if (servers.empty()) {
-    feed_closer.close(" has stopped: training ended before it began");
-    return end_role(link, r.name);
-  }
-  const RunSettings& s = r.settings;
-  if (s.fed && !o.feed)
-    throw InputError(r.name + ": this run trains on fed batches, and this worker was started "
-                     "without a feed (start it from the Python package: tandem.WorkerRole)");
-  // A feed to a worker of a run that trains on its store would be taken and never trained on:
-  // closed at once, so that feeding it says why.
-  if (!s.fed)
-    feed_closer.close(" trains on the run's data store (" + s.data + "), not on fed blocks: "
-                      "start the run with the setting 'fed': True to train on what is fed");
-  // The stream first: no backend is started for a store that does not fit the model.
-  const std::unique_ptr<ChunkManager> stream = s.fed ? nullptr : open_stream(o, r);
-  WorkerTrainer trainer(o, rc.context, link, r, *status, servers);
-  if (!trainer.start()) {
-    feed_closer.close(" has stopped: training ended before it began");
-    return end_role(link, r.name);
-  }
-  const Worker w{o, link, r, *status, trainer};
-  if (s.fed) train_fed(w);
-  else train_tasks(w, *stream);
-  trainer.finish();  // the last gradient, applied (or lost)
-  nlohmann::json counters = status->counters();
-  counters["queue_depth"] = 0;
-  counters["idle"] = false;  // (it has left: no longer waiting for a batch)
-  end_role(link, r.name, counters);
+  reporting_failure(link, r.name, [&] {
+    auto status = std::make_shared<WorkerStatus>();
+    link.start_heartbeats(r.name, WorkerHeartbeat(status, r.settings.step_timeout_s, r.name),
+                          o.heartbeat_ms);
+    const std::vector<std::string> servers = wait_for_cluster(link, o, r.name);
+    if (servers.empty()) {
+      feed_closer.close(" has stopped: training ended before it began");
+      return end_role(link, r.name);
+    }
+    const RunSettings& s = r.settings;
+    if (s.fed && !o.feed)
+      throw InputError(r.name + ": this run trains on fed batches, and this worker was started "
+                       "without a feed (start it from the Python package: tandem.WorkerRole)");
+    // A feed to a worker of a run that trains on its store would be taken and never trained on:
+    // closed at once, so that feeding it says why.
+    if (!s.fed)
+      feed_closer.close(" trains on the run's data store (" + s.data + "), not on fed blocks: "
+                        "start the run with the setting 'fed': True to train on what is fed");
+    // The stream first: no backend is started for a store that does not fit the model.
+    const std::unique_ptr<ChunkManager> stream = s.fed ? nullptr : open_stream(o, r);
+    WorkerTrainer trainer(o, rc.context, link, r, *status, servers);
+    if (!trainer.start()) {
+      feed_closer.close(" has stopped: training ended before it began");
+      return end_role(link, r.name);
+    }
+    const Worker w{o, link, r, *status, trainer};
+    if (s.fed) train_fed(w);
+    else train_tasks(w, *stream);
+    trainer.finish();  // the last gradient, applied (or lost)
+    nlohmann::json counters = status->counters();
+    counters["queue_depth"] = 0;
+    counters["idle"] = false;  // (it has left: no longer waiting for a batch)
+    end_role(link, r.name, counters);
+  });
 }
 
 }  // namespace

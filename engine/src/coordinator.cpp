@@ -335,6 +335,14 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
   }
   if (type == "goodbye") {
     role.state = "stopped";
+    // A role that stopped on an error of its own says it: the log named only a missing heartbeat
+    // (3 s later) when the cause was on the role's node. Its place is free for another, as any
+    // role's that has left.
+    if (const std::string error = json_string_or(r, "error", ""); !error.empty()) {
+      std::fprintf(stderr, "coordinator: %s stopped on an error: %s\n", name.c_str(),
+                   error.c_str());
+      role.error = error;
+    }
     if (r.contains("status") && r["status"].is_object()) role.status = r["status"];
     // A worker stopping mid-task says how far it got: only the batches after that are
     // handed out again (from its last heartbeat, they would be trained twice).
@@ -811,6 +819,7 @@ json Coordinator::state(bool with_scores) const {
     roles.push_back({{"role", role.role}, {"name", name}, {"address", role.address},
                      {"state", role.state}, {"pid", role.pid}, {"host", role.host},
                      {"last_seen_s", std::chrono::duration<double>(now - role.last_seen).count()}});
+    if (!role.error.empty()) roles.back()["error"] = role.error;
     const json& st = role.status;
     if (role.role == "worker") {
       const double rate = gone(role.state) ? 0.0 : json_number_or(st, "samples_per_s", 0);

@@ -186,6 +186,7 @@ class Coordinator {
     int index = 0;
     int64_t pid = 0;
     std::string state = "registered";  // registered, running, lost, stopped
+    std::string error;  // the error a role that stopped on one said in its goodbye
     std::chrono::steady_clock::time_point last_seen;
     nlohmann::json status = nlohmann::json::object();
   };

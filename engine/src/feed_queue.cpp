@@ -8,22 +8,32 @@
 namespace tandem {
 
 bool FeedQueue::push(FedBlock block, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::unique_lock<std::mutex> lock(mutex_);
-  if (const auto check = check_) {  // (a copy: run outside the lock, it reads every label)
-    lock.unlock();
-    (*check)(block.rows);
-    lock.lock();
+  // The check the block has passed: one set while it waited for room is run too, before it is
+  // queued (a feeder blocked on a full queue as the worker registers is the common case).
+  std::shared_ptr<const std::function<void(const DatasetView&)>> passed;
+  for (;;) {
+    if (closed_) throw Error("cannot feed this worker: " + why_closed_);
+    if (check_ && check_ != passed) {
+      const auto check = check_;
+      lock.unlock();  // (it reads every label)
+      (*check)(block.rows);
+      lock.lock();
+      passed = check;
+      continue;
+    }
+    if (capacity_ == 0 || blocks_.size() < capacity_) break;
+    auto woken = [&] {
+      return closed_ || (check_ && check_ != passed) || blocks_.size() < capacity_;
+    };
+    ++waiting_;
+    bool ready = true;
+    if (timeout_ms < 0) changed_.wait(lock, woken);
+    else ready = changed_.wait_until(lock, deadline, woken);
+    --waiting_;
+    if (!ready) return false;
   }
-  auto room = [&] { return closed_ || capacity_ == 0 || blocks_.size() < capacity_; };
-  ++waiting_;
-  bool has_room = true;
-  if (timeout_ms < 0)
-    changed_.wait(lock, room);
-  else
-    has_room = changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), room);
-  --waiting_;
-  if (!has_room) return false;
-  if (closed_) throw Error("cannot feed this worker: " + why_closed_);
   rows_fed_ += block.rows.rows;
   blocks_fed_ += 1;
   blocks_.push_back(std::move(block));
@@ -48,6 +58,7 @@ void FeedQueue::check_blocks_with(std::function<void(const DatasetView&)> check)
   auto shared = std::make_shared<const std::function<void(const DatasetView&)>>(std::move(check));
   std::lock_guard<std::mutex> lock(mutex_);
   check_ = std::move(shared);
+  changed_.notify_all();  // a push waiting for room runs it before queueing its block
 }
 
 void FeedQueue::close(const std::string& why) {

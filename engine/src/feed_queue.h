@@ -32,7 +32,8 @@ class FeedQueue {
   // Queues a block. Waits for room up to timeout_ms (negative: as long as it takes); false when
   // the wait timed out. Throws Error once the queue is closed (the worker has stopped), and what
   // the check set by check_blocks_with throws (an InputError for a block that does not fit the
-  // model), before it waits: the feeder hears of a bad block at once.
+  // model): run before it waits, and again if the check is set while it waits, so the feeder
+  // hears of a bad block at once and no block is queued without it.
   bool push(FedBlock block, int timeout_ms = -1);
   // The worker's check of a block against its run's model, once it knows the model: push() runs
   // it on every block from then on (the worker checks those queued before as it takes them).

@@ -126,6 +126,8 @@ class PredictionsOutput {
 // not finite, rather than blame the model.
 void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what,
                          const char* consequence = "it has no predicted class");
+// check_pixels_finite's consequence for an evaluation (tandem eval, Model.evaluate).
+inline constexpr const char* kNoLossScored = "no loss can be scored on it";
 // The same for logits: InputError naming the first row whose logits are not all finite (pixels
 // so large that the logits overflow).
 void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,

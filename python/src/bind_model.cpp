@@ -148,7 +148,7 @@ void bind_model(py::module_& m) {
              // A NaN or infinite pixel is named (as tandem eval does), not taken for a model
              // that diverged.
              if (!std::isfinite(result.loss_sum))
-               check_pixels_finite(rows.block.rows, 0, "images", "no loss can be scored on it");
+               check_pixels_finite(rows.block.rows, 0, "images", kNoLossScored);
              return eval_dict(result);
            },
            "images"_a, "labels"_a, "threads"_a = 0,
@@ -278,10 +278,10 @@ void bind_model(py::module_& m) {
         // encoding the one returned take seconds for a large model: without the GIL, as the
         // training itself, so that other Python threads go on.
         const std::unique_ptr<Trainer> trainer_owned =
-            without_gil([&] { return std::make_unique<Trainer>(config); });
+            computing_without_gil([&] { return std::make_unique<Trainer>(config); });
         Trainer& trainer = *trainer_owned;
         if (resumed) {
-          without_gil([&] { trainer.resume(*resumed, "resume state"); });
+          computing_without_gil([&] { trainer.resume(*resumed, "resume state"); });
           resumed.reset();  // the trainer holds what it needs of it
         }
         if (on_epoch) {
@@ -318,7 +318,7 @@ void bind_model(py::module_& m) {
                            "data holds NaN or infinite values)");
         if (!return_state) return py::make_tuple(trainer.model(), summary_dict(summary));
         const std::vector<uint8_t> state =
-            without_gil([&] { return encode_checkpoint(trainer.resume_state()); });
+            computing_without_gil([&] { return encode_checkpoint(trainer.resume_state()); });
         return py::make_tuple(trainer.model(), summary_dict(summary),
                               py::bytes(reinterpret_cast<const char*>(state.data()), state.size()));
       },

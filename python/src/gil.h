@@ -32,8 +32,17 @@ inline bool python_finalizing() {
 struct ExitGate {
   std::atomic<int> inside{0};
   std::atomic<bool> closed{false};
+  // The thread that closed it (PyThread_get_thread_ident), the one exiting: what it runs in a
+  // later atexit hook goes on as before (parked, it would hang the exit).
+  std::atomic<unsigned long> exiting_thread{0};
 };
 inline ExitGate exit_gate;
+
+// Whether the gate is closed to this thread: closed, and this is not the exiting thread.
+inline bool exit_gate_closed_here() {
+  return exit_gate.closed.load() &&
+         PyThread_get_thread_ident() != exit_gate.exiting_thread.load();
+}
 
 // Runs f() under the GIL from any thread, unless the interpreter is exiting: false then, and f
 // is not run (what it would release is left to the exiting process).
@@ -43,7 +52,7 @@ bool with_gil_unless_exiting(F&& f) {
     Inside() { exit_gate.inside.fetch_add(1); }  // before looking at closed: see close_exit_gate
     ~Inside() { exit_gate.inside.fetch_sub(1); }
   } inside;
-  if (exit_gate.closed.load() || python_finalizing()) return false;
+  if (exit_gate_closed_here() || python_finalizing()) return false;
   pybind11::gil_scoped_acquire gil;
   std::forward<F>(f)();
   return true;
@@ -54,11 +63,15 @@ bool with_gil_unless_exiting(F&& f) {
 // exits crashed in OpenBLAS, whose memory the exit's library destructors had freed under it.
 struct EngineWork {
   std::atomic<int> running{0};
-  // Python's main thread (PyThread_get_thread_ident), the one that runs the atexit hooks.
-  unsigned long main_thread = 0;
 };
 inline EngineWork engine_work;
 inline thread_local bool in_engine_work = false;  // this thread is counted in engine_work
+
+// In a child of fork() only the forking thread goes on: the parent's other threads' counts
+// would have its exit wait 30 s for computations that are not there (registered at import).
+inline void forget_other_threads_work_after_fork() {
+  engine_work.running.store(in_engine_work ? 1 : 0);
+}
 
 // For a thread of the caller's in the engine (tandem.train on a daemon thread) that finds
 // Python exiting: it waits here for the process to end, out of the engine, no longer counted as
@@ -77,6 +90,7 @@ inline thread_local bool in_engine_work = false;  // this thread is counted in e
 // closed or is counted inside before the count is read here.) Bounded: a thread inside that
 // never finishes (or a count copied from a parent process by fork) does not hold the exit.
 inline void close_exit_gate() {
+  exit_gate.exiting_thread.store(PyThread_get_thread_ident());  // before the gate shuts
   exit_gate.closed.store(true);
   PyThreadState* state = PyEval_SaveThread();  // the threads inside need the GIL
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -109,7 +123,8 @@ decltype(auto) without_gil(F&& f) {
 
 // without_gil for the engine's computations: counted in engine_work while they run. One that
 // a thread other than the exiting one would start once the exit has begun waits for the exit
-// instead (the libraries it needs go with it).
+// instead (the libraries it needs go with it), unless it is nested in one already counted (an
+// on_epoch callback's predict), which the exit hook waits for anyway.
 template <typename F>
 decltype(auto) computing_without_gil(F&& f) {
   return without_gil([&]() -> decltype(auto) {
@@ -126,8 +141,7 @@ decltype(auto) computing_without_gil(F&& f) {
         engine_work.running.fetch_sub(1);
       }
     } counted;
-    if (exit_gate.closed.load() && PyThread_get_thread_ident() != engine_work.main_thread)
-      wait_for_the_exit();
+    if (counted.outermost && exit_gate_closed_here()) wait_for_the_exit();
     return std::forward<F>(f)();
   });
 }

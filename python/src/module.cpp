@@ -3,6 +3,8 @@
 // for bad input, tandem.InputError (also a ValueError), carrying the engine's own message.
 #include <pybind11/pybind11.h>
 
+#include <pthread.h>
+
 #include "blas_kernels.h"
 #include "gil.h"
 #include "tandem/error.h"
@@ -24,8 +26,7 @@ PYBIND11_MODULE(_tandem, m) {
   // Before the interpreter finalizes: the cluster's threads end (a thread left in the engine
   // when the process exits meets libraries whose destructors have run), then engine threads
   // stop taking the GIL (gil.h).
-  tandem::python::engine_work.main_thread =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  ::pthread_atfork(nullptr, nullptr, &tandem::python::forget_other_threads_work_after_fork);
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     try {
       tandem::python::end_cluster_threads_at_exit();

@@ -889,9 +889,13 @@ class RolesTest(unittest.TestCase):
             print("exiting", flush=True)
             """
         for call in ("predict", "evaluate", "predict"):
+            started = time.monotonic()
             done = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__), call],
                                   capture_output=True, text=True, timeout=120)
             self.assertEqual((done.returncode, done.stdout), (0, "exiting\n"), done.stderr)
+            # Waited for as long as the call takes (a second or two), not the hook's 30 s.
+            self.assertNotIn("still running", done.stderr)
+            self.assertLess(time.monotonic() - started, 20)
 
     def test_a_dropped_running_role_does_not_hang(self):
         coordinator = tandem.Coordinator({"fed": True, "model": "784-32-10"}, ps=1, workers=1,

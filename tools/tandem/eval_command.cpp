@@ -26,9 +26,6 @@ struct EvalOptions {
   CLI::Option* validation_rows_option = nullptr;
 };
 
-// A pixel that is NaN or infinite makes the loss NaN: the row is named, not the model blamed.
-constexpr const char* kNoLoss = "no loss can be scored on it";
-
 // A store's training split can be far larger than memory (prepare --copies 20): streamed through
 // the chunk manager in store order, batch by batch, the sums added up.
 EvalResult evaluate_store_training_split(const Model& model, const std::string& path,
@@ -45,7 +42,7 @@ EvalResult evaluate_store_training_split(const Model& model, const std::string& 
   while (stream->next(batch)) {
     const EvalResult r = evaluate_model(model, batch, threads);
     if (!std::isfinite(r.loss_sum))
-      check_pixels_finite(batch, first_row, "the train split of " + path, kNoLoss);
+      check_pixels_finite(batch, first_row, "the train split of " + path, kNoLossScored);
     first_row += batch.rows;
     total.loss_sum += r.loss_sum;
     total.correct += r.correct;
@@ -112,8 +109,9 @@ void run_eval(const EvalOptions& o) {
   // Logits that overflow (parameters or pixels past what the model can take: a run that
   // diverged, say) give no loss, and their rows no predicted class (predict refuses them): not
   // a result to report.
+  // A pixel that is NaN or infinite makes the loss NaN: the row is named, not the model blamed.
   if (!std::isfinite(r.loss_sum) && !streamed)  // (streamed: checked batch by batch)
-    check_pixels_finite(split.view(), 0, "the " + o.split + " split of " + o.data, kNoLoss);
+    check_pixels_finite(split.view(), 0, "the " + o.split + " split of " + o.data, kNoLossScored);
   if (!std::isfinite(r.loss_sum))
     throw InputError("model " + o.model + ": its loss on the " + o.split + " split of " +
                      o.data + " is not finite (its logits overflow: parameters or pixels too "
