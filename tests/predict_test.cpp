@@ -140,6 +140,32 @@ TEST(Predictor, ClassesEqualSingleThreadedPredictionBitExactly) {
   EXPECT_DOUBLE_EQ(s.accuracy, eval.accuracy);
 }
 
+// Block by block (the Python package looks at Ctrl-C between two blocks): the same classes and
+// probabilities as one call over every row, between_blocks called before each block but the
+// first, and what it throws ends the prediction there.
+TEST(Predictor, PredictionInBlocksStopsWhereItsCallbackThrows) {
+  const Model model = Model::initialized(ModelConfig::parse("4-3-2"), 9);
+  const Dataset data = test::separable_dataset(20000, 4, 2, 3);  // blocks of 8192: three
+  const std::vector<uint8_t> whole = predict(model, data.view(), 2);
+  std::vector<uint8_t> ids(whole.size(), 255);
+  std::vector<float> probabilities(whole.size() * 2, -1.0f);
+  int calls = 0;
+  predict_in_blocks(model, data.view(), 2, ids.data(), probabilities.data(), [&] { ++calls; });
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(ids, whole);
+  for (size_t r = 0; r < whole.size(); ++r)
+    ASSERT_GE(probabilities[r * 2 + whole[r]], probabilities[r * 2 + 1 - whole[r]]) << r;
+  std::fill(ids.begin(), ids.end(), 255);
+  calls = 0;
+  EXPECT_THROW(predict_in_blocks(model, data.view(), 2, ids.data(), nullptr,
+                                 [&] {
+                                   if (++calls == 2) throw Error("interrupted");
+                                 }),
+               Error);
+  EXPECT_TRUE(std::equal(ids.begin(), ids.begin() + 2 * 8192, whole.begin()));
+  EXPECT_TRUE(std::all_of(ids.begin() + 2 * 8192, ids.end(), [](uint8_t c) { return c == 255; }));
+}
+
 TEST(Predictor, ThreadCountAndProcessSharesChangeNoBit) {
   Fixture f;
   PredictOptions o = cpu_options();

@@ -579,6 +579,29 @@ void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, ui
     softmax_row(logits + r * classes, classes, ids[size_t(r)], probabilities + r * classes);
 }
 
+void predict_in_blocks(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
+                       float* probabilities, const std::function<void()>& between_blocks,
+                       int64_t first_row) {
+  check_model_data(model.config(), view, false);
+  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
+  backend->set_parameters(model);
+  // A row's logits do not depend on the others': block by block gives the same bits. Small
+  // enough that Ctrl-C is heard within a fraction of a second, large enough for whole GEMMs.
+  constexpr int64_t kBlockRows = 8192;
+  const int64_t classes = model.config().classes();
+  std::vector<float> logits(size_t(std::min(view.rows, kBlockRows) * classes));
+  for (int64_t first = 0; first < view.rows; first += kBlockRows) {
+    if (first > 0 && between_blocks) between_blocks();
+    const DatasetView block = view.slice(first, std::min(view.rows, first + kBlockRows));
+    if (probabilities != nullptr)
+      predict_rows(*backend, block, classes, ids + first, probabilities + first * classes,
+                   logits.data(), first_row + first);
+    else
+      predict_logits_checked(*backend, block, classes, ids + first, logits.data(),
+                             first_row + first, "images");
+  }
+}
+
 void softmax_row(const float* logits, int64_t classes, uint8_t argmax, float* probabilities) {
   const float top = logits[argmax];
   double sum = 0.0;

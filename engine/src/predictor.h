@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 
 #include "run_dir_lock.h"
 #include "tandem/config.h"
+#include "tandem/model.h"
 #include "zarr/zarr_array.h"
 
 namespace tandem {
@@ -147,6 +149,16 @@ void predict_logits_checked(Backend& backend, const DatasetView& view, int64_t c
 // check_logits_finite; the view's rows are counted from first_row, "images: row N").
 void predict_rows(Backend& backend, const DatasetView& view, int64_t classes, uint8_t* ids,
                   float* probabilities, float* logits, int64_t first_row = 0);
+
+// Class ids of every row of `view` (and, when `probabilities` is given, each row's softmax into
+// it, rows x classes), a block of 8,192 rows at a time on one CPU backend: the logits' buffer stays
+// the size of a block however many rows there are, and `between_blocks`, when given, is called
+// before each block but the first (the Python package looks at Ctrl-C there; what it throws
+// ends the prediction). Rows are named in errors from `first_row` ("images: row N").
+// tandem::predict, Model.predict and tandem.dask.predict's chunks go through it.
+void predict_in_blocks(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
+                       float* probabilities, const std::function<void()>& between_blocks = {},
+                       int64_t first_row = 0);
 
 struct PredictOptions {
   std::string split = "test";  // train, validation or test

@@ -437,19 +437,8 @@ EvalResult evaluate_model(const Model& model, const DatasetView& data, int threa
 
 std::vector<uint8_t> predict(const Model& model, const DatasetView& data, int threads) {
   check_model_data(model.config(), data, false);  // before the output is sized by its rows
-  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
-  backend->set_parameters(model);
   std::vector<uint8_t> out(static_cast<size_t>(data.rows));
-  // The logits, checked like tandem predict's, a block of rows at a time: their buffer stays
-  // the same size however many rows there are (a row's logits do not depend on the others').
-  constexpr int64_t kBlockRows = 65536;
-  const int64_t classes = model.config().classes();
-  std::vector<float> logits(size_t(std::min(data.rows, kBlockRows) * classes));
-  for (int64_t first = 0; first < data.rows; first += kBlockRows) {
-    const DatasetView block = data.slice(first, std::min(data.rows, first + kBlockRows));
-    predict_logits_checked(*backend, block, classes, out.data() + first, logits.data(), first,
-                           "images");
-  }
+  predict_in_blocks(model, data, threads, out.data(), nullptr);
   return out;
 }
 

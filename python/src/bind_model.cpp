@@ -158,10 +158,13 @@ void bind_model(py::module_& m) {
               bool probabilities) -> py::object {
              if (probabilities) return predict_with_probabilities(model, images, threads);
              const ArrayRows rows = array_rows(images, py::none(), false);
-             const std::vector<uint8_t> classes =
-                 computing_without_gil([&] { return predict(model, rows.block.rows, threads); });
-             py::array_t<uint8_t> out(py::ssize_t(classes.size()));
-             std::copy(classes.begin(), classes.end(), out.mutable_data());
+             py::array_t<uint8_t> out(py::ssize_t(rows.block.rows.rows));
+             uint8_t* classes = out.mutable_data();
+             // Ctrl-C is looked at between two blocks of rows, as train does between steps.
+             computing_without_gil([&] {
+               predict_in_blocks(model, rows.block.rows, threads, classes, nullptr,
+                                 look_at_signals_from_the_engine);
+             });
              return std::move(out);
            },
            "images"_a, "threads"_a = 0, "probabilities"_a = false,
@@ -302,11 +305,7 @@ void bind_model(py::module_& m) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last < std::chrono::milliseconds(100)) return;
           last = now;
-          // Not while Python exits: the thread waits for the exit there (gil.h).
-          const bool looked = with_gil_unless_exiting([] {
-            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-          });
-          if (!looked) wait_for_the_exit();
+          look_at_signals_from_the_engine();
         };
         const TrainSummary summary = computing_without_gil([&] {
           return trainer.fit(train_rows.block.rows, val_rows ? val_rows->block.rows : DatasetView{},

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "array_rows.h"
-#include "backend.h"
 #include "gil.h"
 #include "predictor.h"
 #include "py_json.h"
@@ -39,18 +38,6 @@ PredictionsLayout layout_of(int format, int64_t rows, int64_t chunk_rows, int64_
   return l;
 }
 
-// Class ids and probabilities of every row of `rows`, as tandem predict computes them; a row
-// with a pixel or logit that is not finite is refused, named counting from first_row.
-void predict_view(const Model& model, const DatasetView& view, int threads, uint8_t* ids,
-                  float* probabilities, int64_t first_row = 0) {
-  check_model_data(model.config(), view, false);
-  const int64_t classes = model.config().classes();
-  auto backend = make_cpu_backend(model.config(), OptimizerConfig{}, threads);
-  backend->set_parameters(model);
-  std::vector<float> logits(size_t(view.rows * classes));
-  predict_rows(*backend, view, classes, ids, probabilities, logits.data(), first_row);
-}
-
 }  // namespace
 
 py::tuple predict_with_probabilities(const Model& model, py::handle images, int threads) {
@@ -61,7 +48,10 @@ py::tuple predict_with_probabilities(const Model& model, py::handle images, int 
   py::array_t<float> probabilities({py::ssize_t(view.rows), py::ssize_t(classes)});
   uint8_t* id_data = ids.mutable_data();
   float* p_data = probabilities.mutable_data();
-  computing_without_gil([&] { predict_view(model, view, threads, id_data, p_data); });
+  // Ctrl-C is looked at between two blocks of rows, as train does between steps.
+  computing_without_gil([&] {
+    predict_in_blocks(model, view, threads, id_data, p_data, look_at_signals_from_the_engine);
+  });
   return py::make_tuple(ids, probabilities);
 }
 
@@ -174,8 +164,8 @@ void bind_predict(py::module_& m) {
               // Zeros beyond the rows of an edge chunk, as tandem predict writes them.
               std::vector<uint8_t> ids(size_t(l.chunk_rows), 0);
               std::vector<float> probabilities(size_t(l.chunk_rows * l.classes), 0.0f);
-              predict_view(model, view, threads, ids.data(), probabilities.data(),
-                           chunk * l.chunk_rows);
+              predict_in_blocks(model, view, threads, ids.data(), probabilities.data(), {},
+                                chunk * l.chunk_rows);
               o.write_chunk(chunk, ids.data(), probabilities.data(),
                             reinterpret_cast<const uint8_t*>(input_digest.data()));
             });

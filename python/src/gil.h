@@ -85,6 +85,16 @@ inline void forget_other_threads_work_after_fork() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+// Looks at Ctrl-C (the signals Python handles) from a thread in the engine, between two steps
+// or blocks of its work: a handler's exception (KeyboardInterrupt) is thrown from here and ends
+// the engine's call. Not while Python exits: the thread waits for the exit here instead.
+inline void look_at_signals_from_the_engine() {
+  const bool looked = with_gil_unless_exiting([] {
+    if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
+  });
+  if (!looked) wait_for_the_exit();
+}
+
 // The atexit hook (called with the GIL): no thread enters the gate after it, and the threads
 // inside finish first. (With the sequentially consistent order, a thread either sees the gate
 // closed or is counted inside before the count is read here.) Bounded: a thread inside that
