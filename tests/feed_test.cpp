@@ -396,6 +396,15 @@ RoleOptions role_options(const Coordinator& c, zmq::context_t& context, const st
   return o;
 }
 
+// Starts ps0 and worker0, fed from `feed`; returns the worker's index in `roles`.
+size_t start_server_and_fed_worker(const Coordinator& c, zmq::context_t& context,
+                                   RoleThreads& roles, const std::shared_ptr<FeedQueue>& feed) {
+  roles.start(run_ps_role, role_options(c, context, "ps0"));
+  RoleOptions o = role_options(c, context, "worker0");
+  o.feed = feed;
+  return roles.start(run_worker_role, o);
+}
+
 // Ends a run whose workers and scorer are gone or failed: the servers are told to exit.
 void finish_run(Coordinator& c, RoleThreads& roles) {
   c.request_stop("the test is over");
@@ -664,10 +673,7 @@ TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
   Dataset bad = test::separable_dataset(8, 40, 4, 6);
   bad.label_data()[3] = 7;
   feed->push(data_block(std::move(bad), live));
-  roles.start(run_ps_role, role_options(c, context, "ps0"));
-  RoleOptions o = role_options(c, context, "worker0");
-  o.feed = feed;
-  const size_t worker = roles.start(run_worker_role, o);
+  const size_t worker = start_server_and_fed_worker(c, context, roles, feed);
   roles.join_one(worker);  // it stops on its own, on the bad block
   std::string why;
   ASSERT_TRUE(threw_input_error(roles, "worker0", why));
@@ -818,10 +824,7 @@ TEST(FedRun, AWorkerWhoseInputEndsTrainsWhatWasQueuedAndLeaves) {
   for (uint32_t i = 0; i < 3; ++i)
     feed->push(data_block(test::separable_dataset(130, 40, 4, 300 + i), live));
   feed->end_input("no more blocks");
-  roles.start(run_ps_role, role_options(c, context, "ps0"));
-  RoleOptions o = role_options(c, context, "worker0");
-  o.feed = feed;
-  const size_t worker = roles.start(run_worker_role, o);
+  const size_t worker = start_server_and_fed_worker(c, context, roles, feed);
   roles.join_one(worker);
   EXPECT_EQ(roles.errors(), "");
   EXPECT_EQ(c.batches_done(), 9);
@@ -840,10 +843,7 @@ TEST(FedRun, ABadBlockFedWhileTrainingIsRefusedToItsFeederAndTheRunGoesOn) {
   Coordinator c(fed_coordinator(context, s, 1, 1, 0));
   RoleThreads roles(c);
   auto feed = std::make_shared<FeedQueue>();
-  roles.start(run_ps_role, role_options(c, context, "ps0"));
-  RoleOptions o = role_options(c, context, "worker0");
-  o.feed = feed;
-  const size_t worker = roles.start(run_worker_role, o);
+  const size_t worker = start_server_and_fed_worker(c, context, roles, feed);
   // A good block taken off the queue: the worker is training, its check set.
   feed->push(data_block(test::separable_dataset(60, 40, 4, 5), live));
   for (int i = 0; i < 600 && feed->depth() > 0; ++i)
@@ -891,10 +891,7 @@ TEST(FedRun, AWorkerThatFailsBeforeTrainingClosesItsFeed) {
   RoleThreads roles(c);
   BlockedFeeder feeder(live);
   const std::shared_ptr<FeedQueue>& feed = feeder.feed;
-  roles.start(run_ps_role, role_options(c, context, "ps0"));
-  RoleOptions o = role_options(c, context, "worker0");
-  o.feed = feed;
-  const size_t worker = roles.start(run_worker_role, o);
+  const size_t worker = start_server_and_fed_worker(c, context, roles, feed);
   roles.join_one(worker);
   std::string why;
   ASSERT_TRUE(threw_input_error(roles, "worker0", why));

@@ -82,10 +82,7 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   std::string hidden;
   for (size_t i = 1; i + 1 < layers.size(); ++i) hidden += (i > 1 ? "," : "") + std::to_string(layers[i]);
   if (o.hidden_option->count() == 0) o.hidden = hidden;
-  // The optimizer and shuffle go on as options (run_train reads them): what the command line
-  // gives, taken from the checkpoint where it gives nothing.
-  config.optimizer.kind = parse_optimizer(o.optimizer);
-  config.shuffle = o.shuffle == "on";
+  // (config holds the command line's optimizer and shuffle already: run_train parsed them.)
   GivenSettings given;
   given.optimizer = o.optimizer_option->count() > 0;
   given.learning_rate = o.lr_option->count() > 0;
@@ -95,8 +92,6 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   for (const DifferentSetting& d :
        take_checkpointed_settings(ckpt, given, "checkpoint " + o.config.resume_path, config))
     note(d.name == "learning_rate" ? "--lr" : "--" + d.name, d.given, d.theirs);
-  o.optimizer = to_string(config.optimizer.kind);
-  o.shuffle = config.shuffle ? "on" : "off";
   // From IDX files the validation split is the training file's last --validation-rows rows:
   // another count trains on other rows (and drops the carried best, scored on another split).
   // Older checkpoints name it only when scored (validation_samples).
@@ -111,13 +106,14 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
 
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
-  std::optional<Checkpoint> resume_from;
-  if (!config.resume_path.empty()) resume_from = continue_checkpointed_run(o);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);
   config.shuffle = o.shuffle == "on";
   config.keep_best = o.keep == "best";
+  // A resumed run takes from its checkpoint what the command line does not give (these included).
+  std::optional<Checkpoint> resume_from;
+  if (!config.resume_path.empty()) resume_from = continue_checkpointed_run(o);
   // --data is either a directory of IDX files (read into memory) or a dataset store (the training
   // split streamed through the chunk manager, validation and test read into memory).
   DataSplits data;
