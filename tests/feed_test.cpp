@@ -704,6 +704,32 @@ TEST(FedRun, ABadLabelFailsTheWorkerNamingTheLabelAndRowAndClosesItsFeed) {
   finish_run(c, roles);
 }
 
+// A server that fails after registering (here: its address is taken) says why to the coordinator
+// as it leaves: the coordinator's log and state named only a missing heartbeat, 3 s later.
+TEST(FedRun, AServerThatCannotBindSaysWhyToTheCoordinator) {
+  RunSettings s = fed_settings();
+  zmq::context_t context(1);
+  Coordinator c(fed_coordinator(context, s, 1, 1, 0));
+  RoleThreads roles(c);
+  zmq::socket_t squatter(context, zmq::socket_type::router);
+  squatter.bind("tcp://127.0.0.1:*");
+  const std::string taken = squatter.get(zmq::sockopt::last_endpoint);
+  RoleOptions o = role_options(c, context, "ps0");
+  o.bind = taken;
+  roles.join_one(roles.start(run_ps_role, o));
+  const std::string thrown = roles.errors();
+  EXPECT_TRUE(test::contains(thrown, taken)) << thrown;
+  bool said = false;
+  const nlohmann::json state = c.state();
+  for (const nlohmann::json& role : state["roles"])
+    if (role["name"] == "ps0") {
+      said = true;
+      EXPECT_EQ(role["state"], "stopped") << role.dump();
+      EXPECT_TRUE(test::contains(role.value("error", ""), taken)) << role.dump();
+    }
+  EXPECT_TRUE(said) << state.dump();
+}
+
 // Starts a server and `role` (named `name`, alone in its kind) in a fed run, and checks that the
 // role fails with an InputError naming it and containing each of `says`.
 void expect_fed_role_fails(void (*role)(const RoleOptions&), const std::string& name, int workers,

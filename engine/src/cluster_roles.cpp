@@ -253,13 +253,9 @@ bool same_bits(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>
   return true;
 }
 
-// The role itself; run_ps_role wraps it (run_cancellable).
-void ps_role(const RoleOptions& o) {
-  RoleContext rc(o.context);
-  std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
-  CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
-  link.set_cancel(o.cancel);
-  const RoleRegistration r = register_role(link, o, "ps");
+// ps_role's work once registered: its server serves until the run ends.
+void serve_as_registered(const RoleOptions& o, const RoleRegistration& r, CoordinatorLink& link,
+                         std::unique_ptr<ParameterServer>& server) {
   ServerOptions so;
   so.mode = parse_mode(r.settings.ps_mode);
   so.replicas_to_aggregate = r.settings.replicas_to_aggregate;
@@ -314,6 +310,17 @@ void ps_role(const RoleOptions& o) {
   server->stop();  // writes the final checkpoint
   end_role(link, r.name);
 }
+
+// The role itself; run_ps_role wraps it (run_cancellable).
+void ps_role(const RoleOptions& o) {
+  RoleContext rc(o.context);
+  std::unique_ptr<ParameterServer> server;  // outlives the link's heartbeat thread
+  CoordinatorLink link(o.coordinator, rc.context, o.coordinator_lost_ms, o.coordinator_curve);
+  link.set_cancel(o.cancel);
+  const RoleRegistration r = register_role(link, o, "ps");
+  reporting_failure(link, r.name, [&] { serve_as_registered(o, r, link, server); });
+}
+
 // The role itself; run_scorer_role wraps it (run_cancellable).
 void scorer_role(const RoleOptions& o) {
   RoleContext rc(o.context);
