@@ -1055,6 +1055,37 @@ TEST(ArrayStats, MatchesTwoPassFloat64WithEdgeChunks) {
   }
 }
 
+// Values far from zero with a tiny spread (1e4 +- 1e-3): the chunks' means were merged as they
+// were, each off by about 1e-12 (the precision of 1e4), and the variance came out 7e-10 off,
+// relative, in chunks of 7 rows. They are merged relative to a value of the column now.
+TEST(ArrayStats, ATinySpreadFarFromZeroKeepsItsPrecisionAcrossChunks) {
+  TempDir dir;
+  const int64_t rows = 700, cols = 3;
+  const zarr::Array a = zarr::Array::create(
+      dir.file("far"), meta_of(zarr::Format::V3, zarr::DType::Float32, {rows, cols}, {7, 3}));
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(1e4f, 1e-3f);
+  std::vector<float> x(size_t(rows * cols));
+  for (float& v : x) v = normal(gen);
+  std::vector<uint8_t> bytes(x.size() * 4);
+  std::memcpy(bytes.data(), x.data(), bytes.size());
+  write_array(a, bytes, 4);
+  const ColumnStats s = column_stats(a, 1);
+  for (int64_t j = 0; j < cols; ++j) {
+    long double sum = 0, sum_sq = 0;  // the reference: two passes in 80-bit long double
+    for (int64_t r = 0; r < rows; ++r) sum += x[size_t(r * cols + j)];
+    const long double mean = sum / rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      const long double d = x[size_t(r * cols + j)] - mean;
+      sum_sq += d * d;
+    }
+    const double var = double(sum_sq / rows);
+    ASSERT_GT(var, 0.0);
+    EXPECT_NEAR(s.variance[size_t(j)], var, 1e-12 * var) << "column " << j;
+    EXPECT_NEAR(s.mean[size_t(j)], double(mean), 1e-15 * double(mean)) << "column " << j;
+  }
+}
+
 // A column holding infinities has NumPy's mean across chunks (inf, or NaN for +inf with -inf)
 // and a NaN variance; the merge of chunk results made every infinite mean NaN.
 TEST(ArrayStats, InfiniteColumnsHaveNumPysMean) {

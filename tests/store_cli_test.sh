@@ -301,4 +301,17 @@ expect_error "prepare of IDX files without images says so" \
   "$tandem" prepare --out "$dir/empty.zarr" --images "$dir/empty-images" \
   --labels "$dir/empty-labels" --validation-rows 0
 
+# A store (zarr-python's) whose train split has no rows: train names the store (it said only
+# "the training stream yields no rows").
+"$python" - "$dir/empty-train.zarr" <<'PY'
+import sys
+import zarr
+g = zarr.open_group(sys.argv[1], mode="w", zarr_format=2)
+g.create_array("images", shape=(0, 784), dtype="u1", chunks=(500, 784))
+g.create_array("labels", shape=(0,), dtype="u1", chunks=(500,))
+PY
+expect_error "train on a store of no training rows names it" \
+  "$dir/empty-train.zarr: the train split has no rows: nothing to train on" \
+  "$tandem" train --data "$dir/empty-train.zarr" --epochs 1
+
 summarize

@@ -11,6 +11,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -640,6 +641,27 @@ TEST(Zarr, FillValueForms) {
 
 // ---- metadata compatibility: files as dask/zarr-python write them ----
 
+// Attributes are written as zarr-python writes them, ASCII with \u escapes (zarr 2.13 decodes
+// .zattrs as ASCII: a path with an accent made them unreadable there), and a string that is not
+// UTF-8 (a path of Latin-1 bytes) has U+FFFD for its bad bytes instead of failing the write.
+TEST(Zarr, AttributesAreWrittenAsAsciiWithBadUtf8Replaced) {
+  for (const Format format : {Format::V2, Format::V3}) {
+    TempDir dir;
+    const std::string root = dir.file("group");
+    Group::create(root, format, {{"source_dir", "/data/Donn\xc3\xa9" "es"},
+                                 {"latin1", "/data/caf\xe9"}});
+    const std::string text =
+        read_bytes(root + (format == Format::V2 ? "/.zattrs" : "/zarr.json"));
+    EXPECT_TRUE(std::all_of(text.begin(), text.end(),
+                            [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+        << text;
+    EXPECT_NE(text.find("Donn\\u00e9es"), std::string::npos) << text;
+    const json attributes = Group::open(root).second;
+    EXPECT_EQ(attributes.value("source_dir", ""), "/data/Donn\xc3\xa9" "es");
+    EXPECT_EQ(attributes.value("latin1", ""), "/data/caf\xef\xbf\xbd");
+  }
+}
+
 TEST(Zarr, ReadsDaskStyleV2WithoutDimensionSeparator) {
   TempDir dir;
   const std::string path = write_v2(dir, [](json&) {});
@@ -769,6 +791,57 @@ TEST(Zarr, ReadsZstdFramesWithChecksumsAndDetectsCorruption) {
   frame[frame.size() - 1] ^= 0x55;  // the checksum is the frame's last 4 bytes
   write_bytes(path + "/c/0/0", as_string(frame));
   expect_input_error([&] { a.read_chunk({0, 0}, back.data()); }, {path, "chunk 'c/0/0'", "zstd"});
+}
+
+// Skippable frames (pzstd starts every file with one) hold no data, and a chunk may be several
+// frames: what the frames declare is summed, and only a wrong sum is refused.
+TEST(Zarr, ReadsZstdChunksOfSeveralFramesAndSkippableOnes) {
+  TempDir dir;
+  const std::string path = write_v3(dir, [](json&) {});
+  const Array a = Array::open(path);
+  const std::vector<uint8_t> chunk = make_values(DType::Float32, 12, 4);
+  const auto frame_of = [&](size_t begin, size_t end) {
+    std::vector<uint8_t> f(ZSTD_compressBound(end - begin));
+    f.resize(ZSTD_compress(f.data(), f.size(), chunk.data() + begin, end - begin, 3));
+    return as_string(f);
+  };
+  // Magic 0x184D2A50 and a 4-byte length, little-endian, then that many bytes of anything.
+  const std::string skippable = std::string("\x50\x2a\x4d\x18\x05\x00\x00\x00", 8) + "hello";
+  fs::create_directories(path + "/c/0");
+  std::vector<uint8_t> back(chunk.size());
+  for (const std::string& bytes :
+       {skippable + frame_of(0, chunk.size()), frame_of(0, 20) + skippable + frame_of(20, 48),
+        frame_of(0, chunk.size()) + skippable}) {
+    write_bytes(path + "/c/0/0", bytes);
+    std::fill(back.begin(), back.end(), 0);
+    EXPECT_TRUE(a.read_chunk({0, 0}, back.data()));
+    EXPECT_EQ(back, chunk);
+  }
+  write_bytes(path + "/c/0/0", skippable + frame_of(0, 20) + frame_of(20, 44));
+  expect_input_error([&] { a.read_chunk({0, 0}, back.data()); },
+                     {"chunk 'c/0/0'", "zstd frames declare 44 bytes; expected 48 bytes"});
+  write_bytes(path + "/c/0/0", skippable);
+  expect_input_error([&] { a.read_chunk({0, 0}, back.data()); },
+                     {"chunk 'c/0/0'", "zstd frame declares 0 bytes; expected 48 bytes"});
+}
+
+// A v2 array or group with a stray zarr.json beside its metadata is refused as ambiguous: the
+// zarr.json was taken, and the v2 array's chunks read as fill values without a word.
+TEST(Zarr, AV2ArrayOrGroupWithAStrayZarrJsonIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("a");
+  write_logical(Array::create(path, make_meta(Format::V2, DType::UInt8, {4, 3}, {2, 3}, "zstd")),
+                make_values(DType::UInt8, 12, 5));
+  Array::create(dir.file("v3"), make_meta(Format::V3, DType::UInt8, {4, 3}, {2, 3}, "zstd"));
+  fs::copy_file(dir.file("v3/zarr.json"), path + "/zarr.json");
+  expect_input_error([&] { Array::open(path); },
+                     {path, "both zarr.json (Zarr v3) and .zarray (Zarr v2)"});
+  const std::string group = dir.file("g");
+  Group::create(group, Format::V2);
+  Group::create(dir.file("g3"), Format::V3);
+  fs::copy_file(dir.file("g3/zarr.json"), group + "/zarr.json");
+  expect_input_error([&] { Group::open(group); },
+                     {group, "both zarr.json (Zarr v3) and .zgroup (Zarr v2)"});
 }
 
 // ---- bad chunks ----

@@ -80,7 +80,9 @@ bool in_skipped_chunk(const Known& k, int64_t i) {
 
 void write_known(const std::string& dir, tandem::zarr::Format format,
                  const tandem::zarr::Compressor& compressor, bool sharded) {
-  tandem::zarr::Group::create(dir, format, {{"writer", "tandem zarr_tool"}});
+  // A non-ASCII attribute (UTF-8 here): zarr 2.13 decodes .zattrs as ASCII, and must read it.
+  tandem::zarr::Group::create(dir, format, {{"writer", "tandem zarr_tool"},
+                                            {"note", "Donn\u00e9es \u2713"}});
   for (const Known& k : known_arrays()) {
     ArrayMeta meta;
     meta.format = format;

@@ -38,15 +38,19 @@ void parallel_jobs(int64_t jobs, int threads, Job&& job) {
   });
 }
 
-// Count, mean and M2 (sum of squared deviations) per column: one partial result.
+// Count, mean and M2 (sum of squared deviations) per column: one partial result. The mean is
+// held as shift + mean, the shift a value of the column (a float32 chunk's first row): the
+// means of two chunks are then compared to the precision of the column's spread, not of its
+// magnitude. (Without it, values of 1e4 +- 1e-3 gave a variance 7e-10 off, relative.)
 struct Moments {
   int64_t count = 0;
-  std::vector<double> mean, m2;
+  std::vector<double> shift, mean, m2;
   double min = std::numeric_limits<double>::infinity();
   double max = -std::numeric_limits<double>::infinity();
 
   void reset(size_t columns) {
     count = 0;
+    shift.assign(columns, 0.0);
     mean.assign(columns, 0.0);
     m2.assign(columns, 0.0);
     min = std::numeric_limits<double>::infinity();
@@ -59,6 +63,7 @@ struct Moments {
     max = std::max(max, other.max);
     if (count == 0) {
       count = other.count;
+      shift = other.shift;
       mean = other.mean;
       m2 = other.m2;
       return;
@@ -67,7 +72,8 @@ struct Moments {
     const double wb = nb / n, w = na * nb / n;
     const double wa = na / n;
     for (size_t j = 0; j < mean.size(); ++j) {
-      const double delta = other.mean[j] - mean[j];
+      // (Shifts are finite float32 values: their difference is exact, or as good as needed.)
+      const double delta = (other.shift[j] - shift[j]) + (other.mean[j] - mean[j]);
       if (std::isfinite(delta)) {
         mean[j] += delta * wb;
         m2[j] += other.m2[j] + delta * delta * w;
@@ -75,7 +81,8 @@ struct Moments {
         // A column holding an infinity: inf - inf would make an infinite mean NaN where NumPy's
         // is inf (and NaN only for +inf with -inf, as the weighted sum gives); the variance is
         // NaN either way, as NumPy's.
-        mean[j] = mean[j] * wa + other.mean[j] * wb;
+        const double a = shift[j] + mean[j], b = other.shift[j] + other.mean[j];
+        mean[j] = (a * wa + b * wb) - shift[j];
         m2[j] = std::nan("");
       }
     }
@@ -112,6 +119,7 @@ void chunk_moments_u8(const uint8_t* chunk, const ChunkLayout& layout, Moments& 
   }
   const uint64_t n = uint64_t(layout.rows);
   out.count = layout.rows;
+  out.shift.assign(columns, 0.0);  // exact integer sums need none
   out.mean.resize(columns);
   out.m2.resize(columns);
   for (size_t j = 0; j < columns; ++j) {
@@ -130,8 +138,15 @@ void chunk_moments_f32(const float* chunk, const ChunkLayout& layout, Moments& o
                        std::vector<double>& s1) {
   const size_t columns = size_t(layout.columns());
   out.count = layout.rows;
+  out.shift.assign(columns, 0.0);
   out.mean.assign(columns, 0.0);
   out.m2.assign(columns, 0.0);
+  if (layout.rows > 0) {  // the first row's values, where finite, are the shifts
+    size_t k = 0;
+    for (const auto& run : layout.runs)
+      for (int64_t i = 0; i < run.length; ++i, ++k)
+        if (std::isfinite(chunk[run.chunk_offset + i])) out.shift[k] = chunk[run.chunk_offset + i];
+  }
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (int64_t r = 0; r < layout.rows; ++r) {
     const float* row = chunk + r * layout.chunk_row_elements;
@@ -139,9 +154,10 @@ void chunk_moments_f32(const float* chunk, const ChunkLayout& layout, Moments& o
     for (const auto& run : layout.runs) {
       const float* src = row + run.chunk_offset;
       double* m = out.mean.data() + k;
+      const double* shift = out.shift.data() + k;
       for (int64_t i = 0; i < run.length; ++i) {
         const double x = src[i];
-        m[i] += x;
+        m[i] += x - shift[i];
         lo = std::min(lo, x);  // NaN-free minimum: min(lo, NaN) keeps lo
         hi = std::max(hi, x);
       }
@@ -157,10 +173,11 @@ void chunk_moments_f32(const float* chunk, const ChunkLayout& layout, Moments& o
     for (const auto& run : layout.runs) {
       const float* src = row + run.chunk_offset;
       const double* m = out.mean.data() + k;
+      const double* shift = out.shift.data() + k;
       double* a = s1.data() + k;
       double* b = out.m2.data() + k;
       for (int64_t i = 0; i < run.length; ++i) {
-        const double d = double(src[i]) - m[i];
+        const double d = (double(src[i]) - shift[i]) - m[i];
         a[i] += d;
         b[i] += d * d;
       }
@@ -412,7 +429,7 @@ ColumnStats column_stats(const zarr::Array& array, int threads, bool every_chunk
     size_t k = 0;
     for (const auto& run : layout.runs)
       for (int64_t i = 0; i < run.length; ++i, ++k) {
-        result.mean[size_t(run.feature + i)] = total.mean[k];
+        result.mean[size_t(run.feature + i)] = total.shift[k] + total.mean[k];
         result.variance[size_t(run.feature + i)] = total.m2[k] / double(total.count);
       }
   }

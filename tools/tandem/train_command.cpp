@@ -131,6 +131,9 @@ void run_train(TrainOptions& o) {
     // The CPU backend reads the batches where they are: no page-locked memory, no CUDA context.
     so.pin_for_device = config.backend == BackendKind::Cpu ? -1 : 0;
     stream = open_store_stream(o.data, so);
+    // (The trainer would say only that its stream yields no rows.)
+    if (stream->rows_per_epoch() == 0)
+      throw InputError(o.data + ": the train split has no rows: nothing to train on");
     config.validation_split = "store";  // (its own split: not rows eval holds out of IDX files)
     config.model = model_with_hidden(stream->features(), o.hidden, stream->num_classes());
   } else {

@@ -86,16 +86,13 @@ void write_file_atomic(const std::string& path, const void* data, size_t size,
   if (durability == Durability::DataAndDirectory) fsync_parent_directory(out.target(), "writing");
 }
 
-// A metadata document as zarr-python formats it (indented), written atomically and durably.
+// A metadata document as zarr-python formats it (indented, non-ASCII characters as \u escapes),
+// written atomically and durably. Escaped because zarr 2.13 decodes .zattrs as ASCII: a path
+// with an accent in the attributes made them unreadable there. A string that is not UTF-8 (a
+// path of Latin-1 bytes) is written with U+FFFD for its bad bytes: JSON cannot hold it.
 template <typename Json>
 void write_metadata(const std::string& store, const std::string& name, const Json& doc) {
-  std::string text;
-  try {
-    text = doc.dump(2) + "\n";
-  } catch (const nlohmann::json::exception& e) {
-    detail::metadata_error(store, name, std::string("attributes cannot be written as JSON (") +
-                                            e.what() + ")");
-  }
+  const std::string text = doc.dump(2, ' ', true, nlohmann::json::error_handler_t::replace) + "\n";
   write_file_atomic(store + "/" + name, text.data(), text.size(), Durability::DataAndDirectory);
 }
 
@@ -169,6 +166,17 @@ int open_chunk_file(const std::string& file, const std::string& what, uint64_t& 
 
 }  // namespace
 
+// A directory with zarr.json beside v2 metadata (`v2_file`): zarr-python goes by the format of
+// the group it opens from, which Tandem does not know here. Taking zarr.json read a v2 array
+// with a stray zarr.json as fill values only (its chunks are not under c/), without a word.
+namespace {
+void refuse_both_formats(const std::string& store, const std::string& v2_file) {
+  if (file_exists(store + "/" + v2_file))
+    store_error(store, "holds both zarr.json (Zarr v3) and " + v2_file + " (Zarr v2), and which "
+                       "one describes it is ambiguous; remove the one that does not");
+}
+}  // namespace
+
 Array Array::open(const std::string& path) {
   Array a;
   a.path_ = normalize(path);
@@ -181,6 +189,7 @@ Array Array::open(const std::string& path) {
     a.directory_inode_ = uint64_t(st.st_ino);
   }
   if (const auto v3 = read_metadata_file(store, "zarr.json")) {
+    refuse_both_formats(store, ".zarray");
     a.meta_ = parse_guarded(store, "zarr.json", [&] {
       return detail::parse_v3_array(store, detail::parse_metadata_text(store, "zarr.json", *v3));
     });
@@ -409,6 +418,7 @@ void Group::create(const std::string& path, Format format, const nlohmann::json&
 std::pair<Format, nlohmann::json> Group::open(const std::string& path) {
   const std::string store = normalize(path);
   if (const auto text = read_metadata_file(store, "zarr.json")) {
+    refuse_both_formats(store, ".zgroup");
     return parse_guarded(store, "zarr.json", [&] {
       const json doc = detail::parse_metadata_text(store, "zarr.json", *text);
       const json format = doc.value("zarr_format", json());

@@ -121,16 +121,33 @@ std::vector<uint8_t> compress_blosc(const Compressor& c, const uint8_t* data, si
 void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size,
                      const std::string& what) {
   const std::string expected = "; expected " + std::to_string(out_size) + " bytes (the chunk size)";
-  const unsigned long long declared = ZSTD_getFrameContentSize(in, in_size);
-  if (declared == ZSTD_CONTENTSIZE_ERROR) {
-    corrupt(what, "not a zstd frame (bad magic number or truncated frame header); expected zstd "
-                  "data of " + std::to_string(out_size) + " bytes");
-  }
-  // Frames written by zstd's one-shot API (numcodecs, zarr-python) declare their size; reject a
-  // wrong one before decompressing. Streamed frames may not: the bounded output buffer and the
-  // final size check below cover those.
-  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != out_size) {
-    corrupt(what, "zstd frame declares " + std::to_string(declared) + " bytes" + expected);
+  // Frames written by zstd's one-shot API (numcodecs, zarr-python) declare their size: the sizes
+  // the frames declare are summed and a wrong sum refused before decompressing. Skippable frames
+  // declare none (pzstd starts every file with one); streamed frames may not declare theirs, and
+  // the bounded output buffer and the final size check below cover those.
+  unsigned long long declared = 0;
+  bool all_declared = true;
+  size_t frames = 0, at = 0;
+  do {
+    const size_t frame = ZSTD_findFrameCompressedSize(in + at, in_size - at);
+    if (ZSTD_isError(frame)) {
+      if (at == 0)
+        corrupt(what, "not a zstd frame (bad magic number or truncated frame header); expected "
+                      "zstd data of " + std::to_string(out_size) + " bytes");
+      corrupt(what, "zstd data is corrupt or truncated in its frame at byte " +
+                        std::to_string(at) + " (" + ZSTD_getErrorName(frame) + ")" + expected);
+    }
+    const unsigned long long size = ZSTD_getFrameContentSize(in + at, frame);
+    if (size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR)
+      all_declared = false;
+    else
+      declared = size > ~0ull - declared ? ~0ull : declared + size;
+    at += frame;
+    ++frames;
+  } while (at < in_size);
+  if (all_declared && declared != out_size) {
+    corrupt(what, (frames == 1 ? "zstd frame declares " : "zstd frames declare ") +
+                      std::to_string(declared) + " bytes" + expected);
   }
   // Decompresses straight into `out`: one-shot decompression allocates no window, so no frame
   // header can make it allocate; content checksums, when present, are verified here.
