@@ -8,6 +8,7 @@
 #     and keep serving (the comparison search runs on them afterwards); while it held a server's
 #     only slot, another search's trials went to the other server, and a search on that server
 #     alone waited for the slot;
+#   - a search started into the --out of one just killed ends that one's trial first;
 #   - a server killed with SIGKILL mid-search: its trial dies with it, is reported failed, and
 #     the search ends with the other server's results;
 #   - a server listed in the search's --slots directory after the start joins it and takes a
@@ -103,6 +104,28 @@ wait_within $waiter 120; rc=$?
 check "the waiting search runs its trial on A once A's slot is free" test $rc -eq 0
 check "... there" py_check "$dir/wait/results.json" \
     "[(t['slot'], t['status']) for t in r['results']] == [('$A', 'completed')]"
+
+# 1b. A search killed outright and another started at once into the same --out: the new one
+# claims the directory, and server A ends the killed search's trial first (it went on writing
+# the trial's files there until A found its search silent).
+before=$(job_pids A | wc -l)
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget $long --min-epochs $long \
+    --threads-per-trial 1 --slots "$A" --slots-timeout 30 --out "$dir/reused" \
+    >/dev/null 2>"$dir/reused1.err" &
+first=$!
+background+=("$first")
+wait_started A $((before + 1))
+old=$(job_pids A | tail -1)
+{ kill -9 $first; wait $first; } 2>/dev/null
+"$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --threads-per-trial 1 \
+    --slots "$A" --slots-timeout $hb --out "$dir/reused" >/dev/null 2>"$dir/reused2.err"; rc=$?
+check "a search into the --out of one just killed exits 0" test $rc -eq 0
+check "... having ended the killed search's trial first" \
+    grep -q "ended 1 trial(s) of an earlier search, still running into $dir/reused" \
+    "$dir/reused2.err"
+check "... which server A says" grep -q "claimed $dir/reused; ending 1 job(s) of others there" \
+    "$dir/A.log"
+check "... and which is gone" gone_within 1 "$old"
 
 # 2. The grid of search_cli_test.sh, locally and on the two servers (found through the directory
 # they list themselves in: --endpoint-dir, --slots DIR) (which keep serving after

@@ -30,6 +30,7 @@ namespace tandem::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 SlotMessage round_trip(const SlotMessage& m) { return decode_slot_message(encode_slot_message(m)); }
 
@@ -108,6 +109,16 @@ TEST(TrialSlotProtocol, EveryTypeRoundTrips) {
   EXPECT_TRUE(round_trip(beat).jobs_listed);
   EXPECT_EQ(round_trip(SlotMessage(SlotMessageType::Bye)).type, SlotMessageType::Bye);
 
+  SlotMessage claim(SlotMessageType::Claim);
+  claim.dir = "/out/search";
+  EXPECT_EQ(round_trip(claim).type, SlotMessageType::Claim);
+  EXPECT_EQ(round_trip(claim).dir, "/out/search");
+  SlotMessage claimed(SlotMessageType::Claimed);
+  claimed.dir = "/out/search";
+  claimed.ended_jobs = 2;
+  EXPECT_EQ(round_trip(claimed).dir, "/out/search");
+  EXPECT_EQ(round_trip(claimed).ended_jobs, 2);
+
   SlotMessage error(SlotMessageType::Error);
   error.error = "all 1 slot(s) busy";
   error.job = "j";
@@ -142,6 +153,11 @@ TEST(TrialSlotProtocol, BadFramesAreRefusedWithTheReason) {
                  "\"job\" is not a string");
   expect_refused(R"({"v": 1, "type": "start", "job": "", "log": "l", "args": ["train"]})", "empty \"job\"");
   expect_refused(R"({"v": 1, "type": "cancel"})", "missing field \"job\"");
+  expect_refused(R"({"v": 1, "type": "claim"})", "missing field \"dir\"");
+  expect_refused(R"({"v": 1, "type": "claim", "dir": ""})", "claim: empty \"dir\"");
+  expect_refused(R"({"v": 1, "type": "claim", "dir": "/o\nut"})",
+                 "claim: a control character in \"dir\"");
+  expect_refused(R"({"v": 1, "type": "claimed", "dir": "/out"})", "missing field \"ended\"");
   expect_refused(R"({"v": 1, "type": "exited", "job": "j"})", "either \"exit_code\" or \"signal\"");
   expect_refused(R"({"v": 1, "type": "heartbeat", "ended": {"job": "j"}})",
                  "\"ended\" must be a list of objects");
@@ -259,7 +275,7 @@ class TrialSlotServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     TrialSlotServerOptions o;
-    o.slots = 1;
+    o.slots = slots_;
     o.program = "/bin/sh";
     o.allowed_commands = {"-c"};
     o.heartbeat_timeout_ms = heartbeat_timeout_ms_;
@@ -282,6 +298,7 @@ class TrialSlotServerTest : public ::testing::Test {
   std::mutex log_mutex_;
   std::string log_;  // the server's event lines
   int heartbeat_timeout_ms_ = 1500;
+  int slots_ = 1;
   zmq::context_t context_{1};
   std::unique_ptr<TrialSlotServer> server_;
   std::atomic<bool> stop_{false};
@@ -760,6 +777,44 @@ TEST_F(TrialSlotServerPatientTest, AReconnectedSearchLearnsHowItsJobEndedMeanwhi
   ASSERT_EQ(beat.type, SlotMessageType::Heartbeat) << "the reconnect was never answered";
   ASSERT_EQ(beat.ended.size(), 1u);
   EXPECT_EQ(beat.ended[0].job, "quick");
+}
+
+// A search killed outright leaves its jobs running until the server finds it silent (30 s
+// here), writing into its output directory; a search started into that directory meanwhile
+// claims it: the server ends the jobs whose log lies there (not those elsewhere) and answers
+// once they have exited.
+class TrialSlotServerClaimTest : public TrialSlotServerPatientTest {
+ protected:
+  TrialSlotServerClaimTest() { slots_ = 2; }
+};
+
+TEST_F(TrialSlotServerClaimTest, AClaimEndsOtherClientsJobsWritingIntoTheDirectory) {
+  test::TempDir out;
+  fs::create_directories(out.file("a"));
+  fs::create_directories(out.file("b"));
+  pid_t in_a = 0, in_b = 0;
+  {
+    Client killed(context_, server_->endpoint());
+    killed.log_ = out.file("a/trial-0.log");
+    SlotMessage m = killed.start("trial-0", "exec sleep 30");
+    ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+    in_a = m.pid;
+    killed.log_ = out.file("b/trial-0.log");
+    m = killed.start("trial-1", "exec sleep 30");
+    ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
+    in_b = m.pid;
+  }  // silent from here, as a killed search
+  TrialSlotPoolOptions o;
+  o.timeout_ms = 10000;
+  TrialSlotPool pool({server_->endpoint()}, o);
+  const auto started = Clock::now();
+  EXPECT_EQ(pool.claim(out.file("a") + "/"), 1);  // (a trailing slash is the same directory)
+  EXPECT_LT(Clock::now() - started, std::chrono::seconds(10));
+  EXPECT_FALSE(process_running(in_a)) << "claimed, and answered, before the job had exited";
+  EXPECT_TRUE(process_running(in_b)) << "a job writing elsewhere was ended";
+  EXPECT_TRUE(test::contains(server_log(), "claimed " + out.file("a") + "/; ending 1 job(s)"))
+      << server_log();
+  EXPECT_EQ(pool.claim(out.file("a")), 0) << "nothing left there to end";
 }
 
 // The pool's side, against a server by hand that lists a job as ended in its heartbeat answer

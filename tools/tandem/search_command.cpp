@@ -188,6 +188,7 @@ class RemoteTrials final : public TrialRunner {
     return pool_->start(key, args, log);
   }
   void cancel(const std::string& key) override { pool_->cancel(key); }
+  int claim(const std::string& dir) { return pool_->claim(dir); }
   std::vector<SlotJobEnd> wait(long timeout_ms) override { return pool_->wait(timeout_ms); }
   int total_slots() const { return pool_->total_slots(); }
   void add(const std::string& endpoint) { pool_->add(endpoint); }
@@ -329,6 +330,13 @@ void run_search(SearchOptions& o) {
   LockedOutputDirectory out_dir(o.out, "--out",
                                 {"results.csv", "results.json", "best.safetensors"});
   o.data = search_data(o);  // (before anything of an earlier search is removed)
+  // A search killed outright leaves its trials running on the slot servers until they find it
+  // silent (their heartbeat timeout): they would write over this search's files. Ended first.
+  if (remote) {
+    if (const int ended = remote->claim(o.out))
+      std::fprintf(stderr, "tandem search: ended %d trial(s) of an earlier search, still running "
+                   "into %s on the slot servers\n", ended, o.out.c_str());
+  }
   // An earlier search's results go first: left beside this search's logs, they would read as
   // this search's results if it were killed before it writes its own.
   for (const char* name : {"results.json", "results.csv", "best.safetensors"})

@@ -25,6 +25,8 @@ struct TrialSlotPool::Server {
   bool busy = false;  // refused a start for want of slots; free again when a heartbeat says so
   bool alive = true;
   bool joining = false;   // added after the start (add()): its hello not answered yet
+  bool claim_pending = false;  // a claim sent, not answered yet
+  int claim_ended = 0;         // the jobs its answer said it ended
   std::string lost;       // why it was dropped
   std::string send_error;  // a failed send, handled by wait()
   Clock::time_point last_heard, last_sent;
@@ -226,6 +228,31 @@ std::string TrialSlotPool::start(const std::string& job,
   return best->endpoint;
 }
 
+int TrialSlotPool::claim(const std::string& dir) {
+  SlotMessage m{SlotMessageType::Claim};
+  m.dir = dir;
+  for (auto& s : servers_) {
+    s->claim_ended = 0;
+    if (s->alive && s->answered) s->claim_pending = send(*s, m);
+  }
+  const auto pending = [this] {
+    return std::any_of(servers_.begin(), servers_.end(),
+                       [](const auto& s) { return s->alive && s->claim_pending; });
+  };
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  while (pending() && Clock::now() < deadline) wait(50);  // (no job of ours to end yet)
+  int ended = 0;
+  for (auto& s : servers_) {
+    if (s->alive && s->claim_pending)
+      std::fprintf(stderr, "tandem %s: slot server %s did not say within %s s that no job of an "
+                   "earlier run writes into %s any more\n", options_.client.c_str(),
+                   s->endpoint.c_str(), seconds_text(options_.timeout_ms).c_str(), dir.c_str());
+    s->claim_pending = false;
+    ended += s->claim_ended;
+  }
+  return ended;
+}
+
 void TrialSlotPool::cancel(const std::string& job) {
   for (auto& s : servers_)
     if (s->alive && std::find(s->jobs.begin(), s->jobs.end(), job) != s->jobs.end()) {
@@ -340,6 +367,10 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
                                                                          : options_.timeout_ms) / 4);
           break;
         case SlotMessageType::Exited: job_exited(s, {m.job, m.exit_code, m.signal}, ended); break;
+        case SlotMessageType::Claimed:
+          s.claim_pending = false;
+          s.claim_ended += m.ended_jobs;
+          break;
         case SlotMessageType::Error:
           if (job != s.jobs.end()) {
             s.jobs.erase(job);
@@ -347,6 +378,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
             ended.push_back(
                 {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});
           } else {
+            // (A server older than claims refuses one as a bad message: said, not waited on.)
+            s.claim_pending = false;
             std::fprintf(stderr, "tandem %s: slot server %s: %s\n", options_.client.c_str(),
                          s.endpoint.c_str(), m.error.c_str());
           }

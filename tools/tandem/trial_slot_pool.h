@@ -71,6 +71,13 @@ class TrialSlotPool {
   // pool (restarted within the timeout: its socket has reconnected), hello is said again, for
   // its slots and threads.
   void add(const std::string& endpoint);
+  // Claims `dir`, the output directory this client has locked, on every server: each ends the
+  // jobs of other clients whose log lies in it (a killed search's, which outlive it by the
+  // server's heartbeat timeout and would write over this one's files) and answers once they
+  // have exited. Waits up to timeout_ms for the answers (a server that gives none, or an older
+  // one that does not know the message, is said on stderr); returns how many jobs were ended.
+  // Before any job of this pool's is started.
+  int claim(const std::string& dir);
   // Asks the job's server to end it (SIGTERM); its end comes from wait() as usual.
   void cancel(const std::string& job);
   // Waits up to timeout_ms for messages; sends heartbeats; returns the jobs that ended, those of

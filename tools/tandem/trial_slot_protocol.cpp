@@ -13,9 +13,10 @@ namespace {
 using nlohmann::json;
 
 constexpr SlotMessageType kTypes[] = {
-    SlotMessageType::Hello,  SlotMessageType::Start,     SlotMessageType::Started,
-    SlotMessageType::Exited, SlotMessageType::Cancel,    SlotMessageType::Heartbeat,
-    SlotMessageType::Bye,    SlotMessageType::Error};
+    SlotMessageType::Hello,   SlotMessageType::Claim,  SlotMessageType::Claimed,
+    SlotMessageType::Start,   SlotMessageType::Started, SlotMessageType::Exited,
+    SlotMessageType::Cancel,  SlotMessageType::Heartbeat, SlotMessageType::Bye,
+    SlotMessageType::Error};
 
 std::string string_field(const json& j, const char* key, bool required) {
   const auto it = j.find(key);
@@ -68,13 +69,15 @@ SlotJobExit decode_exit(const json& j, const std::string& what) {
 // refused too: the job's arguments, id and log path go into the server's log and the job's own
 // error messages, and a newline there let a peer write whole lines of its choosing into a file
 // (its log pointed at that file, a bad argument holding the lines).
+bool has_control_character(const std::string& text) {
+  return std::any_of(text.begin(), text.end(),
+                     [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+}
+
 void check_start(const SlotMessage& m) {
   if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
   if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
-  const auto control = [](const std::string& text) {
-    return std::any_of(text.begin(), text.end(),
-                       [](unsigned char c) { return c < 0x20 || c == 0x7f; });
-  };
+  const auto control = has_control_character;
   if (control(m.log) || control(m.job))
     throw SlotProtocolError("start: a control character in \"log\" or \"job\"");
   for (size_t i = 0; i < m.args.size(); ++i)
@@ -83,11 +86,20 @@ void check_start(const SlotMessage& m) {
                               std::to_string(i + 1) + " of \"args\"");
 }
 
+// A claim's directory goes into the server's log: no control characters, as a start's log.
+void check_claim(const SlotMessage& m) {
+  if (m.dir.empty()) throw SlotProtocolError(std::string(to_string(m.type)) + ": empty \"dir\"");
+  if (has_control_character(m.dir))
+    throw SlotProtocolError(std::string(to_string(m.type)) + ": a control character in \"dir\"");
+}
+
 }  // namespace
 
 const char* to_string(SlotMessageType type) {
   switch (type) {
     case SlotMessageType::Hello: return "hello";
+    case SlotMessageType::Claim: return "claim";
+    case SlotMessageType::Claimed: return "claimed";
     case SlotMessageType::Start: return "start";
     case SlotMessageType::Started: return "started";
     case SlotMessageType::Exited: return "exited";
@@ -109,6 +121,12 @@ std::string encode_slot_message(const SlotMessage& m) {
         j["threads"] = m.threads;
         j["heartbeat_timeout_ms"] = m.heartbeat_timeout_ms;
       }
+      break;
+    case SlotMessageType::Claim:
+    case SlotMessageType::Claimed:
+      check_claim(m);
+      j["dir"] = m.dir;
+      if (m.type == SlotMessageType::Claimed) j["ended"] = m.ended_jobs;
       break;
     case SlotMessageType::Start:
       check_start(m);  // said to the client that would send it, not only by the server
@@ -171,6 +189,12 @@ SlotMessage decode_slot_message(const std::string& frame) {
       m.running = int_field(j, "running", false);
       m.threads = int_field(j, "threads", false);
       m.heartbeat_timeout_ms = int_field(j, "heartbeat_timeout_ms", false);
+      break;
+    case SlotMessageType::Claim:
+    case SlotMessageType::Claimed:
+      m.dir = string_field(j, "dir", true);
+      if (m.type == SlotMessageType::Claimed) m.ended_jobs = int_field(j, "ended", true);
+      check_claim(m);
       break;
     case SlotMessageType::Start: {
       m.job = string_field(j, "job", true);

@@ -1,10 +1,18 @@
 // The messages between tandem search --slots and tandem trial-slots: one JSON object per
 // ZeroMQ frame (a ROUTER prefixes the peer's routing-id frame), each with the protocol version
-// "v" and a "type". The search (a DEALER per slot server) sends hello, start, cancel, heartbeat
-// and bye; the server answers hello, started, exited, heartbeat and error:
+// "v" and a "type". The search (a DEALER per slot server) sends hello, claim, start, cancel,
+// heartbeat and bye; the server answers hello, claimed, started, exited, heartbeat and error:
 //
 //   hello      search -> server  {}                       (its answer is a hello too)
 //   hello      server -> search  {slots, running, threads, heartbeat_timeout_ms}
+//   claim      search -> server  {dir}                     its output directory, locked by it:
+//                                                          the server ends the jobs of other
+//                                                          clients whose log lies in it (those
+//                                                          of a killed search, which outlive it
+//                                                          by the heartbeat timeout, and would
+//                                                          write over this search's files)
+//   claimed    server -> search  {dir, ended}              once those have all exited; ended:
+//                                                          how many there were
 //   start      search -> server  {job, args, log}          args: `tandem train ...` without the
 //                                                          program; the server runs its own binary
 //   started    server -> search  {job, pid}
@@ -39,7 +47,9 @@ class SlotProtocolError : public InputError {
   using InputError::InputError;
 };
 
-enum class SlotMessageType { Hello, Start, Started, Exited, Cancel, Heartbeat, Bye, Error };
+enum class SlotMessageType {
+  Hello, Claim, Claimed, Start, Started, Exited, Cancel, Heartbeat, Bye, Error
+};
 const char* to_string(SlotMessageType type);
 
 // How one job ended: exactly one of exit_code (a normal exit) and signal is set.
@@ -57,6 +67,8 @@ struct SlotMessage {
   std::string job;                // start, started, exited, cancel; error (when about a job)
   std::vector<std::string> args;  // start
   std::string log;                // start
+  std::string dir;                // claim, claimed
+  int ended_jobs = 0;             // claimed: the other clients' jobs it ended there
   int slots = 0;                  // hello (server)
   int running = 0;                // hello (server), heartbeat
   int threads = 0;                // hello (server): threads per trial it suggests

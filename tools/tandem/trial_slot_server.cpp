@@ -169,6 +169,7 @@ void TrialSlotServer::serve_once(long timeout_ms) {
   reap();
   expire();
   kill_overdue();
+  answer_claims();
 }
 
 void TrialSlotServer::reply(const std::string& client, const SlotMessage& m) {
@@ -231,6 +232,7 @@ void TrialSlotServer::handle(const std::string& client, const std::string& frame
       reply(client, answer);
       return;
     case SlotMessageType::Start: start_job(client, m); return;
+    case SlotMessageType::Claim: claim(client, m); return;
     case SlotMessageType::Cancel:
       for (Job& j : jobs_)
         if (j.client == client && j.id == m.job) {
@@ -300,7 +302,7 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
         options_.root.empty() ? m.log : resolved(options_.root, m.log).string();
     try {
       const pid_t pid = start_child_process(argv, log, "job " + m.job, false, options_.root);
-      jobs_.push_back({client, m.job, pid, false});
+      jobs_.push_back({client, m.job, pid, m.log, false});
       say("job " + m.job + " started: pid " + std::to_string(pid) + " (" +
           std::to_string(running()) + "/" + std::to_string(options_.slots) + " slots), log " + m.log);
       answer.type = SlotMessageType::Started;
@@ -311,6 +313,55 @@ void TrialSlotServer::start_job(const std::string& client, const SlotMessage& m)
   }
   if (answer.type == SlotMessageType::Error) say(answer.error);
   reply(client, answer);
+}
+
+namespace {
+
+// The job's log lies in `dir` (directly: a search's trial logs are `dir`/trial-N.log).
+bool log_in(const std::string& log, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::path(dir).lexically_normal();
+  return fs::path(log).lexically_normal().parent_path() ==
+         (d.has_filename() ? d : d.parent_path());  // "/out/" as "/out"
+}
+
+}  // namespace
+
+void TrialSlotServer::claim(const std::string& client, const SlotMessage& m) {
+  // The claimer holds the directory's lock (one search per --out), so a job of another client
+  // writing there is a dead search's: nobody waits for its result.
+  Claim c{client, m.dir, {}};
+  for (Job& j : jobs_)
+    if (j.client != client && log_in(j.log, m.dir)) {
+      end_job(j);
+      j.orphaned = true;
+      c.ended.push_back(j.pid);
+    }
+  say(clients_.at(client).name + " claimed " + m.dir +
+      (c.ended.empty() ? std::string()
+                       : "; ending " + std::to_string(c.ended.size()) + " job(s) of others there"));
+  claims_.push_back(c);
+  answer_claims();
+}
+
+void TrialSlotServer::answer_claims() {
+  for (auto it = claims_.begin(); it != claims_.end();) {
+    const Claim& c = *it;
+    const bool waiting = std::any_of(jobs_.begin(), jobs_.end(), [&](const Job& j) {
+      return std::find(c.ended.begin(), c.ended.end(), j.pid) != c.ended.end();
+    });
+    if (waiting && clients_.count(c.client) > 0) {
+      ++it;
+      continue;
+    }
+    if (!waiting) {
+      SlotMessage answer{SlotMessageType::Claimed};
+      answer.dir = c.dir;
+      answer.ended_jobs = static_cast<int>(c.ended.size());
+      reply(c.client, answer);
+    }
+    it = claims_.erase(it);
+  }
 }
 
 void TrialSlotServer::reap() {

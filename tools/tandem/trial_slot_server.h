@@ -11,7 +11,10 @@
 // it) has its jobs ended at once. Ending a job is SIGTERM, then SIGKILL after kill_grace_ms if it
 // is still there, so a job can finish what it is writing (tandem predict ends between two
 // chunks). Stopping the server (stop flag, destructor) ends every job the same way; a server
-// killed outright takes its jobs with it (PR_SET_PDEATHSIG).
+// killed outright takes its jobs with it (PR_SET_PDEATHSIG). A search's claim of its output
+// directory ends the other clients' jobs whose log lies there the same way (a killed search's,
+// which would otherwise write over the new search's files until the timeout), and is answered
+// once they have all exited.
 //
 // Only `program` is ever run, with args[0] one of allowed_commands: a peer cannot make the
 // server run anything else. Paths in a job (data, checkpoints, metrics, the log) are the
@@ -84,6 +87,7 @@ class TrialSlotServer {
     std::string client;  // routing id
     std::string id;
     pid_t pid = 0;
+    std::string log;  // as the client sent it
     bool orphaned = false;  // its search went silent or said bye; ended, not reported
     // Set when it is sent its SIGTERM (only one: a second means "stop at once"): SIGKILL then.
     Clock::time_point kill_at = Clock::time_point::max();
@@ -101,7 +105,16 @@ class TrialSlotServer {
     };
     std::deque<Ended> ended;
   };
+  // A claim still waiting for the jobs it ended to exit.
+  struct Claim {
+    std::string client;
+    std::string dir;
+    std::vector<pid_t> ended;  // the jobs it ended, waited for
+  };
   void handle(const std::string& client, const std::string& frame);
+  void claim(const std::string& client, const SlotMessage& m);
+  // Answers the claims none of whose jobs is left (a client gone meanwhile: dropped).
+  void answer_claims();
   void start_job(const std::string& client, const SlotMessage& m);
   void reply(const std::string& client, const SlotMessage& m);
   void reap();
@@ -120,6 +133,7 @@ class TrialSlotServer {
   std::string curve_public_key_;
   std::map<std::string, Client> clients_;
   std::vector<Job> jobs_;
+  std::vector<Claim> claims_;
   int client_count_ = 0;
 };
 
