@@ -131,7 +131,8 @@ check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints
 #     epoch after the ten they hold, --max-epochs counting those; with none there it is refused
 #     before anything starts.
 mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1/metrics.jsonl" "$dir/run1r/"
-cp -r "$dir/run1r" "$dir/run1done"  # (for 1b)
+cp -r "$dir/run1r" "$dir/run1done"  # (for 1b, with the first run's best-score model)
+cp "$dir/run1/best-score.safetensors" "$dir/run1done/"
 first_lines=$(wc -l <"$dir/run1/metrics.jsonl")
 # A score logged after the last checkpoint (a run killed between them), which the resumed run
 # scores again: dropped from the log, overwritten by a line as long that says so.
@@ -180,6 +181,16 @@ check "... saying there is nothing to train" \
   "$dir/err1d"
 check "... and training nothing" py_check "$(cat "$dir/out1d")" \
   "j['epochs']==10 and j['batches']==0 and j['test']['samples']==10000"
+# It removed the run's best-score model, then saved the servers' last parameters over the model
+# kept (however much worse): it keeps that model now, and keeps what the first run kept.
+check "... keeping the run's best-score model" \
+  cmp -s "$dir/run1/best-score.safetensors" "$dir/run1done/best-score.safetensors"
+check "... and, from the same two candidates, what the first run kept" "$py" -c "
+import json, sys
+first, resumed = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+key = lambda j: (j['kept'], j['validation']['loss'])
+print(key(first), key(resumed))
+sys.exit(0 if key(first) == key(resumed) else 1)" "$out" "$(cat "$dir/out1d")"
 expect_error "launch into a dataset store is refused" "--run-dir $dir/fm.zarr is a dataset store" \
   "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/fm.zarr" --workers 1 --dashboard -1
 check "... leaving nothing in it" test ! -e "$dir/fm.zarr/lock" -a ! -e "$dir/fm.zarr/checkpoints"
@@ -732,6 +743,21 @@ check "scores --follow fails on a killed coordinator, saying so" \
 kill -TERM $others 2>/dev/null
 for pid in "$coordinator" $others; do wait_within "$pid" 60 >/dev/null; done
 check "no role process is left behind (server stopped by SIGTERM)" no_role_left
+
+# 4j. `tandem stop` ends a running run as its rule would: the roles stop and the model is saved
+#     (the README named the command, and there was none).
+"$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run4j" --workers 1 --max-epochs 1000 \
+  --target 0 --dashboard -1 >"$dir/out4j" 2>"$dir/err4j" &
+launcher=$!
+wait_for "$dir/run4j/metrics.jsonl" '"type":"score"' 60
+"$tandem" stop --coordinator "$dir/run4j/cluster.json" >"$dir/stop4j" 2>&1; rc=$?
+check "tandem stop asks a running run to stop (status $rc)" test $rc -eq 0
+check "... saying so" grep -q "asked the run at tcp://.* to stop (tandem stop)" "$dir/stop4j"
+wait_within "$launcher" 60; rc=$?
+check "... and the run ends by it, exit 0 (status $rc)" test $rc -eq 0
+check "... naming it" grep -q "^stopped (tandem stop) after" "$dir/out4j"
+check "... with the model saved" test -s "$dir/run4j/model.safetensors"
+check "no role process is left behind (tandem stop)" no_role_left
 
 # 5. Roles started one by one, as on several nodes, against `tandem coordinator`; `tandem scores`
 #    reads the channel meanwhile.

@@ -25,6 +25,7 @@
 #include "cluster_metrics.h"
 #include "cluster_ranks.h"
 #include "cluster_resume.h"
+#include "cluster_role_support.h"
 #include "cluster_run.h"
 #include "cluster_work_queue.h"
 #include "coordinator.h"
@@ -966,6 +967,83 @@ TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   EXPECT_EQ(c.gradients_lost(), 3);
 }
 
+// A server restarted straight after a crash registers before the coordinator has counted its old
+// self lost (no heartbeat for heartbeat_timeout_ms): it was refused at once, "all serving", and
+// the run, short of that server, failed. It waits for that now and takes the place; while every
+// server is alive, it gives up after the coordinator's wait_ms, saying why.
+TEST(Coordinator, AServerRestartedBeforeItsOldSelfIsLostWaitsAndTakesItsPlace) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  o.expected_workers = 1;
+  o.heartbeat_timeout_ms = 500;
+  RunSettings s;  // what the registration's reply carries (a fed run's: no store to name)
+  s.fed = true;
+  s.data = "";
+  o.run_config = to_json(s);
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  RoleOptions ro;
+  ro.coordinator = c.endpoint();
+  ro.context = &context;
+  auto old_server = std::make_unique<CoordinatorLink>(c.endpoint(), context);
+  old_server->start_heartbeats("ps0", [] { return json::object(); }, 50);
+  CoordinatorLink restarted(c.endpoint(), context);
+  auto started = std::chrono::steady_clock::now();
+  const std::string why =
+      test::error_of<InputError>([&] { roles::register_role(restarted, ro, "ps"); });
+  EXPECT_TRUE(test::contains(why, "all serving: no other can join")) << why;
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1900))
+      << "gave up before the coordinator's wait_ms (2 s)";
+  old_server.reset();  // its heartbeats stop, as a killed server's
+  started = std::chrono::steady_clock::now();
+  const RoleRegistration r = roles::register_role(restarted, ro, "ps");
+  EXPECT_EQ(r.name, "ps0");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1900))
+      << "it took the place only once its wait was over, not once ps0 was counted lost";
+  EXPECT_EQ(link.request({{"type", "spec"}}).at("spec").at("ps").at(0).at("address"),
+            "tcp://10.0.0.1:5000");  // where the restarted server must serve again
+}
+
+// A scorer past the run's count (a second `tandem scorer` in a --scorer 1 run) scored beside
+// the first, and each wrote the best parameters over the other's: it is refused now, as a
+// server past --ps is; a stopped one's place is free.
+TEST(Coordinator, AScorerPastTheRunsCountIsRefused) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_scorers = 1;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "scorer"}}).at("name"), "scorer0");
+  const json full = link.request({{"type", "register"}, {"role", "scorer"}});
+  EXPECT_TRUE(test::contains(full.value("full", ""), "1 scorer(s), all scoring")) << full.dump();
+  const std::string why = test::error_of<Error>([&] {
+    link.request({{"type", "register"}, {"role", "scorer"}, {"name", "scorer1"}});
+  });
+  EXPECT_TRUE(test::contains(why, "this run's scorers are scorer0, not 'scorer1'")) << why;
+  link.request({{"type", "goodbye"}, {"name", "scorer0"}});
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "scorer"}}).at("name"), "scorer0");
+}
+
+// Before training starts, a server that stopped (one that failed to bind its address, and said
+// so) frees its place: the next unnamed server takes it. The stopped one held it, the next was
+// refused as "not another" past the run's count, and the run waited out its start-up timeout.
+TEST(Coordinator, AServerThatStoppedBeforeTrainingFreesItsPlace) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 2;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}}).at("name"), "ps0");
+  link.request({{"type", "goodbye"}, {"name", "ps0"}, {"error", "cannot bind"}});
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}}).at("name"), "ps0");
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}}).at("name"), "ps1");
+}
+
 // A worker restarted without --name takes the name of one that stopped, the lowest first, and
 // what that one counted stays counted; a running one's name is never taken (nor a lost one's:
 // Coordinator.ASilentWorkerIsLostAndItsBatchesGoToAnother). Each restart once got
@@ -1007,16 +1085,18 @@ TEST(Coordinator, AServerRestartedDuringTrainingTakesTheGoneOnesPlaceAndAddress)
   link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
   link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
-  std::string why = test::error_of<Error>(
-      [&] { link.request({{"type", "register"}, {"role", "ps"}}); });
-  EXPECT_TRUE(test::contains(why, "all serving: no other can join")) << why;
+  // (Not refused at once: register_role asks again for wait_ms, until one is counted lost.)
+  const json full = link.request({{"type", "register"}, {"role", "ps"}});
+  EXPECT_TRUE(test::contains(full.value("full", ""), "all serving: no other can join"))
+      << full.dump();
+  EXPECT_EQ(full.value("wait_ms", 0), 2 * o.heartbeat_timeout_ms + 1000);
   link.request({{"type", "goodbye"}, {"name", "ps0"}});  // stopped
   const json joined = link.request({{"type", "register"}, {"role", "ps"}});
   EXPECT_EQ(joined.at("name"), "ps0");
   // Restarting, it is still where the workers look for it.
   EXPECT_EQ(link.request({{"type", "spec"}}).at("spec").at("ps").at(0).at("address"),
             "tcp://10.0.0.1:5000");
-  why = test::error_of<Error>([&] {
+  const std::string why = test::error_of<Error>([&] {
     link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:6000"}});
   });
   EXPECT_TRUE(test::contains(why, "ps0 served at tcp://10.0.0.1:5000") &&

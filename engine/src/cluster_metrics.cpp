@@ -22,7 +22,8 @@ std::string prometheus_from_state(const json& state) {
   t.counter("tandem_cluster_batches_total", "Batches finished (trained, or their gradients lost)",
             double(c.value("batches_done", int64_t{0})));
   t.counter("tandem_cluster_gradients_lost_total",
-            "Batches whose gradients a parameter server never answered (it died or restarted)",
+            "Batches whose gradients were lost: never answered by a parameter server, or "
+            "dropped as stale",
             double(c.value("gradients_lost", int64_t{0})));
   t.gauge("tandem_cluster_step", "Optimizer steps on the parameter servers (global_step)",
           double(c.value("step", int64_t{0})));

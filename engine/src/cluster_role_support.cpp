@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "cluster_ranks.h"
+#include "json_fields.h"
+#include "zmq_messaging.h"
 #include "tandem/error.h"
 
 namespace tandem::roles {
@@ -31,9 +33,31 @@ RoleRegistration register_role(CoordinatorLink& link, const RoleOptions& o, cons
   json request{{"type", "register"}, {"role", role}, {"pid", int64_t(getpid())},
                {"host", host_name()}};
   if (!o.name.empty()) request["name"] = o.name;
-  RoleRegistration r = read_registration_reply(link.request(request));
-  if (!o.data.empty()) r.settings.data = o.data;
-  return r;
+  // "full": every place of its kind is held (a server restarted before its old self is counted
+  // lost): asked again until the coordinator's wait_ms have passed.
+  const auto started = std::chrono::steady_clock::now();
+  bool said = false;
+  for (;;) {
+    const json reply = link.request(request);
+    if (!reply.contains("full")) {
+      RoleRegistration r = read_registration_reply(reply);
+      if (!o.data.empty()) r.settings.data = o.data;
+      return r;
+    }
+    const std::string full = json_string_or(reply, "full", "every place is held");
+    const int64_t wait_ms = std::clamp<int64_t>(json_integer_or(reply, "wait_ms", 0), 0, 600000);
+    if (std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(wait_ms))
+      throw InputError("coordinator at " + link.endpoint() + ": register: " + full);
+    if (!said)
+      std::fprintf(stderr, "tandem %s: %s; waiting up to %.0f s for one to be counted lost, "
+                   "whose place a restarted one takes\n", role, full.c_str(),
+                   static_cast<double>(wait_ms) / 1000);
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (link.cancelled())  // (a stop from its process: run_cancellable ends the role quietly)
+      throw transport::TransportError("coordinator at " + link.endpoint() +
+                                      ": stopped while waiting to register");
+  }
 }
 
 bool training_over(const std::string& phase) {

@@ -183,7 +183,10 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
 
 void ClusterRun::remove_previous_best_model() {
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
-  // finds (its predecessor's, when it is restarted within the run).
+  // finds (its predecessor's, when it is restarted within the run). A resumed run's is the run
+  // it continues: kept, a candidate for the parameters kept at the end until the scorer's first
+  // score replaces it (that scorer takes it for another run's).
+  if (options_.resumed) return;
   if (!options_.settings.best_model_path.empty()) {
     std::error_code ignored;  // none there, most often
     std::filesystem::remove(options_.settings.best_model_path, ignored);
@@ -398,8 +401,10 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
         summary.kept_step = best.step;
         summary.validation = best_validation;
         // Its epoch: the epochs done when its score came, not the run's at the stop (tandem
-        // train --resume of the model would count the epochs after it as done).
-        kept_epochs = 0;
+        // train --resume of the model would count the epochs after it as done). One no score
+        // of this run matches is the resumed run's (ClusterOptions::resumed): its epochs are
+        // not known here, and those the run resumed after are given.
+        kept_epochs = options_.resumed ? options_.first_epoch : 0;
         for (const ScoreRecord& score : summary.scores)
           if (score.step == best.step) {
             kept_epochs = score.epochs;

@@ -44,6 +44,10 @@ struct ClusterOptions {
   // A resumed run: the epochs its servers' checkpoints hold whole (their epochs_whole, read by
   // `tandem launch --resume`); training goes on with the next.
   int64_t first_epoch = 0;
+  // A resumed run keeps the best-score model of the run it continues (a fresh run removes it):
+  // one resumed with nothing left to train removed it, and saved the servers' last parameters
+  // over the model that was kept, however much worse.
+  bool resumed = false;
   double max_seconds = 0;   // 0: no limit
   std::string bind = "tcp://127.0.0.1:*";  // the coordinator's control socket
   std::string scores_bind = "tcp://127.0.0.1:*";

@@ -383,11 +383,34 @@ json Coordinator::handle_register(const json& r) {
     // The servers are fixed once training has started (the workers split the parameters over
     // them): an unnamed server started now takes the place of one that is gone, the lowest first.
     index = lowest_free_index_locked("ps", gone);
+    // Not refused at once: a server restarted straight after a crash comes before its old self
+    // is counted lost (no heartbeat for heartbeat_timeout_ms). It asks again until then
+    // (register_role), and takes that one's place.
     if (index >= options_.expected_ps)
-      throw InputError("register: training has started with " +
-                       std::to_string(options_.expected_ps) + " parameter server(s), all " +
-                       "serving: no other can join (a restarted one joins with --name psK)");
+      return {{"full", "training has started with " + std::to_string(options_.expected_ps) +
+                           " parameter server(s), all serving: no other can join (a restarted "
+                           "one joins with --name psK)"},
+              {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
     name = "ps" + std::to_string(index);
+  }
+  if (kind == "scorer" && options_.expected_scorers > 0) {
+    // A scorer past the run's count scored beside the others, and each wrote the best
+    // parameters over the other's (the file no longer held the lowest score's): one past it is
+    // refused as a server past --ps is, and an unnamed one restarted before its old self is
+    // counted lost waits for that (register_role) and takes its place.
+    const int scorers = options_.expected_scorers;
+    if (name.empty()) {
+      index = lowest_free_index_locked("scorer", gone);
+      if (index >= scorers)
+        return {{"full", "this run has " + std::to_string(scorers) + " scorer(s), all scoring: "
+                             "no other can join (a restarted one joins with --name scorerK)"},
+                {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
+      name = "scorer" + std::to_string(index);
+    } else if (index < 0 || index >= scorers) {
+      throw InputError("register: this run's scorers are scorer0" +
+                       (scorers > 1 ? " to scorer" + std::to_string(scorers - 1) : std::string()) +
+                       ", not '" + name + "'");
+    }
   }
   if (name.empty() && kind != "ps") {
     // A worker or scorer restarted without --name takes the lowest index no role of its kind
@@ -411,7 +434,13 @@ json Coordinator::handle_register(const json& r) {
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
     index = old->second.index;
   }
-  if (index < 0) index = lowest_free_index_locked(kind, nullptr);
+  // (An unnamed server before training starts, or a role named other than KINDk: the place of
+  // one that stopped is free. A server that failed to bind its address held it, and the run
+  // waited out its start-up timeout for that one while its replacement was refused.)
+  if (index < 0)
+    index = lowest_free_index_locked(kind, [](const std::string& state) {
+      return state == "stopped";
+    });
   // The workers split the parameters over ps0 to ps(N-1), and the run waits for those names: a
   // server under any other name would be accepted, never counted, and the run would wait out
   // its start-up timeout naming the ps it lacks.

@@ -143,6 +143,7 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   const RunStart start = start_of_run(o.settings, o.ps, o.max_epochs, options.resume, "resume",
                                       /*evaluated_at_the_end=*/true);
   o.first_epoch = start.first_epoch;
+  o.resumed = options.resume;
   int64_t newest = 0;
   if (options.on_score) {
     std::function<void(const ClusterScore&)> on_score = options.on_score;

@@ -255,6 +255,7 @@ void resolve(ClusterCommandOptions& o) {
     const ResumePoint point = resume_point_of_run(s, o.cluster.ps, "--resume");
     o.resumed_step = point.step;
     o.cluster.first_epoch = point.epochs;
+    o.cluster.resumed = true;
     o.resume_note = resume_note(point, o.cluster.max_epochs, "--max-epochs", true);
   }
   s.shuffle = o.shuffle == "on";
@@ -374,8 +375,10 @@ void print_summary(const ClusterCommandOptions& o, const ClusterSummary& s) {
               s.stop_reason.c_str(), s.seconds, static_cast<long long>(s.epochs),
               static_cast<long long>(s.batches), static_cast<long long>(s.steps));
   if (s.gradients_lost > 0)
-    std::printf("%lld of those batches lost their gradients: a parameter server did not answer "
-                "(it was restarted); they were not trained again\n",
+    // (Not only a restarted server: a worker frozen or restarted mid-exchange, whose push a
+    // sync server dropped as stale or whose answer never came, loses its batch's gradient too.)
+    std::printf("%lld of those batches lost their gradients (a parameter server did not answer "
+                "their push, or dropped it as stale); they were not trained again\n",
                 static_cast<long long>(s.gradients_lost));
   if (!s.scores.empty())
     std::printf("newest score: validation loss %.1f, accuracy %.4f (%zu scores)\n", best,
@@ -891,6 +894,22 @@ void run_scores(const CoordinatorAccess& access, bool follow, double wait_s, dou
   }
 }
 
+// tandem stop: the coordinator's "stop" request, as --max-seconds would end the run.
+void run_stop(const CoordinatorAccess& access, const std::string& reason) {
+  zmq::context_t context(1);
+  transport::CurveClientKeys curve;
+  const std::string coordinator = access.address(curve);
+  CoordinatorLink link(coordinator, context, 5000, curve);
+  const std::string phase = json_string_or(link.request({{"type", "spec"}}), "phase", "");
+  if (phase == "done" || phase == "failed") {
+    std::printf("the run at %s has already ended (%s)\n", coordinator.c_str(), phase.c_str());
+    return;
+  }
+  link.request({{"type", "stop"}, {"reason", reason}});
+  std::printf("asked the run at %s to stop (%s): its roles stop and the coordinator saves the "
+              "kept parameters\n", coordinator.c_str(), reason.c_str());
+}
+
 // launch's and coordinator's defaults.
 std::shared_ptr<ClusterCommandOptions> default_cluster_options() {
   auto o = std::make_shared<ClusterCommandOptions>();
@@ -1021,6 +1040,17 @@ void add_cluster_commands(CLI::App& app) {
                     "With --follow: fail when the coordinator has not answered for this long")
         ->check(number_in(0, kMaxIntervalSeconds, true, "SECONDS"))->capture_default_str();
     cmd->callback([=] { run_scores(*access, *follow, *wait_s, *lost_after_s); });
+  }
+  {
+    auto access = std::make_shared<CoordinatorAccess>();
+    auto reason = std::make_shared<std::string>("tandem stop");
+    CLI::App* cmd = app.add_subcommand(
+        "stop", "Stop a running cluster as its rule would: the roles stop and the coordinator "
+                "saves the kept parameters");
+    access->add_options(cmd);
+    cmd->add_option("--reason", *reason, "Why, for the coordinator's summary and the scores "
+                    "channel's end")->capture_default_str();
+    cmd->callback([=] { run_stop(*access, *reason); });
   }
 }
 
