@@ -191,4 +191,16 @@ expect_error "--advertise without a wildcard bind is refused" "--advertise is fo
 expect_error "an endpoint nobody serves is named" "ipc://$dir/nobody" \
     "$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/x.zarr" \
     --slots "ipc://$dir/nobody" --slots-timeout 1
+# A server whose --root the output lies outside refuses the shares: they never ran, so the error
+# names no logs (it named a log directory with none in it, left behind) and no rerun (one is
+# refused the same way).
+mkdir -p "$dir/root"
+start_server r --slots 1 --root "$dir/root"
+"$tandem" predict --model "$dir/m.safetensors" --data "$dir/fm.zarr" --out "$dir/rooted.zarr" \
+    --slots "$r" --slots-timeout $hb >/dev/null 2>"$dir/rooted.err"; rc=$?
+check "shares a server refuses under its --root fail the prediction (status $rc)" test $rc -ne 0
+check "... said as refused, with no rerun offered" grep -qF \
+    "the servers refused them, and refuse a rerun the same way until that changes" "$dir/rooted.err"
+check "... naming the refusal" grep -q "refused it: job share-0 refused:" "$dir/rooted.err"
+check "... and leaving no empty log directory" test ! -e "$dir/rooted.zarr.logs"
 summarize

@@ -193,17 +193,16 @@ expect_error "a reduced precision on the CPU refused before the trials" \
     --out "$dir/s5p"
 check "... starting none" test ! -e "$dir/s5p/trial-0.log"
 if ! nvidia-smi >/dev/null 2>&1; then
-  # Each trial's train refuses CUDA without a device: every trial fails, saying why.
-  expect_error "--backend cuda without a device: every trial fails" "every trial failed" \
+  # Refused once, before any trial (each trial's train refused it, and every trial failed).
+  expect_error "--backend cuda without a device refused before the trials" \
+      "search: --backend cuda needs a CUDA device, and none is usable here" \
       "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --backend cuda --out "$dir/s6"
-  # (no usable CUDA device, or a build without CUDA)
-  check "the trial's failure says why: CUDA" grep -q "CUDA" "$dir/s6/trial-0.log"
-  # --precision reaches each trial's train, which refuses bf16 where auto finds no GPU.
-  expect_error "--precision bf16 with auto and no device: every trial fails" "every trial failed" \
+  check "... starting none" test ! -e "$dir/s6/trial-0.log"
+  expect_error "--precision bf16 with auto and no device refused before the trials" \
+      "search: --precision bf16 needs a CUDA device, and none is usable here" \
       "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1 --precision bf16 \
       --out "$dir/s6p"
-  check "... its train saying bf16 needs a CUDA device" \
-    grep -q "precision bf16 needs a CUDA device" "$dir/s6p/trial-0.log"
+  check "... starting none" test ! -e "$dir/s6p/trial-0.log"
 fi
 # The best checkpoint's copy fails (a full disk, made by the shim): the results are written all
 # the same, they say why there is no best.safetensors, and the search exits non-zero saying so.
@@ -337,7 +336,13 @@ if command -v script >/dev/null; then
     --processes 1 --threads-per-trial 1 --backend cpu --out '$dir/s16'" /dev/null </dev/null |
     tr '\r' '\n')
   check "search draws its progress on a terminal" \
-    grep -q $'^\033\\[Krunning [0-9]  waiting [0-9]  done [0-9]/2  failed 0' <<<"$shown"
+    grep -q $'^\033\\[Krunning [0-9]  queued [0-9]  waiting [0-9]  done [0-9]/2  failed 0' \
+    <<<"$shown"
+  counts=$(grep -o 'running [0-9]  queued [0-9]  waiting [0-9]  done [0-9]/2' <<<"$shown")
+  check "... counting the trial not started yet as queued" \
+    grep -q "running 1  queued 1  waiting 0  done 0/2" <<<"$counts"
+  check "... and ending on the end's counts" \
+    test "$(tail -1 <<<"$counts")" = "running 0  queued 0  waiting 0  done 2/2"
 else
   echo "skipped: search's progress on a terminal (no script(1) here)"
 fi

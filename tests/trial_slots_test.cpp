@@ -817,6 +817,34 @@ TEST_F(TrialSlotServerClaimTest, AClaimEndsOtherClientsJobsWritingIntoTheDirecto
   EXPECT_EQ(pool.claim(out.file("a")), 0) << "nothing left there to end";
 }
 
+// A server stopped cleanly (trial-slots on SIGTERM) ends its jobs and says bye to its clients:
+// a search took it for a silent one and waited out its timeout (20 s here) before going on.
+TEST_F(TrialSlotServerPatientTest, APoolHearsAServerThatShutsDownAtOnce) {
+  TrialSlotPoolOptions o;
+  o.timeout_ms = 20000;
+  TrialSlotPool pool({server_->endpoint()}, o);
+  pool.start("sleeper", [](int) { return std::vector<std::string>{"-c", "exec sleep 30"}; },
+             "/dev/null");
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        pool.wait(20);
+        return test::contains(server_log(), "job sleeper started");
+      },
+      10000, 20));
+  const auto stopped = Clock::now();
+  stop_.store(true);
+  thread_.join();
+  std::vector<SlotJobEnd> ended;
+  while (ended.empty() && Clock::now() - stopped < std::chrono::seconds(10)) {
+    const std::vector<SlotJobEnd> e = pool.wait(100);
+    ended.insert(ended.end(), e.begin(), e.end());
+  }
+  ASSERT_EQ(ended.size(), 1u) << "the server's bye was not heard within 10 s";
+  EXPECT_EQ(ended[0].job, "sleeper");
+  EXPECT_TRUE(test::contains(ended[0].how, "shut down (it said so)")) << ended[0].how;
+  EXPECT_EQ(pool.total_slots(), 0);
+}
+
 // The pool's side, against a server by hand that lists a job as ended in its heartbeat answer
 // (its exited was lost): the job ends as listed, not as one the server no longer runs.
 TEST(TrialSlotPoolEnded, AJobListedAsEndedInAHeartbeatEndsAsListed) {

@@ -27,6 +27,16 @@ def expand_grid(grid):
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
+def _trial_error(e):
+    """An exception of a trial's tandem.train as the trial's error text. A keyword of the wrong
+    type (learning_rate="fast") is pybind11's TypeError, whose "Invoked with:" part printed the
+    whole training and validation arrays: cut, the rest names the keywords and their types."""
+    text = str(e)
+    if isinstance(e, TypeError) and "\nInvoked with:" in text:
+        text = text.split("\nInvoked with:")[0] + "\n(a keyword of the trial has the wrong type)"
+    return f"{type(e).__name__}: {text}"
+
+
 def _trial(index, config, train, validation, common):
     """A Dask task: one training run; an error is a result, not a failure of the search."""
     started = time.time()
@@ -35,7 +45,7 @@ def _trial(index, config, train, validation, common):
         model, summary = _train(tuple(train), validation=tuple(validation), **settings)
     except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
         return {"trial": index, "config": config, "status": "failed",
-                "error": f"{type(e).__name__}: {e}", "seconds": time.time() - started}
+                "error": _trial_error(e), "seconds": time.time() - started}
     return {"trial": index, "config": config, "status": "completed",
             "validation": summary["validation"], "epochs": summary["epochs"],
             "seconds": time.time() - started, "model": model}
@@ -56,7 +66,7 @@ def _rung_job(trial, config, epochs, final, state, train, validation, common):
             on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
             **settings)
     except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - started}
+        return {"error": _trial_error(e), "seconds": time.time() - started}
     return {"history": history, "validation": summary["validation"], "model": model,
             "state": new_state, "kept_epoch": summary["kept_epoch"],
             "seconds": time.time() - started}

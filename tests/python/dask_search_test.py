@@ -236,6 +236,22 @@ class SuccessiveHalvingSearchTest(LocalClusterTest):
                                                                 "needs validation rows"):
                 tdask.search(self.client, configs, TRAIN, empty, **kwargs)
 
+    def test_a_keyword_of_the_wrong_type_fails_its_trial_without_the_arrays(self):
+        # pybind11's TypeError listed every argument, the training arrays whole, in the error.
+        configs = [dict(SETTINGS, learning_rate=lr, epochs=1) for lr in (0.01, "fast")]
+        for kwargs in ({}, {"budget": 1}):
+            with self.subTest(**kwargs):
+                cs = [{k: v for k, v in c.items() if not (kwargs and k == "epochs")}
+                      for c in configs]
+                results = tdask.search(self.client, cs, TRAIN, VALIDATION, **kwargs)
+                failed = [r for r in results if r["status"] == "failed"]
+                self.assertEqual([r["config"]["learning_rate"] for r in failed], ["fast"])
+                error = failed[0]["error"]
+                self.assertIn("TypeError", error)
+                self.assertIn("a keyword of the trial has the wrong type", error)
+                self.assertNotIn("Invoked with", error)
+                self.assertLess(len(error), 2000, error[:300])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

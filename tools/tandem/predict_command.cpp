@@ -162,6 +162,9 @@ int run_on_slots(PredictCliOptions& o) {
   for (int i = 0; i < shares; ++i) waiting.push_back(i);
   std::map<std::string, int> running;  // job -> share
   std::string failures;
+  // Every failure a refusal by its server (a path outside its --root): those never ran, wrote
+  // no log, and a rerun is refused the same way.
+  bool refused_only = true;
   while (!waiting.empty() || !running.empty()) {
     if (stop.load()) {
       // The logs are kept for the shares that failed, named; a stop alone is no failure (its
@@ -196,6 +199,7 @@ int run_on_slots(PredictCliOptions& o) {
         failures += " share " + std::to_string(share) + "/" + std::to_string(shares) +
                     " never started;";
       failures += " every slot server is gone (" + pool->lost_servers() + ");";
+      refused_only = false;
       break;
     }
     for (const SlotJobEnd& end : pool->wait(200)) {
@@ -206,16 +210,23 @@ int run_on_slots(PredictCliOptions& o) {
       if (end.retry) {
         waiting.push_front(share);
       } else if (!end.clean) {
+        refused_only = refused_only && end.how.find(" refused it: ") != std::string::npos;
         const std::string tail = log_tail(log_of(share).string(), 3);
         failures += " share " + std::to_string(share) + "/" + std::to_string(shares) + " " +
                     end.how + (tail.empty() ? "" : " (" + tail + ")") + ";";
       }
     }
   }
-  if (!failures.empty())
-    throw Error("prediction shares on slot servers failed:" + failures + " logs in " +
-                logs.string() + "; " + kRerun);
   std::error_code ignored;
+  if (!failures.empty()) {
+    const bool no_logs = fs::is_empty(logs, ignored) && !ignored;
+    if (no_logs) fs::remove(logs, ignored);
+    throw Error("prediction shares on slot servers failed:" + failures +
+                (no_logs ? "" : " logs in " + logs.string() + ";") + " " +
+                (refused_only ? "the servers refused them, and refuse a rerun the same way "
+                                "until that changes"
+                              : kRerun));
+  }
   fs::remove_all(logs, ignored);
   return shares;
 }

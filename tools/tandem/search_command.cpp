@@ -26,6 +26,7 @@
 
 #include "json_text.h"
 #include "commands.h"
+#include "cuda/cuda_device.h"
 #include "data_store_of.h"
 #include "dataset_store.h"
 #include "file_io.h"
@@ -303,6 +304,17 @@ void run_search(SearchOptions& o) {
   int slots_at_start = 0;
   std::string where;
   o.slots.prepare("search");
+  // Trials run here: a CUDA backend or a reduced precision this machine cannot give is refused
+  // once, before anything is made, rather than by each trial's train (every trial started and
+  // failed). Slot servers resolve --backend on their own machines.
+  if (!o.slots.remote() && (o.backend == "cuda" || o.precision != "fp32") &&
+      kernels::cuda_device_count() == 0)
+    throw InputError("search: " +
+                     (o.backend == "cuda" ? std::string("--backend cuda")
+                                          : "--precision " + o.precision) +
+                     " needs a CUDA device, and none is usable here (no GPU, no driver, or a "
+                     "build without CUDA): every trial would fail (--slots runs them on other "
+                     "machines)");
   if (!o.slots.remote()) {
     runner = std::make_unique<LocalTrials>(processes, threads);
     where = std::to_string(processes) + " processes x " + std::to_string(threads) + " threads";
@@ -382,7 +394,9 @@ void run_search(SearchOptions& o) {
   };
   auto status_line = [&] {
     const int done = halving.count(TrialStatus::Completed) + halving.count(TrialStatus::Stopped);
-    std::string line = "running " + std::to_string(running.size()) + "  waiting " +
+    // queued: not started yet (more trials than slots); waiting: at a rung, for a promotion.
+    std::string line = "running " + std::to_string(running.size()) + "  queued " +
+                       std::to_string(halving.count(TrialStatus::Pending)) + "  waiting " +
                        std::to_string(halving.count(TrialStatus::Waiting)) + "  done " +
                        std::to_string(done) + "/" + std::to_string(configs.size()) + "  failed " +
                        std::to_string(halving.count(TrialStatus::Failed));
@@ -539,15 +553,17 @@ void run_search(SearchOptions& o) {
         progress.print_line(name + ": stopped by " + closed_by + " after " +
                             std::to_string(rec.epochs.size()) + " epochs");
       } else {
-        // Its log's last lines say why, when it wrote any (a crash may leave none).
+        // Its log's last lines say why, when this job wrote any (a crash may leave none; a
+        // promoted trial's log holds its earlier rungs' lines too, which are not this job's).
         const std::string tail = log_tail(trial_file(o, r.job.trial, ".log"), 3, r.log_from);
         fail_trial(r.job.trial,
                    (clean ? std::string("exited 0 without its epochs") : end.how) +
-                       (tail.empty() ? " (its log is empty)" : ": " + tail),
+                       (tail.empty() ? " (it wrote nothing to its log)" : ": " + tail),
                    true);
       }
     }
   }
+  progress.update(status_line());  // the end's counts: the line left on the terminal
   progress.finish();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 

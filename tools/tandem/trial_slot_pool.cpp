@@ -390,8 +390,12 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
           for (const SlotJobExit& e : m.ended) job_exited(s, e, ended);
           if (m.jobs_listed && m.seq > 0) lost_jobs(s, m, ended);
           break;
+        case SlotMessageType::Bye:  // the server is stopping; its jobs have ended
+          drop(s, "shut down (it said so)", ended);
+          break;
         default: break;  // started: being heard is what counts
       }
+      if (!s.alive) break;  // dropped: its socket is closed
     }
   }
   const auto now = Clock::now();

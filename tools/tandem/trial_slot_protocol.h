@@ -26,6 +26,7 @@
 //                                                          sent while the search's connection
 //                                                          was down is lost; this is not)
 //   bye        search -> server  {}                        the search ends: its jobs are ended
+//   bye        server -> search  {}                        the server stops; its jobs have ended
 //   error      server -> search  {error, job?, busy?}      a refused start names its job;
 //                                                          busy: every slot was taken
 //

@@ -144,6 +144,9 @@ void TrialSlotServer::serve(const std::atomic<bool>& stop) {
     }
   }
   stop_jobs(options_.kill_grace_ms);
+  // Said to every client once its jobs have ended: a server stopped cleanly looked like a
+  // silent one, and a search waited out its --slots-timeout before it gave the server up.
+  for (const auto& [client, c] : clients_) reply(client, SlotMessage{SlotMessageType::Bye});
 }
 
 void TrialSlotServer::serve_once(long timeout_ms) {
