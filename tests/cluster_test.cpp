@@ -1029,6 +1029,30 @@ TEST(Coordinator, AScorerPastTheRunsCountIsRefused) {
   EXPECT_EQ(link.request({{"type", "register"}, {"role", "scorer"}}).at("name"), "scorer0");
 }
 
+// The state's per-role figures say each role's state, and a server gone serves nothing: a killed
+// server's last rates were shown as its own (the metrics log's per-second records, the
+// dashboard) for the rest of the run.
+TEST(Coordinator, AGoneServersRatesAreZeroAndItsStateSaid) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  link.request({{"type", "heartbeat"}, {"name", "ps0"},
+                {"status", {{"stats", {{"pushes_per_s", 290.5}, {"pulls_per_s", 12.0}}}}}});
+  json servers = c.state().at("servers");
+  ASSERT_EQ(servers.size(), 1u);
+  EXPECT_EQ(servers[0].at("state"), "running");
+  EXPECT_EQ(servers[0].at("pushes_per_s"), 290.5);
+  c.mark_lost("ps0", "killed in the test");
+  servers = c.state().at("servers");
+  EXPECT_EQ(servers[0].at("state"), "lost");
+  EXPECT_EQ(servers[0].at("pushes_per_s"), 0.0);
+  EXPECT_EQ(servers[0].at("pulls_per_s"), 0.0);
+}
+
 // Before training starts, a server that stopped (one that failed to bind its address, and said
 // so) frees its place: the next unnamed server takes it. The stopped one held it, the next was
 // refused as "not another" past the run's count, and the run waited out its start-up timeout.

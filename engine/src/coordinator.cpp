@@ -853,7 +853,7 @@ json Coordinator::state(bool with_scores) const {
     if (role.role == "worker") {
       const double rate = gone(role.state) ? 0.0 : json_number_or(st, "samples_per_s", 0);
       samples_per_s += rate;
-      workers.push_back({{"name", name}, {"samples_per_s", rate},
+      workers.push_back({{"name", name}, {"state", role.state}, {"samples_per_s", rate},
                          {"queue_depth", json_integer_or(st, "queue_depth", 0)},
                          {"steps", json_integer_or(st, "steps", 0)},
                          {"batches_done", json_integer_or(st, "batches_done", 0)},
@@ -866,8 +866,12 @@ json Coordinator::state(bool with_scores) const {
       json staleness = json::object();
       if (s.contains("staleness_histogram") && s["staleness_histogram"].is_object())
         staleness = s["staleness_histogram"];
-      servers.push_back({{"name", name}, {"pushes_per_s", json_number_or(s, "pushes_per_s", 0)},
-                         {"pulls_per_s", json_number_or(s, "pulls_per_s", 0)},
+      // A server gone (lost, stopped) serves nothing: its last rates were shown as its own
+      // long after it was killed.
+      const bool serving = !gone(role.state);
+      servers.push_back({{"name", name}, {"state", role.state},
+                         {"pushes_per_s", serving ? json_number_or(s, "pushes_per_s", 0) : 0.0},
+                         {"pulls_per_s", serving ? json_number_or(s, "pulls_per_s", 0) : 0.0},
                          {"version", json_integer_or(s, "version", 0)}, {"staleness", staleness},
                          {"mode", json_string_or(s, "mode", "")},
                          {"deferred", json_integer_or(s, "deferred", 0)}});

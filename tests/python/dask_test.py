@@ -99,6 +99,24 @@ class DaskTest(LocalClusterTest):
         self.assert_cluster_healthy()
 
     def test_a_role_error_reaches_the_client(self):
+        # The scorer's validation rows hold a label past the model's classes: it fails in its
+        # role, on its Dask worker, and the client's calls raise its error.
+        xv, yv = make_rows(200, 98)
+        yv = yv.copy()
+        yv[3] = 12
+        cluster, _ = tdask.start(self.client, ps=1, worker=2, scorer=1, validation=(xv, yv),
+                                 max_seconds=120, **SETTINGS)
+        deadline = time.monotonic() + 60
+        with self.assertRaisesRegex(tandem.Error, "label 12 at row 3"):
+            tdask.feed([make_rows(500, 4), make_rows(500, 5)], cluster)
+            while time.monotonic() < deadline:  # until the scorer's first score fails it
+                cluster.check()
+                time.sleep(0.05)
+        with self.assertRaisesRegex(tandem.Error, "scorer0: .*label 12 at row 3"):
+            tdask.stop(cluster)
+        self.assert_cluster_healthy()
+
+    def test_a_bad_fed_block_is_refused_to_its_feeder(self):
         xv, yv = make_rows(200, 98)
         cluster, _ = tdask.start(self.client, ps=1, worker=2, scorer=1, validation=(xv, yv),
                                  max_seconds=120, **SETTINGS)
@@ -108,8 +126,15 @@ class DaskTest(LocalClusterTest):
             tdask.feed([(x, y), (x, y)], cluster)
             for _ in range(100):  # until the worker's failure is seen
                 tdask.feed([make_rows(100, 2)], cluster)
-        with self.assertRaisesRegex(tandem.Error, "label 11 at row 5"):
-            tdask.stop(cluster)
+        # Refused before it was queued, once the worker knows its model: the run goes on. Fed
+        # before that (this test feeds at once), it failed the worker, and with it the run.
+        # Which one depends on the timing (the bad block is the first fed).
+        try:
+            result = tdask.stop(cluster)
+        except tandem.Error as e:
+            self.assertIn("label 11 at row 5", str(e))
+        else:
+            self.assertEqual(result["stop_reason"], "requested")
         self.assert_cluster_healthy()
 
     def test_a_run_under_curve_gives_its_roles_the_keys(self):

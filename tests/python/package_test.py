@@ -463,7 +463,8 @@ class CoordinatorWaitTest(unittest.TestCase):
             coordinator.wait_for("training", math.nan)
 
 
-def start_fed_cluster(test, workers=1, target=0.0, role_args=None, **settings):
+def start_fed_cluster(test, workers=1, target=0.0, role_args=None, before_start=None,
+                      **settings):
     settings = dict({"fed": True, "batch": 100, "model": "784-32-10", "score_interval_s": 0.1,
                      "worker_threads": 1, "scorer_threads": 1}, **settings)
     coordinator = tandem.Coordinator(settings, ps=1, workers=workers, scorers=1, target=target,
@@ -474,6 +475,8 @@ def start_fed_cluster(test, workers=1, target=0.0, role_args=None, **settings):
     roles = [tandem.ParameterServerRole(coordinator.endpoint, **role_args)]
     roles += [tandem.WorkerRole(coordinator.endpoint, **role_args) for _ in range(workers)]
     roles.append(tandem.ScorerRole(coordinator.endpoint, validation=(xv, yv), **role_args))
+    if before_start:
+        before_start(roles)
     for role in roles:
         role.start()
     test.assertEqual(coordinator.wait_for("training", 30), "training")
@@ -692,11 +695,13 @@ class RolesTest(unittest.TestCase):
         end_cluster(self, coordinator, roles)
 
     def test_a_worker_error_surfaces_with_the_engine_message(self):
-        coordinator, roles, _ = start_fed_cluster(self)
-        worker = roles[1]
         x, y = make_rows(100, 6)
         y[37] = 12  # the model has 10 classes
-        worker.feed(x, y)
+        # Fed before the worker starts, the block is queued unchecked (the worker does not know
+        # its model yet; once it does, such a block is refused to its feeder) and fails the
+        # worker when trained on. Fed after the start, which of the two happened was timing.
+        coordinator, roles, _ = start_fed_cluster(self, before_start=lambda r: r[1].feed(x, y))
+        worker = roles[1]
         with self.assertRaisesRegex(tandem.InputError, "label 12 at row 37"):
             worker.join(30)
         with self.assertRaisesRegex(tandem.Error, "stopped on an error"):

@@ -541,10 +541,13 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   // Once a second, and once at the end (failed or not): the workers' and the servers' figures.
   const auto cluster_record = [](const json& state) {
     const json& cl = state["cluster"];
-    return json{{"type", "cluster"}, {"state", cl["state"]}, {"elapsed_s", cl["elapsed_s"]},
+    json record{{"type", "cluster"}, {"state", cl["state"]}, {"elapsed_s", cl["elapsed_s"]},
                 {"t", cl["t"]}, {"epoch", cl["epoch"]}, {"step", cl["step"]},
                 {"samples_per_s", cl["samples_per_s"]}, {"workers", state["workers"]},
                 {"servers", state["servers"]}};
+    // A failed run's last record says why (it said only "failed").
+    if (cl.value("state", std::string()) == "failed") record["failure"] = cl["failure"];
+    return record;
   };
   // SIGINT, SIGTERM or SIGHUP (a closed terminal) stop training; the run ends as by its stop
   // rule (the final parameters saved and evaluated, the roles told to exit).
