@@ -1053,6 +1053,29 @@ TEST(Coordinator, AGoneServersRatesAreZeroAndItsStateSaid) {
   EXPECT_EQ(servers[0].at("pulls_per_s"), 0.0);
 }
 
+// A second server started under the name of one still heard from (by mistake) gets "full" and
+// gives up after the wait, leaving the first as it was: it was counted lost at once and, the
+// newcomer refused for its address, left stopped though serving.
+TEST(Coordinator, AServerUnderTheNameOfOneStillHeardFromLeavesItAsItWas) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  const json full = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  EXPECT_TRUE(test::contains(full.value("full", ""), "ps0 is registered and still heard from"))
+      << full.dump();
+  EXPECT_EQ(c.state().at("servers").size(), 0u);  // (no figures yet; the roles say the state)
+  for (const json& role : c.state().at("roles"))
+    if (role.at("name") == "ps0") EXPECT_EQ(role.at("state"), "running") << role.dump();
+  EXPECT_TRUE(c.servers_serving());
+  c.mark_lost("ps0", "killed in the test");  // once lost, a restart takes the place
+  EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}}).at("name"),
+            "ps0");
+}
+
 // Before training starts, a server that stopped (one that failed to bind its address, and said
 // so) frees its place: the next unnamed server takes it. The stopped one held it, the next was
 // refused as "not another" past the run's count, and the run waited out its start-up timeout.

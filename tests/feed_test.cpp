@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -894,6 +896,20 @@ TEST(FedRun, ABadBlockFedWhileTrainingIsRefusedToItsFeederAndTheRunGoesOn) {
               std::string::npos)
         << e.what();
   }
+  // A NaN pixel (float32 rows) made the gradient NaN: the server refused it as "training
+  // diverged?", and the worker and the run failed.
+  Dataset nan_rows = test::random_dataset(PixelType::Float32, 8, 40, 4, 9);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan_rows.pixel_data() + (2 * 40 + 17) * sizeof(float), &nan, sizeof nan);
+  try {
+    feed->push(data_block(std::move(nan_rows), live));
+    ADD_FAILURE() << "a block with a NaN pixel was queued";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker0: a fed block: row 2 holds a pixel that is not "
+                                         "finite"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_FALSE(feed->closed());
   EXPECT_EQ(feed->blocks_fed(), 1);  // the refused ones were not counted as fed
   feed->push(data_block(test::separable_dataset(60, 40, 4, 8), live));  // and it trains on
@@ -1197,7 +1213,10 @@ TEST(ClusterRun, TheFinalReadWaitsForAServerRestartingAsTheWorkersLeave) {
   run.set_callbacks(nullptr, [&](const Coordinator& c) {
     if (stage == 0 && c.phase() == ClusterPhase::Draining) {
       address = c.ps_endpoints().at(0);
-      link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});  // "restarted"
+      // "Restarted": counted lost first, as a server that died is (a server registering under
+      // the name of one still heard from waits for that).
+      run.coordinator().mark_lost("ps0", "the test restarts it");
+      link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
       stage = 1;
     } else if (stage == 1 && c.wait_workers_gone(0) && ++ticks_without_workers == 2) {
       serving_when_ready_said = c.servers_serving();

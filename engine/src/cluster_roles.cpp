@@ -339,6 +339,10 @@ void scorer_role(const RoleOptions& o) {
     DatasetView validation;
     if (o.validation) {
       validation = o.validation->rows;
+      // Scored, none gave a loss of 0, which met any target: the run stopped at once.
+      if (validation.rows == 0)
+        throw InputError(r.name + ": the validation rows it was given are none: no loss can be "
+                         "scored on them (a loss of 0 would meet any target)");
     } else {
       if (s.data.empty())
         throw InputError(r.name + ": this run has no store (data) and the scorer was given no "

@@ -14,6 +14,7 @@
 #include "chunk_manager.h"
 #include "cluster_role_support.h"
 #include "dataset_store.h"
+#include "predictor.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "worker_status.h"
@@ -100,6 +101,10 @@ void check_fed_block(const std::string& worker, const ModelConfig& model, const 
   } catch (const InputError& e) {
     throw InputError(worker + ": a fed block: " + e.what());
   }
+  // A NaN or infinite float32 pixel: trained on, it made the gradient NaN, and the server's
+  // refusal of that gradient ("training diverged?") failed the worker and the run.
+  check_pixels_finite(rows, 0, worker + ": a fed block",
+                      "training on it would make the parameters NaN");
 }
 
 // What the training loops share.

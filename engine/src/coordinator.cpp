@@ -431,6 +431,14 @@ json Coordinator::handle_register(const json& r) {
                                                    : old->second.address;
     if (old->second.role != kind)
       throw InputError("register: '" + name + "' is already a " + old->second.role);
+    // A server under the name of one still heard from: a restart of it comes before its old
+    // self is counted lost, and waits for that (register_role); a second server started under
+    // that name by mistake gives up after the wait, leaving the first as it was. (Taken over at
+    // once, the first was counted lost and, the newcomer refused, left stopped though serving.)
+    if (kind == "ps" && !gone(old->second.state))
+      return {{"full", name + " is registered and still heard from: a restarted " + name +
+                           " takes its place once it is counted lost"},
+              {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
     index = old->second.index;
   }

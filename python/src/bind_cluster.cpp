@@ -341,6 +341,10 @@ class PyScorerRole : public PyRole {
             py::tuple pair = validation.cast<py::tuple>();
             if (pair.size() != 2) throw py::value_error("validation must be (images, labels)");
             o.validation = std::make_shared<const FedBlock>(array_rows(pair[0], pair[1], true).block);
+            // (As the role would, at its start: said here, where the rows are given.)
+            if (o.validation->rows.rows == 0)
+              throw InputError("validation: no rows (images of shape (0, ...)): no loss can be "
+                               "scored on them, and a loss of 0 would meet any target");
           }
           return o;
         }()) {}

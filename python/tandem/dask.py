@@ -351,6 +351,14 @@ def start(client, ps=1, worker=4, scorer=1, *, validation=None, target=None, max
     if validation is not None and (not isinstance(validation, (tuple, list))
                                    or len(validation) != 2):
         raise InputError(f"validation must be (images, labels), not {type(validation).__name__}")
+    # Scored, no rows gave a loss of 0, which met any target: the run stopped at once.
+    if validation is not None and getattr(validation[1], "shape", (None,))[:1] == (0,):
+        raise InputError("validation has no rows: no loss can be scored on them, and a loss of 0 "
+                         "would meet any target")
+    # A string is a sequence of characters: its letters were taken for addresses.
+    if isinstance(dask_workers, str):
+        raise InputError(f"dask_workers must be a list of worker addresses, not a string "
+                         f"({dask_workers!r}): give [{dask_workers!r}]")
     addresses = sorted(dask_workers if dask_workers is not None else client.nthreads())
     # One role per Dask worker process: a worker named twice would run two roles of the run,
     # the second taking the first's place in its process (feeding then found no worker).
@@ -408,9 +416,12 @@ def _abandon(coordinator, futures):
     """After a failed start: every role is told to stop, and their tasks end."""
     if coordinator.phase not in ("done", "failed"):
         coordinator.fail("the start was abandoned")
+    # 30 s for all of them, not each: a task on a Dask worker that is gone never ends, and each
+    # such role cost its own 30 s.
+    deadline = time.monotonic() + 30
     for future in futures.values():
         try:
-            future.result(timeout=30)
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
         except Exception:  # noqa: BLE001 - the start's own error is the one reported
             pass
     coordinator.close()

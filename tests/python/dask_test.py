@@ -183,7 +183,14 @@ class DaskTest(LocalClusterTest):
         with self.assertRaisesRegex(tandem.InputError,
                                     "validation must be .images, labels., not int"):
             tdask.start(self.client, ps=1, worker=1, scorer=1, validation=5, **SETTINGS)
+        # Scored, no rows gave a loss of 0, which met any target at once.
+        with self.assertRaisesRegex(tandem.InputError, "validation has no rows"):
+            tdask.start(self.client, ps=1, worker=1, scorer=1, validation=(xv[:0], yv[:0]),
+                        target=1750, **SETTINGS)
         some = sorted(self.client.nthreads())[0]
+        with self.assertRaisesRegex(tandem.InputError, "not a string"):
+            tdask.start(self.client, ps=1, worker=1, scorer=0, dask_workers=some,
+                        max_seconds=5, **SETTINGS)
         with self.assertRaisesRegex(tandem.InputError, "names .* more than once"):
             tdask.start(self.client, ps=1, worker=1, scorer=0, dask_workers=[some, some],
                         max_seconds=5, **SETTINGS)

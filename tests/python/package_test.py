@@ -519,6 +519,9 @@ class RolesTest(unittest.TestCase):
                                          workers=1, scorers=1, max_seconds=60)
         self.addCleanup(coordinator.close)
         x, y = make_rows(50, 7)
+        # No rows at all are refused at once: scored, they gave a loss of 0 (any target met).
+        with self.assertRaisesRegex(tandem.InputError, "validation: no rows"):
+            tandem.ScorerRole(coordinator.endpoint, validation=(x[:0], y[:0]))
         roles = [tandem.ParameterServerRole(coordinator.endpoint),
                  tandem.WorkerRole(coordinator.endpoint),
                  tandem.ScorerRole(coordinator.endpoint, validation=(x, y + 12))]
