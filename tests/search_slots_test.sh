@@ -123,7 +123,7 @@ check "a search into the --out of one just killed exits 0" test $rc -eq 0
 check "... having ended the killed search's trial first" \
     grep -q "ended 1 trial(s) of an earlier search, still running into $dir/reused" \
     "$dir/reused2.err"
-check "... which server A says" grep -q "claimed $dir/reused; ending 1 job(s) of others there" \
+check "... which server A says" grep -q "writing into $dir/reused: its client is silent" \
     "$dir/A.log"
 check "... and which is gone" gone_within 1 "$old"
 

@@ -779,41 +779,55 @@ TEST_F(TrialSlotServerPatientTest, AReconnectedSearchLearnsHowItsJobEndedMeanwhi
   EXPECT_EQ(beat.ended[0].job, "quick");
 }
 
-// A search killed outright leaves its jobs running until the server finds it silent (30 s
-// here), writing into its output directory; a search started into that directory meanwhile
-// claims it: the server ends the jobs whose log lies there (not those elsewhere) and answers
-// once they have exited.
-class TrialSlotServerClaimTest : public TrialSlotServerPatientTest {
+// A search killed outright leaves its jobs running until the server finds it silent, writing
+// into its output directory; a search started into that directory meanwhile claims it. The
+// server ends the jobs whose log lies there once their client has been silent for half its
+// heartbeat timeout (2 s here; it would end them itself at 4 s), and answers once they have
+// exited. A live client's jobs there are not ended: the claim fails, naming the server.
+class TrialSlotServerClaimTest : public TrialSlotServerTest {
  protected:
-  TrialSlotServerClaimTest() { slots_ = 2; }
+  TrialSlotServerClaimTest() {
+    heartbeat_timeout_ms_ = 4000;
+    slots_ = 2;
+  }
 };
 
-TEST_F(TrialSlotServerClaimTest, AClaimEndsOtherClientsJobsWritingIntoTheDirectory) {
+TEST_F(TrialSlotServerClaimTest, AClaimEndsASilentClientsJobsInTheDirectoryAndNoLiveOnes) {
   test::TempDir out;
   fs::create_directories(out.file("a"));
   fs::create_directories(out.file("b"));
-  pid_t in_a = 0, in_b = 0;
+  pid_t killed_job = 0;
   {
     Client killed(context_, server_->endpoint());
     killed.log_ = out.file("a/trial-0.log");
-    SlotMessage m = killed.start("trial-0", "exec sleep 30");
+    const SlotMessage m = killed.start("trial-0", "exec sleep 30");
     ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
-    in_a = m.pid;
-    killed.log_ = out.file("b/trial-0.log");
-    m = killed.start("trial-1", "exec sleep 30");
-    ASSERT_EQ(m.type, SlotMessageType::Started) << m.error;
-    in_b = m.pid;
+    killed_job = m.pid;
   }  // silent from here, as a killed search
   TrialSlotPoolOptions o;
   o.timeout_ms = 10000;
+  TrialSlotPool live({server_->endpoint()}, o);  // another search, alive, writing into b
+  live.start("trial-0", [](int) { return std::vector<std::string>{"-c", "exec sleep 30"}; },
+             out.file("b/trial-0.log"));
+  std::atomic<bool> done{false};
+  std::thread heartbeats([&] {
+    while (!done.load()) live.wait(50);  // (its heartbeats go out from here)
+  });
+  o.timeout_ms = 3000;  // (the claim of b waits the server's half timeout and 5 s instead)
   TrialSlotPool pool({server_->endpoint()}, o);
   const auto started = Clock::now();
   EXPECT_EQ(pool.claim(out.file("a") + "/"), 1);  // (a trailing slash is the same directory)
-  EXPECT_LT(Clock::now() - started, std::chrono::seconds(10));
-  EXPECT_FALSE(process_running(in_a)) << "claimed, and answered, before the job had exited";
-  EXPECT_TRUE(process_running(in_b)) << "a job writing elsewhere was ended";
-  EXPECT_TRUE(test::contains(server_log(), "claimed " + out.file("a") + "/; ending 1 job(s)"))
-      << server_log();
+  EXPECT_LT(Clock::now() - started, std::chrono::milliseconds(3900))
+      << "ended by the server's own timeout (4 s), not by the claim";
+  EXPECT_FALSE(process_running(killed_job)) << "claimed, and answered, before the job had exited";
+  EXPECT_TRUE(test::contains(server_log(), "writing into " + out.file("a") + "/: its client is "
+                             "silent")) << server_log();
+  const std::string why = test::error_of<Error>([&] { pool.claim(out.file("b")); });
+  EXPECT_TRUE(test::contains(why, "still run jobs writing into " + out.file("b") + " for a "
+                             "client still heard from")) << why;
+  EXPECT_FALSE(test::contains(server_log(), "writing into " + out.file("b"))) << server_log();
+  done.store(true);
+  heartbeats.join();
   EXPECT_EQ(pool.claim(out.file("a")), 0) << "nothing left there to end";
 }
 

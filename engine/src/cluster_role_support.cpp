@@ -45,7 +45,9 @@ RoleRegistration register_role(CoordinatorLink& link, const RoleOptions& o, cons
       return r;
     }
     const std::string full = json_string_or(reply, "full", "every place is held");
-    const int64_t wait_ms = std::clamp<int64_t>(json_integer_or(reply, "wait_ms", 0), 0, 600000);
+    // (Bounded as a peer's number: twice the longest heartbeat timeout, a day, and a second.)
+    const int64_t wait_ms =
+        std::clamp<int64_t>(json_integer_or(reply, "wait_ms", 0), 0, 2 * int64_t{86400000} + 1000);
     if (std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(wait_ms))
       throw InputError("coordinator at " + link.endpoint() + ": register: " + full);
     if (!said)

@@ -64,6 +64,7 @@ int index_from_name(const std::string& name, const std::string& role) {
 }
 
 bool gone(const std::string& state) { return state == "lost" || state == "stopped"; }
+bool stopped_only(const std::string& state) { return state == "stopped"; }
 
 }  // namespace
 
@@ -326,6 +327,7 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     }
     role.address = address;
     role.state = "running";
+    replaced_.erase(name);  // the newcomer serves: the place is its own
     changed_.notify_all();
     return json::object();
   }
@@ -334,6 +336,20 @@ json Coordinator::handle(const json& r, bool& /*subscribe_replay*/) {
     return json::object();
   }
   if (type == "goodbye") {
+    // A restart that leaves before it serves (its address taken: the old server, only stalled,
+    // still holds it) gives the place back to the server it replaced, lost, so that its next
+    // heartbeat brings it back: left "stopped", a serving server was never counted again.
+    if (const auto replaced = replaced_.find(name);
+        replaced != replaced_.end() && role.role == "ps" && role.address.empty()) {
+      const std::string error = json_string_or(r, "error", "");
+      std::fprintf(stderr, "coordinator: %s's restart left before serving%s; the %s it replaced "
+                   "is lost again, until it is heard from\n", name.c_str(),
+                   error.empty() ? "" : (" (" + error + ")").c_str(), name.c_str());
+      role = replaced->second;
+      replaced_.erase(replaced);
+      changed_.notify_all();
+      return phase_reply_locked();
+    }
     role.state = "stopped";
     // A role that stopped on an error of its own says it: the log named only a missing heartbeat
     // (3 s later) when the cause was on the role's node. Its place is free for another, as any
@@ -368,6 +384,12 @@ int Coordinator::lowest_free_index_locked(const std::string& kind,
   return index;
 }
 
+json Coordinator::full_reply(const std::string& why) const {
+  // Long enough for the held place's role to be counted lost (no heartbeat for the timeout),
+  // twice over, and a second.
+  return {{"full", why}, {"wait_ms", 2 * int64_t{options_.heartbeat_timeout_ms} + 1000}};
+}
+
 json Coordinator::handle_register(const json& r) {
   const std::string kind = json_string(r, "role", "");
   if (kind != "ps" && kind != "worker" && kind != "scorer")
@@ -387,10 +409,9 @@ json Coordinator::handle_register(const json& r) {
     // is counted lost (no heartbeat for heartbeat_timeout_ms). It asks again until then
     // (register_role), and takes that one's place.
     if (index >= options_.expected_ps)
-      return {{"full", "training has started with " + std::to_string(options_.expected_ps) +
-                           " parameter server(s), all serving: no other can join (a restarted "
-                           "one joins with --name psK)"},
-              {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
+      return full_reply("training has started with " + std::to_string(options_.expected_ps) +
+                        " parameter server(s), all serving: no other can join (a restarted one "
+                        "joins with --name psK)");
     name = "ps" + std::to_string(index);
   }
   if (kind == "scorer" && options_.expected_scorers > 0) {
@@ -402,9 +423,9 @@ json Coordinator::handle_register(const json& r) {
     if (name.empty()) {
       index = lowest_free_index_locked("scorer", gone);
       if (index >= scorers)
-        return {{"full", "this run has " + std::to_string(scorers) + " scorer(s), all scoring: "
-                             "no other can join (a restarted one joins with --name scorerK)"},
-                {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
+        return full_reply("this run has " + std::to_string(scorers) + " scorer(s), all "
+                          "scoring: no other can join (a restarted one joins with --name "
+                          "scorerK)");
       name = "scorer" + std::to_string(index);
     } else if (index < 0 || index >= scorers) {
       throw InputError("register: this run's scorers are scorer0" +
@@ -419,9 +440,7 @@ json Coordinator::handle_register(const json& r) {
     // dashboard's document and the metrics log's per-second record for good (25 restarts:
     // worker0 to worker24). Not a lost one's: lost is only silent for a while, and one that
     // comes back (stopped with SIGSTOP, stalled) would run as the newcomer's name too.
-    index = lowest_free_index_locked(kind, [](const std::string& state) {
-      return state == "stopped";
-    });
+    index = lowest_free_index_locked(kind, stopped_only);
     name = kind + std::to_string(index);
   }
   auto old = name.empty() ? roles_.end() : roles_.find(name);
@@ -431,24 +450,26 @@ json Coordinator::handle_register(const json& r) {
                                                    : old->second.address;
     if (old->second.role != kind)
       throw InputError("register: '" + name + "' is already a " + old->second.role);
-    // A server under the name of one still heard from: a restart of it comes before its old
-    // self is counted lost, and waits for that (register_role); a second server started under
-    // that name by mistake gives up after the wait, leaving the first as it was. (Taken over at
-    // once, the first was counted lost and, the newcomer refused, left stopped though serving.)
-    if (kind == "ps" && !gone(old->second.state))
-      return {{"full", name + " is registered and still heard from: a restarted " + name +
-                           " takes its place once it is counted lost"},
-              {"wait_ms", 2 * options_.heartbeat_timeout_ms + 1000}};
+    // A server or scorer under the name of one still heard from: a restart of it comes before
+    // its old self is counted lost, and waits for that (register_role); a second one started
+    // under that name by mistake gives up after the wait, leaving the first as it was. (Taken
+    // over at once, a server was counted lost and, the newcomer refused, left stopped though
+    // serving; two scorers wrote the best-score model.) A worker's name is taken over: a
+    // restarted worker must not wait.
+    if (kind != "worker" && !gone(old->second.state))
+      return full_reply(name + " is registered and still heard from: a restarted " + name +
+                        " takes its place once it is counted lost");
     if (!gone(old->second.state)) lose(old->second, "it registered again (restarted)");
     index = old->second.index;
+    // Kept until the newcomer serves: see replaced_.
+    if (kind == "ps" && old->second.state == "lost") replaced_[name] = old->second;
   }
-  // (An unnamed server before training starts, or a role named other than KINDk: the place of
-  // one that stopped is free. A server that failed to bind its address held it, and the run
-  // waited out its start-up timeout for that one while its replacement was refused.)
+  // (An unnamed server before training starts: the place of one that stopped is free. A server
+  // that failed to bind its address held it, and the run waited out its start-up timeout for
+  // that one while its replacement was refused. Not for a worker named other than workerK: it
+  // would share a stopped worker0's index, and be a second chief once worker0 came back.)
   if (index < 0)
-    index = lowest_free_index_locked(kind, [](const std::string& state) {
-      return state == "stopped";
-    });
+    index = lowest_free_index_locked(kind, kind == "ps" ? stopped_only : nullptr);
   // The workers split the parameters over ps0 to ps(N-1), and the run waits for those names: a
   // server under any other name would be accepted, never counted, and the run would wait out
   // its start-up timeout naming the ps it lacks.

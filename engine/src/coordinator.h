@@ -195,6 +195,9 @@ class Coordinator {
   void serve();
   nlohmann::json handle(const nlohmann::json& request, bool& subscribe_replay);
   nlohmann::json handle_register(const nlohmann::json& r);
+  // The reply that makes a registering role wait (register_role asks again): every place of its
+  // kind is held, or its name is a role's still heard from.
+  nlohmann::json full_reply(const std::string& why) const;
   // The lowest index of a kind of role that no role holds, but one in a state `frees` accepts
   // (none when null).
   int lowest_free_index_locked(const std::string& kind,
@@ -240,6 +243,10 @@ class Coordinator {
   mutable std::condition_variable changed_;
   ClusterPhase phase_ = ClusterPhase::Starting;
   std::map<std::string, Role> roles_;
+  // A server taken over by a restart (it was counted lost), until the newcomer says it is ready:
+  // a newcomer that leaves before that (it could not bind the address) gives the place back, and
+  // the old server, lost again, comes back with its next heartbeat if it was only stalled.
+  std::map<std::string, Role> replaced_;
   std::map<std::string, int> next_index_;  // per role kind
   WorkQueue work_;
   std::vector<ScoreRecord> scores_log_;

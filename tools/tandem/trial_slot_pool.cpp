@@ -21,6 +21,7 @@ struct TrialSlotPool::Server {
   int slots = 0;
   int threads = 1;
   int heartbeat_ms = 0;  // how often we send one
+  int timeout_ms = 0;    // the server's heartbeat timeout (its hello)
   bool answered = false;
   bool busy = false;  // refused a start for want of slots; free again when a heartbeat says so
   bool alive = true;
@@ -231,25 +232,31 @@ std::string TrialSlotPool::start(const std::string& job,
 int TrialSlotPool::claim(const std::string& dir) {
   SlotMessage m{SlotMessageType::Claim};
   m.dir = dir;
+  // A server ends a killed client's jobs once that client has been silent for half its
+  // heartbeat timeout, then waits for them to exit (its kill grace): room for both.
+  int longest_ms = options_.timeout_ms;
   for (auto& s : servers_) {
     s->claim_ended = 0;
     if (s->alive && s->answered) s->claim_pending = send(*s, m);
+    if (s->claim_pending) longest_ms = std::max(longest_ms, s->timeout_ms / 2 + 5000);
   }
   const auto pending = [this] {
     return std::any_of(servers_.begin(), servers_.end(),
                        [](const auto& s) { return s->alive && s->claim_pending; });
   };
-  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(longest_ms);
   while (pending() && Clock::now() < deadline) wait(50);  // (no job of ours to end yet)
   int ended = 0;
+  std::string held;
   for (auto& s : servers_) {
-    if (s->alive && s->claim_pending)
-      std::fprintf(stderr, "tandem %s: slot server %s did not say within %s s that no job of an "
-                   "earlier run writes into %s any more\n", options_.client.c_str(),
-                   s->endpoint.c_str(), seconds_text(options_.timeout_ms).c_str(), dir.c_str());
+    if (s->alive && s->claim_pending) held += (held.empty() ? "" : ", ") + s->endpoint;
     s->claim_pending = false;
     ended += s->claim_ended;
   }
+  if (!held.empty())
+    throw Error("slot server(s) " + held + " still run jobs writing into " + dir + " for a "
+                "client still heard from (another run into the same directory, on another "
+                "machine?): end it, or choose another directory");
   return ended;
 }
 
@@ -362,6 +369,7 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
           s.busy = m.running >= m.slots;  // another search's trials fill it
           s.slots = m.slots;
           s.threads = std::max(1, m.threads);
+          s.timeout_ms = m.heartbeat_timeout_ms;
           s.heartbeat_ms = std::max(
               50, std::min(options_.timeout_ms, m.heartbeat_timeout_ms > 0 ? m.heartbeat_timeout_ms
                                                                          : options_.timeout_ms) / 4);

@@ -72,11 +72,13 @@ class TrialSlotPool {
   // its slots and threads.
   void add(const std::string& endpoint);
   // Claims `dir`, the output directory this client has locked, on every server: each ends the
-  // jobs of other clients whose log lies in it (a killed search's, which outlive it by the
-  // server's heartbeat timeout and would write over this one's files) and answers once they
-  // have exited. Waits up to timeout_ms for the answers (a server that gives none, or an older
-  // one that does not know the message, is said on stderr); returns how many jobs were ended.
-  // Before any job of this pool's is started.
+  // jobs of other clients whose log lies in it once those clients have been silent for half its
+  // heartbeat timeout (a killed search's jobs, which outlive it by that timeout and would write
+  // over this one's files), and answers once none is left. Returns how many were ended. Throws
+  // Error naming the servers still running such jobs for a client still heard from when the
+  // answers do not come in time (the longer of timeout_ms and half a server's heartbeat timeout
+  // and 5 s); an older server that does not know the message is said on stderr and not waited
+  // for. Before any job of this pool's is started.
   int claim(const std::string& dir);
   // Asks the job's server to end it (SIGTERM); its end comes from wait() as usual.
   void cancel(const std::string& job);

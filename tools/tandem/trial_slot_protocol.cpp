@@ -77,11 +77,10 @@ bool has_control_character(const std::string& text) {
 void check_start(const SlotMessage& m) {
   if (m.job.empty()) throw SlotProtocolError("start: empty \"job\"");
   if (m.log.empty()) throw SlotProtocolError("start: empty \"log\"");
-  const auto control = has_control_character;
-  if (control(m.log) || control(m.job))
+  if (has_control_character(m.log) || has_control_character(m.job))
     throw SlotProtocolError("start: a control character in \"log\" or \"job\"");
   for (size_t i = 0; i < m.args.size(); ++i)
-    if (control(m.args[i]))
+    if (has_control_character(m.args[i]))
       throw SlotProtocolError("start: a control character in argument " +
                               std::to_string(i + 1) + " of \"args\"");
 }

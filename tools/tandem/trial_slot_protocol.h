@@ -7,12 +7,14 @@
 //   hello      server -> search  {slots, running, threads, heartbeat_timeout_ms}
 //   claim      search -> server  {dir}                     its output directory, locked by it:
 //                                                          the server ends the jobs of other
-//                                                          clients whose log lies in it (those
-//                                                          of a killed search, which outlive it
-//                                                          by the heartbeat timeout, and would
-//                                                          write over this search's files)
-//   claimed    server -> search  {dir, ended}              once those have all exited; ended:
-//                                                          how many there were
+//                                                          clients whose log lies in it once
+//                                                          those clients have been silent for
+//                                                          half its heartbeat timeout (a killed
+//                                                          search's jobs, which outlive it by
+//                                                          the timeout and would write over
+//                                                          this search's files)
+//   claimed    server -> search  {dir, ended}              once none is left there; ended: how
+//                                                          many it ended
 //   start      search -> server  {job, args, log}          args: `tandem train ...` without the
 //                                                          program; the server runs its own binary
 //   started    server -> search  {job, pid}

@@ -331,38 +331,45 @@ bool log_in(const std::string& log, const std::string& dir) {
 }  // namespace
 
 void TrialSlotServer::claim(const std::string& client, const SlotMessage& m) {
-  // The claimer holds the directory's lock (one search per --out), so a job of another client
-  // writing there is a dead search's: nobody waits for its result.
-  Claim c{client, m.dir, {}};
-  for (Job& j : jobs_)
-    if (j.client != client && log_in(j.log, m.dir)) {
-      end_job(j);
-      j.orphaned = true;
-      c.ended.push_back(j.pid);
-    }
-  say(clients_.at(client).name + " claimed " + m.dir +
-      (c.ended.empty() ? std::string()
-                       : "; ending " + std::to_string(c.ended.size()) + " job(s) of others there"));
-  claims_.push_back(c);
+  say(clients_.at(client).name + " claimed " + m.dir);
+  claims_.push_back({client, m.dir, 0});
   answer_claims();
 }
 
 void TrialSlotServer::answer_claims() {
+  const auto now = Clock::now();
+  const auto silent_for = std::chrono::milliseconds(options_.heartbeat_timeout_ms / 2);
   for (auto it = claims_.begin(); it != claims_.end();) {
-    const Claim& c = *it;
-    const bool waiting = std::any_of(jobs_.begin(), jobs_.end(), [&](const Job& j) {
-      return std::find(c.ended.begin(), c.ended.end(), j.pid) != c.ended.end();
-    });
-    if (waiting && clients_.count(c.client) > 0) {
+    Claim& c = *it;
+    if (clients_.count(c.client) == 0) {  // the claimer is gone: nobody waits for the answer
+      it = claims_.erase(it);
+      continue;
+    }
+    bool left = false;
+    for (Job& j : jobs_) {
+      if (j.client == c.client || !log_in(j.log, c.dir)) continue;
+      left = true;
+      // The claimer holds the directory's lock (one search per --out): a job of another client
+      // writing there is a dead search's, once that client has been silent for longer than a
+      // live one ever is (it sends a heartbeat every quarter of the timeout).
+      const auto owner = clients_.find(j.client);
+      if (j.terminated() || j.orphaned ||
+          (owner != clients_.end() && now - owner->second.last_heard < silent_for))
+        continue;
+      say("ending job " + j.id + " (pid " + std::to_string(j.pid) + "), writing into " + c.dir +
+          ": its client is silent");
+      end_job(j);
+      j.orphaned = true;
+      ++c.ended;
+    }
+    if (left) {
       ++it;
       continue;
     }
-    if (!waiting) {
-      SlotMessage answer{SlotMessageType::Claimed};
-      answer.dir = c.dir;
-      answer.ended_jobs = static_cast<int>(c.ended.size());
-      reply(c.client, answer);
-    }
+    SlotMessage answer{SlotMessageType::Claimed};
+    answer.dir = c.dir;
+    answer.ended_jobs = c.ended;
+    reply(c.client, answer);
     it = claims_.erase(it);
   }
 }

@@ -12,9 +12,10 @@
 // is still there, so a job can finish what it is writing (tandem predict ends between two
 // chunks). Stopping the server (stop flag, destructor) ends every job the same way; a server
 // killed outright takes its jobs with it (PR_SET_PDEATHSIG). A search's claim of its output
-// directory ends the other clients' jobs whose log lies there the same way (a killed search's,
-// which would otherwise write over the new search's files until the timeout), and is answered
-// once they have all exited.
+// directory ends the same way the other clients' jobs whose log lies there once their client has
+// been silent for half the heartbeat timeout (a live search is heard from every quarter): a
+// killed search's, which would otherwise write over the new search's files until the timeout.
+// It is answered once none is left there; a live client's jobs are never ended by it.
 //
 // Only `program` is ever run, with args[0] one of allowed_commands: a peer cannot make the
 // server run anything else. Paths in a job (data, checkpoints, metrics, the log) are the
@@ -105,15 +106,16 @@ class TrialSlotServer {
     };
     std::deque<Ended> ended;
   };
-  // A claim still waiting for the jobs it ended to exit.
+  // A claim still waiting for the jobs of others in its directory to end.
   struct Claim {
     std::string client;
     std::string dir;
-    std::vector<pid_t> ended;  // the jobs it ended, waited for
+    int ended = 0;  // the jobs it ended
   };
   void handle(const std::string& client, const std::string& frame);
   void claim(const std::string& client, const SlotMessage& m);
-  // Answers the claims none of whose jobs is left (a client gone meanwhile: dropped).
+  // Ends the jobs in a claimed directory whose client has been silent for half the heartbeat
+  // timeout, and answers the claims with none of others left there (a claimer gone: dropped).
   void answer_claims();
   void start_job(const std::string& client, const SlotMessage& m);
   void reply(const std::string& client, const SlotMessage& m);
