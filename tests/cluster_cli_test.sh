@@ -131,6 +131,7 @@ check "the servers checkpointed at the end" test -n "$(ls "$dir/run1/checkpoints
 #     epoch after the ten they hold, --max-epochs counting those; with none there it is refused
 #     before anything starts.
 mkdir -p "$dir/run1r" && cp -r "$dir/run1/checkpoints" "$dir/run1/metrics.jsonl" "$dir/run1r/"
+cp "$dir/run1/best-score.safetensors" "$dir/run1r/"  # the run's best, kept until a better score
 cp -r "$dir/run1r" "$dir/run1done"  # (for 1b, with the first run's best-score model)
 cp "$dir/run1/best-score.safetensors" "$dir/run1done/"
 first_lines=$(wc -l <"$dir/run1/metrics.jsonl")
@@ -140,6 +141,9 @@ echo '{"type":"score","step":99999999,"loss":1}' >>"$dir/run1r/metrics.jsonl"
 "$tandem" launch --data "$dir/fm.zarr" --run-dir "$dir/run1r" --workers 1 --max-epochs 11 \
   --target 0 --dashboard -1 --resume --memory-budget 1 --json >"$dir/out1r" 2>"$dir/err1r"; rc=$?
 check "launch --resume exits 0" test $rc -eq 0
+check "... its scorer keeping the first run's best-score model until a better score" \
+  grep -q "scorer0: the best model so far (.*best-score.safetensors) scores .*; kept until" \
+  "$dir/err1r"
 check "... its server resumed from the first run's last checkpoint" \
   grep -q "resumed from checkpoint .*/ps0-step-$steps\.safetensors (step $steps)" "$dir/err1r"
 check "... saying the checkpoints come after ten epochs, and training the eleventh alone" \
@@ -183,8 +187,13 @@ check "... and training nothing" py_check "$(cat "$dir/out1d")" \
   "j['epochs']==10 and j['batches']==0 and j['test']['samples']==10000"
 # It removed the run's best-score model, then saved the servers' last parameters over the model
 # kept (however much worse): it keeps that model now, and keeps what the first run kept.
-check "... keeping the run's best-score model" \
-  cmp -s "$dir/run1/best-score.safetensors" "$dir/run1done/best-score.safetensors"
+# (Its parameters: its metadata now names this run, whose scorer keeps it until a better score.)
+check "... keeping the run's best-score model" "$py" -c "
+import sys
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+sys.exit(0 if a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a) else 1)" \
+  "$dir/run1/best-score.safetensors" "$dir/run1done/best-score.safetensors"
 check "... and, from the same two candidates, what the first run kept" "$py" -c "
 import json, sys
 first, resumed = json.loads(sys.argv[1]), json.loads(sys.argv[2])

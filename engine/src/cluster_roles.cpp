@@ -446,6 +446,9 @@ void scorer_role(const RoleOptions& o) {
         best.optimizer = s.optimizer;
         mark_parameters_only(best);  // Adam's moments stay in the servers' shards
         best.step = int64_t(result.version);
+        // The epochs done by then (a resumed run's kept best may be an earlier run's, which no
+        // score of its own names: its epochs are read from here).
+        best.epoch = std::max<int64_t>(0, link.epochs_whole());
         best.seed = s.seed;
         best.batch = s.batch;
         best.extra["source"] = "tandem scorer: the parameters of the lowest validation loss";

@@ -184,9 +184,23 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
 void ClusterRun::remove_previous_best_model() {
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
   // finds (its predecessor's, when it is restarted within the run). A resumed run's is the run
-  // it continues: kept, a candidate for the parameters kept at the end until the scorer's first
-  // score replaces it (that scorer takes it for another run's).
-  if (options_.resumed) return;
+  // it continues: made this run's (its "run"), so that the scorer keeps it until a better score
+  // and the end weighs it against the last parameters. (Removed, a resume with nothing left to
+  // train saved the servers' last parameters over the model kept; left as the other run's, the
+  // scorer's first score replaced it, however much worse.)
+  if (options_.resumed) {
+    const std::string& path = options_.settings.best_model_path;
+    if (path.empty() || !std::filesystem::exists(path)) return;
+    try {
+      Checkpoint best = load_checkpoint(path, &options_.settings.model);
+      best.extra["run"] = coordinator_->run_id();
+      save_checkpoint(path, best);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "tandem: the run's best-score model %s is unreadable (%s); the "
+                   "first score replaces it\n", path.c_str(), e.what());
+    }
+    return;
+  }
   if (!options_.settings.best_model_path.empty()) {
     std::error_code ignored;  // none there, most often
     std::filesystem::remove(options_.settings.best_model_path, ignored);
@@ -402,9 +416,9 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
         summary.validation = best_validation;
         // Its epoch: the epochs done when its score came, not the run's at the stop (tandem
         // train --resume of the model would count the epochs after it as done). One no score
-        // of this run matches is the resumed run's (ClusterOptions::resumed): its epochs are
-        // not known here, and those the run resumed after are given.
-        kept_epochs = options_.resumed ? options_.first_epoch : 0;
+        // of this run matches is the earlier run's this one resumed: the epochs its scorer
+        // wrote into it.
+        kept_epochs = best.epoch;
         for (const ScoreRecord& score : summary.scores)
           if (score.step == best.step) {
             kept_epochs = score.epochs;

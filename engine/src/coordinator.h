@@ -152,6 +152,7 @@ class Coordinator {
   // Every expected server serving now: registered, ready with its address, not lost or gone.
   bool servers_serving() const;
   nlohmann::json spec() const;   // {coordinator, scores, ps: [...], worker: [...], scorer: [...]}
+  const std::string& run_id() const { return run_id_; }  // the spec's "run"
   // The spec when training started (every expected role in it, even those gone since); null
   // before.
   nlohmann::json training_spec() const;
