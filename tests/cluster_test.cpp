@@ -967,6 +967,21 @@ TEST(Coordinator, LostGradientsAreCountedApartAndKeptAcrossAWorkersRestart) {
   EXPECT_EQ(c.gradients_lost(), 3);
 }
 
+// ps0 registered and serving at tcp://10.0.0.1:5000, as the coordinator tests by hand have it.
+void register_serving_ps0(CoordinatorLink& link) {
+  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
+  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+}
+
+// A role's state in the coordinator's state ("(none)" when it is not there). (The state is held:
+// a loop over a temporary's member would dangle.)
+std::string role_state(const Coordinator& c, const std::string& name) {
+  const json state = c.state();
+  for (const json& role : state.at("roles"))
+    if (role.at("name") == name) return role.at("state").get<std::string>();
+  return "(none)";
+}
+
 // A server restarted straight after a crash registers before the coordinator has counted its old
 // self lost (no heartbeat for heartbeat_timeout_ms): it was refused at once, "all serving", and
 // the run, short of that server, failed. It waits for that now and takes the place; while every
@@ -985,8 +1000,7 @@ TEST(Coordinator, AServerRestartedBeforeItsOldSelfIsLostWaitsAndTakesItsPlace) {
   o.run_config = to_json(s);
   Coordinator c(o);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
-  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  register_serving_ps0(link);
   link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   RoleOptions ro;
@@ -1040,8 +1054,7 @@ TEST(Coordinator, AGoneServersRatesAreZeroAndItsStateSaid) {
   o.expected_ps = 1;
   Coordinator c(o);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
-  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  register_serving_ps0(link);
   link.request({{"type", "heartbeat"}, {"name", "ps0"},
                 {"status", {{"stats", {{"pushes_per_s", 290.5}, {"pulls_per_s", 12.0}}}}}});
   json servers = c.state().at("servers");
@@ -1064,15 +1077,12 @@ TEST(Coordinator, AServerUnderTheNameOfOneStillHeardFromLeavesItAsItWas) {
   o.expected_ps = 1;
   Coordinator c(o);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
-  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  register_serving_ps0(link);
   const json full = link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
   EXPECT_TRUE(test::contains(full.value("full", ""), "ps0 is registered and still heard from"))
       << full.dump();
   EXPECT_EQ(c.state().at("servers").size(), 0u);  // (no figures yet; the roles say the state)
-  const json state = c.state();  // (held: a loop over a temporary's member would dangle)
-  for (const json& role : state.at("roles"))
-    if (role.at("name") == "ps0") EXPECT_EQ(role.at("state"), "running") << role.dump();
+  EXPECT_EQ(role_state(c, "ps0"), "running");
   EXPECT_TRUE(c.servers_serving());
   c.mark_lost("ps0", "killed in the test");  // once lost, a restart takes the place
   EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}}).at("name"),
@@ -1089,22 +1099,15 @@ TEST(Coordinator, ARestartThatLeavesBeforeServingGivesThePlaceBack) {
   o.expected_ps = 1;
   Coordinator c(o);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
-  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  register_serving_ps0(link);
   c.mark_lost("ps0", "stalled in the test");
   EXPECT_EQ(link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}}).at("name"),
             "ps0");
   link.request({{"type", "goodbye"}, {"name", "ps0"},
                 {"error", "cannot bind to tcp://10.0.0.1:5000: Address already in use"}});
-  const auto ps0_state = [&] {
-    const json state = c.state();  // (held: a loop over a temporary's member would dangle)
-    for (const json& role : state.at("roles"))
-      if (role.at("name") == "ps0") return role.at("state").get<std::string>();
-    return std::string("(none)");
-  };
-  EXPECT_EQ(ps0_state(), "lost");
+  EXPECT_EQ(role_state(c, "ps0"), "lost");
   link.request({{"type", "heartbeat"}, {"name", "ps0"}});  // the old one, back from its stall
-  EXPECT_EQ(ps0_state(), "running");
+  EXPECT_EQ(role_state(c, "ps0"), "running");
   EXPECT_TRUE(c.servers_serving());
   EXPECT_EQ(c.ps_endpoints().at(0), "tcp://10.0.0.1:5000");
 }
@@ -1161,8 +1164,7 @@ TEST(Coordinator, AServerRestartedDuringTrainingTakesTheGoneOnesPlaceAndAddress)
   o.expected_workers = 1;
   Coordinator c(o);
   CoordinatorLink link(c.endpoint(), context);
-  link.request({{"type", "register"}, {"role", "ps"}, {"name", "ps0"}});
-  link.request({{"type", "ready"}, {"name", "ps0"}, {"address", "tcp://10.0.0.1:5000"}});
+  register_serving_ps0(link);
   link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
   ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
   // (Not refused at once: register_role asks again for wait_ms, until one is counted lost.)

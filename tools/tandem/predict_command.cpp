@@ -210,7 +210,7 @@ int run_on_slots(PredictCliOptions& o) {
       if (end.retry) {
         waiting.push_front(share);
       } else if (!end.clean) {
-        refused_only = refused_only && end.how.find(" refused it: ") != std::string::npos;
+        refused_only = refused_only && end.refused;
         const std::string tail = log_tail(log_of(share).string(), 3);
         failures += " share " + std::to_string(share) + "/" + std::to_string(shares) + " " +
                     end.how + (tail.empty() ? "" : " (" + tail + ")") + ";";

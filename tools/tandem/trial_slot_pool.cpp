@@ -384,7 +384,8 @@ std::vector<SlotJobEnd> TrialSlotPool::wait(long timeout_ms) {
             s.jobs.erase(job);
             if (m.busy) s.busy = true;
             ended.push_back(
-                {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy});
+                {m.job, false, "slot server " + s.endpoint + " refused it: " + m.error, m.busy,
+                 !m.busy});
           } else {
             // (A server older than claims refuses one as a bad message: said, not waited on.)
             s.claim_pending = false;

@@ -43,6 +43,7 @@ struct SlotJobEnd {
   bool clean = false;
   std::string how;
   bool retry = false;
+  bool refused = false;  // the server refused to start it (not busy): it never ran
 };
 
 class TrialSlotPool {
