@@ -856,6 +856,16 @@ TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
   EXPECT_TRUE(fs::exists(root + "/test/preds/zarr.json"));
   fs::remove_all(root + "/test/preds");
   write_dataset_store(splits, root, o, nullptr);
+  // ... nor a store with a file of theirs in an array's directory, beside its chunks or among
+  // them (v3's c/0/...).
+  for (const std::string file : {"images/notes.txt", "images/c/0/notes.txt", "labels/c.txt"}) {
+    test::write_bytes(root + "/" + file, std::string("keep me"));
+    why = refusal(root);
+    EXPECT_TRUE(test::contains(why, "holds " + file)) << why;
+    EXPECT_EQ(test::read_bytes(root + "/" + file), "keep me");
+    fs::remove(root + "/" + file);
+  }
+  write_dataset_store(splits, root, o, nullptr);
 
   const std::string lone = dir.file("lone.zarr");
   zarr::Array::create(lone, meta_of(zarr::Format::V2, zarr::DType::UInt8, {30}, {10}));

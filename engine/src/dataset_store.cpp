@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -214,13 +215,36 @@ void remove_stale(const std::string& out, const std::string& kind) {
   }
 }
 
+// A name Zarr gives a chunk, or a directory of chunks: digits, with dots between them under the
+// "." separator ("0.3"), one number a level under "/" ("0/3", v3's "c/0/3").
+static bool is_chunk_key_part(const std::string& name) {
+  return !name.empty() && name.find_first_not_of("0123456789.") == std::string::npos;
+}
+
 // `out` is a dataset store that --overwrite may replace: a Zarr group, or arrays written without
 // one (as Dask writes them), holding nothing a dataset store does not, in its validation and test
 // splits neither. Its whole directory goes, so a group of someone's other arrays (predictions,
-// results) or a file of theirs among the arrays makes it no store to replace.
+// results) or a file of theirs among the arrays or their chunks makes it no store to replace.
 void check_store_replaceable(const std::string& out, const std::string& overwrite_option) {
   const std::string refusal = "; refusing to replace it even with " + overwrite_option +
                               " (remove it yourself if it should go)";
+  const auto foreign = [&](const std::string& dir, const std::string& name) {
+    return InputError(out + " holds " + join(dir, name).substr(out.size() + 1) +
+                      ", which no dataset store has" + refusal);
+  };
+  // An array's directory: its metadata and chunk keys, nested as deep as its separator puts them.
+  const std::function<void(const std::string&, bool)> check_array = [&](const std::string& dir,
+                                                                        bool top) {
+    static const std::set<std::string> metadata = {".zarray", ".zattrs", "zarr.json"};
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (top && metadata.count(name) != 0) continue;
+      if (!is_chunk_key_part(name) && !(top && name == "c")) throw foreign(dir, name);
+      std::error_code ec;
+      if (entry.is_directory(ec) && !entry.is_symlink(ec))
+        check_array(entry.path().string(), false);
+    }
+  };
   if (!DatasetStore::looks_like_store(out))
     throw InputError(out + " exists and is not a dataset store (a Zarr group, or an images "
                      "array)" + refusal);
@@ -230,9 +254,11 @@ void check_store_replaceable(const std::string& out, const std::string& overwrit
     for (const auto& entry : fs::directory_iterator(dir)) {
       const std::string name = entry.path().filename().string();
       if (root && (name == "validation" || name == "test")) continue;
-      if (split_entries.count(name) == 0)
-        throw InputError(out + " holds " + join(dir, name).substr(out.size() + 1) +
-                         ", which no dataset store has" + refusal);
+      if (split_entries.count(name) == 0) throw foreign(dir, name);
+      std::error_code ec;
+      if ((name == "images" || name == "labels") && entry.is_directory(ec) &&
+          !entry.is_symlink(ec))
+        check_array(entry.path().string(), true);
     }
   };
   check(out, true);
