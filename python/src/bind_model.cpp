@@ -185,14 +185,14 @@ void bind_model(py::module_& m) {
              });
            },
            "path"_a, "Writes the parameters as a safetensors checkpoint (atomically).")
-      .def(py::pickle(  // so a model travels to Dask workers (tandem.dask.predict)
-          [](const Model& model) { return py::make_tuple(model.config().layers, parameters_dict(model)); },
-          [](const py::tuple& state) {
-            if (state.size() != 2) throw py::value_error("not a pickled tandem.Model");
-            Model model(model_config(state[0].cast<std::vector<int64_t>>()));
-            set_parameters(model, state[1].cast<py::dict>());
-            return model;
-          }))
+      // Pickled (so a model travels to Dask workers: tandem.dask.predict) as a call of the
+      // package's _model_from_state, not as Model.__new__ and a state: __new__ alone is refused
+      // (bare_new_guard.h).
+      .def("__reduce__",
+           [](const Model& model) {
+             return py::make_tuple(py::module_::import("tandem").attr("_model_from_state"),
+                                   py::make_tuple(model.config().layers, parameters_dict(model)));
+           })
       .def("__repr__", [](const Model& model) {
         return "tandem.Model(" + model.config().describe() + ", " +
                std::to_string(model.parameter_count()) + " parameters)";

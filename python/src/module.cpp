@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include "bare_new_guard.h"
 #include "blas_kernels.h"
 #include "gil.h"
 #include "tandem/error.h"
@@ -72,4 +73,11 @@ PYBIND11_MODULE(_tandem, m) {
   tandem::python::bind_cluster(m);
   tandem::python::bind_predict(m);
   tandem::python::bind_search(m);
+  // Every class bound above (the exceptions are Python's own).
+  std::vector<py::handle> bound;
+  for (const auto& entry : m.attr("__dict__").cast<py::dict>())
+    if (PyType_Check(entry.second.ptr()) &&
+        py::detail::get_type_info(reinterpret_cast<PyTypeObject*>(entry.second.ptr())))
+      bound.push_back(entry.second);
+  tandem::python::refuse_bare_new(bound);
 }

@@ -84,6 +84,13 @@ from . import _tandem  # noqa: E402
 
 _choose_blas_kernels()
 
+
+def _model_from_state(layers, parameters):
+    """A pickled Model made again (Model.__reduce__: pickle calls this by its name)."""
+    model = Model(layers)
+    model.set_parameters(parameters)
+    return model
+
 __all__ = [
     "Coordinator", "Error", "InputError", "Model", "ParameterServerRole", "Role", "ScorerRole",
     "WorkerRole", "keygen", "load", "scores", "train",

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import unittest
@@ -124,6 +125,37 @@ class ModelTest(unittest.TestCase):
             np.testing.assert_array_equal(copy.parameters()[name], value)
         with self.assertRaisesRegex(tandem.InputError, "no parameter 'nope'"):
             c.set_parameters({"nope": np.zeros(3, np.float32)})
+
+    def test_a_bound_class_made_with_new_alone_is_refused_not_a_crash(self):
+        # pybind11 2.10 ran methods on the unconstructed object: tandem.Model.__new__(Model)
+        # .parameters() crashed the interpreter. Run apart, so a crash fails this test alone.
+        script = textwrap.dedent("""
+            import tandem
+            from tandem import _tandem
+            classes = [c for c in vars(_tandem).values()
+                       if isinstance(c, type) and not issubclass(c, BaseException)]
+            assert len(classes) >= 10, classes
+            for cls in classes:
+                try:
+                    cls.__new__(cls)
+                except TypeError as e:
+                    assert "__new__ alone" in str(e), e
+                else:
+                    raise AssertionError(cls.__name__ + ".__new__ made an object")
+            try:
+                tandem.Role.__new__(tandem.WorkerRole)  # through the base's __new__
+            except TypeError as e:
+                assert "WorkerRole.__new__ alone" in str(e), e
+            else:
+                raise AssertionError("Role.__new__(WorkerRole) made an object")
+            sub = type("Sub", (tandem.Model,), {})([784, 5, 10])  # a subclass still made
+            assert sub.layers == [784, 5, 10]
+            print("refused", len(classes))
+            """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("refused", done.stdout)
 
     def test_a_label_past_the_models_classes_is_named_with_its_split_and_row(self):
         # It once said only "data has 11 classes, model 784-100-10 has 10 outputs".
