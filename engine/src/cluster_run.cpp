@@ -464,12 +464,15 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   return summary;
 }
 
-Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings) {
+Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings,
+                         std::shared_ptr<const std::atomic<bool>> cancel) {
   if (coordinator.phase() == ClusterPhase::Done)
     throw Error("the run is finished and its servers have exited: pull_model() before finish()");
   const std::vector<std::string> endpoints = coordinator.ps_endpoints();
   if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
-  PsClient client(endpoints, cluster_client_options(settings, nullptr));
+  ClientOptions options = cluster_client_options(settings, nullptr);
+  options.cancel = std::move(cancel);
+  PsClient client(endpoints, options);
   Model model(settings.model);
   // An empty init is a pull that also learns the servers' layout (a fresh client must).
   model.parameters() = client.init({}).wait().tensors;

@@ -6,6 +6,7 @@
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -92,8 +93,9 @@ void check_run_shape(const RunSettings& s, int ps, int workers, int scorers, dou
 // The parameters a running cluster's servers hold now, read by a fresh client under these
 // settings: the public ClusterCoordinator's and Python's pull_model. Throws Error once the run is
 // done (its servers are leaving or gone: asking them would wait out a request timeout) or when no
-// server is serving.
-Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings);
+// server is serving. `cancel` set (by another thread) ends the wait within about 100 ms.
+Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& settings,
+                         std::shared_ptr<const std::atomic<bool>> cancel = nullptr);
 
 struct ClusterSummary {
   std::string stop_reason;  // target, max-epochs, max-seconds, requested

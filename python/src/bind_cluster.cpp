@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -537,9 +538,25 @@ void bind_cluster(py::module_& m) {
            }, "timeout_s"_a)
       .def("pull_model",
            [](PyCoordinator& c) -> std::optional<Model> {
-             const std::shared_ptr<Coordinator> co = c.shared();
+             // Pulled on a thread of its own while this one looks at Ctrl-C: a server that does
+             // not answer would otherwise hold the caller for the whole request timeout.
+             const auto cancel = std::make_shared<std::atomic<bool>>(false);
+             std::future<Model> pulled =
+                 std::async(std::launch::async, [co = c.shared(), settings = c.settings(), cancel] {
+                   return pull_cluster_model(*co, settings, cancel);
+                 });
              try {
-               return without_gil([&] { return pull_cluster_model(*co, c.settings()); });
+               wait_in_slices(-1, [&](int ms) {
+                 return pulled.wait_for(std::chrono::milliseconds(ms)) ==
+                        std::future_status::ready;
+               });
+             } catch (...) {  // Ctrl-C: the pull gives up within about 100 ms
+               cancel->store(true);
+               without_gil([&] { pulled.wait(); });
+               throw;
+             }
+             try {
+               return pulled.get();
              } catch (const ServerError& e) {
                if (e.not_initialised()) return std::nullopt;
                throw;

@@ -495,6 +495,41 @@ class CoordinatorWaitTest(unittest.TestCase):
             coordinator.wait_for("training", math.nan)
 
 
+class PullModelInterruptTest(unittest.TestCase):
+    def test_ctrl_c_is_heard_while_pull_model_waits_for_a_silent_server(self):
+        # The pull waited out the whole request timeout (60 s here) before Ctrl-C was raised.
+        coordinator = tandem.Coordinator({"fed": True, "ps_timeout_ms": 60000}, ps=1, workers=1,
+                                         scorers=0, max_seconds=120)
+        self.addCleanup(coordinator.close)
+        server = subprocess.Popen(
+            [sys.executable, "-c", "import sys, tandem\n"
+             "role = tandem.ParameterServerRole(sys.argv[1])\nrole.start()\nrole.join()",
+             coordinator.endpoint])
+
+        def end_server():
+            server.send_signal(signal.SIGCONT)
+            server.kill()
+            server.wait(30)
+        self.addCleanup(end_server)
+        deadline = time.monotonic() + 60
+        while True:  # until the server answers (None: the chief has not initialised it)
+            try:
+                self.assertIsNone(coordinator.pull_model())
+                break
+            except tandem.Error as e:
+                self.assertIn("no parameter server is serving", str(e))
+                self.assertLess(time.monotonic(), deadline, "the server never served")
+                time.sleep(0.1)
+        server.send_signal(signal.SIGSTOP)
+        interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        interrupt.start()
+        with self.assertRaises(KeyboardInterrupt):
+            coordinator.pull_model()
+        interrupt.join()
+        self.assertLess(time.monotonic() - start, 10)
+
+
 def start_fed_cluster(test, workers=1, target=0.0, role_args=None, before_start=None,
                       **settings):
     settings = dict({"fed": True, "batch": 100, "model": "784-32-10", "score_interval_s": 0.1,
