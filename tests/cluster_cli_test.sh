@@ -242,10 +242,19 @@ check "a launch on a store without a validation split says it has none" \
   grep -q "kept parameters:  no validation split" <<<"$out"
 check "... and gives the test split's loss" grep -q "test loss [0-9]" <<<"$out"
 # Run again without --resume: the checkpoints it removes are said (they once went silently).
+# Files of the user's beside them, and beside the TensorBoard events, stay (they once went too).
+echo keep >"$dir/run1v/checkpoints/notes.md"
+echo keep >"$dir/run1v/tensorboard/README"
+earlier_events=$(ls "$dir/run1v/tensorboard" | grep tfevents)
 out=$("$tandem" launch --data "$dir/noval.zarr" --run-dir "$dir/run1v" --scorer 0 --target 0 \
   --max-epochs 1 --dashboard -1 --quiet --json 2>&1)
 check "a fresh run over a run's checkpoints says it removes them" grep -qF \
   "a fresh run: the previous run's checkpoints in $dir/run1v/checkpoints are removed" <<<"$out"
+check "... keeps a file of the user's among the checkpoints and the TensorBoard events" \
+  diff <(printf 'keep\nkeep\n') \
+  <(cat "$dir/run1v/checkpoints/notes.md" "$dir/run1v/tensorboard/README")
+check "... and removes the earlier run's events" \
+  test ! -e "$dir/run1v/tensorboard/$earlier_events"
 check "... and its --json summary gives the split the store lacks as null" \
   grep -q '"validation":null' <<<"$out"
 # 1d. A fresh launch refused on a finished run's directory, by checks made once the directory is
@@ -292,12 +301,6 @@ expect_error "launch --metrics on a file another process writes is refused on a 
 directory" "metrics file $dir/held.jsonl is open for writing already" "$tandem" launch \
   --data "$dir/fm.zarr" --run-dir "$dir/run1k" --metrics "$dir/held.jsonl" --dashboard -1
 kill "$locker"; wait "$locker" 2>/dev/null
-# A log in a directory the run clears (its checkpoints): written unlinked once the run cleared
-# it, and lost without a word.
-expect_error "launch --metrics in the checkpoints directory is refused" \
-  "lies in $dir/run1k/checkpoints, which a fresh run clears" "$tandem" launch \
-  --data "$dir/fm.zarr" --run-dir "$dir/run1k" --metrics "$dir/run1k/checkpoints/m.jsonl" \
-  --dashboard -1
 # (The lock aside: it names the last process that held the directory.)
 check "... and the refused launches left that run's files as they were" \
   diff -r -x lock "$dir/run1" "$dir/run1k"
@@ -617,7 +620,7 @@ check "... and no role process is left behind, the frozen worker included" no_ro
 #     An earlier run's model and cluster spec in the run directory are removed when this one
 #     starts (the model would pass for this run's; the spec would send `tandem scores
 #     --coordinator RUN/cluster.json` to the old run's ports).
-mkdir -p "$dir/run4e" && echo "an earlier run's model" >"$dir/run4e/model.safetensors"
+mkdir -p "$dir/run4e" && cp "$dir/run1/model.safetensors" "$dir/run4e/model.safetensors"
 echo '{"coordinator": "tcp://127.0.0.1:1"}' >"$dir/run4e/cluster.json"
 "$tandem" coordinator --data "$dir/fm.zarr" --run-dir "$dir/run4e" --workers 1 --max-epochs 10 \
   --target 0 --dashboard -1 >"$dir/out4e" 2>"$dir/err4e" &

@@ -244,10 +244,14 @@ check "... and the --out it made is gone again, lock and all" test ! -e "$dir/s1
 mkdir -p "$dir/s12"
 echo '{"results": []}' >"$dir/s12/results.json"
 echo 'rank,trial' >"$dir/s12/results.csv"
-# An earlier search of more trials: its trial 3 is none of this one's, and goes too; a file of
-# the user's that only looks alike stays.
+# An earlier search of more trials: its trial 3 is none of this one's, and goes too (its log,
+# model, a rung's metrics); files of the user's that only look alike stay (trial-12.notes went).
 echo 'old log' >"$dir/s12/trial-3.log"
+echo 'old model' >"$dir/s12/trial-3.safetensors"
+echo 'old rung' >"$dir/s12/trial-3.r2.jsonl"
 echo 'notes' >"$dir/s12/trial-notes.txt"
+echo 'notes' >"$dir/s12/trial-12.notes"
+echo 'notes' >"$dir/s12/trial-3.r2.jsonl.txt"
 "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --budget 1000 --min-epochs 1000 \
     --processes 1 --threads-per-trial 1 --backend cpu --out "$dir/s12" >/dev/null 2>&1 &
 first=$!
@@ -255,7 +259,10 @@ for _ in $(seq 300); do test -e "$dir/s12/trial-0.log" && break; sleep 0.1; done
 check "an earlier search's results are gone once a search has started its trials" \
     test ! -e "$dir/s12/results.json" -a ! -e "$dir/s12/results.csv"
 check "... and its trials' files too, those of trial numbers this search has not" \
-    test ! -e "$dir/s12/trial-3.log" -a -e "$dir/s12/trial-notes.txt"
+    test ! -e "$dir/s12/trial-3.log" -a ! -e "$dir/s12/trial-3.safetensors" \
+      -a ! -e "$dir/s12/trial-3.r2.jsonl"
+check "... keeping the user's files named alike" test -e "$dir/s12/trial-notes.txt" \
+    -a -e "$dir/s12/trial-12.notes" -a -e "$dir/s12/trial-3.r2.jsonl.txt"
 expect_error "a second search on the same --out refused" "is in use by another run" \
     "$tandem" search --data "$dir/fm.zarr" --grid lr=0.001 --out "$dir/s12"
 kill -TERM "$first"; wait_within "$first" 120

@@ -216,7 +216,8 @@ void remove_stale(const std::string& out, const std::string& kind) {
 }
 
 // A name Zarr gives a chunk, or a directory of chunks: digits, with dots between them under the
-// "." separator ("0.3"), one number a level under "/" ("0/3", v3's "c/0/3").
+// "." separator ("0.3"), one number a level under "/" ("0/3", v3's "c/0/3"; v3's "c.0.3" is
+// taken at the array's top).
 static bool is_chunk_key_part(const std::string& name) {
   return !name.empty() && name.find_first_not_of("0123456789.") == std::string::npos;
 }
@@ -239,7 +240,9 @@ void check_store_replaceable(const std::string& out, const std::string& overwrit
     for (const auto& entry : fs::directory_iterator(dir)) {
       const std::string name = entry.path().filename().string();
       if (top && metadata.count(name) != 0) continue;
-      if (!is_chunk_key_part(name) && !(top && name == "c")) throw foreign(dir, name);
+      const bool v3_key = top && (name == "c" || (name.rfind("c.", 0) == 0 &&
+                                                  is_chunk_key_part(name.substr(2))));
+      if (!is_chunk_key_part(name) && !v3_key) throw foreign(dir, name);
       std::error_code ec;
       if (entry.is_directory(ec) && !entry.is_symlink(ec))
         check_array(entry.path().string(), false);

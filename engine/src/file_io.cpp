@@ -162,6 +162,10 @@ pid_t writer_of_temp_name(const std::string& name) {
 
 }  // namespace
 
+std::string target_of_temp_name(const std::string& name) {
+  return writer_of_temp_name(name) == 0 ? std::string() : name.substr(0, name.rfind(".tmp-"));
+}
+
 void remove_unfinished_writes(const std::string& dir, const std::string& name_prefix,
                               const std::string& who) noexcept {
   try {

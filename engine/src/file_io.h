@@ -140,6 +140,9 @@ class MappedFile {
 // The temporary file beside `path` that this thread writes it through: PATH.tmp-PID-TID, so two
 // threads or processes writing one path never share one.
 std::string temp_path(const std::string& path);
+// The file name a temp_path() name is the temporary file of (NAME for NAME.tmp-PID-TID, or
+// NAME.tmp-PID from older versions); "" for a name that is not one.
+std::string target_of_temp_name(const std::string& name);
 
 // A file written through a temporary file (temp_path, beside the target) and a rename, so
 // readers see the old file or the new one, never part of one. The target is

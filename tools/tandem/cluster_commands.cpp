@@ -219,13 +219,44 @@ void add_cluster_options(CLI::App* cmd, ClusterCommandOptions& o) {
   cmd->add_flag("--quiet", o.quiet, "No score lines, only the summary");
 }
 
+// A file a parameter server writes in the checkpoint directory: a shard's checkpoint, or the
+// temporary file of one a killed server left.
+bool server_checkpoint_file(const std::string& name) {
+  const std::string target = target_of_temp_name(name);
+  return shard_checkpoint_name(target.empty() ? name : target).has_value();
+}
+
+bool tensorboard_events_file(const std::string& name) {
+  return name.rfind("events.out.tfevents.", 0) == 0;
+}
+
+// An earlier run's files in `dir`, those `ours` names (the directory too, once empty): a file of
+// the user's there (notes, a model kept by hand) stays, and its directory with it. IoError when
+// one cannot be removed: a server checkpoint left would be resumed from by the fresh run.
+void remove_earlier_runs_files(const std::string& dir, bool (*ours)(const std::string&)) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> earlier;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code kind;
+    if (!it->is_directory(kind) && ours(it->path().filename().string()))
+      earlier.push_back(it->path());
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw IoError("cannot list " + dir + " to remove the earlier run's files: " + ec.message());
+  for (const std::filesystem::path& file : earlier)
+    if (!std::filesystem::remove(file, ec) && ec)
+      throw IoError("cannot remove the earlier run's " + file.string() + ": " + ec.message());
+  std::filesystem::remove(dir, ec);  // (not when it holds anything)
+}
+
 // TensorBoard shows the event files of one directory as one run: a fresh run writing beside an
 // earlier run's files would draw both as one curve, stepping back and forth. The default
 // directory is cleared (it is the run's own); a directory given is the user's, so it is refused.
 void refuse_other_runs_events(const std::string& dir) {
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+    if (tensorboard_events_file(it->path().filename().string()))
       throw InputError("--tensorboard " + dir + " holds another run's event files (" +
                        it->path().filename().string() + "), which TensorBoard would draw as "
                        "one curve with this run's: give a new directory (TensorBoard shows each "
@@ -274,18 +305,10 @@ void resolve(ClusterCommandOptions& o) {
   o.cluster.startup_timeout_ms = o.startup_timeout_s * 1000;
 }
 
-// A restarted server resumes from the checkpoints within a run; a new run starts fresh unless
-// asked (and its TensorBoard curves start afresh too, in the default directory): the
-// directories a fresh run removes.
-std::vector<std::string> directories_a_fresh_run_clears(const ClusterCommandOptions& o) {
-  if (o.resume) return {};
-  std::vector<std::string> dirs{o.cluster.settings.checkpoint_dir};
-  if (o.tensorboard_dir.empty()) dirs.push_back(o.run_dir + "/tensorboard");
-  return dirs;
-}
-
 // Called once every check that can refuse the run has passed: a refused command leaves the
-// previous run's files as they were.
+// previous run's files as they were. A restarted server resumes from the checkpoints within a
+// run; a new run starts fresh unless asked (and its TensorBoard curves start afresh too, in the
+// default directory).
 void clear_previous_run(const ClusterCommandOptions& o) {
   // The old spec names the old run's ports (`tandem scores --coordinator RUN/cluster.json` would
   // follow them), whether or not this run resumes it: this one is written when training starts.
@@ -296,12 +319,12 @@ void clear_previous_run(const ClusterCommandOptions& o) {
   if (!o.resume && holds_server_checkpoint(checkpoints))
     std::fprintf(stderr, "tandem: a fresh run: the previous run's checkpoints in %s are removed "
                          "(--resume would have continued that run)\n", checkpoints.c_str());
-  for (const std::string& dir : directories_a_fresh_run_clears(o)) std::filesystem::remove_all(dir);
   if (o.resume) return;
-  // Nor does an earlier run's model stay beside this run's files: a run stopped before it
-  // trained writes none, and the old one would pass for it. (The best-score model goes when the
-  // coordinator starts serving: ClusterRun::run.)
-  std::filesystem::remove(o.run_dir + "/model.safetensors");
+  remove_earlier_runs_files(checkpoints, server_checkpoint_file);
+  if (o.tensorboard_dir.empty())
+    remove_earlier_runs_files(o.run_dir + "/tensorboard", tensorboard_events_file);
+  // (The earlier run's model and best-score model go when the coordinator starts serving:
+  // ClusterRun::run.)
 }
 
 // Fails now where the metrics log, written in place (appended to, or created), could not be
@@ -501,12 +524,6 @@ void run_cluster(ClusterCommandOptions& o, bool launch_roles) {
   const std::string metrics_path =
       o.metrics_path.empty() ? o.run_dir + "/metrics.jsonl" : o.metrics_path;
   check_writable_in_place(metrics_path);
-  // A fresh run clears these after its log is open (locked): a log in one of them would be
-  // written unlinked, and lost.
-  for (const std::string& cleared : directories_a_fresh_run_clears(o))
-    if (lies_in(cleared, metrics_path))
-      throw InputError("--metrics " + metrics_path + " lies in " + cleared +
-                       ", which a fresh run clears");
   if (!o.tensorboard_dir.empty()) {
     create_output_directory(tensorboard_dir, "--tensorboard");
     check_replaceable(tensorboard_dir + "/events");

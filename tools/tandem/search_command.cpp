@@ -204,6 +204,25 @@ std::string trial_file(const SearchOptions& o, int trial, const std::string& suf
   return (fs::path(o.out) / ("trial-" + std::to_string(trial) + suffix)).string();
 }
 
+// A file a search writes for a trial (trial_file): trial-N.log, trial-N.safetensors (and the
+// temporary file of one a killed trial left) and trial-N.rK.jsonl. Another file named trial-N.*
+// in DIR is the user's.
+bool is_trial_file(const std::string& given) {
+  const std::string target = target_of_temp_name(given);
+  const std::string& name = target.empty() ? given : target;
+  const size_t digits_end = name.find_first_not_of("0123456789", 6);
+  if (name.rfind("trial-", 0) != 0 || digits_end == std::string::npos || digits_end == 6 ||
+      name[digits_end] != '.')
+    return false;
+  const std::string suffix = name.substr(digits_end + 1);
+  // (Only the checkpoint is written through a temporary file.)
+  if (!target.empty()) return suffix == "safetensors";
+  if (suffix == "log" || suffix == "safetensors") return true;
+  const size_t rung_end = suffix.find_first_not_of("0123456789", 1);
+  return suffix.size() > 1 && suffix[0] == 'r' && rung_end != std::string::npos && rung_end > 1 &&
+         suffix.substr(rung_end) == ".jsonl";
+}
+
 // The arguments of `tandem train` for the job (without the program).
 std::vector<std::string> train_args(const SearchOptions& o, const TrialConfig& config,
                                     const HalvingJob& job, int threads) {
@@ -353,15 +372,12 @@ void run_search(SearchOptions& o) {
   // this search's results if it were killed before it writes its own.
   for (const char* name : {"results.json", "results.csv", "best.safetensors"})
     fs::remove(fs::path(o.out) / name);
-  // Every trial's log, metrics and model of an earlier search (trial-N.*), not only those of
-  // the numbers this one reuses: an earlier search of more trials left its others beside these.
+  // Every trial's log, metrics and model of an earlier search, not only those of the numbers
+  // this one reuses: an earlier search of more trials left its others beside these.
   std::vector<fs::path> earlier_trials;
   for (const auto& entry : fs::directory_iterator(o.out)) {
-    const std::string name = entry.path().filename().string();
-    const size_t digits_end = name.find_first_not_of("0123456789", 6);
     std::error_code ec;  // (a directory of that name is not a trial's file: left alone)
-    if (name.rfind("trial-", 0) == 0 && digits_end != std::string::npos && digits_end > 6 &&
-        name[digits_end] == '.' && !entry.is_directory(ec))
+    if (is_trial_file(entry.path().filename().string()) && !entry.is_directory(ec))
       earlier_trials.push_back(entry.path());
   }
   for (const fs::path& path : earlier_trials) fs::remove(path);
