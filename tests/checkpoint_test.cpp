@@ -1,5 +1,6 @@
 // Checkpoints: round trip, and refusal of truncated, corrupt or mismatched files.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -8,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "parameters_only.h"
 #include "resumed_settings.h"
 #include "safetensors.h"
 #include "tandem/error.h"
@@ -386,6 +388,129 @@ TEST(ResumedSettings, TakeWhatIsNotGivenAndNameWhatDiffers) {
         }
       },
       InputError);
+}
+
+// The parameters of `model` as a safetensors file with no metadata, as PyTorch's or NumPy's
+// safetensors writes them (float32, Tandem's names).
+static SafeTensorsFile bare_parameters_file(const Model& model) {
+  SafeTensorsFile file;
+  for (const NamedTensor& p : model.parameters()) {
+    SafeTensor t{p.name, "F32", p.shape, std::vector<uint8_t>(p.values.size() * sizeof(float))};
+    std::memcpy(t.data.data(), p.values.data(), t.data.size());
+    file.tensors.push_back(std::move(t));
+  }
+  return file;
+}
+
+// A plain safetensors file of a model's parameters (no metadata: written from PyTorch) loads as
+// a checkpoint of parameters alone, its layers those its weights chain; it once needed 12 keys
+// of Tandem's metadata, most of them the optimizer's.
+TEST(Checkpoint, AFileOfParametersAloneWithoutMetadataLoads) {
+  test::TempDir dir;
+  const std::string path = dir.file("torch.safetensors");
+  for (const char* layers : {"6-4-3", "6-5-4-3", "6-3"}) {
+    const Model model = Model::initialized(ModelConfig::parse(layers), 3);
+    write_safetensors_atomic(path, bare_parameters_file(model));
+    const Checkpoint c = load_checkpoint(path);
+    EXPECT_EQ(c.model.config().describe(), layers);
+    EXPECT_TRUE(holds_parameters_only(c)) << layers;
+    for (size_t i = 0; i < model.parameters().size(); ++i)
+      EXPECT_EQ(c.model.parameters()[i].values, model.parameters()[i].values) << layers;
+    const ModelConfig other = ModelConfig::parse("6-7-3");
+    EXPECT_TRUE(test::contains(error_of(path, &other), "expected 6-7-3")) << layers;
+  }
+  const Model model = Model::initialized(ModelConfig::parse("6-4-3"), 3);
+  SafeTensorsFile file = bare_parameters_file(model);
+  file.tensors.push_back({"extra", "F32", {1}, std::vector<uint8_t>(4)});
+  write_safetensors_atomic(path, file);
+  std::string e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "holds 5 tensors, the parameters of model 6-4-3 are 4 "
+                                "(besides them: extra)")) << e;
+  file = bare_parameters_file(model);
+  file.tensors.erase(file.tensors.begin() + 2);  // sm_w
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "not a Tandem checkpoint: its metadata names no format, and its "
+                                "tensors (hid_w, hid_b, sm_b) are not")) << e;
+  file = bare_parameters_file(model);
+  file.tensors[0].shape = {2, 3, 4};
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "tensor 'hid_w' has 3 dimensions")) << e;
+  file = bare_parameters_file(model);
+  file.tensors[1].shape = {2};  // hid_b of the wrong width
+  file.tensors[1].data.resize(8);
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "tensor 'hid_b' has shape [2], the model needs [4]")) << e;
+}
+
+// parameters_only is read by its value ("false" once counted as set), and a file of parameters
+// alone that names Adam (written elsewhere) needs no moments.
+TEST(Checkpoint, ParametersOnlyIsReadByItsValue) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  Checkpoint c = sample_checkpoint();
+  c.optimizer.kind = OptimizerKind::Sgd;
+  c.state = {};
+  c.extra["parameters_only"] = "false";
+  save_checkpoint(path, c);
+  EXPECT_FALSE(holds_parameters_only(load_checkpoint(path)));
+  SafeTensorsFile file = read_safetensors(path);
+  file.metadata["parameters_only"] = "true";
+  file.metadata["optimizer"] = "adam";
+  write_safetensors_atomic(path, file);
+  const Checkpoint read = load_checkpoint(path);
+  EXPECT_TRUE(holds_parameters_only(read));
+  EXPECT_EQ(read.model.parameters()[0].values, c.model.parameters()[0].values);
+}
+
+// An embedder saves a model's parameters alone by marking the checkpoint parameters_only: it
+// was refused ("Adam state has 0 tensors"), the default optimizer being Adam.
+TEST(Checkpoint, ACheckpointMarkedParametersOnlyIsSavedAsParametersAlone) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  Checkpoint c = sample_checkpoint();  // Adam, with its moments
+  c.extra["parameters_only"] = "true";
+  save_checkpoint(path, c);
+  const SafeTensorsFile file = read_safetensors(path);
+  EXPECT_EQ(file.tensors.size(), 4u);
+  EXPECT_EQ(file.metadata.at("optimizer"), "sgd");
+  c.state = {};
+  save_checkpoint(path, c);
+  const Checkpoint read = load_checkpoint(path);
+  EXPECT_TRUE(holds_parameters_only(read));
+  EXPECT_EQ(read.model.parameters()[2].values, c.model.parameters()[2].values);
+}
+
+// Errors about the metadata name the file once, and the optimizer's too; the tensors a file
+// holds besides a checkpoint's are named.
+TEST(Checkpoint, MetadataErrorsNameTheFileOnceAndExtraTensors) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  save_checkpoint(path, sample_checkpoint());
+  const SafeTensorsFile good = read_safetensors(path);
+  SafeTensorsFile file = good;
+  file.metadata.erase("layers");
+  write_safetensors_atomic(path, file);
+  EXPECT_EQ(error_of(path), path + ": checkpoint metadata has no 'layers'");
+  file = good;
+  file.metadata["optimizer"] = "Adam";
+  write_safetensors_atomic(path, file);
+  std::string e = error_of(path);
+  EXPECT_EQ(e.rfind(path + ": checkpoint metadata: ", 0), 0u) << e;
+  EXPECT_TRUE(test::contains(e, "'Adam'")) << e;
+  file = good;
+  file.metadata["step"] = "99999999999999999999";  // (once "not a finite number")
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "'step' = '99999999999999999999' is not a whole number within "
+                                "64 bits")) << e;
+  file = good;
+  file.tensors.push_back({"notes", "F32", {1}, std::vector<uint8_t>(4)});
+  write_safetensors_atomic(path, file);
+  e = error_of(path);
+  EXPECT_TRUE(test::contains(e, "needs 12 (besides them: notes)")) << e;
 }
 
 }  // namespace tandem

@@ -191,6 +191,16 @@ check "... but only a count tandem train split off IDX files" \
 expect_error "an unwritable --checkpoint is refused at once" \
   "cannot write '$dir/absent/c.safetensors'" \
   "$tandem" train --data "$real" --epochs 1 --threads 2 --checkpoint "$dir/absent/c.safetensors"
+# A --checkpoint or --metrics naming a file that is no checkpoint or log (here a copy of the
+# data's labels) is refused, the file kept: both once wrote over it, exit 0.
+cp "$real/t10k-labels-idx1-ubyte.gz" "$dir/labels.gz"
+expect_error "a --checkpoint that is no checkpoint is refused" \
+  "--checkpoint $dir/labels.gz exists and is not a Tandem checkpoint" \
+  "$tandem" train --data "$real" --epochs 1 --threads 2 --checkpoint "$dir/labels.gz"
+expect_error "a --metrics file that is no log is refused" \
+  "metrics file $dir/labels.gz holds something other than a metrics log" \
+  "$tandem" train --data "$real" --epochs 1 --threads 2 --metrics "$dir/labels.gz"
+check "... and the file is kept" cmp -s "$real/t10k-labels-idx1-ubyte.gz" "$dir/labels.gz"
 
 # Bad data: each refused, naming the file; no checkpoint or metrics left behind.
 mkdir "$dir/bad"

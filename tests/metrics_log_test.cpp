@@ -90,6 +90,34 @@ TEST(MetricsLog, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
   EXPECT_EQ(records[0]["name"], "worker\xEF\xBF\xBD" "1");
 }
 
+// A file that is no metrics log (a data file, a model, notes: its first line no JSON record
+// with a "type") is neither truncated nor appended to: `tandem train --metrics` on the data's
+// label file once replaced it. An empty file, and a log, are taken.
+TEST(MetricsLog, AFileThatIsNoLogIsNotWrittenOver) {
+  test::TempDir dir;
+  const std::string path = dir.file("labels");
+  for (const std::string& other : {std::string("\0\0\x08\x01\0\0\0\x02\x07\x03", 10),
+                                   std::string("notes\n{\"type\":\"step\"}\n"),
+                                   std::string("{\"zarr_format\":3}\n"),
+                                   std::string("[1, 2]\n")}) {
+    test::write_bytes(path, other);
+    for (const bool append : {false, true}) {
+      const std::string e = test::error_of<InputError>([&] { MetricsLog log(path, append); });
+      EXPECT_TRUE(test::contains(e, "metrics file " + path + " holds something other than a "
+                                    "metrics log")) << e;
+      EXPECT_EQ(test::read_bytes(path), other);
+    }
+  }
+  test::write_bytes(path, std::string());
+  { MetricsLog log(path); log.write({{"type", "epoch"}}); }
+  { MetricsLog log(path); log.write({{"type", "step"}}); }  // a log is replaced
+  EXPECT_EQ(test::read_bytes(path), "{\"type\":\"step\"}\n");
+  // A resumed run's log whose one record was cut short (killed as it wrote it) is its own.
+  test::write_bytes(path, std::string("{\"epoch\":1,\"lo"));
+  { MetricsLog log(path, true); log.write({{"type", "step"}}); }
+  EXPECT_EQ(test::read_bytes(path), "{\"epoch\":1,\"lo\n{\"type\":\"step\"}\n");
+}
+
 // A run killed in the middle of a long line leaves it without its newline; the resumed run
 // appended its first record to it, one line no JSON reader takes. It starts a line of its own now
 // (the cut line stays, as the record of what was written), and a whole file gets no blank line.

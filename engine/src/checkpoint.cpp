@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <set>
 
+#include "checkpoint_format.h"
+#include "parameters_only.h"
 #include "safetensors.h"
 #include "tandem/error.h"
 #include "tandem/model.h"
@@ -13,8 +17,8 @@ namespace tandem {
 
 namespace {
 
-constexpr const char* kFormat = "tandem-checkpoint";
-constexpr const char* kFormatVersion = "1";
+constexpr const char* kFormat = kCheckpointFormat;
+constexpr const char* kFormatVersion = kCheckpointFormatVersion;
 
 SafeTensor to_safetensor(const NamedTensor& t, const std::string& name) {
   SafeTensor out;
@@ -108,8 +112,9 @@ T parse_number(const std::string& path, const std::string& key, const std::strin
     if (used == text.size() && std::isfinite(static_cast<double>(value))) return value;
   } catch (const std::exception&) {
   }
-  throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text +
-                   "' is not a finite number");
+  throw InputError(path + ": checkpoint metadata '" + key + "' = '" + text + "' is not " +
+                   (std::is_floating_point<T>::value ? "a finite number"
+                                                     : "a whole number within 64 bits"));
 }
 
 // Seeds are unsigned 64-bit, all of them (2^63 and above too, which stoll refuses).
@@ -150,8 +155,19 @@ void add_state(SafeTensorsFile& file, const std::string& path, const Checkpoint&
   }
 }
 
-// The checkpoint as a safetensors file; `path` names it in errors.
-SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& checkpoint) {
+// The checkpoint as a safetensors file; `path` names it in errors. One marked parameters_only
+// ("true") is written as parameters alone, whatever optimizer state it holds (parameters_only.h).
+SafeTensorsFile checkpoint_file(const std::string& path, const Checkpoint& given) {
+  const auto marked = given.extra.find(kParametersOnlyKey);
+  std::optional<Checkpoint> parameters_only;
+  if (marked != given.extra.end() && marked->second == "true" &&
+      (given.optimizer.kind != OptimizerKind::Sgd || given.best)) {
+    parameters_only.emplace(given);
+    parameters_only->state = {};
+    parameters_only->best.reset();
+    mark_parameters_only(*parameters_only);
+  }
+  const Checkpoint& checkpoint = parameters_only ? *parameters_only : given;
   SafeTensorsFile file;
   add_state(file, path, checkpoint, "");
   file.metadata = checkpoint.extra;
@@ -212,9 +228,84 @@ size_t read_state(const SafeTensorsFile& file, const std::string& path, const st
   return tensors;
 }
 
+// ", besides them: NAME, ..." for the tensors of `file` that are none of the checkpoint's state
+// (its parameters and their moments, with `best_prefix` too when given): "" when there is none.
+std::string others_text(const SafeTensorsFile& file, const Checkpoint& checkpoint,
+                        const char* best_prefix) {
+  std::set<std::string> known;
+  for (const NamedTensor& p : checkpoint.model.parameters())
+    for (const char* suffix : {"", ".adam_m", ".adam_v"}) {
+      known.insert(p.name + suffix);
+      if (best_prefix) known.insert(best_prefix + p.name + suffix);
+    }
+  std::string others;
+  size_t count = 0;
+  for (const SafeTensor& t : file.tensors)
+    if (known.count(t.name) == 0 && ++count <= 5) others += (count > 1 ? ", " : "") + t.name;
+  if (count == 0) return "";
+  if (count > 5) others += ", ... (" + std::to_string(count) + " in all)";
+  return " (besides them: " + others + ")";
+}
+
+// A safetensors file of a model's parameters alone, under Tandem's names and without Tandem's
+// metadata (written from PyTorch or NumPy): the layers its weights chain, as a checkpoint of
+// parameters alone (eval, predict and --init take it; --resume does not). nullopt when `file`
+// has metadata naming a format.
+std::optional<Checkpoint> bare_parameters(const SafeTensorsFile& file, const std::string& path,
+                                          const ModelConfig* expected) {
+  if (file.metadata.count("format") != 0) return std::nullopt;
+  // hid_w, hid2_w, ... then sm_w: Model::weight_name's names for a model of `count` layers.
+  size_t count = 1;
+  while (file.find(Model::weight_name(count - 1, count + 1)) != nullptr) ++count;
+  const SafeTensor* out = file.find(Model::weight_name(count - 1, count));
+  if (out == nullptr) {
+    std::string names;
+    for (size_t i = 0; i < file.tensors.size() && i < 5; ++i)
+      names += (i ? ", " : "") + file.tensors[i].name;
+    if (file.tensors.size() > 5) names += ", ...";
+    throw InputError(path + ": not a Tandem checkpoint: its metadata names no format, and its "
+                     "tensors (" + (names.empty() ? "none" : names) + ") are not a model's "
+                     "parameters under Tandem's names (hid_w, hid_b, hid2_w, ... and sm_w, "
+                     "sm_b; README, Checkpoints)");
+  }
+  std::vector<int64_t> layers;
+  for (size_t l = 0; l < count; ++l) {
+    const std::string name = Model::weight_name(l, count);
+    const SafeTensor& w = *file.find(name);
+    if (w.shape.size() != 2)
+      throw InputError(path + ": tensor '" + name + "' has " + std::to_string(w.shape.size()) +
+                       " dimensions; a weight has 2 (inputs x outputs)");
+    if (l == 0) layers.push_back(w.shape[0]);
+    layers.push_back(w.shape[1]);
+  }
+  Checkpoint checkpoint;
+  ModelConfig config;
+  config.layers = layers;
+  try {
+    config.validate();
+  } catch (const InputError& e) {
+    throw InputError(path + ": the weights chain layers " + e.what());
+  }
+  if (expected && expected->layers != config.layers)
+    throw InputError(path + ": its parameters are model " + config.describe() + ", expected " +
+                     expected->describe());
+  check_parameter_shapes(file, path, config);
+  checkpoint.model = Model(config);
+  mark_parameters_only(checkpoint);
+  checkpoint.extra["source"] = "a safetensors file of parameters without Tandem's metadata";
+  const size_t tensors = read_state(file, path, "", checkpoint);
+  if (file.tensors.size() != tensors)
+    throw InputError(path + ": holds " + std::to_string(file.tensors.size()) + " tensors, the "
+                     "parameters of model " + config.describe() + " are " +
+                     std::to_string(tensors) + others_text(file, checkpoint, nullptr));
+  return checkpoint;
+}
+
 // Checks a whole checkpoint file (read from `path`) and returns what it holds.
 Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
                          const ModelConfig* expected) {
+  if (std::optional<Checkpoint> parameters = bare_parameters(file, path, expected))
+    return std::move(*parameters);
   if (metadata(file, path, "format") != kFormat)
     throw InputError(path + ": not a Tandem checkpoint (metadata format is '" +
                      metadata(file, path, "format") + "', expected '" + kFormat + "')");
@@ -222,8 +313,9 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
     throw InputError(path + ": checkpoint format version " + metadata(file, path, "format_version") +
                      ", this tandem reads version " + kFormatVersion);
   ModelConfig config;
+  const std::string& layers = metadata(file, path, "layers");
   try {
-    config = ModelConfig::parse(metadata(file, path, "layers"));
+    config = ModelConfig::parse(layers);
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }
@@ -235,7 +327,17 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
   Checkpoint checkpoint;
   checkpoint.model = Model(config);
   OptimizerConfig& opt = checkpoint.optimizer;
-  opt.kind = parse_optimizer(metadata(file, path, "optimizer"));
+  const std::string& optimizer = metadata(file, path, "optimizer");
+  try {
+    opt.kind = parse_optimizer(optimizer);
+  } catch (const InputError& e) {
+    throw InputError(path + ": checkpoint metadata: " + e.what());
+  }
+  // A file of parameters alone has no moments, whichever optimizer trained them (Tandem writes
+  // such files as SGD's; one written elsewhere may name Adam).
+  const auto parameters_only = file.metadata.find(kParametersOnlyKey);
+  if (parameters_only != file.metadata.end() && parameters_only->second == "true")
+    opt.kind = OptimizerKind::Sgd;
   opt.learning_rate = parse_number<float>(path, "learning_rate", metadata(file, path, "learning_rate"));
   opt.beta1 = parse_number<float>(path, "beta1", metadata(file, path, "beta1"));
   opt.beta2 = parse_number<float>(path, "beta2", metadata(file, path, "beta2"));
@@ -283,7 +385,8 @@ Checkpoint checkpoint_of(const SafeTensorsFile& file, const std::string& path,
     throw InputError(path + ": checkpoint holds " + std::to_string(file.tensors.size()) +
                      " tensors, model " + config.describe() + " with " + to_string(opt.kind) +
                      (has_best ? " and a best state" : "") + " needs " +
-                     std::to_string(expected_tensors));
+                     std::to_string(expected_tensors) +
+                     others_text(file, checkpoint, has_best ? kBestPrefix : nullptr));
   for (const auto& [key, value] : file.metadata) checkpoint.extra[key] = value;
   for (const char* key : kBestKeys) checkpoint.extra.erase(key);
   return checkpoint;

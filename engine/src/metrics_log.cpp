@@ -31,6 +31,29 @@ bool ends_mid_line(int fd) {
          last != '\n';
 }
 
+// Refuses a regular file open as `fd` that holds something other than a metrics log (its first
+// line no JSON record with a "type": data, a model, notes), which truncating or appending to
+// would destroy. An empty file is taken.
+void refuse_other_than_a_log(int fd, const std::string& path, bool append) {
+  constexpr size_t kLooked = 65536;
+  std::string first(kLooked, '\0');
+  const ssize_t got = ::pread(fd, first.data(), first.size(), 0);
+  if (got <= 0) return;
+  first.resize(size_t(got));
+  const size_t newline = first.find('\n');
+  // A first line longer than this (no record is) is taken as a log when it starts as one; so is
+  // a resumed run's log whose one line was cut short (the run killed as it wrote its first).
+  const bool cut = newline == std::string::npos && (size_t(got) == kLooked || append);
+  if (newline != std::string::npos) first.resize(newline);
+  const nlohmann::json record = cut ? nlohmann::json() : parse_bounded_json(first);
+  if (cut ? first[0] == '{'
+          : record.is_object() && record.contains("type") && record["type"].is_string())
+    return;
+  throw InputError("metrics file " + path + " holds something other than a metrics log (its "
+                   "first line is no JSON record with a \"type\"): refusing to write over it; "
+                   "remove it, or give another path");
+}
+
 // Whether a log resumed at `step` drops `line` (its newline left out): a record of a step past
 // it, or a last line cut short that is no record (`ended`: it had no newline). What the run did
 // after its checkpoint is trained again; and a line cut short is the last thing a killed run
@@ -129,6 +152,12 @@ int open_locked(const std::string& path, bool append, bool& regular) {
     // unlocked, as before there were locks, and said.
     std::fprintf(stderr, "tandem: warning: cannot lock metrics file %s (%s): another run "
                  "writing it would not be refused\n", path.c_str(), std::strerror(error));
+  }
+  try {
+    refuse_other_than_a_log(fd, path, append);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   if (!append && ::ftruncate(fd, 0) != 0) {
     const int error = errno;

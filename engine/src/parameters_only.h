@@ -23,7 +23,8 @@ inline void mark_parameters_only(Checkpoint& checkpoint) {
 // ("trained_with"), Python's name their source.
 inline bool holds_parameters_only(const Checkpoint& checkpoint) {
   const auto source = checkpoint.extra.find("source");
-  return checkpoint.extra.count(kParametersOnlyKey) > 0 ||
+  const auto marked = checkpoint.extra.find(kParametersOnlyKey);
+  return (marked != checkpoint.extra.end() && marked->second == "true") ||
          checkpoint.extra.count("trained_with") > 0 ||
          (source != checkpoint.extra.end() && source->second == "tandem (Python)");
 }

@@ -275,7 +275,8 @@ uint64_t header_length(const std::string& path, const uint8_t* length_bytes, uin
   if (!looks_like.empty())
     input_error(path, "not a safetensors file (it looks like " + looks_like + ")");
   if (header_size > kMaxHeaderBytes) {
-    input_error(path, "header length " + std::to_string(header_size) + " is absurd (limit " +
+    input_error(path, "not a safetensors file: its first 8 bytes give a header length of " +
+                          std::to_string(header_size) + ", which is absurd (limit " +
                           std::to_string(kMaxHeaderBytes) + " bytes)");
   }
   if (header_size > available) {

@@ -13,6 +13,7 @@
 #include "chunk_manager.h"
 #include "batch_count.h"
 #include "checkpoint_count.h"
+#include "checkpoint_format.h"
 #include "commands.h"
 #include "fit_divergence.h"
 #include "hidden_widths.h"
@@ -104,8 +105,22 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   return ckpt;
 }
 
+// --checkpoint is written over after the first epoch. A file there that is no Tandem checkpoint
+// (one of the data's own files, a model written elsewhere, notes) is refused before anything
+// runs; a checkpoint that this run does not resume is replaced, and said so.
+void check_checkpoint_path(const std::string& path, const std::string& resume_path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::exists(path, ec)) return;
+  if (!resume_path.empty() && std::filesystem::equivalent(path, resume_path, ec)) return;
+  refuse_to_write_over_other_than_a_checkpoint(path, "--checkpoint");
+  std::fprintf(stderr, "tandem train: --checkpoint %s holds a checkpoint already: this run "
+               "writes over it after its first epoch (--resume %s would continue it, unless it "
+               "holds parameters alone)\n", path.c_str(), path.c_str());
+}
+
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
+  check_checkpoint_path(config.checkpoint_path, config.resume_path);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);

@@ -71,6 +71,8 @@ struct TANDEM_API Checkpoint {
 
 // Writes a safetensors file atomically (temporary file, fsync, rename): the parameters under
 // their names, Adam's moments as NAME.adam_m / NAME.adam_v, everything else in __metadata__.
+// With extra["parameters_only"] = "true" it writes the parameters alone (no optimizer state,
+// no best state): a model to evaluate, predict with or start a run from, not one to resume.
 TANDEM_API void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
 // Reads and validates a whole checkpoint. Throws InputError naming the file and the problem for a
