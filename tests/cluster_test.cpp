@@ -1045,6 +1045,44 @@ TEST(Coordinator, AScorerPastTheRunsCountIsRefused) {
   EXPECT_EQ(link.request({{"type", "register"}, {"role", "scorer"}}).at("name"), "scorer0");
 }
 
+// A run by hand whose workers all stopped on errors (a GPU backend on a machine without one)
+// stayed in training, and wait(-1) never returned. With every worker stopped on an error for
+// startup_timeout_ms it fails, naming their errors; a worker started again within that time goes
+// on with the run, and one that left without an error (a fed worker whose feed ended) or is lost
+// (it may come back) fails nothing.
+TEST(Coordinator, ARunWhoseWorkersAllFailedForItsStartupTimeoutFails) {
+  zmq::context_t context(1);
+  CoordinatorOptions o = test::bare_coordinator_options(context);
+  o.expected_ps = 1;
+  o.expected_workers = 2;
+  o.startup_timeout_ms = 1000;
+  o.heartbeat_timeout_ms = 60000;  // (no heartbeats here: no role is lost by its silence)
+  Coordinator c(o);
+  CoordinatorLink link(c.endpoint(), context);
+  register_serving_ps0(link);
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  ASSERT_EQ(c.wait_for(ClusterPhase::Training, 2000), ClusterPhase::Training);
+  link.request({{"type", "goodbye"}, {"name", "worker0"}, {"error", "no usable CUDA device"}});
+  link.request({{"type", "goodbye"}, {"name", "worker1"}});  // left well
+  EXPECT_EQ(c.wait_for(ClusterPhase::Failed, 2000), ClusterPhase::Training);
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  c.mark_lost("worker1", "test");  // lost: it may come back
+  EXPECT_EQ(c.wait_for(ClusterPhase::Failed, 2000), ClusterPhase::Training);
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker1"}});
+  link.request({{"type", "goodbye"}, {"name", "worker1"}, {"error", "no usable CUDA device"}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  link.request({{"type", "register"}, {"role", "worker"}, {"name", "worker0"}});
+  EXPECT_EQ(c.wait_for(ClusterPhase::Failed, 2000), ClusterPhase::Training);
+  link.request({{"type", "goodbye"}, {"name", "worker0"}, {"error", "out of memory"}});
+  const auto left = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.wait_for(ClusterPhase::Failed, 10000), ClusterPhase::Failed);
+  EXPECT_GE(std::chrono::steady_clock::now() - left, std::chrono::milliseconds(900));
+  EXPECT_EQ(c.failure(), "no worker has run for 1 s (worker0 stopped on an error: out of "
+                         "memory; worker1 stopped on an error: no usable CUDA device): nothing "
+                         "trains the run");
+}
+
 // The state's per-role figures say each role's state, and a server gone serves nothing: a killed
 // server's last rates were shown as its own (the metrics log's per-second records, the
 // dashboard) for the rest of the run.

@@ -866,6 +866,19 @@ TEST(DatasetStore, OverwriteReplacesAStoreWrittenWithoutAGroup) {
     fs::remove(root + "/" + file);
   }
   write_dataset_store(splits, root, o, nullptr);
+  // v3 arrays of the "." separator (chunks c.0.0 at the array's top) are a store's.
+  const std::string dotted = dir.file("dotted.zarr");
+  const auto write_dotted = [&](const std::string& name, std::vector<int64_t> shape,
+                                 std::vector<int64_t> chunks, size_t bytes) {
+    zarr::ArrayMeta m = meta_of(zarr::Format::V3, zarr::DType::UInt8, shape, chunks);
+    m.separator = '.';
+    write_array(zarr::Array::create(dotted + "/" + name, m), std::vector<uint8_t>(bytes, 1), 1);
+  };
+  write_dotted("images", {30, 6}, {10, 6}, 180);
+  write_dotted("labels", {30}, {10}, 30);
+  EXPECT_TRUE(fs::exists(dotted + "/images/c.0.0")) << "not the layout this case is about";
+  write_dataset_store(splits, dotted, o, nullptr);
+  EXPECT_TRUE(zarr::Group::exists(dotted));
 
   const std::string lone = dir.file("lone.zarr");
   zarr::Array::create(lone, meta_of(zarr::Format::V2, zarr::DType::UInt8, {30}, {10}));
@@ -919,6 +932,19 @@ TEST(DatasetStore, RefusesSplitsPastInt32RowsOrFeatures) {
         << why;
     EXPECT_TRUE(test::contains(why, "at most 2147483647")) << why;
   }
+}
+
+// A Dataset too large for the machine is an engine error (error.h: the base of every exception
+// the engine throws), not std::bad_alloc, and one past the address space is refused before its
+// byte count wraps around.
+TEST(Dataset, TooLargeIsAnEngineError) {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (The sanitizers' allocators end the process on a request this large instead of failing it.)
+  EXPECT_THROW(Dataset(PixelType::UInt8, int64_t{1} << 46, 784, 3), Error);
+#endif
+  const std::string why = test::error_of<InputError>(
+      [] { Dataset(PixelType::Float32, int64_t{1} << 60, 784, 3); });
+  EXPECT_TRUE(test::contains(why, "more bytes than this machine addresses")) << why;
 }
 
 // Images of no pixels ([rows, 0], [rows, 28, 0]): refused when opened, not as a model of width 0

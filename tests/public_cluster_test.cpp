@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,6 +66,8 @@ TEST(PublicCluster, TheCoordinatorRefusesWhatTrainClusterRefuses) {
                      .dump();
   }, "checkpoint_every_steps must be >= 0");
   refused([](ClusterCoordinatorOptions& o) { o.scorers = 3; }, "0 or 1 scorer");
+  refused([](ClusterCoordinatorOptions& o) { o.settings = "{}"; },
+          "the run needs a store (setting 'data')");
   // The roles heartbeat every 0.5 s: a shorter timeout lost live roles at every tick.
   refused([](ClusterCoordinatorOptions& o) { o.heartbeat_timeout_s = 0.5; },
           "heartbeat_timeout_s must be at least 1");
@@ -157,6 +161,13 @@ TEST(PublicCluster, AScoreStreamOfACoordinatorThatIsGoneThrows) {
   // limit as elsewhere in the API, a stream all the same.
   const ClusterCoordinator live(store.coordinator_options());
   EXPECT_THROW(ClusterScoreStream(live.address(), 0), InputError);
+  // An inproc:// address (train_cluster's on_listening) is out of its reach: said at once, not
+  // after its timeout.
+  const auto inproc = Clock::now();
+  const std::string unreachable =
+      error_of<InputError>([] { ClusterScoreStream("inproc://tandem-coordinator", 30); });
+  EXPECT_TRUE(contains(unreachable, "over tcp:// or ipc://, not inproc://")) << unreachable;
+  EXPECT_LT(seconds_since(inproc), 5);
   ClusterScoreStream unlimited(live.address(), -1);
 }
 
@@ -184,13 +195,78 @@ TEST(PublicCluster, AModelPathThatCannotBeWrittenIsRefusedBeforeTraining) {
   const std::string why = error_of<IoError>([&] { train_cluster(o); });
   EXPECT_TRUE(contains(why, "cannot write '" + o.model_out + "'")) << why;
   EXPECT_LT(seconds_since(start), 10);
-  // The final evaluation's threads too: once checked only then, after the whole run.
   o.model_out.clear();
+  // The scorer's best model too: a run that reached its stop before the scorer's first write
+  // failed ended well, its scores lost.
+  const std::string best = store.dir.file("no/such/dir/best.safetensors");
+  ClusterRunOptions with_best = o;
+  with_best.settings = json{{"data", store.path}, {"model", "40-16-4"}, {"batch", 50},
+                            {"best_model_path", best}}.dump();
+  const std::string best_why = error_of<IoError>([&] { train_cluster(with_best); });
+  EXPECT_TRUE(contains(best_why, "cannot write '" + best + "'")) << best_why;
+  EXPECT_LT(seconds_since(start), 10);
+  // The final evaluation's threads too: once checked only then, after the whole run.
   o.test_threads = -1;
   const std::string threads = error_of<InputError>([&] { train_cluster(o); });
   EXPECT_TRUE(contains(threads, "test_threads (0: every core): thread count must be at least 1"))
       << threads;
   EXPECT_LT(seconds_since(start), 10);
+}
+
+// An earlier run's model_out was left by a run that then failed or stopped before training,
+// and read as its own: it is removed as a run starts. A file there that is no checkpoint is
+// refused, kept; so is a bind to inproc:// for roles of other processes, which none can reach
+// (the run waited out its start-up timeout).
+TEST(PublicCluster, AnEarlierRunsModelGoesAndOtherFilesAreRefused) {
+  const Store store;
+  ClusterRunOptions o;
+  o.settings = json{{"data", store.path}, {"model", "40-16-4"}, {"batch", 50}}.dump();
+  o.model_out = store.dir.file("model.safetensors");
+  Checkpoint earlier;
+  earlier.model = Model::initialized(ModelConfig::parse("40-16-4"), 1);
+  earlier.extra["parameters_only"] = "true";
+  save_checkpoint(o.model_out, earlier);
+  o.max_seconds = 30;
+  ClusterRunOptions failing = o;  // a run that fails before it trains: no model saved
+  failing.on_listening = [](const std::string&) { throw std::runtime_error("caller gave up"); };
+  EXPECT_THROW(train_cluster(failing), std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(o.model_out));
+  test::write_bytes(o.model_out, std::string("a file of the user's"));
+  std::string why = error_of<InputError>([&] { train_cluster(o); });
+  EXPECT_TRUE(contains(why, "the run's model file " + o.model_out + " exists and is not a "
+                            "Tandem checkpoint")) << why;
+  EXPECT_EQ(test::read_bytes(o.model_out), "a file of the user's");
+  o.model_out.clear();
+  // (train_cluster once said "zarr store '': empty path".)
+  ClusterRunOptions no_data = o;
+  no_data.settings = "{}";
+  why = error_of<InputError>([&] { train_cluster(no_data); });
+  EXPECT_TRUE(contains(why, "the run needs a store (setting 'data')")) << why;
+  o.roles_as_threads = false;
+  o.bind = "inproc://mine";
+  const auto start = Clock::now();
+  why = error_of<InputError>([&] { train_cluster(o); });
+  EXPECT_TRUE(contains(why, "bind inproc://mine: an inproc:// address is for roles on threads"))
+      << why;
+  EXPECT_LT(seconds_since(start), 10);
+}
+
+// A coordinator by hand: a run failed has nothing to pull, said as such (its servers are told to
+// exit: a pull from one waited out its 10 s request timeout), and a finished run is not made
+// failed by a late fail().
+TEST(PublicCluster, AFailedRunHasNothingToPullAndAFinishedOneStaysDone) {
+  const Store store;
+  {
+    ClusterCoordinator c(store.coordinator_options());
+    c.fail("given up");
+    const std::string why = error_of<Error>([&] { c.pull_model(); });
+    EXPECT_TRUE(contains(why, "the run failed (given up)")) << why;
+  }
+  ClusterCoordinator c(store.coordinator_options());
+  c.finish(1);
+  c.fail("late");
+  EXPECT_EQ(c.phase(), "done");
+  EXPECT_EQ(c.failure(), "");
 }
 
 // A run resumed through the public API (resume = true) goes on with the epoch after those its

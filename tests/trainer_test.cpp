@@ -2,11 +2,13 @@
 // starting from given parameters, and the metrics file.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dataset_store.h"
 #include "parameters_only.h"
 #include "tandem/tandem.h"
 #include "test_support.h"
@@ -45,6 +47,55 @@ TEST(Trainer, LearnsSeparableDataToFullAccuracy) {
     EXPECT_EQ(s.steps, 5 * 13);  // 400 / 32 -> 12 full batches and one of 16
     EXPECT_LT(s.test.loss_mean, 0.5);
   }
+}
+
+// separable_dataset's rows as float32 pixels (0..255 as they are), one of them NaN when
+// `nan_row` >= 0.
+Dataset float_dataset(int64_t rows, uint32_t seed, int64_t nan_row = -1) {
+  const Dataset bytes = test::separable_dataset(rows, 40, 4, seed);
+  Dataset floats(PixelType::Float32, rows, 40, 4);
+  std::copy(bytes.label_data(), bytes.label_data() + rows, floats.label_data());
+  for (int64_t i = 0; i < rows * 40; ++i) {
+    const float x = i == nan_row * 40 + 5 ? std::nanf("") : float(bytes.pixel_data()[i]);
+    std::memcpy(floats.pixel_data() + i * 4, &x, 4);
+  }
+  return floats;
+}
+
+// A NaN pixel in float32 data trained every parameter to NaN, and the validation loss with it,
+// without a word (Model.predict and tandem eval named such a row): each split is refused
+// naming its row, and so is a batch streamed from a store.
+TEST(Trainer, ANonFinitePixelIsRefusedNamingItsSplitAndRow) {
+  const Dataset good = float_dataset(100, 2);
+  const auto refusal = [](const Dataset& train, const Dataset& validation) {
+    return test::error_of<InputError>(
+        [&] { Trainer(small_config(1)).fit(train.view(), validation.view(), DatasetView()); });
+  };
+  std::string why = refusal(float_dataset(200, 1, 7), good);
+  EXPECT_TRUE(test::contains(why, "the training split: row 7 holds a pixel that is not finite "
+                                  "(NaN or infinity); training on it would make every parameter "
+                                  "NaN")) << why;
+  why = refusal(float_dataset(200, 1), float_dataset(100, 2, 3));
+  EXPECT_TRUE(test::contains(why, "the validation split: row 3 holds a pixel that is not finite"))
+      << why;
+  test::TempDir dir;
+  DataSplits splits;
+  splits.train = float_dataset(200, 1, 150);
+  splits.validation = float_dataset(100, 2);
+  splits.test = float_dataset(100, 3);
+  StoreWriteOptions o;
+  o.pixel_type = PixelType::Float32;
+  o.chunk_rows = 64;
+  write_dataset_store(splits, dir.file("s.zarr"), o, nullptr);
+  StreamOptions so;
+  so.batch_rows = 50;
+  so.shuffle = false;
+  so.pin_for_device = -1;
+  const auto stream = open_store_stream(dir.file("s.zarr"), so);
+  why = test::error_of<InputError>(
+      [&] { Trainer(small_config(1)).fit(*stream, good.view(), DatasetView()); });
+  EXPECT_TRUE(test::contains(why, "the training split streamed in epoch 1: row 150 holds a pixel "
+                                  "that is not finite")) << why;
 }
 
 TEST(Trainer, SameSeedSameBits) {

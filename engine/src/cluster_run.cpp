@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "batch_count.h"
+#include "checkpoint_format.h"
 #include "dataset_store.h"
 #include "file_io.h"
 #include "model_finite.h"
@@ -105,6 +106,9 @@ void check_store_for_run(const DatasetStore& store, const RunSettings& s, int sc
 }
 
 DatasetStore open_store_for_run(const RunSettings& s, int scorers) {
+  if (s.data.empty())
+    throw InputError("the run needs a store (setting 'data') unless it is fed (setting 'fed' "
+                     "true)");
   if (!is_dataset_store(s.data))
     throw InputError(s.data +
                      " is not a dataset store: make one with `tandem prepare --out STORE`");
@@ -124,8 +128,19 @@ DatasetStore check_cluster_options(ClusterOptions& options) {
   if (options.inproc && !s.curve_server_public.empty())
     throw InputError("CURVE does not apply to inproc:// endpoints: drop --inproc or the CURVE keys");
   DatasetStore store = open_store_for_run(s, options.scorers);
-  // Written after the whole run: a path that cannot take it would lose the trained model.
+  // Written after the whole run: a path that cannot take it would lose the trained model. Nor is
+  // anything but a checkpoint written over (or removed as a previous run's: ClusterRun::run).
   if (!options.model_out.empty()) check_replaceable(options.model_out);
+  // The scorer's best model too: unwritable, the run's scores were lost with it (and a run that
+  // reached its stop first ended well, the scorer's failure said only on stderr).
+  if (!s.best_model_path.empty()) check_replaceable(s.best_model_path);
+  refuse_to_write_over_other_than_a_checkpoint(options.model_out, "the run's model file");
+  refuse_to_write_over_other_than_a_checkpoint(s.best_model_path, "the best-score model file");
+  // Roles in other processes cannot reach an inproc:// address: no role would ever join.
+  if (!options.inproc && options.bind.rfind("inproc://", 0) == 0)
+    throw InputError("bind " + options.bind + ": an inproc:// address is for roles on threads of "
+                     "this process (roles_as_threads, --inproc); roles in processes of their "
+                     "own need tcp:// or ipc://");
   // Read after the whole run too, by the final evaluation.
   if (options.test_threads != 0) {
     try {
@@ -178,10 +193,10 @@ void ClusterRun::start_coordinator(const DatasetStore& store) {
   coordinator_ = std::make_unique<Coordinator>(co);
   // Removed last: a run refused above (its address in use) leaves the previous run's as it
   // was. A run served from run() removes it there, with the caller's other checks behind it.
-  if (!options_.serve_from_run) remove_previous_best_model();
+  if (!options_.serve_from_run) remove_previous_models();
 }
 
-void ClusterRun::remove_previous_best_model() {
+void ClusterRun::remove_previous_models() {
   // A previous run's best model would pass for this run's: the scorer keeps a best model it
   // finds (its predecessor's, when it is restarted within the run). A resumed run's is the run
   // it continues: made this run's (its "run"), so that the scorer keeps it until a better score
@@ -201,9 +216,11 @@ void ClusterRun::remove_previous_best_model() {
     }
     return;
   }
-  if (!options_.settings.best_model_path.empty()) {
+  // Nor does an earlier run's model (model_out) stay: a run that fails, or stops before it
+  // trains, writes none, and the old one would pass for it.
+  for (const std::string& path : {options_.settings.best_model_path, options_.model_out}) {
     std::error_code ignored;  // none there, most often
-    std::filesystem::remove(options_.settings.best_model_path, ignored);
+    if (!path.empty()) std::filesystem::remove(path, ignored);
   }
 }
 
@@ -246,7 +263,7 @@ void ClusterRun::join_threads() {
 
 ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
   Coordinator& c = *coordinator_;
-  if (options_.serve_from_run) remove_previous_best_model();  // before any role can read it
+  if (options_.serve_from_run) remove_previous_models();  // before any role can read it
   c.start_serving();
   // One pass of watching: role threads' errors, the caller's tick, exited processes. The tick
   // first: a stop it asks for (a stop signal came) is in force when the exits seen in the same
@@ -324,8 +341,10 @@ ClusterSummary ClusterRun::run(RoleLauncher* launcher) {
       break;
     }
   }
-  // A role thread's error while draining failed the run (watch): said as it is, not as the
-  // failure to read the final parameters from servers that have left since.
+  // A role thread's error while draining failed the run (watch; once more for one that came as
+  // the last role left): said as it is, not as the failure to read the final parameters from
+  // servers that have left since.
+  watch();
   if (c.phase() == ClusterPhase::Failed) fail_now(c.failure());
   // Done: the servers write their last checkpoint and exit.
   auto stop_servers = [&] {
@@ -468,6 +487,9 @@ Model pull_cluster_model(const Coordinator& coordinator, const RunSettings& sett
                          std::shared_ptr<const std::atomic<bool>> cancel) {
   if (coordinator.phase() == ClusterPhase::Done)
     throw Error("the run is finished and its servers have exited: pull_model() before finish()");
+  if (coordinator.phase() == ClusterPhase::Failed)
+    throw Error("the run failed (" + coordinator.failure() + ") and its servers have been told to "
+                "exit: nothing to pull");
   const std::vector<std::string> endpoints = coordinator.ps_endpoints();
   if (endpoints.empty()) throw Error("no parameter server is serving: nothing to pull");
   ClientOptions options = cluster_client_options(settings, nullptr);

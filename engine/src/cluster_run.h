@@ -162,7 +162,7 @@ class ClusterRun {
   // Reads the evaluation splits and makes the coordinator (bound; serving unless
   // serve_from_run).
   void start_coordinator(const DatasetStore& store);
-  void remove_previous_best_model();
+  void remove_previous_models();
   void start_threads();
   void join_threads();
 

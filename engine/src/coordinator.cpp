@@ -584,6 +584,23 @@ void Coordinator::on_tick() {
                   " s the cluster is still waiting for: " + missing);
     }
   } else if (phase_ == ClusterPhase::Training) {
+    // Every worker stopped on an error (a GPU backend without a GPU) leaves a run that nothing
+    // trains: it waits as long as for its roles at the start, for a worker started again, then
+    // fails naming their errors (a wait(-1) waited for ever). Not while a worker is lost (it may
+    // come back) or left without an error (a fed worker whose feed ended).
+    if (options_.expected_workers == 0 || !all_workers_failed_locked()) {
+      no_worker_since_ = {};
+    } else if (no_worker_since_ == Clock::time_point{}) {
+      no_worker_since_ = now;
+    } else if (now - no_worker_since_ > std::chrono::milliseconds(options_.startup_timeout_ms)) {
+      std::string why;
+      for (const auto& [name, role] : roles_)
+        if (role.role == "worker" && !role.error.empty())
+          why += (why.empty() ? " (" : "; ") + name + " stopped on an error: " + role.error;
+      fail_locked("no worker has run for " + std::to_string(options_.startup_timeout_ms / 1000) +
+                  " s" + why + "): nothing trains the run");
+      return;
+    }
     if (options_.max_seconds > 0 && since_start(now) >= options_.max_seconds) {
       stop_reason_ = "max-seconds";
       set_phase(ClusterPhase::Draining);
@@ -649,6 +666,16 @@ std::vector<std::string> Coordinator::missing_roles() const {
                       std::to_string(options_.expected_scorers) + " registered" +
                       unregistered("scorer") + ")");
   return missing;
+}
+
+bool Coordinator::all_workers_failed_locked() const {
+  bool any = false;
+  for (const auto& [name, role] : roles_) {
+    if (role.role != "worker") continue;
+    if (role.state != "stopped" || role.error.empty()) return false;
+    any = true;
+  }
+  return any;
 }
 
 std::vector<std::string> Coordinator::live_workers() const {
@@ -742,6 +769,10 @@ void Coordinator::fail(const std::string& why) {
 
 void Coordinator::fail_locked(const std::string& why) {
   if (phase_ == ClusterPhase::Failed) return;  // failed already: one end message, one reason
+  if (phase_ == ClusterPhase::Done) {  // the run ended well, and said so: this is said here
+    std::fprintf(stderr, "coordinator: after the run finished: %s\n", why.c_str());
+    return;
+  }
   if (failure_.empty()) failure_ = why;
   set_phase(ClusterPhase::Failed);
   to_publish_.push_back(end_message_locked());

@@ -37,6 +37,8 @@
 // the driver has taken the final parameters: parameter servers are told to exit) or failed.
 // A role silent for heartbeat_timeout_ms is lost; a lost worker's unfinished batches are handed
 // out again. A lost parameter server is waited for (a restarted one resumes from its checkpoint).
+// With every worker stopped on an error in training for startup_timeout_ms (none started again),
+// the run fails, naming their errors.
 #pragma once
 
 #include <zmq.hpp>
@@ -132,7 +134,7 @@ class Coordinator {
   // Blocks until the phase is at least `phase` (Failed counts as past everything) or timeout.
   ClusterPhase wait_for(ClusterPhase phase, int timeout_ms) const;
   void request_stop(const std::string& reason);  // training -> draining
-  void fail(const std::string& why);
+  void fail(const std::string& why);  // not once done or failed
   // A role someone started and where it should come from ("pid 1234 on this machine"): named so
   // in the start-up timeout's error when it has not registered.
   void expect(const std::string& name, const std::string& from);
@@ -258,6 +260,10 @@ class Coordinator {
   std::map<std::string, std::string> expected_;  // role name -> where it should come from
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point training_started_{}, training_ended_{};
+  // Whether every worker that registered stopped on an error (none live, lost or left well).
+  bool all_workers_failed_locked() const;
+  // Since when every worker has been stopped on an error in training (epoch: not so).
+  std::chrono::steady_clock::time_point no_worker_since_{};
   std::atomic<bool> stopping_{false};
   std::mutex serving_mutex_;  // start_serving and stop_serving (not mutex_: serve() takes that)
   std::thread thread_;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <new>
+#include <stdexcept>
 
 #include "idx_reader.h"
 #include "tandem/error.h"
@@ -60,8 +63,21 @@ Dataset::Dataset(PixelType type, int64_t rows, int64_t features, int num_classes
     throw InputError("Dataset: rows " + std::to_string(rows) + ", features " +
                      std::to_string(features) + ", classes " + std::to_string(num_classes) +
                      "; expected rows >= 0, features >= 0, classes >= 1");
-  pixels_.resize(size_t(rows) * size_t(features) * (type == PixelType::UInt8 ? 1 : 4));
-  labels_.resize(size_t(rows));
+  // Engine errors, as error.h promises, where the memory is not there (std::bad_alloc).
+  const size_t pixel_bytes = type == PixelType::UInt8 ? 1 : 4;
+  const std::string what = "Dataset: " + std::to_string(rows) + " rows of " +
+                           std::to_string(features) + " pixels";
+  if (features > 0 && size_t(rows) > std::numeric_limits<size_t>::max() / size_t(features) /
+                                         pixel_bytes)
+    throw InputError(what + " are more bytes than this machine addresses");
+  try {
+    pixels_.resize(size_t(rows) * size_t(features) * pixel_bytes);
+    labels_.resize(size_t(rows));
+  } catch (const std::bad_alloc&) {
+    throw Error(what + ": cannot allocate their memory");
+  } catch (const std::length_error&) {
+    throw Error(what + ": more than a vector holds");
+  }
 }
 
 DatasetView Dataset::view() const {

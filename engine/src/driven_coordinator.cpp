@@ -34,9 +34,6 @@ DrivenCoordinator driven_coordinator_options(RunSettings& settings,
   o.expected_scorers = options.scorers;
   o.fed = settings.fed;
   if (!settings.fed) {
-    if (settings.data.empty())
-      throw InputError("the run needs a store (setting 'data') unless it is fed (setting "
-                       "'fed' true)");
     const DatasetStore store = open_store_for_run(settings, options.scorers);
     o.batches_per_epoch = batch_count(store.train.rows, settings.batch);
   }

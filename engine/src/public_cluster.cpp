@@ -438,6 +438,11 @@ struct ClusterScoreStream::Impl {
 ClusterScoreStream::ClusterScoreStream(const std::string& coordinator, double timeout_s,
                                        const ClusterCurveKeys& curve, double coordinator_lost_s)
     : impl_(std::make_unique<Impl>()) {
+  // (Its own ZeroMQ context reaches no inproc:// socket: it waited out its timeout.)
+  if (coordinator.rfind("inproc://", 0) == 0)
+    throw InputError("a ClusterScoreStream follows a coordinator over tcp:// or ipc://, not " +
+                     coordinator + " (train_cluster's on_score gives the scores of a run on "
+                     "threads)");
   lost_after_to_ms(coordinator_lost_s, "coordinator_lost_s");
   // Negative means no limit elsewhere in this API (a day here); 0 used to become a 1 ms wait.
   const int answer_ms = timeout_s < 0 ? seconds_to_ms(kMaxIntervalSeconds)

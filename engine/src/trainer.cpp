@@ -229,6 +229,9 @@ class ResidentData {
 
 namespace {
 
+// check_pixels_finite's consequence for training data.
+constexpr const char* kNaNParameters = "training on it would make every parameter NaN";
+
 // Each split against the model before anything is trained, named: the backend's own check of a
 // batch did not say which split it came from.
 void check_splits(const ModelConfig& model,
@@ -240,6 +243,10 @@ void check_splits(const ModelConfig& model,
     } catch (const InputError& e) {
       throw InputError(std::string("the ") + name + " split: " + e.what());
     }
+    // A NaN pixel trained on turns every parameter NaN within a step, silently; scored on, it
+    // makes the validation loss NaN.
+    check_pixels_finite(*view, 0, std::string("the ") + name + " split",
+                        std::string(name) == "training" ? kNaNParameters : kNoLossScored);
   }
 }
 
@@ -278,8 +285,13 @@ TrainSummary Trainer::fit(BatchStream& train, const DatasetView& validation,
   return train_epochs(train.rows_per_epoch(), [&](int64_t epoch, const StepDone& done) {
     train.start_epoch(epoch);
     DatasetView batch;
+    // Rows named in the stream's order this epoch (the store's own when it does not shuffle).
+    int64_t streamed = 0;
+    const std::string what = "the training split streamed in epoch " + std::to_string(epoch + 1);
     // The stream's reader threads need the cores while this thread waits for the next batch.
     for (backend_->rest(); train.next(batch); backend_->rest()) {
+      check_pixels_finite(batch, streamed, what, kNaNParameters);
+      streamed += batch.rows;
       backend_->train_step(batch, nullptr, batch.rows);
       done(batch.rows);
     }

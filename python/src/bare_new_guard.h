@@ -12,8 +12,9 @@ namespace tandem::python {
 // it was made with T.__new__(T) alone: the method runs on raw memory and the process crashes
 // (pybind/pybind11#6153; PyTorch's bound classes crash the same way). After this, T.__new__(T)
 // raises a TypeError saying to call T(...), while T(...) makes its objects as before. A Python
-// subclass's __new__ is left to pybind11 (its metaclass checks that __init__ ran). `types`: every
-// bound class of the module, in one call (a subclass's tp_new is set back after its base's).
+// subclass of T is left to pybind11: Sub(...) is checked by its metaclass (__init__ must run),
+// Sub.__new__(Sub) alone is not guarded. `types`: every bound class of the module, in one call
+// (a subclass's tp_new is set back after its base's).
 void refuse_bare_new(const std::vector<pybind11::handle>& types);
 
 }  // namespace tandem::python

@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <future>
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <future>
 #include <cmath>
 #include <cstdio>
 #include <limits>

@@ -91,6 +91,7 @@ def _model_from_state(layers, parameters):
     model.set_parameters(parameters)
     return model
 
+
 __all__ = [
     "Coordinator", "Error", "InputError", "Model", "ParameterServerRole", "Role", "ScorerRole",
     "WorkerRole", "keygen", "load", "scores", "train",

@@ -185,10 +185,14 @@ class ModelTest(unittest.TestCase):
         with self.assertRaisesRegex(tandem.InputError, "training diverged: the parameters give "
                                     "a test loss of"):
             tandem.train((x, y), test=(x, y), learning_rate=1e30, **kw)
-        with_nan = (x / np.float32(255)).astype(np.float32)
-        with_nan[5, 7] = np.nan
         with self.assertRaisesRegex(tandem.InputError, "training diverged: the kept parameters "
                                     "give a validation loss of"):
+            tandem.train((x, y), validation=(x, y), learning_rate=1e30, **kw)
+        # A NaN pixel (which diverged the run) is refused before training, naming its row.
+        with_nan = (x / np.float32(255)).astype(np.float32)
+        with_nan[5, 7] = np.nan
+        with self.assertRaisesRegex(tandem.InputError, "the training split: row 5 holds a pixel "
+                                    "that is not finite"):
             tandem.train((with_nan, y), validation=(x, y), **kw)
         # A run that trains well reports its last epoch's training loss, finite.
         _, summary = tandem.train((x, y), **kw)

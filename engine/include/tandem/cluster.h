@@ -98,7 +98,11 @@ struct TANDEM_API ClusterRunOptions {
   bool roles_as_threads = true;
   std::string bind = "tcp://127.0.0.1:*";  // the coordinator's address without roles_as_threads
   std::string advertise_host;   // the host named for sockets bound to tcp://0.0.0.0
-  std::string model_out;        // save the kept parameters here (safetensors); empty: not saved
+  // Save the kept parameters here (safetensors); empty: not saved. An earlier run's file there is
+  // removed as a run that is not resumed starts (one that fails or stops before training saves
+  // none); a file that is no Tandem checkpoint is refused (InputError), as is one at the
+  // settings' best_model_path.
+  std::string model_out;
   // Keep the parameters of the lowest score rather than the servers' last ones, when they
   // evaluate lower. Needs the settings' best_model_path (where the scorer writes them); without
   // one the last parameters are kept.
@@ -171,6 +175,8 @@ struct TANDEM_API ClusterCoordinatorOptions {
   std::string bind = "tcp://127.0.0.1:*";  // tcp:// ("*" as port: any free one)
   std::string scores_bind;      // the scores channel; empty: beside `bind`
   std::string advertise_host;   // the host named for sockets bound to tcp://0.0.0.0
+  // Every role registered by then, or the run fails; and a run whose workers have all stopped on
+  // errors (none lost, none left without one) fails once none has come back for this long.
   double startup_timeout_s = 60;
   double heartbeat_timeout_s = 3;
   // As ClusterRunOptions::resume (summary_json's resumed_epochs: where the epochs went on). The
@@ -217,10 +223,11 @@ class TANDEM_API ClusterCoordinator {
   bool wait(double timeout_s) const;
   // Stops training now (training -> draining); roles leave at their next step.
   void request_stop(const std::string& reason = "requested");
-  // Ends the run as failed: every role ends with an error.
+  // Ends the run as failed: every role ends with an error. After finish() (or a failure) it
+  // changes nothing.
   void fail(const std::string& why);
   // The parameters the servers hold now (a fresh client's pull). Throws Error when no server is
-  // serving (before every server is ready, or after finish()).
+  // serving (before every server is ready, after finish(), or once the run failed).
   Model pull_model() const;
   // Draining -> done: the servers write their last checkpoint and exit, the scores channel ends.
   // Waits up to timeout_s for the servers to leave: true when they have.
@@ -292,7 +299,11 @@ class TANDEM_API ClusterRole {
 };
 
 // The coordinator's scores channel: the newest scores at once (the last 10), then each new one,
-// then the end of the run. For watching a run from anywhere (another thread or process).
+// then the end of the run. For watching a run from anywhere (another thread or process). The
+// end comes when the run is done (the coordinator's finish(), which comes after pull_model())
+// or failed, not when training stops: a driver that follows the stream to its end on the thread
+// that would call finish() waits for ever; follow it elsewhere, or watch the coordinator's
+// wait() and the stream's scores with a timeout.
 class TANDEM_API ClusterScoreStream {
  public:
   // `coordinator`: the coordinator's address(); `curve`: for a run under CURVE. Throws Error

@@ -88,7 +88,9 @@ class TANDEM_API Trainer {
   // recorded when that was scored on a validation split of as many rows. An epoch whose
   // validation loss is not finite is never chosen over one whose loss is. Called again, fit
   // continues the run (the metrics log added to): after a fit that ended, as resuming
-  // resume_state() would; after one that between_steps ended, from the steps it took.
+  // resume_state() would; after one that between_steps ended, from the parameters its steps
+  // reached, the interrupted epoch trained again from its first batch (its batches before the
+  // interruption a second time).
   TrainSummary fit(const DatasetView& train, const DatasetView& validation,
                    const DatasetView& test);
   // The same, with training batches from a stream (a persisted store through the chunk manager).
