@@ -257,7 +257,7 @@ test.create_array("images", data=x[1000:], chunks=(1000, 784))
 test.create_array("labels", data=labels[1000:], chunks=(1000,))
 PY
 expect_error "eval names a streamed training split's row with a NaN pixel" \
-  "train split of $dir/nan.zarr: row 2345 holds a pixel that is not finite (NaN or infinity); no" \
+  "zarr store '$dir/nan.zarr/images': row 2345 holds a pixel that is not finite (NaN or infinity)" \
   "$tandem" eval --model "$dir/m.safetensors" --data "$dir/nan.zarr" --split train
 expect_error "... and a test split's row with an infinite one" \
   "the test split of $dir/nan.zarr: row 234 holds a pixel that is not finite" \

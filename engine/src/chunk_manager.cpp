@@ -12,6 +12,7 @@
 #include "mapped_read_guard.h"
 #include "array_stats.h"
 #include "random.h"
+#include "pixels_finite.h"
 #include "split_labels.h"
 #include "tandem/error.h"
 
@@ -311,6 +312,17 @@ void ChunkManager::read_band(int64_t band, Band& out, std::vector<uint8_t>& scra
                    split_.every_chunk_written);
 }
 
+void ChunkManager::check_band_finite(int64_t band_index, const Band& band) const {
+  if (pixel_type_ != PixelType::Float32) return;
+  DatasetView view;
+  view.pixel_type = pixel_type_;
+  view.pixels = band.pixels;
+  view.rows = band.rows;
+  view.features = features_;
+  check_pixels_finite(view, band_index * band_rows_, "zarr store '" + split_.images.path() + "'",
+                      "a model trained or scored on it gives NaN");
+}
+
 void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {
   if (!split_.every_chunk_written) return;  // a fill value, as Zarr means it
   throw InputError(missing_chunk_message(split_.images, "chunk " + split_.images.chunk_key(index)));
@@ -346,6 +358,7 @@ void ChunkManager::reader_loop() {
       }
       const int64_t band_index = band_order_[needed_positions_[index]];
       read_band(band_index, band, scratch);
+      check_band_finite(band_index, band);
       if (options_.shuffle) shuffle_band(band_index, band);
       {
         std::lock_guard<std::mutex> lock(mutex_);

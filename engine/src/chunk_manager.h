@@ -124,6 +124,10 @@ class ChunkManager final : public BatchStream {
   // A chunk of the band is missing: InputError naming it when the split's store has every chunk
   // (DatasetStore::Split::every_chunk_written); otherwise its fill value stands.
   void missing_chunk(const std::vector<int64_t>& index) const;
+  // A float32 band's NaN or infinite pixel (trained on, every parameter turns NaN within a step;
+  // scored on, the loss is NaN): InputError naming the store and the row, from the reader
+  // threads, off the training thread, for every consumer of the stream.
+  void check_band_finite(int64_t band_index, const Band& band) const;
   void shuffle_band(int64_t band, Band& out) const;  // out.order and out.inverse, for epoch_
 
   // A band buffer's size: a whole band's pixels (not one chunk: a band may be many), or the

@@ -14,7 +14,7 @@
 #include "chunk_manager.h"
 #include "cluster_role_support.h"
 #include "dataset_store.h"
-#include "predictor.h"
+#include "pixels_finite.h"
 #include "tandem/error.h"
 #include "tandem/trainer.h"
 #include "worker_status.h"

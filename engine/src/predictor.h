@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "pixels_finite.h"
 #include "run_dir_lock.h"
 #include "tandem/config.h"
 #include "tandem/model.h"
@@ -120,16 +121,6 @@ class PredictionsOutput {
   std::string output_id_;  // the group's, made anew each time the group is (re)created
 };
 
-// A row with a pixel that is NaN or infinite (a float32 store's or array's) has no predicted
-// class: its logits are NaN (class 0 and NaN probabilities were written), or, on a device whose
-// fused ReLU takes NaN to 0, finite and meaningless. InputError naming the first such row of
-// `view` (counted from first_row, in `what`): "WHAT: row N holds a pixel that is not finite
-// (NaN or infinity); CONSEQUENCE". tandem eval and Model.evaluate name it too when the loss is
-// not finite, rather than blame the model.
-void check_pixels_finite(const DatasetView& view, int64_t first_row, const std::string& what,
-                         const char* consequence = "it has no predicted class");
-// check_pixels_finite's consequence for an evaluation (tandem eval, Model.evaluate).
-inline constexpr const char* kNoLossScored = "no loss can be scored on it";
 // The same for logits: InputError naming the first row whose logits are not all finite (pixels
 // so large that the logits overflow).
 void check_logits_finite(const float* logits, int64_t rows, int64_t classes, int64_t first_row,
