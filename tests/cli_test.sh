@@ -112,10 +112,15 @@ cp "$dir/stopped.safetensors" "$dir/stale.safetensors"
   --checkpoint "$dir/stale.safetensors" --metrics "$dir/stale.jsonl" >/dev/null 2>"$dir/stale.err" &
 trainer=$!
 for _ in $(seq 600); do [ -s "$dir/stale.jsonl" ] && break; sleep 0.1; done
+# A second run on the same --checkpoint is refused (both once wrote it, each saying it had).
+expect_error "a second run on a --checkpoint in use is refused" \
+  "--checkpoint $dir/stale.safetensors is in use by another run (process $trainer)" \
+  "$tandem" train --data "$real" --epochs 1 --threads 1 --checkpoint "$dir/stale.safetensors"
 kill -TERM $trainer
 wait $trainer
 check "a run stopped before its first epoch says nothing was saved, whatever file is there" \
   grep -q "stopped by SIGTERM; no epoch was completed, nothing was saved" "$dir/stale.err"
+check "... and its checkpoint's lock file goes with it" test ! -e "$dir/stale.safetensors.lock"
 
 # A bad command line said in the user's order, with the option meant: CLI11 listed unknown
 # words last first, said a repeated option was "At Most 1 required but received 2", and a

@@ -205,8 +205,8 @@ std::string trial_file(const SearchOptions& o, int trial, const std::string& suf
 }
 
 // A file a search writes for a trial (trial_file): trial-N.log, trial-N.safetensors (and the
-// temporary file of one a killed trial left) and trial-N.rK.jsonl. Another file named trial-N.*
-// in DIR is the user's.
+// temporary file and the lock file, .lock, of one a killed trial left) and trial-N.rK.jsonl.
+// Another file named trial-N.* in DIR is the user's.
 bool is_trial_file(const std::string& given) {
   const std::string target = target_of_temp_name(given);
   const std::string& name = target.empty() ? given : target;
@@ -217,7 +217,7 @@ bool is_trial_file(const std::string& given) {
   const std::string suffix = name.substr(digits_end + 1);
   // (Only the checkpoint is written through a temporary file.)
   if (!target.empty()) return suffix == "safetensors";
-  if (suffix == "log" || suffix == "safetensors") return true;
+  if (suffix == "log" || suffix == "safetensors" || suffix == "safetensors.lock") return true;
   const size_t rung_end = suffix.find_first_not_of("0123456789", 1);
   return suffix.size() > 1 && suffix[0] == 'r' && rung_end != std::string::npos && rung_end > 1 &&
          suffix.substr(rung_end) == ".jsonl";

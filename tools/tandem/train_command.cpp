@@ -21,6 +21,7 @@
 #include "json_output.h"
 #include "progress_line.h"
 #include "resumed_settings.h"
+#include "run_dir_lock.h"
 #include "stop_signals.h"
 #include "tandem/tandem.h"
 
@@ -118,8 +119,32 @@ void check_checkpoint_path(const std::string& path, const std::string& resume_pa
                "holds parameters alone)\n", path.c_str(), path.c_str());
 }
 
+// One run per checkpoint file: two runs given one --checkpoint each said they had saved it, the
+// last writer's file passing for the other's. Locked by CKPT.lock beside it (flock: it goes with
+// its process however that ends), the file removed when the run ends.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& path) {
+    if (path.empty()) return;
+    // (A directory that is not there is refused by the trainer's check, which names it.)
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (std::filesystem::is_directory(dir.empty() ? "." : dir, ec))
+      lock_.emplace(path, "--checkpoint", path + ".lock");
+  }
+  ~CheckpointLock() {
+    if (lock_ && lock_->made_file()) lock_->remove_file();
+  }
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  std::optional<RunDirLock> lock_;
+};
+
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
+  const CheckpointLock checkpoint_lock(config.checkpoint_path);
   check_checkpoint_path(config.checkpoint_path, config.resume_path);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
