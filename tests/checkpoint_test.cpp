@@ -334,11 +334,13 @@ TEST(ResumedSettings, TakeWhatIsNotGivenAndNameWhatDiffers) {
   ckpt.batch = 50;
   ckpt.seed = 7;
   ckpt.extra["shuffle"] = "off";
+  ckpt.extra["keep"] = "last";  // (a resumed --keep last run once kept the best, the default)
   TrainConfig config;
   config.batch = 100;
   config.seed = 1;
   config.shuffle = true;
   EXPECT_TRUE(take_checkpointed_settings(ckpt, GivenSettings{}, "checkpoint c", config).empty());
+  EXPECT_FALSE(config.keep_best);
   EXPECT_EQ(config.optimizer.kind, OptimizerKind::Sgd);
   EXPECT_EQ(config.optimizer.learning_rate, 0.003f);
   EXPECT_EQ(config.optimizer.beta1, 0.8f);
@@ -353,16 +355,19 @@ TEST(ResumedSettings, TakeWhatIsNotGivenAndNameWhatDiffers) {
   mine.seed = 7;  // given, the same: not named
   mine.shuffle = true;
   GivenSettings all;
-  all.optimizer = all.learning_rate = all.batch = all.seed = all.shuffle = true;
+  all.optimizer = all.learning_rate = all.batch = all.seed = all.shuffle = all.keep = true;
   const std::vector<DifferentSetting> differ =
       take_checkpointed_settings(ckpt, all, "checkpoint c", mine);
-  ASSERT_EQ(differ.size(), 3u);
+  ASSERT_EQ(differ.size(), 4u);
   EXPECT_EQ(std::tie(differ[0].name, differ[0].given, differ[0].theirs),
             std::make_tuple("learning_rate", "0.01", "0.003"));
   EXPECT_EQ(std::tie(differ[1].name, differ[1].given, differ[1].theirs),
             std::make_tuple("batch", "100", "50"));
   EXPECT_EQ(std::tie(differ[2].name, differ[2].given, differ[2].theirs),
             std::make_tuple("shuffle", "on", "off"));
+  EXPECT_EQ(std::tie(differ[3].name, differ[3].given, differ[3].theirs),
+            std::make_tuple("keep", "best", "last"));
+  EXPECT_TRUE(mine.keep_best);
   EXPECT_EQ(mine.optimizer.kind, OptimizerKind::Adam);  // kept: resuming then refuses it
   EXPECT_EQ(mine.optimizer.learning_rate, 0.01f);
   EXPECT_EQ(mine.optimizer.beta1, 0.8f);  // no caller sets the betas: always the run's
@@ -376,6 +381,11 @@ TEST(ResumedSettings, TakeWhatIsNotGivenAndNameWhatDiffers) {
   for (const DifferentSetting& d : take_checkpointed_settings(ckpt, all, "checkpoint c", older))
     EXPECT_NE(d.name, "batch");
   EXPECT_EQ(older.batch, 64);
+  ckpt.extra["keep"] = "worst";
+  const std::string why = test::error_of<InputError>(
+      [&] { take_checkpointed_settings(ckpt, GivenSettings{}, "checkpoint c", older); });
+  EXPECT_EQ(why, "checkpoint c: its keep is 'worst', expected best or last (was it edited?)");
+  ckpt.extra["keep"] = "best";
   ckpt.extra["shuffle"] = "sometimes";
   EXPECT_THROW(
       {

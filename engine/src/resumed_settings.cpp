@@ -47,6 +47,16 @@ std::vector<DifferentSetting> take_checkpointed_settings(const Checkpoint& check
     if (!given.shuffle) config.shuffle = shuffle->second == "on";
     else compare("shuffle", config.shuffle ? "on" : "off", shuffle->second);
   }
+  // (Recorded since 0.3: an older checkpoint leaves the caller's keep, unsaid.) A resumed run
+  // that kept its last epoch once went on keeping the best, the default.
+  const auto keep = checkpoint.extra.find("keep");
+  if (keep != checkpoint.extra.end()) {
+    if (keep->second != "best" && keep->second != "last")
+      throw InputError(source + ": its keep is '" + keep->second +
+                       "', expected best or last (was it edited?)");
+    if (!given.keep) config.keep_best = keep->second == "best";
+    else compare("keep", config.keep_best ? "best" : "last", keep->second);
+  }
   return differ;
 }
 

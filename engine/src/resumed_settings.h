@@ -20,10 +20,11 @@ struct GivenSettings {
   bool batch = false;
   bool seed = false;
   bool shuffle = false;
+  bool keep = false;  // keep_best
 };
 
-// A setting given differently from the checkpoint's run: "learning_rate", "batch", "seed" or
-// "shuffle", with both values as text (a shuffle as on / off).
+// A setting given differently from the checkpoint's run: "learning_rate", "batch", "seed",
+// "shuffle" or "keep", with both values as text (a shuffle as on / off, keep as best / last).
 struct DifferentSetting {
   std::string name;
   std::string given;
@@ -31,9 +32,10 @@ struct DifferentSetting {
 };
 
 // Completes `config` for a run continuing `checkpoint`: the optimizer's kind, learning rate,
-// batch, seed and shuffle not given, and the betas and epsilon (no caller sets them), from the
-// checkpoint. Returns the given settings that differ, in that order. InputError naming `source`
-// for a checkpoint whose shuffle is neither on nor off.
+// batch, seed, shuffle and keep_best not given, and the betas and epsilon (no caller sets them),
+// from the checkpoint (shuffle and keep when it records them). Returns the given settings that
+// differ, in that order. InputError naming `source` for a checkpoint whose shuffle is neither
+// on nor off, or whose keep is neither best nor last.
 std::vector<DifferentSetting> take_checkpointed_settings(const Checkpoint& checkpoint,
                                                          const GivenSettings& given,
                                                          const std::string& source,

@@ -191,6 +191,7 @@ Checkpoint Trainer::checkpoint() const {
   ckpt.seed = config_.seed;
   ckpt.batch = config_.batch;
   ckpt.extra["shuffle"] = config_.shuffle ? "on" : "off";
+  ckpt.extra["keep"] = config_.keep_best ? "best" : "last";
   label_validation(ckpt, validation_rows_, config_.validation_split);
   return ckpt;
 }

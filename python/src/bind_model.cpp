@@ -45,6 +45,11 @@ void continue_resumed_run(const Checkpoint& state, const GivenSettings& given, b
       d.given = d.given == "on" ? "True" : "False";
       d.theirs = d.theirs == "on" ? "True" : "False";
     }
+    if (d.name == "keep") {
+      d.name = "keep_best";
+      d.given = d.given == "best" ? "True" : "False";
+      d.theirs = d.theirs == "best" ? "True" : "False";
+    }
     const std::string text = "resuming with " + d.name + "=" + d.given +
                              "; the state's run used " + d.theirs;
     // Level 1: tandem.train is the native function itself, so the caller's line is blamed.
@@ -212,7 +217,7 @@ void bind_model(py::module_& m) {
          std::optional<std::vector<int64_t>> layers, int epochs, std::optional<int64_t> batch,
          std::optional<float> learning_rate, std::optional<std::string> optimizer,
          const std::string& backend, int threads, std::optional<uint64_t> seed,
-         std::optional<bool> shuffle, bool keep_best,
+         std::optional<bool> shuffle, std::optional<bool> keep_best,
          std::optional<std::function<void(py::dict)>> on_epoch, py::object resume,
          bool return_state, py::object init) -> py::tuple {
         // (images, labels) as a tuple, a list or any other sequence of two.
@@ -246,7 +251,7 @@ void bind_model(py::module_& m) {
         config.epochs = epochs;
         config.backend = parse_backend(backend);
         config.threads = threads;
-        config.keep_best = keep_best && val_rows.has_value();
+        config.keep_best = keep_best.value_or(true);
         config.model = model_config(layers ? *layers : std::vector<int64_t>{784, 100, 10});
         if (optimizer) config.optimizer.kind = parse_optimizer(*optimizer);
         if (learning_rate) config.optimizer.learning_rate = *learning_rate;
@@ -260,8 +265,11 @@ void bind_model(py::module_& m) {
           given.batch = batch.has_value();
           given.seed = seed.has_value();
           given.shuffle = shuffle.has_value();
+          given.keep = keep_best.has_value();
           continue_resumed_run(*resumed, given, layers.has_value(), config);
         }
+        // (The best is chosen by the validation split: none given, the last epoch is kept.)
+        config.keep_best = config.keep_best && val_rows.has_value();
         if (!init.is_none()) {
           // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
           // parameters alone, Model.save's or a cluster run's, cannot be resumed).
@@ -324,12 +332,14 @@ void bind_model(py::module_& m) {
       "train"_a, "validation"_a = py::none(), "test"_a = py::none(),
       "layers"_a = py::none(), "epochs"_a = 15, "batch"_a = py::none(),
       "learning_rate"_a = py::none(), "optimizer"_a = py::none(), "backend"_a = "auto",
-      "threads"_a = 0, "seed"_a = py::none(), "shuffle"_a = py::none(), "keep_best"_a = true,
+      "threads"_a = 0, "seed"_a = py::none(), "shuffle"_a = py::none(),
+      "keep_best"_a = py::none(),
       "on_epoch"_a = py::none(),
       "resume"_a = py::none(), "return_state"_a = false, "init"_a = py::none(),
       "Trains in this process (tandem train's engine) on (images, labels) arrays; returns "
       "(model, summary). Settings left as None take tandem train's defaults (layers [784, 100, "
-      "10], batch 1000, learning_rate 0.01, optimizer 'adam', seed 1, shuffle True), or with "
+      "10], batch 1000, learning_rate 0.01, optimizer 'adam', seed 1, shuffle True, keep_best "
+      "True: the epoch of the lowest validation loss when validation is given), or with "
       "resume the state's run's. on_epoch(report) is called after every epoch. A report's and the "
       "summary's validation (and the summary's test) is None when no such split was given (or "
       "it has no rows). Raises InputError when training diverged (a NaN loss: judged by the "

@@ -11,6 +11,7 @@ import os
 import re
 import time
 import traceback
+import warnings
 
 import numpy as np
 
@@ -60,11 +61,15 @@ def _rung_job(trial, config, epochs, final, state, train, validation, common):
     keep_best = settings.pop("keep_best", True) and final
     history = []
     try:
-        model, summary, new_state = _train(
-            tuple(train), validation=tuple(validation), epochs=epochs, keep_best=keep_best,
-            resume=state, return_state=True,
-            on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
-            **settings)
+        with warnings.catch_warnings():
+            # The last rung keeps the best where the ones before kept the last: meant, unsaid.
+            warnings.filterwarnings("ignore", message="resuming with keep_best=",
+                                    category=UserWarning)
+            model, summary, new_state = _train(
+                tuple(train), validation=tuple(validation), epochs=epochs, keep_best=keep_best,
+                resume=state, return_state=True,
+                on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
+                **settings)
     except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
         return {"error": _trial_error(e), "seconds": time.time() - started}
     return {"history": history, "validation": summary["validation"], "model": model,

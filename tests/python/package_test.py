@@ -107,6 +107,22 @@ class ModelTest(unittest.TestCase):
         with self.assertWarnsRegex(UserWarning, "resuming with learning_rate=0.01; the state's "
                                    "run used 0.003"):
             tandem.train((x, y), epochs=2, resume=state, learning_rate=0.01, **same)
+        # keep_best too: a run that kept its last epoch, resumed, kept the best (the default).
+        kept_last, _ = tandem.train((x, y), validation=(xv, yv), epochs=3, keep_best=False,
+                                    **kw)
+        _, _, last_state = tandem.train((x, y), validation=(xv, yv), epochs=1, keep_best=False,
+                                        return_state=True, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resumed, summary = tandem.train((x, y), validation=(xv, yv), epochs=3,
+                                            resume=last_state, **same)
+        self.assertEqual(summary["kept_epoch"], 3, summary)
+        for name, value in kept_last.parameters().items():
+            np.testing.assert_array_equal(resumed.parameters()[name], value)
+        with self.assertWarnsRegex(UserWarning, "resuming with keep_best=True; the state's run "
+                                   "used False"):
+            tandem.train((x, y), validation=(xv, yv), epochs=2, resume=last_state,
+                         keep_best=True, **same)
         with self.assertRaisesRegex(tandem.InputError, "checkpoint holds model 784-24-10, this "
                                     "run asks for 784-100-10"):
             tandem.train((x, y), epochs=2, resume=state, layers=[784, 100, 10], **same)

@@ -48,6 +48,7 @@ struct TrainOptions {
   CLI::Option* batch_option = nullptr;
   CLI::Option* seed_option = nullptr;
   CLI::Option* shuffle_option = nullptr;
+  CLI::Option* keep_option = nullptr;
   CLI::Option* validation_rows_option = nullptr;
   CLI::Option* memory_budget_option = nullptr;
   CLI::Option* epochs_option = nullptr;  // (only to say whether --epochs was given)
@@ -91,6 +92,7 @@ Checkpoint continue_checkpointed_run(TrainOptions& o) {
   given.batch = o.batch_option->count() > 0;
   given.seed = o.seed_option->count() > 0;
   given.shuffle = o.shuffle_option->count() > 0;
+  given.keep = o.keep_option->count() > 0;
   for (const DifferentSetting& d :
        take_checkpointed_settings(ckpt, given, "checkpoint " + o.config.resume_path, config))
     note(d.name == "learning_rate" ? "--lr" : "--" + d.name, d.given, d.theirs);
@@ -321,7 +323,7 @@ void add_train_command(CLI::App& app) {
       ->check(non_negative_number())->capture_default_str();
   o->shuffle_option = cmd->add_option("--shuffle", o->shuffle, "on, or off for store order")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
-  cmd->add_option("--keep", o->keep,
+  o->keep_option = cmd->add_option("--keep", o->keep,
                   "Parameters to keep at the end: best (lowest validation loss) or last epoch's")
       ->check(CLI::IsMember({"best", "last"}))->capture_default_str();
   o->memory_budget_option = cmd->add_option("--memory-budget", o->memory_budget_mib,
