@@ -105,6 +105,7 @@ TEST(PublicCluster, SettingsTheRolesWouldRefuseAreRefusedBeforeAnythingStarts) {
       {{{"ps_timeout_ms", 0}}, "ps_timeout_ms must be >= 1, not 0"},
       {{{"init_timeout_ms", -1}}, "init_timeout_ms must be >= 1, not -1"},
       {{{"model", "20-8-3"}}, "its rows have 40 features, the model 20-8-3 takes 20"},
+      {{{"model", "40-8-2"}}, "its labels have 4 classes, the model 40-8-2 has 2 outputs"},
   };
   for (const auto& [change, expected] : cases) {
     json settings{{"data", store.path}, {"model", "40-16-4"}, {"batch", 50},

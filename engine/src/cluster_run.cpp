@@ -103,6 +103,11 @@ void check_store_for_run(const DatasetStore& store, const RunSettings& s, int sc
     throw InputError(s.data + ": its rows have " + std::to_string(store.train.features) +
                      " features, the model " + s.model.describe() + " takes " +
                      std::to_string(s.model.inputs()));
+  // (Caught once the roles ran, it failed every role with the same error, after they started.)
+  if (store.num_classes > s.model.classes())
+    throw InputError(s.data + ": its labels have " + std::to_string(store.num_classes) +
+                     " classes, the model " + s.model.describe() + " has " +
+                     std::to_string(s.model.classes()) + " outputs");
 }
 
 DatasetStore open_store_for_run(const RunSettings& s, int scorers) {
