@@ -196,6 +196,13 @@ check "... but only a count tandem train split off IDX files" \
 expect_error "an unwritable --checkpoint is refused at once" \
   "cannot write '$dir/absent/c.safetensors'" \
   "$tandem" train --data "$real" --epochs 1 --threads 2 --checkpoint "$dir/absent/c.safetensors"
+# A resumed run keeps what its checkpoint's run kept: a --keep last run resumed without --keep
+# once kept the best epoch (the default).
+"$tandem" train --data "$real" --epochs 1 --hidden 16 --threads 2 --keep last \
+  --checkpoint "$dir/keep.safetensors" >/dev/null 2>&1
+out=$("$tandem" train --data "$real" --epochs 2 --threads 2 --resume "$dir/keep.safetensors" 2>&1)
+check "a resumed --keep last run keeps the last epoch without being told again" \
+  grep -q "kept the parameters of epoch 2 (the last)" <<<"$out"
 # A --checkpoint or --metrics naming a file that is no checkpoint or log (here a copy of the
 # data's labels) is refused, the file kept: both once wrote over it, exit 0.
 cp "$real/t10k-labels-idx1-ubyte.gz" "$dir/labels.gz"

@@ -10,6 +10,8 @@ namespace tandem {
 std::string why_not_a_checkpoint(const std::string& path) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(path, ec)) return "";
+  // A device or a FIFO (read, a FIFO would wait for a writer) is the writer's to refuse.
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
   try {
     const SafeTensorsFile file = read_safetensors(path);
     const auto format = file.metadata.find("format");

@@ -9,9 +9,10 @@ namespace tandem {
 constexpr const char* kCheckpointFormat = "tandem-checkpoint";
 constexpr const char* kCheckpointFormatVersion = "1";
 
-// "" when nothing is at `path` or it holds a Tandem checkpoint (its metadata names the format);
-// otherwise what it holds instead ("its metadata names no format", or the reader's error: a
-// directory, an IDX file, notes).
+// "" when nothing is at `path`, it holds a Tandem checkpoint (its metadata names the format) or it
+// is no regular file (a device, a FIFO, a directory: the writer's checks refuse those); otherwise
+// what it holds instead ("its metadata names no format", or the reader's error: an IDX file,
+// notes).
 std::string why_not_a_checkpoint(const std::string& path);
 
 // A checkpoint's path given as `what` (--checkpoint, model_out): InputError unless

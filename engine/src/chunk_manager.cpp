@@ -320,7 +320,7 @@ void ChunkManager::check_band_finite(int64_t band_index, const Band& band) const
   view.rows = band.rows;
   view.features = features_;
   check_pixels_finite(view, band_index * band_rows_, "zarr store '" + split_.images.path() + "'",
-                      "a model trained or scored on it gives NaN");
+                      kNaNOutputs);
 }
 
 void ChunkManager::missing_chunk(const std::vector<int64_t>& index) const {

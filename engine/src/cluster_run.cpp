@@ -140,7 +140,10 @@ DatasetStore check_cluster_options(ClusterOptions& options) {
   // reached its stop first ended well, the scorer's failure said only on stderr).
   if (!s.best_model_path.empty()) check_replaceable(s.best_model_path);
   refuse_to_write_over_other_than_a_checkpoint(options.model_out, "the run's model file");
-  refuse_to_write_over_other_than_a_checkpoint(s.best_model_path, "the best-score model file");
+  // (A resumed run's is the run's own: read, it is kept; unreadable, the first score replaces
+  // it, ClusterRun::remove_previous_models.)
+  if (!options.resumed)
+    refuse_to_write_over_other_than_a_checkpoint(s.best_model_path, "the best-score model file");
   // Roles in other processes cannot reach an inproc:// address: no role would ever join.
   if (!options.inproc && options.bind.rfind("inproc://", 0) == 0)
     throw InputError("bind " + options.bind + ": an inproc:// address is for roles on threads of "
@@ -223,9 +226,10 @@ void ClusterRun::remove_previous_models() {
   }
   // Nor does an earlier run's model (model_out) stay: a run that fails, or stops before it
   // trains, writes none, and the old one would pass for it.
+  // (Through a link, the file it names: the run's write replaces that one, the link kept.)
   for (const std::string& path : {options_.settings.best_model_path, options_.model_out}) {
     std::error_code ignored;  // none there, most often
-    if (!path.empty()) std::filesystem::remove(path, ignored);
+    if (!path.empty()) std::filesystem::remove(replacement_target(path), ignored);
   }
 }
 

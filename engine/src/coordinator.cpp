@@ -597,8 +597,10 @@ void Coordinator::on_tick() {
       for (const auto& [name, role] : roles_)
         if (role.role == "worker" && !role.error.empty())
           why += (why.empty() ? " (" : "; ") + name + " stopped on an error: " + role.error;
-      fail_locked("no worker has run for " + std::to_string(options_.startup_timeout_ms / 1000) +
-                  " s" + why + "): nothing trains the run");
+      char waited[32];
+      std::snprintf(waited, sizeof waited, "%g", options_.startup_timeout_ms / 1000.0);
+      fail_locked("no worker has run for " + std::string(waited) + " s" + why +
+                  "): nothing trains the run");
       return;
     }
     if (options_.max_seconds > 0 && since_start(now) >= options_.max_seconds) {

@@ -138,12 +138,12 @@ ClusterRunSummary train_cluster(const ClusterRunOptions& options) {
   o.heartbeat_timeout_ms =
       heartbeat_timeout_to_ms(options.heartbeat_timeout_s, "heartbeat_timeout_s");
   o.test_threads = options.test_threads;
+  o.resumed = options.resume;  // (before the checks: a resumed run's best model is its own)
   const DatasetStore store = check_cluster_options(o);
   // After the other checks: it reads every server's newest checkpoint.
   const RunStart start = start_of_run(o.settings, o.ps, o.max_epochs, options.resume, "resume",
                                       /*evaluated_at_the_end=*/true);
   o.first_epoch = start.first_epoch;
-  o.resumed = options.resume;
   int64_t newest = 0;
   if (options.on_score) {
     std::function<void(const ClusterScore&)> on_score = options.on_score;

@@ -268,8 +268,6 @@ void bind_model(py::module_& m) {
           given.keep = keep_best.has_value();
           continue_resumed_run(*resumed, given, layers.has_value(), config);
         }
-        // (The best is chosen by the validation split: none given, the last epoch is kept.)
-        config.keep_best = config.keep_best && val_rows.has_value();
         if (!init.is_none()) {
           // As --init: a checkpoint file's parameters, the optimizer afresh (a file of
           // parameters alone, Model.save's or a cluster run's, cannot be resumed).

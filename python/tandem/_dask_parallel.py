@@ -18,6 +18,12 @@ import numpy as np
 from ._tandem import Error, InputError, _OutputLock, _Predictions, _SuccessiveHalving, _class_ids
 from ._tandem import train as _train
 
+# A trial's last rung keeps the best epoch where the rungs before it kept the last: meant, so
+# unsaid. Set once for this module's calls (catch_warnings around each call is not thread-safe,
+# and Dask runs trials on threads).
+warnings.filterwarnings("ignore", message="resuming with keep_best=", category=UserWarning,
+                        module=__name__)
+
 
 def expand_grid(grid):
     """{key: [values]} -> the list of every combination, in order (the last key varies fastest)."""
@@ -61,15 +67,11 @@ def _rung_job(trial, config, epochs, final, state, train, validation, common):
     keep_best = settings.pop("keep_best", True) and final
     history = []
     try:
-        with warnings.catch_warnings():
-            # The last rung keeps the best where the ones before kept the last: meant, unsaid.
-            warnings.filterwarnings("ignore", message="resuming with keep_best=",
-                                    category=UserWarning)
-            model, summary, new_state = _train(
-                tuple(train), validation=tuple(validation), epochs=epochs, keep_best=keep_best,
-                resume=state, return_state=True,
-                on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
-                **settings)
+        model, summary, new_state = _train(
+            tuple(train), validation=tuple(validation), epochs=epochs, keep_best=keep_best,
+            resume=state, return_state=True,
+            on_epoch=lambda r: history.append((r["epoch"], r["validation"]["loss_mean"])),
+            **settings)
     except Exception as e:  # noqa: BLE001 - a crashing trial is reported and the search goes on
         return {"error": _trial_error(e), "seconds": time.time() - started}
     return {"history": history, "validation": summary["validation"], "model": model,

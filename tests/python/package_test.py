@@ -112,6 +112,11 @@ class ModelTest(unittest.TestCase):
                                     **kw)
         _, _, last_state = tandem.train((x, y), validation=(xv, yv), epochs=1, keep_best=False,
                                         return_state=True, **kw)
+        with tempfile.TemporaryDirectory() as d:  # the state says what its run kept
+            pathlib.Path(d, "s.safetensors").write_bytes(last_state)
+            from safetensors import safe_open
+            with safe_open(str(pathlib.Path(d, "s.safetensors")), "np") as f:
+                self.assertEqual(f.metadata()["keep"], "last")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             resumed, summary = tandem.train((x, y), validation=(xv, yv), epochs=3,

@@ -107,7 +107,8 @@ void run_eval(const EvalOptions& o) {
   // diverged, say) give no loss, and their rows no predicted class (predict refuses them): not
   // a result to report.
   // A pixel that is NaN or infinite makes the loss NaN: the row is named, not the model blamed.
-  if (!std::isfinite(r.loss_sum) && !streamed)  // (streamed: checked batch by batch)
+  // (Streamed, the store's readers refused such a pixel already: ChunkManager.)
+  if (!std::isfinite(r.loss_sum) && !streamed)
     check_pixels_finite(split.view(), 0, "the " + o.split + " split of " + o.data, kNoLossScored);
   if (!std::isfinite(r.loss_sum))
     throw InputError("model " + o.model + ": its loss on the " + o.split + " split of " +

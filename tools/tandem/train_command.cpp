@@ -15,6 +15,7 @@
 #include "checkpoint_count.h"
 #include "checkpoint_format.h"
 #include "commands.h"
+#include "file_io.h"
 #include "fit_divergence.h"
 #include "hidden_widths.h"
 #include "idx_reader.h"
@@ -122,20 +123,26 @@ void check_checkpoint_path(const std::string& path, const std::string& resume_pa
 }
 
 // One run per checkpoint file: two runs given one --checkpoint each said they had saved it, the
-// last writer's file passing for the other's. Locked by CKPT.lock beside it (flock: it goes with
-// its process however that ends), the file removed when the run ends.
+// last writer's file passing for the other's. Locked by FILE.lock beside the file written (a
+// link's target: two runs given the link and its target write one file), flock: it goes with
+// its process however that ends. The lock file is removed when the run ends (one a killed run
+// left too, which this run took).
 class CheckpointLock {
  public:
   explicit CheckpointLock(const std::string& path) {
     if (path.empty()) return;
-    // (A directory that is not there is refused by the trainer's check, which names it.)
-    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    // (A directory that is not there, or a device, is refused by the trainer's check, which
+    // names it.)
     std::error_code ec;
-    if (std::filesystem::is_directory(dir.empty() ? "." : dir, ec))
-      lock_.emplace(path, "--checkpoint", path + ".lock");
+    const std::string target = replacement_target(path);
+    const std::filesystem::path dir = std::filesystem::path(target).parent_path();
+    const bool regular_or_none = !std::filesystem::exists(target, ec) ||
+                                 std::filesystem::is_regular_file(target, ec);
+    if (regular_or_none && std::filesystem::is_directory(dir.empty() ? "." : dir, ec))
+      lock_.emplace(path, "--checkpoint", target + ".lock");
   }
   ~CheckpointLock() {
-    if (lock_ && lock_->made_file()) lock_->remove_file();
+    if (lock_) lock_->remove_file();
   }
   CheckpointLock(const CheckpointLock&) = delete;
   CheckpointLock& operator=(const CheckpointLock&) = delete;
@@ -146,8 +153,8 @@ class CheckpointLock {
 
 void run_train(TrainOptions& o) {
   TrainConfig& config = o.config;
-  const CheckpointLock checkpoint_lock(config.checkpoint_path);
   check_checkpoint_path(config.checkpoint_path, config.resume_path);
+  const CheckpointLock checkpoint_lock(config.checkpoint_path);
   config.backend = parse_backend(o.backend);
   config.precision = parse_precision(o.precision);
   config.optimizer.kind = parse_optimizer(o.optimizer);

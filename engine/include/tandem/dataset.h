@@ -54,7 +54,9 @@ class TANDEM_API Dataset {
 };
 
 // A source of training batches, epoch after epoch: the chunk manager streaming a persisted store
-// implements it (open_store_stream in trainer.h).
+// implements it (open_store_stream in trainer.h), refusing a float32 pixel that is NaN or
+// infinite as it reads (InputError naming the store and row). The trainer takes another
+// implementation's batches as they come: such a stream checks its own pixels.
 class TANDEM_API BatchStream {
  public:
   virtual ~BatchStream() = default;
