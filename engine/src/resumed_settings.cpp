@@ -39,24 +39,21 @@ std::vector<DifferentSetting> take_checkpointed_settings(const Checkpoint& check
   }
   if (!given.seed) config.seed = checkpoint.seed;
   else compare("seed", std::to_string(config.seed), std::to_string(checkpoint.seed));
-  const auto shuffle = checkpoint.extra.find("shuffle");
-  if (shuffle != checkpoint.extra.end()) {
-    if (shuffle->second != "on" && shuffle->second != "off")
-      throw InputError(source + ": its shuffle is '" + shuffle->second +
-                       "', expected on or off (was it edited?)");
-    if (!given.shuffle) config.shuffle = shuffle->second == "on";
-    else compare("shuffle", config.shuffle ? "on" : "off", shuffle->second);
-  }
-  // (Recorded since 0.3: an older checkpoint leaves the caller's keep, unsaid.) A resumed run
-  // that kept its last epoch once went on keeping the best, the default.
-  const auto keep = checkpoint.extra.find("keep");
-  if (keep != checkpoint.extra.end()) {
-    if (keep->second != "best" && keep->second != "last")
-      throw InputError(source + ": its keep is '" + keep->second +
-                       "', expected best or last (was it edited?)");
-    if (!given.keep) config.keep_best = keep->second == "best";
-    else compare("keep", config.keep_best ? "best" : "last", keep->second);
-  }
+  // A two-valued setting the checkpoint records as text (`yes` or `no`): not given, the
+  // checkpoint's; given differently, named. (keep is recorded since 0.3: an older checkpoint
+  // leaves the caller's, unsaid; a resumed --keep last run once went on keeping the best.)
+  auto take_choice = [&](const char* key, const char* yes, const char* no, bool given_it,
+                         bool& value) {
+    const auto it = checkpoint.extra.find(key);
+    if (it == checkpoint.extra.end()) return;
+    if (it->second != yes && it->second != no)
+      throw InputError(source + ": its " + key + " is '" + it->second + "', expected " + yes +
+                       " or " + no + " (was it edited?)");
+    if (!given_it) value = it->second == yes;
+    else compare(key, value ? yes : no, it->second);
+  };
+  take_choice("shuffle", "on", "off", given.shuffle, config.shuffle);
+  take_choice("keep", "best", "last", given.keep, config.keep_best);
   return differ;
 }
 
